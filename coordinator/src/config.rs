@@ -1,0 +1,38 @@
+//! Coordinator configuration.
+
+use std::time::Duration;
+
+use stoke_core::StoreUri;
+
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// The state root: every durable record lives under it.
+    pub root: StoreUri,
+    /// A lease not renewed for this long is taken back.
+    pub lease_timeout: Duration,
+    /// How long a worker with nothing to do waits before asking again.
+    pub wait_retry: Duration,
+}
+
+impl CoordinatorConfig {
+    pub fn new(root: StoreUri) -> Self {
+        Self {
+            root,
+            lease_timeout: Duration::from_secs(30),
+            wait_retry: Duration::from_millis(200),
+        }
+    }
+
+    /// Workers renew three times per lease timeout.
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.lease_timeout / 3).max(Duration::from_millis(10))
+    }
+
+    fn expiry_check_interval(&self) -> Duration {
+        (self.lease_timeout / 4).max(Duration::from_millis(10))
+    }
+
+    pub(crate) fn tick(&self) -> Duration {
+        self.expiry_check_interval()
+    }
+}

@@ -1,0 +1,83 @@
+//! The coordinator's errors, and the one mapping from them to gRPC codes, so
+//! a client can tell "retry" (`Unavailable`) from "you are wrong"
+//! (`InvalidArgument`, `FailedPrecondition`, `NotFound`).
+
+use stoke_core::{ConvError, PlanError, SpecError, StoreError};
+use thiserror::Error;
+use tonic::Status;
+
+#[derive(Debug, Error)]
+pub enum CoordinatorError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("job {job_id} not found")]
+    JobNotFound { job_id: String },
+    #[error("job {job_id} already exists with a different spec")]
+    JobExists { job_id: String },
+    #[error("invalid job id {job_id:?}: {reason}")]
+    BadJobId { job_id: String, reason: &'static str },
+    #[error("unknown session {session_id}; register again")]
+    UnknownSession { session_id: String },
+    #[error("stale fencing token {token} for shard {shard_id} of job {job_id} (current: {current})")]
+    StaleToken {
+        job_id: String,
+        shard_id: String,
+        token: u64,
+        current: String,
+    },
+    #[error("shard {shard_id} not in job {job_id}")]
+    ShardNotFound { job_id: String, shard_id: String },
+    #[error("job {job_id} is {state}; it takes no more commits")]
+    JobNotRunning { job_id: String, state: String },
+    #[error("commit for shard {shard_id} of job {job_id} starts at batch {from_batch}, but committed progress is at batch {committed}")]
+    BatchMismatch {
+        job_id: String,
+        shard_id: String,
+        from_batch: u64,
+        committed: u64,
+    },
+    #[error("protocol version mismatch: {peer} speaks version {peer_version}, this coordinator speaks version {ours}")]
+    ProtocolVersion {
+        peer: &'static str,
+        peer_version: u32,
+        ours: u32,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("reading durable state: {0}")]
+    Recovery(String),
+    #[error("coordinator is shutting down")]
+    ShuttingDown,
+    #[error("invalid request: {0}")]
+    Request(#[from] ConvError),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("serving gRPC: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+pub type Result<T, E = CoordinatorError> = std::result::Result<T, E>;
+
+impl From<CoordinatorError> for Status {
+    fn from(e: CoordinatorError) -> Self {
+        use CoordinatorError::*;
+        let msg = e.to_string();
+        match e {
+            Spec(_) | BadJobId { .. } | Request(_) | InvalidRequest(_) => Status::invalid_argument(msg),
+            Plan(PlanError::Store { ref source, .. }) if source.is_transient() => {
+                Status::unavailable(msg)
+            }
+            Plan(_) => Status::invalid_argument(msg),
+            JobNotFound { .. } | ShardNotFound { .. } | UnknownSession { .. } => {
+                Status::not_found(msg)
+            }
+            JobExists { .. } => Status::already_exists(msg),
+            StaleToken { .. } | JobNotRunning { .. } | BatchMismatch { .. } | ProtocolVersion { .. } => {
+                Status::failed_precondition(msg)
+            }
+            Store(_) | Recovery(_) | ShuttingDown | Serve(_) => Status::unavailable(msg),
+        }
+    }
+}

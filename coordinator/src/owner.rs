@@ -1,0 +1,238 @@
+//! The single owner of the coordinator's [`State`]: one task receives
+//! commands and runs them one at a time; [`Handle`] is how everything else
+//! (gRPC handlers, the embedded runner, tests) talks to it.
+
+use std::time::Duration;
+
+use stoke_core::lease::{
+    AcquireOutcome, Commit, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
+};
+use stoke_core::plan::plan_dataset;
+use stoke_core::records::JobInfo;
+use stoke_core::spec::JobSpec;
+use stoke_core::Stores;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::config::CoordinatorConfig;
+use crate::error::{CoordinatorError, Result};
+use crate::state::State;
+
+type Reply<T> = oneshot::Sender<Result<T>>;
+
+enum Command {
+    CreateJob {
+        job_id: String,
+        spec: JobSpec,
+        plan: stoke_core::plan::Plan,
+        reply: Reply<JobInfo>,
+    },
+    GetJob {
+        job_id: String,
+        reply: Reply<JobInfo>,
+    },
+    ListJobs {
+        reply: Reply<Vec<JobInfo>>,
+    },
+    Cancel {
+        job_id: String,
+        reason: String,
+        reply: Reply<JobInfo>,
+    },
+    Register {
+        registration: Registration,
+        events_tx: mpsc::Sender<SessionEvent>,
+        reply: Reply<SessionGrant>,
+    },
+    SessionClosed {
+        session_id: String,
+    },
+    Heartbeat {
+        session_id: String,
+        leases: Vec<LeaseKey>,
+        reply: Reply<()>,
+    },
+    Acquire {
+        session_id: String,
+        reply: Reply<AcquireOutcome>,
+    },
+    Commit {
+        commit: Commit,
+        reply: Reply<bool>,
+    },
+    Release {
+        release: Release,
+        reply: Reply<()>,
+    },
+}
+
+/// A cheap, cloneable way to talk to the coordinator's state owner.
+#[derive(Clone, Debug)]
+pub struct Handle {
+    tx: mpsc::Sender<Command>,
+    stores: Stores,
+}
+
+/// Loads durable state from the root and starts the owner task. The task
+/// ends when `shutdown` is cancelled or every handle is dropped.
+pub async fn start(
+    config: CoordinatorConfig,
+    stores: Stores,
+    shutdown: CancellationToken,
+) -> Result<(Handle, tokio::task::JoinHandle<()>)> {
+    let tick = config.tick();
+    let state = State::recover(config, stores.clone()).await?;
+    let (tx, rx) = mpsc::channel(1024);
+    let task = tokio::spawn(run(state, rx, tick, shutdown));
+    Ok((Handle { tx, stores }, task))
+}
+
+async fn run(mut state: State, mut rx: mpsc::Receiver<Command>, tick: Duration, shutdown: CancellationToken) {
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            cmd = rx.recv() => match cmd {
+                Some(cmd) => apply(&mut state, cmd).await,
+                None => break,
+            },
+            _ = ticker.tick() => state.tick().await,
+        }
+    }
+    debug!("coordinator state owner stopped");
+}
+
+async fn apply(state: &mut State, cmd: Command) {
+    // A caller that gave up (timeout, dropped connection) no longer listens:
+    // its reply is dropped, and the change stands, as it would after a crash.
+    match cmd {
+        Command::CreateJob { job_id, spec, plan, reply } => {
+            let _ = reply.send(state.create_job(job_id, spec, plan).await);
+        }
+        Command::GetJob { job_id, reply } => {
+            let _ = reply.send(state.get_job(&job_id));
+        }
+        Command::ListJobs { reply } => {
+            let _ = reply.send(Ok(state.list_jobs()));
+        }
+        Command::Cancel { job_id, reason, reply } => {
+            let _ = reply.send(state.cancel(&job_id, reason).await);
+        }
+        Command::Register { registration, events_tx, reply } => {
+            let _ = reply.send(Ok(state.register(registration, events_tx)));
+        }
+        Command::SessionClosed { session_id } => state.session_closed(&session_id),
+        Command::Heartbeat { session_id, leases, reply } => {
+            let _ = reply.send(state.heartbeat(&session_id, &leases));
+        }
+        Command::Acquire { session_id, reply } => {
+            let _ = reply.send(state.acquire(&session_id));
+        }
+        Command::Commit { commit, reply } => {
+            let _ = reply.send(state.commit(commit).await);
+        }
+        Command::Release { release, reply } => {
+            let _ = reply.send(state.release(release).await);
+        }
+    }
+}
+
+const MAX_JOB_ID_LEN: usize = 128;
+
+fn check_job_id(job_id: &str) -> Result<()> {
+    let bad = |reason| CoordinatorError::BadJobId {
+        job_id: job_id.to_string(),
+        reason,
+    };
+    if job_id.is_empty() || job_id.len() > MAX_JOB_ID_LEN {
+        return Err(bad("must be 1 to 128 characters"));
+    }
+    if !job_id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        return Err(bad("may hold only letters, digits, '-' and '_'"));
+    }
+    Ok(())
+}
+
+impl Handle {
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| CoordinatorError::ShuttingDown)?;
+        rx.await.map_err(|_| CoordinatorError::ShuttingDown)?
+    }
+
+    /// Validates and plans the spec (outside the owner task: planning reads
+    /// the dataset), then stores and adds the job.
+    pub async fn submit(&self, spec: JobSpec, job_id: Option<String>) -> Result<JobInfo> {
+        spec.validate()?;
+        let job_id = match job_id {
+            Some(id) => {
+                check_job_id(&id)?;
+                id
+            }
+            None => {
+                let name = spec.name.as_deref().unwrap_or("job");
+                let suffix = uuid::Uuid::new_v4().simple().to_string();
+                format!("{name}-{}", &suffix[..8])
+            }
+        };
+        let plan = plan_dataset(&spec, &self.stores).await?;
+        self.call(|reply| Command::CreateJob { job_id, spec, plan, reply }).await
+    }
+
+    pub async fn get_job(&self, job_id: &str) -> Result<JobInfo> {
+        let job_id = job_id.to_string();
+        self.call(|reply| Command::GetJob { job_id, reply }).await
+    }
+
+    pub async fn list_jobs(&self) -> Result<Vec<JobInfo>> {
+        self.call(|reply| Command::ListJobs { reply }).await
+    }
+
+    pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<JobInfo> {
+        let job_id = job_id.to_string();
+        let reason = reason.to_string();
+        self.call(|reply| Command::Cancel { job_id, reason, reply }).await
+    }
+
+    /// Opens a worker session; events for it arrive on the returned channel.
+    pub async fn register(
+        &self,
+        registration: Registration,
+    ) -> Result<(SessionGrant, mpsc::Receiver<SessionEvent>)> {
+        let (events_tx, events_rx) = mpsc::channel(64);
+        let grant = self
+            .call(|reply| Command::Register { registration, events_tx, reply })
+            .await?;
+        Ok((grant, events_rx))
+    }
+
+    /// The session's connection is gone: its leases return to the queue.
+    pub async fn session_closed(&self, session_id: &str) {
+        let session_id = session_id.to_string();
+        let _ = self.tx.send(Command::SessionClosed { session_id }).await;
+    }
+
+    pub async fn heartbeat(&self, session_id: &str, leases: Vec<LeaseKey>) -> Result<()> {
+        let session_id = session_id.to_string();
+        self.call(|reply| Command::Heartbeat { session_id, leases, reply }).await
+    }
+
+    pub async fn acquire(&self, session_id: &str) -> Result<AcquireOutcome> {
+        let session_id = session_id.to_string();
+        self.call(|reply| Command::Acquire { session_id, reply }).await
+    }
+
+    /// `Ok(true)` when the commit had already been applied.
+    pub async fn commit(&self, commit: Commit) -> Result<bool> {
+        self.call(|reply| Command::Commit { commit, reply }).await
+    }
+
+    pub async fn release(&self, release: Release) -> Result<()> {
+        self.call(|reply| Command::Release { release, reply }).await
+    }
+}

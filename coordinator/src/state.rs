@@ -1,0 +1,668 @@
+//! The job/lease state machine. One task owns a [`State`] (see `owner.rs`);
+//! everything here runs sequentially, which keeps leases and fencing simple
+//! to reason about and to test without gRPC.
+//!
+//! Durability rule: a change that must survive a crash (job created,
+//! progress committed, attempt failed, job finished) is written to the
+//! object store *before* the in-memory state changes and before the caller
+//! hears "ok".
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use stoke_core::layout::{attempt_prefix, shard_output_dir, JobLayout, RootLayout};
+use stoke_core::lease::{
+    AcquireOutcome, Commit, Lease, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
+};
+use stoke_core::plan::Plan;
+use stoke_core::records::{
+    now_ms, EpochRecord, JobInfo, JobState, Manifest, ManifestEntry, ProgressRecord, StatusRecord,
+};
+use stoke_core::spec::JobSpec;
+use stoke_core::{StoreError, StoreUri, Stores};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::config::CoordinatorConfig;
+use crate::error::{CoordinatorError, Result};
+
+/// Fencing tokens: the coordinator's epoch in the high 32 bits, a counter in
+/// the low 32. Epochs grow at every start, so tokens grow across restarts.
+const TOKEN_EPOCH_SHIFT: u32 = 32;
+
+struct ActiveLease {
+    session_id: String,
+    token: u64,
+    deadline: Instant,
+}
+
+struct ShardState {
+    progress: ProgressRecord,
+    lease: Option<ActiveLease>,
+}
+
+struct Job {
+    id: String,
+    spec: Arc<JobSpec>,
+    plan: Arc<Plan>,
+    layout: JobLayout,
+    output: StoreUri,
+    state: JobState,
+    reason: Option<String>,
+    shards: Vec<ShardState>,
+    /// Indices of shards waiting for a worker.
+    pending: VecDeque<usize>,
+    shard_index: HashMap<String, usize>,
+    manifest_written: bool,
+}
+
+impl Job {
+    fn info(&self) -> JobInfo {
+        JobInfo {
+            job_id: self.id.clone(),
+            name: self.spec.name.clone().unwrap_or_default(),
+            state: self.state,
+            reason: self.reason.clone(),
+            shards_total: self.shards.len() as u64,
+            shards_done: self.shards.iter().filter(|s| s.progress.done).count() as u64,
+            shards_leased: self.shards.iter().filter(|s| s.lease.is_some()).count() as u64,
+            records_done: self.shards.iter().map(|s| s.progress.records).sum(),
+            records_total: self.plan.records_total,
+            output_uri: self.output.to_string(),
+            manifest_uri: self
+                .manifest_written
+                .then(|| self.layout.manifest().to_string()),
+            processor: self.spec.processor.name.clone(),
+        }
+    }
+
+    fn all_done(&self) -> bool {
+        self.shards.iter().all(|s| s.progress.done)
+    }
+
+    fn shard(&self, shard_id: &str) -> Result<usize> {
+        self.shard_index
+            .get(shard_id)
+            .copied()
+            .ok_or_else(|| CoordinatorError::ShardNotFound {
+                job_id: self.id.clone(),
+                shard_id: shard_id.to_string(),
+            })
+    }
+}
+
+struct Session {
+    worker_id: String,
+    events_tx: mpsc::Sender<SessionEvent>,
+    /// (job id, shard index) of every lease this session holds.
+    leases: HashSet<(String, usize)>,
+}
+
+/// The coordinator's whole in-memory state.
+pub struct State {
+    config: CoordinatorConfig,
+    stores: Stores,
+    layout: RootLayout,
+    epoch: u64,
+    token_seq: u64,
+    /// Jobs by id; `order` keeps submission order for fair leasing.
+    jobs: BTreeMap<String, Job>,
+    order: Vec<String>,
+    sessions: HashMap<String, Session>,
+}
+
+impl State {
+    /// Loads every job under the root and takes a new fencing epoch.
+    pub async fn recover(config: CoordinatorConfig, stores: Stores) -> Result<Self> {
+        let layout = RootLayout::new(config.root.clone());
+        let previous: Option<EpochRecord> = stores.get_json(&layout.epoch()).await?;
+        let epoch = previous.map_or(1, |e| e.epoch + 1);
+        stores.put_json(&layout.epoch(), &EpochRecord { epoch }).await?;
+        let mut state = Self {
+            config,
+            stores,
+            layout,
+            epoch,
+            token_seq: 0,
+            jobs: BTreeMap::new(),
+            order: Vec::new(),
+            sessions: HashMap::new(),
+        };
+        state.load_jobs().await?;
+        info!(epoch, jobs = state.jobs.len(), "coordinator state loaded");
+        Ok(state)
+    }
+
+    async fn load_jobs(&mut self) -> Result<()> {
+        let mut dirs = self.stores.list_dirs(&self.layout.jobs()).await?;
+        dirs.sort();
+        for job_id in dirs {
+            let layout = self.layout.job(&job_id);
+            let Some(status) = self.stores.get_json::<StatusRecord>(&layout.status()).await? else {
+                // Spec written but the job never finished being created.
+                continue;
+            };
+            let spec: JobSpec = self
+                .stores
+                .get_json(&layout.spec())
+                .await?
+                .ok_or_else(|| CoordinatorError::Recovery(format!("{} missing", layout.spec())))?;
+            let plan: Plan = self
+                .stores
+                .get_json(&layout.plan())
+                .await?
+                .ok_or_else(|| CoordinatorError::Recovery(format!("{} missing", layout.plan())))?;
+            let mut progress: HashMap<String, ProgressRecord> = HashMap::new();
+            for listed in self.stores.list(&layout.progress_dir()).await? {
+                if let Some(p) = self.stores.get_json::<ProgressRecord>(&listed.uri).await? {
+                    progress.insert(p.shard_id.clone(), p);
+                }
+            }
+            let manifest_written = status.state == JobState::Succeeded;
+            let mut job = self.new_job(job_id.clone(), spec, plan, layout, status.state);
+            job.reason = status.reason;
+            job.manifest_written = manifest_written;
+            for (i, shard) in job.shards.iter_mut().enumerate() {
+                if let Some(p) = progress.remove(&job.plan.shards[i].id) {
+                    shard.progress = p;
+                }
+            }
+            job.pending = (0..job.shards.len())
+                .filter(|&i| !job.shards[i].progress.done)
+                .collect();
+            self.order.push(job_id.clone());
+            self.jobs.insert(job_id, job);
+        }
+        Ok(())
+    }
+
+    fn new_job(&self, id: String, spec: JobSpec, plan: Plan, layout: JobLayout, state: JobState) -> Job {
+        let output = spec
+            .output
+            .uri
+            .as_deref()
+            .and_then(|u| StoreUri::parse(u).ok())
+            .unwrap_or_else(|| layout.default_output());
+        let shards: Vec<ShardState> = plan
+            .shards
+            .iter()
+            .map(|s| ShardState {
+                progress: ProgressRecord {
+                    shard_id: s.id.clone(),
+                    ..Default::default()
+                },
+                lease: None,
+            })
+            .collect();
+        let shard_index = plan.shards.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect();
+        Job {
+            id,
+            pending: (0..shards.len()).collect(),
+            spec: Arc::new(spec),
+            plan: Arc::new(plan),
+            layout,
+            output,
+            state,
+            reason: None,
+            shards,
+            shard_index,
+            manifest_written: false,
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn job(&self, job_id: &str) -> Result<&Job> {
+        self.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound {
+            job_id: job_id.to_string(),
+        })
+    }
+
+    fn job_mut(&mut self, job_id: &str) -> Result<&mut Job> {
+        self.jobs.get_mut(job_id).ok_or_else(|| CoordinatorError::JobNotFound {
+            job_id: job_id.to_string(),
+        })
+    }
+
+    // -- clients ----------------------------------------------------------
+
+    /// Stores spec, plan and status, then adds the job. Submitting the same
+    /// spec under an existing id returns that job.
+    pub async fn create_job(&mut self, job_id: String, spec: JobSpec, plan: Plan) -> Result<JobInfo> {
+        if let Some(existing) = self.jobs.get(&job_id) {
+            if *existing.spec == spec {
+                return Ok(existing.info());
+            }
+            return Err(CoordinatorError::JobExists { job_id });
+        }
+        let layout = self.layout.job(&job_id);
+        match self.stores.put_json_new(&layout.spec(), &spec).await {
+            Ok(()) => {}
+            Err(StoreError::AlreadyExists { .. }) => {
+                // A job with this id was stored before (perhaps by a crashed
+                // submit); accept only the same spec.
+                let stored: Option<JobSpec> = self.stores.get_json(&layout.spec()).await?;
+                if stored.as_ref() != Some(&spec) {
+                    return Err(CoordinatorError::JobExists { job_id });
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.stores.put_json(&layout.plan(), &plan).await?;
+        let status = StatusRecord {
+            state: JobState::Running,
+            reason: None,
+            updated_ms: now_ms(),
+        };
+        self.stores.put_json(&layout.status(), &status).await?;
+        let job = self.new_job(job_id.clone(), spec, plan, layout, JobState::Running);
+        info!(job = %job_id, shards = job.shards.len(), "job submitted");
+        let info = job.info();
+        self.order.push(job_id.clone());
+        self.jobs.insert(job_id.clone(), job);
+        // A job with no shards is done at once.
+        self.finish_if_done(&job_id).await;
+        Ok(self.job(&job_id).map(Job::info).unwrap_or(info))
+    }
+
+    pub fn get_job(&self, job_id: &str) -> Result<JobInfo> {
+        self.job(job_id).map(Job::info)
+    }
+
+    pub fn list_jobs(&self) -> Vec<JobInfo> {
+        self.order.iter().filter_map(|id| self.jobs.get(id)).map(Job::info).collect()
+    }
+
+    pub async fn cancel(&mut self, job_id: &str, reason: String) -> Result<JobInfo> {
+        let job = self.job(job_id)?;
+        if job.state.is_terminal() {
+            return Ok(job.info());
+        }
+        let reason = if reason.is_empty() {
+            "cancelled by user".to_string()
+        } else {
+            reason
+        };
+        self.end_job(job_id, JobState::Cancelled, reason).await?;
+        self.job(job_id).map(Job::info)
+    }
+
+    /// Moves a job to a terminal state: stores the status, drops its leases
+    /// and tells the workers holding them.
+    async fn end_job(&mut self, job_id: &str, state: JobState, reason: String) -> Result<()> {
+        let status = StatusRecord {
+            state,
+            reason: Some(reason.clone()),
+            updated_ms: now_ms(),
+        };
+        let layout = self.job(job_id)?.layout.clone();
+        self.stores.put_json(&layout.status(), &status).await?;
+        let job = self.job_mut(job_id)?;
+        job.state = state;
+        job.reason = Some(reason.clone());
+        job.pending.clear();
+        let mut revoked: HashMap<String, Vec<LeaseKey>> = HashMap::new();
+        for (i, shard) in job.shards.iter_mut().enumerate() {
+            if let Some(lease) = shard.lease.take() {
+                revoked.entry(lease.session_id).or_default().push(LeaseKey {
+                    job_id: job_id.to_string(),
+                    shard_id: job.plan.shards[i].id.clone(),
+                    token: lease.token,
+                });
+            }
+        }
+        for (session_id, leases) in revoked {
+            if let Some(session) = self.sessions.get_mut(&session_id) {
+                session.leases.retain(|(j, _)| j != job_id);
+                // Best effort: a worker that misses this learns at its next commit.
+                let _ = session.events_tx.try_send(SessionEvent::Revoke {
+                    leases,
+                    reason: reason.clone(),
+                });
+            }
+        }
+        info!(job = %job_id, %state, %reason, "job ended");
+        Ok(())
+    }
+
+    // -- workers ----------------------------------------------------------
+
+    pub fn register(
+        &mut self,
+        registration: Registration,
+        events_tx: mpsc::Sender<SessionEvent>,
+    ) -> SessionGrant {
+        let session_id = format!("{}-{}", registration.worker_id, uuid::Uuid::new_v4().simple());
+        info!(worker = %registration.worker_id, session = %session_id, host = %registration.hostname, devices = ?registration.devices, "worker registered");
+        self.sessions.insert(
+            session_id.clone(),
+            Session {
+                worker_id: registration.worker_id,
+                events_tx,
+                leases: HashSet::new(),
+            },
+        );
+        SessionGrant {
+            session_id,
+            lease_timeout: self.config.lease_timeout,
+            heartbeat_interval: self.config.heartbeat_interval(),
+        }
+    }
+
+    /// The session's connection dropped: its shards go back to the queue at
+    /// once.
+    pub fn session_closed(&mut self, session_id: &str) {
+        let Some(session) = self.sessions.remove(session_id) else {
+            return;
+        };
+        for (job_id, idx) in session.leases {
+            if let Some(job) = self.jobs.get_mut(&job_id) {
+                let shard = &mut job.shards[idx];
+                if shard.lease.as_ref().is_some_and(|l| l.session_id == session_id) {
+                    shard.lease = None;
+                    if job.state == JobState::Running {
+                        job.pending.push_front(idx);
+                    }
+                    warn!(job = %job_id, shard = %job.plan.shards[idx].id, worker = %session.worker_id, "worker gone; shard requeued");
+                }
+            }
+        }
+        info!(session = %session_id, worker = %session.worker_id, "session closed");
+    }
+
+    pub fn heartbeat(&mut self, session_id: &str, leases: &[LeaseKey]) -> Result<()> {
+        if !self.sessions.contains_key(session_id) {
+            return Err(CoordinatorError::UnknownSession {
+                session_id: session_id.to_string(),
+            });
+        }
+        let deadline = Instant::now() + self.config.lease_timeout;
+        for key in leases {
+            if let Some(job) = self.jobs.get_mut(&key.job_id)
+                && let Some(&idx) = job.shard_index.get(&key.shard_id)
+                && let Some(lease) = job.shards[idx].lease.as_mut()
+                && lease.token == key.token
+                && lease.session_id == session_id
+            {
+                lease.deadline = deadline;
+            }
+        }
+        Ok(())
+    }
+
+    fn next_token(&mut self) -> u64 {
+        self.token_seq += 1;
+        (self.epoch << TOKEN_EPOCH_SHIFT) | self.token_seq
+    }
+
+    pub fn acquire(&mut self, session_id: &str) -> Result<AcquireOutcome> {
+        if !self.sessions.contains_key(session_id) {
+            return Err(CoordinatorError::UnknownSession {
+                session_id: session_id.to_string(),
+            });
+        }
+        let mut any_running = false;
+        let mut chosen = None;
+        for job_id in &self.order {
+            let Some(job) = self.jobs.get(job_id) else { continue };
+            if job.state != JobState::Running {
+                continue;
+            }
+            any_running = true;
+            if !job.pending.is_empty() {
+                chosen = Some(job_id.clone());
+                break;
+            }
+        }
+        let Some(job_id) = chosen else {
+            return Ok(if any_running {
+                AcquireOutcome::Wait(self.config.wait_retry)
+            } else {
+                AcquireOutcome::Idle
+            });
+        };
+        let token = self.next_token();
+        let deadline = Instant::now() + self.config.lease_timeout;
+        let job = self.jobs.get_mut(&job_id).ok_or_else(|| CoordinatorError::JobNotFound {
+            job_id: job_id.clone(),
+        })?;
+        let Some(idx) = job.pending.pop_front() else {
+            return Ok(AcquireOutcome::Wait(self.config.wait_retry));
+        };
+        let shard = &mut job.shards[idx];
+        shard.progress.attempts += 1;
+        shard.lease = Some(ActiveLease {
+            session_id: session_id.to_string(),
+            token,
+            deadline,
+        });
+        let plan_shard = job.plan.shards[idx].clone();
+        let lease = Lease {
+            job_id: job_id.clone(),
+            token,
+            attempt: shard.progress.attempts,
+            spec: (*job.spec).clone(),
+            output_prefix: attempt_prefix(&job.output, &plan_shard.id, token).to_string(),
+            shard: plan_shard,
+            next_batch: shard.progress.next_batch,
+            records_done: shard.progress.records,
+        };
+        if let Some(session) = self.sessions.get_mut(session_id) {
+            session.leases.insert((job_id.clone(), idx));
+        }
+        info!(job = %job_id, shard = %lease.shard.id, token, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, "lease granted");
+        Ok(AcquireOutcome::Lease(Box::new(lease)))
+    }
+
+    /// Checks the fencing token, stores the new progress record, and only
+    /// then applies it. Returns `true` for a commit already applied (a retry).
+    pub async fn commit(&mut self, commit: Commit) -> Result<bool> {
+        let key = &commit.key;
+        let job = self.job(&key.job_id)?;
+        let idx = job.shard(&key.shard_id)?;
+        let shard = &job.shards[idx];
+        // A retry of a commit that was stored but whose answer was lost.
+        if shard.progress.token == key.token
+            && commit.next_batch <= shard.progress.next_batch
+            && (shard.progress.done || !commit.shard_done)
+        {
+            return Ok(true);
+        }
+        if job.state.is_terminal() {
+            return Err(CoordinatorError::JobNotRunning {
+                job_id: job.id.clone(),
+                state: job.state.to_string(),
+            });
+        }
+        let lease_ok = shard
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.token == key.token && l.session_id == commit.session_id);
+        if !lease_ok {
+            return Err(CoordinatorError::StaleToken {
+                job_id: key.job_id.clone(),
+                shard_id: key.shard_id.clone(),
+                token: key.token,
+                current: shard
+                    .lease
+                    .as_ref()
+                    .map_or("no active lease".to_string(), |l| l.token.to_string()),
+            });
+        }
+        if commit.from_batch != shard.progress.next_batch {
+            return Err(CoordinatorError::BatchMismatch {
+                job_id: key.job_id.clone(),
+                shard_id: key.shard_id.clone(),
+                from_batch: commit.from_batch,
+                committed: shard.progress.next_batch,
+            });
+        }
+        let mut progress = shard.progress.clone();
+        progress.token = key.token;
+        progress.next_batch = commit.next_batch;
+        progress.records += commit.records;
+        progress.outputs.extend(commit.outputs.iter().cloned());
+        progress.done = commit.shard_done;
+        let uri = job.layout.progress(&key.shard_id);
+        self.stores.put_json(&uri, &progress).await?;
+
+        let deadline = Instant::now() + self.config.lease_timeout;
+        let job = self.job_mut(&key.job_id)?;
+        let shard = &mut job.shards[idx];
+        shard.progress = progress;
+        if commit.shard_done {
+            shard.lease = None;
+            if let Some(session) = self.sessions.get_mut(&commit.session_id) {
+                session.leases.remove(&(key.job_id.clone(), idx));
+            }
+            info!(job = %key.job_id, shard = %key.shard_id, token = key.token, "shard done");
+            self.finish_if_done(&key.job_id).await;
+        } else if let Some(lease) = shard.lease.as_mut() {
+            lease.deadline = deadline;
+        }
+        Ok(false)
+    }
+
+    pub async fn release(&mut self, release: Release) -> Result<()> {
+        let key = &release.key;
+        let job = self.job(&key.job_id)?;
+        let idx = job.shard(&key.shard_id)?;
+        let holds = job.shards[idx]
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.token == key.token && l.session_id == release.session_id);
+        if !holds {
+            // Stale or repeated: nothing to do (releases are idempotent).
+            return Ok(());
+        }
+        let max_attempts = job.spec.max_attempts;
+        let shard_id = key.shard_id.clone();
+        let mut progress = job.shards[idx].progress.clone();
+        let progress_uri = job.layout.progress(&shard_id);
+        if let Some(session) = self.sessions.get_mut(&release.session_id) {
+            session.leases.remove(&(key.job_id.clone(), idx));
+        }
+        let Some(error) = release.error else {
+            let job = self.job_mut(&key.job_id)?;
+            job.shards[idx].lease = None;
+            if job.state == JobState::Running {
+                job.pending.push_front(idx);
+            }
+            info!(job = %key.job_id, shard = %shard_id, "lease released");
+            return Ok(());
+        };
+        progress.failed_attempts += 1;
+        progress.last_error = Some(error.clone());
+        self.stores.put_json(&progress_uri, &progress).await?;
+        let failed = progress.failed_attempts;
+        let job = self.job_mut(&key.job_id)?;
+        job.shards[idx].progress = progress;
+        job.shards[idx].lease = None;
+        warn!(job = %key.job_id, shard = %shard_id, failed, max_attempts, %error, "attempt failed");
+        if failed >= max_attempts {
+            let reason = format!("shard {shard_id} failed {failed} of {max_attempts} attempts; last error: {error}");
+            self.end_job(&key.job_id, JobState::Failed, reason).await?;
+        } else if job.state == JobState::Running {
+            job.pending.push_back(idx);
+        }
+        Ok(())
+    }
+
+    /// Takes back leases whose holders stopped renewing them, and retries
+    /// finishing jobs whose last step failed on the store.
+    pub async fn tick(&mut self) {
+        let now = Instant::now();
+        for job in self.jobs.values_mut() {
+            for (idx, shard) in job.shards.iter_mut().enumerate() {
+                if shard.lease.as_ref().is_some_and(|l| l.deadline <= now) {
+                    if let Some(lease) = shard.lease.take() {
+                        if let Some(session) = self.sessions.get_mut(&lease.session_id) {
+                            session.leases.remove(&(job.id.clone(), idx));
+                        }
+                        warn!(job = %job.id, shard = %job.plan.shards[idx].id, token = lease.token, "lease expired; shard requeued");
+                    }
+                    if job.state == JobState::Running {
+                        job.pending.push_back(idx);
+                    }
+                }
+            }
+        }
+        let unfinished: Vec<String> = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Running && j.all_done())
+            .map(|j| j.id.clone())
+            .collect();
+        for job_id in unfinished {
+            self.finish_if_done(&job_id).await;
+        }
+    }
+
+    async fn finish_if_done(&mut self, job_id: &str) {
+        let Some(job) = self.jobs.get(job_id) else { return };
+        if job.state != JobState::Running || !job.all_done() {
+            return;
+        }
+        match self.finish_job(job_id).await {
+            Ok(()) => {}
+            Err(e) => warn!(job = %job_id, error = %e, "finishing job failed; will retry"),
+        }
+    }
+
+    /// Every shard is committed: remove what uncommitted attempts wrote,
+    /// write the manifest, mark the job succeeded.
+    async fn finish_job(&mut self, job_id: &str) -> Result<()> {
+        let job = self.job(job_id)?;
+        let committed: HashSet<&str> = job
+            .shards
+            .iter()
+            .flat_map(|s| s.progress.outputs.iter().map(|o| o.uri.as_str()))
+            .collect();
+        for shard in &job.plan.shards {
+            for listed in self.stores.list(&shard_output_dir(&job.output, &shard.id)).await? {
+                if !committed.contains(listed.uri.as_str()) {
+                    self.stores.delete(&listed.uri).await?;
+                }
+            }
+        }
+        let outputs: Vec<ManifestEntry> = job
+            .shards
+            .iter()
+            .flat_map(|s| {
+                s.progress.outputs.iter().map(|o| ManifestEntry {
+                    shard_id: s.progress.shard_id.clone(),
+                    uri: o.uri.clone(),
+                    records: o.records,
+                    bytes: o.bytes,
+                    sha256: o.sha256.clone(),
+                })
+            })
+            .collect();
+        let manifest = Manifest {
+            job_id: job_id.to_string(),
+            records_in: job.shards.iter().map(|s| s.progress.records).sum(),
+            records_out: outputs.iter().map(|o| o.records).sum(),
+            shards: job.shards.len() as u64,
+            outputs,
+            created_ms: now_ms(),
+        };
+        let layout = job.layout.clone();
+        let bytes = Bytes::from(serde_json::to_vec_pretty(&manifest).unwrap_or_default());
+        self.stores.put(&layout.manifest(), bytes).await?;
+        let status = StatusRecord {
+            state: JobState::Succeeded,
+            reason: None,
+            updated_ms: now_ms(),
+        };
+        self.stores.put_json(&layout.status(), &status).await?;
+        let job = self.job_mut(job_id)?;
+        job.state = JobState::Succeeded;
+        job.manifest_written = true;
+        info!(job = %job_id, records = manifest.records_in, outputs = manifest.outputs.len(), "job succeeded; manifest written");
+        Ok(())
+    }
+}

@@ -1,0 +1,381 @@
+//! Conversions between wire (`stoke_proto::v1`) and domain types, in one
+//! place for both sides.
+
+use std::time::Duration;
+
+use stoke_proto::v1 as pb;
+
+use crate::error::ConvError;
+use crate::lease::{AcquireOutcome, Commit, Lease, LeaseKey, Release, SessionEvent};
+use crate::plan::{Shard, ShardSource};
+use crate::records::{JobInfo, JobState, OutputObject};
+use crate::spec::JobSpec;
+
+impl From<JobState> for pb::JobState {
+    fn from(s: JobState) -> Self {
+        match s {
+            JobState::Running => Self::Running,
+            JobState::Paused => Self::Paused,
+            JobState::Cancelled => Self::Cancelled,
+            JobState::Succeeded => Self::Succeeded,
+            JobState::Failed => Self::Failed,
+        }
+    }
+}
+
+impl TryFrom<pb::JobState> for JobState {
+    type Error = ConvError;
+    fn try_from(s: pb::JobState) -> Result<Self, ConvError> {
+        Ok(match s {
+            pb::JobState::Running => Self::Running,
+            pb::JobState::Paused => Self::Paused,
+            pb::JobState::Cancelled => Self::Cancelled,
+            pb::JobState::Succeeded => Self::Succeeded,
+            pb::JobState::Failed => Self::Failed,
+            pb::JobState::Unspecified => return Err(ConvError::Missing("state")),
+        })
+    }
+}
+
+impl From<JobInfo> for pb::JobInfo {
+    fn from(j: JobInfo) -> Self {
+        Self {
+            job_id: j.job_id,
+            name: j.name,
+            state: pb::JobState::from(j.state) as i32,
+            reason: j.reason.unwrap_or_default(),
+            shards_total: j.shards_total,
+            shards_done: j.shards_done,
+            shards_leased: j.shards_leased,
+            records_done: j.records_done,
+            records_total: j.records_total.unwrap_or(0),
+            output_uri: j.output_uri,
+            manifest_uri: j.manifest_uri.unwrap_or_default(),
+            processor: j.processor,
+        }
+    }
+}
+
+impl TryFrom<pb::JobInfo> for JobInfo {
+    type Error = ConvError;
+    fn try_from(j: pb::JobInfo) -> Result<Self, ConvError> {
+        let state = pb::JobState::try_from(j.state).map_err(|e| ConvError::Invalid {
+            field: "state",
+            message: e.to_string(),
+        })?;
+        Ok(Self {
+            job_id: j.job_id,
+            name: j.name,
+            state: state.try_into()?,
+            reason: non_empty(j.reason),
+            shards_total: j.shards_total,
+            shards_done: j.shards_done,
+            shards_leased: j.shards_leased,
+            records_done: j.records_done,
+            records_total: (j.records_total > 0).then_some(j.records_total),
+            output_uri: j.output_uri,
+            manifest_uri: non_empty(j.manifest_uri),
+            processor: j.processor,
+        })
+    }
+}
+
+fn non_empty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+impl From<Shard> for pb::Shard {
+    fn from(s: Shard) -> Self {
+        use pb::shard::Source;
+        let source = match s.source {
+            ShardSource::Range { start, end } => Source::Range(pb::RangeShard { start, end }),
+            ShardSource::Parquet {
+                uri,
+                row_group_start,
+                row_group_end,
+            } => Source::Parquet(pb::ParquetShard {
+                uri,
+                row_group_start,
+                row_group_end,
+            }),
+            ShardSource::Jsonl {
+                uri,
+                byte_start,
+                byte_end,
+            } => Source::Jsonl(pb::JsonlShard {
+                uri,
+                byte_start,
+                byte_end,
+            }),
+            ShardSource::Files { uris } => Source::Files(pb::FilesShard { uris }),
+        };
+        Self {
+            shard_id: s.id,
+            records: s.records.unwrap_or(0),
+            source: Some(source),
+        }
+    }
+}
+
+impl TryFrom<pb::Shard> for Shard {
+    type Error = ConvError;
+    fn try_from(s: pb::Shard) -> Result<Self, ConvError> {
+        use pb::shard::Source;
+        let source = match s.source.ok_or(ConvError::Missing("shard.source"))? {
+            Source::Range(r) => ShardSource::Range {
+                start: r.start,
+                end: r.end,
+            },
+            Source::Parquet(p) => ShardSource::Parquet {
+                uri: p.uri,
+                row_group_start: p.row_group_start,
+                row_group_end: p.row_group_end,
+            },
+            Source::Jsonl(j) => ShardSource::Jsonl {
+                uri: j.uri,
+                byte_start: j.byte_start,
+                byte_end: j.byte_end,
+            },
+            Source::Files(f) => ShardSource::Files { uris: f.uris },
+        };
+        if s.shard_id.is_empty() {
+            return Err(ConvError::Missing("shard.shard_id"));
+        }
+        Ok(Self {
+            id: s.shard_id,
+            records: (s.records > 0).then_some(s.records),
+            source,
+        })
+    }
+}
+
+impl From<Lease> for pb::Lease {
+    fn from(l: Lease) -> Self {
+        Self {
+            job_id: l.job_id,
+            shard_id: l.shard.id.clone(),
+            token: l.token,
+            attempt: l.attempt,
+            spec_json: l.spec.to_json(),
+            shard: Some(l.shard.into()),
+            next_batch: l.next_batch,
+            records_done: l.records_done,
+            output_prefix: l.output_prefix,
+        }
+    }
+}
+
+impl TryFrom<pb::Lease> for Lease {
+    type Error = ConvError;
+    fn try_from(l: pb::Lease) -> Result<Self, ConvError> {
+        let spec = JobSpec::from_json(&l.spec_json).map_err(|e| ConvError::Invalid {
+            field: "spec_json",
+            message: e.to_string(),
+        })?;
+        Ok(Self {
+            job_id: l.job_id,
+            token: l.token,
+            attempt: l.attempt,
+            spec,
+            shard: l.shard.ok_or(ConvError::Missing("lease.shard"))?.try_into()?,
+            next_batch: l.next_batch,
+            records_done: l.records_done,
+            output_prefix: l.output_prefix,
+        })
+    }
+}
+
+impl From<AcquireOutcome> for pb::AcquireLeaseResponse {
+    fn from(o: AcquireOutcome) -> Self {
+        use pb::acquire_lease_response::Outcome;
+        let outcome = match o {
+            AcquireOutcome::Lease(l) => Outcome::Lease((*l).into()),
+            AcquireOutcome::Wait(d) => Outcome::Wait(pb::Wait {
+                retry_after_ms: d.as_millis() as u64,
+            }),
+            AcquireOutcome::Idle => Outcome::Idle(pb::Idle {}),
+        };
+        Self {
+            outcome: Some(outcome),
+        }
+    }
+}
+
+impl TryFrom<pb::AcquireLeaseResponse> for AcquireOutcome {
+    type Error = ConvError;
+    fn try_from(r: pb::AcquireLeaseResponse) -> Result<Self, ConvError> {
+        use pb::acquire_lease_response::Outcome;
+        Ok(match r.outcome.ok_or(ConvError::Missing("outcome"))? {
+            Outcome::Lease(l) => Self::Lease(Box::new(l.try_into()?)),
+            Outcome::Wait(w) => Self::Wait(Duration::from_millis(w.retry_after_ms)),
+            Outcome::Idle(_) => Self::Idle,
+        })
+    }
+}
+
+impl From<LeaseKey> for pb::LeaseKey {
+    fn from(k: LeaseKey) -> Self {
+        Self {
+            job_id: k.job_id,
+            shard_id: k.shard_id,
+            token: k.token,
+        }
+    }
+}
+
+impl From<pb::LeaseKey> for LeaseKey {
+    fn from(k: pb::LeaseKey) -> Self {
+        Self {
+            job_id: k.job_id,
+            shard_id: k.shard_id,
+            token: k.token,
+        }
+    }
+}
+
+impl From<OutputObject> for pb::OutputObject {
+    fn from(o: OutputObject) -> Self {
+        Self {
+            uri: o.uri,
+            records: o.records,
+            bytes: o.bytes,
+            sha256: o.sha256,
+        }
+    }
+}
+
+impl From<pb::OutputObject> for OutputObject {
+    fn from(o: pb::OutputObject) -> Self {
+        Self {
+            uri: o.uri,
+            records: o.records,
+            bytes: o.bytes,
+            sha256: o.sha256,
+        }
+    }
+}
+
+impl From<Commit> for pb::CommitRequest {
+    fn from(c: Commit) -> Self {
+        Self {
+            session_id: c.session_id,
+            job_id: c.key.job_id,
+            shard_id: c.key.shard_id,
+            token: c.key.token,
+            next_batch: c.next_batch,
+            records: c.records,
+            outputs: c.outputs.into_iter().map(Into::into).collect(),
+            shard_done: c.shard_done,
+            from_batch: c.from_batch,
+        }
+    }
+}
+
+impl TryFrom<pb::CommitRequest> for Commit {
+    type Error = ConvError;
+    fn try_from(c: pb::CommitRequest) -> Result<Self, ConvError> {
+        require(&c.session_id, "session_id")?;
+        require(&c.job_id, "job_id")?;
+        require(&c.shard_id, "shard_id")?;
+        if c.next_batch < c.from_batch {
+            return Err(ConvError::Invalid {
+                field: "next_batch",
+                message: format!("{} is before from_batch {}", c.next_batch, c.from_batch),
+            });
+        }
+        Ok(Self {
+            session_id: c.session_id,
+            key: LeaseKey {
+                job_id: c.job_id,
+                shard_id: c.shard_id,
+                token: c.token,
+            },
+            from_batch: c.from_batch,
+            next_batch: c.next_batch,
+            records: c.records,
+            outputs: c.outputs.into_iter().map(Into::into).collect(),
+            shard_done: c.shard_done,
+        })
+    }
+}
+
+impl From<Release> for pb::ReleaseRequest {
+    fn from(r: Release) -> Self {
+        Self {
+            session_id: r.session_id,
+            job_id: r.key.job_id,
+            shard_id: r.key.shard_id,
+            token: r.key.token,
+            error: r.error.unwrap_or_default(),
+        }
+    }
+}
+
+impl TryFrom<pb::ReleaseRequest> for Release {
+    type Error = ConvError;
+    fn try_from(r: pb::ReleaseRequest) -> Result<Self, ConvError> {
+        require(&r.session_id, "session_id")?;
+        require(&r.job_id, "job_id")?;
+        require(&r.shard_id, "shard_id")?;
+        Ok(Self {
+            session_id: r.session_id,
+            key: LeaseKey {
+                job_id: r.job_id,
+                shard_id: r.shard_id,
+                token: r.token,
+            },
+            error: non_empty(r.error),
+        })
+    }
+}
+
+impl From<SessionEvent> for pb::SessionEvent {
+    fn from(e: SessionEvent) -> Self {
+        let event = match e {
+            SessionEvent::Revoke { leases, reason } => pb::session_event::Event::Revoke(pb::Revoke {
+                leases: leases.into_iter().map(Into::into).collect(),
+                reason,
+            }),
+        };
+        Self { event: Some(event) }
+    }
+}
+
+fn require(value: &str, field: &'static str) -> Result<(), ConvError> {
+    if value.is_empty() {
+        Err(ConvError::Missing(field))
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::plan_range;
+
+    #[test]
+    fn lease_round_trips() {
+        let spec = JobSpec::from_toml("[dataset]\nformat = \"range\"\ncount = 9\n[processor]\nname = \"p\"\n")
+            .expect("spec");
+        let shard = plan_range(9, 4).shards.remove(1);
+        let lease = Lease {
+            job_id: "j".into(),
+            token: 42,
+            attempt: 2,
+            spec,
+            shard,
+            next_batch: 3,
+            records_done: 12,
+            output_prefix: "memory:///o/s00001/a42".into(),
+        };
+        let back = Lease::try_from(pb::Lease::from(lease.clone())).expect("convert");
+        assert_eq!(back, lease);
+    }
+
+    #[test]
+    fn commit_requires_keys() {
+        let e = Commit::try_from(pb::CommitRequest::default()).expect_err("empty");
+        assert_eq!(e.to_string(), "missing field `session_id`");
+    }
+}

@@ -1,0 +1,124 @@
+//! Typed errors of the shared layer, in the user's words.
+
+use thiserror::Error;
+
+/// A job spec that cannot be accepted.
+#[derive(Debug, Error)]
+pub enum SpecError {
+    #[error("job spec ({format}): {}{message}", if path.is_empty() || path == "." { String::new() } else { format!("{path}: ") })]
+    Parse {
+        format: &'static str,
+        path: String,
+        message: String,
+    },
+    #[error("job spec: {field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error("reading job spec {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+impl SpecError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A URI that does not name a store stoke can use.
+#[derive(Debug, Error)]
+pub enum UriError {
+    #[error("{uri:?} is not a URI ({reason}); use file:///abs/path, s3://bucket/key, gs://, az:// or memory://")]
+    Malformed { uri: String, reason: String },
+    #[error("{uri}: unsupported scheme {scheme:?}; use file, s3, gs, az or memory")]
+    Scheme { uri: String, scheme: String },
+}
+
+/// A failed object-store operation, naming the object and what was being done.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Uri(#[from] UriError),
+    #[error("{uri}: {source}")]
+    Open {
+        uri: String,
+        source: object_store::Error,
+    },
+    #[error("{action} {uri}: {source}")]
+    Io {
+        action: &'static str,
+        uri: String,
+        source: object_store::Error,
+    },
+    #[error("{uri}: not found")]
+    NotFound { uri: String },
+    #[error("{uri}: already exists")]
+    AlreadyExists { uri: String },
+    #[error("{uri}: precondition failed (another writer changed it)")]
+    Conflict { uri: String },
+    #[error("decoding {uri}: {source}")]
+    Decode {
+        uri: String,
+        source: serde_json::Error,
+    },
+}
+
+impl StoreError {
+    pub fn io(action: &'static str, uri: impl Into<String>, source: object_store::Error) -> Self {
+        let uri = uri.into();
+        match source {
+            object_store::Error::NotFound { .. } => Self::NotFound { uri },
+            object_store::Error::AlreadyExists { .. } => Self::AlreadyExists { uri },
+            object_store::Error::Precondition { .. } => Self::Conflict { uri },
+            source => Self::Io {
+                action,
+                uri,
+                source,
+            },
+        }
+    }
+
+    /// True when retrying the same call later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Io { .. })
+    }
+}
+
+/// A dataset that cannot be split into shards.
+#[derive(Debug, Error)]
+pub enum PlanError {
+    #[error("planning dataset {dataset}: {source}")]
+    Store {
+        dataset: String,
+        source: StoreError,
+    },
+    #[error("planning dataset {dataset}: no {format} objects found")]
+    Empty { dataset: String, format: &'static str },
+    #[error("planning dataset {dataset}: reading Parquet footer of {object}: {source}")]
+    Parquet {
+        dataset: String,
+        object: String,
+        source: parquet::errors::ParquetError,
+    },
+    #[error("planning dataset {dataset}: inferring the JSON Lines schema of {object}: {message}")]
+    JsonSchema {
+        dataset: String,
+        object: String,
+        message: String,
+    },
+    #[error("planning dataset {dataset}: {message}")]
+    Invalid { dataset: String, message: String },
+}
+
+/// A wire message that does not convert to a domain value.
+#[derive(Debug, Error)]
+pub enum ConvError {
+    #[error("missing field `{0}`")]
+    Missing(&'static str),
+    #[error("field `{field}`: {message}")]
+    Invalid { field: &'static str, message: String },
+}

@@ -1,0 +1,92 @@
+//! The domain side of the worker protocol: leases, commits, releases.
+
+use std::time::Duration;
+
+use crate::plan::Shard;
+use crate::records::OutputObject;
+use crate::spec::JobSpec;
+
+/// Identifies one attempt at one shard.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LeaseKey {
+    pub job_id: String,
+    pub shard_id: String,
+    pub token: u64,
+}
+
+/// Work handed to a worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lease {
+    pub job_id: String,
+    pub token: u64,
+    pub attempt: u32,
+    pub spec: JobSpec,
+    pub shard: Shard,
+    pub next_batch: u64,
+    pub records_done: u64,
+    /// URI prefix under which this attempt writes.
+    pub output_prefix: String,
+}
+
+impl Lease {
+    pub fn key(&self) -> LeaseKey {
+        LeaseKey {
+            job_id: self.job_id.clone(),
+            shard_id: self.shard.id.clone(),
+            token: self.token,
+        }
+    }
+}
+
+/// The answer to "give me work".
+#[derive(Debug, Clone, PartialEq)]
+pub enum AcquireOutcome {
+    Lease(Box<Lease>),
+    /// Jobs are running but every shard is leased.
+    Wait(Duration),
+    /// No job is running.
+    Idle,
+}
+
+/// A checkpoint a worker asks the coordinator to make count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Commit {
+    pub session_id: String,
+    pub key: LeaseKey,
+    pub from_batch: u64,
+    pub next_batch: u64,
+    pub records: u64,
+    pub outputs: Vec<OutputObject>,
+    pub shard_done: bool,
+}
+
+/// A worker giving a lease back: cleanly (`error: None`) or after a failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub session_id: String,
+    pub key: LeaseKey,
+    pub error: Option<String>,
+}
+
+/// A worker's session registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    pub worker_id: String,
+    pub devices: Vec<String>,
+    pub hostname: String,
+}
+
+/// What the coordinator tells a worker when its session opens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionGrant {
+    pub session_id: String,
+    pub lease_timeout: Duration,
+    pub heartbeat_interval: Duration,
+}
+
+/// What the coordinator pushes to a worker over its session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// Stop working on these leases: the job was cancelled (or paused).
+    Revoke { leases: Vec<LeaseKey>, reason: String },
+}

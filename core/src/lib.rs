@@ -1,0 +1,37 @@
+//! stoke's shared, tensor-free layer, used by the coordinator (which never
+//! links libtorch), the worker and the SDK.
+//!
+//! - [`spec`]: the job spec (TOML/JSON), strict parsing and validation;
+//! - [`plan`]: cutting a dataset into shards (Parquet row groups, JSON Lines
+//!   byte ranges, `files` objects, synthetic `range`);
+//! - [`store`]: store URIs and the one place that opens an `object_store`;
+//! - [`layout`]: where every durable object lives under the state root;
+//! - [`records`]: the durable JSON records (status, progress, manifest);
+//! - [`lease`]: leases, commits and releases as domain values;
+//! - [`conv`]: conversions to and from the wire types of `stoke-proto`.
+//!
+//! Tested by unit tests next to the code, against `memory://` and temporary
+//! `file://` stores.
+
+pub mod conv;
+pub mod error;
+pub mod layout;
+pub mod lease;
+pub mod parquet_source;
+pub mod plan;
+pub mod records;
+pub mod spec;
+pub mod store;
+
+pub use error::{ConvError, PlanError, SpecError, StoreError, UriError};
+pub use store::{StoreUri, Stores};
+
+/// The protocol version every conversation starts with. A peer with another
+/// version is refused with an error that names both.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The checksum stoke records for every output object: SHA-256, hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}

@@ -1,0 +1,132 @@
+//! The durable records the coordinator keeps in object storage, and the
+//! job-level views built from them. All are JSON; together with `spec.json`
+//! and `plan.json` they are everything a restarted coordinator needs.
+
+use serde::{Deserialize, Serialize};
+
+/// A job's lifecycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Running,
+    Paused,
+    Cancelled,
+    Succeeded,
+    Failed,
+}
+
+impl JobState {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Cancelled | Self::Succeeded | Self::Failed)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Paused => "paused",
+            Self::Cancelled => "cancelled",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `jobs/<job>/status.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusRecord {
+    pub state: JobState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub updated_ms: u64,
+}
+
+/// One object a checkpoint wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputObject {
+    pub uri: String,
+    /// Output rows in the object (0 for scratch files).
+    pub records: u64,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// `jobs/<job>/progress/<shard>.json`: what counts for a shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ProgressRecord {
+    pub shard_id: String,
+    /// The token of the attempt that wrote this record.
+    pub token: u64,
+    /// Batches before this index are done.
+    pub next_batch: u64,
+    /// Input records processed so far.
+    pub records: u64,
+    /// Every committed output object, in commit order.
+    pub outputs: Vec<OutputObject>,
+    pub done: bool,
+    /// Attempts so far (leases granted) and those that failed.
+    pub attempts: u32,
+    pub failed_attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// `coordinator/epoch.json`: bumped at each coordinator start so fencing
+/// tokens keep growing across restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochRecord {
+    pub epoch: u64,
+}
+
+/// One committed output in the manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    pub shard_id: String,
+    pub uri: String,
+    pub records: u64,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// `jobs/<job>/manifest.json`, written when every shard is committed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub job_id: String,
+    /// Input records processed.
+    pub records_in: u64,
+    /// Output rows over every listed object.
+    pub records_out: u64,
+    pub shards: u64,
+    pub outputs: Vec<ManifestEntry>,
+    pub created_ms: u64,
+}
+
+/// A job as clients see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobInfo {
+    pub job_id: String,
+    pub name: String,
+    pub state: JobState,
+    pub reason: Option<String>,
+    pub shards_total: u64,
+    pub shards_done: u64,
+    pub shards_leased: u64,
+    pub records_done: u64,
+    pub records_total: Option<u64>,
+    pub output_uri: String,
+    pub manifest_uri: Option<String>,
+    pub processor: String,
+}
+
+/// Milliseconds since the Unix epoch, for timestamps in records.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,556 @@
+//! The job spec: what a user submits (TOML or JSON), parsed strictly and
+//! validated field by field, so a malformed spec is refused at submit with an
+//! error that names the field.
+
+use std::path::Path as FsPath;
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+use crate::error::SpecError;
+use crate::store::StoreUri;
+
+/// A whole job: dataset, processor, batching, checkpoints, outputs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// A short human name; the job id is derived from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub dataset: DatasetSpec,
+    pub processor: ProcessorSpec,
+    #[serde(default)]
+    pub batching: BatchingSpec,
+    #[serde(default)]
+    pub checkpoint: CheckpointSpec,
+    #[serde(default)]
+    pub output: OutputSpec,
+    #[serde(default)]
+    pub sharding: ShardingSpec,
+    /// Attempts per shard before the job fails.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+}
+
+/// Which records to process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSpec {
+    pub format: DatasetFormat,
+    /// A file or a prefix (`file://`, `s3://`, `gs://`, `az://`, `memory://`);
+    /// not for `range`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+    /// Number of records of a synthetic `range` dataset (ids 0..count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// The column that holds each record's id; without it ids are
+    /// `<shard>:<offset>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_column: Option<String>,
+    /// Columns to read (Parquet projection); all when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub columns: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatasetFormat {
+    Parquet,
+    Jsonl,
+    Files,
+    Range,
+}
+
+impl DatasetFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Parquet => "parquet",
+            Self::Jsonl => "jsonl",
+            Self::Files => "files",
+            Self::Range => "range",
+        }
+    }
+}
+
+/// Which processor runs the records, and its free-form parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessorSpec {
+    pub name: String,
+    #[serde(default)]
+    pub params: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchingSpec {
+    /// Records per batch.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u64,
+}
+
+impl Default for BatchingSpec {
+    fn default() -> Self {
+        Self {
+            batch_size: default_batch_size(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Checkpoint every this many batches (and at the end of each shard).
+    #[serde(default = "default_checkpoint_interval")]
+    pub interval: u64,
+    /// Also checkpoint when this much time passed since the last one ("30s").
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub every: Option<Duration>,
+}
+
+impl Default for CheckpointSpec {
+    fn default() -> Self {
+        Self {
+            interval: default_checkpoint_interval(),
+            every: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    /// Where output objects go; default `<root>/jobs/<job>/outputs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+    #[serde(default)]
+    pub format: OutputFormat,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputFormat {
+    #[default]
+    Parquet,
+    Jsonl,
+}
+
+impl OutputFormat {
+    pub fn extension(self) -> &'static str {
+        match self {
+            Self::Parquet => "parquet",
+            Self::Jsonl => "jsonl",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardingSpec {
+    /// Target records per shard (Parquet row groups are grouped to reach it;
+    /// `files`: objects per shard).
+    #[serde(default = "default_shard_records")]
+    pub records: u64,
+    /// Target bytes per shard for JSON Lines ("64MiB").
+    #[serde(default = "default_shard_bytes")]
+    pub bytes: ByteSize,
+}
+
+impl Default for ShardingSpec {
+    fn default() -> Self {
+        Self {
+            records: default_shard_records(),
+            bytes: default_shard_bytes(),
+        }
+    }
+}
+
+fn default_max_attempts() -> u32 {
+    3
+}
+fn default_batch_size() -> u64 {
+    64
+}
+fn default_checkpoint_interval() -> u64 {
+    100
+}
+fn default_shard_records() -> u64 {
+    10_000
+}
+fn default_shard_bytes() -> ByteSize {
+    ByteSize::mib(64)
+}
+
+const MAX_BATCH_SIZE: u64 = 1 << 24;
+const MAX_ATTEMPTS: u32 = 1000;
+const MAX_NAME_LEN: usize = 64;
+
+impl JobSpec {
+    /// Parses a TOML spec and validates it.
+    pub fn from_toml(text: &str) -> Result<Self, SpecError> {
+        let de = toml::Deserializer::parse(text).map_err(|e| SpecError::Parse {
+            format: "toml",
+            path: String::new(),
+            message: e.message().to_string(),
+        })?;
+        let spec: JobSpec = serde_path_to_error::deserialize(de).map_err(|e| SpecError::Parse {
+            format: "toml",
+            path: e.path().to_string(),
+            message: e.inner().message().trim().to_string(),
+        })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Parses a JSON spec and validates it.
+    pub fn from_json(text: &str) -> Result<Self, SpecError> {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let spec: JobSpec =
+            serde_path_to_error::deserialize(&mut de).map_err(|e| SpecError::Parse {
+                format: "json",
+                path: e.path().to_string(),
+                message: e.inner().to_string(),
+            })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Reads a spec file, TOML or JSON by its extension (TOML otherwise), and
+    /// turns relative dataset and output paths into `file://` URIs relative
+    /// to the file's folder.
+    pub fn from_file(path: &FsPath) -> Result<Self, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let base = path
+            .parent()
+            .map(|p| {
+                if p.as_os_str().is_empty() {
+                    FsPath::new(".")
+                } else {
+                    p
+                }
+            })
+            .unwrap_or(FsPath::new("."));
+        let (format, value): (&'static str, serde_json::Value) =
+            if path.extension().is_some_and(|e| e == "json") {
+                let v = serde_json::from_str(&text).map_err(|e| SpecError::Parse {
+                    format: "json",
+                    path: String::new(),
+                    message: e.to_string(),
+                })?;
+                ("json", v)
+            } else {
+                let v = toml::from_str(&text).map_err(|e| SpecError::Parse {
+                    format: "toml",
+                    path: String::new(),
+                    message: e.message().to_string(),
+                })?;
+                ("toml", v)
+            };
+        Self::from_value(Self::resolve_relative(value, base)?, format)
+    }
+
+    fn from_value(value: serde_json::Value, format: &'static str) -> Result<Self, SpecError> {
+        let spec: JobSpec = serde_path_to_error::deserialize(value).map_err(|e| SpecError::Parse {
+            format,
+            path: e.path().to_string(),
+            message: e.inner().to_string(),
+        })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    fn resolve_relative(
+        mut value: serde_json::Value,
+        base: &FsPath,
+    ) -> Result<serde_json::Value, SpecError> {
+        for (section, key) in [("dataset", "uri"), ("output", "uri")] {
+            if let Some(serde_json::Value::String(s)) =
+                value.get_mut(section).and_then(|v| v.get_mut(key))
+            {
+                *s = StoreUri::resolve_path_or_uri(s, base)
+                    .map_err(|message| SpecError::invalid(format!("{section}.{key}"), message))?;
+            }
+        }
+        Ok(value)
+    }
+
+    /// The spec as JSON, the form stored in `spec.json` and sent to workers.
+    pub fn to_json(&self) -> String {
+        // A JobSpec is plain data (strings, numbers, maps): serialising it
+        // cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Checks every field; the first problem found is returned.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if let Some(name) = &self.name {
+            if name.is_empty() || name.len() > MAX_NAME_LEN {
+                return Err(SpecError::invalid(
+                    "name",
+                    format!("must be 1 to {MAX_NAME_LEN} characters, got {:?}", name),
+                ));
+            }
+            if !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(SpecError::invalid(
+                    "name",
+                    format!("may hold only letters, digits, '-' and '_', got {name:?}"),
+                ));
+            }
+        }
+        self.validate_dataset()?;
+        if self.processor.name.trim().is_empty() {
+            return Err(SpecError::invalid("processor.name", "must not be empty"));
+        }
+        let bs = self.batching.batch_size;
+        if bs == 0 || bs > MAX_BATCH_SIZE {
+            return Err(SpecError::invalid(
+                "batching.batch_size",
+                format!("must be between 1 and {MAX_BATCH_SIZE}, got {bs}"),
+            ));
+        }
+        if self.checkpoint.interval == 0 {
+            return Err(SpecError::invalid(
+                "checkpoint.interval",
+                "must be at least 1 batch, got 0",
+            ));
+        }
+        if self.checkpoint.every.is_some_and(|d| d.is_zero()) {
+            return Err(SpecError::invalid(
+                "checkpoint.every",
+                "must be a positive duration such as \"30s\"",
+            ));
+        }
+        if self.sharding.records == 0 {
+            return Err(SpecError::invalid(
+                "sharding.records",
+                "must be at least 1, got 0",
+            ));
+        }
+        if self.sharding.bytes.as_u64() < 1024 {
+            return Err(SpecError::invalid(
+                "sharding.bytes",
+                format!("must be at least 1KiB, got {}", self.sharding.bytes),
+            ));
+        }
+        if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS {
+            return Err(SpecError::invalid(
+                "max_attempts",
+                format!("must be between 1 and {MAX_ATTEMPTS}, got {}", self.max_attempts),
+            ));
+        }
+        if let Some(uri) = &self.output.uri {
+            StoreUri::parse(uri).map_err(|e| SpecError::invalid("output.uri", e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn validate_dataset(&self) -> Result<(), SpecError> {
+        let d = &self.dataset;
+        match d.format {
+            DatasetFormat::Range => {
+                if d.uri.is_some() {
+                    return Err(SpecError::invalid(
+                        "dataset.uri",
+                        "not allowed for format \"range\" (its records are 0..count)",
+                    ));
+                }
+                match d.count {
+                    None => Err(SpecError::invalid(
+                        "dataset.count",
+                        "missing (required for format \"range\")",
+                    )),
+                    Some(0) => Err(SpecError::invalid("dataset.count", "must be at least 1")),
+                    Some(_) => Ok(()),
+                }
+            }
+            format => {
+                if d.count.is_some() {
+                    return Err(SpecError::invalid(
+                        "dataset.count",
+                        format!("only for format \"range\", not \"{}\"", format.as_str()),
+                    ));
+                }
+                let uri = d.uri.as_deref().ok_or_else(|| {
+                    SpecError::invalid(
+                        "dataset.uri",
+                        format!("missing (required for format \"{}\")", format.as_str()),
+                    )
+                })?;
+                StoreUri::parse(uri).map_err(|e| SpecError::invalid("dataset.uri", e.to_string()))?;
+                if let Some(cols) = &d.columns
+                    && cols.is_empty()
+                {
+                    return Err(SpecError::invalid(
+                        "dataset.columns",
+                        "must name at least one column when given",
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "digits"
+[dataset]
+format = "parquet"
+uri = "file:///data/digits/"
+[processor]
+name = "torchscript"
+params = { model = "file:///m.pt", input_column = "pixels" }
+[batching]
+batch_size = 128
+[checkpoint]
+interval = 10
+every = "30s"
+[sharding]
+records = 500
+bytes = "16MiB"
+"#;
+
+    fn err(text: &str) -> String {
+        match JobSpec::from_toml(text) {
+            Ok(spec) => panic!("spec was accepted: {spec:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn parses_a_full_spec_with_human_units() {
+        let spec = JobSpec::from_toml(GOOD).expect("valid spec");
+        assert_eq!(spec.batching.batch_size, 128);
+        assert_eq!(spec.checkpoint.every, Some(Duration::from_secs(30)));
+        assert_eq!(spec.sharding.bytes, ByteSize::mib(16));
+        assert_eq!(spec.max_attempts, 3);
+        assert_eq!(
+            spec.processor.params.get("input_column"),
+            Some(&serde_json::json!("pixels"))
+        );
+        // JSON round trip gives the same spec.
+        assert_eq!(JobSpec::from_json(&spec.to_json()).expect("json"), spec);
+    }
+
+    #[test]
+    fn unknown_key_names_the_key_and_its_section() {
+        let e = err(&GOOD.replace("batch_size = 128", "batch_sise = 128"));
+        assert!(e.contains("batching"), "{e}");
+        assert!(e.contains("batch_sise"), "{e}");
+        assert!(e.contains("batch_size"), "should list the allowed key: {e}");
+        let e = err(&format!("{GOOD}\nworkers = 3\n"));
+        assert!(e.contains("workers"), "{e}");
+    }
+
+    #[test]
+    fn missing_dataset_is_refused() {
+        let e = err("[processor]\nname = \"x\"\n");
+        assert!(e.contains("dataset"), "{e}");
+    }
+
+    #[test]
+    fn missing_uri_names_the_field() {
+        let e = err(&GOOD.replace("uri = \"file:///data/digits/\"", ""));
+        assert!(e.contains("dataset.uri") && e.contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn bad_uri_names_the_field_and_value() {
+        let e = err(&GOOD.replace("file:///data/digits/", "ftp://host/x"));
+        assert!(e.contains("dataset.uri") && e.contains("ftp"), "{e}");
+        let e = err(&GOOD.replace("file:///data/digits/", "not a uri"));
+        assert!(e.contains("dataset.uri"), "{e}");
+    }
+
+    #[test]
+    fn impossible_numbers_each_name_their_field() {
+        for (from, to, field) in [
+            ("batch_size = 128", "batch_size = 0", "batching.batch_size"),
+            ("interval = 10", "interval = 0", "checkpoint.interval"),
+            ("records = 500", "records = 0", "sharding.records"),
+            ("bytes = \"16MiB\"", "bytes = \"10B\"", "sharding.bytes"),
+            ("every = \"30s\"", "every = \"0s\"", "checkpoint.every"),
+        ] {
+            let e = err(&GOOD.replace(from, to));
+            assert!(e.contains(field), "{field}: {e}");
+        }
+        let e = err(&format!("max_attempts = 0\n{GOOD}"));
+        assert!(e.contains("max_attempts"), "{e}");
+        let e = err(&GOOD.replace("interval = 10", "interval = -1"));
+        assert!(e.contains("checkpoint.interval"), "{e}");
+    }
+
+    #[test]
+    fn bad_duration_and_size_are_refused() {
+        let e = err(&GOOD.replace("\"30s\"", "\"thirty\""));
+        assert!(e.contains("checkpoint.every"), "{e}");
+        let e = err(&GOOD.replace("\"16MiB\"", "\"lots\""));
+        assert!(e.contains("sharding.bytes"), "{e}");
+    }
+
+    #[test]
+    fn range_rules() {
+        let range = "[dataset]\nformat = \"range\"\ncount = 10\n[processor]\nname = \"p\"\n";
+        JobSpec::from_toml(range).expect("range spec");
+        let e = err(&range.replace("count = 10", ""));
+        assert!(e.contains("dataset.count"), "{e}");
+        let e = err(&range.replace("count = 10", "count = 10\nuri = \"file:///x\""));
+        assert!(e.contains("dataset.uri"), "{e}");
+        let e = err(&GOOD.replace("format = \"parquet\"", "format = \"parquet\"\ncount = 3"));
+        assert!(e.contains("dataset.count"), "{e}");
+        let e = err(&range.replace("\"range\"", "\"csv\""));
+        assert!(e.contains("dataset.format") && e.contains("csv"), "{e}");
+    }
+
+    #[test]
+    fn bad_name_and_empty_processor() {
+        let e = err(&GOOD.replace("name = \"digits\"", "name = \"a b\""));
+        assert!(e.starts_with("job spec: name"), "{e}");
+        let e = err(&GOOD.replace("name = \"torchscript\"", "name = \"\""));
+        assert!(e.contains("processor.name"), "{e}");
+    }
+
+    #[test]
+    fn json_errors_name_the_path() {
+        let e = JobSpec::from_json(
+            r#"{"dataset":{"format":"range","count":"ten"},"processor":{"name":"p"}}"#,
+        )
+        .expect_err("bad count");
+        assert!(e.to_string().contains("dataset.count"), "{e}");
+    }
+
+    #[test]
+    fn relative_paths_resolve_against_the_spec_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("job.toml");
+        std::fs::write(
+            &path,
+            "[dataset]\nformat = \"jsonl\"\nuri = \"data/in.jsonl\"\n[processor]\nname = \"p\"\n",
+        )
+        .expect("write");
+        let spec = JobSpec::from_file(&path).expect("spec");
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "[dataset]\nformat = \"range\"\ncount = 1\nextra = 1\n[processor]\nname = \"p\"\n")
+            .expect("write");
+        let e = JobSpec::from_file(&bad).expect_err("unknown key").to_string();
+        assert!(e.contains("dataset") && e.contains("extra"), "{e}");
+        let uri = spec.dataset.uri.expect("uri");
+        assert!(uri.starts_with("file:///"), "{uri}");
+        assert!(uri.ends_with("/data/in.jsonl"), "{uri}");
+    }
+}

@@ -1,0 +1,371 @@
+//! Store URIs and the one place that turns a URI into an `object_store`.
+//!
+//! Everything stoke reads or writes (datasets, models, outputs, its own
+//! durable state) is named by a URI: `file:///abs/path`, `memory:///key`,
+//! and the cloud schemes. `Stores` caches one store per scheme and authority,
+//! so every user of a `Stores` value sees the same `memory://` store.
+
+use std::collections::HashMap;
+use std::path::Path as FsPath;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use url::Url;
+
+use crate::error::{StoreError, UriError};
+
+const SCHEMES: [&str; 5] = ["file", "memory", "s3", "gs", "az"];
+
+/// A validated store URI.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StoreUri {
+    url: Url,
+}
+
+impl StoreUri {
+    pub fn parse(text: &str) -> Result<Self, UriError> {
+        let url = Url::parse(text).map_err(|e| UriError::Malformed {
+            uri: text.to_string(),
+            reason: e.to_string(),
+        })?;
+        if !SCHEMES.contains(&url.scheme()) {
+            return Err(UriError::Scheme {
+                uri: text.to_string(),
+                scheme: url.scheme().to_string(),
+            });
+        }
+        Ok(Self { url })
+    }
+
+    /// A `file://` URI for a local path (made absolute against the current
+    /// folder).
+    pub fn from_local_path(path: &FsPath) -> Result<Self, UriError> {
+        let abs = std::path::absolute(path).map_err(|e| UriError::Malformed {
+            uri: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let url = Url::from_file_path(&abs).map_err(|()| UriError::Malformed {
+            uri: path.display().to_string(),
+            reason: "not an absolute path".to_string(),
+        })?;
+        Ok(Self { url })
+    }
+
+    /// Keeps a URI as it is; turns a plain path into a `file://` URI relative
+    /// to `base`.
+    pub fn resolve_path_or_uri(text: &str, base: &FsPath) -> Result<String, String> {
+        if text.contains("://") {
+            return Self::parse(text).map(|u| u.to_string()).map_err(|e| e.to_string());
+        }
+        let trailing_slash = text.ends_with('/');
+        let uri = Self::from_local_path(&base.join(text)).map_err(|e| e.to_string())?;
+        let mut s = uri.to_string();
+        if trailing_slash && !s.ends_with('/') {
+            s.push('/');
+        }
+        Ok(s)
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.url.as_str()
+    }
+
+    pub fn scheme(&self) -> &str {
+        self.url.scheme()
+    }
+
+    /// The object path inside its store.
+    pub fn object_path(&self) -> Result<Path, UriError> {
+        Path::from_url_path(self.url.path()).map_err(|e| UriError::Malformed {
+            uri: self.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// This URI with `segment` appended as a child ("a/b" + "c" = "a/b/c").
+    pub fn join(&self, segment: &str) -> StoreUri {
+        let base = self.url.as_str().trim_end_matches('/');
+        let seg = segment.trim_start_matches('/');
+        match Url::parse(&format!("{base}/{seg}")) {
+            Ok(url) => Self { url },
+            // Appending a plain segment to a valid URL stays valid; keep the
+            // base if the segment held something a URL cannot.
+            Err(_) => self.clone(),
+        }
+    }
+
+    /// The URI of another object in the same store.
+    pub fn with_object_path(&self, path: &Path) -> StoreUri {
+        let mut url = self.url.clone();
+        url.set_path(&format!("/{path}"));
+        Self { url }
+    }
+
+    /// The last path segment ("part-1.parquet").
+    pub fn file_name(&self) -> &str {
+        self.url
+            .path()
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+    }
+
+    fn store_key(&self) -> String {
+        format!("{}://{}", self.url.scheme(), self.url.authority())
+    }
+}
+
+impl std::fmt::Display for StoreUri {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.url.as_str())
+    }
+}
+
+/// One listed object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub uri: StoreUri,
+    pub size: u64,
+}
+
+/// Opens stores by URI and caches them; clones share the cache.
+#[derive(Debug, Clone, Default)]
+pub struct Stores {
+    cache: Arc<Mutex<HashMap<String, Arc<dyn ObjectStore>>>>,
+}
+
+impl Stores {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The store holding `uri`, and the object path inside it.
+    pub fn resolve(&self, uri: &StoreUri) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
+        let path = uri.object_path()?;
+        let key = uri.store_key();
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(store) = cache.get(&key) {
+            return Ok((Arc::clone(store), path));
+        }
+        let store: Arc<dyn ObjectStore> = match uri.scheme() {
+            "memory" => Arc::new(InMemory::new()),
+            _ => {
+                let (store, _) =
+                    object_store::parse_url_opts(&uri.url, std::env::vars()).map_err(|source| {
+                        StoreError::Open {
+                            uri: uri.to_string(),
+                            source,
+                        }
+                    })?;
+                Arc::from(store)
+            }
+        };
+        cache.insert(key, Arc::clone(&store));
+        Ok((store, path))
+    }
+
+    pub async fn get(&self, uri: &StoreUri) -> Result<Bytes, StoreError> {
+        let (store, path) = self.resolve(uri)?;
+        let result = store
+            .get(&path)
+            .await
+            .map_err(|e| StoreError::io("reading", uri.as_str(), e))?;
+        result
+            .bytes()
+            .await
+            .map_err(|e| StoreError::io("reading", uri.as_str(), e))
+    }
+
+    pub async fn get_range(
+        &self,
+        uri: &StoreUri,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, StoreError> {
+        let (store, path) = self.resolve(uri)?;
+        store
+            .get_range(&path, range)
+            .await
+            .map_err(|e| StoreError::io("reading a range of", uri.as_str(), e))
+    }
+
+    pub async fn size(&self, uri: &StoreUri) -> Result<u64, StoreError> {
+        let (store, path) = self.resolve(uri)?;
+        let meta = store
+            .head(&path)
+            .await
+            .map_err(|e| StoreError::io("looking up", uri.as_str(), e))?;
+        Ok(meta.size)
+    }
+
+    /// Writes an object, replacing what was there.
+    pub async fn put(&self, uri: &StoreUri, bytes: Bytes) -> Result<(), StoreError> {
+        self.put_mode(uri, bytes, PutMode::Overwrite).await
+    }
+
+    /// Writes an object only if none exists (`AlreadyExists` otherwise).
+    pub async fn put_new(&self, uri: &StoreUri, bytes: Bytes) -> Result<(), StoreError> {
+        self.put_mode(uri, bytes, PutMode::Create).await
+    }
+
+    async fn put_mode(&self, uri: &StoreUri, bytes: Bytes, mode: PutMode) -> Result<(), StoreError> {
+        let (store, path) = self.resolve(uri)?;
+        let opts = PutOptions {
+            mode,
+            ..Default::default()
+        };
+        store
+            .put_opts(&path, PutPayload::from(bytes), opts)
+            .await
+            .map_err(|e| StoreError::io("writing", uri.as_str(), e))?;
+        Ok(())
+    }
+
+    pub async fn delete(&self, uri: &StoreUri) -> Result<(), StoreError> {
+        let (store, path) = self.resolve(uri)?;
+        match store.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(StoreError::io("deleting", uri.as_str(), e)),
+        }
+    }
+
+    /// Every object under `prefix` (recursively), sorted by URI. A URI that
+    /// names one object lists just that object.
+    pub async fn list(&self, prefix: &StoreUri) -> Result<Vec<Listed>, StoreError> {
+        let (store, path) = self.resolve(prefix)?;
+        let metas: Vec<_> = store
+            .list(Some(&path))
+            .try_collect()
+            .await
+            .map_err(|e| StoreError::io("listing", prefix.as_str(), e))?;
+        let mut out: Vec<Listed> = metas
+            .into_iter()
+            .map(|m| Listed {
+                uri: prefix.with_object_path(&m.location),
+                size: m.size,
+            })
+            .collect();
+        if out.is_empty() && !prefix.as_str().ends_with('/') {
+            match store.head(&path).await {
+                Ok(meta) => out.push(Listed {
+                    uri: prefix.clone(),
+                    size: meta.size,
+                }),
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(StoreError::io("looking up", prefix.as_str(), e)),
+            }
+        }
+        out.sort_by(|a, b| a.uri.as_str().cmp(b.uri.as_str()));
+        Ok(out)
+    }
+
+    /// The names of the immediate child folders of `prefix`, sorted.
+    pub async fn list_dirs(&self, prefix: &StoreUri) -> Result<Vec<String>, StoreError> {
+        let (store, path) = self.resolve(prefix)?;
+        let listed = match store.list_with_delimiter(Some(&path)).await {
+            Ok(listed) => listed,
+            Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(StoreError::io("listing", prefix.as_str(), e)),
+        };
+        let mut names: Vec<String> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_string))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Reads and decodes a JSON record; `None` when it does not exist.
+    pub async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        uri: &StoreUri,
+    ) -> Result<Option<T>, StoreError> {
+        match self.get(uri).await {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| StoreError::Decode {
+                    uri: uri.to_string(),
+                    source,
+                }),
+            Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn put_json<T: serde::Serialize>(
+        &self,
+        uri: &StoreUri,
+        value: &T,
+    ) -> Result<(), StoreError> {
+        self.put(uri, Bytes::from(to_json_bytes(value))).await
+    }
+
+    pub async fn put_json_new<T: serde::Serialize>(
+        &self,
+        uri: &StoreUri,
+        value: &T,
+    ) -> Result<(), StoreError> {
+        self.put_new(uri, Bytes::from(to_json_bytes(value))).await
+    }
+}
+
+fn to_json_bytes<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    // Records are plain structs of strings and numbers: serialising cannot fail.
+    serde_json::to_vec_pretty(value).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_join() {
+        let u = StoreUri::parse("file:///tmp/root/").expect("uri");
+        assert_eq!(u.join("jobs/j1/spec.json").as_str(), "file:///tmp/root/jobs/j1/spec.json");
+        assert_eq!(u.join("x").file_name(), "x");
+        assert!(StoreUri::parse("ftp://x/y").is_err());
+        assert!(StoreUri::parse("relative/path").is_err());
+        let s = StoreUri::parse("s3://bucket/a/b").expect("s3");
+        assert_eq!(s.object_path().expect("path").as_ref(), "a/b");
+    }
+
+    #[tokio::test]
+    async fn memory_store_is_shared_by_clones_and_create_only_holds() {
+        let stores = Stores::new();
+        let other = stores.clone();
+        let uri = StoreUri::parse("memory:///a/b.json").expect("uri");
+        stores.put_json_new(&uri, &serde_json::json!({"x": 1})).await.expect("put");
+        let back: Option<serde_json::Value> = other.get_json(&uri).await.expect("get");
+        assert_eq!(back, Some(serde_json::json!({"x": 1})));
+        let again = stores.put_json_new(&uri, &serde_json::json!({"x": 2})).await;
+        assert!(matches!(again, Err(StoreError::AlreadyExists { .. })), "{again:?}");
+        let listed = stores
+            .list(&StoreUri::parse("memory:///a/").expect("uri"))
+            .await
+            .expect("list");
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].uri, uri);
+    }
+
+    #[tokio::test]
+    async fn file_store_lists_a_single_object_and_create_only_holds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = StoreUri::from_local_path(dir.path()).expect("uri");
+        let stores = Stores::new();
+        let obj = root.join("x/1.bin");
+        stores.put_new(&obj, Bytes::from_static(b"abc")).await.expect("put");
+        assert!(matches!(
+            stores.put_new(&obj, Bytes::from_static(b"def")).await,
+            Err(StoreError::AlreadyExists { .. })
+        ));
+        assert_eq!(stores.list(&obj).await.expect("list").len(), 1);
+        assert_eq!(stores.list(&root.join("x/")).await.expect("list")[0].uri, obj);
+        assert!(stores.list(&root.join("nothing")).await.expect("list").is_empty());
+        assert_eq!(stores.get(&obj).await.expect("get"), Bytes::from_static(b"abc"));
+    }
+}

@@ -1,0 +1,36 @@
+# shellcheck shell=bash
+# Sourced by every stoke script: one place that sets up the toolchain.
+#
+# - a Python venv with torch==2.11.0 (libtorch for tch 0.24), numpy, pyarrow,
+#   scikit-learn, kept in ~/.cache/stoke/venv so every clone reuses it;
+# - a shared cargo target folder in ~/.cache/stoke/target;
+# - LIBTORCH_USE_PYTORCH=1 with the venv's python first on PATH, as tch's
+#   build expects. The binaries carry an rpath to torch/lib (see the crates'
+#   build.rs), so they run without LD_LIBRARY_PATH.
+#
+# Idempotent: a marker file records what was installed.
+
+STOKE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STOKE_CACHE="${STOKE_CACHE:-$HOME/.cache/stoke}"
+STOKE_VENV="$STOKE_CACHE/venv"
+STOKE_PY_REQS="torch==2.11.0 numpy pyarrow scikit-learn"
+export STOKE_ROOT STOKE_CACHE STOKE_VENV
+
+stoke_venv() {
+  local marker="$STOKE_VENV/.stoke-installed"
+  if [ -f "$marker" ] && [ "$(cat "$marker")" = "$STOKE_PY_REQS" ]; then
+    return 0
+  fi
+  echo "stoke: setting up the Python venv with torch in $STOKE_VENV (first time: a few minutes)" >&2
+  mkdir -p "$STOKE_CACHE"
+  [ -x "$STOKE_VENV/bin/python" ] || python3 -m venv "$STOKE_VENV"
+  # shellcheck disable=SC2086
+  "$STOKE_VENV/bin/pip" install --disable-pip-version-check -q $STOKE_PY_REQS
+  echo "$STOKE_PY_REQS" >"$marker"
+}
+
+stoke_venv
+export PATH="$STOKE_VENV/bin:$PATH"
+export LIBTORCH_USE_PYTORCH=1
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$STOKE_CACHE/target}"
+export STOKE_BIN_DIR="$CARGO_TARGET_DIR/debug"
