@@ -450,6 +450,7 @@ impl State {
             shard: plan_shard,
             next_batch: shard.progress.next_batch,
             records_done: shard.progress.records,
+            input_schema: job.plan.jsonl_schema.clone(),
         };
         if let Some(session) = self.sessions.get_mut(session_id) {
             session.leases.insert((job_id.clone(), idx));

@@ -161,6 +161,11 @@ impl From<Lease> for pb::Lease {
             next_batch: l.next_batch,
             records_done: l.records_done,
             output_prefix: l.output_prefix,
+            input_schema_json: l
+                .input_schema
+                .as_ref()
+                .and_then(|s| serde_json::to_string(s).ok())
+                .unwrap_or_default(),
         }
     }
 }
@@ -181,6 +186,16 @@ impl TryFrom<pb::Lease> for Lease {
             next_batch: l.next_batch,
             records_done: l.records_done,
             output_prefix: l.output_prefix,
+            input_schema: if l.input_schema_json.is_empty() {
+                None
+            } else {
+                Some(serde_json::from_str(&l.input_schema_json).map_err(|e| {
+                    ConvError::Invalid {
+                        field: "input_schema_json",
+                        message: e.to_string(),
+                    }
+                })?)
+            },
         })
     }
 }
@@ -368,6 +383,11 @@ mod tests {
             next_batch: 3,
             records_done: 12,
             output_prefix: "memory:///o/s00001/a42".into(),
+            input_schema: Some(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+                "x",
+                arrow_schema::DataType::Int64,
+                true,
+            )])),
         };
         let back = Lease::try_from(pb::Lease::from(lease.clone())).expect("convert");
         assert_eq!(back, lease);

@@ -26,6 +26,8 @@ pub struct Lease {
     pub records_done: u64,
     /// URI prefix under which this attempt writes.
     pub output_prefix: String,
+    /// JSON Lines: the schema inferred at plan time.
+    pub input_schema: Option<arrow_schema::Schema>,
 }
 
 impl Lease {

@@ -1,1 +1,33 @@
-//! placeholder
+//! stoke's SDK: everything a user touches.
+//!
+//! - the processor API: [`TorchBatchProcessor`], [`ProcessorContext`],
+//!   [`Batch`], and [`Registry`] to ship processors in your own worker
+//!   binary (`fn main() { stoke::worker_main(registry) }`);
+//! - job specs: [`JobSpec`] (TOML or JSON, strictly validated);
+//! - [`Client`]: submit, get, list, cancel and wait on jobs;
+//! - embedded mode: [`torch_batch_process`] runs a job in one process with
+//!   the same coordinator state machine and worker pipeline as a cluster.
+//!
+//! The `stoke` CLI (`src/main.rs`) is built on these. Tested end to end by
+//! `stoke-tests`.
+
+pub mod client;
+pub mod embedded;
+pub mod error;
+
+pub use client::Client;
+pub use embedded::{run_embedded, torch_batch_process, EmbeddedOptions, JobReport};
+pub use error::{ClientError, EmbeddedError};
+pub use stoke_core::records::{JobInfo, JobState, Manifest, ManifestEntry};
+pub use stoke_core::spec::{JobSpec, OutputFormat};
+pub use stoke_core::{StoreUri, Stores};
+pub use stoke_worker::cli::worker_main;
+pub use stoke_worker::{
+    Batch, BoxError, ProcessorContext, ProcessorResult, Registry, ShardInfo, TorchBatchProcessor, WorkerError,
+};
+
+/// The versions of libtorch bindings and Arrow the processor API uses, so a
+/// processor crate needs no separate dependency on them.
+pub use arrow_array;
+pub use arrow_schema;
+pub use tch;

@@ -1,1 +1,384 @@
-fn main(){}
+//! `stoke`: submit and watch jobs, or run one on this machine.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use stoke::{Client, EmbeddedOptions, JobInfo, JobSpec, JobState, Registry, StoreUri, Stores};
+use stoke_coordinator::CoordinatorConfig;
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Parser)]
+#[command(name = "stoke", version, about = "Distributed batch inference: submit, watch and run jobs")]
+struct Cli {
+    /// The coordinator's gRPC address.
+    #[arg(long, global = true, env = "STOKE_COORDINATOR", default_value = "http://127.0.0.1:7070")]
+    coordinator: String,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Submit a job spec (TOML or JSON) to the coordinator.
+    Submit {
+        spec: PathBuf,
+        /// A job id of your choice; submitting again with it is safe.
+        #[arg(long)]
+        job_id: Option<String>,
+        /// Wait for the job to end, printing progress.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Show one job.
+    Status {
+        job: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List jobs.
+    Jobs {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a job.
+    Cancel {
+        job: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Run a job on this machine: a coordinator and N worker processes
+    /// (`--local N`), or everything in this process (`--embedded`).
+    Run {
+        spec: PathBuf,
+        /// Number of worker processes.
+        #[arg(long, conflicts_with = "embedded")]
+        local: Option<usize>,
+        /// One process, no gRPC: the embedded mode.
+        #[arg(long)]
+        embedded: bool,
+        /// State root (a folder or store URI) for the job's state and outputs.
+        #[arg(long, default_value = "stoke-state")]
+        root: String,
+        /// The worker binary to start (default: stoke-worker next to this binary).
+        #[arg(long, env = "STOKE_WORKER_BIN")]
+        worker_bin: Option<PathBuf>,
+        /// Device for the workers: auto, cpu, cuda or cuda:N.
+        #[arg(long, default_value = "auto")]
+        device: String,
+        /// libtorch threads per worker (default: cores / workers).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// A job id (running again with the same id and root resumes it).
+        #[arg(long)]
+        job_id: Option<String>,
+        /// A lease not renewed for this long goes to another worker.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        lease_timeout: Duration,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let code = runtime.block_on(dispatch(cli))?;
+    std::process::exit(code);
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Cmd::Submit { spec, job_id, wait } => {
+            let spec = JobSpec::from_file(&spec)?;
+            let client = Client::connect(&cli.coordinator).await?;
+            let job = client.submit(&spec, job_id.as_deref()).await?;
+            println!("submitted job {}: {} shards", job.job_id, job.shards_total);
+            if wait {
+                let job = wait_with_progress(&client, &job.job_id).await?;
+                print_summary(&job);
+                return Ok(exit_code(&job));
+            }
+            Ok(0)
+        }
+        Cmd::Status { job, json } => {
+            let client = Client::connect(&cli.coordinator).await?;
+            let job = client.get_job(&job).await?;
+            if json {
+                println!("{}", job_json(&job));
+            } else {
+                print_summary(&job);
+            }
+            Ok(0)
+        }
+        Cmd::Jobs { json } => {
+            let client = Client::connect(&cli.coordinator).await?;
+            let jobs = client.list_jobs().await?;
+            if json {
+                let all: Vec<_> = jobs.iter().map(job_json).collect();
+                println!("{}", serde_json::Value::Array(all));
+            } else {
+                println!("{:<28} {:<10} {:>13} {:>21}", "JOB", "STATE", "SHARDS", "RECORDS");
+                for j in &jobs {
+                    println!(
+                        "{:<28} {:<10} {:>13} {:>21}",
+                        j.job_id,
+                        j.state,
+                        format!("{}/{}", j.shards_done, j.shards_total),
+                        format!("{}/{}", j.records_done, total(j)),
+                    );
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Cancel { job, reason } => {
+            let client = Client::connect(&cli.coordinator).await?;
+            let job = client.cancel(&job, &reason).await?;
+            println!("job {} is {}", job.job_id, job.state);
+            Ok(0)
+        }
+        Cmd::Run {
+            spec,
+            local,
+            embedded,
+            root,
+            worker_bin,
+            device,
+            threads,
+            job_id,
+            lease_timeout,
+        } => {
+            let spec = JobSpec::from_file(&spec)?;
+            let root = StoreUri::parse(
+                &StoreUri::resolve_path_or_uri(&root, Path::new(".")).map_err(anyhow::Error::msg)?,
+            )?;
+            if embedded {
+                return run_embedded(spec, root, &device, threads, job_id).await;
+            }
+            let Some(workers) = local else {
+                bail!("say how to run: --local N (N worker processes) or --embedded");
+            };
+            if workers == 0 {
+                bail!("--local needs at least 1 worker");
+            }
+            let local = LocalRun {
+                workers,
+                worker_bin,
+                device,
+                threads,
+                job_id,
+                lease_timeout,
+            };
+            local.run(spec, root).await
+        }
+    }
+}
+
+async fn run_embedded(
+    spec: JobSpec,
+    root: StoreUri,
+    device: &str,
+    threads: Option<usize>,
+    job_id: Option<String>,
+) -> anyhow::Result<i32> {
+    let mut options = EmbeddedOptions::new(root);
+    options.device = stoke_worker::config::parse_device(device)?;
+    options.threads = threads;
+    options.job_id = job_id;
+    let started = Instant::now();
+    let report = stoke::run_embedded(spec, Registry::with_builtins(), options).await?;
+    print_summary(&report.job);
+    eprintln!("took {:.1}s", started.elapsed().as_secs_f64());
+    Ok(0)
+}
+
+struct LocalRun {
+    workers: usize,
+    worker_bin: Option<PathBuf>,
+    device: String,
+    threads: Option<usize>,
+    job_id: Option<String>,
+    lease_timeout: Duration,
+}
+
+impl LocalRun {
+    async fn run(self, spec: JobSpec, root: StoreUri) -> anyhow::Result<i32> {
+        let worker_bin = match &self.worker_bin {
+            Some(p) => p.clone(),
+            None => sibling_binary("stoke-worker")?,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding a local port for the coordinator")?;
+        let addr = listener.local_addr()?;
+        let shutdown = CancellationToken::new();
+        let mut config = CoordinatorConfig::new(root.clone());
+        config.lease_timeout = self.lease_timeout;
+        let coordinator = tokio::spawn(stoke_coordinator::run(listener, config, Stores::new(), shutdown.clone()));
+        let result = self.drive(spec, &worker_bin, &format!("http://{addr}")).await;
+        shutdown.cancel();
+        match coordinator.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("coordinator: {e}"),
+            Err(e) => eprintln!("coordinator task: {e}"),
+        }
+        result
+    }
+
+    async fn drive(&self, spec: JobSpec, worker_bin: &Path, addr: &str) -> anyhow::Result<i32> {
+        let client = connect_with_retry(addr).await?;
+        let job = client.submit(&spec, self.job_id.as_deref()).await?;
+        eprintln!(
+            "job {}: {} shards, {} records; starting {} workers",
+            job.job_id,
+            job.shards_total,
+            total(&job),
+            self.workers
+        );
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = self.threads.unwrap_or((cores / self.workers).max(1));
+        let mut children: Vec<Child> = Vec::with_capacity(self.workers);
+        for i in 0..self.workers {
+            let child = Command::new(worker_bin)
+                .arg("--coordinator")
+                .arg(addr)
+                .arg("--worker-id")
+                .arg(format!("local-{i}"))
+                .arg("--device")
+                .arg(&self.device)
+                .arg("--threads")
+                .arg(threads.to_string())
+                .arg("--exit-when-idle")
+                .env(
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_string()),
+                )
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("starting worker {}", worker_bin.display()))?;
+            children.push(child);
+        }
+        let started = Instant::now();
+        let job = wait_with_progress(&client, &job.job_id).await?;
+        for child in &mut children {
+            match tokio::time::timeout(Duration::from_secs(60), child.wait()).await {
+                Ok(Ok(status)) if !status.success() => eprintln!("a worker exited with {status}"),
+                Ok(_) => {}
+                Err(_) => {
+                    eprintln!("a worker did not exit within 60s; stopping it");
+                    let _ = child.kill().await;
+                }
+            }
+        }
+        print_summary(&job);
+        eprintln!("took {:.1}s", started.elapsed().as_secs_f64());
+        Ok(exit_code(&job))
+    }
+}
+
+/// A binary installed next to this one (cargo puts all of a workspace's
+/// binaries in one folder).
+fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the stoke binary")?;
+    let path = exe.with_file_name(name);
+    if path.exists() {
+        Ok(path)
+    } else {
+        bail!(
+            "no {name} next to {} (build it with `cargo build -p stoke-worker`, or pass --worker-bin)",
+            exe.display()
+        )
+    }
+}
+
+async fn connect_with_retry(addr: &str) -> anyhow::Result<Client> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match Client::connect(addr).await {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() > deadline => return Err(e.into()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+async fn wait_with_progress(client: &Client, job_id: &str) -> anyhow::Result<JobInfo> {
+    let mut last = String::new();
+    let job = client
+        .wait(job_id, Duration::from_millis(250), |j| {
+            let line = format!(
+                "{}: {} | shards {}/{} ({} leased) | records {}/{}",
+                j.job_id,
+                j.state,
+                j.shards_done,
+                j.shards_total,
+                j.shards_leased,
+                j.records_done,
+                total(j)
+            );
+            if line != last {
+                eprintln!("{line}");
+                last = line;
+            }
+        })
+        .await?;
+    Ok(job)
+}
+
+fn total(j: &JobInfo) -> String {
+    j.records_total.map_or("?".to_string(), |n| n.to_string())
+}
+
+fn exit_code(job: &JobInfo) -> i32 {
+    if job.state == JobState::Succeeded { 0 } else { 1 }
+}
+
+fn local_path(uri: &str) -> String {
+    uri.strip_prefix("file://")
+        .map(|p| p.to_string())
+        .unwrap_or_else(|| uri.to_string())
+}
+
+fn print_summary(job: &JobInfo) {
+    println!("job: {}", job.job_id);
+    println!("state: {}", job.state);
+    if let Some(reason) = &job.reason {
+        println!("reason: {reason}");
+    }
+    println!("shards: {}/{}", job.shards_done, job.shards_total);
+    println!("records: {}/{}", job.records_done, total(job));
+    println!("outputs: {}", local_path(&job.output_uri));
+    if let Some(m) = &job.manifest_uri {
+        println!("manifest: {}", local_path(m));
+    }
+}
+
+fn job_json(job: &JobInfo) -> serde_json::Value {
+    serde_json::json!({
+        "job_id": job.job_id,
+        "name": job.name,
+        "state": job.state.as_str(),
+        "reason": job.reason,
+        "shards_total": job.shards_total,
+        "shards_done": job.shards_done,
+        "shards_leased": job.shards_leased,
+        "records_done": job.records_done,
+        "records_total": job.records_total,
+        "output_uri": job.output_uri,
+        "manifest_uri": job.manifest_uri,
+        "processor": job.processor,
+    })
+}

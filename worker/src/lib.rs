@@ -1,1 +1,30 @@
-//! placeholder
+//! stoke's worker: the lease loop, the data pipeline (read -> processor
+//! thread -> committer), the processor lifecycle, checkpoint upload, and the
+//! built-in `torchscript` processor.
+//!
+//! Main types: [`TorchBatchProcessor`] (the user's logic),
+//! [`ProcessorContext`], [`Batch`], [`Registry`] (processors by name),
+//! [`CoordinatorLink`] with [`GrpcLink`] and [`LocalLink`] (embedded mode),
+//! and [`run`], which drives a worker until there is no work or shutdown.
+//!
+//! Tested by unit tests here (reading, batching, encoding) and by the
+//! process tests in `stoke-tests`.
+
+pub mod batch;
+pub mod cli;
+pub mod config;
+pub mod context;
+pub mod error;
+pub mod link;
+mod pipeline;
+pub mod processor;
+pub mod runner;
+pub mod torchscript;
+
+pub use batch::Batch;
+pub use config::WorkerConfig;
+pub use context::{ProcessorContext, ShardInfo};
+pub use error::{BoxError, LinkError, ProcessorResult, WorkerError};
+pub use link::{CoordinatorLink, GrpcLink, LocalLink};
+pub use processor::{Registry, TorchBatchProcessor};
+pub use runner::{run, WorkerExit};

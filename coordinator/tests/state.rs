@@ -1,0 +1,648 @@
+//! State-machine tests (layer 2): the coordinator's single-owner state
+//! machine driven directly, without gRPC, on a `memory:///` root with a
+//! paused tokio clock. Lease expiry is reached with `tokio::time::advance`,
+//! never by sleeping.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+use stoke_coordinator::state::State;
+use stoke_coordinator::{CoordinatorConfig, CoordinatorError};
+use stoke_core::layout::{RootLayout, part_name};
+use stoke_core::lease::{
+    AcquireOutcome, Commit, Lease, LeaseKey, Registration, Release, SessionEvent,
+};
+use stoke_core::plan::plan_dataset;
+use stoke_core::records::{
+    JobInfo, JobState, Manifest, ManifestEntry, OutputObject, ProgressRecord, StatusRecord,
+};
+use stoke_core::spec::JobSpec;
+use stoke_core::{StoreUri, Stores, sha256_hex};
+use tokio::sync::mpsc;
+use tokio::time::advance;
+use tokio_util::sync::CancellationToken;
+
+/// Records per batch and per shard in the test spec: 5 batches per shard.
+const BATCH: u64 = 2;
+const SHARD_RECORDS: u64 = 10;
+const SHARD_BATCHES: u64 = SHARD_RECORDS / BATCH;
+
+fn spec(count: u64) -> JobSpec {
+    JobSpec::from_toml(&format!(
+        "[dataset]\nformat = \"range\"\ncount = {count}\n[processor]\nname = \"p\"\n\
+         [batching]\nbatch_size = {BATCH}\n[sharding]\nrecords = {SHARD_RECORDS}\n"
+    ))
+    .expect("test spec")
+}
+
+fn root() -> StoreUri {
+    StoreUri::parse("memory:///root").expect("root uri")
+}
+
+fn config() -> CoordinatorConfig {
+    CoordinatorConfig::new(root())
+}
+
+fn lease_timeout() -> Duration {
+    config().lease_timeout
+}
+
+async fn recover(stores: &Stores) -> State {
+    State::recover(config(), stores.clone()).await.expect("recover state")
+}
+
+/// Submits a `range` job of `count` records (`count / 10` shards).
+async fn submit(state: &mut State, stores: &Stores, job_id: &str, count: u64) -> JobInfo {
+    let spec = spec(count);
+    let plan = plan_dataset(&spec, stores).await.expect("plan");
+    state.create_job(job_id.to_string(), spec, plan).await.expect("create job")
+}
+
+fn register(state: &mut State, worker_id: &str) -> (String, mpsc::Receiver<SessionEvent>) {
+    let (events_tx, events_rx) = mpsc::channel(16);
+    let registration = Registration {
+        worker_id: worker_id.to_string(),
+        devices: vec!["cpu".to_string()],
+        hostname: "test".to_string(),
+    };
+    (state.register(registration, events_tx).session_id, events_rx)
+}
+
+fn leased(outcome: Result<AcquireOutcome, CoordinatorError>) -> Lease {
+    match outcome.expect("acquire") {
+        AcquireOutcome::Lease(lease) => *lease,
+        other => panic!("expected a lease, got {other:?}"),
+    }
+}
+
+fn body(uri: &str) -> String {
+    format!("rows of {uri}")
+}
+
+/// The output object an attempt writes for its checkpoint starting at
+/// `from_batch`.
+fn output(lease: &Lease, from_batch: u64, records: u64) -> OutputObject {
+    let prefix = StoreUri::parse(&lease.output_prefix).expect("output prefix");
+    let uri = prefix.join(&part_name(from_batch, "parquet")).to_string();
+    let body = body(&uri);
+    OutputObject {
+        bytes: body.len() as u64,
+        sha256: sha256_hex(body.as_bytes()),
+        uri,
+        records,
+    }
+}
+
+async fn write_object(stores: &Stores, uri: &str) {
+    let uri = StoreUri::parse(uri).expect("object uri");
+    let bytes = Bytes::from(body(uri.as_str()));
+    stores.put(&uri, bytes).await.expect("write object");
+}
+
+/// A checkpoint of batches `from_batch..next_batch` with one output object.
+fn checkpoint(session_id: &str, lease: &Lease, from_batch: u64, next_batch: u64) -> Commit {
+    let records = (next_batch - from_batch) * BATCH;
+    Commit {
+        session_id: session_id.to_string(),
+        key: lease.key(),
+        from_batch,
+        next_batch,
+        records,
+        outputs: vec![output(lease, from_batch, records)],
+        shard_done: false,
+    }
+}
+
+/// The checkpoint that finishes the lease's shard from `from_batch`.
+fn last_checkpoint(session_id: &str, lease: &Lease, from_batch: u64) -> Commit {
+    Commit {
+        shard_done: true,
+        ..checkpoint(session_id, lease, from_batch, SHARD_BATCHES)
+    }
+}
+
+fn release(session_id: &str, lease: &Lease, error: Option<&str>) -> Release {
+    Release {
+        session_id: session_id.to_string(),
+        key: lease.key(),
+        error: error.map(str::to_string),
+    }
+}
+
+fn job_layout(job_id: &str) -> stoke_core::layout::JobLayout {
+    RootLayout::new(root()).job(job_id)
+}
+
+async fn stored_progress(stores: &Stores, job_id: &str, shard_id: &str) -> ProgressRecord {
+    stores
+        .get_json(&job_layout(job_id).progress(shard_id))
+        .await
+        .expect("read progress record")
+        .expect("progress record exists")
+}
+
+async fn stored_status(stores: &Stores, job_id: &str) -> StatusRecord {
+    stores
+        .get_json(&job_layout(job_id).status())
+        .await
+        .expect("read status record")
+        .expect("status record exists")
+}
+
+/// Moves the clock just past the lease timeout and lets the state machine
+/// take back expired leases.
+async fn expire_leases(state: &mut State) {
+    advance(lease_timeout() + Duration::from_millis(1)).await;
+    state.tick().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_lease_is_fenced_by_a_higher_token() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", SHARD_RECORDS).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+
+    let old = leased(state.acquire(&a));
+    assert!(!state.commit(checkpoint(&a, &old, 0, 2)).await.expect("first commit"));
+
+    // Just before the deadline the lease still stands.
+    advance(lease_timeout() - Duration::from_millis(1)).await;
+    state.tick().await;
+    assert!(matches!(state.acquire(&b).expect("acquire"), AcquireOutcome::Wait(_)));
+
+    advance(Duration::from_millis(2)).await;
+    state.tick().await;
+    let new = leased(state.acquire(&b));
+    assert_eq!(new.shard.id, old.shard.id);
+    assert!(new.token > old.token, "new token {} must exceed old {}", new.token, old.token);
+    assert_eq!(new.next_batch, 2, "the new holder continues from committed progress");
+
+    let err = state
+        .commit(checkpoint(&a, &old, 2, 4))
+        .await
+        .expect_err("commit with the expired token");
+    assert!(matches!(err, CoordinatorError::StaleToken { token, .. } if token == old.token), "{err}");
+    // A late heartbeat from the old holder does not give it the lease back.
+    state.heartbeat(&a, &[old.key()]).expect("heartbeat");
+    let err = state.commit(checkpoint(&a, &old, 2, 4)).await.expect_err("still stale");
+    assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
+
+    assert!(!state.commit(checkpoint(&b, &new, 2, 4)).await.expect("new holder commits"));
+    let progress = stored_progress(&stores, "j", &new.shard.id).await;
+    assert_eq!(progress.token, new.token);
+    assert_eq!(progress.next_batch, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeats_keep_a_lease_over_several_timeouts() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", SHARD_RECORDS).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let lease = leased(state.acquire(&a));
+
+    // Three heartbeats per timeout, over three timeouts.
+    for _ in 0..9 {
+        advance(lease_timeout() / 3).await;
+        state.heartbeat(&a, &[lease.key()]).expect("heartbeat");
+        state.tick().await;
+        assert!(
+            matches!(state.acquire(&b).expect("acquire"), AcquireOutcome::Wait(_)),
+            "a renewed lease must not be handed out"
+        );
+    }
+    assert!(!state.commit(checkpoint(&a, &lease, 0, 1)).await.expect("holder still commits"));
+
+    // Once the heartbeats stop, the lease expires.
+    expire_leases(&mut state).await;
+    let next = leased(state.acquire(&b));
+    assert_eq!(next.shard.id, lease.shard.id);
+    assert_eq!(next.next_batch, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn repeated_commit_is_a_duplicate_and_batch_gaps_are_refused() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 100).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    let progress_uri = job_layout("j").progress(&lease.shard.id);
+
+    let commit = checkpoint(&a, &lease, 0, 2);
+    assert!(!state.commit(commit.clone()).await.expect("first commit"), "first is new");
+    let before = stores.get(&progress_uri).await.expect("progress after first commit");
+    assert!(state.commit(commit).await.expect("repeated commit"), "second is a duplicate");
+    let after = stores.get(&progress_uri).await.expect("progress after repeat");
+    assert_eq!(before, after, "a duplicate must not change the stored progress");
+    assert_eq!(state.get_job("j").expect("job").records_done, 4);
+
+    let err = state
+        .commit(checkpoint(&a, &lease, 3, 4))
+        .await
+        .expect_err("commit past a gap");
+    assert!(
+        matches!(err, CoordinatorError::BatchMismatch { from_batch: 3, committed: 2, .. }),
+        "{err}"
+    );
+    let err = state
+        .commit(checkpoint(&a, &lease, 1, 3))
+        .await
+        .expect_err("overlapping commit");
+    assert!(
+        matches!(err, CoordinatorError::BatchMismatch { from_batch: 1, committed: 2, .. }),
+        "{err}"
+    );
+    assert_eq!(stores.get(&progress_uri).await.expect("progress"), after);
+
+    // The final commit is idempotent too, after its lease is gone.
+    let done = last_checkpoint(&a, &lease, 2);
+    assert!(!state.commit(done.clone()).await.expect("final commit"));
+    let before = stores.get(&progress_uri).await.expect("progress");
+    assert!(state.commit(done).await.expect("repeated final commit"));
+    assert_eq!(stores.get(&progress_uri).await.expect("progress"), before);
+}
+
+#[tokio::test(start_paused = true)]
+async fn commit_is_stored_before_it_is_acknowledged() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 100).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+
+    let first = checkpoint(&a, &lease, 0, 2);
+    state.commit(first.clone()).await.expect("first commit");
+    let progress = stored_progress(&stores, "j", &lease.shard.id).await;
+    assert_eq!(progress.shard_id, lease.shard.id);
+    assert_eq!(progress.token, lease.token);
+    assert_eq!(progress.next_batch, 2);
+    assert_eq!(progress.records, 4);
+    assert_eq!(progress.outputs, first.outputs);
+    assert!(!progress.done);
+
+    let last = last_checkpoint(&a, &lease, 2);
+    state.commit(last.clone()).await.expect("last commit");
+    let progress = stored_progress(&stores, "j", &lease.shard.id).await;
+    assert_eq!(progress.next_batch, SHARD_BATCHES);
+    assert_eq!(progress.records, SHARD_RECORDS);
+    assert_eq!(progress.outputs, [first.outputs, last.outputs].concat());
+    assert!(progress.done);
+}
+
+#[tokio::test(start_paused = true)]
+async fn closed_session_requeues_its_shards_at_once() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 100).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let lease = leased(state.acquire(&a));
+    state.commit(checkpoint(&a, &lease, 0, 2)).await.expect("commit");
+
+    state.session_closed(&a);
+    // No time passes: the shard is back at the front of the queue.
+    let next = leased(state.acquire(&b));
+    assert_eq!(next.shard.id, lease.shard.id);
+    assert_eq!(next.next_batch, 2);
+    assert_eq!(next.records_done, 4);
+    assert_eq!(next.attempt, lease.attempt + 1);
+    assert!(next.token > lease.token);
+
+    let err = state
+        .commit(checkpoint(&a, &lease, 2, 3))
+        .await
+        .expect_err("commit from the closed session");
+    assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
+    let err = state.acquire(&a).expect_err("closed session acquires");
+    assert!(matches!(err, CoordinatorError::UnknownSession { .. }), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_attempts_are_counted_until_the_job_fails() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    let info = submit(&mut state, &stores, "j", SHARD_RECORDS).await;
+    assert_eq!(info.shards_total, 1);
+    let max_attempts = spec(SHARD_RECORDS).max_attempts;
+    assert_eq!(max_attempts, 3);
+    let (a, _a_events) = register(&mut state, "a");
+
+    // A clean release requeues without counting a failure.
+    let lease = leased(state.acquire(&a));
+    state.release(release(&a, &lease, None)).await.expect("clean release");
+    assert_eq!(state.get_job("j").expect("job").state, JobState::Running);
+
+    for attempt in 1..max_attempts {
+        let lease = leased(state.acquire(&a));
+        let error = format!("boom {attempt}");
+        state.release(release(&a, &lease, Some(&error))).await.expect("failed release");
+        // A repeated release of the same lease counts nothing more.
+        state.release(release(&a, &lease, Some(&error))).await.expect("repeated release");
+        let progress = stored_progress(&stores, "j", &lease.shard.id).await;
+        assert_eq!(progress.failed_attempts, attempt);
+        assert_eq!(progress.last_error.as_deref(), Some(error.as_str()));
+        assert_eq!(state.get_job("j").expect("job").state, JobState::Running);
+    }
+
+    let lease = leased(state.acquire(&a));
+    state
+        .release(release(&a, &lease, Some("out of memory on cuda:0")))
+        .await
+        .expect("last failed release");
+    let job = state.get_job("j").expect("job");
+    assert_eq!(job.state, JobState::Failed);
+    let reason = job.reason.expect("a failed job says why");
+    assert!(reason.contains(&lease.shard.id), "reason names the shard: {reason}");
+    assert!(reason.contains("out of memory on cuda:0"), "reason names the error: {reason}");
+    let status = stored_status(&stores, "j").await;
+    assert_eq!(status.state, JobState::Failed);
+    assert_eq!(status.reason.as_deref(), Some(reason.as_str()));
+    assert_eq!(state.acquire(&a).expect("acquire"), AcquireOutcome::Idle);
+}
+
+#[tokio::test(start_paused = true)]
+async fn completed_job_has_a_manifest_of_committed_outputs_only() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 30).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let mut committed: Vec<(String, OutputObject)> = Vec::new();
+
+    // An attempt writes an object and gives its lease back without
+    // committing it.
+    let abandoned = leased(state.acquire(&a));
+    let orphan = output(&abandoned, 0, BATCH).uri;
+    write_object(&stores, &orphan).await;
+    state.release(release(&a, &abandoned, None)).await.expect("release");
+
+    for shard in 0..3 {
+        let lease = leased(state.acquire(&a));
+        // Written by a committing attempt but never committed: not part of
+        // the result either.
+        let stray = output(&lease, 99, 0).uri;
+        write_object(&stores, &stray).await;
+        let commits = if shard == 0 {
+            vec![checkpoint(&a, &lease, 0, 3), last_checkpoint(&a, &lease, 3)]
+        } else {
+            vec![last_checkpoint(&a, &lease, 0)]
+        };
+        for commit in commits {
+            for object in &commit.outputs {
+                write_object(&stores, &object.uri).await;
+                committed.push((lease.shard.id.clone(), object.clone()));
+            }
+            state.commit(commit).await.expect("commit");
+        }
+        if shard < 2 {
+            assert_eq!(state.get_job("j").expect("job").state, JobState::Running);
+            assert!(stores.get_json::<Manifest>(&job_layout("j").manifest()).await.expect("read").is_none());
+        }
+    }
+
+    let job = state.get_job("j").expect("job");
+    assert_eq!(job.state, JobState::Succeeded);
+    assert_eq!(job.shards_done, 3);
+    assert_eq!(job.manifest_uri.as_deref(), Some(job_layout("j").manifest().as_str()));
+    assert_eq!(stored_status(&stores, "j").await.state, JobState::Succeeded);
+
+    let manifest: Manifest = stores
+        .get_json(&job_layout("j").manifest())
+        .await
+        .expect("read manifest")
+        .expect("manifest exists");
+    let expected: Vec<ManifestEntry> = committed
+        .iter()
+        .map(|(shard_id, o)| ManifestEntry {
+            shard_id: shard_id.clone(),
+            uri: o.uri.clone(),
+            records: o.records,
+            bytes: o.bytes,
+            sha256: o.sha256.clone(),
+        })
+        .collect();
+    assert_eq!(manifest.job_id, "j");
+    assert_eq!(manifest.shards, 3);
+    assert_eq!(manifest.records_in, 30);
+    assert_eq!(manifest.records_out, 30);
+    assert_eq!(manifest.outputs, expected);
+
+    // Only committed objects are left under the output prefix.
+    let left: BTreeSet<String> = stores
+        .list(&job_layout("j").default_output())
+        .await
+        .expect("list outputs")
+        .into_iter()
+        .map(|l| l.uri.to_string())
+        .collect();
+    let kept: BTreeSet<String> = committed.iter().map(|(_, o)| o.uri.clone()).collect();
+    assert_eq!(left, kept);
+    assert!(!left.contains(&orphan));
+}
+
+#[tokio::test(start_paused = true)]
+async fn restart_reloads_progress_and_fences_old_tokens() {
+    let stores = Stores::new();
+    let mut before = recover(&stores).await;
+    submit(&mut before, &stores, "j", 30).await;
+    let (a, _a_events) = register(&mut before, "a");
+    let partial = leased(before.acquire(&a));
+    before.commit(checkpoint(&a, &partial, 0, 2)).await.expect("commit");
+    let done = leased(before.acquire(&a));
+    before.commit(last_checkpoint(&a, &done, 0)).await.expect("finish shard");
+    let untouched = leased(before.acquire(&a));
+    let old_tokens = [partial.token, done.token, untouched.token];
+    let old_epoch = before.epoch();
+    drop(before);
+
+    let mut after = recover(&stores).await;
+    assert!(after.epoch() > old_epoch, "epoch {} after {old_epoch}", after.epoch());
+    let job = after.get_job("j").expect("job reloaded");
+    assert_eq!(job.state, JobState::Running);
+    assert_eq!(job.shards_done, 1);
+    assert_eq!(job.shards_leased, 0);
+    assert_eq!(job.records_done, 4 + SHARD_RECORDS);
+
+    let (b, _b_events) = register(&mut after, "b");
+    let resumed = leased(after.acquire(&b));
+    assert_eq!(resumed.shard.id, partial.shard.id);
+    assert_eq!(resumed.next_batch, 2);
+    assert_eq!(resumed.records_done, 4);
+    let fresh = leased(after.acquire(&b));
+    assert_eq!(fresh.shard.id, untouched.shard.id);
+    assert_eq!(fresh.next_batch, 0);
+    assert!(
+        matches!(after.acquire(&b).expect("acquire"), AcquireOutcome::Wait(_)),
+        "the shard done before the restart is not leased again"
+    );
+    let max_old = old_tokens.into_iter().max().expect("tokens");
+    for token in [resumed.token, fresh.token] {
+        assert!(token > max_old, "token {token} after restart must exceed {max_old}");
+    }
+
+    let err = after
+        .commit(checkpoint(&a, &partial, 2, 3))
+        .await
+        .expect_err("commit with a token from before the restart");
+    assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
+    after.commit(last_checkpoint(&b, &resumed, 2)).await.expect("resumed commit");
+    let progress = stored_progress(&stores, "j", &resumed.shard.id).await;
+    assert_eq!(progress.next_batch, SHARD_BATCHES);
+    assert_eq!(progress.records, SHARD_RECORDS);
+    assert_eq!(progress.outputs.len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_revokes_leases_and_refuses_their_commits() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 100).await;
+    let (a, mut a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    state.commit(checkpoint(&a, &lease, 0, 1)).await.expect("commit");
+
+    let job = state.cancel("j", String::new()).await.expect("cancel");
+    assert_eq!(job.state, JobState::Cancelled);
+    assert_eq!(job.shards_leased, 0);
+    assert_eq!(stored_status(&stores, "j").await.state, JobState::Cancelled);
+    match a_events.try_recv().expect("revoke event") {
+        SessionEvent::Revoke { leases, .. } => assert_eq!(leases, vec![lease.key()]),
+    }
+
+    let err = state
+        .commit(checkpoint(&a, &lease, 1, 2))
+        .await
+        .expect_err("commit after cancel");
+    assert!(
+        matches!(err, CoordinatorError::JobNotRunning { .. } | CoordinatorError::StaleToken { .. }),
+        "{err}"
+    );
+    assert_eq!(stored_progress(&stores, "j", &lease.shard.id).await.next_batch, 1);
+    assert_eq!(state.acquire(&a).expect("acquire"), AcquireOutcome::Idle);
+    let again = state.cancel("j", "again".to_string()).await.expect("cancel again");
+    assert_eq!(again.reason, job.reason, "a finished job keeps its reason");
+
+    // The cancellation is durable.
+    let mut state = recover(&stores).await;
+    assert_eq!(state.get_job("j").expect("job").state, JobState::Cancelled);
+    let (b, _b_events) = register(&mut state, "b");
+    assert_eq!(state.acquire(&b).expect("acquire"), AcquireOutcome::Idle);
+}
+
+#[tokio::test(start_paused = true)]
+async fn resubmitting_a_job_id_needs_the_same_spec() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 100).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    state.commit(checkpoint(&a, &lease, 0, 2)).await.expect("commit");
+
+    let again = submit(&mut state, &stores, "j", 100).await;
+    assert_eq!(again.job_id, "j");
+    assert_eq!(again.records_done, 4, "the existing job is returned, not a new one");
+    assert_eq!(again, state.get_job("j").expect("job"));
+    assert_eq!(state.list_jobs().len(), 1);
+
+    let other = spec(50);
+    let plan = plan_dataset(&other, &stores).await.expect("plan");
+    let err = state
+        .create_job("j".to_string(), other.clone(), plan.clone())
+        .await
+        .expect_err("different spec");
+    assert!(matches!(err, CoordinatorError::JobExists { ref job_id } if job_id == "j"), "{err}");
+
+    // The same holds after a restart, and the stored spec is untouched.
+    let mut state = recover(&stores).await;
+    let err = state
+        .create_job("j".to_string(), other, plan)
+        .await
+        .expect_err("different spec after restart");
+    assert!(matches!(err, CoordinatorError::JobExists { .. }), "{err}");
+    assert_eq!(submit(&mut state, &stores, "j", 100).await.records_done, 4);
+    let stored: JobSpec = stores
+        .get_json(&job_layout("j").spec())
+        .await
+        .expect("read spec")
+        .expect("spec exists");
+    assert_eq!(stored, spec(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_answers_wait_idle_or_unknown_session() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    assert_eq!(state.acquire(&a).expect("acquire"), AcquireOutcome::Idle);
+    let err = state.acquire("no-such-session").expect_err("unknown session");
+    assert!(
+        matches!(err, CoordinatorError::UnknownSession { ref session_id } if session_id == "no-such-session"),
+        "{err}"
+    );
+    let err = state
+        .heartbeat("no-such-session", &[])
+        .expect_err("unknown session heartbeat");
+    assert!(matches!(err, CoordinatorError::UnknownSession { .. }), "{err}");
+
+    submit(&mut state, &stores, "j", SHARD_RECORDS).await;
+    let lease = leased(state.acquire(&a));
+    assert_eq!(state.acquire(&b).expect("acquire"), AcquireOutcome::Wait(config().wait_retry));
+    assert_eq!(state.get_job("j").expect("job").shards_leased, 1);
+
+    state.commit(last_checkpoint(&a, &lease, 0)).await.expect("finish shard");
+    assert_eq!(state.get_job("j").expect("job").state, JobState::Succeeded);
+    assert_eq!(state.acquire(&b).expect("acquire"), AcquireOutcome::Idle);
+}
+
+/// The same expiry, through the owner task and its own ticker: nothing calls
+/// `tick` by hand.
+#[tokio::test(start_paused = true)]
+async fn owner_task_takes_back_expired_leases_on_its_own() {
+    let stores = Stores::new();
+    let shutdown = CancellationToken::new();
+    let (handle, owner) = stoke_coordinator::start(config(), stores, shutdown.clone())
+        .await
+        .expect("start owner");
+    handle.submit(spec(SHARD_RECORDS), Some("j".to_string())).await.expect("submit");
+    let registration = |worker_id: &str| Registration {
+        worker_id: worker_id.to_string(),
+        devices: Vec::new(),
+        hostname: "test".to_string(),
+    };
+    let (a, _a_events) = handle.register(registration("a")).await.expect("register a");
+    let (b, _b_events) = handle.register(registration("b")).await.expect("register b");
+    let old = leased(handle.acquire(&a.session_id).await);
+    assert!(matches!(handle.acquire(&b.session_id).await.expect("acquire"), AcquireOutcome::Wait(_)));
+
+    advance(a.lease_timeout).await;
+    let mut next = None;
+    for _ in 0..100 {
+        match handle.acquire(&b.session_id).await.expect("acquire") {
+            AcquireOutcome::Lease(lease) => {
+                next = Some(*lease);
+                break;
+            }
+            // Paused clock: this sleep only moves virtual time forward.
+            AcquireOutcome::Wait(retry) => tokio::time::sleep(retry).await,
+            AcquireOutcome::Idle => panic!("the job is still running"),
+        }
+    }
+    let next = next.expect("the expired lease is handed out again");
+    assert_eq!(next.shard.id, old.shard.id);
+    assert!(next.token > old.token);
+    let err = handle
+        .commit(checkpoint(&a.session_id, &old, 0, 1))
+        .await
+        .expect_err("stale commit");
+    assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
+    let key: LeaseKey = next.key();
+    handle.heartbeat(&b.session_id, vec![key]).await.expect("heartbeat");
+
+    shutdown.cancel();
+    owner.await.expect("owner task ends");
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The README's second command: every check CI runs. Installs what it needs
+# (the Python venv with torch, cached in ~/.cache/stoke), then formatting,
+# lints, the coordinator's libtorch-free build, and the whole test suite.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$STOKE_ROOT"
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -q -- -D warnings
+
+echo "== the coordinator does not link libtorch"
+if cargo tree -p stoke-coordinator -e normal,build --prefix none | grep -Eq '^(tch|torch-sys) '; then
+  echo "stoke-coordinator depends on tch/torch-sys" >&2
+  exit 1
+fi
+
+echo "== cargo test"
+cargo build -q --workspace --bins
+cargo test --workspace --no-fail-fast 2>&1 | tee "$STOKE_CACHE/last-test.log"

@@ -1,0 +1,138 @@
+//! The Rust client for a coordinator: submit, get, list, cancel, wait.
+
+use std::time::Duration;
+
+use stoke_core::records::JobInfo;
+use stoke_core::spec::JobSpec;
+use stoke_core::PROTOCOL_VERSION;
+use stoke_proto::v1 as pb;
+use stoke_proto::v1::job_service_client::JobServiceClient;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::ClientError;
+
+/// A connection to a coordinator's job service. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: JobServiceClient<Channel>,
+}
+
+fn info(call: &'static str, job: Option<pb::JobInfo>) -> Result<JobInfo, ClientError> {
+    let job = job.ok_or_else(|| ClientError::Reply {
+        call,
+        message: "missing field `job`".to_string(),
+    })?;
+    JobInfo::try_from(job).map_err(|e| ClientError::Reply {
+        call,
+        message: e.to_string(),
+    })
+}
+
+impl Client {
+    /// Connects to `addr` (`http://host:port`, or `host:port`).
+    pub async fn connect(addr: &str) -> Result<Self, ClientError> {
+        let uri = if addr.contains("://") {
+            addr.to_string()
+        } else {
+            format!("http://{addr}")
+        };
+        let endpoint = Endpoint::from_shared(uri.clone())
+            .map_err(|e| ClientError::Address {
+                addr: addr.to_string(),
+                message: e.to_string(),
+            })?
+            .connect_timeout(Duration::from_secs(5));
+        let channel = endpoint.connect().await.map_err(|e| ClientError::Address {
+            addr: addr.to_string(),
+            message: format!("cannot connect: {e}"),
+        })?;
+        Ok(Self {
+            inner: JobServiceClient::new(channel),
+        })
+    }
+
+    /// Submits a spec. With `job_id`, a retry of the same submit returns the
+    /// same job instead of a second one.
+    pub async fn submit(&self, spec: &JobSpec, job_id: Option<&str>) -> Result<JobInfo, ClientError> {
+        self.submit_text(&spec.to_json(), pb::SpecFormat::Json, job_id).await
+    }
+
+    /// Submits a spec as text (TOML or JSON); the coordinator validates it.
+    pub async fn submit_text(
+        &self,
+        spec: &str,
+        format: pb::SpecFormat,
+        job_id: Option<&str>,
+    ) -> Result<JobInfo, ClientError> {
+        let req = pb::SubmitRequest {
+            protocol_version: PROTOCOL_VERSION,
+            spec: spec.to_string(),
+            format: format as i32,
+            job_id: job_id.unwrap_or_default().to_string(),
+        };
+        let resp = self
+            .inner
+            .clone()
+            .submit(req)
+            .await
+            .map_err(|s| ClientError::rpc("submit", s))?;
+        info("submit", resp.into_inner().job)
+    }
+
+    pub async fn get_job(&self, job_id: &str) -> Result<JobInfo, ClientError> {
+        let resp = self
+            .inner
+            .clone()
+            .get_job(pb::GetJobRequest {
+                job_id: job_id.to_string(),
+            })
+            .await
+            .map_err(|s| ClientError::rpc("get job", s))?;
+        info("get job", Some(resp.into_inner()))
+    }
+
+    pub async fn list_jobs(&self) -> Result<Vec<JobInfo>, ClientError> {
+        let resp = self
+            .inner
+            .clone()
+            .list_jobs(pb::ListJobsRequest {})
+            .await
+            .map_err(|s| ClientError::rpc("list jobs", s))?;
+        resp.into_inner()
+            .jobs
+            .into_iter()
+            .map(|j| info("list jobs", Some(j)))
+            .collect()
+    }
+
+    pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<JobInfo, ClientError> {
+        let resp = self
+            .inner
+            .clone()
+            .cancel(pb::CancelRequest {
+                job_id: job_id.to_string(),
+                reason: reason.to_string(),
+            })
+            .await
+            .map_err(|s| ClientError::rpc("cancel", s))?;
+        info("cancel", Some(resp.into_inner()))
+    }
+
+    /// Polls until the job reaches a terminal state; `on_progress` sees each
+    /// poll's answer.
+    pub async fn wait(
+        &self,
+        job_id: &str,
+        poll: Duration,
+        mut on_progress: impl FnMut(&JobInfo),
+    ) -> Result<JobInfo, ClientError> {
+        loop {
+            let job = self.get_job(job_id).await?;
+            on_progress(&job);
+            if job.state.is_terminal() {
+                return Ok(job);
+            }
+            tokio::time::sleep(poll).await;
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Embedded mode: a whole job in one process, with no cluster. It runs the
+//! same coordinator state machine and the same worker pipeline as a
+//! distributed run, connected in memory instead of over gRPC.
+
+use stoke_coordinator::CoordinatorConfig;
+use stoke_core::layout::RootLayout;
+use stoke_core::records::{JobInfo, JobState, Manifest};
+use stoke_core::spec::JobSpec;
+use stoke_core::{StoreUri, Stores};
+use stoke_worker::{LocalLink, Registry, TorchBatchProcessor, WorkerConfig};
+use tch::Device;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::EmbeddedError;
+
+/// Where and how an embedded job runs.
+#[derive(Debug, Clone)]
+pub struct EmbeddedOptions {
+    /// State root (spec, plan, progress, manifest; outputs by default).
+    pub root: StoreUri,
+    pub device: Device,
+    /// libtorch intra-op threads; `None` leaves libtorch's default.
+    pub threads: Option<usize>,
+    /// A fixed job id: running again with the same id resumes that job.
+    pub job_id: Option<String>,
+}
+
+impl EmbeddedOptions {
+    pub fn new(root: StoreUri) -> Self {
+        Self {
+            root,
+            device: Device::cuda_if_available(),
+            threads: None,
+            job_id: None,
+        }
+    }
+}
+
+/// What a finished job left.
+#[derive(Debug, Clone)]
+pub struct JobReport {
+    pub job: JobInfo,
+    pub manifest: Manifest,
+    pub manifest_uri: String,
+}
+
+/// Runs `spec` with processor `P` in this process and returns when the job
+/// succeeded (or with an error naming why it did not). `P` runs under the
+/// spec's processor name.
+pub fn torch_batch_process<P: TorchBatchProcessor>(
+    spec: JobSpec,
+    options: EmbeddedOptions,
+) -> Result<JobReport, EmbeddedError> {
+    let mut registry = Registry::new();
+    registry.register::<P>(&spec.processor.name);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(EmbeddedError::Runtime)?;
+    runtime.block_on(run_embedded(spec, registry, options))
+}
+
+/// The async form of [`torch_batch_process`], with any registry.
+pub async fn run_embedded(
+    spec: JobSpec,
+    registry: Registry,
+    options: EmbeddedOptions,
+) -> Result<JobReport, EmbeddedError> {
+    let stores = Stores::new();
+    let shutdown = CancellationToken::new();
+    let config = CoordinatorConfig::new(options.root.clone());
+    let (handle, owner) = stoke_coordinator::start(config, stores.clone(), shutdown.child_token()).await?;
+    let result = async {
+        let job = handle.submit(spec, options.job_id.clone()).await?;
+        let mut worker = WorkerConfig::new("embedded");
+        worker.device = options.device;
+        worker.intra_op_threads = options.threads;
+        worker.exit_when_idle = true;
+        stoke_worker::run(LocalLink::new(handle.clone()), worker, registry, stores.clone(), shutdown.child_token()).await?;
+        let job = handle.get_job(&job.job_id).await?;
+        if job.state != JobState::Succeeded {
+            return Err(EmbeddedError::JobEnded {
+                job_id: job.job_id,
+                state: job.state,
+                reason: job.reason.unwrap_or_else(|| "no reason recorded".to_string()),
+            });
+        }
+        let manifest_uri = RootLayout::new(options.root.clone()).job(&job.job_id).manifest();
+        let manifest: Manifest = stores
+            .get_json(&manifest_uri)
+            .await?
+            .ok_or_else(|| stoke_core::StoreError::NotFound {
+                uri: manifest_uri.to_string(),
+            })?;
+        Ok(JobReport {
+            job,
+            manifest,
+            manifest_uri: manifest_uri.to_string(),
+        })
+    }
+    .await;
+    shutdown.cancel();
+    let _ = owner.await;
+    result
+}

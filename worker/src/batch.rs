@@ -1,0 +1,165 @@
+//! A batch as the processor sees it: record ids, the raw rows (Arrow), and
+//! helpers that turn numeric columns into tensors.
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Float32Type;
+use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
+use arrow_schema::DataType;
+use tch::Tensor;
+
+use crate::error::WorkerError;
+
+/// One batch of a shard.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    ids: Arc<StringArray>,
+    rows: RecordBatch,
+    index: u64,
+}
+
+impl Batch {
+    pub fn new(ids: StringArray, rows: RecordBatch, index: u64) -> Self {
+        Self {
+            ids: Arc::new(ids),
+            rows,
+            index,
+        }
+    }
+
+    /// The batch index within its shard (stable across retries).
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.num_rows()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.num_rows() == 0
+    }
+
+    /// Record ids: the dataset's id column, or `<shard>:<offset>`.
+    pub fn ids(&self) -> &StringArray {
+        &self.ids
+    }
+
+    /// The ids as an Arrow array, ready to be an output column.
+    pub fn ids_array(&self) -> ArrayRef {
+        Arc::clone(&self.ids) as ArrayRef
+    }
+
+    /// The raw rows.
+    pub fn rows(&self) -> &RecordBatch {
+        &self.rows
+    }
+
+    pub fn column(&self, name: &str) -> Result<&ArrayRef, WorkerError> {
+        self.rows.column_by_name(name).ok_or_else(|| {
+            let have: Vec<_> = self.rows.schema().fields().iter().map(|f| f.name().clone()).collect();
+            WorkerError::Column {
+                batch_idx: self.index,
+                column: name.to_string(),
+                message: format!("no such column (columns: {})", have.join(", ")),
+            }
+        })
+    }
+
+    /// A numeric column as a float32 tensor: `[B]` for scalars, `[B, D]` for
+    /// lists (fixed-size, or variable lists that all have the same length).
+    pub fn tensor(&self, name: &str) -> Result<Tensor, WorkerError> {
+        let column = self.column(name)?;
+        column_to_tensor(column).map_err(|message| WorkerError::Column {
+            batch_idx: self.index,
+            column: name.to_string(),
+            message,
+        })
+    }
+}
+
+/// Converts a numeric column (scalar or list) to a float32 tensor.
+pub fn column_to_tensor(column: &ArrayRef) -> Result<Tensor, String> {
+    if column.null_count() > 0 {
+        return Err(format!("{} null values", column.null_count()));
+    }
+    let rows = column.len() as i64;
+    match column.data_type() {
+        DataType::FixedSizeList(_, width) => {
+            let list = column.as_fixed_size_list();
+            let values = list.values().slice(list.offset() * *width as usize, column.len() * *width as usize);
+            let flat = to_f32(&values)?;
+            Ok(Tensor::from_slice(&flat).reshape([rows, *width as i64]))
+        }
+        DataType::List(_) | DataType::LargeList(_) => {
+            let (values, offsets): (ArrayRef, Vec<usize>) = match column.data_type() {
+                DataType::List(_) => {
+                    let l = column.as_list::<i32>();
+                    (Arc::clone(l.values()), l.value_offsets().iter().map(|&o| o as usize).collect())
+                }
+                _ => {
+                    let l = column.as_list::<i64>();
+                    (Arc::clone(l.values()), l.value_offsets().iter().map(|&o| o as usize).collect())
+                }
+            };
+            let width = offsets.get(1).zip(offsets.first()).map_or(0, |(b, a)| b - a);
+            if offsets.windows(2).any(|w| w[1] - w[0] != width) {
+                return Err("lists of different lengths (use padding to batch ragged records)".to_string());
+            }
+            let start = offsets.first().copied().unwrap_or(0);
+            let values = values.slice(start, column.len() * width);
+            let flat = to_f32(&values)?;
+            Ok(Tensor::from_slice(&flat).reshape([rows, width as i64]))
+        }
+        dt if dt.is_numeric() => Ok(Tensor::from_slice(&to_f32(column)?)),
+        other => Err(format!("cannot make a tensor of {other}")),
+    }
+}
+
+fn to_f32(values: &ArrayRef) -> Result<Vec<f32>, String> {
+    if values.null_count() > 0 {
+        return Err(format!("{} null values inside lists", values.null_count()));
+    }
+    let cast = arrow_cast::cast(values, &DataType::Float32).map_err(|e| e.to_string())?;
+    Ok(cast.as_primitive::<Float32Type>().values().to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::builder::{FixedSizeListBuilder, Float64Builder, ListBuilder};
+    use arrow_array::Int32Array;
+
+    #[test]
+    fn fixed_and_variable_lists_become_2d_tensors() {
+        let mut b = FixedSizeListBuilder::new(Float64Builder::new(), 3);
+        for i in 0..4 {
+            b.values().append_slice(&[i as f64, 1.0, 2.0]);
+            b.append(true);
+        }
+        let col: ArrayRef = Arc::new(b.finish());
+        let t = column_to_tensor(&col.slice(1, 2)).expect("tensor");
+        assert_eq!(t.size(), vec![2, 3]);
+        assert_eq!(t.double_value(&[1, 0]), 2.0);
+
+        let mut l = ListBuilder::new(Float64Builder::new());
+        l.values().append_slice(&[1.0, 2.0]);
+        l.append(true);
+        l.values().append_slice(&[3.0, 4.0]);
+        l.append(true);
+        let col: ArrayRef = Arc::new(l.finish());
+        assert_eq!(column_to_tensor(&col).expect("tensor").size(), vec![2, 2]);
+
+        let mut ragged = ListBuilder::new(Float64Builder::new());
+        ragged.values().append_slice(&[1.0]);
+        ragged.append(true);
+        ragged.values().append_slice(&[3.0, 4.0]);
+        ragged.append(true);
+        let col: ArrayRef = Arc::new(ragged.finish());
+        assert!(column_to_tensor(&col).expect_err("ragged").contains("different lengths"));
+
+        let ints: ArrayRef = Arc::new(Int32Array::from(vec![1, 2, 3]));
+        assert_eq!(column_to_tensor(&ints).expect("tensor").size(), vec![3]);
+    }
+}

@@ -1,0 +1,94 @@
+//! The worker's command line, shared by the stock `stoke-worker` binary and
+//! users' own worker binaries (see `stoke::worker_main`).
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use stoke_core::Stores;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::config::{parse_device, WorkerConfig};
+use crate::error::WorkerError;
+use crate::link::GrpcLink;
+use crate::processor::Registry;
+use crate::runner::{run, WorkerExit};
+
+/// A stoke worker: leases shards from a coordinator and runs them.
+#[derive(Debug, Parser)]
+#[command(version)]
+pub struct WorkerArgs {
+    /// The coordinator's gRPC address.
+    #[arg(long, env = "STOKE_COORDINATOR", default_value = "http://127.0.0.1:7070")]
+    pub coordinator: String,
+    /// This worker's name (default: host name and process id).
+    #[arg(long, env = "STOKE_WORKER_ID")]
+    pub worker_id: Option<String>,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, env = "STOKE_DEVICE", default_value = "auto")]
+    pub device: String,
+    /// libtorch intra-op threads (default: libtorch's own choice).
+    #[arg(long, env = "STOKE_THREADS")]
+    pub threads: Option<usize>,
+    /// Exit when the coordinator has no running job.
+    #[arg(long, env = "STOKE_EXIT_WHEN_IDLE")]
+    pub exit_when_idle: bool,
+    /// Folder for processors' upload_path files (default: a temporary folder).
+    #[arg(long, env = "STOKE_SCRATCH_DIR")]
+    pub scratch_dir: Option<PathBuf>,
+}
+
+impl WorkerArgs {
+    pub fn to_config(&self) -> Result<WorkerConfig, WorkerError> {
+        let worker_id = self.worker_id.clone().unwrap_or_else(|| {
+            let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_string());
+            format!("{host}-{}", std::process::id())
+        });
+        let mut config = WorkerConfig::new(worker_id);
+        config.device = parse_device(&self.device)?;
+        config.intra_op_threads = self.threads;
+        config.exit_when_idle = self.exit_when_idle;
+        config.scratch_dir = self.scratch_dir.clone();
+        Ok(config)
+    }
+}
+
+/// Runs a worker process with `registry`: parses the command line, sets up
+/// logging, stops gracefully on SIGTERM/SIGINT. What a worker binary's
+/// `main` calls.
+pub fn worker_main(registry: Registry) -> Result<WorkerExit, WorkerError> {
+    let args = WorkerArgs::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = args.to_config()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| WorkerError::Config(format!("starting the tokio runtime: {e}")))?;
+    runtime.block_on(async move {
+        let link = GrpcLink::new(&args.coordinator)?;
+        let shutdown = CancellationToken::new();
+        tokio::spawn(stop_on_signal(shutdown.clone()));
+        info!(worker = %config.worker_id, coordinator = %args.coordinator, processors = ?registry.names(), "worker starting");
+        let exit = run(link, config, registry, Stores::new(), shutdown).await?;
+        info!(?exit, "worker stopped");
+        Ok(exit)
+    })
+}
+
+async fn stop_on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else { return };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = tokio::signal::ctrl_c() => {},
+    }
+    tracing::info!("signal received: finishing the current batch, checkpointing, releasing leases");
+    shutdown.cancel();
+}

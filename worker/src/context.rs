@@ -1,0 +1,181 @@
+//! What a processor can reach: its device, the job's params, the current
+//! shard, an output writer for rows keyed by record id, a scratch folder
+//! uploaded at each checkpoint, and the stores.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_schema::DataType;
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use stoke_core::spec::JobSpec;
+use stoke_core::{StoreUri, Stores};
+use tch::{CModule, Device, Tensor};
+
+use crate::error::{BoxError, WorkerError};
+
+/// The shard a processor is working on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardInfo {
+    pub shard_id: String,
+    /// Fencing token of this attempt.
+    pub token: u64,
+    /// 1 for the first attempt at this shard.
+    pub attempt: u32,
+}
+
+/// Handed to every processor call.
+#[derive(Debug)]
+pub struct ProcessorContext {
+    device: Device,
+    job_id: String,
+    spec: Arc<JobSpec>,
+    shard: Option<ShardInfo>,
+    rows: Vec<RecordBatch>,
+    scratch: PathBuf,
+    stores: Stores,
+    runtime: tokio::runtime::Handle,
+}
+
+/// The column every output row batch must have: the record id.
+pub const ID_COLUMN: &str = "id";
+
+impl ProcessorContext {
+    pub(crate) fn new(
+        device: Device,
+        job_id: String,
+        spec: Arc<JobSpec>,
+        scratch: PathBuf,
+        stores: Stores,
+        runtime: tokio::runtime::Handle,
+    ) -> Self {
+        Self {
+            device,
+            job_id,
+            spec,
+            shard: None,
+            rows: Vec::new(),
+            scratch,
+            stores,
+            runtime,
+        }
+    }
+
+    /// The device this processor runs on (`cuda:N` or cpu).
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Moves a tensor to the processor's device.
+    pub fn to_device(&self, tensor: &Tensor) -> Tensor {
+        if tensor.device() == self.device {
+            tensor.shallow_clone()
+        } else {
+            tensor.to_device(self.device)
+        }
+    }
+
+    /// Eval mode on the processor's device. Gradients are already off: the
+    /// worker runs every processor call under `no_grad`.
+    pub fn prepare_model_for_inference(&self, model: &mut CModule) {
+        model.set_eval();
+        model.to(self.device, tch::Kind::Float, false);
+    }
+
+    pub fn job_id(&self) -> &str {
+        &self.job_id
+    }
+
+    pub fn spec(&self) -> &JobSpec {
+        &self.spec
+    }
+
+    /// The spec's free-form `[processor.params]` table.
+    pub fn params(&self) -> &serde_json::Map<String, serde_json::Value> {
+        &self.spec.processor.params
+    }
+
+    /// One param, decoded; `None` when absent.
+    pub fn param<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, BoxError> {
+        match self.spec.processor.params.get(key) {
+            None => Ok(None),
+            Some(v) => serde_json::from_value(v.clone())
+                .map(Some)
+                .map_err(|e| format!("param `{key}`: {e}").into()),
+        }
+    }
+
+    /// One required param, decoded.
+    pub fn required_param<T: DeserializeOwned>(&self, key: &str) -> Result<T, BoxError> {
+        self.param(key)?
+            .ok_or_else(|| format!("param `{key}` is missing from [processor.params]").into())
+    }
+
+    /// The shard being processed (`None` in `new` and `on_finish`).
+    pub fn shard(&self) -> Option<&ShardInfo> {
+        self.shard.as_ref()
+    }
+
+    pub(crate) fn set_shard(&mut self, shard: Option<ShardInfo>) {
+        self.shard = shard;
+    }
+
+    /// Queues output rows; they are written at the next checkpoint as one
+    /// object per checkpoint (Parquet or JSON Lines, as the spec says). The
+    /// batch must have a string column `id` holding record ids.
+    pub fn write_rows(&mut self, rows: RecordBatch) -> Result<(), WorkerError> {
+        match rows.schema().field_with_name(ID_COLUMN).map(|f| f.data_type().clone()) {
+            Ok(DataType::Utf8) => {}
+            Ok(other) => {
+                return Err(WorkerError::Encode {
+                    shard: self.shard_id(),
+                    message: format!("output column `id` must be a string column, not {other}"),
+                });
+            }
+            Err(_) => {
+                return Err(WorkerError::Encode {
+                    shard: self.shard_id(),
+                    message: "output rows need a string column `id` with the record ids".to_string(),
+                });
+            }
+        }
+        if let Some(first) = self.rows.first()
+            && first.schema() != rows.schema()
+        {
+            return Err(WorkerError::Encode {
+                shard: self.shard_id(),
+                message: format!(
+                    "output rows changed schema within a checkpoint: {:?} then {:?}",
+                    first.schema(),
+                    rows.schema()
+                ),
+            });
+        }
+        if rows.num_rows() > 0 {
+            self.rows.push(rows);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn take_rows(&mut self) -> Vec<RecordBatch> {
+        std::mem::take(&mut self.rows)
+    }
+
+    /// A local folder whose files are uploaded with the next checkpoint
+    /// (then removed), like Determined's `upload_path`.
+    pub fn upload_path(&self) -> &Path {
+        &self.scratch
+    }
+
+    /// Reads a whole object (a model, a vocabulary) from any store URI.
+    pub fn fetch(&self, uri: &str) -> Result<Bytes, WorkerError> {
+        let uri = StoreUri::parse(uri)?;
+        let stores = self.stores.clone();
+        Ok(self.runtime.block_on(async move { stores.get(&uri).await })?)
+    }
+
+    fn shard_id(&self) -> String {
+        self.shard.as_ref().map_or_else(|| "-".to_string(), |s| s.shard_id.clone())
+    }
+}

@@ -1,0 +1,224 @@
+//! How a worker talks to the coordinator: over gRPC ([`GrpcLink`]) or, in
+//! embedded mode, in memory to the same state machine ([`LocalLink`]). The
+//! worker's lease loop is written once against [`CoordinatorLink`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use stoke_coordinator::Handle;
+use stoke_core::lease::{
+    AcquireOutcome, Commit, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
+};
+use stoke_core::PROTOCOL_VERSION;
+use stoke_proto::v1 as pb;
+use stoke_proto::v1::worker_service_client::WorkerServiceClient;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+use tracing::debug;
+
+use crate::error::{LinkError, LinkErrorKind};
+
+/// An open session: the grant, events pushed by the coordinator, a way to
+/// renew leases, and a token cancelled when the session is lost. Dropping
+/// it closes the session.
+#[derive(Debug)]
+pub struct Session {
+    pub grant: SessionGrant,
+    pub events: mpsc::Receiver<SessionEvent>,
+    pub heartbeats: mpsc::Sender<Vec<LeaseKey>>,
+    pub lost: CancellationToken,
+}
+
+/// The calls a worker makes.
+pub trait CoordinatorLink: Send + Sync + 'static {
+    fn open_session(&self, registration: Registration) -> impl Future<Output = Result<Session, LinkError>> + Send;
+    fn acquire(&self, session_id: &str) -> impl Future<Output = Result<AcquireOutcome, LinkError>> + Send;
+    /// `Ok(true)` when the coordinator had already applied this commit.
+    fn commit(&self, commit: Commit) -> impl Future<Output = Result<bool, LinkError>> + Send;
+    fn release(&self, release: Release) -> impl Future<Output = Result<(), LinkError>> + Send;
+}
+
+/// A link over gRPC.
+#[derive(Debug, Clone)]
+pub struct GrpcLink {
+    channel: Channel,
+}
+
+/// Largest gRPC message accepted from the coordinator.
+const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+impl GrpcLink {
+    /// A lazily connected link: nothing is dialled until the first call, so
+    /// a worker may start before its coordinator.
+    pub fn new(uri: &str) -> Result<Self, LinkError> {
+        let endpoint = Endpoint::from_shared(uri.to_string())
+            .map_err(|e| LinkError::new(LinkErrorKind::Invalid, format!("coordinator address {uri:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(20));
+        Ok(Self {
+            channel: endpoint.connect_lazy(),
+        })
+    }
+
+    fn client(&self) -> WorkerServiceClient<Channel> {
+        WorkerServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+}
+
+fn invalid(message: impl Into<String>) -> LinkError {
+    LinkError::new(LinkErrorKind::Invalid, message)
+}
+
+impl CoordinatorLink for GrpcLink {
+    async fn open_session(&self, registration: Registration) -> Result<Session, LinkError> {
+        let (out_tx, out_rx) = mpsc::channel::<pb::SessionRequest>(16);
+        let register = pb::SessionRequest {
+            msg: Some(pb::session_request::Msg::Register(pb::Register {
+                protocol_version: PROTOCOL_VERSION,
+                worker_id: registration.worker_id,
+                devices: registration.devices,
+                hostname: registration.hostname,
+            })),
+        };
+        out_tx
+            .send(register)
+            .await
+            .map_err(|_| invalid("session channel closed"))?;
+        let mut inbound = self.client().session(ReceiverStream::new(out_rx)).await?.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| LinkError::new(LinkErrorKind::Transient, "session closed before `registered`"))?;
+        let Some(pb::session_event::Event::Registered(registered)) = first.event else {
+            return Err(invalid("the first session event was not `registered`"));
+        };
+        let grant = SessionGrant {
+            session_id: registered.session_id,
+            lease_timeout: Duration::from_millis(registered.lease_timeout_ms),
+            heartbeat_interval: Duration::from_millis(registered.heartbeat_interval_ms),
+        };
+        let (events_tx, events_rx) = mpsc::channel(64);
+        let (hb_tx, mut hb_rx) = mpsc::channel::<Vec<LeaseKey>>(4);
+        let lost = CancellationToken::new();
+        let lost_signal = lost.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    hb = hb_rx.recv() => match hb {
+                        Some(leases) => {
+                            let msg = pb::SessionRequest {
+                                msg: Some(pb::session_request::Msg::Heartbeat(pb::Heartbeat {
+                                    leases: leases.into_iter().map(Into::into).collect(),
+                                })),
+                            };
+                            if out_tx.send(msg).await.is_err() {
+                                break;
+                            }
+                        }
+                        // The worker dropped its session: end the stream.
+                        None => break,
+                    },
+                    ev = inbound.message() => match ev {
+                        Ok(Some(pb::SessionEvent { event: Some(pb::session_event::Event::Revoke(r)) })) => {
+                            let event = SessionEvent::Revoke {
+                                leases: r.leases.into_iter().map(Into::into).collect(),
+                                reason: r.reason,
+                            };
+                            if events_tx.send(event).await.is_err() {
+                                break;
+                            }
+                        }
+                        Ok(Some(_)) => {}
+                        Ok(None) | Err(_) => {
+                            debug!("session stream ended");
+                            lost_signal.cancel();
+                            break;
+                        }
+                    },
+                }
+            }
+        });
+        Ok(Session {
+            grant,
+            events: events_rx,
+            heartbeats: hb_tx,
+            lost,
+        })
+    }
+
+    async fn acquire(&self, session_id: &str) -> Result<AcquireOutcome, LinkError> {
+        let resp = self
+            .client()
+            .acquire_lease(pb::AcquireLeaseRequest {
+                session_id: session_id.to_string(),
+            })
+            .await?
+            .into_inner();
+        AcquireOutcome::try_from(resp).map_err(|e| invalid(e.to_string()))
+    }
+
+    async fn commit(&self, commit: Commit) -> Result<bool, LinkError> {
+        let resp = self.client().commit(pb::CommitRequest::from(commit)).await?.into_inner();
+        Ok(resp.duplicate)
+    }
+
+    async fn release(&self, release: Release) -> Result<(), LinkError> {
+        self.client().release(pb::ReleaseRequest::from(release)).await?;
+        Ok(())
+    }
+}
+
+/// A link to a coordinator state machine in the same process (embedded
+/// mode): the same calls, no network.
+#[derive(Debug, Clone)]
+pub struct LocalLink {
+    handle: Handle,
+}
+
+impl LocalLink {
+    pub fn new(handle: Handle) -> Self {
+        Self { handle }
+    }
+}
+
+impl CoordinatorLink for LocalLink {
+    async fn open_session(&self, registration: Registration) -> Result<Session, LinkError> {
+        let (grant, events) = self.handle.register(registration).await?;
+        let (hb_tx, mut hb_rx) = mpsc::channel::<Vec<LeaseKey>>(4);
+        let lost = CancellationToken::new();
+        let lost_signal = lost.clone();
+        let handle = self.handle.clone();
+        let session_id = grant.session_id.clone();
+        tokio::spawn(async move {
+            while let Some(leases) = hb_rx.recv().await {
+                if handle.heartbeat(&session_id, leases).await.is_err() {
+                    lost_signal.cancel();
+                    break;
+                }
+            }
+            handle.session_closed(&session_id).await;
+        });
+        Ok(Session {
+            grant,
+            events,
+            heartbeats: hb_tx,
+            lost,
+        })
+    }
+
+    async fn acquire(&self, session_id: &str) -> Result<AcquireOutcome, LinkError> {
+        Ok(self.handle.acquire(session_id).await?)
+    }
+
+    async fn commit(&self, commit: Commit) -> Result<bool, LinkError> {
+        Ok(self.handle.commit(commit).await?)
+    }
+
+    async fn release(&self, release: Release) -> Result<(), LinkError> {
+        Ok(self.handle.release(release).await?)
+    }
+}

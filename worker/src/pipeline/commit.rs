@@ -1,0 +1,132 @@
+//! The committer: for each checkpoint of an attempt, in order, encode the
+//! rows, upload outputs under the attempt's prefix, then ask the coordinator
+//! to commit. A refused commit (stale token, job ended) aborts the attempt.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+use bytes::Bytes;
+use stoke_core::layout::part_name;
+use stoke_core::lease::{Commit, LeaseKey};
+use stoke_core::records::OutputObject;
+use stoke_core::spec::OutputFormat;
+use stoke_core::{sha256_hex, StoreUri, Stores};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use crate::error::{LinkErrorKind, WorkerError};
+use crate::link::CoordinatorLink;
+use crate::pipeline::output::encode;
+use crate::pipeline::process::ShardControl;
+
+/// One checkpoint's worth of results, handed over by the processor thread.
+#[derive(Debug)]
+pub(crate) struct Checkpoint {
+    pub from_batch: u64,
+    pub next_batch: u64,
+    /// Input records processed since the previous checkpoint.
+    pub records: u64,
+    pub rows: Vec<RecordBatch>,
+    /// Scratch files moved aside for this checkpoint.
+    pub files: Vec<PathBuf>,
+    pub done: bool,
+}
+
+pub(crate) struct Committer<L> {
+    pub link: Arc<L>,
+    pub stores: Stores,
+    pub session_id: String,
+    pub key: LeaseKey,
+    pub prefix: StoreUri,
+    pub format: OutputFormat,
+    pub control: Arc<ShardControl>,
+}
+
+const COMMIT_RETRIES: u32 = 8;
+
+impl<L: CoordinatorLink> Committer<L> {
+    /// Runs until the processor closes the channel or a commit is refused.
+    pub async fn run(self, mut rx: mpsc::Receiver<Checkpoint>) -> Result<u64, WorkerError> {
+        let mut committed = 0u64;
+        while let Some(checkpoint) = rx.recv().await {
+            if let Err(e) = self.checkpoint(checkpoint).await {
+                self.control.abort();
+                return Err(e);
+            }
+            committed += 1;
+        }
+        Ok(committed)
+    }
+
+    async fn checkpoint(&self, cp: Checkpoint) -> Result<(), WorkerError> {
+        let mut outputs = Vec::new();
+        if !cp.rows.is_empty() {
+            let records: u64 = cp.rows.iter().map(|r| r.num_rows() as u64).sum();
+            let format = self.format;
+            let shard = self.key.shard_id.clone();
+            let rows = cp.rows;
+            let bytes = tokio::task::spawn_blocking(move || encode(&rows, format))
+                .await
+                .map_err(|e| WorkerError::Encode {
+                    shard: shard.clone(),
+                    message: e.to_string(),
+                })?
+                .map_err(|message| WorkerError::Encode { shard, message })?;
+            let uri = self.prefix.join(&part_name(cp.from_batch, format.extension()));
+            outputs.push(self.upload(uri, bytes, records).await?);
+        }
+        for file in &cp.files {
+            let name = file.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            let bytes = tokio::fs::read(file).await.map_err(|e| WorkerError::Encode {
+                shard: self.key.shard_id.clone(),
+                message: format!("reading scratch file {}: {e}", file.display()),
+            })?;
+            let uri = self.prefix.join(&format!("files/{:08}-{name}", cp.from_batch));
+            outputs.push(self.upload(uri, Bytes::from(bytes), 0).await?);
+            let _ = tokio::fs::remove_file(file).await;
+        }
+        let commit = Commit {
+            session_id: self.session_id.clone(),
+            key: self.key.clone(),
+            from_batch: cp.from_batch,
+            next_batch: cp.next_batch,
+            records: cp.records,
+            outputs,
+            shard_done: cp.done,
+        };
+        self.commit_with_retry(commit).await?;
+        debug!(shard = %self.key.shard_id, next_batch = cp.next_batch, done = cp.done, "checkpoint committed");
+        Ok(())
+    }
+
+    async fn upload(&self, uri: StoreUri, bytes: Bytes, records: u64) -> Result<OutputObject, WorkerError> {
+        let sha256 = sha256_hex(&bytes);
+        let size = bytes.len() as u64;
+        self.stores.put(&uri, bytes).await?;
+        Ok(OutputObject {
+            uri: uri.to_string(),
+            records,
+            bytes: size,
+            sha256,
+        })
+    }
+
+    async fn commit_with_retry(&self, commit: Commit) -> Result<(), WorkerError> {
+        let mut delay = Duration::from_millis(50);
+        let mut attempt = 0;
+        loop {
+            match self.link.commit(commit.clone()).await {
+                Ok(_duplicate) => return Ok(()),
+                Err(e) if e.kind == LinkErrorKind::Transient && attempt < COMMIT_RETRIES => {
+                    attempt += 1;
+                    warn!(shard = %self.key.shard_id, attempt, error = %e, "commit failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => return Err(WorkerError::Link(e)),
+            }
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! Reading a shard into batches of exactly `batch_size` records (the last
+//! one may be shorter), starting at a batch index, so a resumed shard cuts
+//! the same batches with the same numbers.
+
+use std::sync::Arc;
+
+use arrow_array::{Array, ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+use arrow_select::concat::concat_batches;
+use futures::StreamExt;
+use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
+use parquet::arrow::ProjectionMask;
+use stoke_core::parquet_source::ParquetSource;
+use stoke_core::plan::{Shard, ShardSource};
+use stoke_core::spec::JobSpec;
+use stoke_core::{StoreUri, Stores};
+use tokio::sync::mpsc;
+
+use crate::batch::Batch;
+use crate::error::WorkerError;
+
+/// Everything needed to read one shard from a batch index on.
+#[derive(Debug, Clone)]
+pub(crate) struct ShardRead {
+    pub stores: Stores,
+    pub spec: Arc<JobSpec>,
+    pub shard: Shard,
+    pub input_schema: Option<Schema>,
+    pub start_batch: u64,
+}
+
+pub(crate) type BatchTx = mpsc::Sender<Result<Batch, WorkerError>>;
+
+/// Reads the shard and sends its batches; stops early when the receiver is
+/// gone (the attempt was aborted). Errors are sent as the last item.
+pub(crate) async fn read_shard(read: ShardRead, tx: BatchTx) {
+    let bs = read.spec.batching.batch_size;
+    let id_column = read.spec.dataset.id_column.clone().or_else(|| match &read.shard.source {
+        ShardSource::Range { .. } => Some("id".to_string()),
+        ShardSource::Files { .. } => Some("uri".to_string()),
+        _ => None,
+    });
+    let mut emitter = Emitter {
+        tx: tx.clone(),
+        batch_size: bs as usize,
+        pending: Vec::new(),
+        pending_rows: 0,
+        next_index: read.start_batch,
+        offset: read.start_batch * bs,
+        shard_id: read.shard.id.clone(),
+        id_column,
+    };
+    let result = match &read.shard.source {
+        ShardSource::Range { start, end } => read_range(&mut emitter, *start, *end).await,
+        ShardSource::Parquet {
+            uri,
+            row_group_start,
+            row_group_end,
+        } => read_parquet(&read, &mut emitter, uri, *row_group_start..*row_group_end).await,
+        ShardSource::Jsonl {
+            uri,
+            byte_start,
+            byte_end,
+        } => read_jsonl(&read, &mut emitter, uri, *byte_start..*byte_end).await,
+        ShardSource::Files { uris } => read_files(&read, &mut emitter, uris).await,
+    };
+    let result = match result {
+        Ok(Flow::Continue) => emitter.finish().await.map(|_| ()),
+        Ok(Flow::Stop) => Ok(()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = result {
+        let _ = tx.send(Err(e)).await;
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Stop,
+}
+
+/// Cuts incoming record batches into batches of exactly `batch_size` rows,
+/// attaches ids, and sends them.
+struct Emitter {
+    tx: BatchTx,
+    batch_size: usize,
+    pending: Vec<RecordBatch>,
+    pending_rows: usize,
+    next_index: u64,
+    /// Offset within the shard of the next row to be emitted.
+    offset: u64,
+    shard_id: String,
+    id_column: Option<String>,
+}
+
+impl Emitter {
+    async fn push(&mut self, rows: RecordBatch) -> Result<Flow, WorkerError> {
+        self.pending_rows += rows.num_rows();
+        self.pending.push(rows);
+        while self.pending_rows >= self.batch_size {
+            let all = self.take_pending()?;
+            let head = all.slice(0, self.batch_size);
+            let rest = all.slice(self.batch_size, all.num_rows() - self.batch_size);
+            if rest.num_rows() > 0 {
+                self.pending_rows = rest.num_rows();
+                self.pending.push(rest);
+            }
+            if self.emit(head).await? == Flow::Stop {
+                return Ok(Flow::Stop);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    async fn finish(mut self) -> Result<Flow, WorkerError> {
+        if self.pending_rows == 0 {
+            return Ok(Flow::Continue);
+        }
+        let rest = self.take_pending()?;
+        self.emit(rest).await
+    }
+
+    fn take_pending(&mut self) -> Result<RecordBatch, WorkerError> {
+        let parts = std::mem::take(&mut self.pending);
+        self.pending_rows = 0;
+        if parts.len() == 1 {
+            return Ok(parts.into_iter().next().unwrap_or_else(|| RecordBatch::new_empty(Arc::new(Schema::empty()))));
+        }
+        let schema = parts[0].schema();
+        concat_batches(&schema, &parts).map_err(|e| self.read_error(format!("joining rows: {e}")))
+    }
+
+    async fn emit(&mut self, rows: RecordBatch) -> Result<Flow, WorkerError> {
+        let ids = self.ids(&rows)?;
+        let n = rows.num_rows() as u64;
+        let batch = Batch::new(ids, rows, self.next_index);
+        self.next_index += 1;
+        self.offset += n;
+        Ok(if self.tx.send(Ok(batch)).await.is_err() {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        })
+    }
+
+    fn ids(&self, rows: &RecordBatch) -> Result<StringArray, WorkerError> {
+        let Some(name) = &self.id_column else {
+            let shard = &self.shard_id;
+            return Ok((0..rows.num_rows() as u64)
+                .map(|i| Some(format!("{shard}:{}", self.offset + i)))
+                .collect());
+        };
+        let column = rows
+            .column_by_name(name)
+            .ok_or_else(|| self.read_error(format!("id column {name:?} is missing")))?;
+        let cast = arrow_cast::cast(column, &DataType::Utf8)
+            .map_err(|e| self.read_error(format!("id column {name:?}: {e}")))?;
+        let ids = cast
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .cloned()
+            .ok_or_else(|| self.read_error(format!("id column {name:?} is not text")))?;
+        if ids.null_count() > 0 {
+            return Err(self.read_error(format!("id column {name:?} has {} null ids", ids.null_count())));
+        }
+        Ok(ids)
+    }
+
+    fn read_error(&self, message: String) -> WorkerError {
+        WorkerError::Read {
+            shard: self.shard_id.clone(),
+            source_uri: String::new(),
+            message,
+        }
+    }
+}
+
+async fn read_range(emitter: &mut Emitter, start: u64, end: u64) -> Result<Flow, WorkerError> {
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+    let mut from = start + emitter.offset;
+    while from < end {
+        let to = (from + emitter.batch_size as u64).min(end);
+        let values: ArrayRef = Arc::new(Int64Array::from_iter_values(from as i64..to as i64));
+        let rows = RecordBatch::try_new(Arc::clone(&schema), vec![values])
+            .map_err(|e| emitter.read_error(e.to_string()))?;
+        if emitter.push(rows).await? == Flow::Stop {
+            return Ok(Flow::Stop);
+        }
+        from = to;
+    }
+    Ok(Flow::Continue)
+}
+
+fn source_error(shard: &str, uri: &str, message: impl ToString) -> WorkerError {
+    WorkerError::Read {
+        shard: shard.to_string(),
+        source_uri: uri.to_string(),
+        message: message.to_string(),
+    }
+}
+
+async fn read_parquet(
+    read: &ShardRead,
+    emitter: &mut Emitter,
+    uri: &str,
+    row_groups: std::ops::Range<u64>,
+) -> Result<Flow, WorkerError> {
+    let err = |m: String| source_error(&read.shard.id, uri, m);
+    let store_uri = StoreUri::parse(uri)?;
+    let source = ParquetSource::open(&read.stores, &store_uri, None).await?;
+    let builder = ParquetRecordBatchStreamBuilder::new(source)
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    let metadata = builder.metadata().clone();
+    let groups: Vec<usize> = (row_groups.start as usize..row_groups.end as usize).collect();
+    let mut total = 0u64;
+    for &g in &groups {
+        let rg = metadata
+            .row_groups()
+            .get(g)
+            .ok_or_else(|| err(format!("row group {g} does not exist (the file changed since planning)")))?;
+        total += rg.num_rows().max(0) as u64;
+    }
+    let skip = emitter.offset.min(total);
+    let projection = match &read.spec.dataset.columns {
+        None => None,
+        Some(columns) => {
+            let schema = builder.schema();
+            let mut roots = Vec::new();
+            for name in columns.iter().chain(read.spec.dataset.id_column.iter()) {
+                let idx = schema.index_of(name).map_err(|_| err(format!("column {name:?} not found")))?;
+                if !roots.contains(&idx) {
+                    roots.push(idx);
+                }
+            }
+            roots.sort_unstable();
+            Some(ProjectionMask::roots(builder.parquet_schema(), roots))
+        }
+    };
+    let mut builder = builder
+        .with_row_groups(groups)
+        .with_batch_size(emitter.batch_size.max(1024));
+    if let Some(mask) = projection {
+        builder = builder.with_projection(mask);
+    }
+    if skip > 0 {
+        builder = builder.with_row_selection(RowSelection::from(vec![
+            RowSelector::skip(skip as usize),
+            RowSelector::select((total - skip) as usize),
+        ]));
+    }
+    let mut stream = builder.build().map_err(|e| err(e.to_string()))?;
+    while let Some(rows) = stream.next().await {
+        let rows = rows.map_err(|e| err(e.to_string()))?;
+        if emitter.push(rows).await? == Flow::Stop {
+            return Ok(Flow::Stop);
+        }
+    }
+    Ok(Flow::Continue)
+}
+
+async fn read_jsonl(
+    read: &ShardRead,
+    emitter: &mut Emitter,
+    uri: &str,
+    bytes: std::ops::Range<u64>,
+) -> Result<Flow, WorkerError> {
+    let err = |m: String| source_error(&read.shard.id, uri, m);
+    let schema = Arc::new(
+        read.input_schema
+            .clone()
+            .ok_or_else(|| err("the lease carries no JSON Lines schema".to_string()))?,
+    );
+    let data = read.stores.get_range(&StoreUri::parse(uri)?, bytes).await?;
+    let lines = data
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+        .skip(emitter.offset as usize);
+    let mut chunk: Vec<u8> = Vec::new();
+    let mut in_chunk = 0usize;
+    let mut line_no = emitter.offset;
+    let mut chunk_first_line = line_no;
+    for line in lines {
+        chunk.extend_from_slice(line);
+        chunk.push(b'\n');
+        in_chunk += 1;
+        line_no += 1;
+        if in_chunk == emitter.batch_size {
+            let rows = decode_jsonl(&schema, &chunk, emitter.batch_size)
+                .map_err(|m| err(format!("records {chunk_first_line}..{line_no} of the shard: {m}")))?;
+            if emitter.push(rows).await? == Flow::Stop {
+                return Ok(Flow::Stop);
+            }
+            chunk.clear();
+            in_chunk = 0;
+            chunk_first_line = line_no;
+        }
+    }
+    if in_chunk > 0 {
+        let rows = decode_jsonl(&schema, &chunk, emitter.batch_size)
+            .map_err(|m| err(format!("records {chunk_first_line}..{line_no} of the shard: {m}")))?;
+        return emitter.push(rows).await;
+    }
+    Ok(Flow::Continue)
+}
+
+fn decode_jsonl(schema: &Arc<Schema>, chunk: &[u8], batch_size: usize) -> Result<RecordBatch, String> {
+    let mut decoder = arrow_json::ReaderBuilder::new(Arc::clone(schema))
+        .with_batch_size(batch_size.max(1))
+        .build_decoder()
+        .map_err(|e| e.to_string())?;
+    decoder.decode(chunk).map_err(|e| e.to_string())?;
+    decoder
+        .flush()
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| "no records".to_string())
+}
+
+async fn read_files(read: &ShardRead, emitter: &mut Emitter, uris: &[String]) -> Result<Flow, WorkerError> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("uri", DataType::Utf8, false),
+        Field::new("bytes", DataType::Binary, false),
+    ]));
+    let remaining = uris.get(emitter.offset as usize..).unwrap_or(&[]);
+    for chunk in remaining.chunks(emitter.batch_size.max(1)) {
+        let mut parsed = Vec::with_capacity(chunk.len());
+        for uri in chunk {
+            parsed.push(StoreUri::parse(uri)?);
+        }
+        let bodies = futures::future::try_join_all(parsed.iter().map(|u| read.stores.get(u))).await?;
+        let rows = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(StringArray::from_iter_values(chunk.iter())),
+                Arc::new(BinaryArray::from_iter_values(bodies.iter().map(|b| b.as_ref()))),
+            ],
+        )
+        .map_err(|e| source_error(&read.shard.id, "", e))?;
+        if emitter.push(rows).await? == Flow::Stop {
+            return Ok(Flow::Stop);
+        }
+    }
+    Ok(Flow::Continue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stoke_core::plan::plan_range;
+
+    async fn collect(read: ShardRead) -> Vec<Batch> {
+        let (tx, mut rx) = mpsc::channel(4);
+        tokio::spawn(read_shard(read, tx));
+        let mut out = Vec::new();
+        while let Some(b) = rx.recv().await {
+            out.push(b.expect("batch"));
+        }
+        out
+    }
+
+    fn range_read(count: u64, bs: u64, start_batch: u64) -> ShardRead {
+        let spec = JobSpec::from_toml(&format!(
+            "[dataset]\nformat = \"range\"\ncount = {count}\n[processor]\nname = \"p\"\n[batching]\nbatch_size = {bs}\n"
+        ))
+        .expect("spec");
+        ShardRead {
+            stores: Stores::new(),
+            spec: Arc::new(spec),
+            shard: plan_range(count, count).shards.remove(0),
+            input_schema: None,
+            start_batch,
+        }
+    }
+
+    #[tokio::test]
+    async fn range_batches_are_exact_and_resume_at_a_batch() {
+        let all = collect(range_read(10, 4, 0)).await;
+        let sizes: Vec<_> = all.iter().map(Batch::len).collect();
+        assert_eq!(sizes, vec![4, 4, 2]);
+        assert_eq!(all[1].ids().value(0), "4");
+        let resumed = collect(range_read(10, 4, 1)).await;
+        assert_eq!(resumed.len(), 2);
+        assert_eq!(resumed[0].index(), 1);
+        assert_eq!(resumed[0].ids().value(0), "4");
+    }
+
+    #[tokio::test]
+    async fn jsonl_batches_resume_and_keep_offsets_as_ids() {
+        let stores = Stores::new();
+        let uri = StoreUri::parse("memory:///d/x.jsonl").expect("uri");
+        let text: String = (0..7).map(|i| format!("{{\"x\": [{i}, 2]}}\n")).collect();
+        stores.put(&uri, bytes::Bytes::from(text.clone())).await.expect("put");
+        let spec = JobSpec::from_toml(&format!(
+            "[dataset]\nformat = \"jsonl\"\nuri = \"{uri}\"\n[processor]\nname = \"p\"\n[batching]\nbatch_size = 3\n"
+        ))
+        .expect("spec");
+        let plan = stoke_core::plan::plan_dataset(&spec, &stores).await.expect("plan");
+        let read = ShardRead {
+            stores,
+            spec: Arc::new(spec),
+            shard: plan.shards[0].clone(),
+            input_schema: plan.jsonl_schema.clone(),
+            start_batch: 1,
+        };
+        let batches = collect(read).await;
+        let sizes: Vec<_> = batches.iter().map(Batch::len).collect();
+        assert_eq!(sizes, vec![3, 1]);
+        assert_eq!(batches[0].ids().value(0), "s00000:3");
+        assert_eq!(batches[0].tensor("x").expect("tensor").size(), vec![3, 2]);
+    }
+}

@@ -1,0 +1,105 @@
+//! The built-in `torchscript` processor: loads a TorchScript model from a
+//! URI in the params, runs it on a tensor column, and writes predictions
+//! keyed by record id.
+//!
+//! Params:
+//! - `model` (required): URI of a file saved with `torch.jit.save`;
+//! - `input_column` (required): a numeric list column (or scalar);
+//! - `input_shape` (optional): per-record shape to reshape to, e.g. `[1, 8, 8]`;
+//! - `outputs` (optional, default `["argmax"]`): any of `argmax` (int64
+//!   column `prediction`) and `scores` (the model's output vector, float32
+//!   list column `scores`).
+
+use std::io::Cursor;
+use std::sync::Arc;
+
+use arrow_array::builder::{FixedSizeListBuilder, Float32Builder};
+use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+use tch::{CModule, Kind, Tensor};
+
+use crate::batch::Batch;
+use crate::context::ProcessorContext;
+use crate::error::ProcessorResult;
+use crate::processor::TorchBatchProcessor;
+
+/// The name job specs use.
+pub const NAME: &str = "torchscript";
+
+#[derive(Debug)]
+pub struct TorchScriptProcessor {
+    model: CModule,
+    input_column: String,
+    input_shape: Option<Vec<i64>>,
+    argmax: bool,
+    scores: bool,
+}
+
+impl TorchBatchProcessor for TorchScriptProcessor {
+    fn new(ctx: &mut ProcessorContext) -> ProcessorResult<Self> {
+        let model_uri: String = ctx.required_param("model")?;
+        let input_column: String = ctx.required_param("input_column")?;
+        let input_shape: Option<Vec<i64>> = ctx.param("input_shape")?;
+        let outputs: Vec<String> = ctx.param("outputs")?.unwrap_or_else(|| vec!["argmax".to_string()]);
+        for o in &outputs {
+            if o != "argmax" && o != "scores" {
+                return Err(format!("param `outputs`: unknown output {o:?} (use \"argmax\" and/or \"scores\")").into());
+            }
+        }
+        if outputs.is_empty() {
+            return Err("param `outputs` must name at least one of \"argmax\", \"scores\"".into());
+        }
+        let bytes = ctx
+            .fetch(&model_uri)
+            .map_err(|e| format!("loading model {model_uri}: {e}"))?;
+        let mut model = CModule::load_data_on_device(&mut Cursor::new(bytes.as_ref()), ctx.device())
+            .map_err(|e| format!("loading model {model_uri}: not a TorchScript file: {e}"))?;
+        ctx.prepare_model_for_inference(&mut model);
+        Ok(Self {
+            model,
+            input_column,
+            input_shape,
+            argmax: outputs.iter().any(|o| o == "argmax"),
+            scores: outputs.iter().any(|o| o == "scores"),
+        })
+    }
+
+    fn process_batch(&mut self, batch: Batch, _batch_idx: u64, ctx: &mut ProcessorContext) -> ProcessorResult<()> {
+        let mut input = batch.tensor(&self.input_column)?;
+        if let Some(shape) = &self.input_shape {
+            let mut full = vec![batch.len() as i64];
+            full.extend_from_slice(shape);
+            input = input.f_reshape(full.as_slice())?;
+        }
+        let input = ctx.to_device(&input);
+        let output = self.model.forward_ts(&[input])?;
+        let output = output.to_device(tch::Device::Cpu).to_kind(Kind::Float).contiguous();
+        let rows = output.size().first().copied().unwrap_or(0) as usize;
+        if rows != batch.len() {
+            return Err(format!("model returned {rows} rows for a batch of {}", batch.len()).into());
+        }
+        let mut columns: Vec<(&str, ArrayRef)> = vec![("id", batch.ids_array())];
+        let scores = output.reshape([rows as i64, -1]);
+        if self.argmax {
+            let pred = scores.argmax(1, false).to_kind(Kind::Int64);
+            let values = Vec::<i64>::try_from(&pred)?;
+            columns.push(("prediction", Arc::new(Int64Array::from(values))));
+        }
+        if self.scores {
+            columns.push(("scores", scores_column(&scores)?));
+        }
+        let out = RecordBatch::try_from_iter(columns)?;
+        ctx.write_rows(out)?;
+        Ok(())
+    }
+}
+
+fn scores_column(scores: &Tensor) -> ProcessorResult<ArrayRef> {
+    let width = scores.size().get(1).copied().unwrap_or(0) as i32;
+    let flat = Vec::<f32>::try_from(&scores.flatten(0, -1))?;
+    let mut builder = FixedSizeListBuilder::with_capacity(Float32Builder::with_capacity(flat.len()), width, scores.size()[0] as usize);
+    for row in flat.chunks(width.max(1) as usize) {
+        builder.values().append_slice(row);
+        builder.append(true);
+    }
+    Ok(Arc::new(builder.finish()))
+}
