@@ -17,10 +17,15 @@ pub enum CoordinatorError {
     #[error("job {job_id} already exists with a different spec")]
     JobExists { job_id: String },
     #[error("invalid job id {job_id:?}: {reason}")]
-    BadJobId { job_id: String, reason: &'static str },
+    BadJobId {
+        job_id: String,
+        reason: &'static str,
+    },
     #[error("unknown session {session_id}; register again")]
     UnknownSession { session_id: String },
-    #[error("stale fencing token {token} for shard {shard_id} of job {job_id} (current: {current})")]
+    #[error(
+        "stale fencing token {token} for shard {shard_id} of job {job_id} (current: {current})"
+    )]
     StaleToken {
         job_id: String,
         shard_id: String,
@@ -31,14 +36,18 @@ pub enum CoordinatorError {
     ShardNotFound { job_id: String, shard_id: String },
     #[error("job {job_id} is {state}; it takes no more commits")]
     JobNotRunning { job_id: String, state: String },
-    #[error("commit for shard {shard_id} of job {job_id} starts at batch {from_batch}, but committed progress is at batch {committed}")]
+    #[error(
+        "commit for shard {shard_id} of job {job_id} starts at batch {from_batch}, but committed progress is at batch {committed}"
+    )]
     BatchMismatch {
         job_id: String,
         shard_id: String,
         from_batch: u64,
         committed: u64,
     },
-    #[error("protocol version mismatch: {peer} speaks version {peer_version}, this coordinator speaks version {ours}")]
+    #[error(
+        "protocol version mismatch: {peer} speaks version {peer_version}, this coordinator speaks version {ours}"
+    )]
     ProtocolVersion {
         peer: &'static str,
         peer_version: u32,
@@ -65,7 +74,9 @@ impl From<CoordinatorError> for Status {
         use CoordinatorError::*;
         let msg = e.to_string();
         match e {
-            Spec(_) | BadJobId { .. } | Request(_) | InvalidRequest(_) => Status::invalid_argument(msg),
+            Spec(_) | BadJobId { .. } | Request(_) | InvalidRequest(_) => {
+                Status::invalid_argument(msg)
+            }
             Plan(PlanError::Store { ref source, .. }) if source.is_transient() => {
                 Status::unavailable(msg)
             }
@@ -74,9 +85,10 @@ impl From<CoordinatorError> for Status {
                 Status::not_found(msg)
             }
             JobExists { .. } => Status::already_exists(msg),
-            StaleToken { .. } | JobNotRunning { .. } | BatchMismatch { .. } | ProtocolVersion { .. } => {
-                Status::failed_precondition(msg)
-            }
+            StaleToken { .. }
+            | JobNotRunning { .. }
+            | BatchMismatch { .. }
+            | ProtocolVersion { .. } => Status::failed_precondition(msg),
             Store(_) | Recovery(_) | ShuttingDown | Serve(_) => Status::unavailable(msg),
         }
     }

@@ -4,9 +4,9 @@
 use std::pin::Pin;
 
 use futures::Stream;
+use stoke_core::PROTOCOL_VERSION;
 use stoke_core::lease::{Commit, LeaseKey, Registration, Release};
 use stoke_core::spec::JobSpec;
-use stoke_core::PROTOCOL_VERSION;
 use stoke_proto::v1 as pb;
 use stoke_proto::v1::job_service_server::JobService;
 use stoke_proto::v1::worker_service_server::WorkerService;
@@ -46,7 +46,10 @@ impl JobApi {
 
 #[tonic::async_trait]
 impl JobService for JobApi {
-    async fn submit(&self, req: Request<pb::SubmitRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
+    async fn submit(
+        &self,
+        req: Request<pb::SubmitRequest>,
+    ) -> Result<Response<pb::SubmitResponse>, Status> {
         let req = req.into_inner();
         check_version("client", req.protocol_version)?;
         let format = pb::SpecFormat::try_from(req.format).unwrap_or(pb::SpecFormat::Unspecified);
@@ -54,7 +57,9 @@ impl JobService for JobApi {
             pb::SpecFormat::Json => JobSpec::from_json(&req.spec),
             pb::SpecFormat::Toml => JobSpec::from_toml(&req.spec),
             pb::SpecFormat::Unspecified => {
-                return Err(Status::invalid_argument("missing field `format` (toml or json)"));
+                return Err(Status::invalid_argument(
+                    "missing field `format` (toml or json)",
+                ));
             }
         }
         .map_err(CoordinatorError::from)?;
@@ -65,7 +70,10 @@ impl JobService for JobApi {
         }))
     }
 
-    async fn get_job(&self, req: Request<pb::GetJobRequest>) -> Result<Response<pb::JobInfo>, Status> {
+    async fn get_job(
+        &self,
+        req: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::JobInfo>, Status> {
         let job_id = req.into_inner().job_id;
         if job_id.is_empty() {
             return Err(Status::invalid_argument("missing field `job_id`"));
@@ -73,19 +81,27 @@ impl JobService for JobApi {
         Ok(Response::new(self.handle.get_job(&job_id).await?.into()))
     }
 
-    async fn list_jobs(&self, _req: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+    async fn list_jobs(
+        &self,
+        _req: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
         let jobs = self.handle.list_jobs().await?;
         Ok(Response::new(pb::ListJobsResponse {
             jobs: jobs.into_iter().map(Into::into).collect(),
         }))
     }
 
-    async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::JobInfo>, Status> {
+    async fn cancel(
+        &self,
+        req: Request<pb::CancelRequest>,
+    ) -> Result<Response<pb::JobInfo>, Status> {
         let req = req.into_inner();
         if req.job_id.is_empty() {
             return Err(Status::invalid_argument("missing field `job_id`"));
         }
-        Ok(Response::new(self.handle.cancel(&req.job_id, &req.reason).await?.into()))
+        Ok(Response::new(
+            self.handle.cancel(&req.job_id, &req.reason).await?.into(),
+        ))
     }
 }
 
@@ -99,7 +115,11 @@ pub struct WorkerApi {
 
 impl WorkerApi {
     pub fn new(handle: Handle, shutdown: CancellationToken, tasks: TaskTracker) -> Self {
-        Self { handle, shutdown, tasks }
+        Self {
+            handle,
+            shutdown,
+            tasks,
+        }
     }
 }
 
@@ -119,11 +139,15 @@ impl WorkerService for WorkerApi {
             .await?
             .ok_or_else(|| Status::invalid_argument("session closed before `register`"))?;
         let Some(pb::session_request::Msg::Register(register)) = first.msg else {
-            return Err(Status::invalid_argument("the first session message must be `register`"));
+            return Err(Status::invalid_argument(
+                "the first session message must be `register`",
+            ));
         };
         check_version("worker", register.protocol_version)?;
         if register.worker_id.is_empty() {
-            return Err(Status::invalid_argument("missing field `register.worker_id`"));
+            return Err(Status::invalid_argument(
+                "missing field `register.worker_id`",
+            ));
         }
         let registration = Registration {
             worker_id: register.worker_id,
@@ -188,16 +212,24 @@ impl WorkerService for WorkerApi {
         if session_id.is_empty() {
             return Err(Status::invalid_argument("missing field `session_id`"));
         }
-        Ok(Response::new(self.handle.acquire(&session_id).await?.into()))
+        Ok(Response::new(
+            self.handle.acquire(&session_id).await?.into(),
+        ))
     }
 
-    async fn commit(&self, req: Request<pb::CommitRequest>) -> Result<Response<pb::CommitResponse>, Status> {
+    async fn commit(
+        &self,
+        req: Request<pb::CommitRequest>,
+    ) -> Result<Response<pb::CommitResponse>, Status> {
         let commit = Commit::try_from(req.into_inner()).map_err(CoordinatorError::from)?;
         let duplicate = self.handle.commit(commit).await?;
         Ok(Response::new(pb::CommitResponse { duplicate }))
     }
 
-    async fn release(&self, req: Request<pb::ReleaseRequest>) -> Result<Response<pb::ReleaseResponse>, Status> {
+    async fn release(
+        &self,
+        req: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
         let release = Release::try_from(req.into_inner()).map_err(CoordinatorError::from)?;
         self.handle.release(release).await?;
         Ok(Response::new(pb::ReleaseResponse {}))

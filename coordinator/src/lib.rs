@@ -27,7 +27,7 @@ use tracing::info;
 
 pub use config::CoordinatorConfig;
 pub use error::{CoordinatorError, Result};
-pub use owner::{start, Handle};
+pub use owner::{Handle, start};
 
 /// Largest gRPC message accepted (a job spec, a commit with many outputs).
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -45,8 +45,12 @@ pub async fn run(
     let tasks = TaskTracker::new();
     let jobs = JobServiceServer::new(grpc::JobApi::new(handle.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let workers = WorkerServiceServer::new(grpc::WorkerApi::new(handle, shutdown.clone(), tasks.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let workers = WorkerServiceServer::new(grpc::WorkerApi::new(
+        handle,
+        shutdown.clone(),
+        tasks.clone(),
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES);
     info!(addr = ?addr, "coordinator listening");
     let served = tonic::transport::Server::builder()
         .add_service(jobs)

@@ -50,7 +50,8 @@ fn main() -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         if let Some(path) = &args.addr_file {
             let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, addr.to_string()).with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::write(&tmp, addr.to_string())
+                .with_context(|| format!("writing {}", tmp.display()))?;
             std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
         }
         let shutdown = CancellationToken::new();
@@ -61,8 +62,10 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn stop_on_signal(shutdown: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut term) = signal(SignalKind::terminate()) else { return };
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        return;
+    };
     tokio::select! {
         _ = term.recv() => {},
         _ = tokio::signal::ctrl_c() => {},

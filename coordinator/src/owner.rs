@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
+use stoke_core::Stores;
 use stoke_core::lease::{
     AcquireOutcome, Commit, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
 };
 use stoke_core::plan::plan_dataset;
 use stoke_core::records::JobInfo;
 use stoke_core::spec::JobSpec;
-use stoke_core::Stores;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -24,8 +24,8 @@ type Reply<T> = oneshot::Sender<Result<T>>;
 enum Command {
     CreateJob {
         job_id: String,
-        spec: JobSpec,
-        plan: stoke_core::plan::Plan,
+        spec: Box<JobSpec>,
+        plan: Box<stoke_core::plan::Plan>,
         reply: Reply<JobInfo>,
     },
     GetJob {
@@ -88,7 +88,12 @@ pub async fn start(
     Ok((Handle { tx, stores }, task))
 }
 
-async fn run(mut state: State, mut rx: mpsc::Receiver<Command>, tick: Duration, shutdown: CancellationToken) {
+async fn run(
+    mut state: State,
+    mut rx: mpsc::Receiver<Command>,
+    tick: Duration,
+    shutdown: CancellationToken,
+) {
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -108,8 +113,13 @@ async fn apply(state: &mut State, cmd: Command) {
     // A caller that gave up (timeout, dropped connection) no longer listens:
     // its reply is dropped, and the change stands, as it would after a crash.
     match cmd {
-        Command::CreateJob { job_id, spec, plan, reply } => {
-            let _ = reply.send(state.create_job(job_id, spec, plan).await);
+        Command::CreateJob {
+            job_id,
+            spec,
+            plan,
+            reply,
+        } => {
+            let _ = reply.send(state.create_job(job_id, *spec, *plan).await);
         }
         Command::GetJob { job_id, reply } => {
             let _ = reply.send(state.get_job(&job_id));
@@ -117,14 +127,26 @@ async fn apply(state: &mut State, cmd: Command) {
         Command::ListJobs { reply } => {
             let _ = reply.send(Ok(state.list_jobs()));
         }
-        Command::Cancel { job_id, reason, reply } => {
+        Command::Cancel {
+            job_id,
+            reason,
+            reply,
+        } => {
             let _ = reply.send(state.cancel(&job_id, reason).await);
         }
-        Command::Register { registration, events_tx, reply } => {
+        Command::Register {
+            registration,
+            events_tx,
+            reply,
+        } => {
             let _ = reply.send(Ok(state.register(registration, events_tx)));
         }
         Command::SessionClosed { session_id } => state.session_closed(&session_id),
-        Command::Heartbeat { session_id, leases, reply } => {
+        Command::Heartbeat {
+            session_id,
+            leases,
+            reply,
+        } => {
             let _ = reply.send(state.heartbeat(&session_id, &leases));
         }
         Command::Acquire { session_id, reply } => {
@@ -149,7 +171,10 @@ fn check_job_id(job_id: &str) -> Result<()> {
     if job_id.is_empty() || job_id.len() > MAX_JOB_ID_LEN {
         return Err(bad("must be 1 to 128 characters"));
     }
-    if !job_id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+    if !job_id
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
         return Err(bad("may hold only letters, digits, '-' and '_'"));
     }
     Ok(())
@@ -181,7 +206,13 @@ impl Handle {
             }
         };
         let plan = plan_dataset(&spec, &self.stores).await?;
-        self.call(|reply| Command::CreateJob { job_id, spec, plan, reply }).await
+        self.call(|reply| Command::CreateJob {
+            job_id,
+            spec: Box::new(spec),
+            plan: Box::new(plan),
+            reply,
+        })
+        .await
     }
 
     pub async fn get_job(&self, job_id: &str) -> Result<JobInfo> {
@@ -196,7 +227,12 @@ impl Handle {
     pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<JobInfo> {
         let job_id = job_id.to_string();
         let reason = reason.to_string();
-        self.call(|reply| Command::Cancel { job_id, reason, reply }).await
+        self.call(|reply| Command::Cancel {
+            job_id,
+            reason,
+            reply,
+        })
+        .await
     }
 
     /// Opens a worker session; events for it arrive on the returned channel.
@@ -206,7 +242,11 @@ impl Handle {
     ) -> Result<(SessionGrant, mpsc::Receiver<SessionEvent>)> {
         let (events_tx, events_rx) = mpsc::channel(64);
         let grant = self
-            .call(|reply| Command::Register { registration, events_tx, reply })
+            .call(|reply| Command::Register {
+                registration,
+                events_tx,
+                reply,
+            })
             .await?;
         Ok((grant, events_rx))
     }
@@ -219,12 +259,18 @@ impl Handle {
 
     pub async fn heartbeat(&self, session_id: &str, leases: Vec<LeaseKey>) -> Result<()> {
         let session_id = session_id.to_string();
-        self.call(|reply| Command::Heartbeat { session_id, leases, reply }).await
+        self.call(|reply| Command::Heartbeat {
+            session_id,
+            leases,
+            reply,
+        })
+        .await
     }
 
     pub async fn acquire(&self, session_id: &str) -> Result<AcquireOutcome> {
         let session_id = session_id.to_string();
-        self.call(|reply| Command::Acquire { session_id, reply }).await
+        self.call(|reply| Command::Acquire { session_id, reply })
+            .await
     }
 
     /// `Ok(true)` when the commit had already been applied.

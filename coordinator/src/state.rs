@@ -11,13 +11,13 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use stoke_core::layout::{attempt_prefix, shard_output_dir, JobLayout, RootLayout};
+use stoke_core::layout::{JobLayout, RootLayout, attempt_prefix, shard_output_dir};
 use stoke_core::lease::{
     AcquireOutcome, Commit, Lease, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
 };
 use stoke_core::plan::Plan;
 use stoke_core::records::{
-    now_ms, EpochRecord, JobInfo, JobState, Manifest, ManifestEntry, ProgressRecord, StatusRecord,
+    EpochRecord, JobInfo, JobState, Manifest, ManifestEntry, ProgressRecord, StatusRecord, now_ms,
 };
 use stoke_core::spec::JobSpec;
 use stoke_core::{StoreError, StoreUri, Stores};
@@ -119,7 +119,9 @@ impl State {
         let layout = RootLayout::new(config.root.clone());
         let previous: Option<EpochRecord> = stores.get_json(&layout.epoch()).await?;
         let epoch = previous.map_or(1, |e| e.epoch + 1);
-        stores.put_json(&layout.epoch(), &EpochRecord { epoch }).await?;
+        stores
+            .put_json(&layout.epoch(), &EpochRecord { epoch })
+            .await?;
         let mut state = Self {
             config,
             stores,
@@ -140,20 +142,22 @@ impl State {
         dirs.sort();
         for job_id in dirs {
             let layout = self.layout.job(&job_id);
-            let Some(status) = self.stores.get_json::<StatusRecord>(&layout.status()).await? else {
+            let Some(status) = self
+                .stores
+                .get_json::<StatusRecord>(&layout.status())
+                .await?
+            else {
                 // Spec written but the job never finished being created.
                 continue;
             };
-            let spec: JobSpec = self
-                .stores
-                .get_json(&layout.spec())
-                .await?
-                .ok_or_else(|| CoordinatorError::Recovery(format!("{} missing", layout.spec())))?;
-            let plan: Plan = self
-                .stores
-                .get_json(&layout.plan())
-                .await?
-                .ok_or_else(|| CoordinatorError::Recovery(format!("{} missing", layout.plan())))?;
+            let spec: JobSpec =
+                self.stores.get_json(&layout.spec()).await?.ok_or_else(|| {
+                    CoordinatorError::Recovery(format!("{} missing", layout.spec()))
+                })?;
+            let plan: Plan =
+                self.stores.get_json(&layout.plan()).await?.ok_or_else(|| {
+                    CoordinatorError::Recovery(format!("{} missing", layout.plan()))
+                })?;
             let mut progress: HashMap<String, ProgressRecord> = HashMap::new();
             for listed in self.stores.list(&layout.progress_dir()).await? {
                 if let Some(p) = self.stores.get_json::<ProgressRecord>(&listed.uri).await? {
@@ -178,7 +182,14 @@ impl State {
         Ok(())
     }
 
-    fn new_job(&self, id: String, spec: JobSpec, plan: Plan, layout: JobLayout, state: JobState) -> Job {
+    fn new_job(
+        &self,
+        id: String,
+        spec: JobSpec,
+        plan: Plan,
+        layout: JobLayout,
+        state: JobState,
+    ) -> Job {
         let output = spec
             .output
             .uri
@@ -196,7 +207,12 @@ impl State {
                 lease: None,
             })
             .collect();
-        let shard_index = plan.shards.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect();
+        let shard_index = plan
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.id.clone(), i))
+            .collect();
         Job {
             id,
             pending: (0..shards.len()).collect(),
@@ -217,22 +233,31 @@ impl State {
     }
 
     fn job(&self, job_id: &str) -> Result<&Job> {
-        self.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound {
-            job_id: job_id.to_string(),
-        })
+        self.jobs
+            .get(job_id)
+            .ok_or_else(|| CoordinatorError::JobNotFound {
+                job_id: job_id.to_string(),
+            })
     }
 
     fn job_mut(&mut self, job_id: &str) -> Result<&mut Job> {
-        self.jobs.get_mut(job_id).ok_or_else(|| CoordinatorError::JobNotFound {
-            job_id: job_id.to_string(),
-        })
+        self.jobs
+            .get_mut(job_id)
+            .ok_or_else(|| CoordinatorError::JobNotFound {
+                job_id: job_id.to_string(),
+            })
     }
 
     // -- clients ----------------------------------------------------------
 
     /// Stores spec, plan and status, then adds the job. Submitting the same
     /// spec under an existing id returns that job.
-    pub async fn create_job(&mut self, job_id: String, spec: JobSpec, plan: Plan) -> Result<JobInfo> {
+    pub async fn create_job(
+        &mut self,
+        job_id: String,
+        spec: JobSpec,
+        plan: Plan,
+    ) -> Result<JobInfo> {
         if let Some(existing) = self.jobs.get(&job_id) {
             if *existing.spec == spec {
                 return Ok(existing.info());
@@ -274,7 +299,11 @@ impl State {
     }
 
     pub fn list_jobs(&self) -> Vec<JobInfo> {
-        self.order.iter().filter_map(|id| self.jobs.get(id)).map(Job::info).collect()
+        self.order
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .map(Job::info)
+            .collect()
     }
 
     pub async fn cancel(&mut self, job_id: &str, reason: String) -> Result<JobInfo> {
@@ -336,7 +365,11 @@ impl State {
         registration: Registration,
         events_tx: mpsc::Sender<SessionEvent>,
     ) -> SessionGrant {
-        let session_id = format!("{}-{}", registration.worker_id, uuid::Uuid::new_v4().simple());
+        let session_id = format!(
+            "{}-{}",
+            registration.worker_id,
+            uuid::Uuid::new_v4().simple()
+        );
         info!(worker = %registration.worker_id, session = %session_id, host = %registration.hostname, devices = ?registration.devices, "worker registered");
         self.sessions.insert(
             session_id.clone(),
@@ -362,7 +395,11 @@ impl State {
         for (job_id, idx) in session.leases {
             if let Some(job) = self.jobs.get_mut(&job_id) {
                 let shard = &mut job.shards[idx];
-                if shard.lease.as_ref().is_some_and(|l| l.session_id == session_id) {
+                if shard
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.session_id == session_id)
+                {
                     shard.lease = None;
                     if job.state == JobState::Running {
                         job.pending.push_front(idx);
@@ -380,13 +417,16 @@ impl State {
                 session_id: session_id.to_string(),
             });
         }
-        let deadline = Instant::now() + self.config.lease_timeout;
+        let now = Instant::now();
+        let deadline = now + self.config.lease_timeout;
         for key in leases {
             if let Some(job) = self.jobs.get_mut(&key.job_id)
                 && let Some(&idx) = job.shard_index.get(&key.shard_id)
                 && let Some(lease) = job.shards[idx].lease.as_mut()
                 && lease.token == key.token
                 && lease.session_id == session_id
+                // An expired lease stays expired, even before the next tick.
+                && lease.deadline > now
             {
                 lease.deadline = deadline;
             }
@@ -408,7 +448,9 @@ impl State {
         let mut any_running = false;
         let mut chosen = None;
         for job_id in &self.order {
-            let Some(job) = self.jobs.get(job_id) else { continue };
+            let Some(job) = self.jobs.get(job_id) else {
+                continue;
+            };
             if job.state != JobState::Running {
                 continue;
             }
@@ -427,9 +469,12 @@ impl State {
         };
         let token = self.next_token();
         let deadline = Instant::now() + self.config.lease_timeout;
-        let job = self.jobs.get_mut(&job_id).ok_or_else(|| CoordinatorError::JobNotFound {
-            job_id: job_id.clone(),
-        })?;
+        let job = self
+            .jobs
+            .get_mut(&job_id)
+            .ok_or_else(|| CoordinatorError::JobNotFound {
+                job_id: job_id.clone(),
+            })?;
         let Some(idx) = job.pending.pop_front() else {
             return Ok(AcquireOutcome::Wait(self.config.wait_retry));
         };
@@ -544,10 +589,10 @@ impl State {
         let shard_id = key.shard_id.clone();
         let mut progress = job.shards[idx].progress.clone();
         let progress_uri = job.layout.progress(&shard_id);
-        if let Some(session) = self.sessions.get_mut(&release.session_id) {
-            session.leases.remove(&(key.job_id.clone(), idx));
-        }
         let Some(error) = release.error else {
+            if let Some(session) = self.sessions.get_mut(&release.session_id) {
+                session.leases.remove(&(key.job_id.clone(), idx));
+            }
             let job = self.job_mut(&key.job_id)?;
             job.shards[idx].lease = None;
             if job.state == JobState::Running {
@@ -559,13 +604,18 @@ impl State {
         progress.failed_attempts += 1;
         progress.last_error = Some(error.clone());
         self.stores.put_json(&progress_uri, &progress).await?;
+        if let Some(session) = self.sessions.get_mut(&release.session_id) {
+            session.leases.remove(&(key.job_id.clone(), idx));
+        }
         let failed = progress.failed_attempts;
         let job = self.job_mut(&key.job_id)?;
         job.shards[idx].progress = progress;
         job.shards[idx].lease = None;
         warn!(job = %key.job_id, shard = %shard_id, failed, max_attempts, %error, "attempt failed");
         if failed >= max_attempts {
-            let reason = format!("shard {shard_id} failed {failed} of {max_attempts} attempts; last error: {error}");
+            let reason = format!(
+                "shard {shard_id} failed {failed} of {max_attempts} attempts; last error: {error}"
+            );
             self.end_job(&key.job_id, JobState::Failed, reason).await?;
         } else if job.state == JobState::Running {
             job.pending.push_back(idx);
@@ -604,7 +654,9 @@ impl State {
     }
 
     async fn finish_if_done(&mut self, job_id: &str) {
-        let Some(job) = self.jobs.get(job_id) else { return };
+        let Some(job) = self.jobs.get(job_id) else {
+            return;
+        };
         if job.state != JobState::Running || !job.all_done() {
             return;
         }
@@ -624,7 +676,11 @@ impl State {
             .flat_map(|s| s.progress.outputs.iter().map(|o| o.uri.as_str()))
             .collect();
         for shard in &job.plan.shards {
-            for listed in self.stores.list(&shard_output_dir(&job.output, &shard.id)).await? {
+            for listed in self
+                .stores
+                .list(&shard_output_dir(&job.output, &shard.id))
+                .await?
+            {
                 if !committed.contains(listed.uri.as_str()) {
                     self.stores.delete(&listed.uri).await?;
                 }

@@ -49,14 +49,19 @@ fn lease_timeout() -> Duration {
 }
 
 async fn recover(stores: &Stores) -> State {
-    State::recover(config(), stores.clone()).await.expect("recover state")
+    State::recover(config(), stores.clone())
+        .await
+        .expect("recover state")
 }
 
 /// Submits a `range` job of `count` records (`count / 10` shards).
 async fn submit(state: &mut State, stores: &Stores, job_id: &str, count: u64) -> JobInfo {
     let spec = spec(count);
     let plan = plan_dataset(&spec, stores).await.expect("plan");
-    state.create_job(job_id.to_string(), spec, plan).await.expect("create job")
+    state
+        .create_job(job_id.to_string(), spec, plan)
+        .await
+        .expect("create job")
 }
 
 fn register(state: &mut State, worker_id: &str) -> (String, mpsc::Receiver<SessionEvent>) {
@@ -66,7 +71,10 @@ fn register(state: &mut State, worker_id: &str) -> (String, mpsc::Receiver<Sessi
         devices: vec!["cpu".to_string()],
         hostname: "test".to_string(),
     };
-    (state.register(registration, events_tx).session_id, events_rx)
+    (
+        state.register(registration, events_tx).session_id,
+        events_rx,
+    )
 }
 
 fn leased(outcome: Result<AcquireOutcome, CoordinatorError>) -> Lease {
@@ -166,31 +174,58 @@ async fn expired_lease_is_fenced_by_a_higher_token() {
     let (b, _b_events) = register(&mut state, "b");
 
     let old = leased(state.acquire(&a));
-    assert!(!state.commit(checkpoint(&a, &old, 0, 2)).await.expect("first commit"));
+    assert!(
+        !state
+            .commit(checkpoint(&a, &old, 0, 2))
+            .await
+            .expect("first commit")
+    );
 
     // Just before the deadline the lease still stands.
     advance(lease_timeout() - Duration::from_millis(1)).await;
     state.tick().await;
-    assert!(matches!(state.acquire(&b).expect("acquire"), AcquireOutcome::Wait(_)));
+    assert!(matches!(
+        state.acquire(&b).expect("acquire"),
+        AcquireOutcome::Wait(_)
+    ));
 
     advance(Duration::from_millis(2)).await;
     state.tick().await;
     let new = leased(state.acquire(&b));
     assert_eq!(new.shard.id, old.shard.id);
-    assert!(new.token > old.token, "new token {} must exceed old {}", new.token, old.token);
-    assert_eq!(new.next_batch, 2, "the new holder continues from committed progress");
+    assert!(
+        new.token > old.token,
+        "new token {} must exceed old {}",
+        new.token,
+        old.token
+    );
+    assert_eq!(
+        new.next_batch, 2,
+        "the new holder continues from committed progress"
+    );
 
     let err = state
         .commit(checkpoint(&a, &old, 2, 4))
         .await
         .expect_err("commit with the expired token");
-    assert!(matches!(err, CoordinatorError::StaleToken { token, .. } if token == old.token), "{err}");
+    assert!(
+        matches!(err, CoordinatorError::StaleToken { token, .. } if token == old.token),
+        "{err}"
+    );
     // A late heartbeat from the old holder does not give it the lease back.
     state.heartbeat(&a, &[old.key()]).expect("heartbeat");
-    let err = state.commit(checkpoint(&a, &old, 2, 4)).await.expect_err("still stale");
+    let err = state
+        .commit(checkpoint(&a, &old, 2, 4))
+        .await
+        .expect_err("still stale");
     assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
 
-    assert!(!state.commit(checkpoint(&b, &new, 2, 4)).await.expect("new holder commits"));
+    assert!(
+        !state
+            .commit(checkpoint(&b, &new, 2, 4))
+            .await
+            .expect("new holder commits")
+    );
     let progress = stored_progress(&stores, "j", &new.shard.id).await;
     assert_eq!(progress.token, new.token);
     assert_eq!(progress.next_batch, 4);
@@ -215,7 +250,12 @@ async fn heartbeats_keep_a_lease_over_several_timeouts() {
             "a renewed lease must not be handed out"
         );
     }
-    assert!(!state.commit(checkpoint(&a, &lease, 0, 1)).await.expect("holder still commits"));
+    assert!(
+        !state
+            .commit(checkpoint(&a, &lease, 0, 1))
+            .await
+            .expect("holder still commits")
+    );
 
     // Once the heartbeats stop, the lease expires.
     expire_leases(&mut state).await;
@@ -234,11 +274,26 @@ async fn repeated_commit_is_a_duplicate_and_batch_gaps_are_refused() {
     let progress_uri = job_layout("j").progress(&lease.shard.id);
 
     let commit = checkpoint(&a, &lease, 0, 2);
-    assert!(!state.commit(commit.clone()).await.expect("first commit"), "first is new");
-    let before = stores.get(&progress_uri).await.expect("progress after first commit");
-    assert!(state.commit(commit).await.expect("repeated commit"), "second is a duplicate");
-    let after = stores.get(&progress_uri).await.expect("progress after repeat");
-    assert_eq!(before, after, "a duplicate must not change the stored progress");
+    assert!(
+        !state.commit(commit.clone()).await.expect("first commit"),
+        "first is new"
+    );
+    let before = stores
+        .get(&progress_uri)
+        .await
+        .expect("progress after first commit");
+    assert!(
+        state.commit(commit).await.expect("repeated commit"),
+        "second is a duplicate"
+    );
+    let after = stores
+        .get(&progress_uri)
+        .await
+        .expect("progress after repeat");
+    assert_eq!(
+        before, after,
+        "a duplicate must not change the stored progress"
+    );
     assert_eq!(state.get_job("j").expect("job").records_done, 4);
 
     let err = state
@@ -246,7 +301,14 @@ async fn repeated_commit_is_a_duplicate_and_batch_gaps_are_refused() {
         .await
         .expect_err("commit past a gap");
     assert!(
-        matches!(err, CoordinatorError::BatchMismatch { from_batch: 3, committed: 2, .. }),
+        matches!(
+            err,
+            CoordinatorError::BatchMismatch {
+                from_batch: 3,
+                committed: 2,
+                ..
+            }
+        ),
         "{err}"
     );
     let err = state
@@ -254,7 +316,14 @@ async fn repeated_commit_is_a_duplicate_and_batch_gaps_are_refused() {
         .await
         .expect_err("overlapping commit");
     assert!(
-        matches!(err, CoordinatorError::BatchMismatch { from_batch: 1, committed: 2, .. }),
+        matches!(
+            err,
+            CoordinatorError::BatchMismatch {
+                from_batch: 1,
+                committed: 2,
+                ..
+            }
+        ),
         "{err}"
     );
     assert_eq!(stores.get(&progress_uri).await.expect("progress"), after);
@@ -302,7 +371,10 @@ async fn closed_session_requeues_its_shards_at_once() {
     let (a, _a_events) = register(&mut state, "a");
     let (b, _b_events) = register(&mut state, "b");
     let lease = leased(state.acquire(&a));
-    state.commit(checkpoint(&a, &lease, 0, 2)).await.expect("commit");
+    state
+        .commit(checkpoint(&a, &lease, 0, 2))
+        .await
+        .expect("commit");
 
     state.session_closed(&a);
     // No time passes: the shard is back at the front of the queue.
@@ -319,7 +391,10 @@ async fn closed_session_requeues_its_shards_at_once() {
         .expect_err("commit from the closed session");
     assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
     let err = state.acquire(&a).expect_err("closed session acquires");
-    assert!(matches!(err, CoordinatorError::UnknownSession { .. }), "{err}");
+    assert!(
+        matches!(err, CoordinatorError::UnknownSession { .. }),
+        "{err}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -334,15 +409,24 @@ async fn failed_attempts_are_counted_until_the_job_fails() {
 
     // A clean release requeues without counting a failure.
     let lease = leased(state.acquire(&a));
-    state.release(release(&a, &lease, None)).await.expect("clean release");
+    state
+        .release(release(&a, &lease, None))
+        .await
+        .expect("clean release");
     assert_eq!(state.get_job("j").expect("job").state, JobState::Running);
 
     for attempt in 1..max_attempts {
         let lease = leased(state.acquire(&a));
         let error = format!("boom {attempt}");
-        state.release(release(&a, &lease, Some(&error))).await.expect("failed release");
+        state
+            .release(release(&a, &lease, Some(&error)))
+            .await
+            .expect("failed release");
         // A repeated release of the same lease counts nothing more.
-        state.release(release(&a, &lease, Some(&error))).await.expect("repeated release");
+        state
+            .release(release(&a, &lease, Some(&error)))
+            .await
+            .expect("repeated release");
         let progress = stored_progress(&stores, "j", &lease.shard.id).await;
         assert_eq!(progress.failed_attempts, attempt);
         assert_eq!(progress.last_error.as_deref(), Some(error.as_str()));
@@ -357,8 +441,14 @@ async fn failed_attempts_are_counted_until_the_job_fails() {
     let job = state.get_job("j").expect("job");
     assert_eq!(job.state, JobState::Failed);
     let reason = job.reason.expect("a failed job says why");
-    assert!(reason.contains(&lease.shard.id), "reason names the shard: {reason}");
-    assert!(reason.contains("out of memory on cuda:0"), "reason names the error: {reason}");
+    assert!(
+        reason.contains(&lease.shard.id),
+        "reason names the shard: {reason}"
+    );
+    assert!(
+        reason.contains("out of memory on cuda:0"),
+        "reason names the error: {reason}"
+    );
     let status = stored_status(&stores, "j").await;
     assert_eq!(status.state, JobState::Failed);
     assert_eq!(status.reason.as_deref(), Some(reason.as_str()));
@@ -378,7 +468,10 @@ async fn completed_job_has_a_manifest_of_committed_outputs_only() {
     let abandoned = leased(state.acquire(&a));
     let orphan = output(&abandoned, 0, BATCH).uri;
     write_object(&stores, &orphan).await;
-    state.release(release(&a, &abandoned, None)).await.expect("release");
+    state
+        .release(release(&a, &abandoned, None))
+        .await
+        .expect("release");
 
     for shard in 0..3 {
         let lease = leased(state.acquire(&a));
@@ -400,14 +493,23 @@ async fn completed_job_has_a_manifest_of_committed_outputs_only() {
         }
         if shard < 2 {
             assert_eq!(state.get_job("j").expect("job").state, JobState::Running);
-            assert!(stores.get_json::<Manifest>(&job_layout("j").manifest()).await.expect("read").is_none());
+            assert!(
+                stores
+                    .get_json::<Manifest>(&job_layout("j").manifest())
+                    .await
+                    .expect("read")
+                    .is_none()
+            );
         }
     }
 
     let job = state.get_job("j").expect("job");
     assert_eq!(job.state, JobState::Succeeded);
     assert_eq!(job.shards_done, 3);
-    assert_eq!(job.manifest_uri.as_deref(), Some(job_layout("j").manifest().as_str()));
+    assert_eq!(
+        job.manifest_uri.as_deref(),
+        Some(job_layout("j").manifest().as_str())
+    );
     assert_eq!(stored_status(&stores, "j").await.state, JobState::Succeeded);
 
     let manifest: Manifest = stores
@@ -451,16 +553,26 @@ async fn restart_reloads_progress_and_fences_old_tokens() {
     submit(&mut before, &stores, "j", 30).await;
     let (a, _a_events) = register(&mut before, "a");
     let partial = leased(before.acquire(&a));
-    before.commit(checkpoint(&a, &partial, 0, 2)).await.expect("commit");
+    before
+        .commit(checkpoint(&a, &partial, 0, 2))
+        .await
+        .expect("commit");
     let done = leased(before.acquire(&a));
-    before.commit(last_checkpoint(&a, &done, 0)).await.expect("finish shard");
+    before
+        .commit(last_checkpoint(&a, &done, 0))
+        .await
+        .expect("finish shard");
     let untouched = leased(before.acquire(&a));
     let old_tokens = [partial.token, done.token, untouched.token];
     let old_epoch = before.epoch();
     drop(before);
 
     let mut after = recover(&stores).await;
-    assert!(after.epoch() > old_epoch, "epoch {} after {old_epoch}", after.epoch());
+    assert!(
+        after.epoch() > old_epoch,
+        "epoch {} after {old_epoch}",
+        after.epoch()
+    );
     let job = after.get_job("j").expect("job reloaded");
     assert_eq!(job.state, JobState::Running);
     assert_eq!(job.shards_done, 1);
@@ -481,7 +593,10 @@ async fn restart_reloads_progress_and_fences_old_tokens() {
     );
     let max_old = old_tokens.into_iter().max().expect("tokens");
     for token in [resumed.token, fresh.token] {
-        assert!(token > max_old, "token {token} after restart must exceed {max_old}");
+        assert!(
+            token > max_old,
+            "token {token} after restart must exceed {max_old}"
+        );
     }
 
     let err = after
@@ -489,7 +604,10 @@ async fn restart_reloads_progress_and_fences_old_tokens() {
         .await
         .expect_err("commit with a token from before the restart");
     assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
-    after.commit(last_checkpoint(&b, &resumed, 2)).await.expect("resumed commit");
+    after
+        .commit(last_checkpoint(&b, &resumed, 2))
+        .await
+        .expect("resumed commit");
     let progress = stored_progress(&stores, "j", &resumed.shard.id).await;
     assert_eq!(progress.next_batch, SHARD_BATCHES);
     assert_eq!(progress.records, SHARD_RECORDS);
@@ -503,7 +621,10 @@ async fn cancel_revokes_leases_and_refuses_their_commits() {
     submit(&mut state, &stores, "j", 100).await;
     let (a, mut a_events) = register(&mut state, "a");
     let lease = leased(state.acquire(&a));
-    state.commit(checkpoint(&a, &lease, 0, 1)).await.expect("commit");
+    state
+        .commit(checkpoint(&a, &lease, 0, 1))
+        .await
+        .expect("commit");
 
     let job = state.cancel("j", String::new()).await.expect("cancel");
     assert_eq!(job.state, JobState::Cancelled);
@@ -518,12 +639,23 @@ async fn cancel_revokes_leases_and_refuses_their_commits() {
         .await
         .expect_err("commit after cancel");
     assert!(
-        matches!(err, CoordinatorError::JobNotRunning { .. } | CoordinatorError::StaleToken { .. }),
+        matches!(
+            err,
+            CoordinatorError::JobNotRunning { .. } | CoordinatorError::StaleToken { .. }
+        ),
         "{err}"
     );
-    assert_eq!(stored_progress(&stores, "j", &lease.shard.id).await.next_batch, 1);
+    assert_eq!(
+        stored_progress(&stores, "j", &lease.shard.id)
+            .await
+            .next_batch,
+        1
+    );
     assert_eq!(state.acquire(&a).expect("acquire"), AcquireOutcome::Idle);
-    let again = state.cancel("j", "again".to_string()).await.expect("cancel again");
+    let again = state
+        .cancel("j", "again".to_string())
+        .await
+        .expect("cancel again");
     assert_eq!(again.reason, job.reason, "a finished job keeps its reason");
 
     // The cancellation is durable.
@@ -540,11 +672,17 @@ async fn resubmitting_a_job_id_needs_the_same_spec() {
     submit(&mut state, &stores, "j", 100).await;
     let (a, _a_events) = register(&mut state, "a");
     let lease = leased(state.acquire(&a));
-    state.commit(checkpoint(&a, &lease, 0, 2)).await.expect("commit");
+    state
+        .commit(checkpoint(&a, &lease, 0, 2))
+        .await
+        .expect("commit");
 
     let again = submit(&mut state, &stores, "j", 100).await;
     assert_eq!(again.job_id, "j");
-    assert_eq!(again.records_done, 4, "the existing job is returned, not a new one");
+    assert_eq!(
+        again.records_done, 4,
+        "the existing job is returned, not a new one"
+    );
     assert_eq!(again, state.get_job("j").expect("job"));
     assert_eq!(state.list_jobs().len(), 1);
 
@@ -554,7 +692,10 @@ async fn resubmitting_a_job_id_needs_the_same_spec() {
         .create_job("j".to_string(), other.clone(), plan.clone())
         .await
         .expect_err("different spec");
-    assert!(matches!(err, CoordinatorError::JobExists { ref job_id } if job_id == "j"), "{err}");
+    assert!(
+        matches!(err, CoordinatorError::JobExists { ref job_id } if job_id == "j"),
+        "{err}"
+    );
 
     // The same holds after a restart, and the stored spec is untouched.
     let mut state = recover(&stores).await;
@@ -579,7 +720,9 @@ async fn acquire_answers_wait_idle_or_unknown_session() {
     let (a, _a_events) = register(&mut state, "a");
     let (b, _b_events) = register(&mut state, "b");
     assert_eq!(state.acquire(&a).expect("acquire"), AcquireOutcome::Idle);
-    let err = state.acquire("no-such-session").expect_err("unknown session");
+    let err = state
+        .acquire("no-such-session")
+        .expect_err("unknown session");
     assert!(
         matches!(err, CoordinatorError::UnknownSession { ref session_id } if session_id == "no-such-session"),
         "{err}"
@@ -587,14 +730,23 @@ async fn acquire_answers_wait_idle_or_unknown_session() {
     let err = state
         .heartbeat("no-such-session", &[])
         .expect_err("unknown session heartbeat");
-    assert!(matches!(err, CoordinatorError::UnknownSession { .. }), "{err}");
+    assert!(
+        matches!(err, CoordinatorError::UnknownSession { .. }),
+        "{err}"
+    );
 
     submit(&mut state, &stores, "j", SHARD_RECORDS).await;
     let lease = leased(state.acquire(&a));
-    assert_eq!(state.acquire(&b).expect("acquire"), AcquireOutcome::Wait(config().wait_retry));
+    assert_eq!(
+        state.acquire(&b).expect("acquire"),
+        AcquireOutcome::Wait(config().wait_retry)
+    );
     assert_eq!(state.get_job("j").expect("job").shards_leased, 1);
 
-    state.commit(last_checkpoint(&a, &lease, 0)).await.expect("finish shard");
+    state
+        .commit(last_checkpoint(&a, &lease, 0))
+        .await
+        .expect("finish shard");
     assert_eq!(state.get_job("j").expect("job").state, JobState::Succeeded);
     assert_eq!(state.acquire(&b).expect("acquire"), AcquireOutcome::Idle);
 }
@@ -608,16 +760,28 @@ async fn owner_task_takes_back_expired_leases_on_its_own() {
     let (handle, owner) = stoke_coordinator::start(config(), stores, shutdown.clone())
         .await
         .expect("start owner");
-    handle.submit(spec(SHARD_RECORDS), Some("j".to_string())).await.expect("submit");
+    handle
+        .submit(spec(SHARD_RECORDS), Some("j".to_string()))
+        .await
+        .expect("submit");
     let registration = |worker_id: &str| Registration {
         worker_id: worker_id.to_string(),
         devices: Vec::new(),
         hostname: "test".to_string(),
     };
-    let (a, _a_events) = handle.register(registration("a")).await.expect("register a");
-    let (b, _b_events) = handle.register(registration("b")).await.expect("register b");
+    let (a, _a_events) = handle
+        .register(registration("a"))
+        .await
+        .expect("register a");
+    let (b, _b_events) = handle
+        .register(registration("b"))
+        .await
+        .expect("register b");
     let old = leased(handle.acquire(&a.session_id).await);
-    assert!(matches!(handle.acquire(&b.session_id).await.expect("acquire"), AcquireOutcome::Wait(_)));
+    assert!(matches!(
+        handle.acquire(&b.session_id).await.expect("acquire"),
+        AcquireOutcome::Wait(_)
+    ));
 
     advance(a.lease_timeout).await;
     let mut next = None;
@@ -641,7 +805,10 @@ async fn owner_task_takes_back_expired_leases_on_its_own() {
         .expect_err("stale commit");
     assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
     let key: LeaseKey = next.key();
-    handle.heartbeat(&b.session_id, vec![key]).await.expect("heartbeat");
+    handle
+        .heartbeat(&b.session_id, vec![key])
+        .await
+        .expect("heartbeat");
 
     shutdown.cancel();
     owner.await.expect("owner task ends");

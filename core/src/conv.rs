@@ -182,7 +182,10 @@ impl TryFrom<pb::Lease> for Lease {
             token: l.token,
             attempt: l.attempt,
             spec,
-            shard: l.shard.ok_or(ConvError::Missing("lease.shard"))?.try_into()?,
+            shard: l
+                .shard
+                .ok_or(ConvError::Missing("lease.shard"))?
+                .try_into()?,
             next_batch: l.next_batch,
             records_done: l.records_done,
             output_prefix: l.output_prefix,
@@ -347,10 +350,12 @@ impl TryFrom<pb::ReleaseRequest> for Release {
 impl From<SessionEvent> for pb::SessionEvent {
     fn from(e: SessionEvent) -> Self {
         let event = match e {
-            SessionEvent::Revoke { leases, reason } => pb::session_event::Event::Revoke(pb::Revoke {
-                leases: leases.into_iter().map(Into::into).collect(),
-                reason,
-            }),
+            SessionEvent::Revoke { leases, reason } => {
+                pb::session_event::Event::Revoke(pb::Revoke {
+                    leases: leases.into_iter().map(Into::into).collect(),
+                    reason,
+                })
+            }
         };
         Self { event: Some(event) }
     }
@@ -371,8 +376,10 @@ mod tests {
 
     #[test]
     fn lease_round_trips() {
-        let spec = JobSpec::from_toml("[dataset]\nformat = \"range\"\ncount = 9\n[processor]\nname = \"p\"\n")
-            .expect("spec");
+        let spec = JobSpec::from_toml(
+            "[dataset]\nformat = \"range\"\ncount = 9\n[processor]\nname = \"p\"\n",
+        )
+        .expect("spec");
         let shard = plan_range(9, 4).shards.remove(1);
         let lease = Lease {
             job_id: "j".into(),

@@ -32,7 +32,9 @@ impl SpecError {
 /// A URI that does not name a store stoke can use.
 #[derive(Debug, Error)]
 pub enum UriError {
-    #[error("{uri:?} is not a URI ({reason}); use file:///abs/path, s3://bucket/key, gs://, az:// or memory://")]
+    #[error(
+        "{uri:?} is not a URI ({reason}); use file:///abs/path, s3://bucket/key, gs://, az:// or memory://"
+    )]
     Malformed { uri: String, reason: String },
     #[error("{uri}: unsupported scheme {scheme:?}; use file, s3, gs, az or memory")]
     Scheme { uri: String, scheme: String },
@@ -94,15 +96,18 @@ pub enum PlanError {
     #[error("planning dataset {dataset}: {source}")]
     Store {
         dataset: String,
-        source: StoreError,
+        source: Box<StoreError>,
     },
     #[error("planning dataset {dataset}: no {format} objects found")]
-    Empty { dataset: String, format: &'static str },
+    Empty {
+        dataset: String,
+        format: &'static str,
+    },
     #[error("planning dataset {dataset}: reading Parquet footer of {object}: {source}")]
     Parquet {
         dataset: String,
         object: String,
-        source: parquet::errors::ParquetError,
+        source: Box<parquet::errors::ParquetError>,
     },
     #[error("planning dataset {dataset}: inferring the JSON Lines schema of {object}: {message}")]
     JsonSchema {
@@ -120,5 +125,8 @@ pub enum ConvError {
     #[error("missing field `{0}`")]
     Missing(&'static str),
     #[error("field `{field}`: {message}")]
-    Invalid { field: &'static str, message: String },
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
 }

@@ -97,7 +97,10 @@ mod tests {
         let root = RootLayout::new(StoreUri::parse("file:///r").expect("uri"));
         let job = root.job("j1");
         assert_eq!(job.spec().as_str(), "file:///r/jobs/j1/spec.json");
-        assert_eq!(job.progress("s00001").as_str(), "file:///r/jobs/j1/progress/s00001.json");
+        assert_eq!(
+            job.progress("s00001").as_str(),
+            "file:///r/jobs/j1/progress/s00001.json"
+        );
         let prefix = attempt_prefix(&job.default_output(), "s00001", 7);
         assert_eq!(prefix.as_str(), "file:///r/jobs/j1/outputs/s00001/a7");
         assert_eq!(

@@ -90,5 +90,8 @@ pub struct SessionGrant {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEvent {
     /// Stop working on these leases: the job was cancelled (or paused).
-    Revoke { leases: Vec<LeaseKey>, reason: String },
+    Revoke {
+        leases: Vec<LeaseKey>,
+        reason: String,
+    },
 }

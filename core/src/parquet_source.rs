@@ -5,8 +5,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::arrow::arrow_reader::ArrowReaderOptions;
@@ -30,7 +30,11 @@ pub struct ParquetSource {
 
 impl ParquetSource {
     /// Opens `uri`; `size` saves a HEAD request when the caller knows it.
-    pub async fn open(stores: &Stores, uri: &StoreUri, size: Option<u64>) -> Result<Self, StoreError> {
+    pub async fn open(
+        stores: &Stores,
+        uri: &StoreUri,
+        size: Option<u64>,
+    ) -> Result<Self, StoreError> {
         let (store, path) = stores.resolve(uri)?;
         let size = match size {
             Some(size) => size,

@@ -75,11 +75,11 @@ pub async fn plan_dataset(spec: &JobSpec, stores: &Stores) -> Result<Plan, PlanE
             let dataset = d.uri.clone().unwrap_or_default();
             let uri = StoreUri::parse(&dataset).map_err(|e| PlanError::Store {
                 dataset: dataset.clone(),
-                source: e.into(),
+                source: Box::new(e.into()),
             })?;
             let listed = stores.list(&uri).await.map_err(|source| PlanError::Store {
                 dataset: dataset.clone(),
-                source,
+                source: Box::new(source),
             })?;
             match format {
                 DatasetFormat::Parquet => plan_parquet(spec, stores, &dataset, listed).await,
@@ -148,7 +148,9 @@ fn with_extension<'a>(listed: &'a [Listed], exts: &[&str]) -> Vec<&'a Listed> {
         .iter()
         .filter(|l| {
             let name = l.uri.file_name();
-            !name.starts_with('.') && !name.starts_with('_') && exts.iter().any(|e| name.ends_with(e))
+            !name.starts_with('.')
+                && !name.starts_with('_')
+                && exts.iter().any(|e| name.ends_with(e))
         })
         .collect()
 }
@@ -176,14 +178,14 @@ async fn plan_parquet(
             .await
             .map_err(|source| PlanError::Store {
                 dataset: dataset.to_string(),
-                source,
+                source: Box::new(source),
             })?;
         let builder = ParquetRecordBatchStreamBuilder::new(reader)
             .await
             .map_err(|source| PlanError::Parquet {
                 dataset: dataset.to_string(),
                 object: file.uri.to_string(),
-                source,
+                source: Box::new(source),
             })?;
         check_columns(spec, dataset, file.uri.as_str(), builder.schema())?;
         let rows = builder
@@ -212,7 +214,12 @@ async fn plan_parquet(
     })
 }
 
-fn check_columns(spec: &JobSpec, dataset: &str, object: &str, schema: &Schema) -> Result<(), PlanError> {
+fn check_columns(
+    spec: &JobSpec,
+    dataset: &str,
+    object: &str,
+    schema: &Schema,
+) -> Result<(), PlanError> {
     let d = &spec.dataset;
     let wanted = d.id_column.iter().chain(d.columns.iter().flatten());
     for column in wanted {
@@ -243,7 +250,12 @@ const SCAN_WINDOW: u64 = 64 * 1024;
 
 /// Moves `cut` to the start of the next line: just past the first newline at
 /// or after `cut - 1`. `None` when no newline follows before the end.
-async fn align_to_line(stores: &Stores, uri: &StoreUri, cut: u64, len: u64) -> Result<Option<u64>, crate::StoreError> {
+async fn align_to_line(
+    stores: &Stores,
+    uri: &StoreUri,
+    cut: u64,
+    len: u64,
+) -> Result<Option<u64>, crate::StoreError> {
     let mut from = cut.saturating_sub(1);
     while from < len {
         let to = (from + SCAN_WINDOW).min(len);
@@ -278,18 +290,20 @@ async fn plan_jsonl(
     };
     let store_err = |source| PlanError::Store {
         dataset: dataset.to_string(),
-        source,
+        source: Box::new(source),
     };
     let sample = stores
         .get_range(&first.uri, 0..first.size.min(1 << 20))
         .await
         .map_err(store_err)?;
-    let (schema, _) = arrow_json::reader::infer_json_schema(std::io::Cursor::new(sample), Some(1000))
-        .map_err(|e| PlanError::JsonSchema {
-            dataset: dataset.to_string(),
-            object: first.uri.to_string(),
-            message: e.to_string(),
-        })?;
+    let (schema, _) =
+        arrow_json::reader::infer_json_schema(std::io::Cursor::new(sample), Some(1000)).map_err(
+            |e| PlanError::JsonSchema {
+                dataset: dataset.to_string(),
+                object: first.uri.to_string(),
+                message: e.to_string(),
+            },
+        )?;
     check_columns(spec, dataset, first.uri.as_str(), &schema)?;
     let mut shards = Vec::new();
     for file in &files {
@@ -298,7 +312,10 @@ async fn plan_jsonl(
             if cut <= *starts.last().unwrap_or(&0) {
                 continue;
             }
-            match align_to_line(stores, &file.uri, cut, file.size).await.map_err(store_err)? {
+            match align_to_line(stores, &file.uri, cut, file.size)
+                .await
+                .map_err(store_err)?
+            {
                 Some(start) if start > *starts.last().unwrap_or(&0) => starts.push(start),
                 Some(_) => {}
                 None => break,
@@ -380,9 +397,23 @@ mod tests {
     #[test]
     fn range_cuts_evenly_with_a_short_tail() {
         let plan = plan_range(25, 10);
-        let got: Vec<_> = plan.shards.iter().map(|s| (s.id.as_str(), s.records)).collect();
-        assert_eq!(got, vec![("s00000", Some(10)), ("s00001", Some(10)), ("s00002", Some(5))]);
-        assert_eq!(plan.shards[2].source, ShardSource::Range { start: 20, end: 25 });
+        let got: Vec<_> = plan
+            .shards
+            .iter()
+            .map(|s| (s.id.as_str(), s.records))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("s00000", Some(10)),
+                ("s00001", Some(10)),
+                ("s00002", Some(5))
+            ]
+        );
+        assert_eq!(
+            plan.shards[2].source,
+            ShardSource::Range { start: 20, end: 25 }
+        );
         assert_eq!(plan.records_total, Some(25));
     }
 
@@ -395,9 +426,12 @@ mod tests {
         let got: Vec<_> = group_row_groups(&files, 250)
             .into_iter()
             .map(|(s, n)| match s {
-                ShardSource::Parquet { uri, row_group_start, row_group_end, .. } => {
-                    (uri, row_group_start, row_group_end, n)
-                }
+                ShardSource::Parquet {
+                    uri,
+                    row_group_start,
+                    row_group_end,
+                    ..
+                } => (uri, row_group_start, row_group_end, n),
                 other => panic!("{other:?}"),
             })
             .collect();
@@ -433,9 +467,18 @@ mod tests {
     async fn parquet_plan_reads_footers_and_checks_columns() {
         let stores = Stores::new();
         let root = StoreUri::parse("memory:///ds/").expect("uri");
-        stores.put(&root.join("p0.parquet"), parquet_bytes(1000, 100)).await.expect("put");
-        stores.put(&root.join("p1.parquet"), parquet_bytes(300, 100)).await.expect("put");
-        stores.put(&root.join("_SUCCESS"), Bytes::new()).await.expect("put");
+        stores
+            .put(&root.join("p0.parquet"), parquet_bytes(1000, 100))
+            .await
+            .expect("put");
+        stores
+            .put(&root.join("p1.parquet"), parquet_bytes(300, 100))
+            .await
+            .expect("put");
+        stores
+            .put(&root.join("_SUCCESS"), Bytes::new())
+            .await
+            .expect("put");
         let plan = plan_dataset(&spec("parquet", root.as_str(), 400, "1MiB"), &stores)
             .await
             .expect("plan");
@@ -445,8 +488,13 @@ mod tests {
 
         let mut bad = spec("parquet", root.as_str(), 400, "1MiB");
         bad.dataset.id_column = Some("key".into());
-        let e = plan_dataset(&bad, &stores).await.expect_err("missing column");
-        assert!(e.to_string().contains("\"key\"") && e.to_string().contains("id"), "{e}");
+        let e = plan_dataset(&bad, &stores)
+            .await
+            .expect_err("missing column");
+        assert!(
+            e.to_string().contains("\"key\"") && e.to_string().contains("id"),
+            "{e}"
+        );
 
         let empty = StoreUri::parse("memory:///nothing/").expect("uri");
         let e = plan_dataset(&spec("parquet", empty.as_str(), 1, "1MiB"), &stores)
@@ -460,10 +508,18 @@ mod tests {
         let stores = Stores::new();
         let uri = StoreUri::parse("memory:///j/data.jsonl").expect("uri");
         let lines: Vec<String> = (0..500)
-            .map(|i| format!("{{\"id\": {i}, \"x\": [{i}, 1.5], \"pad\": \"{}\"}}", "z".repeat(i % 37)))
+            .map(|i| {
+                format!(
+                    "{{\"id\": {i}, \"x\": [{i}, 1.5], \"pad\": \"{}\"}}",
+                    "z".repeat(i % 37)
+                )
+            })
             .collect();
         let text = lines.join("\n") + "\n";
-        stores.put(&uri, Bytes::from(text.clone())).await.expect("put");
+        stores
+            .put(&uri, Bytes::from(text.clone()))
+            .await
+            .expect("put");
         let plan = plan_dataset(&spec("jsonl", uri.as_str(), 1, "2KiB"), &stores)
             .await
             .expect("plan");
@@ -472,7 +528,12 @@ mod tests {
         let mut seen = Vec::new();
         let mut expected_start = 0;
         for shard in &plan.shards {
-            let ShardSource::Jsonl { byte_start, byte_end, .. } = &shard.source else {
+            let ShardSource::Jsonl {
+                byte_start,
+                byte_end,
+                ..
+            } = &shard.source
+            else {
                 panic!("not jsonl")
             };
             assert_eq!(*byte_start, expected_start, "ranges are contiguous");
@@ -490,7 +551,13 @@ mod tests {
         let stores = Stores::new();
         let root = StoreUri::parse("memory:///f/").expect("uri");
         for i in 0..7 {
-            stores.put(&root.join(&format!("img{i}.bin")), Bytes::from(vec![i as u8])).await.expect("put");
+            stores
+                .put(
+                    &root.join(&format!("img{i}.bin")),
+                    Bytes::from(vec![i as u8]),
+                )
+                .await
+                .expect("put");
         }
         let plan = plan_dataset(&spec("files", root.as_str(), 3, "1MiB"), &stores)
             .await

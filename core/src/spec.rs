@@ -157,8 +157,9 @@ pub struct ShardingSpec {
     /// `files`: objects per shard).
     #[serde(default = "default_shard_records")]
     pub records: u64,
-    /// Target bytes per shard for JSON Lines ("64MiB").
-    #[serde(default = "default_shard_bytes")]
+    /// Target bytes per shard for JSON Lines ("64MiB"). Stored as a plain
+    /// byte count: the human form does not round-trip exactly.
+    #[serde(default = "default_shard_bytes", serialize_with = "bytes_as_integer")]
     pub bytes: ByteSize,
 }
 
@@ -169,6 +170,10 @@ impl Default for ShardingSpec {
             bytes: default_shard_bytes(),
         }
     }
+}
+
+fn bytes_as_integer<S: serde::Serializer>(b: &ByteSize, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(b.as_u64())
 }
 
 fn default_max_attempts() -> u32 {
@@ -259,11 +264,12 @@ impl JobSpec {
     }
 
     fn from_value(value: serde_json::Value, format: &'static str) -> Result<Self, SpecError> {
-        let spec: JobSpec = serde_path_to_error::deserialize(value).map_err(|e| SpecError::Parse {
-            format,
-            path: e.path().to_string(),
-            message: e.inner().to_string(),
-        })?;
+        let spec: JobSpec =
+            serde_path_to_error::deserialize(value).map_err(|e| SpecError::Parse {
+                format,
+                path: e.path().to_string(),
+                message: e.inner().to_string(),
+            })?;
         spec.validate()?;
         Ok(spec)
     }
@@ -347,7 +353,10 @@ impl JobSpec {
         if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS {
             return Err(SpecError::invalid(
                 "max_attempts",
-                format!("must be between 1 and {MAX_ATTEMPTS}, got {}", self.max_attempts),
+                format!(
+                    "must be between 1 and {MAX_ATTEMPTS}, got {}",
+                    self.max_attempts
+                ),
             ));
         }
         if let Some(uri) = &self.output.uri {
@@ -388,7 +397,8 @@ impl JobSpec {
                         format!("missing (required for format \"{}\")", format.as_str()),
                     )
                 })?;
-                StoreUri::parse(uri).map_err(|e| SpecError::invalid("dataset.uri", e.to_string()))?;
+                StoreUri::parse(uri)
+                    .map_err(|e| SpecError::invalid("dataset.uri", e.to_string()))?;
                 if let Some(cols) = &d.columns
                     && cols.is_empty()
                 {
@@ -443,8 +453,11 @@ bytes = "16MiB"
             spec.processor.params.get("input_column"),
             Some(&serde_json::json!("pixels"))
         );
-        // JSON round trip gives the same spec.
+        // JSON round trip gives the same spec, also for sizes that have no
+        // exact human form.
         assert_eq!(JobSpec::from_json(&spec.to_json()).expect("json"), spec);
+        let odd = JobSpec::from_toml(&GOOD.replace("\"16MiB\"", "\"1000001B\"")).expect("spec");
+        assert_eq!(JobSpec::from_json(&odd.to_json()).expect("json"), odd);
     }
 
     #[test]
@@ -545,9 +558,14 @@ bytes = "16MiB"
         .expect("write");
         let spec = JobSpec::from_file(&path).expect("spec");
         let bad = dir.path().join("bad.toml");
-        std::fs::write(&bad, "[dataset]\nformat = \"range\"\ncount = 1\nextra = 1\n[processor]\nname = \"p\"\n")
-            .expect("write");
-        let e = JobSpec::from_file(&bad).expect_err("unknown key").to_string();
+        std::fs::write(
+            &bad,
+            "[dataset]\nformat = \"range\"\ncount = 1\nextra = 1\n[processor]\nname = \"p\"\n",
+        )
+        .expect("write");
+        let e = JobSpec::from_file(&bad)
+            .expect_err("unknown key")
+            .to_string();
         assert!(e.contains("dataset") && e.contains("extra"), "{e}");
         let uri = spec.dataset.uri.expect("uri");
         assert!(uri.starts_with("file:///"), "{uri}");

@@ -59,7 +59,9 @@ impl StoreUri {
     /// to `base`.
     pub fn resolve_path_or_uri(text: &str, base: &FsPath) -> Result<String, String> {
         if text.contains("://") {
-            return Self::parse(text).map(|u| u.to_string()).map_err(|e| e.to_string());
+            return Self::parse(text)
+                .map(|u| u.to_string())
+                .map_err(|e| e.to_string());
         }
         let trailing_slash = text.ends_with('/');
         let uri = Self::from_local_path(&base.join(text)).map_err(|e| e.to_string())?;
@@ -152,19 +154,18 @@ impl Stores {
         if let Some(store) = cache.get(&key) {
             return Ok((Arc::clone(store), path));
         }
-        let store: Arc<dyn ObjectStore> = match uri.scheme() {
-            "memory" => Arc::new(InMemory::new()),
-            _ => {
-                let (store, _) =
-                    object_store::parse_url_opts(&uri.url, std::env::vars()).map_err(|source| {
-                        StoreError::Open {
+        let store: Arc<dyn ObjectStore> =
+            match uri.scheme() {
+                "memory" => Arc::new(InMemory::new()),
+                _ => {
+                    let (store, _) = object_store::parse_url_opts(&uri.url, std::env::vars())
+                        .map_err(|source| StoreError::Open {
                             uri: uri.to_string(),
                             source,
-                        }
-                    })?;
-                Arc::from(store)
-            }
-        };
+                        })?;
+                    Arc::from(store)
+                }
+            };
         cache.insert(key, Arc::clone(&store));
         Ok((store, path))
     }
@@ -212,7 +213,12 @@ impl Stores {
         self.put_mode(uri, bytes, PutMode::Create).await
     }
 
-    async fn put_mode(&self, uri: &StoreUri, bytes: Bytes, mode: PutMode) -> Result<(), StoreError> {
+    async fn put_mode(
+        &self,
+        uri: &StoreUri,
+        bytes: Bytes,
+        mode: PutMode,
+    ) -> Result<(), StoreError> {
         let (store, path) = self.resolve(uri)?;
         let opts = PutOptions {
             mode,
@@ -286,12 +292,14 @@ impl Stores {
         uri: &StoreUri,
     ) -> Result<Option<T>, StoreError> {
         match self.get(uri).await {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|source| StoreError::Decode {
-                    uri: uri.to_string(),
-                    source,
-                }),
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|source| StoreError::Decode {
+                        uri: uri.to_string(),
+                        source,
+                    })
+            }
             Err(StoreError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
         }
@@ -326,7 +334,10 @@ mod tests {
     #[test]
     fn parse_and_join() {
         let u = StoreUri::parse("file:///tmp/root/").expect("uri");
-        assert_eq!(u.join("jobs/j1/spec.json").as_str(), "file:///tmp/root/jobs/j1/spec.json");
+        assert_eq!(
+            u.join("jobs/j1/spec.json").as_str(),
+            "file:///tmp/root/jobs/j1/spec.json"
+        );
         assert_eq!(u.join("x").file_name(), "x");
         assert!(StoreUri::parse("ftp://x/y").is_err());
         assert!(StoreUri::parse("relative/path").is_err());
@@ -339,11 +350,19 @@ mod tests {
         let stores = Stores::new();
         let other = stores.clone();
         let uri = StoreUri::parse("memory:///a/b.json").expect("uri");
-        stores.put_json_new(&uri, &serde_json::json!({"x": 1})).await.expect("put");
+        stores
+            .put_json_new(&uri, &serde_json::json!({"x": 1}))
+            .await
+            .expect("put");
         let back: Option<serde_json::Value> = other.get_json(&uri).await.expect("get");
         assert_eq!(back, Some(serde_json::json!({"x": 1})));
-        let again = stores.put_json_new(&uri, &serde_json::json!({"x": 2})).await;
-        assert!(matches!(again, Err(StoreError::AlreadyExists { .. })), "{again:?}");
+        let again = stores
+            .put_json_new(&uri, &serde_json::json!({"x": 2}))
+            .await;
+        assert!(
+            matches!(again, Err(StoreError::AlreadyExists { .. })),
+            "{again:?}"
+        );
         let listed = stores
             .list(&StoreUri::parse("memory:///a/").expect("uri"))
             .await
@@ -358,14 +377,29 @@ mod tests {
         let root = StoreUri::from_local_path(dir.path()).expect("uri");
         let stores = Stores::new();
         let obj = root.join("x/1.bin");
-        stores.put_new(&obj, Bytes::from_static(b"abc")).await.expect("put");
+        stores
+            .put_new(&obj, Bytes::from_static(b"abc"))
+            .await
+            .expect("put");
         assert!(matches!(
             stores.put_new(&obj, Bytes::from_static(b"def")).await,
             Err(StoreError::AlreadyExists { .. })
         ));
         assert_eq!(stores.list(&obj).await.expect("list").len(), 1);
-        assert_eq!(stores.list(&root.join("x/")).await.expect("list")[0].uri, obj);
-        assert!(stores.list(&root.join("nothing")).await.expect("list").is_empty());
-        assert_eq!(stores.get(&obj).await.expect("get"), Bytes::from_static(b"abc"));
+        assert_eq!(
+            stores.list(&root.join("x/")).await.expect("list")[0].uri,
+            obj
+        );
+        assert!(
+            stores
+                .list(&root.join("nothing"))
+                .await
+                .expect("list")
+                .is_empty()
+        );
+        assert_eq!(
+            stores.get(&obj).await.expect("get"),
+            Bytes::from_static(b"abc")
+        );
     }
 }

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
+use stoke_core::PROTOCOL_VERSION;
 use stoke_core::records::JobInfo;
 use stoke_core::spec::JobSpec;
-use stoke_core::PROTOCOL_VERSION;
 use stoke_proto::v1 as pb;
 use stoke_proto::v1::job_service_client::JobServiceClient;
 use tonic::transport::{Channel, Endpoint};
@@ -53,8 +53,13 @@ impl Client {
 
     /// Submits a spec. With `job_id`, a retry of the same submit returns the
     /// same job instead of a second one.
-    pub async fn submit(&self, spec: &JobSpec, job_id: Option<&str>) -> Result<JobInfo, ClientError> {
-        self.submit_text(&spec.to_json(), pb::SpecFormat::Json, job_id).await
+    pub async fn submit(
+        &self,
+        spec: &JobSpec,
+        job_id: Option<&str>,
+    ) -> Result<JobInfo, ClientError> {
+        self.submit_text(&spec.to_json(), pb::SpecFormat::Json, job_id)
+            .await
     }
 
     /// Submits a spec as text (TOML or JSON); the coordinator validates it.

@@ -70,29 +70,40 @@ pub async fn run_embedded(
     let stores = Stores::new();
     let shutdown = CancellationToken::new();
     let config = CoordinatorConfig::new(options.root.clone());
-    let (handle, owner) = stoke_coordinator::start(config, stores.clone(), shutdown.child_token()).await?;
+    let (handle, owner) =
+        stoke_coordinator::start(config, stores.clone(), shutdown.child_token()).await?;
     let result = async {
         let job = handle.submit(spec, options.job_id.clone()).await?;
         let mut worker = WorkerConfig::new("embedded");
         worker.device = options.device;
         worker.intra_op_threads = options.threads;
         worker.exit_when_idle = true;
-        stoke_worker::run(LocalLink::new(handle.clone()), worker, registry, stores.clone(), shutdown.child_token()).await?;
+        stoke_worker::run(
+            LocalLink::new(handle.clone()),
+            worker,
+            registry,
+            stores.clone(),
+            shutdown.child_token(),
+        )
+        .await?;
         let job = handle.get_job(&job.job_id).await?;
         if job.state != JobState::Succeeded {
             return Err(EmbeddedError::JobEnded {
                 job_id: job.job_id,
                 state: job.state,
-                reason: job.reason.unwrap_or_else(|| "no reason recorded".to_string()),
+                reason: job
+                    .reason
+                    .unwrap_or_else(|| "no reason recorded".to_string()),
             });
         }
-        let manifest_uri = RootLayout::new(options.root.clone()).job(&job.job_id).manifest();
-        let manifest: Manifest = stores
-            .get_json(&manifest_uri)
-            .await?
-            .ok_or_else(|| stoke_core::StoreError::NotFound {
+        let manifest_uri = RootLayout::new(options.root.clone())
+            .job(&job.job_id)
+            .manifest();
+        let manifest: Manifest = stores.get_json(&manifest_uri).await?.ok_or_else(|| {
+            stoke_core::StoreError::NotFound {
                 uri: manifest_uri.to_string(),
-            })?;
+            }
+        })?;
         Ok(JobReport {
             job,
             manifest,

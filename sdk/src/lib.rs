@@ -16,14 +16,16 @@ pub mod embedded;
 pub mod error;
 
 pub use client::Client;
-pub use embedded::{run_embedded, torch_batch_process, EmbeddedOptions, JobReport};
+pub use embedded::{EmbeddedOptions, JobReport, run_embedded, torch_batch_process};
 pub use error::{ClientError, EmbeddedError};
 pub use stoke_core::records::{JobInfo, JobState, Manifest, ManifestEntry};
 pub use stoke_core::spec::{JobSpec, OutputFormat};
 pub use stoke_core::{StoreUri, Stores};
 pub use stoke_worker::cli::worker_main;
+pub use stoke_worker::torchscript::TorchScriptProcessor;
 pub use stoke_worker::{
-    Batch, BoxError, ProcessorContext, ProcessorResult, Registry, ShardInfo, TorchBatchProcessor, WorkerError,
+    Batch, BoxError, ProcessorContext, ProcessorResult, Registry, ShardInfo, TorchBatchProcessor,
+    WorkerError,
 };
 
 /// The versions of libtorch bindings and Arrow the processor API uses, so a

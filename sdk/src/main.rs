@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use stoke::{Client, EmbeddedOptions, JobInfo, JobSpec, JobState, Registry, StoreUri, Stores};
 use stoke_coordinator::CoordinatorConfig;
@@ -12,10 +12,19 @@ use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
-#[command(name = "stoke", version, about = "Distributed batch inference: submit, watch and run jobs")]
+#[command(
+    name = "stoke",
+    version,
+    about = "Distributed batch inference: submit, watch and run jobs"
+)]
 struct Cli {
     /// The coordinator's gRPC address.
-    #[arg(long, global = true, env = "STOKE_COORDINATOR", default_value = "http://127.0.0.1:7070")]
+    #[arg(
+        long,
+        global = true,
+        env = "STOKE_COORDINATOR",
+        default_value = "http://127.0.0.1:7070"
+    )]
     coordinator: String,
     #[command(subcommand)]
     command: Cmd,
@@ -130,7 +139,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 let all: Vec<_> = jobs.iter().map(job_json).collect();
                 println!("{}", serde_json::Value::Array(all));
             } else {
-                println!("{:<28} {:<10} {:>13} {:>21}", "JOB", "STATE", "SHARDS", "RECORDS");
+                println!(
+                    "{:<28} {:<10} {:>13} {:>21}",
+                    "JOB", "STATE", "SHARDS", "RECORDS"
+                );
                 for j in &jobs {
                     println!(
                         "{:<28} {:<10} {:>13} {:>21}",
@@ -162,7 +174,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         } => {
             let spec = JobSpec::from_file(&spec)?;
             let root = StoreUri::parse(
-                &StoreUri::resolve_path_or_uri(&root, Path::new(".")).map_err(anyhow::Error::msg)?,
+                &StoreUri::resolve_path_or_uri(&root, Path::new("."))
+                    .map_err(anyhow::Error::msg)?,
             )?;
             if embedded {
                 return run_embedded(spec, root, &device, threads, job_id).await;
@@ -226,8 +239,15 @@ impl LocalRun {
         let shutdown = CancellationToken::new();
         let mut config = CoordinatorConfig::new(root.clone());
         config.lease_timeout = self.lease_timeout;
-        let coordinator = tokio::spawn(stoke_coordinator::run(listener, config, Stores::new(), shutdown.clone()));
-        let result = self.drive(spec, &worker_bin, &format!("http://{addr}")).await;
+        let coordinator = tokio::spawn(stoke_coordinator::run(
+            listener,
+            config,
+            Stores::new(),
+            shutdown.clone(),
+        ));
+        let result = self
+            .drive(spec, &worker_bin, &format!("http://{addr}"))
+            .await;
         shutdown.cancel();
         match coordinator.await {
             Ok(Ok(())) => {}
@@ -343,7 +363,11 @@ fn total(j: &JobInfo) -> String {
 }
 
 fn exit_code(job: &JobInfo) -> i32 {
-    if job.state == JobState::Succeeded { 0 } else { 1 }
+    if job.state == JobState::Succeeded {
+        0
+    } else {
+        1
+    }
 }
 
 fn local_path(uri: &str) -> String {

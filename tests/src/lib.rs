@@ -1,1 +1,488 @@
-//! placeholder
+//! The harness of stoke's integration tests: start the real binaries
+//! (coordinator, workers, CLI) on loopback with a temporary `file://` root,
+//! wait on conditions with deadlines (never plain sleeps), and read back
+//! what a job committed.
+//!
+//! The binaries come from the workspace's target folder; `scripts/test.sh`
+//! builds them before running the tests.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Int64Type};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use stoke_core::records::Manifest;
+
+/// How long any single wait in a test may take before it fails.
+pub const DEADLINE: Duration = Duration::from_secs(120);
+
+/// The workspace root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// A binary of the workspace, from the target folder this test runs from.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/debug/deps/<test> -> target/debug/<name>
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first (cargo build --workspace --bins, as scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// The project's Python (the venv with torch that scripts/env.sh sets up).
+pub fn python() -> PathBuf {
+    let venv = std::env::var_os("STOKE_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            home.join(".cache/stoke/venv")
+        });
+    let py = venv.join("bin/python");
+    assert!(
+        py.exists(),
+        "{} is missing: run scripts/test.sh (it sets up the venv)",
+        py.display()
+    );
+    py
+}
+
+/// The shared test data: 3,000 records as Parquet (5 files, uneven row
+/// groups) and JSON Lines, a TorchScript model, and the model's outputs
+/// computed directly in Python. Built once per test binary.
+pub fn fixture() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("stoke-fixture-")
+            .tempdir()
+            .expect("tempdir")
+            .keep();
+        let status = Command::new(python())
+            .arg(repo_root().join("scripts/test_fixture.py"))
+            .arg(&dir)
+            .status()
+            .expect("running scripts/test_fixture.py");
+        assert!(status.success(), "scripts/test_fixture.py failed");
+        dir
+    })
+}
+
+/// The model's output for every fixture record, computed directly.
+pub fn reference() -> &'static HashMap<String, Prediction> {
+    static REF: OnceLock<HashMap<String, Prediction>> = OnceLock::new();
+    REF.get_or_init(|| {
+        let text =
+            std::fs::read_to_string(fixture().join("reference.json")).expect("reference.json");
+        let raw: HashMap<String, serde_json::Value> =
+            serde_json::from_str(&text).expect("reference json");
+        raw.into_iter()
+            .map(|(id, v)| {
+                let argmax = v["argmax"].as_i64().expect("argmax");
+                let scores = v["scores"]
+                    .as_array()
+                    .expect("scores")
+                    .iter()
+                    .map(|x| x.as_f64().expect("score") as f32)
+                    .collect();
+                (id, Prediction { argmax, scores })
+            })
+            .collect()
+    })
+}
+
+/// One record's prediction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prediction {
+    pub argmax: i64,
+    pub scores: Vec<f32>,
+}
+
+/// A `file://` URI for a local path.
+pub fn file_uri(path: &Path) -> String {
+    stoke_core::StoreUri::from_local_path(path)
+        .expect("uri")
+        .to_string()
+}
+
+/// A torchscript job spec over the fixture.
+pub fn fixture_spec(format: &str, extra: &str) -> String {
+    let fx = fixture();
+    format!(
+        r#"name = "fixture"
+max_attempts = 2
+{extra}
+[dataset]
+format = "{format}"
+uri = "{data}/"
+id_column = "id"
+[processor]
+name = "torchscript"
+[processor.params]
+model = "{model}"
+input_column = "features"
+outputs = ["argmax", "scores"]
+[batching]
+batch_size = 50
+[checkpoint]
+interval = 3
+[sharding]
+records = 400
+bytes = "64KiB"
+"#,
+        data = file_uri(&fx.join(format)),
+        model = file_uri(&fx.join("model.pt")),
+    )
+}
+
+/// Polls `f` every 20 ms until it gives a value; panics after `deadline`
+/// naming what it waited for.
+pub fn wait_until<T>(what: &str, deadline: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + deadline;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < end,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process that is killed (SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> Self {
+        let log = log_dir.join(format!("{name}.log"));
+        let file = File::create(&log).expect("log file");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        Self {
+            child,
+            name: name.to_string(),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Waits for the process to exit; panics after the deadline.
+    pub fn wait_exit(&mut self, deadline: Duration) -> std::process::ExitStatus {
+        let name = self.name.clone();
+        let log = self.log.clone();
+        wait_until(
+            &format!("{name} to exit (log: {})", log.display()),
+            deadline,
+            || self.child.try_wait().expect("try_wait"),
+        )
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A coordinator process on 127.0.0.1 with an OS-chosen port.
+#[derive(Debug)]
+pub struct Coordinator {
+    pub proc: Proc,
+    pub addr: String,
+}
+
+impl Coordinator {
+    pub fn start(root: &Path, log_dir: &Path, extra: &[&str]) -> Self {
+        let addr_file = log_dir.join(format!("coordinator-{}.addr", uuid_like()));
+        let mut cmd = Command::new(bin("stoke-coordinator"));
+        cmd.arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--root")
+            .arg(root)
+            .arg("--addr-file")
+            .arg(&addr_file)
+            .args(extra);
+        let proc = Proc::spawn("coordinator", cmd, log_dir);
+        let addr = wait_until("the coordinator to listen", DEADLINE, || {
+            std::fs::read_to_string(&addr_file).ok()
+        });
+        Self {
+            proc,
+            addr: format!("http://{addr}"),
+        }
+    }
+
+    /// Starts a worker process of `binary` against this coordinator.
+    pub fn worker(&self, binary: &str, id: &str, log_dir: &Path) -> Proc {
+        let mut cmd = Command::new(bin(binary));
+        cmd.arg("--coordinator")
+            .arg(&self.addr)
+            .arg("--worker-id")
+            .arg(id)
+            .arg("--device")
+            .arg("cpu")
+            .arg("--threads")
+            .arg("1")
+            .arg("--exit-when-idle");
+        Proc::spawn(&format!("worker-{id}"), cmd, log_dir)
+    }
+
+    /// Runs the `stoke` CLI against this coordinator.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        stoke_cli(&[&["--coordinator", self.addr.as_str()], args].concat())
+    }
+
+    /// Submits a spec file with the CLI; returns the job id.
+    pub fn submit(&self, spec_path: &str) -> String {
+        let out = self.cli(&["submit", spec_path]);
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "stoke submit failed: {stdout}\n{}\ncoordinator log: {}",
+            text(&out.stderr),
+            self.proc.log.display()
+        );
+        stdout
+            .split_whitespace()
+            .nth(2)
+            .map(|s| s.trim_end_matches(':').to_string())
+            .unwrap_or_else(|| panic!("no job id in {stdout:?}"))
+    }
+
+    /// The job as `stoke status --json` shows it.
+    pub fn status(&self, job_id: &str) -> serde_json::Value {
+        let out = self.cli(&["status", job_id, "--json"]);
+        assert!(out.status.success(), "stoke status: {}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("status json")
+    }
+
+    /// Polls the job's status until it ends; returns the last status.
+    pub fn wait_job(&self, job_id: &str) -> serde_json::Value {
+        wait_until(
+            &format!("job {job_id} to end (log: {})", self.proc.log.display()),
+            DEADLINE,
+            || {
+                let status = self.status(job_id);
+                matches!(
+                    status["state"].as_str(),
+                    Some("succeeded" | "failed" | "cancelled")
+                )
+                .then_some(status)
+            },
+        )
+    }
+}
+
+fn uuid_like() -> String {
+    format!("{}-{:?}", std::process::id(), Instant::now())
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect()
+}
+
+/// Runs the `stoke` CLI and returns its output; fails the test if it runs
+/// past the deadline.
+pub fn stoke_cli(args: &[&str]) -> Output {
+    let mut cmd = Command::new(bin("stoke"));
+    cmd.args(args);
+    output_within(cmd, DEADLINE)
+}
+
+/// Runs a command to completion within `deadline` (killing it otherwise).
+pub fn output_within(mut cmd: Command, deadline: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stdout, &mut buf);
+        buf
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut buf);
+        buf
+    });
+    let end = Instant::now() + deadline;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} ran past {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out_reader.join().unwrap_or_default(),
+        stderr: err_reader.join().unwrap_or_default(),
+    }
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).to_string()
+}
+
+/// A local path from a `file://` URI.
+pub fn uri_path(uri: &str) -> PathBuf {
+    url_path(uri).unwrap_or_else(|| panic!("not a file URI: {uri}"))
+}
+
+fn url_path(uri: &str) -> Option<PathBuf> {
+    url::Url::parse(uri).ok()?.to_file_path().ok()
+}
+
+/// The manifest of a job under a `file://` root.
+pub fn manifest(root: &Path, job_id: &str) -> Manifest {
+    let path = root.join("jobs").join(job_id).join("manifest.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).expect("manifest json")
+}
+
+/// Reads every output the manifest lists, checking each object's checksum
+/// and row count against the manifest, and returns the rows by record id,
+/// with every occurrence (so duplicates show).
+pub fn committed_rows(manifest: &Manifest) -> HashMap<String, Vec<Prediction>> {
+    let mut rows: HashMap<String, Vec<Prediction>> = HashMap::new();
+    for entry in &manifest.outputs {
+        let path = uri_path(&entry.uri);
+        let bytes =
+            std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        assert_eq!(bytes.len() as u64, entry.bytes, "size of {}", entry.uri);
+        assert_eq!(
+            stoke_core::sha256_hex(&bytes),
+            entry.sha256,
+            "checksum of {}",
+            entry.uri
+        );
+        if entry.records == 0 {
+            continue;
+        }
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes))
+            .expect("parquet")
+            .build()
+            .expect("reader");
+        let mut n = 0u64;
+        for batch in reader {
+            let batch = batch.expect("batch");
+            n += batch.num_rows() as u64;
+            let ids = batch.column_by_name("id").expect("id column");
+            let ids = ids.as_string::<i32>();
+            let preds = batch
+                .column_by_name("prediction")
+                .map(|c| c.as_primitive::<Int64Type>().clone());
+            let scores = batch
+                .column_by_name("scores")
+                .map(|c| c.as_fixed_size_list().clone());
+            for i in 0..batch.num_rows() {
+                let argmax = preds.as_ref().map_or(-1, |p| p.value(i));
+                let scores = scores.as_ref().map_or_else(Vec::new, |s| {
+                    let v = s.value(i);
+                    v.as_primitive::<Float32Type>().values().to_vec()
+                });
+                rows.entry(ids.value(i).to_string())
+                    .or_default()
+                    .push(Prediction { argmax, scores });
+            }
+        }
+        assert_eq!(n, entry.records, "row count of {}", entry.uri);
+    }
+    rows
+}
+
+/// Checks that every fixture record appears exactly once and equals the
+/// model run directly.
+pub fn assert_matches_reference(rows: &HashMap<String, Vec<Prediction>>) {
+    let reference = reference();
+    let missing: Vec<_> = reference
+        .keys()
+        .filter(|id| !rows.contains_key(*id))
+        .take(5)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "records missing from the outputs, e.g. {missing:?}"
+    );
+    let dup: Vec<_> = rows
+        .iter()
+        .filter(|(_, v)| v.len() > 1)
+        .map(|(k, _)| k)
+        .take(5)
+        .collect();
+    assert!(
+        dup.is_empty(),
+        "records written more than once, e.g. {dup:?}"
+    );
+    let unknown: Vec<_> = rows
+        .keys()
+        .filter(|id| !reference.contains_key(*id))
+        .take(5)
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "outputs for unknown ids, e.g. {unknown:?}"
+    );
+    for (id, want) in reference {
+        let got = &rows[id][0];
+        assert_eq!(got.argmax, want.argmax, "prediction for {id}");
+        assert_eq!(got.scores.len(), want.scores.len(), "scores for {id}");
+        for (a, b) in got.scores.iter().zip(&want.scores) {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "score for {id}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+/// Finds `key: value` in the CLI's summary output.
+pub fn summary_field(output: &str, key: &str) -> Option<String> {
+    output
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}: ")).map(str::to_string))
+}

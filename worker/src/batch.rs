@@ -58,7 +58,13 @@ impl Batch {
 
     pub fn column(&self, name: &str) -> Result<&ArrayRef, WorkerError> {
         self.rows.column_by_name(name).ok_or_else(|| {
-            let have: Vec<_> = self.rows.schema().fields().iter().map(|f| f.name().clone()).collect();
+            let have: Vec<_> = self
+                .rows
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect();
             WorkerError::Column {
                 batch_idx: self.index,
                 column: name.to_string(),
@@ -88,7 +94,10 @@ pub fn column_to_tensor(column: &ArrayRef) -> Result<Tensor, String> {
     match column.data_type() {
         DataType::FixedSizeList(_, width) => {
             let list = column.as_fixed_size_list();
-            let values = list.values().slice(list.offset() * *width as usize, column.len() * *width as usize);
+            let values = list.values().slice(
+                list.offset() * *width as usize,
+                column.len() * *width as usize,
+            );
             let flat = to_f32(&values)?;
             Ok(Tensor::from_slice(&flat).reshape([rows, *width as i64]))
         }
@@ -96,16 +105,27 @@ pub fn column_to_tensor(column: &ArrayRef) -> Result<Tensor, String> {
             let (values, offsets): (ArrayRef, Vec<usize>) = match column.data_type() {
                 DataType::List(_) => {
                     let l = column.as_list::<i32>();
-                    (Arc::clone(l.values()), l.value_offsets().iter().map(|&o| o as usize).collect())
+                    (
+                        Arc::clone(l.values()),
+                        l.value_offsets().iter().map(|&o| o as usize).collect(),
+                    )
                 }
                 _ => {
                     let l = column.as_list::<i64>();
-                    (Arc::clone(l.values()), l.value_offsets().iter().map(|&o| o as usize).collect())
+                    (
+                        Arc::clone(l.values()),
+                        l.value_offsets().iter().map(|&o| o as usize).collect(),
+                    )
                 }
             };
-            let width = offsets.get(1).zip(offsets.first()).map_or(0, |(b, a)| b - a);
+            let width = offsets
+                .get(1)
+                .zip(offsets.first())
+                .map_or(0, |(b, a)| b - a);
             if offsets.windows(2).any(|w| w[1] - w[0] != width) {
-                return Err("lists of different lengths (use padding to batch ragged records)".to_string());
+                return Err(
+                    "lists of different lengths (use padding to batch ragged records)".to_string(),
+                );
             }
             let start = offsets.first().copied().unwrap_or(0);
             let values = values.slice(start, column.len() * width);
@@ -128,8 +148,8 @@ fn to_f32(values: &ArrayRef) -> Result<Vec<f32>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_array::builder::{FixedSizeListBuilder, Float64Builder, ListBuilder};
     use arrow_array::Int32Array;
+    use arrow_array::builder::{FixedSizeListBuilder, Float64Builder, ListBuilder};
 
     #[test]
     fn fixed_and_variable_lists_become_2d_tensors() {
@@ -157,7 +177,11 @@ mod tests {
         ragged.values().append_slice(&[3.0, 4.0]);
         ragged.append(true);
         let col: ArrayRef = Arc::new(ragged.finish());
-        assert!(column_to_tensor(&col).expect_err("ragged").contains("different lengths"));
+        assert!(
+            column_to_tensor(&col)
+                .expect_err("ragged")
+                .contains("different lengths")
+        );
 
         let ints: ArrayRef = Arc::new(Int32Array::from(vec![1, 2, 3]));
         assert_eq!(column_to_tensor(&ints).expect("tensor").size(), vec![3]);

@@ -8,18 +8,22 @@ use stoke_core::Stores;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::config::{parse_device, WorkerConfig};
+use crate::config::{WorkerConfig, parse_device};
 use crate::error::WorkerError;
 use crate::link::GrpcLink;
 use crate::processor::Registry;
-use crate::runner::{run, WorkerExit};
+use crate::runner::{WorkerExit, run};
 
 /// A stoke worker: leases shards from a coordinator and runs them.
 #[derive(Debug, Parser)]
 #[command(version)]
 pub struct WorkerArgs {
     /// The coordinator's gRPC address.
-    #[arg(long, env = "STOKE_COORDINATOR", default_value = "http://127.0.0.1:7070")]
+    #[arg(
+        long,
+        env = "STOKE_COORDINATOR",
+        default_value = "http://127.0.0.1:7070"
+    )]
     pub coordinator: String,
     /// This worker's name (default: host name and process id).
     #[arg(long, env = "STOKE_WORKER_ID")]
@@ -83,8 +87,10 @@ pub fn worker_main(registry: Registry) -> Result<WorkerExit, WorkerError> {
 }
 
 async fn stop_on_signal(shutdown: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut term) = signal(SignalKind::terminate()) else { return };
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        return;
+    };
     tokio::select! {
         _ = term.recv() => {},
         _ = tokio::signal::ctrl_c() => {},

@@ -49,7 +49,9 @@ pub fn parse_device(text: &str) -> Result<Device, WorkerError> {
             .strip_prefix("cuda:")
             .and_then(|n| n.parse::<usize>().ok())
             .map(Device::Cuda)
-            .ok_or_else(|| WorkerError::Config(format!("device {other:?}: use auto, cpu, cuda or cuda:N"))),
+            .ok_or_else(|| {
+                WorkerError::Config(format!("device {other:?}: use auto, cpu, cuda or cuda:N"))
+            }),
     }
 }
 

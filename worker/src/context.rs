@@ -125,7 +125,11 @@ impl ProcessorContext {
     /// object per checkpoint (Parquet or JSON Lines, as the spec says). The
     /// batch must have a string column `id` holding record ids.
     pub fn write_rows(&mut self, rows: RecordBatch) -> Result<(), WorkerError> {
-        match rows.schema().field_with_name(ID_COLUMN).map(|f| f.data_type().clone()) {
+        match rows
+            .schema()
+            .field_with_name(ID_COLUMN)
+            .map(|f| f.data_type().clone())
+        {
             Ok(DataType::Utf8) => {}
             Ok(other) => {
                 return Err(WorkerError::Encode {
@@ -136,7 +140,8 @@ impl ProcessorContext {
             Err(_) => {
                 return Err(WorkerError::Encode {
                     shard: self.shard_id(),
-                    message: "output rows need a string column `id` with the record ids".to_string(),
+                    message: "output rows need a string column `id` with the record ids"
+                        .to_string(),
                 });
             }
         }
@@ -172,10 +177,14 @@ impl ProcessorContext {
     pub fn fetch(&self, uri: &str) -> Result<Bytes, WorkerError> {
         let uri = StoreUri::parse(uri)?;
         let stores = self.stores.clone();
-        Ok(self.runtime.block_on(async move { stores.get(&uri).await })?)
+        Ok(self
+            .runtime
+            .block_on(async move { stores.get(&uri).await })?)
     }
 
     fn shard_id(&self) -> String {
-        self.shard.as_ref().map_or_else(|| "-".to_string(), |s| s.shard_id.clone())
+        self.shard
+            .as_ref()
+            .map_or_else(|| "-".to_string(), |s| s.shard_id.clone())
     }
 }

@@ -92,10 +92,19 @@ impl From<tonic::Status> for LinkError {
     fn from(s: tonic::Status) -> Self {
         use tonic::Code;
         let kind = match s.code() {
-            Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::ResourceExhausted
-            | Code::Cancelled | Code::Unknown | Code::Internal => LinkErrorKind::Transient,
-            Code::NotFound if s.message().contains("unknown session") => LinkErrorKind::UnknownSession,
-            Code::FailedPrecondition | Code::NotFound | Code::AlreadyExists => LinkErrorKind::Refused,
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Aborted
+            | Code::ResourceExhausted
+            | Code::Cancelled
+            | Code::Unknown
+            | Code::Internal => LinkErrorKind::Transient,
+            Code::NotFound if s.message().contains("unknown session") => {
+                LinkErrorKind::UnknownSession
+            }
+            Code::FailedPrecondition | Code::NotFound | Code::AlreadyExists => {
+                LinkErrorKind::Refused
+            }
             _ => LinkErrorKind::Invalid,
         };
         Self::new(kind, format!("{}: {}", s.code(), s.message()))

@@ -27,4 +27,4 @@ pub use context::{ProcessorContext, ShardInfo};
 pub use error::{BoxError, LinkError, ProcessorResult, WorkerError};
 pub use link::{CoordinatorLink, GrpcLink, LocalLink};
 pub use processor::{Registry, TorchBatchProcessor};
-pub use runner::{run, WorkerExit};
+pub use runner::{WorkerExit, run};

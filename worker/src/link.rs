@@ -6,10 +6,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use stoke_coordinator::Handle;
+use stoke_core::PROTOCOL_VERSION;
 use stoke_core::lease::{
     AcquireOutcome, Commit, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
 };
-use stoke_core::PROTOCOL_VERSION;
 use stoke_proto::v1 as pb;
 use stoke_proto::v1::worker_service_client::WorkerServiceClient;
 use tokio::sync::mpsc;
@@ -33,8 +33,14 @@ pub struct Session {
 
 /// The calls a worker makes.
 pub trait CoordinatorLink: Send + Sync + 'static {
-    fn open_session(&self, registration: Registration) -> impl Future<Output = Result<Session, LinkError>> + Send;
-    fn acquire(&self, session_id: &str) -> impl Future<Output = Result<AcquireOutcome, LinkError>> + Send;
+    fn open_session(
+        &self,
+        registration: Registration,
+    ) -> impl Future<Output = Result<Session, LinkError>> + Send;
+    fn acquire(
+        &self,
+        session_id: &str,
+    ) -> impl Future<Output = Result<AcquireOutcome, LinkError>> + Send;
     /// `Ok(true)` when the coordinator had already applied this commit.
     fn commit(&self, commit: Commit) -> impl Future<Output = Result<bool, LinkError>> + Send;
     fn release(&self, release: Release) -> impl Future<Output = Result<(), LinkError>> + Send;
@@ -54,7 +60,12 @@ impl GrpcLink {
     /// a worker may start before its coordinator.
     pub fn new(uri: &str) -> Result<Self, LinkError> {
         let endpoint = Endpoint::from_shared(uri.to_string())
-            .map_err(|e| LinkError::new(LinkErrorKind::Invalid, format!("coordinator address {uri:?}: {e}")))?
+            .map_err(|e| {
+                LinkError::new(
+                    LinkErrorKind::Invalid,
+                    format!("coordinator address {uri:?}: {e}"),
+                )
+            })?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))
@@ -88,11 +99,17 @@ impl CoordinatorLink for GrpcLink {
             .send(register)
             .await
             .map_err(|_| invalid("session channel closed"))?;
-        let mut inbound = self.client().session(ReceiverStream::new(out_rx)).await?.into_inner();
-        let first = inbound
-            .message()
+        let mut inbound = self
+            .client()
+            .session(ReceiverStream::new(out_rx))
             .await?
-            .ok_or_else(|| LinkError::new(LinkErrorKind::Transient, "session closed before `registered`"))?;
+            .into_inner();
+        let first = inbound.message().await?.ok_or_else(|| {
+            LinkError::new(
+                LinkErrorKind::Transient,
+                "session closed before `registered`",
+            )
+        })?;
         let Some(pb::session_event::Event::Registered(registered)) = first.event else {
             return Err(invalid("the first session event was not `registered`"));
         };
@@ -162,12 +179,18 @@ impl CoordinatorLink for GrpcLink {
     }
 
     async fn commit(&self, commit: Commit) -> Result<bool, LinkError> {
-        let resp = self.client().commit(pb::CommitRequest::from(commit)).await?.into_inner();
+        let resp = self
+            .client()
+            .commit(pb::CommitRequest::from(commit))
+            .await?
+            .into_inner();
         Ok(resp.duplicate)
     }
 
     async fn release(&self, release: Release) -> Result<(), LinkError> {
-        self.client().release(pb::ReleaseRequest::from(release)).await?;
+        self.client()
+            .release(pb::ReleaseRequest::from(release))
+            .await?;
         Ok(())
     }
 }

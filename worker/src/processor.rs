@@ -34,13 +34,23 @@ pub trait TorchBatchProcessor: Send + Sized + 'static {
 
 /// The object-safe face of a processor, used by the worker's pipeline.
 pub(crate) trait DynProcessor: Send {
-    fn process_batch(&mut self, batch: Batch, batch_idx: u64, ctx: &mut ProcessorContext) -> ProcessorResult<()>;
+    fn process_batch(
+        &mut self,
+        batch: Batch,
+        batch_idx: u64,
+        ctx: &mut ProcessorContext,
+    ) -> ProcessorResult<()>;
     fn on_checkpoint_start(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()>;
     fn on_finish(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()>;
 }
 
 impl<P: TorchBatchProcessor> DynProcessor for P {
-    fn process_batch(&mut self, batch: Batch, batch_idx: u64, ctx: &mut ProcessorContext) -> ProcessorResult<()> {
+    fn process_batch(
+        &mut self,
+        batch: Batch,
+        batch_idx: u64,
+        ctx: &mut ProcessorContext,
+    ) -> ProcessorResult<()> {
         TorchBatchProcessor::process_batch(self, batch, batch_idx, ctx)
     }
     fn on_checkpoint_start(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()> {
@@ -51,7 +61,8 @@ impl<P: TorchBatchProcessor> DynProcessor for P {
     }
 }
 
-type Factory = dyn Fn(&mut ProcessorContext) -> ProcessorResult<Box<dyn DynProcessor>> + Send + Sync;
+type Factory =
+    dyn Fn(&mut ProcessorContext) -> ProcessorResult<Box<dyn DynProcessor>> + Send + Sync;
 
 /// Processor implementations by the name a job spec uses.
 #[derive(Clone, Default)]
@@ -61,7 +72,9 @@ pub struct Registry {
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registry").field("processors", &self.names()).finish()
+        f.debug_struct("Registry")
+            .field("processors", &self.names())
+            .finish()
     }
 }
 
@@ -95,7 +108,11 @@ impl Registry {
         self.factories.contains_key(name)
     }
 
-    pub(crate) fn create(&self, name: &str, ctx: &mut ProcessorContext) -> Option<ProcessorResult<Box<dyn DynProcessor>>> {
+    pub(crate) fn create(
+        &self,
+        name: &str,
+        ctx: &mut ProcessorContext,
+    ) -> Option<ProcessorResult<Box<dyn DynProcessor>>> {
         self.factories.get(name).map(|f| f(ctx))
     }
 }

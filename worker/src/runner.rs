@@ -12,13 +12,13 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{device_name, WorkerConfig};
+use crate::config::{WorkerConfig, device_name};
 use crate::context::ShardInfo;
 use crate::error::{LinkErrorKind, WorkerError};
 use crate::link::{CoordinatorLink, Session};
 use crate::pipeline::commit::Committer;
 use crate::pipeline::process::{ProcMsg, ProcessorThread, ShardControl, ShardOutcome, ShardRun};
-use crate::pipeline::read::{read_shard, ShardRead};
+use crate::pipeline::read::{ShardRead, read_shard};
 use crate::processor::Registry;
 
 type Active = Arc<Mutex<HashMap<LeaseKey, Arc<ShardControl>>>>;
@@ -199,7 +199,10 @@ impl<L: CoordinatorLink> Worker<L> {
             .unwrap_or_else(|p| p.into_inner())
             .insert(key.clone(), Arc::clone(&control));
         let outcome = self.drive(session_id, lease, &control).await;
-        self.active.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        self.active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
         let release = |error: Option<String>| Release {
             session_id: session_id.to_string(),
             key: key.clone(),
@@ -237,7 +240,12 @@ impl<L: CoordinatorLink> Worker<L> {
 
     /// Runs one attempt: reader, processor thread, committer. Returns how it
     /// ended; a committer error wins over the processor's outcome.
-    async fn drive(&self, session_id: &str, lease: Lease, control: &Arc<ShardControl>) -> Result<ShardOutcome, WorkerError> {
+    async fn drive(
+        &self,
+        session_id: &str,
+        lease: Lease,
+        control: &Arc<ShardControl>,
+    ) -> Result<ShardOutcome, WorkerError> {
         info!(job = %lease.job_id, shard = %lease.shard.id, token = lease.token, attempt = lease.attempt, next_batch = lease.next_batch, "lease taken");
         let spec = Arc::new(lease.spec.clone());
         let prefix = StoreUri::parse(&lease.output_prefix)?;
@@ -338,6 +346,10 @@ fn hostname() -> String {
     std::env::var("HOSTNAME")
         .ok()
         .filter(|h| !h.is_empty())
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|s| s.trim().to_string()))
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
         .unwrap_or_else(|| "unknown".to_string())
 }

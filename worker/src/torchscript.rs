@@ -39,10 +39,15 @@ impl TorchBatchProcessor for TorchScriptProcessor {
         let model_uri: String = ctx.required_param("model")?;
         let input_column: String = ctx.required_param("input_column")?;
         let input_shape: Option<Vec<i64>> = ctx.param("input_shape")?;
-        let outputs: Vec<String> = ctx.param("outputs")?.unwrap_or_else(|| vec!["argmax".to_string()]);
+        let outputs: Vec<String> = ctx
+            .param("outputs")?
+            .unwrap_or_else(|| vec!["argmax".to_string()]);
         for o in &outputs {
             if o != "argmax" && o != "scores" {
-                return Err(format!("param `outputs`: unknown output {o:?} (use \"argmax\" and/or \"scores\")").into());
+                return Err(format!(
+                    "param `outputs`: unknown output {o:?} (use \"argmax\" and/or \"scores\")"
+                )
+                .into());
             }
         }
         if outputs.is_empty() {
@@ -51,8 +56,9 @@ impl TorchBatchProcessor for TorchScriptProcessor {
         let bytes = ctx
             .fetch(&model_uri)
             .map_err(|e| format!("loading model {model_uri}: {e}"))?;
-        let mut model = CModule::load_data_on_device(&mut Cursor::new(bytes.as_ref()), ctx.device())
-            .map_err(|e| format!("loading model {model_uri}: not a TorchScript file: {e}"))?;
+        let mut model =
+            CModule::load_data_on_device(&mut Cursor::new(bytes.as_ref()), ctx.device())
+                .map_err(|e| format!("loading model {model_uri}: not a TorchScript file: {e}"))?;
         ctx.prepare_model_for_inference(&mut model);
         Ok(Self {
             model,
@@ -63,7 +69,12 @@ impl TorchBatchProcessor for TorchScriptProcessor {
         })
     }
 
-    fn process_batch(&mut self, batch: Batch, _batch_idx: u64, ctx: &mut ProcessorContext) -> ProcessorResult<()> {
+    fn process_batch(
+        &mut self,
+        batch: Batch,
+        _batch_idx: u64,
+        ctx: &mut ProcessorContext,
+    ) -> ProcessorResult<()> {
         let mut input = batch.tensor(&self.input_column)?;
         if let Some(shape) = &self.input_shape {
             let mut full = vec![batch.len() as i64];
@@ -72,10 +83,15 @@ impl TorchBatchProcessor for TorchScriptProcessor {
         }
         let input = ctx.to_device(&input);
         let output = self.model.forward_ts(&[input])?;
-        let output = output.to_device(tch::Device::Cpu).to_kind(Kind::Float).contiguous();
+        let output = output
+            .to_device(tch::Device::Cpu)
+            .to_kind(Kind::Float)
+            .contiguous();
         let rows = output.size().first().copied().unwrap_or(0) as usize;
         if rows != batch.len() {
-            return Err(format!("model returned {rows} rows for a batch of {}", batch.len()).into());
+            return Err(
+                format!("model returned {rows} rows for a batch of {}", batch.len()).into(),
+            );
         }
         let mut columns: Vec<(&str, ArrayRef)> = vec![("id", batch.ids_array())];
         let scores = output.reshape([rows as i64, -1]);
@@ -96,7 +112,11 @@ impl TorchBatchProcessor for TorchScriptProcessor {
 fn scores_column(scores: &Tensor) -> ProcessorResult<ArrayRef> {
     let width = scores.size().get(1).copied().unwrap_or(0) as i32;
     let flat = Vec::<f32>::try_from(&scores.flatten(0, -1))?;
-    let mut builder = FixedSizeListBuilder::with_capacity(Float32Builder::with_capacity(flat.len()), width, scores.size()[0] as usize);
+    let mut builder = FixedSizeListBuilder::with_capacity(
+        Float32Builder::with_capacity(flat.len()),
+        width,
+        scores.size()[0] as usize,
+    );
     for row in flat.chunks(width.max(1) as usize) {
         builder.values().append_slice(row);
         builder.append(true);

@@ -12,7 +12,7 @@ use stoke_core::layout::part_name;
 use stoke_core::lease::{Commit, LeaseKey};
 use stoke_core::records::OutputObject;
 use stoke_core::spec::OutputFormat;
-use stoke_core::{sha256_hex, StoreUri, Stores};
+use stoke_core::{StoreUri, Stores, sha256_hex};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -74,16 +74,25 @@ impl<L: CoordinatorLink> Committer<L> {
                     message: e.to_string(),
                 })?
                 .map_err(|message| WorkerError::Encode { shard, message })?;
-            let uri = self.prefix.join(&part_name(cp.from_batch, format.extension()));
+            let uri = self
+                .prefix
+                .join(&part_name(cp.from_batch, format.extension()));
             outputs.push(self.upload(uri, bytes, records).await?);
         }
         for file in &cp.files {
-            let name = file.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-            let bytes = tokio::fs::read(file).await.map_err(|e| WorkerError::Encode {
-                shard: self.key.shard_id.clone(),
-                message: format!("reading scratch file {}: {e}", file.display()),
-            })?;
-            let uri = self.prefix.join(&format!("files/{:08}-{name}", cp.from_batch));
+            let name = file
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
+            let bytes = tokio::fs::read(file)
+                .await
+                .map_err(|e| WorkerError::Encode {
+                    shard: self.key.shard_id.clone(),
+                    message: format!("reading scratch file {}: {e}", file.display()),
+                })?;
+            let uri = self
+                .prefix
+                .join(&format!("files/{:08}-{name}", cp.from_batch));
             outputs.push(self.upload(uri, Bytes::from(bytes), 0).await?);
             let _ = tokio::fs::remove_file(file).await;
         }
@@ -101,7 +110,12 @@ impl<L: CoordinatorLink> Committer<L> {
         Ok(())
     }
 
-    async fn upload(&self, uri: StoreUri, bytes: Bytes, records: u64) -> Result<OutputObject, WorkerError> {
+    async fn upload(
+        &self,
+        uri: StoreUri,
+        bytes: Bytes,
+        records: u64,
+    ) -> Result<OutputObject, WorkerError> {
         let sha256 = sha256_hex(&bytes);
         let size = bytes.len() as u64;
         self.stores.put(&uri, bytes).await?;

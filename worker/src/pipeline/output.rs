@@ -19,7 +19,8 @@ pub(crate) fn encode(rows: &[RecordBatch], format: OutputFormat) -> Result<Bytes
             let props = WriterProperties::builder()
                 .set_compression(Compression::ZSTD(ZstdLevel::default()))
                 .build();
-            let mut writer = ArrowWriter::try_new(&mut buf, first.schema(), Some(props)).map_err(|e| e.to_string())?;
+            let mut writer = ArrowWriter::try_new(&mut buf, first.schema(), Some(props))
+                .map_err(|e| e.to_string())?;
             for batch in rows {
                 writer.write(batch).map_err(|e| e.to_string())?;
             }
@@ -55,7 +56,10 @@ mod tests {
     #[test]
     fn parquet_round_trips() {
         let bytes = encode(&[rows(), rows()], OutputFormat::Parquet).expect("encode");
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).expect("open").build().expect("reader");
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .expect("open")
+            .build()
+            .expect("reader");
         let n: usize = reader.map(|b| b.expect("batch").num_rows()).sum();
         assert_eq!(n, 4);
     }

@@ -3,12 +3,12 @@
 //! checkpoint's results to the committer.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use stoke_core::spec::JobSpec;
 use stoke_core::Stores;
+use stoke_core::spec::JobSpec;
 use tch::Device;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
@@ -136,7 +136,12 @@ impl ProcessorThread {
     fn load(&self, run: &ShardRun) -> Result<Loaded, WorkerError> {
         let name = &run.spec.processor.name;
         let scratch = self.scratch_root.join(&run.job_id).join("upload");
-        std::fs::create_dir_all(&scratch).map_err(|e| WorkerError::Config(format!("creating scratch folder {}: {e}", scratch.display())))?;
+        std::fs::create_dir_all(&scratch).map_err(|e| {
+            WorkerError::Config(format!(
+                "creating scratch folder {}: {e}",
+                scratch.display()
+            ))
+        })?;
         let mut ctx = ProcessorContext::new(
             self.device,
             run.job_id.clone(),
@@ -231,11 +236,18 @@ fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<Sh
     let mut since_checkpoint = 0u64;
     let mut last_checkpoint = Instant::now();
 
-    let checkpoint = |l: &mut Loaded, from: u64, next: u64, records: u64, done: bool| -> Result<bool, WorkerError> {
-        l.processor.on_checkpoint_start(&mut l.ctx).map_err(|e| WorkerError::ProcessorCheckpoint {
-            processor: processor_name.clone(),
-            shard: shard_id.clone(),
-            message: e.to_string(),
+    let checkpoint = |l: &mut Loaded,
+                      from: u64,
+                      next: u64,
+                      records: u64,
+                      done: bool|
+     -> Result<bool, WorkerError> {
+        l.processor.on_checkpoint_start(&mut l.ctx).map_err(|e| {
+            WorkerError::ProcessorCheckpoint {
+                processor: processor_name.clone(),
+                shard: shard_id.clone(),
+                message: e.to_string(),
+            }
         })?;
         let rows = l.ctx.take_rows();
         let files = stage_scratch(l.ctx.upload_path(), from).map_err(|e| WorkerError::Encode {
@@ -288,7 +300,8 @@ fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<Sh
         next_batch = idx + 1;
         records_since += n;
         since_checkpoint += 1;
-        let due = since_checkpoint >= interval || every.is_some_and(|d| last_checkpoint.elapsed() >= d);
+        let due =
+            since_checkpoint >= interval || every.is_some_and(|d| last_checkpoint.elapsed() >= d);
         if due {
             match checkpoint(l, from_batch, next_batch, records_since, false) {
                 Ok(true) => {}

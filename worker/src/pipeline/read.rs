@@ -8,9 +8,9 @@ use arrow_array::{Array, ArrayRef, BinaryArray, Int64Array, RecordBatch, StringA
 use arrow_schema::{DataType, Field, Schema};
 use arrow_select::concat::concat_batches;
 use futures::StreamExt;
+use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
-use parquet::arrow::ProjectionMask;
 use stoke_core::parquet_source::ParquetSource;
 use stoke_core::plan::{Shard, ShardSource};
 use stoke_core::spec::JobSpec;
@@ -36,11 +36,16 @@ pub(crate) type BatchTx = mpsc::Sender<Result<Batch, WorkerError>>;
 /// gone (the attempt was aborted). Errors are sent as the last item.
 pub(crate) async fn read_shard(read: ShardRead, tx: BatchTx) {
     let bs = read.spec.batching.batch_size;
-    let id_column = read.spec.dataset.id_column.clone().or_else(|| match &read.shard.source {
-        ShardSource::Range { .. } => Some("id".to_string()),
-        ShardSource::Files { .. } => Some("uri".to_string()),
-        _ => None,
-    });
+    let id_column = read
+        .spec
+        .dataset
+        .id_column
+        .clone()
+        .or_else(|| match &read.shard.source {
+            ShardSource::Range { .. } => Some("id".to_string()),
+            ShardSource::Files { .. } => Some("uri".to_string()),
+            _ => None,
+        });
     let mut emitter = Emitter {
         tx: tx.clone(),
         batch_size: bs as usize,
@@ -126,7 +131,10 @@ impl Emitter {
         let parts = std::mem::take(&mut self.pending);
         self.pending_rows = 0;
         if parts.len() == 1 {
-            return Ok(parts.into_iter().next().unwrap_or_else(|| RecordBatch::new_empty(Arc::new(Schema::empty()))));
+            return Ok(parts
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| RecordBatch::new_empty(Arc::new(Schema::empty()))));
         }
         let schema = parts[0].schema();
         concat_batches(&schema, &parts).map_err(|e| self.read_error(format!("joining rows: {e}")))
@@ -163,7 +171,10 @@ impl Emitter {
             .cloned()
             .ok_or_else(|| self.read_error(format!("id column {name:?} is not text")))?;
         if ids.null_count() > 0 {
-            return Err(self.read_error(format!("id column {name:?} has {} null ids", ids.null_count())));
+            return Err(self.read_error(format!(
+                "id column {name:?} has {} null ids",
+                ids.null_count()
+            )));
         }
         Ok(ids)
     }
@@ -217,10 +228,11 @@ async fn read_parquet(
     let groups: Vec<usize> = (row_groups.start as usize..row_groups.end as usize).collect();
     let mut total = 0u64;
     for &g in &groups {
-        let rg = metadata
-            .row_groups()
-            .get(g)
-            .ok_or_else(|| err(format!("row group {g} does not exist (the file changed since planning)")))?;
+        let rg = metadata.row_groups().get(g).ok_or_else(|| {
+            err(format!(
+                "row group {g} does not exist (the file changed since planning)"
+            ))
+        })?;
         total += rg.num_rows().max(0) as u64;
     }
     let skip = emitter.offset.min(total);
@@ -230,7 +242,9 @@ async fn read_parquet(
             let schema = builder.schema();
             let mut roots = Vec::new();
             for name in columns.iter().chain(read.spec.dataset.id_column.iter()) {
-                let idx = schema.index_of(name).map_err(|_| err(format!("column {name:?} not found")))?;
+                let idx = schema
+                    .index_of(name)
+                    .map_err(|_| err(format!("column {name:?} not found")))?;
                 if !roots.contains(&idx) {
                     roots.push(idx);
                 }
@@ -288,8 +302,11 @@ async fn read_jsonl(
         in_chunk += 1;
         line_no += 1;
         if in_chunk == emitter.batch_size {
-            let rows = decode_jsonl(&schema, &chunk, emitter.batch_size)
-                .map_err(|m| err(format!("records {chunk_first_line}..{line_no} of the shard: {m}")))?;
+            let rows = decode_jsonl(&schema, &chunk, emitter.batch_size).map_err(|m| {
+                err(format!(
+                    "records {chunk_first_line}..{line_no} of the shard: {m}"
+                ))
+            })?;
             if emitter.push(rows).await? == Flow::Stop {
                 return Ok(Flow::Stop);
             }
@@ -299,14 +316,21 @@ async fn read_jsonl(
         }
     }
     if in_chunk > 0 {
-        let rows = decode_jsonl(&schema, &chunk, emitter.batch_size)
-            .map_err(|m| err(format!("records {chunk_first_line}..{line_no} of the shard: {m}")))?;
+        let rows = decode_jsonl(&schema, &chunk, emitter.batch_size).map_err(|m| {
+            err(format!(
+                "records {chunk_first_line}..{line_no} of the shard: {m}"
+            ))
+        })?;
         return emitter.push(rows).await;
     }
     Ok(Flow::Continue)
 }
 
-fn decode_jsonl(schema: &Arc<Schema>, chunk: &[u8], batch_size: usize) -> Result<RecordBatch, String> {
+fn decode_jsonl(
+    schema: &Arc<Schema>,
+    chunk: &[u8],
+    batch_size: usize,
+) -> Result<RecordBatch, String> {
     let mut decoder = arrow_json::ReaderBuilder::new(Arc::clone(schema))
         .with_batch_size(batch_size.max(1))
         .build_decoder()
@@ -318,7 +342,11 @@ fn decode_jsonl(schema: &Arc<Schema>, chunk: &[u8], batch_size: usize) -> Result
         .ok_or_else(|| "no records".to_string())
 }
 
-async fn read_files(read: &ShardRead, emitter: &mut Emitter, uris: &[String]) -> Result<Flow, WorkerError> {
+async fn read_files(
+    read: &ShardRead,
+    emitter: &mut Emitter,
+    uris: &[String],
+) -> Result<Flow, WorkerError> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("uri", DataType::Utf8, false),
         Field::new("bytes", DataType::Binary, false),
@@ -329,12 +357,15 @@ async fn read_files(read: &ShardRead, emitter: &mut Emitter, uris: &[String]) ->
         for uri in chunk {
             parsed.push(StoreUri::parse(uri)?);
         }
-        let bodies = futures::future::try_join_all(parsed.iter().map(|u| read.stores.get(u))).await?;
+        let bodies =
+            futures::future::try_join_all(parsed.iter().map(|u| read.stores.get(u))).await?;
         let rows = RecordBatch::try_new(
             Arc::clone(&schema),
             vec![
                 Arc::new(StringArray::from_iter_values(chunk.iter())),
-                Arc::new(BinaryArray::from_iter_values(bodies.iter().map(|b| b.as_ref()))),
+                Arc::new(BinaryArray::from_iter_values(
+                    bodies.iter().map(|b| b.as_ref()),
+                )),
             ],
         )
         .map_err(|e| source_error(&read.shard.id, "", e))?;
@@ -391,12 +422,17 @@ mod tests {
         let stores = Stores::new();
         let uri = StoreUri::parse("memory:///d/x.jsonl").expect("uri");
         let text: String = (0..7).map(|i| format!("{{\"x\": [{i}, 2]}}\n")).collect();
-        stores.put(&uri, bytes::Bytes::from(text.clone())).await.expect("put");
+        stores
+            .put(&uri, bytes::Bytes::from(text.clone()))
+            .await
+            .expect("put");
         let spec = JobSpec::from_toml(&format!(
             "[dataset]\nformat = \"jsonl\"\nuri = \"{uri}\"\n[processor]\nname = \"p\"\n[batching]\nbatch_size = 3\n"
         ))
         .expect("spec");
-        let plan = stoke_core::plan::plan_dataset(&spec, &stores).await.expect("plan");
+        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
+            .await
+            .expect("plan");
         let read = ShardRead {
             stores,
             spec: Arc::new(spec),

@@ -1,0 +1,362 @@
+//! The end-to-end path with real processes: a coordinator and worker
+//! processes over gRPC on loopback, a `file://` root in a temporary folder,
+//! real libtorch. Each test checks the committed outputs record by record.
+
+use std::collections::HashMap;
+
+use stoke_tests::*;
+
+fn write_spec(dir: &std::path::Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write spec");
+    path.display().to_string()
+}
+
+/// Waits for the job and checks it succeeded.
+fn wait_success(coordinator: &Coordinator, job_id: &str) {
+    let status = coordinator.wait_job(job_id);
+    assert_eq!(
+        status["state"],
+        "succeeded",
+        "{status}\ncoordinator log: {}",
+        coordinator.proc.log.display()
+    );
+}
+
+/// Sorted (id, prediction) pairs and the scores, for comparing runs.
+fn by_id(rows: &HashMap<String, Vec<Prediction>>) -> Vec<(String, Prediction)> {
+    let mut v: Vec<_> = rows
+        .iter()
+        .map(|(k, p)| (k.clone(), p[0].clone()))
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+#[test]
+fn two_workers_process_parquet_exactly_once_and_match_the_model() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let spec = write_spec(tmp.path(), "job.toml", &fixture_spec("parquet", ""));
+    // Workers started with --exit-when-idle leave when no job runs, so the
+    // job goes in first.
+    let job_id = coordinator.submit(&spec);
+    let mut w1 = coordinator.worker("stoke-worker", "w1", tmp.path());
+    let mut w2 = coordinator.worker("stoke-worker", "w2", tmp.path());
+    wait_success(&coordinator, &job_id);
+
+    // Workers exit once no job is left.
+    assert!(w1.wait_exit(DEADLINE).success(), "{}", w1.log_text());
+    assert!(w2.wait_exit(DEADLINE).success(), "{}", w2.log_text());
+    // Both took part (many more shards than workers).
+    assert!(w1.log_text().contains("lease taken"), "w1 got no lease");
+    assert!(w2.log_text().contains("lease taken"), "w2 got no lease");
+
+    let committed = manifest(&root, &job_id);
+    assert_eq!(committed.records_in, 3000);
+    assert_eq!(committed.records_out, 3000);
+    let rows = committed_rows(&committed);
+    assert_matches_reference(&rows);
+
+    // Only committed objects remain under the outputs folder.
+    let out_dir = root.join("jobs").join(&job_id).join("outputs");
+    let mut on_disk = Vec::new();
+    for entry in walk(&out_dir) {
+        on_disk.push(file_uri(&entry));
+    }
+    on_disk.sort();
+    let mut listed: Vec<_> = committed.outputs.iter().map(|o| o.uri.clone()).collect();
+    listed.sort();
+    assert_eq!(on_disk, listed);
+
+    // The CLI's other commands see the job.
+    let jobs = coordinator.cli(&["jobs"]);
+    assert!(
+        text(&jobs.stdout).contains(&job_id),
+        "{}",
+        text(&jobs.stdout)
+    );
+    let status = coordinator.cli(&["status", &job_id, "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status json");
+    assert_eq!(json["state"], "succeeded");
+    assert_eq!(json["records_done"], 3000);
+
+    // Embedded mode runs the same job in one process: identical outputs.
+    let embedded_root = tmp.path().join("embedded");
+    let out = stoke_cli(&[
+        "run",
+        &spec,
+        "--embedded",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--root",
+        embedded_root.to_str().expect("utf8 path"),
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let embedded_job = summary_field(&stdout, "job").expect("job id");
+    let embedded = manifest(&embedded_root, &embedded_job);
+    let embedded_rows = committed_rows(&embedded);
+    assert_matches_reference(&embedded_rows);
+    assert_eq!(
+        by_id(&embedded_rows),
+        by_id(&rows),
+        "embedded and distributed outputs differ"
+    );
+    assert_eq!(embedded.records_in, committed.records_in);
+    assert_eq!(embedded.outputs.len(), committed.outputs.len());
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn jsonl_dataset_and_jsonl_outputs() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let spec = write_spec(tmp.path(), "job.toml", &fixture_spec("jsonl", ""));
+    let job_id = coordinator.submit(&spec);
+    let _w1 = coordinator.worker("stoke-worker", "w1", tmp.path());
+    let _w2 = coordinator.worker("stoke-worker", "w2", tmp.path());
+    wait_success(&coordinator, &job_id);
+    let manifest = manifest(&root, &job_id);
+    assert_eq!(manifest.records_in, 3000);
+    // JSON Lines input is cut by bytes (64KiB): several shards per file.
+    assert!(manifest.shards > 4, "{} shards", manifest.shards);
+    assert_matches_reference(&committed_rows(&manifest));
+}
+
+#[test]
+fn run_local_starts_coordinator_and_workers() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let spec = write_spec(tmp.path(), "job.toml", &fixture_spec("parquet", ""));
+    let root = tmp.path().join("state");
+    let out = stoke_cli(&[
+        "run",
+        &spec,
+        "--local",
+        "2",
+        "--device",
+        "cpu",
+        "--root",
+        root.to_str().expect("utf8 path"),
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let manifest_path = summary_field(&stdout, "manifest").expect("manifest path");
+    assert!(
+        std::path::Path::new(&manifest_path).exists(),
+        "{manifest_path}"
+    );
+    let job_id = summary_field(&stdout, "job").expect("job id");
+    assert_matches_reference(&committed_rows(&manifest(&root, &job_id)));
+}
+
+#[test]
+fn custom_processor_in_a_users_own_worker_binary() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let data = file_uri(&fixture().join("parquet"));
+    let spec = write_spec(
+        tmp.path(),
+        "stats.toml",
+        &format!(
+            "[dataset]\nformat = \"parquet\"\nuri = \"{data}/\"\nid_column = \"id\"\ncolumns = [\"features\"]\n\
+             [processor]\nname = \"feature-stats\"\nparams = {{ column = \"features\" }}\n\
+             [batching]\nbatch_size = 100\n[checkpoint]\ninterval = 2\n[sharding]\nrecords = 600\n[output]\nformat = \"parquet\"\n"
+        ),
+    );
+    let job_id = coordinator.submit(&spec);
+    let _w = coordinator.worker("stoke-example-worker", "custom", tmp.path());
+    wait_success(&coordinator, &job_id);
+    let manifest = manifest(&root, &job_id);
+    assert_eq!(manifest.records_in, 3000);
+    assert_eq!(manifest.records_out, 3000);
+
+    // Each checkpoint uploaded the processor's summary file, and the
+    // summaries add up to every record once.
+    let summaries: Vec<_> = manifest.outputs.iter().filter(|o| o.records == 0).collect();
+    assert!(!summaries.is_empty(), "no upload_path files were uploaded");
+    let mut summed = 0u64;
+    for s in &summaries {
+        assert!(s.uri.contains("/files/"), "{}", s.uri);
+        let text = std::fs::read_to_string(uri_path(&s.uri)).expect("summary");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("summary json");
+        summed += v["records"].as_u64().expect("records");
+    }
+    assert_eq!(summed, 3000);
+
+    // The rows hold the norm of each record's features.
+    let mut checked = 0;
+    for entry in manifest.outputs.iter().filter(|o| o.records > 0) {
+        let bytes = std::fs::read(uri_path(&entry.uri)).expect("output");
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            bytes::Bytes::from(bytes),
+        )
+        .expect("parquet")
+        .build()
+        .expect("reader");
+        for batch in reader {
+            let batch = batch.expect("batch");
+            use arrow_array::cast::AsArray;
+            let norms = batch
+                .column_by_name("norm")
+                .expect("norm")
+                .as_primitive::<arrow_array::types::Float32Type>()
+                .clone();
+            assert!(norms.values().iter().all(|n| n.is_finite() && *n > 0.0));
+            checked += batch.num_rows();
+        }
+    }
+    assert_eq!(checked, 3000);
+}
+
+#[test]
+fn malformed_specs_are_refused_at_submit_with_the_field_named() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let good = fixture_spec("parquet", "");
+    let cases = [
+        (
+            "unknown-key.toml",
+            good.replace("batch_size = 50", "batch_size = 50\nbatchsize = 5"),
+            "batchsize",
+        ),
+        (
+            "no-dataset.toml",
+            "[processor]\nname = \"torchscript\"\n".to_string(),
+            "dataset",
+        ),
+        (
+            "no-data.toml",
+            good.replace(
+                &file_uri(&fixture().join("parquet")),
+                &file_uri(&tmp.path().join("nothing-here")),
+            ),
+            "no parquet objects",
+        ),
+        (
+            "zero-batch.toml",
+            good.replace("batch_size = 50", "batch_size = 0"),
+            "batching.batch_size",
+        ),
+        (
+            "bad-column.toml",
+            good.replace("id_column = \"id\"", "id_column = \"key\""),
+            "\"key\"",
+        ),
+    ];
+    for (name, text, expect) in cases {
+        let spec = write_spec(tmp.path(), name, &text);
+        let out = coordinator.cli(&["submit", &spec]);
+        let stderr = text_of(&out.stderr);
+        assert!(!out.status.success(), "{name} was accepted");
+        assert!(
+            stderr.contains(expect),
+            "{name}: expected {expect:?} in: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{name}: {stderr}");
+    }
+    // Nothing was created for refused specs.
+    let jobs = coordinator.cli(&["jobs", "--json"]);
+    let jobs: serde_json::Value = serde_json::from_slice(&jobs.stdout).expect("jobs json");
+    assert_eq!(jobs.as_array().map(Vec::len), Some(0), "{jobs}");
+}
+
+fn text_of(b: &[u8]) -> String {
+    text(b)
+}
+
+#[test]
+fn a_missing_model_fails_the_job_with_a_reason_naming_the_file() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let missing = file_uri(&tmp.path().join("no-such-model.pt"));
+    let text =
+        fixture_spec("parquet", "").replace(&file_uri(&fixture().join("model.pt")), &missing);
+    let spec = write_spec(tmp.path(), "job.toml", &text);
+    let job_id = coordinator.submit(&spec);
+    let mut w = coordinator.worker("stoke-worker", "w1", tmp.path());
+    let status = coordinator.wait_job(&job_id);
+    assert_eq!(status["state"], "failed", "{status}");
+    let reason = status["reason"].as_str().expect("a reason");
+    assert!(reason.contains("no-such-model.pt"), "{reason}");
+    assert!(reason.contains("not found"), "{reason}");
+    // `submit --wait` reports the same and exits non-zero.
+    let out = coordinator.cli(&["submit", &spec, "--wait", "--job-id", &job_id]);
+    assert!(!out.status.success());
+    assert_eq!(
+        summary_field(&text_of(&out.stdout), "state").as_deref(),
+        Some("failed")
+    );
+    assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
+    assert!(!w.log_text().contains("panicked"));
+}
+
+#[test]
+fn protocol_version_mismatch_names_both_versions() {
+    use stoke_proto::v1 as pb;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let coordinator = Coordinator::start(&tmp.path().join("root"), tmp.path(), &[]);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let status = rt.block_on(async {
+        let mut client =
+            pb::job_service_client::JobServiceClient::connect(coordinator.addr.clone())
+                .await
+                .expect("connect");
+        client
+            .submit(pb::SubmitRequest {
+                protocol_version: 99,
+                spec: String::new(),
+                format: pb::SpecFormat::Toml as i32,
+                job_id: String::new(),
+            })
+            .await
+            .expect_err("refused")
+    });
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("99") && status.message().contains("version 1"),
+        "{}",
+        status.message()
+    );
+}
+
+#[test]
+fn cancel_from_the_cli_stops_a_job() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let coordinator = Coordinator::start(&tmp.path().join("root"), tmp.path(), &[]);
+    let spec = write_spec(tmp.path(), "job.toml", &fixture_spec("parquet", ""));
+    // No worker: the job waits, and is cancelled while it waits.
+    let job_id = coordinator.submit(&spec);
+    assert_eq!(coordinator.status(&job_id)["state"], "running");
+    let out = coordinator.cli(&["cancel", &job_id, "--reason", "wrong model"]);
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    let status = coordinator.status(&job_id);
+    assert_eq!(status["state"], "cancelled");
+    assert_eq!(status["reason"], "wrong model");
+    // A worker that comes now finds nothing to do and leaves.
+    let mut w = coordinator.worker("stoke-worker", "late", tmp.path());
+    assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
+    assert!(!w.log_text().contains("lease taken"));
+}
