@@ -103,6 +103,26 @@ impl JobService for JobApi {
             self.handle.cancel(&req.job_id, &req.reason).await?.into(),
         ))
     }
+    async fn pause(&self, req: Request<pb::PauseRequest>) -> Result<Response<pb::JobInfo>, Status> {
+        let req = req.into_inner();
+        if req.job_id.is_empty() {
+            return Err(Status::invalid_argument("missing field `job_id`"));
+        }
+        Ok(Response::new(
+            self.handle.pause(&req.job_id, &req.reason).await?.into(),
+        ))
+    }
+
+    async fn resume(
+        &self,
+        req: Request<pb::ResumeRequest>,
+    ) -> Result<Response<pb::JobInfo>, Status> {
+        let req = req.into_inner();
+        if req.job_id.is_empty() {
+            return Err(Status::invalid_argument("missing field `job_id`"));
+        }
+        Ok(Response::new(self.handle.resume(&req.job_id).await?.into()))
+    }
 }
 
 /// The worker-facing service.
@@ -153,6 +173,7 @@ impl WorkerService for WorkerApi {
             worker_id: register.worker_id,
             devices: register.devices,
             hostname: register.hostname,
+            held: register.held.into_iter().map(Into::into).collect(),
         };
         let (grant, mut events_rx) = self.handle.register(registration).await?;
         let (out_tx, out_rx) = mpsc::channel::<Result<pb::SessionEvent, Status>>(16);

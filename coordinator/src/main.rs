@@ -30,6 +30,8 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Fault points for tests (FAILPOINTS=name=return); inert otherwise.
+    let _faults = fail::FailScenario::setup();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -40,6 +40,15 @@ enum Command {
         reason: String,
         reply: Reply<JobInfo>,
     },
+    Pause {
+        job_id: String,
+        reason: String,
+        reply: Reply<JobInfo>,
+    },
+    Resume {
+        job_id: String,
+        reply: Reply<JobInfo>,
+    },
     Register {
         registration: Registration,
         events_tx: mpsc::Sender<SessionEvent>,
@@ -133,6 +142,16 @@ async fn apply(state: &mut State, cmd: Command) {
             reply,
         } => {
             let _ = reply.send(state.cancel(&job_id, reason).await);
+        }
+        Command::Pause {
+            job_id,
+            reason,
+            reply,
+        } => {
+            let _ = reply.send(state.pause(&job_id, reason).await);
+        }
+        Command::Resume { job_id, reply } => {
+            let _ = reply.send(state.resume(&job_id).await);
         }
         Command::Register {
             registration,
@@ -233,6 +252,24 @@ impl Handle {
             reply,
         })
         .await
+    }
+
+    /// Workers checkpoint and release the job's leases; the job waits.
+    pub async fn pause(&self, job_id: &str, reason: &str) -> Result<JobInfo> {
+        let job_id = job_id.to_string();
+        let reason = reason.to_string();
+        self.call(|reply| Command::Pause {
+            job_id,
+            reason,
+            reply,
+        })
+        .await
+    }
+
+    /// A paused job continues from its checkpoints.
+    pub async fn resume(&self, job_id: &str) -> Result<JobInfo> {
+        let job_id = job_id.to_string();
+        self.call(|reply| Command::Resume { job_id, reply }).await
     }
 
     /// Opens a worker session; events for it arrive on the returned channel.

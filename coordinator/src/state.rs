@@ -75,6 +75,7 @@ impl Job {
                 .manifest_written
                 .then(|| self.layout.manifest().to_string()),
             processor: self.spec.processor.name.clone(),
+            records_skipped: self.shards.iter().map(|s| s.progress.skipped).sum(),
         }
     }
 
@@ -320,16 +321,104 @@ impl State {
         self.job(job_id).map(Job::info)
     }
 
-    /// Moves a job to a terminal state: stores the status, drops its leases
-    /// and tells the workers holding them.
-    async fn end_job(&mut self, job_id: &str, state: JobState, reason: String) -> Result<()> {
+    /// Pauses a running job: stores the state, then asks the workers holding
+    /// its leases to checkpoint and release them. Nothing new is leased
+    /// until it resumes.
+    pub async fn pause(&mut self, job_id: &str, reason: String) -> Result<JobInfo> {
+        let job = self.job(job_id)?;
+        match job.state {
+            JobState::Paused => return Ok(job.info()),
+            JobState::Running => {}
+            state => {
+                return Err(CoordinatorError::JobNotRunning {
+                    job_id: job_id.to_string(),
+                    state: state.to_string(),
+                });
+            }
+        }
+        let reason = if reason.is_empty() {
+            "paused by user".to_string()
+        } else {
+            reason
+        };
+        self.store_status(job_id, JobState::Paused, Some(reason.clone()))
+            .await?;
+        let job = self.job_mut(job_id)?;
+        job.state = JobState::Paused;
+        job.reason = Some(reason.clone());
+        let mut draining: HashMap<String, Vec<LeaseKey>> = HashMap::new();
+        for (i, shard) in job.shards.iter().enumerate() {
+            if let Some(lease) = &shard.lease {
+                draining
+                    .entry(lease.session_id.clone())
+                    .or_default()
+                    .push(LeaseKey {
+                        job_id: job_id.to_string(),
+                        shard_id: job.plan.shards[i].id.clone(),
+                        token: lease.token,
+                    });
+            }
+        }
+        for (session_id, leases) in draining {
+            if let Some(session) = self.sessions.get(&session_id) {
+                // Best effort: a worker that misses this keeps its lease until
+                // its shard ends or the lease times out; no new leases go out.
+                let _ = session.events_tx.try_send(SessionEvent::Drain {
+                    leases,
+                    reason: reason.clone(),
+                });
+            }
+        }
+        info!(job = %job_id, %reason, "job paused");
+        self.job(job_id).map(Job::info)
+    }
+
+    /// Resumes a paused job from its checkpoints.
+    pub async fn resume(&mut self, job_id: &str) -> Result<JobInfo> {
+        let job = self.job(job_id)?;
+        match job.state {
+            JobState::Running => return Ok(job.info()),
+            JobState::Paused => {}
+            state => {
+                return Err(CoordinatorError::JobNotRunning {
+                    job_id: job_id.to_string(),
+                    state: state.to_string(),
+                });
+            }
+        }
+        self.store_status(job_id, JobState::Running, None).await?;
+        let job = self.job_mut(job_id)?;
+        job.state = JobState::Running;
+        job.reason = None;
+        job.pending = (0..job.shards.len())
+            .filter(|&i| !job.shards[i].progress.done && job.shards[i].lease.is_none())
+            .collect();
+        info!(job = %job_id, "job resumed");
+        self.finish_if_done(job_id).await;
+        self.job(job_id).map(Job::info)
+    }
+
+    async fn store_status(
+        &self,
+        job_id: &str,
+        state: JobState,
+        reason: Option<String>,
+    ) -> Result<()> {
         let status = StatusRecord {
             state,
-            reason: Some(reason.clone()),
+            reason,
             updated_ms: now_ms(),
         };
         let layout = self.job(job_id)?.layout.clone();
         self.stores.put_json(&layout.status(), &status).await?;
+        Ok(())
+    }
+
+    /// Moves a job to a terminal state: stores the status, drops its leases
+    /// and tells the workers holding them.
+    async fn end_job(&mut self, job_id: &str, state: JobState, reason: String) -> Result<()> {
+        self.store_status(job_id, state, Some(reason.clone()))
+            .await?;
         let job = self.job_mut(job_id)?;
         job.state = state;
         job.reason = Some(reason.clone());
@@ -370,20 +459,68 @@ impl State {
             registration.worker_id,
             uuid::Uuid::new_v4().simple()
         );
-        info!(worker = %registration.worker_id, session = %session_id, host = %registration.hostname, devices = ?registration.devices, "worker registered");
+        info!(worker = %registration.worker_id, session = %session_id, host = %registration.hostname, devices = ?registration.devices, held = registration.held.len(), "worker registered");
         self.sessions.insert(
             session_id.clone(),
             Session {
                 worker_id: registration.worker_id,
-                events_tx,
+                events_tx: events_tx.clone(),
                 leases: HashSet::new(),
             },
         );
+        let refused: Vec<LeaseKey> = registration
+            .held
+            .into_iter()
+            .filter(|key| !self.adopt(&session_id, key))
+            .collect();
+        if !refused.is_empty() {
+            let _ = events_tx.try_send(SessionEvent::Revoke {
+                leases: refused,
+                reason: "lease not valid after the coordinator restarted".to_string(),
+            });
+        }
         SessionGrant {
             session_id,
             lease_timeout: self.config.lease_timeout,
             heartbeat_interval: self.config.heartbeat_interval(),
         }
+    }
+
+    /// Takes over a lease a worker held before the coordinator restarted,
+    /// if it is still the freshest claim on its shard: issued by an earlier
+    /// epoch, not older than the last committed attempt, and the shard is
+    /// neither done nor leased again since.
+    fn adopt(&mut self, session_id: &str, key: &LeaseKey) -> bool {
+        let epoch = self.epoch;
+        let deadline = Instant::now() + self.config.lease_timeout;
+        let Some(job) = self.jobs.get_mut(&key.job_id) else {
+            return false;
+        };
+        if job.state != JobState::Running {
+            return false;
+        }
+        let Some(&idx) = job.shard_index.get(&key.shard_id) else {
+            return false;
+        };
+        let shard = &mut job.shards[idx];
+        let valid = (key.token >> TOKEN_EPOCH_SHIFT) < epoch
+            && key.token >= shard.progress.token
+            && !shard.progress.done
+            && shard.lease.is_none();
+        if !valid {
+            return false;
+        }
+        shard.lease = Some(ActiveLease {
+            session_id: session_id.to_string(),
+            token: key.token,
+            deadline,
+        });
+        job.pending.retain(|&i| i != idx);
+        if let Some(session) = self.sessions.get_mut(session_id) {
+            session.leases.insert((key.job_id.clone(), idx));
+        }
+        info!(job = %key.job_id, shard = %key.shard_id, token = key.token, session = %session_id, "lease adopted after restart");
+        true
     }
 
     /// The session's connection dropped: its shards go back to the queue at
@@ -445,23 +582,38 @@ impl State {
                 session_id: session_id.to_string(),
             });
         }
-        let mut any_running = false;
+        let worker_id = self
+            .sessions
+            .get(session_id)
+            .map(|s| s.worker_id.clone())
+            .unwrap_or_default();
+        // A shard whose last attempt failed on this worker goes to another
+        // one while others are connected.
+        let others_connected = self.sessions.values().any(|s| s.worker_id != worker_id);
+        let mut any_unfinished = false;
         let mut chosen = None;
         for job_id in &self.order {
             let Some(job) = self.jobs.get(job_id) else {
                 continue;
             };
+            if job.state.is_terminal() {
+                continue;
+            }
+            any_unfinished = true;
             if job.state != JobState::Running {
                 continue;
             }
-            any_running = true;
-            if !job.pending.is_empty() {
-                chosen = Some(job_id.clone());
+            let pick = job.pending.iter().position(|&i| {
+                !others_connected
+                    || job.shards[i].progress.last_failed_worker.as_deref() != Some(&worker_id)
+            });
+            if let Some(pos) = pick {
+                chosen = Some((job_id.clone(), pos));
                 break;
             }
         }
-        let Some(job_id) = chosen else {
-            return Ok(if any_running {
+        let Some((job_id, pos)) = chosen else {
+            return Ok(if any_unfinished {
                 AcquireOutcome::Wait(self.config.wait_retry)
             } else {
                 AcquireOutcome::Idle
@@ -475,7 +627,7 @@ impl State {
             .ok_or_else(|| CoordinatorError::JobNotFound {
                 job_id: job_id.clone(),
             })?;
-        let Some(idx) = job.pending.pop_front() else {
+        let Some(idx) = job.pending.remove(pos) else {
             return Ok(AcquireOutcome::Wait(self.config.wait_retry));
         };
         let shard = &mut job.shards[idx];
@@ -496,6 +648,10 @@ impl State {
             next_batch: shard.progress.next_batch,
             records_done: shard.progress.records,
             input_schema: job.plan.jsonl_schema.clone(),
+            errors_prefix: job
+                .layout
+                .errors_prefix(&job.plan.shards[idx].id, token)
+                .to_string(),
         };
         if let Some(session) = self.sessions.get_mut(session_id) {
             session.leases.insert((job_id.clone(), idx));
@@ -553,8 +709,15 @@ impl State {
         progress.records += commit.records;
         progress.outputs.extend(commit.outputs.iter().cloned());
         progress.done = commit.shard_done;
+        progress.skipped += commit.skipped;
+        progress.errors.extend(commit.error_objects.iter().cloned());
         let uri = job.layout.progress(&key.shard_id);
         self.stores.put_json(&uri, &progress).await?;
+        fail::fail_point!("coordinator::after_progress_stored", |_| {
+            // Fault injection for tests: die as kill -9 would, after the
+            // progress record is stored and before anyone hears of it.
+            std::process::abort()
+        });
 
         let deadline = Instant::now() + self.config.lease_timeout;
         let job = self.job_mut(&key.job_id)?;
@@ -566,11 +729,32 @@ impl State {
                 session.leases.remove(&(key.job_id.clone(), idx));
             }
             info!(job = %key.job_id, shard = %key.shard_id, token = key.token, "shard done");
-            self.finish_if_done(&key.job_id).await;
         } else if let Some(lease) = shard.lease.as_mut() {
             lease.deadline = deadline;
         }
+        if commit.skipped > 0 {
+            self.check_skip_limit(&key.job_id, commit.last_skip_reason.as_deref())
+                .await?;
+        }
+        if commit.shard_done {
+            self.finish_if_done(&key.job_id).await;
+        }
         Ok(false)
+    }
+
+    /// Fails the job once it skipped more bad records than its spec allows.
+    async fn check_skip_limit(&mut self, job_id: &str, last_reason: Option<&str>) -> Result<()> {
+        let job = self.job(job_id)?;
+        let skipped: u64 = job.shards.iter().map(|s| s.progress.skipped).sum();
+        let limit = job.spec.errors.max_skipped;
+        if skipped <= limit || job.state.is_terminal() {
+            return Ok(());
+        }
+        let reason = format!(
+            "{skipped} bad records skipped, more than errors.max_skipped = {limit}; last: {}",
+            last_reason.unwrap_or("no reason given")
+        );
+        self.end_job(job_id, JobState::Failed, reason).await
     }
 
     pub async fn release(&mut self, release: Release) -> Result<()> {
@@ -603,6 +787,10 @@ impl State {
         };
         progress.failed_attempts += 1;
         progress.last_error = Some(error.clone());
+        progress.last_failed_worker = self
+            .sessions
+            .get(&release.session_id)
+            .map(|s| s.worker_id.clone());
         self.stores.put_json(&progress_uri, &progress).await?;
         if let Some(session) = self.sessions.get_mut(&release.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
@@ -675,6 +863,11 @@ impl State {
             .iter()
             .flat_map(|s| s.progress.outputs.iter().map(|o| o.uri.as_str()))
             .collect();
+        let committed_errors: HashSet<&str> = job
+            .shards
+            .iter()
+            .flat_map(|s| s.progress.errors.iter().map(|o| o.uri.as_str()))
+            .collect();
         for shard in &job.plan.shards {
             for listed in self
                 .stores
@@ -685,7 +878,13 @@ impl State {
                     self.stores.delete(&listed.uri).await?;
                 }
             }
+            for listed in self.stores.list(&job.layout.errors_dir(&shard.id)).await? {
+                if !committed_errors.contains(listed.uri.as_str()) {
+                    self.stores.delete(&listed.uri).await?;
+                }
+            }
         }
+        fail::fail_point!("coordinator::before_manifest", |_| std::process::abort());
         let outputs: Vec<ManifestEntry> = job
             .shards
             .iter()
@@ -705,17 +904,27 @@ impl State {
             records_out: outputs.iter().map(|o| o.records).sum(),
             shards: job.shards.len() as u64,
             outputs,
+            records_skipped: job.shards.iter().map(|s| s.progress.skipped).sum(),
+            errors: job
+                .shards
+                .iter()
+                .flat_map(|s| {
+                    s.progress.errors.iter().map(|o| ManifestEntry {
+                        shard_id: s.progress.shard_id.clone(),
+                        uri: o.uri.clone(),
+                        records: o.records,
+                        bytes: o.bytes,
+                        sha256: o.sha256.clone(),
+                    })
+                })
+                .collect(),
             created_ms: now_ms(),
         };
         let layout = job.layout.clone();
         let bytes = Bytes::from(serde_json::to_vec_pretty(&manifest).unwrap_or_default());
         self.stores.put(&layout.manifest(), bytes).await?;
-        let status = StatusRecord {
-            state: JobState::Succeeded,
-            reason: None,
-            updated_ms: now_ms(),
-        };
-        self.stores.put_json(&layout.status(), &status).await?;
+        fail::fail_point!("coordinator::after_manifest", |_| std::process::abort());
+        self.store_status(job_id, JobState::Succeeded, None).await?;
         let job = self.job_mut(job_id)?;
         job.state = JobState::Succeeded;
         job.manifest_written = true;

@@ -70,6 +70,7 @@ fn register(state: &mut State, worker_id: &str) -> (String, mpsc::Receiver<Sessi
         worker_id: worker_id.to_string(),
         devices: vec!["cpu".to_string()],
         hostname: "test".to_string(),
+        held: Vec::new(),
     };
     (
         state.register(registration, events_tx).session_id,
@@ -119,6 +120,9 @@ fn checkpoint(session_id: &str, lease: &Lease, from_batch: u64, next_batch: u64)
         records,
         outputs: vec![output(lease, from_batch, records)],
         shard_done: false,
+        skipped: 0,
+        error_objects: Vec::new(),
+        last_skip_reason: None,
     }
 }
 
@@ -632,6 +636,7 @@ async fn cancel_revokes_leases_and_refuses_their_commits() {
     assert_eq!(stored_status(&stores, "j").await.state, JobState::Cancelled);
     match a_events.try_recv().expect("revoke event") {
         SessionEvent::Revoke { leases, .. } => assert_eq!(leases, vec![lease.key()]),
+        other => panic!("expected a revoke, got {other:?}"),
     }
 
     let err = state
@@ -768,6 +773,7 @@ async fn owner_task_takes_back_expired_leases_on_its_own() {
         worker_id: worker_id.to_string(),
         devices: Vec::new(),
         hostname: "test".to_string(),
+        held: Vec::new(),
     };
     let (a, _a_events) = handle
         .register(registration("a"))

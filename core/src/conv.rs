@@ -52,6 +52,7 @@ impl From<JobInfo> for pb::JobInfo {
             output_uri: j.output_uri,
             manifest_uri: j.manifest_uri.unwrap_or_default(),
             processor: j.processor,
+            records_skipped: j.records_skipped,
         }
     }
 }
@@ -76,6 +77,7 @@ impl TryFrom<pb::JobInfo> for JobInfo {
             output_uri: j.output_uri,
             manifest_uri: non_empty(j.manifest_uri),
             processor: j.processor,
+            records_skipped: j.records_skipped,
         })
     }
 }
@@ -166,6 +168,7 @@ impl From<Lease> for pb::Lease {
                 .as_ref()
                 .and_then(|s| serde_json::to_string(s).ok())
                 .unwrap_or_default(),
+            errors_prefix: l.errors_prefix,
         }
     }
 }
@@ -199,6 +202,7 @@ impl TryFrom<pb::Lease> for Lease {
                     }
                 })?)
             },
+            errors_prefix: l.errors_prefix,
         })
     }
 }
@@ -285,6 +289,9 @@ impl From<Commit> for pb::CommitRequest {
             outputs: c.outputs.into_iter().map(Into::into).collect(),
             shard_done: c.shard_done,
             from_batch: c.from_batch,
+            skipped: c.skipped,
+            error_objects: c.error_objects.into_iter().map(Into::into).collect(),
+            last_skip_reason: c.last_skip_reason.unwrap_or_default(),
         }
     }
 }
@@ -313,6 +320,9 @@ impl TryFrom<pb::CommitRequest> for Commit {
             records: c.records,
             outputs: c.outputs.into_iter().map(Into::into).collect(),
             shard_done: c.shard_done,
+            skipped: c.skipped,
+            error_objects: c.error_objects.into_iter().map(Into::into).collect(),
+            last_skip_reason: non_empty(c.last_skip_reason),
         })
     }
 }
@@ -356,6 +366,10 @@ impl From<SessionEvent> for pb::SessionEvent {
                     reason,
                 })
             }
+            SessionEvent::Drain { leases, reason } => pb::session_event::Event::Drain(pb::Drain {
+                leases: leases.into_iter().map(Into::into).collect(),
+                reason,
+            }),
         };
         Self { event: Some(event) }
     }
@@ -390,6 +404,7 @@ mod tests {
             next_batch: 3,
             records_done: 12,
             output_prefix: "memory:///o/s00001/a42".into(),
+            errors_prefix: "memory:///r/jobs/j/errors/s00001/a42".into(),
             input_schema: Some(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
                 "x",
                 arrow_schema::DataType::Int64,

@@ -7,6 +7,7 @@
 //! <root>/jobs/<job>/status.json           running | paused | cancelled | succeeded | failed
 //! <root>/jobs/<job>/progress/<shard>.json committed progress of one shard
 //! <root>/jobs/<job>/manifest.json         written at success
+//! <root>/jobs/<job>/errors/<shard>/a<token>/part-<batch>.jsonl   skipped bad records
 //! <output>/<shard>/a<token>/part-<batch>.<ext>   outputs of one attempt
 //! ```
 
@@ -66,6 +67,13 @@ impl JobLayout {
     }
     pub fn manifest(&self) -> StoreUri {
         self.dir.join("manifest.json")
+    }
+    /// Where one attempt writes the bad records it skipped.
+    pub fn errors_prefix(&self, shard_id: &str, token: u64) -> StoreUri {
+        self.dir.join(&format!("errors/{shard_id}/a{token}"))
+    }
+    pub fn errors_dir(&self, shard_id: &str) -> StoreUri {
+        self.dir.join(&format!("errors/{shard_id}/"))
     }
     /// Default output location when the spec names none.
     pub fn default_output(&self) -> StoreUri {

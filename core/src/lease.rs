@@ -28,6 +28,8 @@ pub struct Lease {
     pub output_prefix: String,
     /// JSON Lines: the schema inferred at plan time.
     pub input_schema: Option<arrow_schema::Schema>,
+    /// URI prefix under which this attempt writes skipped bad records.
+    pub errors_prefix: String,
 }
 
 impl Lease {
@@ -60,6 +62,11 @@ pub struct Commit {
     pub records: u64,
     pub outputs: Vec<OutputObject>,
     pub shard_done: bool,
+    /// Bad records skipped by this checkpoint (error policy `skip`).
+    pub skipped: u64,
+    /// Objects listing the skipped records and why.
+    pub error_objects: Vec<OutputObject>,
+    pub last_skip_reason: Option<String>,
 }
 
 /// A worker giving a lease back: cleanly (`error: None`) or after a failure.
@@ -76,6 +83,8 @@ pub struct Registration {
     pub worker_id: String,
     pub devices: Vec<String>,
     pub hostname: String,
+    /// Leases held from an earlier session (the coordinator restarted).
+    pub held: Vec<LeaseKey>,
 }
 
 /// What the coordinator tells a worker when its session opens.
@@ -91,6 +100,12 @@ pub struct SessionGrant {
 pub enum SessionEvent {
     /// Stop working on these leases: the job was cancelled (or paused).
     Revoke {
+        leases: Vec<LeaseKey>,
+        reason: String,
+    },
+    /// Checkpoint these leases after the current batch and release them:
+    /// the job was paused.
+    Drain {
         leases: Vec<LeaseKey>,
         reason: String,
     },

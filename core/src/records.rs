@@ -74,6 +74,14 @@ pub struct ProgressRecord {
     pub failed_attempts: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The worker whose attempt failed last: the retry prefers another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failed_worker: Option<String>,
+    /// Bad records skipped so far, and the objects that list them.
+    #[serde(default)]
+    pub skipped: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<OutputObject>,
 }
 
 /// `coordinator/epoch.json`: bumped at each coordinator start so fencing
@@ -103,6 +111,12 @@ pub struct Manifest {
     pub records_out: u64,
     pub shards: u64,
     pub outputs: Vec<ManifestEntry>,
+    /// Bad records skipped under the job's error policy, and the objects
+    /// that list each with its reason.
+    #[serde(default)]
+    pub records_skipped: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<ManifestEntry>,
     pub created_ms: u64,
 }
 
@@ -121,6 +135,7 @@ pub struct JobInfo {
     pub output_uri: String,
     pub manifest_uri: Option<String>,
     pub processor: String,
+    pub records_skipped: u64,
 }
 
 /// Milliseconds since the Unix epoch, for timestamps in records.

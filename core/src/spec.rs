@@ -31,6 +31,44 @@ pub struct JobSpec {
     /// Attempts per shard before the job fails.
     #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
+    #[serde(default)]
+    pub errors: ErrorsSpec,
+}
+
+/// What to do with a bad record (undecodable, wrong shape).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorsSpec {
+    #[serde(default)]
+    pub policy: ErrorPolicy,
+    /// With `skip`: the job fails once more records than this were skipped.
+    #[serde(default = "default_max_skipped")]
+    pub max_skipped: u64,
+}
+
+impl Default for ErrorsSpec {
+    fn default() -> Self {
+        Self {
+            policy: ErrorPolicy::default(),
+            max_skipped: default_max_skipped(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ErrorPolicy {
+    /// A bad record fails its shard's attempt (and, after `max_attempts`,
+    /// the job), naming the record.
+    #[default]
+    Fail,
+    /// A bad record is written under the job's `errors/` with its reason,
+    /// counted, and skipped.
+    Skip,
+}
+
+fn default_max_skipped() -> u64 {
+    1000
 }
 
 /// Which records to process.

@@ -123,6 +123,33 @@ impl Client {
         info("cancel", Some(resp.into_inner()))
     }
 
+    /// Pauses a job: workers checkpoint and release its leases; it waits.
+    pub async fn pause(&self, job_id: &str, reason: &str) -> Result<JobInfo, ClientError> {
+        let resp = self
+            .inner
+            .clone()
+            .pause(pb::PauseRequest {
+                job_id: job_id.to_string(),
+                reason: reason.to_string(),
+            })
+            .await
+            .map_err(|s| ClientError::rpc("pause", s))?;
+        info("pause", Some(resp.into_inner()))
+    }
+
+    /// Resumes a paused job from its checkpoints.
+    pub async fn resume(&self, job_id: &str) -> Result<JobInfo, ClientError> {
+        let resp = self
+            .inner
+            .clone()
+            .resume(pb::ResumeRequest {
+                job_id: job_id.to_string(),
+            })
+            .await
+            .map_err(|s| ClientError::rpc("resume", s))?;
+        info("resume", Some(resp.into_inner()))
+    }
+
     /// Polls until the job reaches a terminal state; `on_progress` sees each
     /// poll's answer.
     pub async fn wait(

@@ -53,6 +53,14 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Pause a job: workers checkpoint and release its shards; it waits.
+    Pause {
+        job: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Resume a paused job from its checkpoints.
+    Resume { job: String },
     /// Cancel a job.
     Cancel {
         job: String,
@@ -153,6 +161,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     );
                 }
             }
+            Ok(0)
+        }
+        Cmd::Pause { job, reason } => {
+            let client = Client::connect(&cli.coordinator).await?;
+            let job = client.pause(&job, &reason).await?;
+            println!("job {} is {}", job.job_id, job.state);
+            Ok(0)
+        }
+        Cmd::Resume { job } => {
+            let client = Client::connect(&cli.coordinator).await?;
+            let job = client.resume(&job).await?;
+            println!("job {} is {}", job.job_id, job.state);
             Ok(0)
         }
         Cmd::Cancel { job, reason } => {
@@ -384,6 +404,12 @@ fn print_summary(job: &JobInfo) {
     }
     println!("shards: {}/{}", job.shards_done, job.shards_total);
     println!("records: {}/{}", job.records_done, total(job));
+    if job.records_skipped > 0 {
+        println!(
+            "skipped: {} bad records (see the job's errors/)",
+            job.records_skipped
+        );
+    }
     println!("outputs: {}", local_path(&job.output_uri));
     if let Some(m) = &job.manifest_uri {
         println!("manifest: {}", local_path(m));
@@ -401,6 +427,7 @@ fn job_json(job: &JobInfo) -> serde_json::Value {
         "shards_leased": job.shards_leased,
         "records_done": job.records_done,
         "records_total": job.records_total,
+        "records_skipped": job.records_skipped,
         "output_uri": job.output_uri,
         "manifest_uri": job.manifest_uri,
         "processor": job.processor,

@@ -5,10 +5,12 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Float32Type;
-use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, StringArray};
 use arrow_schema::DataType;
+use arrow_select::filter::{filter, filter_record_batch};
 use tch::Tensor;
 
+use crate::context::SkippedRecord;
 use crate::error::WorkerError;
 
 /// One batch of a shard.
@@ -17,6 +19,9 @@ pub struct Batch {
     ids: Arc<StringArray>,
     rows: RecordBatch,
     index: u64,
+    /// Records of this batch the reader could not decode (they are not in
+    /// `rows`); the worker applies the job's error policy to them.
+    skipped: Vec<SkippedRecord>,
 }
 
 impl Batch {
@@ -25,7 +30,67 @@ impl Batch {
             ids: Arc::new(ids),
             rows,
             index,
+            skipped: Vec::new(),
         }
+    }
+
+    pub(crate) fn with_skipped(mut self, skipped: Vec<SkippedRecord>) -> Self {
+        self.skipped = skipped;
+        self
+    }
+
+    pub(crate) fn take_skipped(&mut self) -> Vec<SkippedRecord> {
+        std::mem::take(&mut self.skipped)
+    }
+
+    /// Input records this batch stands for: its rows and those the reader
+    /// had to leave out.
+    pub(crate) fn consumed(&self) -> u64 {
+        (self.rows.num_rows() + self.skipped.len()) as u64
+    }
+
+    /// The batch with only the rows where `keep` is true (same index).
+    pub fn retain(&self, keep: &[bool]) -> Result<Batch, WorkerError> {
+        let mask = BooleanArray::from(keep.to_vec());
+        let rows = filter_record_batch(&self.rows, &mask).map_err(|e| WorkerError::Column {
+            batch_idx: self.index,
+            column: String::new(),
+            message: e.to_string(),
+        })?;
+        let ids = filter(self.ids.as_ref(), &mask).map_err(|e| WorkerError::Column {
+            batch_idx: self.index,
+            column: "id".to_string(),
+            message: e.to_string(),
+        })?;
+        let ids = ids.as_string::<i32>().clone();
+        Ok(Batch::new(ids, rows, self.index))
+    }
+
+    /// For a list column: each row's length (`None` for a null row). For
+    /// other columns: 1 per non-null row.
+    pub fn row_widths(&self, name: &str) -> Result<Vec<Option<usize>>, WorkerError> {
+        let column = self.column(name)?;
+        let widths = match column.data_type() {
+            DataType::FixedSizeList(_, w) => (0..column.len())
+                .map(|i| column.is_valid(i).then_some(*w as usize))
+                .collect(),
+            DataType::List(_) => {
+                let l = column.as_list::<i32>();
+                (0..l.len())
+                    .map(|i| l.is_valid(i).then(|| l.value_length(i) as usize))
+                    .collect()
+            }
+            DataType::LargeList(_) => {
+                let l = column.as_list::<i64>();
+                (0..l.len())
+                    .map(|i| l.is_valid(i).then(|| l.value_length(i) as usize))
+                    .collect()
+            }
+            _ => (0..column.len())
+                .map(|i| column.is_valid(i).then_some(1))
+                .collect(),
+        };
+        Ok(widths)
     }
 
     /// The batch index within its shard (stable across retries).

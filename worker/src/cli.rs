@@ -2,6 +2,7 @@
 //! users' own worker binaries (see `stoke::worker_main`).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
 use stoke_core::Stores;
@@ -40,6 +41,11 @@ pub struct WorkerArgs {
     /// Folder for processors' upload_path files (default: a temporary folder).
     #[arg(long, env = "STOKE_SCRATCH_DIR")]
     pub scratch_dir: Option<PathBuf>,
+    /// After SIGTERM: time to finish the batch, checkpoint and release
+    /// before exiting anyway. Keep it below the pod's
+    /// terminationGracePeriodSeconds.
+    #[arg(long, env = "STOKE_GRACE_PERIOD", default_value = "25s", value_parser = humantime::parse_duration)]
+    pub grace_period: Duration,
 }
 
 impl WorkerArgs {
@@ -62,6 +68,8 @@ impl WorkerArgs {
 /// `main` calls.
 pub fn worker_main(registry: Registry) -> Result<WorkerExit, WorkerError> {
     let args = WorkerArgs::parse();
+    // Fault points for tests (FAILPOINTS=name=return); inert otherwise.
+    let _faults = fail::FailScenario::setup();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -78,7 +86,7 @@ pub fn worker_main(registry: Registry) -> Result<WorkerExit, WorkerError> {
     runtime.block_on(async move {
         let link = GrpcLink::new(&args.coordinator)?;
         let shutdown = CancellationToken::new();
-        tokio::spawn(stop_on_signal(shutdown.clone()));
+        tokio::spawn(stop_on_signal(shutdown.clone(), args.grace_period));
         info!(worker = %config.worker_id, coordinator = %args.coordinator, processors = ?registry.names(), "worker starting");
         let exit = run(link, config, registry, Stores::new(), shutdown).await?;
         info!(?exit, "worker stopped");
@@ -86,15 +94,28 @@ pub fn worker_main(registry: Registry) -> Result<WorkerExit, WorkerError> {
     })
 }
 
-async fn stop_on_signal(shutdown: CancellationToken) {
+/// First SIGTERM/SIGINT: finish the current batch, checkpoint, release,
+/// exit 0. A second signal, or the grace period running out, exits at once
+/// (the last commit still protects the data).
+async fn stop_on_signal(shutdown: CancellationToken, grace: Duration) {
     use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot listen for signals; SIGTERM will kill the worker at once");
         return;
     };
     tokio::select! {
         _ = term.recv() => {},
-        _ = tokio::signal::ctrl_c() => {},
+        _ = int.recv() => {},
     }
-    tracing::info!("signal received: finishing the current batch, checkpointing, releasing leases");
+    tracing::info!(grace = ?grace, "signal received: finishing the current batch, checkpointing, releasing leases");
     shutdown.cancel();
+    tokio::select! {
+        _ = term.recv() => tracing::warn!("second signal: exiting now"),
+        _ = int.recv() => tracing::warn!("second signal: exiting now"),
+        _ = tokio::time::sleep(grace) => tracing::warn!("grace period over: exiting now"),
+    }
+    std::process::exit(1);
 }

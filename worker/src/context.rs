@@ -9,7 +9,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::DataType;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
-use stoke_core::spec::JobSpec;
+use stoke_core::spec::{ErrorPolicy, JobSpec};
 use stoke_core::{StoreUri, Stores};
 use tch::{CModule, Device, Tensor};
 
@@ -25,6 +25,13 @@ pub struct ShardInfo {
     pub attempt: u32,
 }
 
+/// A bad record left out under the job's error policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedRecord {
+    pub id: String,
+    pub reason: String,
+}
+
 /// Handed to every processor call.
 #[derive(Debug)]
 pub struct ProcessorContext {
@@ -33,6 +40,7 @@ pub struct ProcessorContext {
     spec: Arc<JobSpec>,
     shard: Option<ShardInfo>,
     rows: Vec<RecordBatch>,
+    skipped: Vec<SkippedRecord>,
     scratch: PathBuf,
     stores: Stores,
     runtime: tokio::runtime::Handle,
@@ -56,6 +64,7 @@ impl ProcessorContext {
             spec,
             shard: None,
             rows: Vec::new(),
+            skipped: Vec::new(),
             scratch,
             stores,
             runtime,
@@ -165,6 +174,32 @@ impl ProcessorContext {
 
     pub(crate) fn take_rows(&mut self) -> Vec<RecordBatch> {
         std::mem::take(&mut self.rows)
+    }
+
+    /// Reports a bad record (undecodable, wrong shape). Under the job's
+    /// error policy `skip` it is recorded with its reason under the job's
+    /// `errors/` at the next checkpoint and left out; under `fail` (the
+    /// default) this returns an error naming the record, which fails the
+    /// attempt when the processor passes it on with `?`.
+    pub fn skip_record(&mut self, id: &str, reason: impl Into<String>) -> Result<(), WorkerError> {
+        let reason = reason.into();
+        match self.spec.errors.policy {
+            ErrorPolicy::Fail => Err(WorkerError::BadRecord {
+                id: id.to_string(),
+                reason,
+            }),
+            ErrorPolicy::Skip => {
+                self.skipped.push(SkippedRecord {
+                    id: id.to_string(),
+                    reason,
+                });
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn take_skipped(&mut self) -> Vec<SkippedRecord> {
+        std::mem::take(&mut self.skipped)
     }
 
     /// A local folder whose files are uploaded with the next checkpoint

@@ -28,6 +28,14 @@ pub enum WorkerError {
         column: String,
         message: String,
     },
+    #[error("shard {shard}, batch {batch_idx}: {source}")]
+    InBatch {
+        shard: String,
+        batch_idx: u64,
+        source: Box<WorkerError>,
+    },
+    #[error("bad record {id}: {reason}")]
+    BadRecord { id: String, reason: String },
     #[error("no processor named {name:?} in this worker (it has: {known})")]
     UnknownProcessor { name: String, known: String },
     #[error("processor {processor:?} failed to start: {message}")]

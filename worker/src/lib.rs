@@ -19,11 +19,12 @@ pub mod link;
 mod pipeline;
 pub mod processor;
 pub mod runner;
+mod session;
 pub mod torchscript;
 
 pub use batch::Batch;
 pub use config::WorkerConfig;
-pub use context::{ProcessorContext, ShardInfo};
+pub use context::{ProcessorContext, ShardInfo, SkippedRecord};
 pub use error::{BoxError, LinkError, ProcessorResult, WorkerError};
 pub use link::{CoordinatorLink, GrpcLink, LocalLink};
 pub use processor::{Registry, TorchBatchProcessor};

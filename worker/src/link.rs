@@ -93,6 +93,7 @@ impl CoordinatorLink for GrpcLink {
                 worker_id: registration.worker_id,
                 devices: registration.devices,
                 hostname: registration.hostname,
+                held: registration.held.into_iter().map(Into::into).collect(),
             })),
         };
         out_tx
@@ -140,12 +141,21 @@ impl CoordinatorLink for GrpcLink {
                         None => break,
                     },
                     ev = inbound.message() => match ev {
-                        Ok(Some(pb::SessionEvent { event: Some(pb::session_event::Event::Revoke(r)) })) => {
-                            let event = SessionEvent::Revoke {
-                                leases: r.leases.into_iter().map(Into::into).collect(),
-                                reason: r.reason,
+                        Ok(Some(pb::SessionEvent { event: Some(event) })) => {
+                            let event = match event {
+                                pb::session_event::Event::Revoke(r) => Some(SessionEvent::Revoke {
+                                    leases: r.leases.into_iter().map(Into::into).collect(),
+                                    reason: r.reason,
+                                }),
+                                pb::session_event::Event::Drain(d) => Some(SessionEvent::Drain {
+                                    leases: d.leases.into_iter().map(Into::into).collect(),
+                                    reason: d.reason,
+                                }),
+                                pb::session_event::Event::Registered(_) => None,
                             };
-                            if events_tx.send(event).await.is_err() {
+                            if let Some(event) = event
+                                && events_tx.send(event).await.is_err()
+                            {
                                 break;
                             }
                         }

@@ -1,27 +1,27 @@
-//! The worker's lease loop: open a session, ask for work, run each lease
-//! through the pipeline (read -> processor thread -> committer), renew
-//! leases while healthy, and finish processors when there is no more work.
+//! The worker's lease loop: ask for work on the current session, run each
+//! lease through the pipeline (read -> processor thread -> committer), and
+//! finish processors when there is no more work. The session itself is kept
+//! by `session.rs`, which registers again (carrying the leases still held)
+//! whenever it is lost.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use stoke_core::lease::{AcquireOutcome, Lease, LeaseKey, Registration, Release, SessionEvent};
+use stoke_core::lease::{AcquireOutcome, Lease, Registration, Release};
 use stoke_core::{StoreUri, Stores};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::{WorkerConfig, device_name};
 use crate::context::ShardInfo;
 use crate::error::{LinkErrorKind, WorkerError};
-use crate::link::{CoordinatorLink, Session};
+use crate::link::CoordinatorLink;
 use crate::pipeline::commit::Committer;
 use crate::pipeline::process::{ProcMsg, ProcessorThread, ShardControl, ShardOutcome, ShardRun};
 use crate::pipeline::read::{ShardRead, read_shard};
 use crate::processor::Registry;
-
-type Active = Arc<Mutex<HashMap<LeaseKey, Arc<ShardControl>>>>;
+use crate::session::{self, Active, SessionState};
 
 /// How the worker's run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +31,9 @@ pub enum WorkerExit {
     /// Shutdown was requested (SIGTERM): leases were checkpointed and released.
     Shutdown,
 }
+
+/// How long a worker waits for a session before reporting trouble again.
+const SESSION_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs a worker until there is no work (`exit_when_idle`) or `shutdown`.
 pub async fn run<L: CoordinatorLink>(
@@ -63,19 +66,39 @@ pub async fn run<L: CoordinatorLink>(
     }
     .spawn()
     .map_err(|e| WorkerError::Config(format!("starting the processor thread: {e}")))?;
+
+    let link = Arc::new(link);
+    let active: Active = Arc::default();
+    let (session_tx, session_rx) = watch::channel(SessionState::Connecting);
+    let session_stop = CancellationToken::new();
+    let keeper = tokio::spawn(session::maintain(
+        Arc::clone(&link),
+        Registration {
+            worker_id: config.worker_id.clone(),
+            devices: vec![device_name(config.device)],
+            hostname: hostname(),
+            held: Vec::new(),
+        },
+        Arc::clone(&active),
+        session_tx,
+        session_stop.clone(),
+    ));
     let worker = Worker {
-        link: Arc::new(link),
+        link,
         config,
         stores,
         proc_tx,
-        active: Arc::default(),
+        active,
         shutdown,
+        session_rx,
     };
     let result = worker.lease_loop().await;
     let (done_tx, done_rx) = oneshot::channel();
     if worker.proc_tx.send(ProcMsg::Finish(done_tx)).await.is_ok() {
         let _ = done_rx.await;
     }
+    session_stop.cancel();
+    let _ = keeper.await;
     drop(worker);
     let _ = tokio::task::spawn_blocking(move || proc_thread.join()).await;
     result
@@ -88,48 +111,10 @@ struct Worker<L> {
     proc_tx: mpsc::Sender<ProcMsg>,
     active: Active,
     shutdown: CancellationToken,
+    session_rx: watch::Receiver<SessionState>,
 }
 
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
 impl<L: CoordinatorLink> Worker<L> {
-    async fn lease_loop(&self) -> Result<WorkerExit, WorkerError> {
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            if self.shutdown.is_cancelled() {
-                return Ok(WorkerExit::Shutdown);
-            }
-            let session = match self.open_session().await {
-                Ok(s) => s,
-                Err(e) if e.is_transient() => {
-                    warn!(error = %e, retry_in = ?backoff, "cannot reach the coordinator");
-                    if self.pause(backoff).await {
-                        return Ok(WorkerExit::Shutdown);
-                    }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            backoff = Duration::from_millis(100);
-            info!(session = %session.grant.session_id, "session open");
-            match self.session_loop(session).await? {
-                Some(exit) => return Ok(exit),
-                None => continue,
-            }
-        }
-    }
-
-    async fn open_session(&self) -> Result<Session, crate::error::LinkError> {
-        self.link
-            .open_session(Registration {
-                worker_id: self.config.worker_id.clone(),
-                devices: vec![device_name(self.config.device)],
-                hostname: hostname(),
-            })
-            .await
-    }
-
     /// Sleeps unless shutdown comes first; `true` on shutdown.
     async fn pause(&self, d: Duration) -> bool {
         tokio::select! {
@@ -138,84 +123,74 @@ impl<L: CoordinatorLink> Worker<L> {
         }
     }
 
-    /// Works within one session. `Ok(None)`: the session was lost, open a new one.
-    async fn session_loop(&self, session: Session) -> Result<Option<WorkerExit>, WorkerError> {
-        let Session {
-            grant,
-            events,
-            heartbeats,
-            lost,
-        } = session;
-        let session_id = grant.session_id.clone();
-        let keeper = tokio::spawn(keep_session(
-            Arc::clone(&self.active),
-            events,
-            heartbeats,
-            grant.heartbeat_interval,
-        ));
-        let result = loop {
+    async fn session_id(&self) -> Result<Option<String>, WorkerError> {
+        let mut rx = self.session_rx.clone();
+        tokio::select! {
+            _ = self.shutdown.cancelled() => Ok(None),
+            id = session::current(&mut rx, SESSION_WAIT) => match id {
+                Ok(id) => Ok(Some(id)),
+                Err(e) if e.is_transient() => {
+                    warn!(error = %e, "still no session with the coordinator");
+                    Ok(Some(String::new()))
+                }
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
+
+    async fn lease_loop(&self) -> Result<WorkerExit, WorkerError> {
+        loop {
             if self.shutdown.is_cancelled() {
-                break Ok(Some(WorkerExit::Shutdown));
+                return Ok(WorkerExit::Shutdown);
             }
-            if lost.is_cancelled() {
-                warn!(session = %session_id, "session lost; registering again");
-                break Ok(None);
-            }
+            let session_id = match self.session_id().await? {
+                None => return Ok(WorkerExit::Shutdown),
+                Some(id) if id.is_empty() => continue,
+                Some(id) => id,
+            };
             match self.link.acquire(&session_id).await {
-                Ok(AcquireOutcome::Lease(lease)) => self.run_lease(&session_id, *lease).await,
+                Ok(AcquireOutcome::Lease(lease)) => self.run_lease(*lease).await,
                 Ok(AcquireOutcome::Wait(d)) => {
                     if self.pause(d).await {
-                        break Ok(Some(WorkerExit::Shutdown));
+                        return Ok(WorkerExit::Shutdown);
                     }
                 }
                 Ok(AcquireOutcome::Idle) => {
                     if self.config.exit_when_idle {
                         info!("no job left; exiting");
-                        break Ok(Some(WorkerExit::Idle));
+                        return Ok(WorkerExit::Idle);
                     }
                     if self.pause(self.config.idle_poll).await {
-                        break Ok(Some(WorkerExit::Shutdown));
+                        return Ok(WorkerExit::Shutdown);
                     }
                 }
-                Err(e) if e.kind == LinkErrorKind::UnknownSession => break Ok(None),
-                Err(e) if e.is_transient() => {
+                Err(e) if e.kind == LinkErrorKind::UnknownSession || e.is_transient() => {
                     warn!(error = %e, "asking for a lease failed");
-                    if self.pause(Duration::from_millis(500)).await {
-                        break Ok(Some(WorkerExit::Shutdown));
+                    if self.pause(Duration::from_millis(200)).await {
+                        return Ok(WorkerExit::Shutdown);
                     }
                 }
-                Err(e) => break Err(e.into()),
+                Err(e) => return Err(e.into()),
             }
-        };
-        keeper.abort();
-        result
+        }
     }
 
-    async fn run_lease(&self, session_id: &str, lease: Lease) {
+    async fn run_lease(&self, lease: Lease) {
         let key = lease.key();
         let control = Arc::new(ShardControl::default());
         self.active
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key.clone(), Arc::clone(&control));
-        let outcome = self.drive(session_id, lease, &control).await;
-        self.active
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&key);
-        let release = |error: Option<String>| Release {
-            session_id: session_id.to_string(),
-            key: key.clone(),
-            error,
-        };
-        let to_release = match outcome {
+        let outcome = self.drive(lease, &control).await;
+        let error = match outcome {
             Ok(ShardOutcome::Finished) => {
                 info!(job = %key.job_id, shard = %key.shard_id, token = key.token, "shard finished");
                 None
             }
             Ok(ShardOutcome::Stopped) => {
-                info!(job = %key.job_id, shard = %key.shard_id, "checkpointed and stopping; releasing lease");
-                Some(release(None))
+                info!(job = %key.job_id, shard = %key.shard_id, "checkpointed; releasing lease");
+                Some(None)
             }
             Ok(ShardOutcome::Aborted) => {
                 warn!(job = %key.job_id, shard = %key.shard_id, token = key.token, "attempt dropped (lease revoked or commit refused)");
@@ -227,13 +202,34 @@ impl<L: CoordinatorLink> Worker<L> {
                     None
                 } else {
                     warn!(job = %key.job_id, shard = %key.shard_id, error = %e, "attempt failed");
-                    Some(release(Some(e.to_string())))
+                    Some(Some(e.to_string()))
                 }
             }
         };
-        if let Some(release) = to_release
-            && let Err(e) = self.link.release(release).await
-        {
+        if let Some(error) = error {
+            self.release(&key, error).await;
+        }
+        self.active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
+    }
+
+    async fn release(&self, key: &stoke_core::lease::LeaseKey, error: Option<String>) {
+        let mut rx = self.session_rx.clone();
+        let session_id = match session::current(&mut rx, Duration::from_secs(5)).await {
+            Ok(id) => id,
+            Err(e) => {
+                warn!(error = %e, "cannot release the lease; it will time out instead");
+                return;
+            }
+        };
+        let release = Release {
+            session_id,
+            key: key.clone(),
+            error,
+        };
+        if let Err(e) = self.link.release(release).await {
             warn!(error = %e, "release failed; the lease will time out instead");
         }
     }
@@ -242,13 +238,13 @@ impl<L: CoordinatorLink> Worker<L> {
     /// ended; a committer error wins over the processor's outcome.
     async fn drive(
         &self,
-        session_id: &str,
         lease: Lease,
         control: &Arc<ShardControl>,
     ) -> Result<ShardOutcome, WorkerError> {
         info!(job = %lease.job_id, shard = %lease.shard.id, token = lease.token, attempt = lease.attempt, next_batch = lease.next_batch, "lease taken");
         let spec = Arc::new(lease.spec.clone());
         let prefix = StoreUri::parse(&lease.output_prefix)?;
+        let errors_prefix = StoreUri::parse(&lease.errors_prefix)?;
         let (batch_tx, batch_rx) = mpsc::channel(self.config.prefetch_batches.max(1));
         let reader = tokio::spawn(read_shard(
             ShardRead {
@@ -264,9 +260,10 @@ impl<L: CoordinatorLink> Worker<L> {
         let committer = Committer {
             link: Arc::clone(&self.link),
             stores: self.stores.clone(),
-            session_id: session_id.to_string(),
+            session_rx: self.session_rx.clone(),
             key: lease.key(),
             prefix,
+            errors_prefix,
             format: spec.output.format,
             control: Arc::clone(control),
         };
@@ -306,38 +303,6 @@ impl<L: CoordinatorLink> Worker<L> {
         match committed {
             Err(e) => Err(e),
             Ok(_) => Ok(outcome),
-        }
-    }
-}
-
-/// Renews the session's leases and applies coordinator events.
-async fn keep_session(
-    active: Active,
-    mut events: mpsc::Receiver<SessionEvent>,
-    heartbeats: mpsc::Sender<Vec<LeaseKey>>,
-    interval: Duration,
-) {
-    let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(10)));
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {
-                let keys: Vec<LeaseKey> = active.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
-                if heartbeats.send(keys).await.is_err() {
-                    break;
-                }
-            }
-            event = events.recv() => match event {
-                Some(SessionEvent::Revoke { leases, reason }) => {
-                    let active = active.lock().unwrap_or_else(|p| p.into_inner());
-                    for key in leases {
-                        if let Some(control) = active.get(&key) {
-                            warn!(job = %key.job_id, shard = %key.shard_id, %reason, "lease revoked");
-                            control.abort();
-                        }
-                    }
-                }
-                None => break,
-            },
         }
     }
 }

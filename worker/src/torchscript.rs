@@ -75,6 +75,10 @@ impl TorchBatchProcessor for TorchScriptProcessor {
         _batch_idx: u64,
         ctx: &mut ProcessorContext,
     ) -> ProcessorResult<()> {
+        let batch = self.drop_bad_records(batch, ctx)?;
+        if batch.is_empty() {
+            return Ok(());
+        }
         let mut input = batch.tensor(&self.input_column)?;
         if let Some(shape) = &self.input_shape {
             let mut full = vec![batch.len() as i64];
@@ -107,6 +111,51 @@ impl TorchBatchProcessor for TorchScriptProcessor {
         ctx.write_rows(out)?;
         Ok(())
     }
+}
+
+impl TorchScriptProcessor {
+    /// Records whose input has the wrong shape (or is null) go to the job's
+    /// error policy. The expected width is `input_shape`'s size when given,
+    /// else the most common width in the batch.
+    fn drop_bad_records(&self, batch: Batch, ctx: &mut ProcessorContext) -> ProcessorResult<Batch> {
+        let widths = batch.row_widths(&self.input_column)?;
+        let expected = match &self.input_shape {
+            Some(shape) => Some(shape.iter().product::<i64>().max(0) as usize),
+            None => most_common(&widths),
+        };
+        if widths.iter().all(|w| *w == expected) {
+            return Ok(batch);
+        }
+        let mut keep = Vec::with_capacity(widths.len());
+        for (i, width) in widths.iter().enumerate() {
+            let ok = *width == expected && width.is_some();
+            if !ok {
+                let reason = match (width, expected) {
+                    (None, _) => format!("`{}` is null", self.input_column),
+                    (Some(w), Some(e)) => {
+                        format!("`{}` has {w} values, expected {e}", self.input_column)
+                    }
+                    (Some(w), None) => format!("`{}` has {w} values", self.input_column),
+                };
+                ctx.skip_record(batch.ids().value(i), reason)?;
+            }
+            keep.push(ok);
+        }
+        Ok(batch.retain(&keep)?)
+    }
+}
+
+/// The most common non-null value (the first one seen on a tie).
+fn most_common(widths: &[Option<usize>]) -> Option<usize> {
+    let mut counts: Vec<(usize, usize)> = Vec::new();
+    for w in widths.iter().flatten() {
+        match counts.iter_mut().find(|(v, _)| v == w) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((*w, 1)),
+        }
+    }
+    let best = counts.iter().map(|(_, n)| *n).max()?;
+    counts.iter().find(|(_, n)| *n == best).map(|(v, _)| *v)
 }
 
 fn scores_column(scores: &Tensor) -> ProcessorResult<ArrayRef> {

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use bytes::Bytes;
@@ -13,13 +13,15 @@ use stoke_core::lease::{Commit, LeaseKey};
 use stoke_core::records::OutputObject;
 use stoke_core::spec::OutputFormat;
 use stoke_core::{StoreUri, Stores, sha256_hex};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
-use crate::error::{LinkErrorKind, WorkerError};
+use crate::context::SkippedRecord;
+use crate::error::{LinkError, LinkErrorKind, WorkerError};
 use crate::link::CoordinatorLink;
 use crate::pipeline::output::encode;
 use crate::pipeline::process::ShardControl;
+use crate::session::{self, SessionState};
 
 /// One checkpoint's worth of results, handed over by the processor thread.
 #[derive(Debug)]
@@ -31,20 +33,26 @@ pub(crate) struct Checkpoint {
     pub rows: Vec<RecordBatch>,
     /// Scratch files moved aside for this checkpoint.
     pub files: Vec<PathBuf>,
+    /// Bad records skipped since the previous checkpoint.
+    pub skipped: Vec<SkippedRecord>,
     pub done: bool,
 }
 
 pub(crate) struct Committer<L> {
     pub link: Arc<L>,
     pub stores: Stores,
-    pub session_id: String,
+    pub session_rx: watch::Receiver<SessionState>,
     pub key: LeaseKey,
     pub prefix: StoreUri,
+    pub errors_prefix: StoreUri,
     pub format: OutputFormat,
     pub control: Arc<ShardControl>,
 }
 
-const COMMIT_RETRIES: u32 = 8;
+/// How long a commit is retried while the coordinator is unreachable (or
+/// restarting) before the attempt gives up. The data is safe either way:
+/// the outputs are uploaded and the last commit stands.
+const COMMIT_RETRY_BUDGET: Duration = Duration::from_secs(60);
 
 impl<L: CoordinatorLink> Committer<L> {
     /// Runs until the processor closes the channel or a commit is refused.
@@ -96,14 +104,38 @@ impl<L: CoordinatorLink> Committer<L> {
             outputs.push(self.upload(uri, Bytes::from(bytes), 0).await?);
             let _ = tokio::fs::remove_file(file).await;
         }
+        let mut error_objects = Vec::new();
+        let skipped = cp.skipped.len() as u64;
+        let last_skip_reason = cp
+            .skipped
+            .last()
+            .map(|s| format!("record {}: {}", s.id, s.reason));
+        if !cp.skipped.is_empty() {
+            let mut lines = Vec::new();
+            for s in &cp.skipped {
+                let line = serde_json::json!({ "id": s.id, "reason": s.reason });
+                lines.extend_from_slice(line.to_string().as_bytes());
+                lines.push(b'\n');
+            }
+            let uri = self.errors_prefix.join(&part_name(cp.from_batch, "jsonl"));
+            error_objects.push(self.upload(uri, Bytes::from(lines), skipped).await?);
+        }
+        fail::fail_point!("worker::after_upload_before_commit", |_| {
+            // Fault injection for tests: die as kill -9 would, with the
+            // outputs uploaded and the commit not sent.
+            std::process::abort()
+        });
         let commit = Commit {
-            session_id: self.session_id.clone(),
+            session_id: String::new(),
             key: self.key.clone(),
             from_batch: cp.from_batch,
             next_batch: cp.next_batch,
             records: cp.records,
             outputs,
             shard_done: cp.done,
+            skipped,
+            error_objects,
+            last_skip_reason,
         };
         self.commit_with_retry(commit).await?;
         debug!(shard = %self.key.shard_id, next_batch = cp.next_batch, done = cp.done, "checkpoint committed");
@@ -127,20 +159,37 @@ impl<L: CoordinatorLink> Committer<L> {
         })
     }
 
-    async fn commit_with_retry(&self, commit: Commit) -> Result<(), WorkerError> {
+    /// Sends the commit on the current session, retrying while the
+    /// coordinator is unreachable or restarting (commits are idempotent).
+    async fn commit_with_retry(&self, mut commit: Commit) -> Result<(), WorkerError> {
+        let started = Instant::now();
         let mut delay = Duration::from_millis(50);
-        let mut attempt = 0;
+        let mut attempt = 0u32;
         loop {
-            match self.link.commit(commit.clone()).await {
-                Ok(_duplicate) => return Ok(()),
-                Err(e) if e.kind == LinkErrorKind::Transient && attempt < COMMIT_RETRIES => {
-                    attempt += 1;
-                    warn!(shard = %self.key.shard_id, attempt, error = %e, "commit failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
+            let mut rx = self.session_rx.clone();
+            let left = COMMIT_RETRY_BUDGET.saturating_sub(started.elapsed());
+            let result = match session::current(&mut rx, left).await {
+                Ok(id) => {
+                    commit.session_id = id;
+                    self.link.commit(commit.clone()).await.map(|_| ())
                 }
-                Err(e) => return Err(WorkerError::Link(e)),
+                Err(e) => Err(e),
+            };
+            let e: LinkError = match result {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            let retry = matches!(
+                e.kind,
+                LinkErrorKind::Transient | LinkErrorKind::UnknownSession
+            );
+            if !retry || started.elapsed() >= COMMIT_RETRY_BUDGET {
+                return Err(WorkerError::Link(e));
             }
+            attempt += 1;
+            warn!(shard = %self.key.shard_id, attempt, error = %e, "commit failed; retrying");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
         }
     }
 }

@@ -226,6 +226,7 @@ fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<Sh
     let shard_id = info.shard_id.clone();
     l.ctx.set_shard(Some(info));
     let _ = l.ctx.take_rows();
+    let _ = l.ctx.take_skipped();
     let interval = spec.checkpoint.interval;
     let every = spec.checkpoint.every;
     let _guard = tch::no_grad_guard();
@@ -250,6 +251,7 @@ fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<Sh
             }
         })?;
         let rows = l.ctx.take_rows();
+        let skipped = l.ctx.take_skipped();
         let files = stage_scratch(l.ctx.upload_path(), from).map_err(|e| WorkerError::Encode {
             shard: shard_id.clone(),
             message: format!("staging scratch files: {e}"),
@@ -260,6 +262,7 @@ fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<Sh
             records,
             rows,
             files,
+            skipped,
             done,
         };
         // The committer is gone only when it gave up (commit refused).
@@ -280,12 +283,24 @@ fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<Sh
         let Some(item) = batches.blocking_recv() else {
             break;
         };
-        let batch = match item {
+        let mut batch = match item {
             Ok(batch) => batch,
             Err(e) => return (ShardOutcome::Failed(e), reply),
         };
-        let n = batch.len() as u64;
+        let n = batch.consumed();
         let idx = batch.index();
+        for bad in batch.take_skipped() {
+            if let Err(e) = l.ctx.skip_record(&bad.id, bad.reason) {
+                return (
+                    ShardOutcome::Failed(WorkerError::InBatch {
+                        shard: shard_id.clone(),
+                        batch_idx: idx,
+                        source: Box::new(e),
+                    }),
+                    reply,
+                );
+            }
+        }
         if let Err(e) = l.processor.process_batch(batch, idx, &mut l.ctx) {
             return (
                 ShardOutcome::Failed(WorkerError::ProcessorBatch {

@@ -18,6 +18,7 @@ use stoke_core::{StoreUri, Stores};
 use tokio::sync::mpsc;
 
 use crate::batch::Batch;
+use crate::context::SkippedRecord;
 use crate::error::WorkerError;
 
 /// Everything needed to read one shard from a batch index on.
@@ -138,6 +139,35 @@ impl Emitter {
         }
         let schema = parts[0].schema();
         concat_batches(&schema, &parts).map_err(|e| self.read_error(format!("joining rows: {e}")))
+    }
+
+    /// Sends `rows` as one batch as they are (no re-cutting): for readers
+    /// that cut batches themselves and may leave bad records out. `offsets`
+    /// are the rows' record offsets in the shard.
+    async fn emit_rows(
+        &mut self,
+        rows: RecordBatch,
+        offsets: &[u64],
+        skipped: Vec<SkippedRecord>,
+    ) -> Result<Flow, WorkerError> {
+        let ids = if self.id_column.is_some() {
+            self.ids(&rows)?
+        } else {
+            let shard = &self.shard_id;
+            offsets
+                .iter()
+                .map(|o| Some(format!("{shard}:{o}")))
+                .collect()
+        };
+        let consumed = (rows.num_rows() + skipped.len()) as u64;
+        let batch = Batch::new(ids, rows, self.next_index).with_skipped(skipped);
+        self.next_index += 1;
+        self.offset += consumed;
+        Ok(if self.tx.send(Ok(batch)).await.is_err() {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        })
     }
 
     async fn emit(&mut self, rows: RecordBatch) -> Result<Flow, WorkerError> {
@@ -288,42 +318,75 @@ async fn read_jsonl(
             .ok_or_else(|| err("the lease carries no JSON Lines schema".to_string()))?,
     );
     let data = read.stores.get_range(&StoreUri::parse(uri)?, bytes).await?;
-    let lines = data
+    // Record offsets count non-blank lines, so ids and batches stay the same
+    // whatever the error policy.
+    let lines: Vec<&[u8]> = data
         .split(|&b| b == b'\n')
         .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
-        .skip(emitter.offset as usize);
-    let mut chunk: Vec<u8> = Vec::new();
-    let mut in_chunk = 0usize;
-    let mut line_no = emitter.offset;
-    let mut chunk_first_line = line_no;
-    for line in lines {
-        chunk.extend_from_slice(line);
-        chunk.push(b'\n');
-        in_chunk += 1;
-        line_no += 1;
-        if in_chunk == emitter.batch_size {
-            let rows = decode_jsonl(&schema, &chunk, emitter.batch_size).map_err(|m| {
+        .collect();
+    let first = (emitter.offset as usize).min(lines.len());
+    for (chunk_no, chunk) in lines[first..].chunks(emitter.batch_size.max(1)).enumerate() {
+        let offset = (first + chunk_no * emitter.batch_size) as u64;
+        let (rows, offsets, skipped) = decode_lines(&schema, chunk, offset, &read.shard.id)
+            .map_err(|m| {
                 err(format!(
-                    "records {chunk_first_line}..{line_no} of the shard: {m}"
+                    "records {offset}..{}: {m}",
+                    offset + chunk.len() as u64
                 ))
             })?;
-            if emitter.push(rows).await? == Flow::Stop {
-                return Ok(Flow::Stop);
-            }
-            chunk.clear();
-            in_chunk = 0;
-            chunk_first_line = line_no;
+        if emitter.emit_rows(rows, &offsets, skipped).await? == Flow::Stop {
+            return Ok(Flow::Stop);
         }
     }
-    if in_chunk > 0 {
-        let rows = decode_jsonl(&schema, &chunk, emitter.batch_size).map_err(|m| {
-            err(format!(
-                "records {chunk_first_line}..{line_no} of the shard: {m}"
-            ))
-        })?;
-        return emitter.push(rows).await;
-    }
     Ok(Flow::Continue)
+}
+
+/// Decodes a chunk of JSON lines. When the chunk as a whole does not
+/// decode, decodes line by line and reports the lines that fail as skipped
+/// records (`<shard>:<offset>`, with the decoder's message).
+fn decode_lines(
+    schema: &Arc<Schema>,
+    lines: &[&[u8]],
+    first_offset: u64,
+    shard_id: &str,
+) -> Result<(RecordBatch, Vec<u64>, Vec<SkippedRecord>), String> {
+    let mut joined = Vec::new();
+    for line in lines {
+        joined.extend_from_slice(line);
+        joined.push(b'\n');
+    }
+    if let Ok(rows) = decode_jsonl(schema, &joined, lines.len()) {
+        if rows.num_rows() == lines.len() {
+            let offsets = (first_offset..first_offset + lines.len() as u64).collect();
+            return Ok((rows, offsets, Vec::new()));
+        }
+    }
+    let mut good = Vec::new();
+    let mut offsets = Vec::new();
+    let mut skipped = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let offset = first_offset + i as u64;
+        match decode_jsonl(schema, line, 1) {
+            Ok(row) if row.num_rows() == 1 => {
+                good.push(row);
+                offsets.push(offset);
+            }
+            Ok(row) => skipped.push(SkippedRecord {
+                id: format!("{shard_id}:{offset}"),
+                reason: format!("line decoded to {} records", row.num_rows()),
+            }),
+            Err(e) => skipped.push(SkippedRecord {
+                id: format!("{shard_id}:{offset}"),
+                reason: format!("undecodable JSON line: {e}"),
+            }),
+        }
+    }
+    let rows = if good.is_empty() {
+        RecordBatch::new_empty(Arc::clone(schema))
+    } else {
+        concat_batches(schema, &good).map_err(|e| e.to_string())?
+    };
+    Ok((rows, offsets, skipped))
 }
 
 fn decode_jsonl(
@@ -335,7 +398,10 @@ fn decode_jsonl(
         .with_batch_size(batch_size.max(1))
         .build_decoder()
         .map_err(|e| e.to_string())?;
-    decoder.decode(chunk).map_err(|e| e.to_string())?;
+    let consumed = decoder.decode(chunk).map_err(|e| e.to_string())?;
+    if consumed < chunk.len() {
+        return Err("more records than expected".to_string());
+    }
     decoder
         .flush()
         .map_err(|e| e.to_string())?

@@ -1,0 +1,158 @@
+//! Keeping a session with the coordinator open: register (with the leases
+//! still held, so a restarted coordinator can adopt them), renew leases on
+//! the session, apply the coordinator's events, and register again with
+//! backoff whenever the session is lost. Everyone else reads the current
+//! session id from a `watch` channel.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stoke_core::lease::{LeaseKey, Registration, SessionEvent};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::error::{LinkError, LinkErrorKind};
+use crate::link::{CoordinatorLink, Session};
+use crate::pipeline::process::ShardControl;
+
+/// The leases this worker works on, and how to steer each attempt.
+pub(crate) type Active = Arc<Mutex<HashMap<LeaseKey, Arc<ShardControl>>>>;
+
+/// The current session: `Some(id)` while one is open, or the error that
+/// makes opening one pointless (a protocol mismatch).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum SessionState {
+    Connecting,
+    Open(String),
+    Fatal(String),
+}
+
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+pub(crate) fn active_keys(active: &Active) -> Vec<LeaseKey> {
+    active
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// Runs until `stop` is cancelled.
+pub(crate) async fn maintain<L: CoordinatorLink>(
+    link: Arc<L>,
+    registration: Registration,
+    active: Active,
+    state_tx: watch::Sender<SessionState>,
+    stop: CancellationToken,
+) {
+    let mut backoff = Duration::from_millis(100);
+    while !stop.is_cancelled() {
+        let mut reg = registration.clone();
+        reg.held = active_keys(&active);
+        let opened = tokio::select! {
+            _ = stop.cancelled() => break,
+            opened = link.open_session(reg) => opened,
+        };
+        match opened {
+            Ok(session) => {
+                backoff = Duration::from_millis(100);
+                info!(session = %session.grant.session_id, "session open");
+                let _ = state_tx.send(SessionState::Open(session.grant.session_id.clone()));
+                keep(session, &active, &stop).await;
+                let _ = state_tx.send(SessionState::Connecting);
+                if !stop.is_cancelled() {
+                    warn!("session lost; registering again");
+                }
+            }
+            Err(e) if e.kind == LinkErrorKind::Invalid => {
+                warn!(error = %e, "the coordinator refused this worker");
+                let _ = state_tx.send(SessionState::Fatal(e.to_string()));
+                break;
+            }
+            Err(e) => {
+                warn!(error = %e, retry_in = ?backoff, "cannot reach the coordinator");
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// Renews the session's leases and applies coordinator events until the
+/// session is lost or `stop` is cancelled. Dropping the session closes it.
+async fn keep(session: Session, active: &Active, stop: &CancellationToken) {
+    let Session {
+        grant,
+        mut events,
+        heartbeats,
+        lost,
+    } = session;
+    let mut ticker = tokio::time::interval(grant.heartbeat_interval.max(Duration::from_millis(10)));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = lost.cancelled() => break,
+            _ = ticker.tick() => {
+                if heartbeats.send(active_keys(active)).await.is_err() {
+                    break;
+                }
+            }
+            event = events.recv() => match event {
+                Some(event) => apply(event, active),
+                None => break,
+            },
+        }
+    }
+}
+
+fn apply(event: SessionEvent, active: &Active) {
+    let active = active.lock().unwrap_or_else(|p| p.into_inner());
+    match event {
+        SessionEvent::Revoke { leases, reason } => {
+            for key in leases {
+                if let Some(control) = active.get(&key) {
+                    warn!(job = %key.job_id, shard = %key.shard_id, %reason, "lease revoked");
+                    control.abort();
+                }
+            }
+        }
+        SessionEvent::Drain { leases, reason } => {
+            for key in leases {
+                if let Some(control) = active.get(&key) {
+                    info!(job = %key.job_id, shard = %key.shard_id, %reason, "checkpointing and releasing lease");
+                    control.stop();
+                }
+            }
+        }
+    }
+}
+
+/// Waits for an open session; `Err` when the coordinator refused this
+/// worker for good, or `deadline` passed.
+pub(crate) async fn current(
+    rx: &mut watch::Receiver<SessionState>,
+    deadline: Duration,
+) -> Result<String, LinkError> {
+    let wait = rx.wait_for(|s| !matches!(s, SessionState::Connecting));
+    match tokio::time::timeout(deadline, wait).await {
+        Ok(Ok(state)) => match &*state {
+            SessionState::Open(id) => Ok(id.clone()),
+            SessionState::Fatal(e) => Err(LinkError::new(LinkErrorKind::Invalid, e.clone())),
+            SessionState::Connecting => Err(LinkError::new(LinkErrorKind::Transient, "no session")),
+        },
+        Ok(Err(_)) => Err(LinkError::new(
+            LinkErrorKind::Invalid,
+            "session keeper stopped",
+        )),
+        Err(_) => Err(LinkError::new(
+            LinkErrorKind::Transient,
+            format!("no session with the coordinator within {deadline:?}"),
+        )),
+    }
+}
