@@ -355,11 +355,11 @@ fn decode_lines(
         joined.extend_from_slice(line);
         joined.push(b'\n');
     }
-    if let Ok(rows) = decode_jsonl(schema, &joined, lines.len()) {
-        if rows.num_rows() == lines.len() {
-            let offsets = (first_offset..first_offset + lines.len() as u64).collect();
-            return Ok((rows, offsets, Vec::new()));
-        }
+    if let Ok(rows) = decode_jsonl(schema, &joined, lines.len())
+        && rows.num_rows() == lines.len()
+    {
+        let offsets = (first_offset..first_offset + lines.len() as u64).collect();
+        return Ok((rows, offsets, Vec::new()));
     }
     let mut good = Vec::new();
     let mut offsets = Vec::new();
