@@ -7,6 +7,7 @@ Writes into OUT_DIR (idempotently: a marker file records a complete build):
   parquet/part-N.parquet  3,000 records in 5 files with uneven row groups:
                           id (string "r-00000"), features (fixed_size_list<float32, 16>), group (int64)
   jsonl/part-N.jsonl      the same records as JSON Lines, in 2 files
+  long/all.parquet        the same records in one file (row groups of 500), for one long shard
   model.pt                a seeded TorchScript MLP 16 -> 32 -> 5
   reference.json          {id: {"argmax": int, "scores": [5 floats]}}: the model run directly
 """
@@ -16,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-VERSION = "1"
+VERSION = "2"
 RECORDS = 3000
 FILES = 5
 WIDTH = 16
@@ -55,6 +56,16 @@ def main() -> None:
         tmp = out / "parquet" / f".part-{f}.parquet.tmp"
         pq.write_table(table, tmp, row_group_size=row_groups[f])
         os.replace(tmp, out / "parquet" / f"part-{f}.parquet")
+
+    (out / "long").mkdir(parents=True, exist_ok=True)
+    table = pa.table({
+        "id": pa.array(ids, pa.string()),
+        "features": pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), WIDTH),
+        "group": pa.array(groups),
+    })
+    tmp = out / "long" / ".all.parquet.tmp"
+    pq.write_table(table, tmp, row_group_size=500)
+    os.replace(tmp, out / "long" / "all.parquet")
 
     half = RECORDS // 2
     for f, (lo, hi) in enumerate([(0, half), (half, RECORDS)]):

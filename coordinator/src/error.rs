@@ -34,7 +34,7 @@ pub enum CoordinatorError {
     },
     #[error("shard {shard_id} not in job {job_id}")]
     ShardNotFound { job_id: String, shard_id: String },
-    #[error("job {job_id} is {state}; it takes no more commits")]
+    #[error("job {job_id} is {state}")]
     JobNotRunning { job_id: String, state: String },
     #[error(
         "commit for shard {shard_id} of job {job_id} starts at batch {from_batch}, but committed progress is at batch {committed}"

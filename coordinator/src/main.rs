@@ -38,6 +38,7 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let root = StoreUri::resolve_path_or_uri(&args.root, std::path::Path::new("."))
         .map_err(anyhow::Error::msg)

@@ -819,3 +819,225 @@ async fn owner_task_takes_back_expired_leases_on_its_own() {
     shutdown.cancel();
     owner.await.expect("owner task ends");
 }
+
+fn register_holding(
+    state: &mut State,
+    worker_id: &str,
+    held: Vec<LeaseKey>,
+) -> (String, mpsc::Receiver<SessionEvent>) {
+    let (events_tx, events_rx) = mpsc::channel(16);
+    let registration = Registration {
+        worker_id: worker_id.to_string(),
+        devices: Vec::new(),
+        hostname: "test".to_string(),
+        held,
+    };
+    (
+        state.register(registration, events_tx).session_id,
+        events_rx,
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn pause_drains_leases_and_resume_continues_from_checkpoints() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 20).await;
+    let (a, mut a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    state
+        .commit(checkpoint(&a, &lease, 0, 2))
+        .await
+        .expect("commit");
+
+    let job = state
+        .pause("j", "maintenance".to_string())
+        .await
+        .expect("pause");
+    assert_eq!(job.state, JobState::Paused);
+    assert_eq!(stored_status(&stores, "j").await.state, JobState::Paused);
+    match a_events.try_recv().expect("drain event") {
+        SessionEvent::Drain { leases, reason } => {
+            assert_eq!(leases, vec![lease.key()]);
+            assert_eq!(reason, "maintenance");
+        }
+        other => panic!("expected a drain, got {other:?}"),
+    }
+    // The holder may still checkpoint, then releases; nothing new is leased,
+    // and workers are told to wait, not that there is no work.
+    state
+        .commit(checkpoint(&a, &lease, 2, 3))
+        .await
+        .expect("checkpoint while draining");
+    state
+        .release(release(&a, &lease, None))
+        .await
+        .expect("release");
+    assert!(matches!(state.acquire(&a), Ok(AcquireOutcome::Wait(_))));
+
+    // Paused survives a restart.
+    let mut state = recover(&stores).await;
+    assert_eq!(state.get_job("j").expect("job").state, JobState::Paused);
+    let (b, _b_events) = register(&mut state, "b");
+    assert!(matches!(state.acquire(&b), Ok(AcquireOutcome::Wait(_))));
+
+    let job = state.resume("j").await.expect("resume");
+    assert_eq!(job.state, JobState::Running);
+    let mut next_batches = BTreeSet::new();
+    for _ in 0..2 {
+        let l = leased(state.acquire(&b));
+        next_batches.insert((l.shard.id.clone(), l.next_batch));
+    }
+    assert!(
+        next_batches.contains(&(lease.shard.id.clone(), 3)),
+        "{next_batches:?}"
+    );
+    assert!(matches!(state.acquire(&b), Ok(AcquireOutcome::Wait(_))));
+    // Resuming a running job changes nothing; a cancelled one cannot resume.
+    assert_eq!(
+        state.resume("j").await.expect("resume").state,
+        JobState::Running
+    );
+    state.cancel("j", String::new()).await.expect("cancel");
+    assert!(matches!(
+        state.resume("j").await,
+        Err(CoordinatorError::JobNotRunning { .. })
+    ));
+    assert!(matches!(
+        state.pause("j", String::new()).await,
+        Err(CoordinatorError::JobNotRunning { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_coordinator_adopts_still_valid_leases() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 30).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let la = leased(state.acquire(&a));
+    let lb = leased(state.acquire(&b));
+    state
+        .commit(checkpoint(&a, &la, 0, 2))
+        .await
+        .expect("commit a");
+    drop(state);
+
+    // The coordinator restarts; worker a comes back holding its lease and
+    // keeps it; a claim with a made-up token from this epoch is refused.
+    let mut state = recover(&stores).await;
+    let forged = LeaseKey {
+        token: lb.token + (1 << 32),
+        ..lb.key()
+    };
+    let (a2, _a2_events) = register_holding(&mut state, "a", vec![la.key()]);
+    let (b2, mut b2_events) = register_holding(&mut state, "b", vec![forged.clone()]);
+    match b2_events.try_recv().expect("revoke for the forged claim") {
+        SessionEvent::Revoke { leases, .. } => assert_eq!(leases, vec![forged]),
+        other => panic!("expected a revoke, got {other:?}"),
+    }
+    let dup = state
+        .commit(checkpoint(&a2, &la, 0, 2))
+        .await
+        .expect("retried commit");
+    assert!(dup, "a retried commit is recognised");
+    state
+        .commit(checkpoint(&a2, &la, 2, 4))
+        .await
+        .expect("adopted lease commits on the new session");
+    // b's old shard and the third one are free; a's is not.
+    let mut leased_shards = BTreeSet::new();
+    while let Ok(AcquireOutcome::Lease(l)) = state.acquire(&b2) {
+        assert!(l.token >> 32 > la.token >> 32, "new epoch");
+        leased_shards.insert(l.shard.id.clone());
+    }
+    assert!(!leased_shards.contains(&la.shard.id), "{leased_shards:?}");
+    assert!(leased_shards.contains(&lb.shard.id), "{leased_shards:?}");
+    // An old lease whose shard was already leased again is not adopted.
+    let (_c, mut c_events) = register_holding(&mut state, "c", vec![lb.key()]);
+    assert!(matches!(
+        c_events.try_recv(),
+        Ok(SessionEvent::Revoke { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_shard_goes_to_another_worker_when_there_is_one() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 10).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let first = leased(state.acquire(&a));
+    state
+        .release(release(&a, &first, Some("boom")))
+        .await
+        .expect("release");
+    assert!(
+        matches!(state.acquire(&a), Ok(AcquireOutcome::Wait(_))),
+        "a should not get back the shard it failed while b is connected"
+    );
+    let retry = leased(state.acquire(&b));
+    assert_eq!(retry.shard.id, first.shard.id);
+    state
+        .release(release(&b, &retry, Some("boom again")))
+        .await
+        .expect("release");
+    // b failed last: a gets it; alone, a worker gets shards it failed.
+    let again = leased(state.acquire(&a));
+    assert_eq!(again.shard.id, first.shard.id);
+    let stored = stored_progress(&stores, "j", &first.shard.id).await;
+    assert_eq!(stored.last_failed_worker.as_deref(), Some("b"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn skipped_records_are_counted_and_the_limit_fails_the_job() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    let spec = JobSpec::from_toml(&format!(
+        "[dataset]\nformat = \"range\"\ncount = 20\n[processor]\nname = \"p\"\n\
+         [batching]\nbatch_size = {BATCH}\n[sharding]\nrecords = {SHARD_RECORDS}\n\
+         [errors]\npolicy = \"skip\"\nmax_skipped = 3\n"
+    ))
+    .expect("spec");
+    let plan = plan_dataset(&spec, &stores).await.expect("plan");
+    state
+        .create_job("j".to_string(), spec, plan)
+        .await
+        .expect("create");
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    let errors = |n: u64| OutputObject {
+        uri: format!("{}/part.jsonl", lease.errors_prefix),
+        records: n,
+        bytes: 1,
+        sha256: "x".to_string(),
+    };
+    let mut c = checkpoint(&a, &lease, 0, 2);
+    c.skipped = 2;
+    c.error_objects = vec![errors(2)];
+    c.last_skip_reason = Some("record s00000:1: bad".to_string());
+    state.commit(c).await.expect("commit");
+    let job = state.get_job("j").expect("job");
+    assert_eq!(job.records_skipped, 2);
+    assert_eq!(job.state, JobState::Running);
+    assert_eq!(
+        stored_progress(&stores, "j", &lease.shard.id).await.skipped,
+        2
+    );
+
+    let mut c = checkpoint(&a, &lease, 2, 3);
+    c.skipped = 2;
+    c.error_objects = vec![errors(2)];
+    c.last_skip_reason = Some("record s00000:5: worse".to_string());
+    state.commit(c).await.expect("commit is stored");
+    let job = state.get_job("j").expect("job");
+    assert_eq!(job.state, JobState::Failed);
+    let reason = job.reason.expect("reason");
+    assert!(
+        reason.contains("4 bad records") && reason.contains("max_skipped = 3"),
+        "{reason}"
+    );
+    assert!(reason.contains("s00000:5"), "{reason}");
+}

@@ -248,6 +248,9 @@ pub fn nominal_cuts(len: u64, target: u64) -> Vec<u64> {
 
 const SCAN_WINDOW: u64 = 64 * 1024;
 
+/// Lines of the first JSON Lines object used to infer the schema.
+const SCHEMA_SAMPLE_LINES: usize = 1000;
+
 /// Moves `cut` to the start of the next line: just past the first newline at
 /// or after `cut - 1`. `None` when no newline follows before the end.
 async fn align_to_line(
@@ -296,14 +299,43 @@ async fn plan_jsonl(
         .get_range(&first.uri, 0..first.size.min(1 << 20))
         .await
         .map_err(store_err)?;
-    let (schema, _) =
-        arrow_json::reader::infer_json_schema(std::io::Cursor::new(sample), Some(1000)).map_err(
-            |e| PlanError::JsonSchema {
-                dataset: dataset.to_string(),
-                object: first.uri.to_string(),
-                message: e.to_string(),
-            },
-        )?;
+    // Infer from the sample's lines that parse as JSON objects: a bad
+    // record (handled by the job's error policy later) or the line the
+    // sample cuts through must not break planning.
+    let mut good = Vec::new();
+    let mut lines = 0;
+    for line in sample
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+    {
+        if matches!(
+            serde_json::from_slice::<serde_json::Value>(line),
+            Ok(serde_json::Value::Object(_))
+        ) {
+            good.extend_from_slice(line);
+            good.push(b'\n');
+            lines += 1;
+            if lines >= SCHEMA_SAMPLE_LINES {
+                break;
+            }
+        }
+    }
+    if good.is_empty() {
+        return Err(PlanError::JsonSchema {
+            dataset: dataset.to_string(),
+            object: first.uri.to_string(),
+            message: "no line of the first 1MiB is a JSON object".to_string(),
+        });
+    }
+    let (schema, _) = arrow_json::reader::infer_json_schema(
+        std::io::Cursor::new(good),
+        Some(SCHEMA_SAMPLE_LINES),
+    )
+    .map_err(|e| PlanError::JsonSchema {
+        dataset: dataset.to_string(),
+        object: first.uri.to_string(),
+        message: e.to_string(),
+    })?;
     check_columns(spec, dataset, first.uri.as_str(), &schema)?;
     let mut shards = Vec::new();
     for file in &files {

@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -124,6 +125,12 @@ pub fn file_uri(path: &Path) -> String {
 
 /// A torchscript job spec over the fixture.
 pub fn fixture_spec(format: &str, extra: &str) -> String {
+    fixture_spec_in(format, format, extra)
+}
+
+/// A torchscript job spec over one folder of the fixture (`long`: all
+/// 3,000 records in one Parquet file).
+pub fn fixture_spec_in(format: &str, folder: &str, extra: &str) -> String {
     let fx = fixture();
     format!(
         r#"name = "fixture"
@@ -147,7 +154,7 @@ interval = 3
 records = 400
 bytes = "64KiB"
 "#,
-        data = file_uri(&fx.join(format)),
+        data = file_uri(&fx.join(folder)),
         model = file_uri(&fx.join("model.pt")),
     )
 }
@@ -225,27 +232,78 @@ impl Drop for Proc {
 pub struct Coordinator {
     pub proc: Proc,
     pub addr: String,
+    root: PathBuf,
+    log_dir: PathBuf,
+    extra: Vec<String>,
+    starts: u32,
 }
 
 impl Coordinator {
     pub fn start(root: &Path, log_dir: &Path, extra: &[&str]) -> Self {
-        let addr_file = log_dir.join(format!("coordinator-{}.addr", uuid_like()));
-        let mut cmd = Command::new(bin("stoke-coordinator"));
-        cmd.arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--root")
-            .arg(root)
-            .arg("--addr-file")
-            .arg(&addr_file)
-            .args(extra);
-        let proc = Proc::spawn("coordinator", cmd, log_dir);
-        let addr = wait_until("the coordinator to listen", DEADLINE, || {
-            std::fs::read_to_string(&addr_file).ok()
-        });
+        Self::start_with_env(root, log_dir, extra, &[])
+    }
+
+    /// Starts a coordinator with extra environment variables (for example
+    /// `FAILPOINTS` to stop it at an exact step).
+    pub fn start_with_env(
+        root: &Path,
+        log_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let (proc, addr) = spawn_coordinator(root, log_dir, "127.0.0.1:0", &extra, env, 0);
         Self {
             proc,
-            addr: format!("http://{addr}"),
+            addr,
+            root: root.to_path_buf(),
+            log_dir: log_dir.to_path_buf(),
+            extra,
+            starts: 1,
         }
+    }
+
+    /// Kills the coordinator with SIGKILL (if it still runs) and starts it
+    /// again on the same address and root.
+    pub fn restart(&mut self, env: &[(&str, &str)]) {
+        let _ = self.proc.child.kill();
+        let _ = self.proc.child.wait();
+        let listen = self.addr.trim_start_matches("http://").to_string();
+        let (proc, addr) = spawn_coordinator(
+            &self.root,
+            &self.log_dir,
+            &listen,
+            &self.extra,
+            env,
+            self.starts,
+        );
+        self.starts += 1;
+        self.proc = proc;
+        self.addr = addr;
+    }
+
+    /// Starts a worker process of `binary` with extra flags and environment.
+    pub fn worker_with(
+        &self,
+        binary: &str,
+        id: &str,
+        log_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proc {
+        let mut cmd = Command::new(bin(binary));
+        cmd.arg("--coordinator")
+            .arg(&self.addr)
+            .arg("--worker-id")
+            .arg(id)
+            .arg("--device")
+            .arg("cpu")
+            .arg("--threads")
+            .arg("1")
+            .arg("--exit-when-idle")
+            .args(extra)
+            .envs(env.iter().copied());
+        Proc::spawn(&format!("worker-{id}"), cmd, log_dir)
     }
 
     /// Starts a worker process of `binary` against this coordinator.
@@ -307,6 +365,71 @@ impl Coordinator {
             },
         )
     }
+}
+
+fn spawn_coordinator(
+    root: &Path,
+    log_dir: &Path,
+    listen: &str,
+    extra: &[String],
+    env: &[(&str, &str)],
+    start: u32,
+) -> (Proc, String) {
+    let addr_file = log_dir.join(format!("coordinator-{}-{start}.addr", uuid_like()));
+    let mut cmd = Command::new(bin("stoke-coordinator"));
+    cmd.arg("--listen")
+        .arg(listen)
+        .arg("--root")
+        .arg(root)
+        .arg("--addr-file")
+        .arg(&addr_file)
+        .args(extra)
+        .envs(env.iter().copied());
+    let name = if start == 0 {
+        "coordinator".to_string()
+    } else {
+        format!("coordinator-{start}")
+    };
+    let proc = Proc::spawn(&name, cmd, log_dir);
+    let addr = wait_until("the coordinator to listen", DEADLINE, || {
+        std::fs::read_to_string(&addr_file).ok()
+    });
+    (proc, format!("http://{addr}"))
+}
+
+/// Sends a signal to a process.
+pub fn signal(pid: i32, sig: i32) {
+    // SAFETY-free: kill(2) through libc has no memory-safety preconditions,
+    // but the workspace denies `unsafe`; use the `kill` command instead.
+    let name = match sig {
+        libc::SIGKILL => "KILL",
+        libc::SIGTERM => "TERM",
+        libc::SIGSTOP => "STOP",
+        libc::SIGCONT => "CONT",
+        libc::SIGINT => "INT",
+        other => panic!("unsupported signal {other}"),
+    };
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
+
+/// A job's committed progress record for one shard, if written yet.
+pub fn progress(
+    root: &Path,
+    job_id: &str,
+    shard_id: &str,
+) -> Option<stoke_core::records::ProgressRecord> {
+    let path = root
+        .join("jobs")
+        .join(job_id)
+        .join("progress")
+        .join(format!("{shard_id}.json"));
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
 fn uuid_like() -> String {

@@ -76,6 +76,7 @@ pub fn worker_main(registry: Registry) -> Result<WorkerExit, WorkerError> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let config = args.to_config()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -1,0 +1,209 @@
+//! Failures at exact steps of the commit protocol, with real processes:
+//! fault points stop a worker or the coordinator there (as `kill -9` would),
+//! the process is replaced, and the final outputs are checked record by
+//! record. Also `kill -9` of a worker mid-shard.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use stoke_tests::*;
+
+/// The fixture job with many small checkpoints, so a shard takes a while
+/// and is committed in many steps.
+fn spec_file(dir: &Path, batch_size: u64, interval: u64, shard_records: u64) -> String {
+    let text = fixture_spec("parquet", "")
+        .replace("batch_size = 50", &format!("batch_size = {batch_size}"))
+        .replace("interval = 3", &format!("interval = {interval}"))
+        .replace("records = 400", &format!("records = {shard_records}"));
+    let path = dir.join("job.toml");
+    std::fs::write(&path, text).expect("write spec");
+    path.display().to_string()
+}
+
+fn wait_success(coordinator: &Coordinator, job_id: &str) {
+    let status = coordinator.wait_job(job_id);
+    assert_eq!(
+        status["state"],
+        "succeeded",
+        "{status}\ncoordinator log: {}",
+        coordinator.proc.log.display()
+    );
+}
+
+/// Every object under the job's outputs folder is one the manifest lists.
+fn assert_only_committed_objects(
+    root: &Path,
+    job_id: &str,
+    manifest: &stoke_core::records::Manifest,
+) {
+    let mut on_disk: Vec<String> = walk(&root.join("jobs").join(job_id).join("outputs"))
+        .iter()
+        .map(|p| file_uri(p))
+        .collect();
+    on_disk.sort();
+    let mut listed: Vec<String> = manifest.outputs.iter().map(|o| o.uri.clone()).collect();
+    listed.sort();
+    assert_eq!(on_disk, listed, "objects left that no commit counts");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn worker_dies_after_upload_before_commit() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let job_id = coordinator.submit(&spec_file(tmp.path(), 50, 3, 400));
+    let mut doomed = coordinator.worker_with(
+        "stoke-worker",
+        "doomed",
+        tmp.path(),
+        &[],
+        &[("FAILPOINTS", "worker::after_upload_before_commit=return")],
+    );
+    let status = doomed.wait_exit(DEADLINE);
+    assert!(
+        !status.success(),
+        "the fault point should have stopped the worker"
+    );
+    // It uploaded its first checkpoint's outputs but never committed them.
+    let uploaded = walk(&root.join("jobs").join(&job_id).join("outputs"));
+    assert_eq!(uploaded.len(), 1, "{uploaded:?}");
+    assert_eq!(coordinator.status(&job_id)["records_done"], 0);
+
+    let _w = coordinator.worker("stoke-worker", "healthy", tmp.path());
+    wait_success(&coordinator, &job_id);
+    let m = manifest(&root, &job_id);
+    assert_matches_reference(&committed_rows(&m));
+    assert!(
+        !uploaded[0].exists(),
+        "the uncommitted upload was not removed"
+    );
+    assert_only_committed_objects(&root, &job_id, &m);
+}
+
+#[test]
+fn coordinator_dies_after_storing_progress_before_answering() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let mut coordinator = Coordinator::start_with_env(
+        &root,
+        tmp.path(),
+        &[],
+        &[("FAILPOINTS", "coordinator::after_progress_stored=return")],
+    );
+    let job_id = coordinator.submit(&spec_file(tmp.path(), 50, 3, 400));
+    let mut w = coordinator.worker("stoke-worker", "w", tmp.path());
+    // The first commit is stored, then the coordinator dies unanswered.
+    coordinator.proc.wait_exit(DEADLINE);
+    let stored = wait_until("a stored progress record", DEADLINE, || {
+        (0..8).find_map(|i| progress(&root, &job_id, &format!("s{i:05}")))
+    });
+    assert_eq!(stored.next_batch, 3);
+
+    // Back on the same address and root: the worker's retried commit is
+    // recognised (not applied twice) and the job finishes exactly once.
+    coordinator.restart(&[]);
+    wait_success(&coordinator, &job_id);
+    assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
+    let m = manifest(&root, &job_id);
+    assert_eq!(m.records_in, 3000);
+    assert_matches_reference(&committed_rows(&m));
+    assert_only_committed_objects(&root, &job_id, &m);
+    let log = w.log_text();
+    assert!(log.contains("session open"), "{log}");
+}
+
+#[test]
+fn coordinator_dies_while_finishing_the_job() {
+    for point in [
+        "coordinator::before_manifest",
+        "coordinator::after_manifest",
+    ] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().join("root");
+        let failpoint = format!("{point}=return");
+        let mut coordinator = Coordinator::start_with_env(
+            &root,
+            tmp.path(),
+            &[],
+            &[("FAILPOINTS", failpoint.as_str())],
+        );
+        let job_id = coordinator.submit(&spec_file(tmp.path(), 100, 5, 1000));
+        let mut w = coordinator.worker("stoke-worker", "w", tmp.path());
+        coordinator.proc.wait_exit(DEADLINE);
+        let status_path = root.join("jobs").join(&job_id).join("status.json");
+        let status = std::fs::read_to_string(&status_path).expect("status");
+        assert!(status.contains("running"), "{point}: {status}");
+
+        coordinator.restart(&[]);
+        wait_success(&coordinator, &job_id);
+        let m = manifest(&root, &job_id);
+        assert_eq!(m.records_in, 3000, "{point}");
+        assert_matches_reference(&committed_rows(&m));
+        assert_only_committed_objects(&root, &job_id, &m);
+        assert!(w.wait_exit(DEADLINE).success(), "{point}: {}", w.log_text());
+    }
+}
+
+#[test]
+fn killed_worker_loses_its_lease_at_once_and_the_next_continues_from_the_checkpoint() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    // A long lease timeout: the shard must move because the connection
+    // dropped, not because the lease ran out.
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "300s"]);
+    // One shard, a commit every 10 single-record batches: it takes a while.
+    let job_id = coordinator.submit(&spec_file(tmp.path(), 1, 10, 3000));
+    let victim = coordinator.worker("stoke-worker", "victim", tmp.path());
+    let committed = wait_until("the victim's first commits", DEADLINE, || {
+        progress(&root, &job_id, "s00000").filter(|p| p.next_batch >= 30 && !p.done)
+    });
+    signal(victim.pid(), libc::SIGKILL);
+    let killed_at = Instant::now();
+    drop(victim);
+    wait_until(
+        "the shard to be free again",
+        Duration::from_secs(60),
+        || (coordinator.status(&job_id)["shards_leased"] == 0).then_some(()),
+    );
+    let requeued_after = killed_at.elapsed();
+    let mut heir = coordinator.worker("stoke-worker", "heir", tmp.path());
+    wait_success(&coordinator, &job_id);
+    assert!(heir.wait_exit(DEADLINE).success());
+    println!("kill -9 to shard free: {requeued_after:?}");
+
+    // The heir started where the victim's last commit left off.
+    let log = heir.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("lease taken"))
+        .expect("the heir took a lease");
+    let next_batch: u64 = line
+        .split("next_batch=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.trim_matches(|c: char| !c.is_ascii_digit()).parse().ok())
+        .expect("next_batch in the lease line");
+    assert!(next_batch >= committed.next_batch, "{line}");
+    assert!(next_batch > 0);
+    let m = manifest(&root, &job_id);
+    assert_matches_reference(&committed_rows(&m));
+}
