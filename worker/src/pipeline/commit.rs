@@ -13,7 +13,7 @@ use stoke_core::lease::{Commit, LeaseKey};
 use stoke_core::records::OutputObject;
 use stoke_core::spec::OutputFormat;
 use stoke_core::{StoreUri, Stores, sha256_hex};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn};
 
 use crate::context::SkippedRecord;
@@ -36,6 +36,8 @@ pub(crate) struct Checkpoint {
     /// Bad records skipped since the previous checkpoint.
     pub skipped: Vec<SkippedRecord>,
     pub done: bool,
+    /// Told `true` once the coordinator acknowledged the commit.
+    pub ack: oneshot::Sender<bool>,
 }
 
 pub(crate) struct Committer<L> {
@@ -58,11 +60,15 @@ impl<L: CoordinatorLink> Committer<L> {
     /// Runs until the processor closes the channel or a commit is refused.
     pub async fn run(self, mut rx: mpsc::Receiver<Checkpoint>) -> Result<u64, WorkerError> {
         let mut committed = 0u64;
-        while let Some(checkpoint) = rx.recv().await {
+        while let Some(mut checkpoint) = rx.recv().await {
+            let (placeholder, _) = oneshot::channel();
+            let ack = std::mem::replace(&mut checkpoint.ack, placeholder);
             if let Err(e) = self.checkpoint(checkpoint).await {
                 self.control.abort();
+                let _ = ack.send(false);
                 return Err(e);
             }
+            let _ = ack.send(true);
             committed += 1;
         }
         Ok(committed)

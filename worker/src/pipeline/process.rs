@@ -256,6 +256,7 @@ fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<Sh
             shard: shard_id.clone(),
             message: format!("staging scratch files: {e}"),
         })?;
+        let (ack_tx, ack_rx) = oneshot::channel();
         let cp = Checkpoint {
             from_batch: from,
             next_batch: next,
@@ -264,9 +265,16 @@ fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<Sh
             files,
             skipped,
             done,
+            ack: ack_tx,
         };
         // The committer is gone only when it gave up (commit refused).
-        Ok(checkpoints.blocking_send(cp).is_ok())
+        if checkpoints.blocking_send(cp).is_err() {
+            return Ok(false);
+        }
+        // Wait for the commit before going on: a crash then loses at most
+        // the batches since this checkpoint (one interval), never several
+        // queued checkpoints. The reader keeps prefetching meanwhile.
+        Ok(ack_rx.blocking_recv().unwrap_or(false))
     };
 
     loop {
@@ -313,6 +321,7 @@ fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<Sh
             );
         }
         next_batch = idx + 1;
+        tracing::trace!(shard = %shard_id, batch = idx, "batch processed");
         records_since += n;
         since_checkpoint += 1;
         let due =
