@@ -124,15 +124,25 @@ pub struct ProcessorSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchingSpec {
-    /// Records per batch.
+    /// Records per batch (the most, with a budget).
     #[serde(default = "default_batch_size")]
     pub batch_size: u64,
+    /// Adaptive batching: cut a batch before its padded size (records ×
+    /// the longest record's length in `length_column`) passes this budget,
+    /// so variable-size records make fair batches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_elements: Option<u64>,
+    /// The list column whose length is a record's size, for `max_elements`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length_column: Option<String>,
 }
 
 impl Default for BatchingSpec {
     fn default() -> Self {
         Self {
             batch_size: default_batch_size(),
+            max_elements: None,
+            length_column: None,
         }
     }
 }
@@ -363,6 +373,27 @@ impl JobSpec {
                 "batching.batch_size",
                 format!("must be between 1 and {MAX_BATCH_SIZE}, got {bs}"),
             ));
+        }
+        match (&self.batching.max_elements, &self.batching.length_column) {
+            (Some(0), _) => {
+                return Err(SpecError::invalid(
+                    "batching.max_elements",
+                    "must be at least 1",
+                ));
+            }
+            (Some(_), None) => {
+                return Err(SpecError::invalid(
+                    "batching.length_column",
+                    "missing (max_elements needs the list column that gives each record's length)",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(SpecError::invalid(
+                    "batching.max_elements",
+                    "missing (length_column is only used with a max_elements budget)",
+                ));
+            }
+            _ => {}
         }
         if self.checkpoint.interval == 0 {
             return Err(SpecError::invalid(

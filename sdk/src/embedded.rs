@@ -75,7 +75,7 @@ pub async fn run_embedded(
     let result = async {
         let job = handle.submit(spec, options.job_id.clone()).await?;
         let mut worker = WorkerConfig::new("embedded");
-        worker.device = options.device;
+        worker.devices = vec![options.device];
         worker.intra_op_threads = options.threads;
         worker.exit_when_idle = true;
         stoke_worker::run(

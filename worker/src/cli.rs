@@ -9,7 +9,7 @@ use stoke_core::Stores;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::config::{WorkerConfig, parse_device};
+use crate::config::{WorkerConfig, parse_devices};
 use crate::error::WorkerError;
 use crate::link::GrpcLink;
 use crate::processor::Registry;
@@ -29,7 +29,8 @@ pub struct WorkerArgs {
     /// This worker's name (default: host name and process id).
     #[arg(long, env = "STOKE_WORKER_ID")]
     pub worker_id: Option<String>,
-    /// auto, cpu, cuda or cuda:N.
+    /// auto, cpu, cuda, cuda:N, a comma-separated list, or all (every CUDA
+    /// device): one processor and lease stream per device.
     #[arg(long, env = "STOKE_DEVICE", default_value = "auto")]
     pub device: String,
     /// libtorch intra-op threads (default: libtorch's own choice).
@@ -55,7 +56,7 @@ impl WorkerArgs {
             format!("{host}-{}", std::process::id())
         });
         let mut config = WorkerConfig::new(worker_id);
-        config.device = parse_device(&self.device)?;
+        config.devices = parse_devices(&self.device)?;
         config.intra_op_threads = self.threads;
         config.exit_when_idle = self.exit_when_idle;
         config.scratch_dir = self.scratch_dir.clone();

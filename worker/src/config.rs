@@ -11,7 +11,8 @@ use crate::error::WorkerError;
 pub struct WorkerConfig {
     /// Names this worker in the coordinator's logs and status.
     pub worker_id: String,
-    pub device: Device,
+    /// One processor (and lease stream) per device.
+    pub devices: Vec<Device>,
     /// libtorch intra-op threads; `None` leaves libtorch's default.
     pub intra_op_threads: Option<usize>,
     /// Exit once the coordinator has no running job (for `run --local` and
@@ -29,7 +30,7 @@ impl WorkerConfig {
     pub fn new(worker_id: impl Into<String>) -> Self {
         Self {
             worker_id: worker_id.into(),
-            device: Device::Cpu,
+            devices: vec![Device::Cpu],
             intra_op_threads: None,
             exit_when_idle: false,
             scratch_dir: None,
@@ -37,6 +38,27 @@ impl WorkerConfig {
             idle_poll: Duration::from_secs(1),
         }
     }
+}
+
+/// Parses a device list: `all` (every CUDA device, or the cpu when there
+/// is none), or a comma-separated list of `auto`, `cpu`, `cuda`, `cuda:N`.
+pub fn parse_devices(text: &str) -> Result<Vec<Device>, WorkerError> {
+    if text == "all" {
+        let n = tch::Cuda::device_count();
+        return Ok(if n > 0 {
+            (0..n as usize).map(Device::Cuda).collect()
+        } else {
+            vec![Device::Cpu]
+        });
+    }
+    let devices = text
+        .split(',')
+        .map(|d| parse_device(d.trim()))
+        .collect::<Result<Vec<_>, _>>()?;
+    if devices.is_empty() {
+        return Err(WorkerError::Config("no device given".to_string()));
+    }
+    Ok(devices)
 }
 
 /// Parses `auto`, `cpu`, `cuda` or `cuda:N`.
@@ -73,6 +95,11 @@ mod tests {
         assert_eq!(parse_device("cpu").expect("cpu"), Device::Cpu);
         assert_eq!(parse_device("cuda:1").expect("cuda"), Device::Cuda(1));
         assert!(parse_device("gpu").is_err());
+        assert_eq!(
+            parse_devices("cpu, cuda:1").expect("list"),
+            vec![Device::Cpu, Device::Cuda(1)]
+        );
+        assert!(!parse_devices("all").expect("all").is_empty());
         assert_eq!(device_name(Device::Cuda(2)), "cuda:2");
     }
 }

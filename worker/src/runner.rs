@@ -35,7 +35,9 @@ pub enum WorkerExit {
 /// How long a worker waits for a session before reporting trouble again.
 const SESSION_WAIT: Duration = Duration::from_secs(30);
 
-/// Runs a worker until there is no work (`exit_when_idle`) or `shutdown`.
+/// Runs a worker until there is no work (`exit_when_idle`) or `shutdown`:
+/// one session with the coordinator, and per device a processor thread and
+/// a lease loop.
 pub async fn run<L: CoordinatorLink>(
     link: L,
     config: WorkerConfig,
@@ -43,6 +45,12 @@ pub async fn run<L: CoordinatorLink>(
     stores: Stores,
     shutdown: CancellationToken,
 ) -> Result<WorkerExit, WorkerError> {
+    if config.devices.is_empty() {
+        return Err(WorkerError::Config("no device to run on".to_string()));
+    }
+    // Our own child: a slot that fails for good stops the other slots
+    // without cancelling the caller's token.
+    let shutdown = shutdown.child_token();
     if let Some(n) = config.intra_op_threads {
         tch::set_num_threads(n as i32);
     }
@@ -57,16 +65,6 @@ pub async fn run<L: CoordinatorLink>(
             scratch_tmp.path().to_path_buf()
         }
     };
-    let (proc_tx, proc_thread) = ProcessorThread {
-        registry,
-        device: config.device,
-        stores: stores.clone(),
-        runtime: tokio::runtime::Handle::current(),
-        scratch_root,
-    }
-    .spawn()
-    .map_err(|e| WorkerError::Config(format!("starting the processor thread: {e}")))?;
-
     let link = Arc::new(link);
     let active: Active = Arc::default();
     let (session_tx, session_rx) = watch::channel(SessionState::Connecting);
@@ -75,7 +73,7 @@ pub async fn run<L: CoordinatorLink>(
         Arc::clone(&link),
         Registration {
             worker_id: config.worker_id.clone(),
-            devices: vec![device_name(config.device)],
+            devices: config.devices.iter().map(|d| device_name(*d)).collect(),
             hostname: hostname(),
             held: Vec::new(),
         },
@@ -83,24 +81,53 @@ pub async fn run<L: CoordinatorLink>(
         session_tx,
         session_stop.clone(),
     ));
-    let worker = Worker {
-        link,
-        config,
-        stores,
-        proc_tx,
-        active,
-        shutdown,
-        session_rx,
-    };
-    let result = worker.lease_loop().await;
-    let (done_tx, done_rx) = oneshot::channel();
-    if worker.proc_tx.send(ProcMsg::Finish(done_tx)).await.is_ok() {
-        let _ = done_rx.await;
+    let mut slots = tokio::task::JoinSet::new();
+    for (i, device) in config.devices.iter().enumerate() {
+        let (proc_tx, proc_thread) = ProcessorThread {
+            registry: registry.clone(),
+            device: *device,
+            stores: stores.clone(),
+            runtime: tokio::runtime::Handle::current(),
+            scratch_root: scratch_root.join(format!("slot{i}")),
+        }
+        .spawn()
+        .map_err(|e| WorkerError::Config(format!("starting the processor thread: {e}")))?;
+        let worker = Worker {
+            link: Arc::clone(&link),
+            config: config.clone(),
+            stores: stores.clone(),
+            proc_tx,
+            active: Arc::clone(&active),
+            shutdown: shutdown.clone(),
+            session_rx: session_rx.clone(),
+        };
+        slots.spawn(async move {
+            let result = worker.lease_loop().await;
+            let (done_tx, done_rx) = oneshot::channel();
+            if worker.proc_tx.send(ProcMsg::Finish(done_tx)).await.is_ok() {
+                let _ = done_rx.await;
+            }
+            drop(worker);
+            let _ = tokio::task::spawn_blocking(move || proc_thread.join()).await;
+            result
+        });
+    }
+    let mut result = Ok(WorkerExit::Idle);
+    while let Some(joined) = slots.join_next().await {
+        let slot = joined.unwrap_or(Err(WorkerError::ProcessorThread));
+        match (&result, slot) {
+            (Err(_), _) => {}
+            (_, Err(e)) => {
+                // One slot failing for good stops the others too.
+                shutdown.cancel();
+                result = Err(e);
+            }
+            (_, Ok(WorkerExit::Shutdown)) => result = Ok(WorkerExit::Shutdown),
+            (_, Ok(WorkerExit::Idle)) => {}
+        }
     }
     session_stop.cancel();
     let _ = keeper.await;
-    drop(worker);
-    let _ = tokio::task::spawn_blocking(move || proc_thread.join()).await;
     result
 }
 
@@ -253,6 +280,7 @@ impl<L: CoordinatorLink> Worker<L> {
                 shard: lease.shard.clone(),
                 input_schema: lease.input_schema.clone(),
                 start_batch: lease.next_batch,
+                start_record: lease.records_done,
             },
             batch_tx,
         ));

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use stoke_core::Stores;
 use stoke_core::spec::JobSpec;
@@ -211,6 +211,156 @@ fn stage_scratch(scratch: &Path, from_batch: u64) -> Result<Vec<PathBuf>, std::i
     Ok(moved)
 }
 
+/// Where an attempt's time went on the processor thread.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct StageTimes {
+    /// Waiting for the next batch (the pipeline did not keep up).
+    pub input_wait: Duration,
+    /// Inside `process_batch`.
+    pub model: Duration,
+    /// `on_checkpoint_start` and waiting for the commit.
+    pub checkpoint: Duration,
+    pub batches: u64,
+    pub records: u64,
+}
+
+/// One attempt at one shard on the processor thread.
+struct ShardLoop<'a> {
+    l: &'a mut Loaded,
+    processor_name: String,
+    shard_id: String,
+    checkpoints: mpsc::Sender<Checkpoint>,
+    control: Arc<ShardControl>,
+    from_batch: u64,
+    next_batch: u64,
+    records_since: u64,
+    times: StageTimes,
+}
+
+impl ShardLoop<'_> {
+    /// Hands the batches since the last checkpoint to the committer and
+    /// waits for the commit. `Ok(false)`: the committer gave up (refused).
+    fn checkpoint(&mut self, done: bool) -> Result<bool, WorkerError> {
+        let started = Instant::now();
+        let l = &mut *self.l;
+        l.processor.on_checkpoint_start(&mut l.ctx).map_err(|e| {
+            WorkerError::ProcessorCheckpoint {
+                processor: self.processor_name.clone(),
+                shard: self.shard_id.clone(),
+                message: e.to_string(),
+            }
+        })?;
+        let rows = l.ctx.take_rows();
+        let skipped = l.ctx.take_skipped();
+        let files = stage_scratch(l.ctx.upload_path(), self.from_batch).map_err(|e| {
+            WorkerError::Encode {
+                shard: self.shard_id.clone(),
+                message: format!("staging scratch files: {e}"),
+            }
+        })?;
+        let (ack_tx, ack_rx) = oneshot::channel();
+        let cp = Checkpoint {
+            from_batch: self.from_batch,
+            next_batch: self.next_batch,
+            records: self.records_since,
+            rows,
+            files,
+            skipped,
+            done,
+            ack: ack_tx,
+        };
+        if self.checkpoints.blocking_send(cp).is_err() {
+            return Ok(false);
+        }
+        // Wait for the commit before going on: a crash then loses at most
+        // the batches since this checkpoint (one interval), never several
+        // queued checkpoints. The reader keeps prefetching meanwhile.
+        let committed = ack_rx.blocking_recv().unwrap_or(false);
+        self.from_batch = self.next_batch;
+        self.records_since = 0;
+        self.times.checkpoint += started.elapsed();
+        Ok(committed)
+    }
+
+    fn process(&mut self, mut batch: Batch) -> Result<(), WorkerError> {
+        let idx = batch.index();
+        let consumed = batch.consumed();
+        for bad in batch.take_skipped() {
+            self.l
+                .ctx
+                .skip_record(&bad.id, bad.reason)
+                .map_err(|e| WorkerError::InBatch {
+                    shard: self.shard_id.clone(),
+                    batch_idx: idx,
+                    source: Box::new(e),
+                })?;
+        }
+        let started = Instant::now();
+        let l = &mut *self.l;
+        l.processor
+            .process_batch(batch, idx, &mut l.ctx)
+            .map_err(|e| WorkerError::ProcessorBatch {
+                processor: self.processor_name.clone(),
+                shard: self.shard_id.clone(),
+                batch_idx: idx,
+                message: e.to_string(),
+            })?;
+        self.times.model += started.elapsed();
+        self.times.batches += 1;
+        self.times.records += consumed;
+        self.next_batch = idx + 1;
+        self.records_since += consumed;
+        tracing::trace!(shard = %self.shard_id, batch = idx, "batch processed");
+        Ok(())
+    }
+
+    fn run(
+        &mut self,
+        batches: &mut mpsc::Receiver<Result<Batch, WorkerError>>,
+        interval: u64,
+        every: Option<Duration>,
+    ) -> Result<ShardOutcome, WorkerError> {
+        let _guard = tch::no_grad_guard();
+        let mut since_checkpoint = 0u64;
+        let mut last_checkpoint = Instant::now();
+        loop {
+            if self.control.is_aborted() {
+                return Ok(ShardOutcome::Aborted);
+            }
+            if self.control.is_stopped() {
+                return Ok(if self.checkpoint(false)? {
+                    ShardOutcome::Stopped
+                } else {
+                    ShardOutcome::Aborted
+                });
+            }
+            let waited = Instant::now();
+            let Some(item) = batches.blocking_recv() else {
+                break;
+            };
+            self.times.input_wait += waited.elapsed();
+            self.process(item?)?;
+            since_checkpoint += 1;
+            if since_checkpoint >= interval || every.is_some_and(|d| last_checkpoint.elapsed() >= d)
+            {
+                if !self.checkpoint(false)? {
+                    return Ok(ShardOutcome::Aborted);
+                }
+                since_checkpoint = 0;
+                last_checkpoint = Instant::now();
+            }
+        }
+        if self.control.is_aborted() {
+            return Ok(ShardOutcome::Aborted);
+        }
+        Ok(if self.checkpoint(true)? {
+            ShardOutcome::Finished
+        } else {
+            ShardOutcome::Aborted
+        })
+    }
+}
+
 fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<ShardOutcome>) {
     let ShardRun {
         spec,
@@ -222,128 +372,37 @@ fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<Sh
         reply,
         ..
     } = run;
-    let processor_name = spec.processor.name.clone();
     let shard_id = info.shard_id.clone();
     l.ctx.set_shard(Some(info));
     let _ = l.ctx.take_rows();
     let _ = l.ctx.take_skipped();
-    let interval = spec.checkpoint.interval;
-    let every = spec.checkpoint.every;
-    let _guard = tch::no_grad_guard();
-
-    let mut next_batch = start_batch;
-    let mut from_batch = start_batch;
-    let mut records_since = 0u64;
-    let mut since_checkpoint = 0u64;
-    let mut last_checkpoint = Instant::now();
-
-    let checkpoint = |l: &mut Loaded,
-                      from: u64,
-                      next: u64,
-                      records: u64,
-                      done: bool|
-     -> Result<bool, WorkerError> {
-        l.processor.on_checkpoint_start(&mut l.ctx).map_err(|e| {
-            WorkerError::ProcessorCheckpoint {
-                processor: processor_name.clone(),
-                shard: shard_id.clone(),
-                message: e.to_string(),
-            }
-        })?;
-        let rows = l.ctx.take_rows();
-        let skipped = l.ctx.take_skipped();
-        let files = stage_scratch(l.ctx.upload_path(), from).map_err(|e| WorkerError::Encode {
-            shard: shard_id.clone(),
-            message: format!("staging scratch files: {e}"),
-        })?;
-        let (ack_tx, ack_rx) = oneshot::channel();
-        let cp = Checkpoint {
-            from_batch: from,
-            next_batch: next,
-            records,
-            rows,
-            files,
-            skipped,
-            done,
-            ack: ack_tx,
-        };
-        // The committer is gone only when it gave up (commit refused).
-        if checkpoints.blocking_send(cp).is_err() {
-            return Ok(false);
-        }
-        // Wait for the commit before going on: a crash then loses at most
-        // the batches since this checkpoint (one interval), never several
-        // queued checkpoints. The reader keeps prefetching meanwhile.
-        Ok(ack_rx.blocking_recv().unwrap_or(false))
+    let mut shard = ShardLoop {
+        l,
+        processor_name: spec.processor.name.clone(),
+        shard_id: shard_id.clone(),
+        checkpoints,
+        control,
+        from_batch: start_batch,
+        next_batch: start_batch,
+        records_since: 0,
+        times: StageTimes::default(),
     };
-
-    loop {
-        if control.is_aborted() {
-            return (ShardOutcome::Aborted, reply);
-        }
-        if control.is_stopped() {
-            return match checkpoint(l, from_batch, next_batch, records_since, false) {
-                Ok(true) => (ShardOutcome::Stopped, reply),
-                Ok(false) => (ShardOutcome::Aborted, reply),
-                Err(e) => (ShardOutcome::Failed(e), reply),
-            };
-        }
-        let Some(item) = batches.blocking_recv() else {
-            break;
-        };
-        let mut batch = match item {
-            Ok(batch) => batch,
-            Err(e) => return (ShardOutcome::Failed(e), reply),
-        };
-        let n = batch.consumed();
-        let idx = batch.index();
-        for bad in batch.take_skipped() {
-            if let Err(e) = l.ctx.skip_record(&bad.id, bad.reason) {
-                return (
-                    ShardOutcome::Failed(WorkerError::InBatch {
-                        shard: shard_id.clone(),
-                        batch_idx: idx,
-                        source: Box::new(e),
-                    }),
-                    reply,
-                );
-            }
-        }
-        if let Err(e) = l.processor.process_batch(batch, idx, &mut l.ctx) {
-            return (
-                ShardOutcome::Failed(WorkerError::ProcessorBatch {
-                    processor: processor_name.clone(),
-                    shard: shard_id.clone(),
-                    batch_idx: idx,
-                    message: e.to_string(),
-                }),
-                reply,
-            );
-        }
-        next_batch = idx + 1;
-        tracing::trace!(shard = %shard_id, batch = idx, "batch processed");
-        records_since += n;
-        since_checkpoint += 1;
-        let due =
-            since_checkpoint >= interval || every.is_some_and(|d| last_checkpoint.elapsed() >= d);
-        if due {
-            match checkpoint(l, from_batch, next_batch, records_since, false) {
-                Ok(true) => {}
-                Ok(false) => return (ShardOutcome::Aborted, reply),
-                Err(e) => return (ShardOutcome::Failed(e), reply),
-            }
-            from_batch = next_batch;
-            records_since = 0;
-            since_checkpoint = 0;
-            last_checkpoint = Instant::now();
-        }
-    }
-    if control.is_aborted() {
-        return (ShardOutcome::Aborted, reply);
-    }
-    match checkpoint(l, from_batch, next_batch, records_since, true) {
-        Ok(true) => (ShardOutcome::Finished, reply),
-        Ok(false) => (ShardOutcome::Aborted, reply),
-        Err(e) => (ShardOutcome::Failed(e), reply),
-    }
+    let outcome = shard
+        .run(
+            &mut batches,
+            spec.checkpoint.interval,
+            spec.checkpoint.every,
+        )
+        .unwrap_or_else(ShardOutcome::Failed);
+    let t = shard.times;
+    info!(
+        shard = %shard_id,
+        batches = t.batches,
+        records = t.records,
+        input_wait_ms = t.input_wait.as_millis() as u64,
+        model_ms = t.model.as_millis() as u64,
+        checkpoint_ms = t.checkpoint.as_millis() as u64,
+        "attempt stage times"
+    );
+    (outcome, reply)
 }

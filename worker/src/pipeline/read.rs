@@ -2,8 +2,10 @@
 //! one may be shorter), starting at a batch index, so a resumed shard cuts
 //! the same batches with the same numbers.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
+use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use arrow_select::concat::concat_batches;
@@ -29,6 +31,9 @@ pub(crate) struct ShardRead {
     pub shard: Shard,
     pub input_schema: Option<Schema>,
     pub start_batch: u64,
+    /// Input records of the shard already consumed (committed): reading
+    /// starts after them.
+    pub start_record: u64,
 }
 
 pub(crate) type BatchTx = mpsc::Sender<Result<Batch, WorkerError>>;
@@ -51,9 +56,20 @@ pub(crate) async fn read_shard(read: ShardRead, tx: BatchTx) {
         tx: tx.clone(),
         batch_size: bs as usize,
         pending: Vec::new(),
-        pending_rows: 0,
+        pending_offsets: VecDeque::new(),
+        skipped: VecDeque::new(),
         next_index: read.start_batch,
-        offset: read.start_batch * bs,
+        next_offset: read.start_record,
+        tail_offset: read.start_record,
+        budget: read
+            .spec
+            .batching
+            .max_elements
+            .zip(read.spec.batching.length_column.clone())
+            .map(|(max_elements, column)| Budget {
+                column,
+                max_elements,
+            }),
         shard_id: read.shard.id.clone(),
         id_column,
     };
@@ -87,82 +103,164 @@ enum Flow {
     Stop,
 }
 
-/// Cuts incoming record batches into batches of exactly `batch_size` rows,
-/// attaches ids, and sends them.
+/// Cuts incoming rows into batches (`batch_size` rows, or fewer under an
+/// element budget), attaches ids and the bad records that fall inside each
+/// batch's record range, and sends them. Every row and bad record carries
+/// its record offset in the shard, so batches stay the same on a resume.
 struct Emitter {
     tx: BatchTx,
     batch_size: usize,
     pending: Vec<RecordBatch>,
-    pending_rows: usize,
+    /// Record offset of each pending row.
+    pending_offsets: VecDeque<u64>,
+    /// Bad records not yet attached to a batch, in offset order.
+    skipped: VecDeque<(u64, SkippedRecord)>,
     next_index: u64,
-    /// Offset within the shard of the next row to be emitted.
-    offset: u64,
+    /// First record offset not yet covered by an emitted batch.
+    next_offset: u64,
+    /// The offset after the last record pushed.
+    tail_offset: u64,
     shard_id: String,
     id_column: Option<String>,
+    budget: Option<Budget>,
+}
+
+/// Adaptive batching: a batch's padded size (records × longest record)
+/// stays within `max_elements`.
+struct Budget {
+    column: String,
+    max_elements: u64,
+}
+
+/// Records per batch for a run of record lengths: as many as fit the budget
+/// (at least one) and at most `batch_size`. `None` when the run ends before
+/// a limit is reached (more records may still fit).
+pub(crate) fn budget_cut(lengths: &[u64], batch_size: usize, max_elements: u64) -> Option<usize> {
+    let mut longest = 0u64;
+    for (n, &len) in lengths.iter().enumerate() {
+        if n == batch_size {
+            return Some(n);
+        }
+        let candidate = longest.max(len);
+        if n > 0 && (n as u64 + 1) * candidate > max_elements {
+            return Some(n);
+        }
+        longest = candidate;
+    }
+    (lengths.len() == batch_size).then_some(batch_size)
 }
 
 impl Emitter {
+    /// Queues rows at consecutive offsets after the last record pushed.
     async fn push(&mut self, rows: RecordBatch) -> Result<Flow, WorkerError> {
-        self.pending_rows += rows.num_rows();
-        self.pending.push(rows);
-        while self.pending_rows >= self.batch_size {
+        let n = rows.num_rows() as u64;
+        let offsets = (self.tail_offset..self.tail_offset + n).collect();
+        self.push_at(rows, offsets, Vec::new()).await
+    }
+
+    /// Queues rows at the given offsets, and bad records at theirs.
+    async fn push_at(
+        &mut self,
+        rows: RecordBatch,
+        offsets: Vec<u64>,
+        skipped: Vec<(u64, SkippedRecord)>,
+    ) -> Result<Flow, WorkerError> {
+        let last = offsets
+            .last()
+            .copied()
+            .into_iter()
+            .chain(skipped.iter().map(|(o, _)| *o))
+            .max();
+        if let Some(last) = last {
+            self.tail_offset = self.tail_offset.max(last + 1);
+        }
+        self.pending_offsets.extend(offsets);
+        self.skipped.extend(skipped);
+        if rows.num_rows() > 0 {
+            self.pending.push(rows);
+        }
+        self.drain(false).await
+    }
+
+    /// Emits every batch the pending rows complete (at the end, the rest,
+    /// and a last batch for bad records after the last row).
+    async fn drain(&mut self, at_end: bool) -> Result<Flow, WorkerError> {
+        while !self.pending_offsets.is_empty() {
             let all = self.take_pending()?;
-            let head = all.slice(0, self.batch_size);
-            let rest = all.slice(self.batch_size, all.num_rows() - self.batch_size);
+            let cut = match &self.budget {
+                None if all.num_rows() >= self.batch_size => Some(self.batch_size),
+                None => None,
+                Some(budget) => {
+                    let lengths = self.lengths(&all, &budget.column)?;
+                    budget_cut(&lengths, self.batch_size, budget.max_elements)
+                }
+            };
+            let cut = match cut {
+                Some(k) => k,
+                None if at_end => all.num_rows(),
+                None => {
+                    self.pending.push(all);
+                    return Ok(Flow::Continue);
+                }
+            };
+            let head = all.slice(0, cut);
+            let rest = all.slice(cut, all.num_rows() - cut);
             if rest.num_rows() > 0 {
-                self.pending_rows = rest.num_rows();
                 self.pending.push(rest);
             }
-            if self.emit(head).await? == Flow::Stop {
+            let offsets: Vec<u64> = self.pending_offsets.drain(..cut).collect();
+            let end = offsets.last().map_or(self.next_offset, |o| o + 1);
+            if self.emit(head, &offsets, end).await? == Flow::Stop {
                 return Ok(Flow::Stop);
             }
+        }
+        if at_end && !self.skipped.is_empty() {
+            let schema = self
+                .pending
+                .first()
+                .map(|b| b.schema())
+                .unwrap_or_else(|| Arc::new(Schema::empty()));
+            let end = self.tail_offset;
+            return self.emit(RecordBatch::new_empty(schema), &[], end).await;
         }
         Ok(Flow::Continue)
     }
 
-    async fn finish(mut self) -> Result<Flow, WorkerError> {
-        if self.pending_rows == 0 {
-            return Ok(Flow::Continue);
-        }
-        let rest = self.take_pending()?;
-        self.emit(rest).await
-    }
-
     fn take_pending(&mut self) -> Result<RecordBatch, WorkerError> {
         let parts = std::mem::take(&mut self.pending);
-        self.pending_rows = 0;
-        if parts.len() == 1 {
-            return Ok(parts
+        match parts.len() {
+            0 => Ok(RecordBatch::new_empty(Arc::new(Schema::empty()))),
+            1 => Ok(parts
                 .into_iter()
                 .next()
-                .unwrap_or_else(|| RecordBatch::new_empty(Arc::new(Schema::empty()))));
+                .unwrap_or_else(|| RecordBatch::new_empty(Arc::new(Schema::empty())))),
+            _ => {
+                let schema = parts[0].schema();
+                concat_batches(&schema, &parts)
+                    .map_err(|e| self.read_error(format!("joining rows: {e}")))
+            }
         }
-        let schema = parts[0].schema();
-        concat_batches(&schema, &parts).map_err(|e| self.read_error(format!("joining rows: {e}")))
     }
 
-    /// Sends `rows` as one batch as they are (no re-cutting): for readers
-    /// that cut batches themselves and may leave bad records out. `offsets`
-    /// are the rows' record offsets in the shard.
-    async fn emit_rows(
+    /// Sends `rows` (at `offsets`) as the batch covering records up to
+    /// `end`, with the bad records inside that range.
+    async fn emit(
         &mut self,
         rows: RecordBatch,
         offsets: &[u64],
-        skipped: Vec<SkippedRecord>,
+        end: u64,
     ) -> Result<Flow, WorkerError> {
-        let ids = if self.id_column.is_some() {
-            self.ids(&rows)?
-        } else {
-            let shard = &self.shard_id;
-            offsets
-                .iter()
-                .map(|o| Some(format!("{shard}:{o}")))
-                .collect()
-        };
-        let consumed = (rows.num_rows() + skipped.len()) as u64;
+        let ids = self.ids(&rows, offsets)?;
+        let mut skipped = Vec::new();
+        while self.skipped.front().is_some_and(|(o, _)| *o < end) {
+            if let Some((_, s)) = self.skipped.pop_front() {
+                skipped.push(s);
+            }
+        }
         let batch = Batch::new(ids, rows, self.next_index).with_skipped(skipped);
+        debug_assert_eq!(batch.consumed(), end - self.next_offset);
         self.next_index += 1;
-        self.offset += consumed;
+        self.next_offset = end;
         Ok(if self.tx.send(Ok(batch)).await.is_err() {
             Flow::Stop
         } else {
@@ -170,26 +268,17 @@ impl Emitter {
         })
     }
 
-    async fn emit(&mut self, rows: RecordBatch) -> Result<Flow, WorkerError> {
-        let ids = self.ids(&rows)?;
-        let n = rows.num_rows() as u64;
-        let batch = Batch::new(ids, rows, self.next_index);
-        self.next_index += 1;
-        self.offset += n;
-        Ok(if self.tx.send(Ok(batch)).await.is_err() {
-            Flow::Stop
-        } else {
-            Flow::Continue
-        })
-    }
-
-    fn ids(&self, rows: &RecordBatch) -> Result<StringArray, WorkerError> {
+    fn ids(&self, rows: &RecordBatch, offsets: &[u64]) -> Result<StringArray, WorkerError> {
         let Some(name) = &self.id_column else {
             let shard = &self.shard_id;
-            return Ok((0..rows.num_rows() as u64)
-                .map(|i| Some(format!("{shard}:{}", self.offset + i)))
+            return Ok(offsets
+                .iter()
+                .map(|o| Some(format!("{shard}:{o}")))
                 .collect());
         };
+        if rows.num_rows() == 0 {
+            return Ok(StringArray::from(Vec::<String>::new()));
+        }
         let column = rows
             .column_by_name(name)
             .ok_or_else(|| self.read_error(format!("id column {name:?} is missing")))?;
@@ -209,6 +298,40 @@ impl Emitter {
         Ok(ids)
     }
 
+    fn lengths(&self, rows: &RecordBatch, column: &str) -> Result<Vec<u64>, WorkerError> {
+        let col = rows
+            .column_by_name(column)
+            .ok_or_else(|| self.read_error(format!("length column {column:?} is missing")))?;
+        let len_of = |valid: bool, n: usize| if valid { n as u64 } else { 0 };
+        let lengths = match col.data_type() {
+            DataType::List(_) => {
+                let l = col.as_list::<i32>();
+                (0..l.len())
+                    .map(|i| len_of(l.is_valid(i), l.value_length(i) as usize))
+                    .collect()
+            }
+            DataType::LargeList(_) => {
+                let l = col.as_list::<i64>();
+                (0..l.len())
+                    .map(|i| len_of(l.is_valid(i), l.value_length(i) as usize))
+                    .collect()
+            }
+            DataType::FixedSizeList(_, w) => vec![*w as u64; col.len()],
+            DataType::Utf8 => {
+                let s = col.as_string::<i32>();
+                (0..s.len())
+                    .map(|i| len_of(s.is_valid(i), s.value(i).len()))
+                    .collect()
+            }
+            other => {
+                return Err(self.read_error(format!(
+                    "length column {column:?} is {other}; use a list or string column"
+                )));
+            }
+        };
+        Ok(lengths)
+    }
+
     fn read_error(&self, message: String) -> WorkerError {
         WorkerError::Read {
             shard: self.shard_id.clone(),
@@ -216,11 +339,15 @@ impl Emitter {
             message,
         }
     }
+
+    async fn finish(mut self) -> Result<Flow, WorkerError> {
+        self.drain(true).await
+    }
 }
 
 async fn read_range(emitter: &mut Emitter, start: u64, end: u64) -> Result<Flow, WorkerError> {
     let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
-    let mut from = start + emitter.offset;
+    let mut from = start + emitter.tail_offset;
     while from < end {
         let to = (from + emitter.batch_size as u64).min(end);
         let values: ArrayRef = Arc::new(Int64Array::from_iter_values(from as i64..to as i64));
@@ -265,7 +392,7 @@ async fn read_parquet(
         })?;
         total += rg.num_rows().max(0) as u64;
     }
-    let skip = emitter.offset.min(total);
+    let skip = emitter.tail_offset.min(total);
     let projection = match &read.spec.dataset.columns {
         None => None,
         Some(columns) => {
@@ -324,7 +451,7 @@ async fn read_jsonl(
         .split(|&b| b == b'\n')
         .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
         .collect();
-    let first = (emitter.offset as usize).min(lines.len());
+    let first = (emitter.tail_offset as usize).min(lines.len());
     for (chunk_no, chunk) in lines[first..].chunks(emitter.batch_size.max(1)).enumerate() {
         let offset = (first + chunk_no * emitter.batch_size) as u64;
         let (rows, offsets, skipped) = decode_lines(&schema, chunk, offset, &read.shard.id)
@@ -334,7 +461,7 @@ async fn read_jsonl(
                     offset + chunk.len() as u64
                 ))
             })?;
-        if emitter.emit_rows(rows, &offsets, skipped).await? == Flow::Stop {
+        if emitter.push_at(rows, offsets, skipped).await? == Flow::Stop {
             return Ok(Flow::Stop);
         }
     }
@@ -349,7 +476,7 @@ fn decode_lines(
     lines: &[&[u8]],
     first_offset: u64,
     shard_id: &str,
-) -> Result<(RecordBatch, Vec<u64>, Vec<SkippedRecord>), String> {
+) -> Result<(RecordBatch, Vec<u64>, Vec<(u64, SkippedRecord)>), String> {
     let mut joined = Vec::new();
     for line in lines {
         joined.extend_from_slice(line);
@@ -371,14 +498,20 @@ fn decode_lines(
                 good.push(row);
                 offsets.push(offset);
             }
-            Ok(row) => skipped.push(SkippedRecord {
-                id: format!("{shard_id}:{offset}"),
-                reason: format!("line decoded to {} records", row.num_rows()),
-            }),
-            Err(e) => skipped.push(SkippedRecord {
-                id: format!("{shard_id}:{offset}"),
-                reason: format!("undecodable JSON line: {e}"),
-            }),
+            Ok(row) => skipped.push((
+                offset,
+                SkippedRecord {
+                    id: format!("{shard_id}:{offset}"),
+                    reason: format!("line decoded to {} records", row.num_rows()),
+                },
+            )),
+            Err(e) => skipped.push((
+                offset,
+                SkippedRecord {
+                    id: format!("{shard_id}:{offset}"),
+                    reason: format!("undecodable JSON line: {e}"),
+                },
+            )),
         }
     }
     let rows = if good.is_empty() {
@@ -417,7 +550,7 @@ async fn read_files(
         Field::new("uri", DataType::Utf8, false),
         Field::new("bytes", DataType::Binary, false),
     ]));
-    let remaining = uris.get(emitter.offset as usize..).unwrap_or(&[]);
+    let remaining = uris.get(emitter.tail_offset as usize..).unwrap_or(&[]);
     for chunk in remaining.chunks(emitter.batch_size.max(1)) {
         let mut parsed = Vec::with_capacity(chunk.len());
         for uri in chunk {
@@ -468,7 +601,64 @@ mod tests {
             shard: plan_range(count, count).shards.remove(0),
             input_schema: None,
             start_batch,
+            start_record: start_batch * bs,
         }
+    }
+
+    #[test]
+    fn budget_cuts_fair_batches() {
+        // Budget 12: [2,2,2,2,2,2] fits 6 records of length 2.
+        assert_eq!(budget_cut(&[2, 2, 2, 2, 2, 2], 10, 12), None);
+        assert_eq!(budget_cut(&[2, 2, 2, 2, 2, 2, 2], 10, 12), Some(6));
+        // A long record shrinks the batch: 3 x 4 = 12.
+        assert_eq!(budget_cut(&[1, 4, 1, 1], 10, 12), Some(3));
+        // A record longer than the budget goes alone.
+        assert_eq!(budget_cut(&[50, 1], 10, 12), Some(1));
+        // batch_size still caps it.
+        assert_eq!(budget_cut(&[1, 1, 1, 1], 3, 100), Some(3));
+        assert_eq!(budget_cut(&[1, 1, 1], 3, 100), Some(3));
+    }
+
+    #[tokio::test]
+    async fn jsonl_batches_follow_an_element_budget_and_resume_at_a_record() {
+        let stores = Stores::new();
+        let uri = StoreUri::parse("memory:///d/ragged.jsonl").expect("uri");
+        let lens = [1usize, 1, 1, 6, 2, 2, 2, 2, 9, 1];
+        let text: String = lens
+            .iter()
+            .map(|n| format!("{{\"x\": [{}]}}\n", vec!["1"; *n].join(",")))
+            .collect();
+        stores
+            .put(&uri, bytes::Bytes::from(text))
+            .await
+            .expect("put");
+        let spec = JobSpec::from_toml(&format!(
+            "[dataset]\nformat = \"jsonl\"\nuri = \"{uri}\"\n[processor]\nname = \"p\"\n\
+             [batching]\nbatch_size = 4\nmax_elements = 8\nlength_column = \"x\"\n"
+        ))
+        .expect("spec");
+        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
+            .await
+            .expect("plan");
+        let read = |start_batch, start_record| ShardRead {
+            stores: stores.clone(),
+            spec: Arc::new(spec.clone()),
+            shard: plan.shards[0].clone(),
+            input_schema: plan.jsonl_schema.clone(),
+            start_batch,
+            start_record,
+        };
+        // lengths 1 1 1 6 | 2 2 2 2 | 9 | 1 under budget 8, at most 4:
+        // [1,1,1] (a 4th of 6 would pad to 24), [6], [2,2,2,2], [9], [1].
+        let batches = collect(read(0, 0)).await;
+        let sizes: Vec<_> = batches.iter().map(Batch::len).collect();
+        assert_eq!(sizes, vec![3, 1, 4, 1, 1]);
+        // Resuming at batch 2 = record 4 cuts the same batches from there.
+        let resumed = collect(read(2, 4)).await;
+        let sizes: Vec<_> = resumed.iter().map(Batch::len).collect();
+        assert_eq!(sizes, vec![4, 1, 1]);
+        assert_eq!(resumed[0].index(), 2);
+        assert_eq!(resumed[0].ids().value(0), "s00000:4");
     }
 
     #[tokio::test]
@@ -505,6 +695,7 @@ mod tests {
             shard: plan.shards[0].clone(),
             input_schema: plan.jsonl_schema.clone(),
             start_batch: 1,
+            start_record: 3,
         };
         let batches = collect(read).await;
         let sizes: Vec<_> = batches.iter().map(Batch::len).collect();
