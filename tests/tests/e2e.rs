@@ -360,3 +360,89 @@ fn cancel_from_the_cli_stops_a_job() {
     assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
     assert!(!w.log_text().contains("lease taken"));
 }
+
+#[test]
+fn a_load_stage_pads_ragged_records_in_batches_cut_by_an_element_budget() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    // 500 records with 1..=40 values each.
+    let mut lines = Vec::new();
+    let mut want = std::collections::HashMap::new();
+    for i in 0..500u64 {
+        let n = 1 + (i * 37 % 40);
+        let values: Vec<f64> = (0..n).map(|k| ((i + k) % 11) as f64).collect();
+        let mean = values.iter().sum::<f64>() / n as f64;
+        want.insert(format!("r{i}"), (mean, n as i64));
+        let list: Vec<String> = values.iter().map(|v| format!("{v:.1}")).collect();
+        lines.push(format!(
+            "{{\"id\": \"r{i}\", \"values\": [{}]}}",
+            list.join(",")
+        ));
+    }
+    let data = tmp.path().join("ragged.jsonl");
+    std::fs::write(&data, lines.join("\n") + "\n").expect("write");
+    let spec = write_spec(
+        tmp.path(),
+        "ragged.toml",
+        &format!(
+            "[dataset]\nformat = \"jsonl\"\nuri = \"{}\"\nid_column = \"id\"\n\
+             [processor]\nname = \"ragged-mean\"\nparams = {{ column = \"values\" }}\n\
+             [batching]\nbatch_size = 64\nmax_elements = 400\nlength_column = \"values\"\n\
+             [checkpoint]\ninterval = 3\n",
+            file_uri(&data)
+        ),
+    );
+    let job_id = coordinator.submit(&spec);
+    let _w = coordinator.worker("stoke-example-worker", "ragged", tmp.path());
+    wait_success(&coordinator, &job_id);
+    let m = manifest(&root, &job_id);
+    assert_eq!(m.records_out, 500);
+    let mut seen = 0;
+    for entry in &m.outputs {
+        let bytes = std::fs::read(uri_path(&entry.uri)).expect("output");
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            bytes::Bytes::from(bytes),
+        )
+        .expect("parquet")
+        .build()
+        .expect("reader");
+        for batch in reader {
+            use arrow_array::cast::AsArray;
+            let batch = batch.expect("batch");
+            let ids = batch
+                .column_by_name("id")
+                .expect("id")
+                .as_string::<i32>()
+                .clone();
+            let means = batch
+                .column_by_name("mean")
+                .expect("mean")
+                .as_primitive::<arrow_array::types::Float32Type>()
+                .clone();
+            let lengths = batch
+                .column_by_name("length")
+                .expect("length")
+                .as_primitive::<arrow_array::types::Int64Type>()
+                .clone();
+            let padded = batch
+                .column_by_name("padded_to")
+                .expect("padded_to")
+                .as_primitive::<arrow_array::types::Int64Type>()
+                .clone();
+            for i in 0..batch.num_rows() {
+                let (mean, n) = want[ids.value(i)];
+                assert_eq!(lengths.value(i), n, "{}", ids.value(i));
+                assert!(
+                    (means.value(i) as f64 - mean).abs() < 1e-4,
+                    "{}: {} vs {mean}",
+                    ids.value(i),
+                    means.value(i)
+                );
+                assert!(padded.value(i) >= n);
+                seen += 1;
+            }
+        }
+    }
+    assert_eq!(seen, 500);
+}

@@ -22,6 +22,69 @@ pub struct Batch {
     /// Records of this batch the reader could not decode (they are not in
     /// `rows`); the worker applies the job's error policy to them.
     skipped: Vec<SkippedRecord>,
+    /// The collated output of the processor's `load` stage, when it has one.
+    inputs: Option<Collated>,
+}
+
+/// Samples from the load stage, collated into one batch tensor.
+#[derive(Debug)]
+pub struct Collated {
+    /// `[B, ...]`: stacked samples, or padded to the longest along their
+    /// first dimension.
+    pub data: Tensor,
+    /// With padding: `[B, L]`, true where `data` holds a real value.
+    pub mask: Option<Tensor>,
+    /// With padding: `[B]` (int64), each sample's length.
+    pub lengths: Option<Tensor>,
+}
+
+impl Clone for Collated {
+    fn clone(&self) -> Self {
+        Self {
+            data: self.data.shallow_clone(),
+            mask: self.mask.as_ref().map(Tensor::shallow_clone),
+            lengths: self.lengths.as_ref().map(Tensor::shallow_clone),
+        }
+    }
+}
+
+impl Collated {
+    /// Stacks equal-shape samples.
+    pub fn stack(samples: &[Tensor]) -> Result<Self, String> {
+        let shape = samples.first().map(Tensor::size).unwrap_or_default();
+        if let Some(other) = samples.iter().find(|t| t.size() != shape) {
+            return Err(format!(
+                "samples of different shapes ({shape:?} and {:?}): use padding",
+                other.size()
+            ));
+        }
+        let data = Tensor::f_stack(samples, 0).map_err(|e| e.to_string())?;
+        Ok(Self {
+            data,
+            mask: None,
+            lengths: None,
+        })
+    }
+
+    /// Pads samples along their first dimension to the longest one (other
+    /// dimensions must agree), like dpipe's `combine_pad`.
+    pub fn pad(samples: &[Tensor], value: f64) -> Result<Self, String> {
+        let lengths: Vec<i64> = samples
+            .iter()
+            .map(|t| t.size().first().copied().unwrap_or(0))
+            .collect();
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let data =
+            Tensor::f_pad_sequence(samples, true, value, "right").map_err(|e| e.to_string())?;
+        let lengths_t = Tensor::from_slice(&lengths);
+        let positions = Tensor::arange(longest, (tch::Kind::Int64, tch::Device::Cpu));
+        let mask = positions.unsqueeze(0).lt_tensor(&lengths_t.unsqueeze(1));
+        Ok(Self {
+            data,
+            mask: Some(mask),
+            lengths: Some(lengths_t),
+        })
+    }
 }
 
 impl Batch {
@@ -31,7 +94,43 @@ impl Batch {
             rows,
             index,
             skipped: Vec::new(),
+            inputs: None,
         }
+    }
+
+    /// The collated samples of the processor's `load` stage (`None` when
+    /// the processor has no loader).
+    pub fn inputs(&self) -> Option<&Collated> {
+        self.inputs.as_ref()
+    }
+
+    pub(crate) fn with_inputs(mut self, inputs: Collated) -> Self {
+        self.inputs = Some(inputs);
+        self
+    }
+
+    /// A numeric list column padded to its longest list: the values as
+    /// float32 `[B, L]`, a mask and the lengths.
+    pub fn padded(&self, name: &str, value: f64) -> Result<Collated, WorkerError> {
+        let column = self.column(name)?;
+        let err = |message: String| WorkerError::Column {
+            batch_idx: self.index,
+            column: name.to_string(),
+            message,
+        };
+        let samples: Vec<Tensor> = (0..column.len())
+            .map(|i| {
+                let row = match column.data_type() {
+                    DataType::List(_) => column.as_list::<i32>().value(i),
+                    DataType::LargeList(_) => column.as_list::<i64>().value(i),
+                    DataType::FixedSizeList(_, _) => column.as_fixed_size_list().value(i),
+                    other => return Err(format!("cannot pad a {other} column; use a list column")),
+                };
+                Ok(Tensor::from_slice(&to_f32(&row)?))
+            })
+            .collect::<Result<_, String>>()
+            .map_err(err)?;
+        Collated::pad(&samples, value).map_err(err)
     }
 
     pub(crate) fn with_skipped(mut self, skipped: Vec<SkippedRecord>) -> Self {
@@ -215,6 +314,35 @@ mod tests {
     use super::*;
     use arrow_array::Int32Array;
     use arrow_array::builder::{FixedSizeListBuilder, Float64Builder, ListBuilder};
+
+    #[test]
+    fn ragged_samples_pad_with_a_mask_and_lengths() {
+        let samples = vec![
+            Tensor::from_slice(&[1.0f32, 2.0]),
+            Tensor::from_slice(&[3.0f32]),
+            Tensor::from_slice(&[4.0f32, 5.0, 6.0]),
+        ];
+        let c = Collated::pad(&samples, -1.0).expect("pad");
+        assert_eq!(c.data.size(), vec![3, 3]);
+        assert_eq!(c.data.double_value(&[1, 1]), -1.0);
+        assert_eq!(c.data.double_value(&[2, 2]), 6.0);
+        let mask = c.mask.expect("mask");
+        assert_eq!(mask.int64_value(&[1, 1]), 0);
+        assert_eq!(mask.int64_value(&[0, 1]), 1);
+        assert_eq!(
+            Vec::<i64>::try_from(&c.lengths.expect("lengths")).expect("vec"),
+            vec![2, 1, 3]
+        );
+        assert!(Collated::stack(&samples).is_err());
+        let same = vec![
+            Tensor::from_slice(&[1.0f32, 2.0]),
+            Tensor::from_slice(&[3.0f32, 4.0]),
+        ];
+        assert_eq!(
+            Collated::stack(&same).expect("stack").data.size(),
+            vec![2, 2]
+        );
+    }
 
     #[test]
     fn fixed_and_variable_lists_become_2d_tensors() {

@@ -76,10 +76,14 @@ impl ProcessorContext {
         self.device
     }
 
-    /// Moves a tensor to the processor's device.
+    /// Moves a tensor to the processor's device; from pinned memory (as
+    /// the load stage leaves batches on CUDA workers) the copy does not
+    /// block the host.
     pub fn to_device(&self, tensor: &Tensor) -> Tensor {
         if tensor.device() == self.device {
             tensor.shallow_clone()
+        } else if self.device.is_cuda() && tensor.is_pinned(self.device) {
+            tensor.to_device_(self.device, tensor.kind(), true, false)
         } else {
             tensor.to_device(self.device)
         }

@@ -23,9 +23,10 @@ mod session;
 pub mod torchscript;
 
 pub use batch::Batch;
+pub use batch::Collated;
 pub use config::WorkerConfig;
 pub use context::{ProcessorContext, ShardInfo, SkippedRecord};
 pub use error::{BoxError, LinkError, ProcessorResult, WorkerError};
 pub use link::{CoordinatorLink, GrpcLink, LocalLink};
-pub use processor::{Registry, TorchBatchProcessor};
+pub use processor::{Collate, LoadFn, Loader, Registry, TorchBatchProcessor};
 pub use runner::{WorkerExit, run};

@@ -4,6 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use arrow_array::RecordBatch;
+use tch::Tensor;
+
 use crate::batch::Batch;
 use crate::context::ProcessorContext;
 use crate::error::ProcessorResult;
@@ -29,6 +32,71 @@ pub trait TorchBatchProcessor: Send + Sized + 'static {
 
     fn on_finish(&mut self, _ctx: &mut ProcessorContext) -> ProcessorResult<()> {
         Ok(())
+    }
+
+    /// An optional per-record load stage (decode an image, tokenize a
+    /// text), run on a pool of CPU threads ahead of the model, like
+    /// Graphbook's `load_fn` or dpipe's `Threads`; its samples are collated
+    /// into `batch.inputs()`. Called once, after `new`.
+    fn loader(_ctx: &ProcessorContext) -> ProcessorResult<Option<Loader>> {
+        Ok(None)
+    }
+}
+
+/// Turns one raw record (row `index` of the batch's rows) into a sample.
+pub type LoadFn = dyn Fn(&RecordBatch, usize) -> ProcessorResult<Tensor> + Send + Sync;
+
+/// How samples become one batch tensor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Collate {
+    /// Equal shapes, stacked.
+    Stack,
+    /// Padded along the first dimension with this value (mask and lengths
+    /// come with it).
+    Pad(f64),
+}
+
+/// A processor's load stage.
+#[derive(Clone)]
+pub struct Loader {
+    pub(crate) load: Arc<LoadFn>,
+    pub(crate) collate: Collate,
+    pub(crate) threads: usize,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("collate", &self.collate)
+            .field("threads", &self.threads)
+            .finish()
+    }
+}
+
+impl Loader {
+    /// A loader that stacks samples, on as many threads as the machine has
+    /// cores (at most 8).
+    pub fn new(
+        load: impl Fn(&RecordBatch, usize) -> ProcessorResult<Tensor> + Send + Sync + 'static,
+    ) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self {
+            load: Arc::new(load),
+            collate: Collate::Stack,
+            threads: cores.clamp(1, 8),
+        }
+    }
+
+    /// Pads ragged samples with `value` instead of stacking.
+    pub fn pad(mut self, value: f64) -> Self {
+        self.collate = Collate::Pad(value);
+        self
+    }
+
+    /// Load threads.
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
     }
 }
 
@@ -61,8 +129,10 @@ impl<P: TorchBatchProcessor> DynProcessor for P {
     }
 }
 
-type Factory =
-    dyn Fn(&mut ProcessorContext) -> ProcessorResult<Box<dyn DynProcessor>> + Send + Sync;
+/// A processor instance and its load stage, if any.
+pub(crate) type Created = (Box<dyn DynProcessor>, Option<Loader>);
+
+type Factory = dyn Fn(&mut ProcessorContext) -> ProcessorResult<Created> + Send + Sync;
 
 /// Processor implementations by the name a job spec uses.
 #[derive(Clone, Default)]
@@ -94,7 +164,9 @@ impl Registry {
     /// Adds (or replaces) a processor under `name`.
     pub fn register<P: TorchBatchProcessor>(&mut self, name: &str) -> &mut Self {
         let factory: Arc<Factory> = Arc::new(|ctx: &mut ProcessorContext| {
-            P::new(ctx).map(|p| Box::new(p) as Box<dyn DynProcessor>)
+            let processor = P::new(ctx)?;
+            let loader = P::loader(ctx)?;
+            Ok((Box::new(processor) as Box<dyn DynProcessor>, loader))
         });
         self.factories.insert(name.to_string(), factory);
         self
@@ -112,7 +184,7 @@ impl Registry {
         &self,
         name: &str,
         ctx: &mut ProcessorContext,
-    ) -> Option<ProcessorResult<Box<dyn DynProcessor>>> {
+    ) -> Option<ProcessorResult<Created>> {
         self.factories.get(name).map(|f| f(ctx))
     }
 }

@@ -8,7 +8,11 @@
 //! - `input_shape` (optional): per-record shape to reshape to, e.g. `[1, 8, 8]`;
 //! - `outputs` (optional, default `["argmax"]`): any of `argmax` (int64
 //!   column `prediction`) and `scores` (the model's output vector, float32
-//!   list column `scores`).
+//!   list column `scores`);
+//! - `pad_value` (optional): ragged input — lists of different lengths are
+//!   padded to the batch's longest with this value (`[B, L]`);
+//! - `pass_lengths` (optional, with `pad_value`): call `forward(x, lengths)`
+//!   with the int64 lengths `[B]` as a second input.
 
 use std::io::Cursor;
 use std::sync::Arc;
@@ -30,6 +34,8 @@ pub struct TorchScriptProcessor {
     model: CModule,
     input_column: String,
     input_shape: Option<Vec<i64>>,
+    pad_value: Option<f64>,
+    pass_lengths: bool,
     argmax: bool,
     scores: bool,
 }
@@ -60,10 +66,22 @@ impl TorchBatchProcessor for TorchScriptProcessor {
             CModule::load_data_on_device(&mut Cursor::new(bytes.as_ref()), ctx.device())
                 .map_err(|e| format!("loading model {model_uri}: not a TorchScript file: {e}"))?;
         ctx.prepare_model_for_inference(&mut model);
+        let pad_value: Option<f64> = ctx.param("pad_value")?;
+        let pass_lengths: bool = ctx.param("pass_lengths")?.unwrap_or(false);
+        if pass_lengths && pad_value.is_none() {
+            return Err(
+                "param `pass_lengths` needs `pad_value` (lengths come with padding)".into(),
+            );
+        }
+        if pad_value.is_some() && input_shape.is_some() {
+            return Err("params `pad_value` and `input_shape` do not go together".into());
+        }
         Ok(Self {
             model,
             input_column,
             input_shape,
+            pad_value,
+            pass_lengths,
             argmax: outputs.iter().any(|o| o == "argmax"),
             scores: outputs.iter().any(|o| o == "scores"),
         })
@@ -79,14 +97,27 @@ impl TorchBatchProcessor for TorchScriptProcessor {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut input = batch.tensor(&self.input_column)?;
-        if let Some(shape) = &self.input_shape {
-            let mut full = vec![batch.len() as i64];
-            full.extend_from_slice(shape);
-            input = input.f_reshape(full.as_slice())?;
-        }
-        let input = ctx.to_device(&input);
-        let output = self.model.forward_ts(&[input])?;
+        let output = match self.pad_value {
+            Some(value) => {
+                let padded = batch.padded(&self.input_column, value)?;
+                let x = ctx.to_device(&padded.data);
+                if self.pass_lengths {
+                    let lengths = ctx.to_device(padded.lengths.as_ref().ok_or("no lengths")?);
+                    self.model.forward_ts(&[x, lengths])?
+                } else {
+                    self.model.forward_ts(&[x])?
+                }
+            }
+            None => {
+                let mut input = batch.tensor(&self.input_column)?;
+                if let Some(shape) = &self.input_shape {
+                    let mut full = vec![batch.len() as i64];
+                    full.extend_from_slice(shape);
+                    input = input.f_reshape(full.as_slice())?;
+                }
+                self.model.forward_ts(&[ctx.to_device(&input)])?
+            }
+        };
         let output = output
             .to_device(tch::Device::Cpu)
             .to_kind(Kind::Float)
@@ -123,12 +154,17 @@ impl TorchScriptProcessor {
             Some(shape) => Some(shape.iter().product::<i64>().max(0) as usize),
             None => most_common(&widths),
         };
-        if widths.iter().all(|w| *w == expected) {
+        // Ragged input is padded: only null records are bad.
+        let ragged = self.pad_value.is_some();
+        if widths
+            .iter()
+            .all(|w| w.is_some() && (ragged || *w == expected))
+        {
             return Ok(batch);
         }
         let mut keep = Vec::with_capacity(widths.len());
         for (i, width) in widths.iter().enumerate() {
-            let ok = *width == expected && width.is_some();
+            let ok = width.is_some() && (ragged || *width == expected);
             if !ok {
                 let reason = match (width, expected) {
                     (None, _) => format!("`{}` is null", self.input_column),

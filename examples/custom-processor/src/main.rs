@@ -10,9 +10,11 @@
 
 use std::sync::Arc;
 
-use stoke::arrow_array::{ArrayRef, Float32Array, RecordBatch};
-use stoke::tch::Kind;
-use stoke::{Batch, ProcessorContext, ProcessorResult, Registry, TorchBatchProcessor};
+use stoke::arrow_array::cast::AsArray;
+use stoke::arrow_array::types::Float64Type;
+use stoke::arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch};
+use stoke::tch::{Kind, Tensor};
+use stoke::{Batch, Loader, ProcessorContext, ProcessorResult, Registry, TorchBatchProcessor};
 
 struct FeatureStats {
     column: String,
@@ -74,9 +76,74 @@ impl TorchBatchProcessor for FeatureStats {
     }
 }
 
+/// `ragged-mean`: variable-length records through a load stage. `load`
+/// turns each record's list into a tensor on the worker's load pool; the
+/// samples are padded into one batch with a mask; the model step computes
+/// each record's mean over its real values only.
+struct RaggedMean {
+    column: String,
+}
+
+impl TorchBatchProcessor for RaggedMean {
+    fn new(ctx: &mut ProcessorContext) -> ProcessorResult<Self> {
+        Ok(Self {
+            column: ctx.required_param("column")?,
+        })
+    }
+
+    fn loader(ctx: &ProcessorContext) -> ProcessorResult<Option<Loader>> {
+        let column: String = ctx.required_param("column")?;
+        let loader = Loader::new(move |rows: &RecordBatch, i: usize| {
+            let list = rows
+                .column_by_name(&column)
+                .ok_or_else(|| format!("no column {column:?}"))?
+                .as_list::<i32>()
+                .value(i);
+            let values = list.as_primitive::<Float64Type>().values().to_vec();
+            Ok(Tensor::from_slice(&values).to_kind(Kind::Float))
+        })
+        .pad(0.0);
+        Ok(Some(loader))
+    }
+
+    fn process_batch(
+        &mut self,
+        batch: Batch,
+        _batch_idx: u64,
+        ctx: &mut ProcessorContext,
+    ) -> ProcessorResult<()> {
+        let inputs = batch.inputs().ok_or("no load stage output")?;
+        let mask = inputs
+            .mask
+            .as_ref()
+            .ok_or("no padding mask")?
+            .to_kind(Kind::Float);
+        let lengths = inputs.lengths.as_ref().ok_or("no lengths")?;
+        let x = ctx.to_device(&inputs.data);
+        let sums = (x * ctx.to_device(&mask)).sum_dim_intlist(1, false, Kind::Float);
+        let means = (sums / ctx.to_device(lengths).to_kind(Kind::Float).clamp_min(1.0))
+            .to_device(stoke::tch::Device::Cpu);
+        let means: Vec<f32> = Vec::try_from(&means)?;
+        let lengths: Vec<i64> = Vec::try_from(lengths)?;
+        let _ = &self.column;
+        let rows = RecordBatch::try_from_iter(vec![
+            ("id", batch.ids_array()),
+            ("mean", Arc::new(Float32Array::from(means)) as ArrayRef),
+            ("length", Arc::new(Int64Array::from(lengths)) as ArrayRef),
+            (
+                "padded_to",
+                Arc::new(Int64Array::from(vec![inputs.data.size()[1]; batch.len()])) as ArrayRef,
+            ),
+        ])?;
+        ctx.write_rows(rows)?;
+        Ok(())
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let mut registry = Registry::with_builtins();
     registry.register::<FeatureStats>("feature-stats");
+    registry.register::<RaggedMean>("ragged-mean");
     stoke::worker_main(registry)?;
     Ok(())
 }

@@ -3,5 +3,6 @@
 
 pub(crate) mod commit;
 pub(crate) mod output;
+pub(crate) mod prep;
 pub(crate) mod process;
 pub(crate) mod read;

@@ -17,7 +17,8 @@ use crate::batch::Batch;
 use crate::context::{ProcessorContext, ShardInfo};
 use crate::error::WorkerError;
 use crate::pipeline::commit::Checkpoint;
-use crate::processor::{DynProcessor, Registry};
+use crate::pipeline::prep::spawn_prep;
+use crate::processor::{DynProcessor, Loader, Registry};
 
 /// Flags the async side sets to steer a running attempt.
 #[derive(Debug, Default)]
@@ -75,6 +76,7 @@ pub(crate) enum ProcMsg {
 struct Loaded {
     job_id: String,
     processor: Box<dyn DynProcessor>,
+    loader: Option<Loader>,
     ctx: ProcessorContext,
 }
 
@@ -165,12 +167,14 @@ impl ProcessorThread {
                     message: e.to_string(),
                 });
             }
-            Some(Ok(p)) => p,
+            Some(Ok(created)) => created,
         };
+        let (processor, loader) = processor;
         info!(job = %run.job_id, processor = %name, device = ?self.device, ms = started.elapsed().as_millis() as u64, "processor loaded");
         Ok(Loaded {
             job_id: run.job_id.clone(),
             processor,
+            loader,
             ctx,
         })
     }
@@ -366,7 +370,7 @@ fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<Sh
         spec,
         info,
         start_batch,
-        mut batches,
+        batches,
         checkpoints,
         control,
         reply,
@@ -387,9 +391,15 @@ fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<Sh
         records_since: 0,
         times: StageTimes::default(),
     };
+    // With a load stage, batches go through the load pool first; it runs
+    // ahead of the model on its own threads.
+    let mut prepared = match &shard.l.loader {
+        Some(loader) => spawn_prep(loader.clone(), shard.l.ctx.device(), batches),
+        None => batches,
+    };
     let outcome = shard
         .run(
-            &mut batches,
+            &mut prepared,
             spec.checkpoint.interval,
             spec.checkpoint.every,
         )
