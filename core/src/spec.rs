@@ -119,6 +119,9 @@ pub struct ProcessorSpec {
     pub name: String,
     #[serde(default)]
     pub params: serde_json::Map<String, serde_json::Value>,
+    /// libtorch intra-op threads for this job, overriding the worker's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -366,6 +369,9 @@ impl JobSpec {
         self.validate_dataset()?;
         if self.processor.name.trim().is_empty() {
             return Err(SpecError::invalid("processor.name", "must not be empty"));
+        }
+        if self.processor.threads == Some(0) {
+            return Err(SpecError::invalid("processor.threads", "must be at least 1"));
         }
         let bs = self.batching.batch_size;
         if bs == 0 || bs > MAX_BATCH_SIZE {

@@ -126,7 +126,7 @@ impl Batch {
                     DataType::FixedSizeList(_, _) => column.as_fixed_size_list().value(i),
                     other => return Err(format!("cannot pad a {other} column; use a list column")),
                 };
-                Ok(Tensor::from_slice(&to_f32(&row)?))
+                f32_tensor(&row)
             })
             .collect::<Result<_, String>>()
             .map_err(err)?;
@@ -262,8 +262,7 @@ pub fn column_to_tensor(column: &ArrayRef) -> Result<Tensor, String> {
                 list.offset() * *width as usize,
                 column.len() * *width as usize,
             );
-            let flat = to_f32(&values)?;
-            Ok(Tensor::from_slice(&flat).reshape([rows, *width as i64]))
+            Ok(f32_tensor(&values)?.reshape([rows, *width as i64]))
         }
         DataType::List(_) | DataType::LargeList(_) => {
             let (values, offsets): (ArrayRef, Vec<usize>) = match column.data_type() {
@@ -293,20 +292,24 @@ pub fn column_to_tensor(column: &ArrayRef) -> Result<Tensor, String> {
             }
             let start = offsets.first().copied().unwrap_or(0);
             let values = values.slice(start, column.len() * width);
-            let flat = to_f32(&values)?;
-            Ok(Tensor::from_slice(&flat).reshape([rows, width as i64]))
+            Ok(f32_tensor(&values)?.reshape([rows, width as i64]))
         }
-        dt if dt.is_numeric() => Ok(Tensor::from_slice(&to_f32(column)?)),
+        dt if dt.is_numeric() => f32_tensor(column),
         other => Err(format!("cannot make a tensor of {other}")),
     }
 }
 
-fn to_f32(values: &ArrayRef) -> Result<Vec<f32>, String> {
+/// The values as a 1-D float32 tensor: one copy straight from Arrow's
+/// buffer when they already are float32, a cast first otherwise.
+fn f32_tensor(values: &ArrayRef) -> Result<Tensor, String> {
     if values.null_count() > 0 {
         return Err(format!("{} null values inside lists", values.null_count()));
     }
+    if values.data_type() == &DataType::Float32 {
+        return Ok(Tensor::from_slice(values.as_primitive::<Float32Type>().values()));
+    }
     let cast = arrow_cast::cast(values, &DataType::Float32).map_err(|e| e.to_string())?;
-    Ok(cast.as_primitive::<Float32Type>().values().to_vec())
+    Ok(Tensor::from_slice(cast.as_primitive::<Float32Type>().values()))
 }
 
 #[cfg(test)]

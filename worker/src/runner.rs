@@ -51,7 +51,15 @@ pub async fn run<L: CoordinatorLink>(
     // Our own child: a slot that fails for good stops the other slots
     // without cancelling the caller's token.
     let shutdown = shutdown.child_token();
-    if let Some(n) = config.intra_op_threads {
+    // libtorch's intra-op threads: as configured, or on CPU the cores shared
+    // among this worker's processors (a job's spec may still override it).
+    let threads = config.intra_op_threads.or_else(|| {
+        config.devices.iter().all(|d| !d.is_cuda()).then(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cores / config.devices.len()).max(1)
+        })
+    });
+    if let Some(n) = threads {
         tch::set_num_threads(n as i32);
     }
     let scratch_tmp;

@@ -152,6 +152,9 @@ impl ProcessorThread {
             self.stores.clone(),
             self.runtime.clone(),
         );
+        if let Some(n) = run.spec.processor.threads {
+            tch::set_num_threads(n as i32);
+        }
         let _guard = tch::no_grad_guard();
         let started = Instant::now();
         let processor = match self.registry.create(name, &mut ctx) {
