@@ -32,6 +32,8 @@ pub enum CoordinatorError {
         token: u64,
         current: String,
     },
+    #[error("a commit for shard {shard_id} of job {job_id} is being stored; retry")]
+    CommitInFlight { job_id: String, shard_id: String },
     #[error("shard {shard_id} not in job {job_id}")]
     ShardNotFound { job_id: String, shard_id: String },
     #[error("job {job_id} is {state}")]
@@ -89,7 +91,9 @@ impl From<CoordinatorError> for Status {
             | JobNotRunning { .. }
             | BatchMismatch { .. }
             | ProtocolVersion { .. } => Status::failed_precondition(msg),
-            Store(_) | Recovery(_) | ShuttingDown | Serve(_) => Status::unavailable(msg),
+            Store(_) | Recovery(_) | ShuttingDown | Serve(_) | CommitInFlight { .. } => {
+                Status::unavailable(msg)
+            }
         }
     }
 }

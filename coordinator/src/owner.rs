@@ -2,22 +2,27 @@
 //! commands and runs them one at a time; [`Handle`] is how everything else
 //! (gRPC handlers, the embedded runner, tests) talks to it.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
-use stoke_core::Stores;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+
 use stoke_core::lease::{
     AcquireOutcome, Commit, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
 };
 use stoke_core::plan::plan_dataset;
 use stoke_core::records::JobInfo;
 use stoke_core::spec::JobSpec;
+use stoke_core::{StoreError, Stores};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
-use crate::state::State;
+use crate::state::{CommitStep, PendingCommit, State};
 
 type Reply<T> = oneshot::Sender<Result<T>>;
 
@@ -97,6 +102,19 @@ pub async fn start(
     Ok((Handle { tx, stores }, task))
 }
 
+/// A progress record being written, and who waits for the commit.
+type Write = Pin<
+    Box<
+        dyn Future<
+                Output = (
+                    PendingCommit,
+                    std::result::Result<(), StoreError>,
+                    Reply<bool>,
+                ),
+            > + Send,
+    >,
+>;
+
 async fn run(
     mut state: State,
     mut rx: mpsc::Receiver<Command>,
@@ -105,13 +123,35 @@ async fn run(
 ) {
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Commits are validated and applied here, in order, but their progress
+    // records are written concurrently: the owner never waits on the store
+    // for one commit while others queue.
+    let mut writes: FuturesUnordered<Write> = FuturesUnordered::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             cmd = rx.recv() => match cmd {
+                Some(Command::Commit { commit, reply }) => match state.begin_commit(commit) {
+                    Ok(CommitStep::Duplicate) => {
+                        let _ = reply.send(Ok(true));
+                    }
+                    Ok(CommitStep::Write(pending)) => {
+                        let stores = state.stores().clone();
+                        writes.push(Box::pin(async move {
+                            let written = pending.write(&stores).await;
+                            (pending, written, reply)
+                        }));
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                },
                 Some(cmd) => apply(&mut state, cmd).await,
                 None => break,
             },
+            Some((pending, written, reply)) = writes.next(), if !writes.is_empty() => {
+                let _ = reply.send(state.finish_commit(pending, written).await);
+            }
             _ = ticker.tick() => state.tick().await,
         }
     }
@@ -172,6 +212,8 @@ async fn apply(state: &mut State, cmd: Command) {
             let _ = reply.send(state.acquire(&session_id));
         }
         Command::Commit { commit, reply } => {
+            // Normally handled by the loop (concurrent writes); kept whole
+            // here for completeness.
             let _ = reply.send(state.commit(commit).await);
         }
         Command::Release { release, reply } => {

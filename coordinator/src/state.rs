@@ -41,6 +41,34 @@ struct ActiveLease {
 struct ShardState {
     progress: ProgressRecord,
     lease: Option<ActiveLease>,
+    /// A commit's progress record is being written: the lease stays put
+    /// until it is.
+    writing: bool,
+}
+
+/// What `begin_commit` decided.
+#[derive(Debug)]
+pub enum CommitStep {
+    /// Already applied: acknowledge again.
+    Duplicate,
+    /// Store this progress record, then call `finish_commit`.
+    Write(PendingCommit),
+}
+
+/// A validated commit whose progress record is to be stored.
+#[derive(Debug)]
+pub struct PendingCommit {
+    idx: usize,
+    uri: StoreUri,
+    progress: ProgressRecord,
+    commit: Commit,
+}
+
+impl PendingCommit {
+    /// Stores the progress record.
+    pub async fn write(&self, stores: &Stores) -> std::result::Result<(), StoreError> {
+        stores.put_json(&self.uri, &self.progress).await
+    }
 }
 
 struct Job {
@@ -206,6 +234,7 @@ impl State {
                     ..Default::default()
                 },
                 lease: None,
+                writing: false,
             })
             .collect();
         let shard_index = plan
@@ -231,6 +260,10 @@ impl State {
 
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    pub fn stores(&self) -> &Stores {
+        &self.stores
     }
 
     fn job(&self, job_id: &str) -> Result<&Job> {
@@ -532,6 +565,11 @@ impl State {
         for (job_id, idx) in session.leases {
             if let Some(job) = self.jobs.get_mut(&job_id) {
                 let shard = &mut job.shards[idx];
+                if shard.writing {
+                    // Its commit is being written; `finish_commit` requeues
+                    // the shard once the record is stored.
+                    continue;
+                }
                 if shard
                     .lease
                     .as_ref()
@@ -662,7 +700,22 @@ impl State {
 
     /// Checks the fencing token, stores the new progress record, and only
     /// then applies it. Returns `true` for a commit already applied (a retry).
+    /// (The owner task runs the same three steps with the store write off
+    /// its loop, so many commits are written at once.)
     pub async fn commit(&mut self, commit: Commit) -> Result<bool> {
+        match self.begin_commit(commit)? {
+            CommitStep::Duplicate => Ok(true),
+            CommitStep::Write(pending) => {
+                let written = pending.write(&self.stores).await;
+                self.finish_commit(pending, written).await
+            }
+        }
+    }
+
+    /// Validates a commit and builds the progress record to store. Marks
+    /// the shard as being written: its lease neither expires nor moves
+    /// until `finish_commit`.
+    pub fn begin_commit(&mut self, commit: Commit) -> Result<CommitStep> {
         let key = &commit.key;
         let job = self.job(&key.job_id)?;
         let idx = job.shard(&key.shard_id)?;
@@ -672,7 +725,7 @@ impl State {
             && commit.next_batch <= shard.progress.next_batch
             && (shard.progress.done || !commit.shard_done)
         {
-            return Ok(true);
+            return Ok(CommitStep::Duplicate);
         }
         if job.state.is_terminal() {
             return Err(CoordinatorError::JobNotRunning {
@@ -695,6 +748,12 @@ impl State {
                     .map_or("no active lease".to_string(), |l| l.token.to_string()),
             });
         }
+        if shard.writing {
+            return Err(CoordinatorError::CommitInFlight {
+                job_id: key.job_id.clone(),
+                shard_id: key.shard_id.clone(),
+            });
+        }
         if commit.from_batch != shard.progress.next_batch {
             return Err(CoordinatorError::BatchMismatch {
                 job_id: key.job_id.clone(),
@@ -712,25 +771,66 @@ impl State {
         progress.skipped += commit.skipped;
         progress.errors.extend(commit.error_objects.iter().cloned());
         let uri = job.layout.progress(&key.shard_id);
-        self.stores.put_json(&uri, &progress).await?;
+        let job = self.job_mut(&commit.key.job_id)?;
+        job.shards[idx].writing = true;
+        Ok(CommitStep::Write(PendingCommit {
+            idx,
+            uri,
+            progress,
+            commit,
+        }))
+    }
+
+    /// Applies a commit once its progress record is stored (or clears the
+    /// mark when the write failed, so the worker's retry can go through).
+    pub async fn finish_commit(
+        &mut self,
+        pending: PendingCommit,
+        written: std::result::Result<(), StoreError>,
+    ) -> Result<bool> {
+        let PendingCommit {
+            idx,
+            progress,
+            commit,
+            ..
+        } = pending;
+        let key = &commit.key;
+        let deadline = Instant::now() + self.config.lease_timeout;
+        let sessions = &mut self.sessions;
+        let job = self
+            .jobs
+            .get_mut(&key.job_id)
+            .ok_or_else(|| CoordinatorError::JobNotFound {
+                job_id: key.job_id.clone(),
+            })?;
+        let shard = &mut job.shards[idx];
+        shard.writing = false;
+        written?;
         fail::fail_point!("coordinator::after_progress_stored", |_| {
             // Fault injection for tests: die as kill -9 would, after the
             // progress record is stored and before anyone hears of it.
             std::process::abort()
         });
-
-        let deadline = Instant::now() + self.config.lease_timeout;
-        let job = self.job_mut(&key.job_id)?;
-        let shard = &mut job.shards[idx];
+        let running = job.state == JobState::Running;
         shard.progress = progress;
-        if commit.shard_done {
+        // The holder went away while its commit was being written: the
+        // commit stands, and the shard goes back to the queue now.
+        let orphaned = shard
+            .lease
+            .as_ref()
+            .is_some_and(|l| !sessions.contains_key(&l.session_id));
+        if commit.shard_done || orphaned {
             shard.lease = None;
-            if let Some(session) = self.sessions.get_mut(&commit.session_id) {
+            if let Some(session) = sessions.get_mut(&commit.session_id) {
                 session.leases.remove(&(key.job_id.clone(), idx));
             }
-            info!(job = %key.job_id, shard = %key.shard_id, token = key.token, "shard done");
+            if commit.shard_done {
+                info!(job = %key.job_id, shard = %key.shard_id, token = key.token, "shard done");
+            } else if running {
+                job.pending.push_front(idx);
+            }
         } else if let Some(lease) = shard.lease.as_mut() {
-            lease.deadline = deadline;
+            lease.deadline = lease.deadline.max(deadline);
         }
         if commit.skipped > 0 {
             self.check_skip_limit(&key.job_id, commit.last_skip_reason.as_deref())
@@ -767,6 +867,14 @@ impl State {
             .is_some_and(|l| l.token == key.token && l.session_id == release.session_id);
         if !holds {
             // Stale or repeated: nothing to do (releases are idempotent).
+            return Ok(());
+        }
+        if job.shards[idx].writing {
+            // A commit of this lease is being stored: let the lease lapse
+            // once it is, rather than move the shard under it.
+            if let Some(lease) = self.job_mut(&key.job_id)?.shards[idx].lease.as_mut() {
+                lease.deadline = Instant::now();
+            }
             return Ok(());
         }
         let max_attempts = job.spec.max_attempts;
@@ -817,7 +925,7 @@ impl State {
         let now = Instant::now();
         for job in self.jobs.values_mut() {
             for (idx, shard) in job.shards.iter_mut().enumerate() {
-                if shard.lease.as_ref().is_some_and(|l| l.deadline <= now) {
+                if !shard.writing && shard.lease.as_ref().is_some_and(|l| l.deadline <= now) {
                     if let Some(lease) = shard.lease.take() {
                         if let Some(session) = self.sessions.get_mut(&lease.session_id) {
                             session.leases.remove(&(job.id.clone(), idx));

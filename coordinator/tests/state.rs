@@ -1041,3 +1041,43 @@ async fn skipped_records_are_counted_and_the_limit_fails_the_job() {
     );
     assert!(reason.contains("s00000:5"), "{reason}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_commit_being_written_keeps_its_lease_until_stored() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 10).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let lease = leased(state.acquire(&a));
+    let step = state
+        .begin_commit(checkpoint(&a, &lease, 0, 2))
+        .expect("begin");
+    let stoke_coordinator::state::CommitStep::Write(pending) = step else {
+        panic!("expected a write");
+    };
+    // While the record is being written: a second commit must wait, the
+    // lease does not expire, and the worker's death does not move it.
+    assert!(matches!(
+        state.begin_commit(checkpoint(&a, &lease, 0, 2)),
+        Err(CoordinatorError::CommitInFlight { .. })
+    ));
+    advance(lease_timeout() * 2).await;
+    state.tick().await;
+    state.session_closed(&a);
+    assert!(matches!(state.acquire(&b), Ok(AcquireOutcome::Wait(_))));
+    // Once stored, the commit counts and the orphaned shard is requeued at
+    // the committed batch.
+    let written = pending.write(state.stores()).await;
+    let dup = state.finish_commit(pending, written).await.expect("finish");
+    assert!(!dup);
+    let again = leased(state.acquire(&b));
+    assert_eq!(again.shard.id, lease.shard.id);
+    assert_eq!(again.next_batch, 2);
+    assert_eq!(
+        stored_progress(&stores, "j", &lease.shard.id)
+            .await
+            .next_batch,
+        2
+    );
+}
