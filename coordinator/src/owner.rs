@@ -139,7 +139,7 @@ async fn run(
                         let stores = state.stores().clone();
                         writes.push(Box::pin(async move {
                             let written = pending.write(&stores).await;
-                            (pending, written, reply)
+                            (*pending, written, reply)
                         }));
                     }
                     Err(e) => {

@@ -52,7 +52,7 @@ pub enum CommitStep {
     /// Already applied: acknowledge again.
     Duplicate,
     /// Store this progress record, then call `finish_commit`.
-    Write(PendingCommit),
+    Write(Box<PendingCommit>),
 }
 
 /// A validated commit whose progress record is to be stored.
@@ -707,7 +707,7 @@ impl State {
             CommitStep::Duplicate => Ok(true),
             CommitStep::Write(pending) => {
                 let written = pending.write(&self.stores).await;
-                self.finish_commit(pending, written).await
+                self.finish_commit(*pending, written).await
             }
         }
     }
@@ -773,12 +773,12 @@ impl State {
         let uri = job.layout.progress(&key.shard_id);
         let job = self.job_mut(&commit.key.job_id)?;
         job.shards[idx].writing = true;
-        Ok(CommitStep::Write(PendingCommit {
+        Ok(CommitStep::Write(Box::new(PendingCommit {
             idx,
             uri,
             progress,
             commit,
-        }))
+        })))
     }
 
     /// Applies a commit once its progress record is stored (or clears the
