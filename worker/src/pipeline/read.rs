@@ -468,6 +468,9 @@ async fn read_jsonl(
     Ok(Flow::Continue)
 }
 
+/// Decoded rows, their record offsets, and the bad lines with theirs.
+type DecodedLines = (RecordBatch, Vec<u64>, Vec<(u64, SkippedRecord)>);
+
 /// Decodes a chunk of JSON lines. When the chunk as a whole does not
 /// decode, decodes line by line and reports the lines that fail as skipped
 /// records (`<shard>:<offset>`, with the decoder's message).
@@ -476,7 +479,7 @@ fn decode_lines(
     lines: &[&[u8]],
     first_offset: u64,
     shard_id: &str,
-) -> Result<(RecordBatch, Vec<u64>, Vec<(u64, SkippedRecord)>), String> {
+) -> Result<DecodedLines, String> {
     let mut joined = Vec::new();
     for line in lines {
         joined.extend_from_slice(line);
