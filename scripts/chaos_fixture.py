@@ -6,26 +6,61 @@ Usage: chaos_fixture.py OUT_DIR
 Writes into OUT_DIR (idempotently: a marker file records a complete build):
   parquet/part-N.parquet  30,000 records in 6 files, row groups of 250 rows:
                           id (string "c-00000"), features (fixed_size_list<float32, 64>)
-  model.pt                a seeded TorchScript MLP 64 -> 256 -> 256 -> 10
+  model.pt                a seeded TorchScript MLP 64 -> 512 -> 512 -> 10 whose hidden
+                          layer is applied ROUNDS times (h = tanh(W h + U x), W a
+                          contraction, so outputs depend on the input and are stable)
 
 Sizes are chosen so that a job over it takes tens of seconds on a small
-machine with a few 1-thread workers and small batches (25 records, see
-tests/src/chaos.rs): long enough for a chaos schedule to land mid-shard.
+machine (2 cores, 3 workers at 1 libtorch thread, batches of 25 records,
+shards of 750; see tests/src/chaos.rs): about 25 s undisturbed, long enough
+for a chaos schedule to land mid-shard. Repeating one layer gives the
+compute of a deep network while the model file stays small (about 1 MB).
 The tests compare the distributed run against an embedded run of the same
 spec, so no reference outputs are written here.
+
+Safe to run concurrently on the same OUT_DIR (temporary names are per
+process, outside the folders jobs read; each file appears atomically; the
+marker is written last).
 """
 
 import os
 import sys
 from pathlib import Path
 
-VERSION = "1"
+VERSION = "2"
 RECORDS = 30_000
 FILES = 6
 WIDTH = 64
-HIDDEN = 256
+HIDDEN = 512
+ROUNDS = 192
 CLASSES = 10
 ROW_GROUP = 250
+
+
+def model_class():
+    import torch
+
+    class ChaosNet(torch.nn.Module):
+        rounds: int
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = torch.nn.Linear(WIDTH, HIDDEN)
+            self.hidden = torch.nn.Linear(HIDDEN, HIDDEN)
+            self.out = torch.nn.Linear(HIDDEN, CLASSES)
+            # A contraction (tanh' <= 1): each round shrinks differences, so
+            # the result is a stable function of the input.
+            torch.nn.init.orthogonal_(self.hidden.weight, gain=0.8)
+            self.rounds = ROUNDS
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            u = self.inp(x)
+            h = torch.tanh(u)
+            for _ in range(self.rounds):
+                h = torch.tanh(self.hidden(h) + u)
+            return self.out(h)
+
+    return ChaosNet
 
 
 def main() -> None:
@@ -34,7 +69,7 @@ def main() -> None:
         sys.exit(2)
     out = Path(sys.argv[1]).resolve()
     marker = out / ".stoke-chaos-fixture"
-    stamp = f"{VERSION} {RECORDS} {out}"
+    stamp = f"{VERSION} {RECORDS} {HIDDEN} {ROUNDS} {out}"
     if marker.exists() and marker.read_text() == stamp:
         return
     import numpy as np
@@ -43,6 +78,11 @@ def main() -> None:
     import torch
 
     (out / "parquet").mkdir(parents=True, exist_ok=True)
+    # Files are written outside parquet/ and moved in whole, so a job that
+    # lists parquet/ while another process builds the fixture sees no
+    # partial files.
+    staging = out / f".staging-{os.getpid()}"
+    staging.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(20240611)
     features = rng.normal(size=(RECORDS, WIDTH)).astype(np.float32)
     ids = [f"c-{i:05d}" for i in range(RECORDS)]
@@ -54,22 +94,17 @@ def main() -> None:
             "id": pa.array(ids[lo:hi], pa.string()),
             "features": pa.FixedSizeListArray.from_arrays(pa.array(features[lo:hi].reshape(-1)), WIDTH),
         })
-        tmp = out / "parquet" / f".part-{f}.parquet.tmp"
+        tmp = staging / f"part-{f}.parquet"
         pq.write_table(table, tmp, row_group_size=ROW_GROUP)
         os.replace(tmp, out / "parquet" / f"part-{f}.parquet")
 
+    ChaosNet = model_class()
     torch.manual_seed(29)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(WIDTH, HIDDEN),
-        torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, HIDDEN),
-        torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, CLASSES),
-    ).eval()
-    scripted = torch.jit.script(model)
-    tmp = out / ".model.pt.tmp"
+    scripted = torch.jit.script(ChaosNet().eval())
+    tmp = staging / "model.pt"
     scripted.save(str(tmp))
     os.replace(tmp, out / "model.pt")
+    staging.rmdir()
     marker.write_text(stamp)
 
 

@@ -1,0 +1,310 @@
+//! A network partition between one worker and the coordinator. Worker A
+//! talks to the coordinator through a TCP proxy written here; worker B
+//! talks to it directly. The proxy can black-hole A: it stops forwarding
+//! bytes in both directions but closes neither socket, so neither side sees
+//! an error, only silence (like a dropped route). Later it heals and the
+//! held bytes flow again.
+//!
+//! A's lease must expire (no heartbeats reach the coordinator), the shard
+//! must go to B, and when the partition heals A's late commits must be
+//! refused (stale fencing token). The final outputs hold every record
+//! exactly once and equal an embedded run.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use stoke_core::records::ProgressRecord;
+use stoke_tests::chaos::{self, JobWatch, LEASE_TIMEOUT};
+use stoke_tests::{Coordinator, DEADLINE, committed_rows, manifest, wait_until};
+
+/// Open: bytes flow. Closed: every pump holds what it read and waits.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    changed: Condvar,
+    stopped: AtomicBool,
+}
+
+impl Gate {
+    fn set(&self, open: bool) {
+        *self.open.lock().unwrap_or_else(|p| p.into_inner()) = open;
+        self.changed.notify_all();
+    }
+
+    /// Blocks while the gate is closed; `false` once the proxy stops.
+    fn pass(&self) -> bool {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        while !*open && !self.stopped.load(Ordering::SeqCst) {
+            open = self.changed.wait(open).unwrap_or_else(|p| p.into_inner());
+        }
+        !self.stopped.load(Ordering::SeqCst)
+    }
+}
+
+/// A TCP proxy on 127.0.0.1 to one upstream address, with a switch that
+/// black-holes every connection through it (new ones included).
+struct Proxy {
+    addr: SocketAddr,
+    gate: Arc<Gate>,
+    sockets: Arc<Mutex<Vec<TcpStream>>>,
+    connections: Arc<AtomicU64>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("proxy bind");
+        let addr = listener.local_addr().expect("proxy addr");
+        let gate = Arc::new(Gate::default());
+        gate.set(true);
+        let sockets: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let connections = Arc::new(AtomicU64::new(0));
+        let accept = {
+            let gate = Arc::clone(&gate);
+            let sockets = Arc::clone(&sockets);
+            let connections = Arc::clone(&connections);
+            std::thread::spawn(move || {
+                for client in listener.incoming() {
+                    if gate.stopped.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(client) = client else { continue };
+                    // Dropping `client` when upstream is down closes it,
+                    // as a refused connection would.
+                    let Ok(server) = TcpStream::connect(upstream) else {
+                        continue;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let (Ok(c2), Ok(s2), Ok(c3), Ok(s3)) = (
+                        client.try_clone(),
+                        server.try_clone(),
+                        client.try_clone(),
+                        server.try_clone(),
+                    ) else {
+                        continue;
+                    };
+                    sockets
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .extend([c3, s3]);
+                    connections.fetch_add(1, Ordering::SeqCst);
+                    let g1 = Arc::clone(&gate);
+                    let g2 = Arc::clone(&gate);
+                    std::thread::spawn(move || pump(client, s2, &g1));
+                    std::thread::spawn(move || pump(server, c2, &g2));
+                }
+            })
+        };
+        Self {
+            addr,
+            gate,
+            sockets,
+            connections,
+            accept: Some(accept),
+        }
+    }
+
+    /// Black-holes every connection: nothing is forwarded, nothing closed.
+    fn cut(&self) {
+        self.gate.set(false);
+    }
+
+    /// Forwards again, starting with what was held.
+    fn heal(&self) {
+        self.gate.set(true);
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, gate: &Gate) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if !gate.pass() || to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.gate.stopped.store(true, Ordering::SeqCst);
+        self.gate.set(true);
+        for s in self
+            .sockets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        // Wake the accept loop so it sees `stopped`.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn progress(root: &Path, job_id: &str, shard_id: &str) -> Option<ProgressRecord> {
+    let path = root
+        .join("jobs")
+        .join(job_id)
+        .join("progress")
+        .join(format!("{shard_id}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+#[test]
+fn a_partitioned_worker_loses_its_shard_and_its_late_commits_are_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let lease_timeout = format!("{}ms", LEASE_TIMEOUT.as_millis());
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", &lease_timeout]);
+    // One file of the chaos fixture: 5,000 records in 7 shards of up to 750,
+    // each more than a second of work for one worker; a checkpoint every 2
+    // batches of 25, so a cut-off worker soon has a commit waiting.
+    let spec_path = tmp.path().join("job.toml");
+    std::fs::write(&spec_path, chaos::spec("parquet/part-0.parquet", 2)).expect("spec");
+    let job_id = coordinator.submit(spec_path.to_str().expect("utf8 path"));
+    let upstream: SocketAddr = coordinator
+        .addr
+        .trim_start_matches("http://")
+        .parse()
+        .expect("coordinator address");
+    let proxy = Proxy::start(upstream);
+    let mut a = chaos::spawn_worker(&format!("http://{}", proxy.addr), "a", tmp.path());
+    let mut b = chaos::spawn_worker(&coordinator.addr, "b", tmp.path());
+    let mut watch = JobWatch::new(&coordinator.addr);
+    let coordinator_log = || chaos::strip_ansi(&coordinator.proc.log_text());
+
+    // Black-hole A right after it takes a lease, and wait for the
+    // coordinator to take that lease back. If A's last commit of the shard
+    // got through just before the cut, nothing is taken back: heal and try
+    // again on A's next lease.
+    let mut seen = 0;
+    let mut tries = 0;
+    let (lease, done_at_cut) = loop {
+        tries += 1;
+        assert!(tries <= 5, "A finished its shard before every cut");
+        let lease = wait_until("A to take a lease", DEADLINE, || {
+            let taken = chaos::leases_taken(&a.log_text());
+            (taken.len() > seen).then(|| (taken.len(), taken[taken.len() - 1].clone()))
+        });
+        seen = lease.0;
+        let lease = lease.1;
+        proxy.cut();
+        let done_at_cut =
+            wait_until("the job's status", DEADLINE, || watch.info(&job_id)).records_done;
+        let taken_back = wait_until(
+            &format!("the coordinator to take back {lease:?} (or see it done)"),
+            DEADLINE,
+            || {
+                let log = coordinator_log();
+                if !chaos::lines_with(&log, "lease expired", Some(&lease.shard), Some(lease.token))
+                    .is_empty()
+                {
+                    return Some(true);
+                }
+                (!chaos::lines_with(&log, "shard done", Some(&lease.shard), Some(lease.token))
+                    .is_empty())
+                .then_some(false)
+            },
+        );
+        if taken_back {
+            println!("partition: A cut off holding {lease:?}; the coordinator took it back");
+            break (lease, done_at_cut);
+        }
+        println!("partition: A finished {lease:?} just before the cut; again");
+        proxy.heal();
+    };
+    assert!(
+        proxy.connections.load(Ordering::SeqCst) >= 1,
+        "A never connected through the proxy"
+    );
+
+    // The shard goes to B, and B commits progress on it while A is still
+    // cut off.
+    let b_lease = wait_until(
+        &format!("B to take shard {} (log: {})", lease.shard, b.log.display()),
+        DEADLINE,
+        || {
+            chaos::leases_taken(&b.log_text())
+                .into_iter()
+                .find(|l| l.shard == lease.shard && l.token > lease.token)
+        },
+    );
+    wait_until(
+        &format!("B to commit on shard {}", lease.shard),
+        DEADLINE,
+        || {
+            progress(&root, &job_id, &lease.shard)
+                .filter(|p| p.token == b_lease.token)
+                .map(|_| ())
+        },
+    );
+    let info = wait_until("the job's status", DEADLINE, || watch.info(&job_id));
+    assert!(
+        info.records_done > done_at_cut,
+        "no progress while A was cut off: {} then {}",
+        done_at_cut,
+        info.records_done
+    );
+    let a_log = chaos::strip_ansi(&a.log_text());
+    assert!(
+        !a_log.contains("commit refused"),
+        "A heard from the coordinator through the black hole:\n{a_log}"
+    );
+
+    println!("partition: B took the shard ({b_lease:?}) and committed on it; healing");
+    // Heal: A's held commit reaches the coordinator and is refused.
+    proxy.heal();
+    let refused = wait_until(
+        &format!("A's late commit to be refused (log: {})", a.log.display()),
+        DEADLINE,
+        || {
+            let log = chaos::strip_ansi(&a.log_text());
+            chaos::lines_with(&log, "commit refused", Some(&lease.shard), None)
+                .first()
+                .map(|l| l.to_string())
+        },
+    );
+    assert!(
+        refused.contains("stale fencing token") && refused.contains(&lease.token.to_string()),
+        "{refused}"
+    );
+
+    println!("partition: A's late commit refused: {refused}");
+    let status = coordinator.wait_job(&job_id);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    assert!(a.wait_exit(DEADLINE).success(), "{}", a.log_text());
+    assert!(b.wait_exit(DEADLINE).success(), "{}", b.log_text());
+    drop(proxy);
+
+    // The shard's committed progress is B's, and every record is there
+    // exactly once, equal to an embedded run.
+    let last = progress(&root, &job_id, &lease.shard).expect("progress");
+    assert!(last.done && last.token != lease.token, "{last:?}");
+    let committed = manifest(&root, &job_id);
+    assert_eq!(committed.records_in, 5000);
+    let stray = chaos::stray_outputs(&root, &job_id, &committed);
+    assert!(stray.is_empty(), "uncommitted outputs left: {stray:?}");
+    let rows = committed_rows(&committed);
+    let (_, embedded) = chaos::run_embedded(
+        &spec_path,
+        &tmp.path().join("embedded"),
+        Duration::from_secs(300),
+    );
+    let comparison = chaos::compare(&rows, &committed_rows(&embedded));
+    assert!(comparison.ok(), "{comparison:#?}");
+    assert_eq!(comparison.checked, 5000);
+}
