@@ -1069,7 +1069,10 @@ async fn a_commit_being_written_keeps_its_lease_until_stored() {
     // Once stored, the commit counts and the orphaned shard is requeued at
     // the committed batch.
     let written = pending.write(state.stores()).await;
-    let dup = state.finish_commit(*pending, written).await.expect("finish");
+    let dup = state
+        .finish_commit(*pending, written)
+        .await
+        .expect("finish");
     assert!(!dup);
     let again = leased(state.acquire(&b));
     assert_eq!(again.shard.id, lease.shard.id);

@@ -371,7 +371,10 @@ impl JobSpec {
             return Err(SpecError::invalid("processor.name", "must not be empty"));
         }
         if self.processor.threads == Some(0) {
-            return Err(SpecError::invalid("processor.threads", "must be at least 1"));
+            return Err(SpecError::invalid(
+                "processor.threads",
+                "must be at least 1",
+            ));
         }
         let bs = self.batching.batch_size;
         if bs == 0 || bs > MAX_BATCH_SIZE {

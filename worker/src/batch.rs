@@ -306,10 +306,14 @@ fn f32_tensor(values: &ArrayRef) -> Result<Tensor, String> {
         return Err(format!("{} null values inside lists", values.null_count()));
     }
     if values.data_type() == &DataType::Float32 {
-        return Ok(Tensor::from_slice(values.as_primitive::<Float32Type>().values()));
+        return Ok(Tensor::from_slice(
+            values.as_primitive::<Float32Type>().values(),
+        ));
     }
     let cast = arrow_cast::cast(values, &DataType::Float32).map_err(|e| e.to_string())?;
-    Ok(Tensor::from_slice(cast.as_primitive::<Float32Type>().values()))
+    Ok(Tensor::from_slice(
+        cast.as_primitive::<Float32Type>().values(),
+    ))
 }
 
 #[cfg(test)]
