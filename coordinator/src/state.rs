@@ -84,31 +84,53 @@ struct Job {
     pending: VecDeque<usize>,
     shard_index: HashMap<String, usize>,
     manifest_written: bool,
+    /// Running totals over the shards' progress, kept by `set_progress`
+    /// so status calls and commits never walk every shard.
+    totals: Totals,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Totals {
+    shards_done: u64,
+    records: u64,
+    skipped: u64,
 }
 
 impl Job {
-    fn info(&self) -> JobInfo {
+    /// Replaces a shard's progress, keeping the totals.
+    fn set_progress(&mut self, idx: usize, progress: ProgressRecord) {
+        let old = &self.shards[idx].progress;
+        let t = &mut self.totals;
+        // `old` is part of the totals, so the subtractions cannot go below 0.
+        t.shards_done =
+            t.shards_done.saturating_sub(u64::from(old.done)) + u64::from(progress.done);
+        t.records = t.records.saturating_sub(old.records) + progress.records;
+        t.skipped = t.skipped.saturating_sub(old.skipped) + progress.skipped;
+        self.shards[idx].progress = progress;
+    }
+
+    fn info(&self, shards_leased: u64) -> JobInfo {
         JobInfo {
             job_id: self.id.clone(),
             name: self.spec.name.clone().unwrap_or_default(),
             state: self.state,
             reason: self.reason.clone(),
             shards_total: self.shards.len() as u64,
-            shards_done: self.shards.iter().filter(|s| s.progress.done).count() as u64,
-            shards_leased: self.shards.iter().filter(|s| s.lease.is_some()).count() as u64,
-            records_done: self.shards.iter().map(|s| s.progress.records).sum(),
+            shards_done: self.totals.shards_done,
+            shards_leased,
+            records_done: self.totals.records,
             records_total: self.plan.records_total,
             output_uri: self.output.to_string(),
             manifest_uri: self
                 .manifest_written
                 .then(|| self.layout.manifest().to_string()),
             processor: self.spec.processor.name.clone(),
-            records_skipped: self.shards.iter().map(|s| s.progress.skipped).sum(),
+            records_skipped: self.totals.skipped,
         }
     }
 
     fn all_done(&self) -> bool {
-        self.shards.iter().all(|s| s.progress.done)
+        self.totals.shards_done == self.shards.len() as u64
     }
 
     fn shard(&self, shard_id: &str) -> Result<usize> {
@@ -197,9 +219,9 @@ impl State {
             let mut job = self.new_job(job_id.clone(), spec, plan, layout, status.state);
             job.reason = status.reason;
             job.manifest_written = manifest_written;
-            for (i, shard) in job.shards.iter_mut().enumerate() {
+            for i in 0..job.shards.len() {
                 if let Some(p) = progress.remove(&job.plan.shards[i].id) {
-                    shard.progress = p;
+                    job.set_progress(i, p);
                 }
             }
             job.pending = (0..job.shards.len())
@@ -255,7 +277,19 @@ impl State {
             shards,
             shard_index,
             manifest_written: false,
+            totals: Totals::default(),
         }
+    }
+
+    /// A job as clients see it; counting its leases walks the sessions'
+    /// leases (one per busy processor), never the job's shards.
+    fn info_of(&self, job: &Job) -> JobInfo {
+        let leased = self
+            .sessions
+            .values()
+            .map(|s| s.leases.iter().filter(|(j, _)| *j == job.id).count() as u64)
+            .sum();
+        job.info(leased)
     }
 
     pub fn epoch(&self) -> u64 {
@@ -294,7 +328,7 @@ impl State {
     ) -> Result<JobInfo> {
         if let Some(existing) = self.jobs.get(&job_id) {
             if *existing.spec == spec {
-                return Ok(existing.info());
+                return Ok(self.info_of(existing));
             }
             return Err(CoordinatorError::JobExists { job_id });
         }
@@ -320,30 +354,30 @@ impl State {
         self.stores.put_json(&layout.status(), &status).await?;
         let job = self.new_job(job_id.clone(), spec, plan, layout, JobState::Running);
         info!(job = %job_id, shards = job.shards.len(), "job submitted");
-        let info = job.info();
+        let info = self.info_of(&job);
         self.order.push(job_id.clone());
         self.jobs.insert(job_id.clone(), job);
         // A job with no shards is done at once.
         self.finish_if_done(&job_id).await;
-        Ok(self.job(&job_id).map(Job::info).unwrap_or(info))
+        Ok(self.job(&job_id).map(|j| self.info_of(j)).unwrap_or(info))
     }
 
     pub fn get_job(&self, job_id: &str) -> Result<JobInfo> {
-        self.job(job_id).map(Job::info)
+        self.job(job_id).map(|j| self.info_of(j))
     }
 
     pub fn list_jobs(&self) -> Vec<JobInfo> {
         self.order
             .iter()
             .filter_map(|id| self.jobs.get(id))
-            .map(Job::info)
+            .map(|j| self.info_of(j))
             .collect()
     }
 
     pub async fn cancel(&mut self, job_id: &str, reason: String) -> Result<JobInfo> {
         let job = self.job(job_id)?;
         if job.state.is_terminal() {
-            return Ok(job.info());
+            return Ok(self.info_of(job));
         }
         let reason = if reason.is_empty() {
             "cancelled by user".to_string()
@@ -351,7 +385,7 @@ impl State {
             reason
         };
         self.end_job(job_id, JobState::Cancelled, reason).await?;
-        self.job(job_id).map(Job::info)
+        self.job(job_id).map(|j| self.info_of(j))
     }
 
     /// Pauses a running job: stores the state, then asks the workers holding
@@ -360,7 +394,7 @@ impl State {
     pub async fn pause(&mut self, job_id: &str, reason: String) -> Result<JobInfo> {
         let job = self.job(job_id)?;
         match job.state {
-            JobState::Paused => return Ok(job.info()),
+            JobState::Paused => return Ok(self.info_of(job)),
             JobState::Running => {}
             state => {
                 return Err(CoordinatorError::JobNotRunning {
@@ -403,14 +437,14 @@ impl State {
             }
         }
         info!(job = %job_id, %reason, "job paused");
-        self.job(job_id).map(Job::info)
+        self.job(job_id).map(|j| self.info_of(j))
     }
 
     /// Resumes a paused job from its checkpoints.
     pub async fn resume(&mut self, job_id: &str) -> Result<JobInfo> {
         let job = self.job(job_id)?;
         match job.state {
-            JobState::Running => return Ok(job.info()),
+            JobState::Running => return Ok(self.info_of(job)),
             JobState::Paused => {}
             state => {
                 return Err(CoordinatorError::JobNotRunning {
@@ -428,7 +462,7 @@ impl State {
             .collect();
         info!(job = %job_id, "job resumed");
         self.finish_if_done(job_id).await;
-        self.job(job_id).map(Job::info)
+        self.job(job_id).map(|j| self.info_of(j))
     }
 
     async fn store_status(
@@ -812,7 +846,8 @@ impl State {
             std::process::abort()
         });
         let running = job.state == JobState::Running;
-        shard.progress = progress;
+        job.set_progress(idx, progress);
+        let shard = &mut job.shards[idx];
         // The holder went away while its commit was being written: the
         // commit stands, and the shard goes back to the queue now.
         let orphaned = shard
@@ -905,7 +940,7 @@ impl State {
         }
         let failed = progress.failed_attempts;
         let job = self.job_mut(&key.job_id)?;
-        job.shards[idx].progress = progress;
+        job.set_progress(idx, progress);
         job.shards[idx].lease = None;
         warn!(job = %key.job_id, shard = %shard_id, failed, max_attempts, %error, "attempt failed");
         if failed >= max_attempts {
@@ -923,19 +958,32 @@ impl State {
     /// finishing jobs whose last step failed on the store.
     pub async fn tick(&mut self) {
         let now = Instant::now();
-        for job in self.jobs.values_mut() {
-            for (idx, shard) in job.shards.iter_mut().enumerate() {
+        // Only leased shards can expire: walk the sessions' leases (one per
+        // busy processor), not every shard of every job.
+        let mut expired: Vec<(String, String, usize)> = Vec::new();
+        for (session_id, session) in &self.sessions {
+            for (job_id, idx) in &session.leases {
+                let Some(job) = self.jobs.get(job_id) else {
+                    continue;
+                };
+                let shard = &job.shards[*idx];
                 if !shard.writing && shard.lease.as_ref().is_some_and(|l| l.deadline <= now) {
-                    if let Some(lease) = shard.lease.take() {
-                        if let Some(session) = self.sessions.get_mut(&lease.session_id) {
-                            session.leases.remove(&(job.id.clone(), idx));
-                        }
-                        warn!(job = %job.id, shard = %job.plan.shards[idx].id, token = lease.token, "lease expired; shard requeued");
-                    }
-                    if job.state == JobState::Running {
-                        job.pending.push_back(idx);
-                    }
+                    expired.push((session_id.clone(), job_id.clone(), *idx));
                 }
+            }
+        }
+        for (session_id, job_id, idx) in expired {
+            if let Some(session) = self.sessions.get_mut(&session_id) {
+                session.leases.remove(&(job_id.clone(), idx));
+            }
+            let Some(job) = self.jobs.get_mut(&job_id) else {
+                continue;
+            };
+            if let Some(lease) = job.shards[idx].lease.take() {
+                warn!(job = %job.id, shard = %job.plan.shards[idx].id, token = lease.token, "lease expired; shard requeued");
+            }
+            if job.state == JobState::Running {
+                job.pending.push_back(idx);
             }
         }
         let unfinished: Vec<String> = self

@@ -359,7 +359,7 @@ async fn connect_with_retry(addr: &str) -> anyhow::Result<Client> {
 async fn wait_with_progress(client: &Client, job_id: &str) -> anyhow::Result<JobInfo> {
     let mut last = String::new();
     let job = client
-        .wait(job_id, Duration::from_millis(250), |j| {
+        .wait(job_id, Duration::from_millis(50), |j| {
             let line = format!(
                 "{}: {} | shards {}/{} ({} leased) | records {}/{}",
                 j.job_id,

@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# Runs stoke's benchmarks in one go and prints a markdown report.
+#
+#   bench/run.sh           # everything: W1 end to end, then coordinator scale
+#   bench/run.sh w1        # only W1: (a) model floor, (b) plain Python,
+#                          #   (c) Ray Data, (d) stoke embedded, (e) stoke --local 1/2
+#   bench/run.sh scale     # only the coordinator scale benchmark
+#
+# Environment: BENCH_RUNS (runs per W1 contender, default 3), BENCH_SCALE_SECONDS
+# (seconds per worker count, default 10), BENCH_SCALE_WORKERS (default
+# 10,100,1000), BENCH_PLAN_SHARDS (default 1000000), BENCH_RAY=0 to skip Ray.
+#
+# Idempotent; caches in ~/.cache/stoke/bench/ (workload, logs, results) and a
+# separate venv ~/.cache/stoke/bench-venv with torch, pyarrow, numpy and
+# ray[data] (the stoke venv stays free of Ray). Builds with --release. The
+# report also lands in ~/.cache/stoke/bench/report.md. Nothing asserts a
+# wall-clock limit: the report compares ratios with the targets and says
+# met or missed.
+set -euo pipefail
+
+what="${1:-all}"
+case "$what" in
+  all | w1 | scale) ;;
+  *)
+    echo "usage: bench/run.sh [all|w1|scale]" >&2
+    exit 2
+    ;;
+esac
+
+BENCH_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# The interpreter the bench venv is made from, before env.sh puts the stoke
+# venv first on PATH.
+SYSTEM_PYTHON="$(command -v python3)"
+# shellcheck source=../scripts/env.sh
+source "$BENCH_SRC/../scripts/env.sh"
+
+BENCH_DIR="$STOKE_CACHE/bench"
+BENCH_VENV="$STOKE_CACHE/bench-venv"
+BENCH_PY_REQS='torch==2.11.0 pyarrow numpy ray[data]'
+RUNS="${BENCH_RUNS:-3}"
+W1_RECORDS=200000
+mkdir -p "$BENCH_DIR"
+
+log() { echo "bench: $*" >&2; }
+
+bench_venv() {
+  local marker="$BENCH_VENV/.bench-installed"
+  if [ -f "$marker" ] && [ "$(cat "$marker")" = "$BENCH_PY_REQS" ]; then
+    return 0
+  fi
+  log "setting up $BENCH_VENV ($BENCH_PY_REQS; pip reuses its cache)"
+  [ -x "$BENCH_VENV/bin/python" ] || "$SYSTEM_PYTHON" -m venv "$BENCH_VENV"
+  # shellcheck disable=SC2086
+  if "$BENCH_VENV/bin/pip" install --disable-pip-version-check -q $BENCH_PY_REQS; then
+    echo "$BENCH_PY_REQS" >"$marker"
+    return 0
+  fi
+  # Without Ray the other contenders still run; the report says so.
+  log "installing ray[data] failed; trying without it"
+  "$BENCH_VENV/bin/pip" install --disable-pip-version-check -q torch==2.11.0 pyarrow numpy
+}
+
+machine_info() {
+  local cpu mem_kib
+  cpu="$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  mem_kib="$(grep -m1 '^MemTotal' /proc/meminfo | awk '{print $2}')"
+  "$BENCH_VENV/bin/python" - "$BENCH_DIR/machine.json" "$cpu" "$mem_kib" <<'EOF'
+import json, os, platform, subprocess, sys, datetime
+out, cpu, mem_kib = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def version(mod):
+    try:
+        return __import__(mod).__version__
+    except Exception as e:
+        return f"not available ({type(e).__name__})"
+rev = subprocess.run(["git", "-C", os.environ["STOKE_ROOT"], "rev-parse", "--short", "HEAD"],
+                     capture_output=True, text=True).stdout.strip()
+dirty = subprocess.run(["git", "-C", os.environ["STOKE_ROOT"], "status", "--porcelain"],
+                       capture_output=True, text=True).stdout.strip()
+info = {
+    "date (UTC)": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+    "cores (nproc)": os.cpu_count(),
+    "memory": f"{mem_kib / 2**20:.1f} GiB",
+    "CPU": cpu,
+    "kernel": platform.release(),
+    "stoke commit": rev + (" (working tree has uncommitted changes)" if dirty else ""),
+    "Python": platform.python_version(),
+    "torch / pyarrow / ray": f"{version('torch')} / {version('pyarrow')} / {version('ray')}",
+    # Anything else running skews every figure; this says whether the box was quiet.
+    "load average at start (1/5/15 min)": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
+}
+with open(out, "w") as f:
+    json.dump(info, f, indent=1)
+EOF
+}
+
+build() {
+  log "building stoke (release)"
+  (cd "$STOKE_ROOT" && cargo build --release -q -p stoke -p stoke-worker -p stoke-coordinator -p stoke-bench-scale)
+}
+
+# One measured run of one contender: run_one NAME KIND ROUND [OUT_DIR] -- CMD...
+run_one() {
+  local name="$1" kind="$2" round="$3" out_dir="$4"
+  shift 5
+  local logs="$BENCH_DIR/logs/$name-r$round"
+  rm -rf "$logs"
+  mkdir -p "$logs"
+  # Every run starts with the inputs in the page cache (this VM gives back
+  # cache memory quickly), so no contender pays for a cold read.
+  cat "$W1"/data/*.parquet "$W1/model.pt" >/dev/null
+  "$BPY" "$BENCH_SRC/measure.py" --json "$logs/measure.json" \
+    --stdout "$logs/stdout.log" --stderr "$logs/stderr.log" -- "$@" || true
+  local record=("$BPY" "$BENCH_SRC/record.py" --results "$RESULTS" --contender "$name"
+    --kind "$kind" --round "$round" --measure "$logs/measure.json"
+    --stdout "$logs/stdout.log" --stderr "$logs/stderr.log" --expect "$W1_RECORDS")
+  if [ -n "$out_dir" ]; then
+    record+=(--out-dir "$out_dir")
+  fi
+  if [ "$kind" = ray ]; then
+    # Ray failing here is reported, not fatal: the others still run.
+    if ! "${record[@]}"; then
+      echo "run $name round $round failed; see $logs" >>"$BENCH_DIR/ray-status.txt"
+    fi
+  else
+    "${record[@]}"
+  fi
+}
+
+contender() {
+  local name="$1" round="$2"
+  local work="$BENCH_DIR/runs/$name"
+  rm -rf "$work"
+  mkdir -p "$work"
+  # RUST_LOG: the workers' per-stage times (one line per shard) go to the logs.
+  local stoke_log="warn,stoke_worker=info"
+  case "$name" in
+    floor)
+      run_one "$name" floor "$round" "" -- "$BPY" "$BENCH_SRC/floor.py" "$W1" --threads 2
+      ;;
+    python)
+      run_one "$name" python "$round" "$work/out" -- \
+        "$BPY" "$BENCH_SRC/python_baseline.py" "$W1/data" "$W1/model.pt" "$work/out" --threads 2
+      ;;
+    ray-c1 | ray-c2)
+      run_one "$name" ray "$round" "$work/out" -- \
+        "$BPY" "$BENCH_SRC/ray_baseline.py" "$W1/data" "$W1/model.pt" "$work/out" \
+        --concurrency "${name#ray-c}"
+      ;;
+    stoke-embedded)
+      run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
+        "$BIN/stoke" run "$SPEC" --embedded --device cpu --threads 2 --root "$work/root"
+      ;;
+    stoke-local-1)
+      run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
+        "$BIN/stoke" run "$SPEC" --local 1 --device cpu --threads 2 --root "$work/root"
+      ;;
+    stoke-local-2)
+      run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
+        "$BIN/stoke" run "$SPEC" --local 2 --device cpu --threads 1 --root "$work/root"
+      ;;
+  esac
+  # Outputs are checked; only the logs are kept.
+  rm -rf "$work"
+}
+
+run_w1() {
+  W1="$BENCH_DIR/w1"
+  SPEC="$W1/job.toml"
+  RESULTS="$BENCH_DIR/w1-results.jsonl"
+  log "generating W1 (if missing) in $W1"
+  "$BPY" "$BENCH_SRC/w1_data.py" "$W1"
+  sed "s|@W1_DIR@|$W1|g" "$BENCH_SRC/w1.toml" >"$SPEC"
+  rm -f "$RESULTS" "$BENCH_DIR/ray-status.txt"
+  local contenders=(floor python)
+  if [ "${BENCH_RAY:-1}" = 0 ]; then
+    echo "not run (BENCH_RAY=0)." >"$BENCH_DIR/ray-status.txt"
+  elif ! ray_error="$("$BPY" -c 'import ray, ray.data' 2>&1)"; then
+    echo "not run: ray[data] could not be imported in $BENCH_VENV: $(echo "$ray_error" | tail -1)" \
+      >"$BENCH_DIR/ray-status.txt"
+    log "Ray Data is not available; (c) is left out (see the report)"
+  else
+    contenders+=(ray-c1 ray-c2)
+  fi
+  contenders+=(stoke-embedded stoke-local-1 stoke-local-2)
+  local n=${#contenders[@]}
+  for round in $(seq 1 "$RUNS"); do
+    log "W1 round $round of $RUNS"
+    # Rotate the order every round so drift (thermal, page cache) falls on
+    # every contender alike.
+    for i in $(seq 0 $((n - 1))); do
+      contender "${contenders[$(((i + round - 1) % n))]}" "$round"
+    done
+  done
+}
+
+run_scale() {
+  local out="$BENCH_DIR/scale-results.txt"
+  : >"$out"
+  log "coordinator scale: lease -> commit cycles at ${BENCH_SCALE_WORKERS:-10,100,1000} workers"
+  "$BIN/stoke-bench-scale" cycles --workers "${BENCH_SCALE_WORKERS:-10,100,1000}" \
+    --seconds "${BENCH_SCALE_SECONDS:-10}" --work-dir "$BENCH_DIR/scale" | tee -a "$out"
+  log "coordinator scale: plan ${BENCH_PLAN_SHARDS:-1000000} shards"
+  "$BIN/stoke-bench-scale" plan --shards "${BENCH_PLAN_SHARDS:-1000000}" \
+    --work-dir "$BENCH_DIR/scale" | tee -a "$out"
+  rm -rf "$BENCH_DIR/scale"
+}
+
+bench_venv
+BPY="$BENCH_VENV/bin/python"
+BIN="$CARGO_TARGET_DIR/release"
+build
+machine_info
+case "$what" in
+  all)
+    rm -f "$BENCH_DIR/scale-results.txt"
+    run_w1
+    run_scale
+    ;;
+  w1)
+    rm -f "$BENCH_DIR/scale-results.txt"
+    run_w1
+    ;;
+  scale)
+    rm -f "$BENCH_DIR/w1-results.jsonl"
+    run_scale
+    ;;
+esac
+
+took=$SECONDS
+report="$BENCH_DIR/report.md"
+{
+  echo "# stoke benchmarks"
+  echo
+  echo "Command: \`bench/run.sh $what\` (W1 runs per contender: $RUNS); took ${took} s on this machine;"
+  echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo
+  "$BPY" "$BENCH_SRC/report.py" "$BENCH_DIR"
+} >"$report"
+cat "$report"
+log "report written to $report"

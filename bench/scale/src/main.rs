@@ -1,0 +1,131 @@
+//! `stoke-bench-scale`: how far one coordinator goes.
+//!
+//! - `cycles`: starts a real `stoke-coordinator` process on a file store,
+//!   submits a synthetic `range` job, and simulates W workers in this one
+//!   process (one session stream each, sharing a few HTTP/2 channels as the
+//!   workers of one node would), each looping AcquireLease -> Commit with no
+//!   model. Reports completed lease -> commit cycles per second and the
+//!   cycle latency.
+//! - `plan`: submits a `range` job with 1,000,000 shards and reports how long
+//!   the submit took and the coordinator's memory afterwards.
+//!
+//! Every result is one line starting with `scale ` so scripts can grep it.
+
+mod coordinator;
+mod cycles;
+mod plan;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+/// Coordinator scale benchmark (no model, no libtorch).
+#[derive(Debug, Parser)]
+#[command(name = "stoke-bench-scale")]
+struct Cli {
+    /// The coordinator binary (default: stoke-coordinator next to this binary).
+    #[arg(long, global = true)]
+    coordinator_bin: Option<PathBuf>,
+    /// Scratch folder for the coordinators' roots and logs (default: a new
+    /// folder under the system temp dir, removed at the end).
+    #[arg(long, global = true)]
+    work_dir: Option<PathBuf>,
+    /// RUST_LOG for the coordinator. Its default (`info`) logs every lease
+    /// and every finished shard; `warn` measures the state machine itself.
+    #[arg(long, global = true, default_value = "warn")]
+    coordinator_log: String,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Lease -> commit cycles per second at several worker counts.
+    Cycles {
+        /// Simulated worker counts, one fresh coordinator each.
+        #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+        workers: Vec<usize>,
+        /// Seconds each worker count runs.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Simulated workers per gRPC channel (one HTTP/2 connection), as
+        /// the workers of one node would share one.
+        #[arg(long, default_value_t = 50)]
+        workers_per_channel: usize,
+        /// Shards in the job: more than the run can finish, so no worker
+        /// runs out and the job never completes during the measurement.
+        #[arg(long, default_value_t = 400_000)]
+        shards: u64,
+    },
+    /// Submit time and coordinator memory for a job with many shards.
+    Plan {
+        #[arg(long, default_value_t = 1_000_000)]
+        shards: u64,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let coordinator_bin = match cli.coordinator_bin {
+        Some(p) => p,
+        None => {
+            let exe = std::env::current_exe().context("locating this binary")?;
+            exe.with_file_name("stoke-coordinator")
+        }
+    };
+    anyhow::ensure!(
+        coordinator_bin.exists(),
+        "no coordinator binary at {} (build it with `cargo build --release -p stoke-coordinator`, or pass --coordinator-bin)",
+        coordinator_bin.display()
+    );
+    let (work_dir, remove_after) = match cli.work_dir {
+        Some(d) => (d, false),
+        None => (
+            std::env::temp_dir().join(format!("stoke-bench-scale-{}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&work_dir)
+        .with_context(|| format!("creating {}", work_dir.display()))?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    let result = runtime.block_on(async {
+        match cli.command {
+            Cmd::Cycles {
+                workers,
+                seconds,
+                workers_per_channel,
+                shards,
+            } => {
+                for w in workers {
+                    let options = cycles::Options {
+                        workers: w,
+                        duration: Duration::from_secs_f64(seconds),
+                        workers_per_channel: workers_per_channel.max(1),
+                        shards,
+                    };
+                    let dir = work_dir.join(format!("cycles-{w}"));
+                    let report =
+                        cycles::run(&coordinator_bin, &dir, &cli.coordinator_log, &options)
+                            .await
+                            .with_context(|| format!("cycles with {w} workers"))?;
+                    println!("{report}");
+                }
+                Ok(())
+            }
+            Cmd::Plan { shards } => {
+                let dir = work_dir.join("plan");
+                let report = plan::run(&coordinator_bin, &dir, &cli.coordinator_log, shards)
+                    .await
+                    .context("plan")?;
+                println!("{report}");
+                Ok(())
+            }
+        }
+    });
+    if remove_after {
+        let _ = std::fs::remove_dir_all(&work_dir);
+    }
+    result
+}
