@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs stoke's benchmarks in one go and prints a markdown report.
 #
-#   bench/run.sh           # everything: W1 end to end, then coordinator scale
+#   bench/run.sh           # everything: W1 end to end, coordinator scale, ragged
 #   bench/run.sh w1        # only W1: (a) model floor, (b) plain Python,
 #                          #   (c) Ray Data, (d) stoke embedded, (e) stoke --local 1/2
 #   bench/run.sh scale     # only the coordinator scale benchmark
+#   bench/run.sh ragged    # only the ragged workload (fixed batches vs a budget)
 #
 # Environment: BENCH_RUNS (runs per W1 contender, default 3), BENCH_SCALE_SECONDS
 # (seconds per worker count, default 10), BENCH_SCALE_WORKERS (default
@@ -20,9 +21,9 @@ set -euo pipefail
 
 what="${1:-all}"
 case "$what" in
-  all | w1 | scale) ;;
+  all | w1 | scale | ragged) ;;
   *)
-    echo "usage: bench/run.sh [all|w1|scale]" >&2
+    echo "usage: bench/run.sh [all|w1|scale|ragged]" >&2
     exit 2
     ;;
 esac
@@ -224,7 +225,14 @@ case "$what" in
     rm -f "$BENCH_DIR/w1-results.jsonl"
     run_scale
     ;;
+  ragged)
+    "$BENCH_SRC/ragged.sh"
+    exit 0
+    ;;
 esac
+if [ "$what" = all ]; then
+  "$BENCH_SRC/ragged.sh" >"$BENCH_DIR/ragged.md"
+fi
 
 took=$SECONDS
 report="$BENCH_DIR/report.md"
@@ -235,6 +243,9 @@ report="$BENCH_DIR/report.md"
   echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
   "$BPY" "$BENCH_SRC/report.py" "$BENCH_DIR"
+  if [ "$what" = all ] && [ -f "$BENCH_DIR/ragged.md" ]; then
+    cat "$BENCH_DIR/ragged.md"
+  fi
 } >"$report"
 cat "$report"
 log "report written to $report"
