@@ -174,50 +174,181 @@ impl<L: CoordinatorLink> Worker<L> {
     }
 
     async fn lease_loop(&self) -> Result<WorkerExit, WorkerError> {
+        // The attempt started ahead (its shard read while the previous one
+        // finished), if any.
+        let mut ahead: Option<Started> = None;
         loop {
-            if self.shutdown.is_cancelled() {
-                return Ok(WorkerExit::Shutdown);
-            }
-            let session_id = match self.session_id().await? {
-                None => return Ok(WorkerExit::Shutdown),
-                Some(id) if id.is_empty() => continue,
-                Some(id) => id,
+            let current = match ahead.take() {
+                Some(started) => started,
+                None => match self.next_lease(true).await? {
+                    Next::Lease(lease) => self.start(*lease).await?,
+                    Next::Exit(exit) => return Ok(exit),
+                    Next::Retry => continue,
+                },
             };
-            match self.link.acquire(&session_id).await {
-                Ok(AcquireOutcome::Lease(lease)) => self.run_lease(*lease).await,
-                Ok(AcquireOutcome::Wait(d)) => {
-                    if self.pause(d).await {
-                        return Ok(WorkerExit::Shutdown);
-                    }
-                }
-                Ok(AcquireOutcome::Idle) => {
-                    if self.config.exit_when_idle {
-                        info!("no job left; exiting");
-                        return Ok(WorkerExit::Idle);
-                    }
-                    if self.pause(self.config.idle_poll).await {
-                        return Ok(WorkerExit::Shutdown);
-                    }
-                }
-                Err(e) if e.kind == LinkErrorKind::UnknownSession || e.is_transient() => {
-                    warn!(error = %e, "asking for a lease failed");
-                    if self.pause(Duration::from_millis(200)).await {
-                        return Ok(WorkerExit::Shutdown);
-                    }
-                }
-                Err(e) => return Err(e.into()),
+            // Once the current shard is read, take the next lease and start
+            // reading it, so the model does not wait at the shard boundary.
+            let mut current = current;
+            let read_all = tokio::select! {
+                _ = &mut current.reader => true,
+                _ = self.shutdown.cancelled() => false,
+            };
+            if read_all
+                && !self.shutdown.is_cancelled()
+                && let Ok(Next::Lease(lease)) = self.next_lease(false).await
+            {
+                ahead = Some(self.start(*lease).await?);
             }
+            self.finish(current).await;
         }
     }
 
-    async fn run_lease(&self, lease: Lease) {
+    /// Asks for the next lease. With `wait`, waits out `Wait` answers and
+    /// errors (and reports the end on `Idle` or shutdown); without, any
+    /// answer but a lease is `Retry`.
+    async fn next_lease(&self, wait: bool) -> Result<Next, WorkerError> {
+        if self.shutdown.is_cancelled() {
+            return Ok(Next::Exit(WorkerExit::Shutdown));
+        }
+        let session_id = match self.session_id().await? {
+            None => return Ok(Next::Exit(WorkerExit::Shutdown)),
+            Some(id) if id.is_empty() => return Ok(Next::Retry),
+            Some(id) => id,
+        };
+        let answer = self.link.acquire(&session_id).await;
+        if !wait {
+            return Ok(match answer {
+                Ok(AcquireOutcome::Lease(lease)) => Next::Lease(lease),
+                _ => Next::Retry,
+            });
+        }
+        match answer {
+            Ok(AcquireOutcome::Lease(lease)) => Ok(Next::Lease(lease)),
+            Ok(AcquireOutcome::Wait(d)) => Ok(if self.pause(d).await {
+                Next::Exit(WorkerExit::Shutdown)
+            } else {
+                Next::Retry
+            }),
+            Ok(AcquireOutcome::Idle) => {
+                if self.config.exit_when_idle {
+                    info!("no job left; exiting");
+                    return Ok(Next::Exit(WorkerExit::Idle));
+                }
+                Ok(if self.pause(self.config.idle_poll).await {
+                    Next::Exit(WorkerExit::Shutdown)
+                } else {
+                    Next::Retry
+                })
+            }
+            Err(e) if e.kind == LinkErrorKind::UnknownSession || e.is_transient() => {
+                warn!(error = %e, "asking for a lease failed");
+                Ok(if self.pause(Duration::from_millis(200)).await {
+                    Next::Exit(WorkerExit::Shutdown)
+                } else {
+                    Next::Retry
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Starts an attempt: its reader, its committer, and its turn on the
+    /// processor thread (queued behind the attempt running there, if any).
+    async fn start(&self, lease: Lease) -> Result<Started, WorkerError> {
+        info!(job = %lease.job_id, shard = %lease.shard.id, token = lease.token, attempt = lease.attempt, next_batch = lease.next_batch, "lease taken");
         let key = lease.key();
         let control = Arc::new(ShardControl::default());
         self.active
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key.clone(), Arc::clone(&control));
-        let outcome = self.drive(lease, &control).await;
+        let spec = Arc::new(lease.spec.clone());
+        let prefix = StoreUri::parse(&lease.output_prefix)?;
+        let errors_prefix = StoreUri::parse(&lease.errors_prefix)?;
+        let (batch_tx, batch_rx) = mpsc::channel(self.config.prefetch_batches.max(1));
+        let reader = tokio::spawn(read_shard(
+            ShardRead {
+                stores: self.stores.clone(),
+                spec: Arc::clone(&spec),
+                shard: lease.shard.clone(),
+                input_schema: lease.input_schema.clone(),
+                start_batch: lease.next_batch,
+                start_record: lease.records_done,
+            },
+            batch_tx,
+        ));
+        let (cp_tx, cp_rx) = mpsc::channel(2);
+        let committer = Committer {
+            link: Arc::clone(&self.link),
+            stores: self.stores.clone(),
+            session_rx: self.session_rx.clone(),
+            key: key.clone(),
+            prefix,
+            errors_prefix,
+            format: spec.output.format,
+            control: Arc::clone(&control),
+        };
+        let committer = tokio::spawn(committer.run(cp_rx));
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let run = ShardRun {
+            job_id: lease.job_id.clone(),
+            spec,
+            info: ShardInfo {
+                shard_id: lease.shard.id.clone(),
+                token: lease.token,
+                attempt: lease.attempt,
+            },
+            start_batch: lease.next_batch,
+            batches: batch_rx,
+            checkpoints: cp_tx,
+            control: Arc::clone(&control),
+            reply: reply_tx,
+        };
+        let stop_on_shutdown = {
+            let control = Arc::clone(&control);
+            let shutdown = self.shutdown.clone();
+            tokio::spawn(async move {
+                shutdown.cancelled().await;
+                control.stop();
+            })
+        };
+        let proc_tx = self.proc_tx.clone();
+        // Queue the attempt on the processor thread without waiting here:
+        // the thread takes it once the running attempt is done.
+        let queued =
+            tokio::spawn(async move { proc_tx.send(ProcMsg::Shard(Box::new(run))).await.is_ok() });
+        Ok(Started {
+            key,
+            reader,
+            committer,
+            reply: reply_rx,
+            queued,
+            stop_on_shutdown,
+        })
+    }
+
+    /// Waits for an attempt to end, then releases its lease when it was
+    /// stopped or failed.
+    async fn finish(&self, started: Started) {
+        let Started {
+            key,
+            reader,
+            committer,
+            reply,
+            queued,
+            stop_on_shutdown,
+        } = started;
+        let outcome = match queued.await {
+            Ok(true) => reply.await.map_err(|_| WorkerError::ProcessorThread),
+            _ => Err(WorkerError::ProcessorThread),
+        };
+        stop_on_shutdown.abort();
+        reader.abort();
+        let outcome = match committer.await {
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(_)) => outcome,
+            Err(_) => Err(WorkerError::ProcessorThread),
+        };
         let error = match outcome {
             Ok(ShardOutcome::Finished) => {
                 info!(job = %key.job_id, shard = %key.shard_id, token = key.token, "shard finished");
@@ -268,79 +399,23 @@ impl<L: CoordinatorLink> Worker<L> {
             warn!(error = %e, "release failed; the lease will time out instead");
         }
     }
+}
 
-    /// Runs one attempt: reader, processor thread, committer. Returns how it
-    /// ended; a committer error wins over the processor's outcome.
-    async fn drive(
-        &self,
-        lease: Lease,
-        control: &Arc<ShardControl>,
-    ) -> Result<ShardOutcome, WorkerError> {
-        info!(job = %lease.job_id, shard = %lease.shard.id, token = lease.token, attempt = lease.attempt, next_batch = lease.next_batch, "lease taken");
-        let spec = Arc::new(lease.spec.clone());
-        let prefix = StoreUri::parse(&lease.output_prefix)?;
-        let errors_prefix = StoreUri::parse(&lease.errors_prefix)?;
-        let (batch_tx, batch_rx) = mpsc::channel(self.config.prefetch_batches.max(1));
-        let reader = tokio::spawn(read_shard(
-            ShardRead {
-                stores: self.stores.clone(),
-                spec: Arc::clone(&spec),
-                shard: lease.shard.clone(),
-                input_schema: lease.input_schema.clone(),
-                start_batch: lease.next_batch,
-                start_record: lease.records_done,
-            },
-            batch_tx,
-        ));
-        let (cp_tx, cp_rx) = mpsc::channel(2);
-        let committer = Committer {
-            link: Arc::clone(&self.link),
-            stores: self.stores.clone(),
-            session_rx: self.session_rx.clone(),
-            key: lease.key(),
-            prefix,
-            errors_prefix,
-            format: spec.output.format,
-            control: Arc::clone(control),
-        };
-        let committer = tokio::spawn(committer.run(cp_rx));
-        let (reply_tx, reply_rx) = oneshot::channel();
-        let run = ShardRun {
-            job_id: lease.job_id.clone(),
-            spec,
-            info: ShardInfo {
-                shard_id: lease.shard.id.clone(),
-                token: lease.token,
-                attempt: lease.attempt,
-            },
-            start_batch: lease.next_batch,
-            batches: batch_rx,
-            checkpoints: cp_tx,
-            control: Arc::clone(control),
-            reply: reply_tx,
-        };
-        self.proc_tx
-            .send(ProcMsg::Shard(Box::new(run)))
-            .await
-            .map_err(|_| WorkerError::ProcessorThread)?;
-        let stop_on_shutdown = {
-            let control = Arc::clone(control);
-            let shutdown = self.shutdown.clone();
-            tokio::spawn(async move {
-                shutdown.cancelled().await;
-                control.stop();
-            })
-        };
-        let outcome = reply_rx.await.map_err(|_| WorkerError::ProcessorThread);
-        stop_on_shutdown.abort();
-        reader.abort();
-        let committed = committer.await.map_err(|_| WorkerError::ProcessorThread)?;
-        let outcome = outcome?;
-        match committed {
-            Err(e) => Err(e),
-            Ok(_) => Ok(outcome),
-        }
-    }
+/// What asking for work gave.
+enum Next {
+    Lease(Box<Lease>),
+    Exit(WorkerExit),
+    Retry,
+}
+
+/// An attempt in flight: its reader, committer and the processor's answer.
+struct Started {
+    key: stoke_core::lease::LeaseKey,
+    reader: tokio::task::JoinHandle<()>,
+    committer: tokio::task::JoinHandle<Result<u64, WorkerError>>,
+    reply: oneshot::Receiver<ShardOutcome>,
+    queued: tokio::task::JoinHandle<bool>,
+    stop_on_shutdown: tokio::task::JoinHandle<()>,
 }
 
 fn hostname() -> String {
