@@ -297,13 +297,13 @@ impl Coordinator {
             .arg(&self.addr)
             .arg("--worker-id")
             .arg(id)
-            .arg("--device")
-            .arg("cpu")
             .arg("--threads")
             .arg("1")
-            .arg("--exit-when-idle")
-            .args(extra)
-            .envs(env.iter().copied());
+            .arg("--exit-when-idle");
+        if !extra.contains(&"--device") {
+            cmd.arg("--device").arg("cpu");
+        }
+        cmd.args(extra).envs(env.iter().copied());
         Proc::spawn(&format!("worker-{id}"), cmd, log_dir)
     }
 

@@ -446,3 +446,30 @@ fn a_load_stage_pads_ragged_records_in_batches_cut_by_an_element_budget() {
     }
     assert_eq!(seen, 500);
 }
+
+#[test]
+fn one_worker_drives_several_devices_with_one_processor_each() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let spec = write_spec(tmp.path(), "job.toml", &fixture_spec("parquet", ""));
+    let job_id = coordinator.submit(&spec);
+    // Two processor slots on the cpu stand in for two GPUs of one node.
+    let mut w = coordinator.worker_with(
+        "stoke-worker",
+        "node",
+        tmp.path(),
+        &["--device", "cpu,cpu"],
+        &[],
+    );
+    wait_success(&coordinator, &job_id);
+    assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
+    let log = w.log_text();
+    assert_eq!(log.matches("processor loaded").count(), 2, "{log}");
+    assert_eq!(
+        log.matches("session open").count(),
+        1,
+        "one session per process: {log}"
+    );
+    assert_matches_reference(&committed_rows(&manifest(&root, &job_id)));
+}
