@@ -99,6 +99,7 @@ enum Cmd {
 }
 
 fn main() -> anyhow::Result<()> {
+    stoke_worker::cli::ensure_passive_openmp();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

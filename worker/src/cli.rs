@@ -64,10 +64,33 @@ impl WorkerArgs {
     }
 }
 
+/// libtorch's OpenMP threads spin for a while after each parallel region by
+/// default, burning the cores that reading and decoding need (measured: a
+/// W1 run under CPU contention took 11 s instead of 3 s). libgomp reads
+/// `OMP_WAIT_POLICY` when it loads, before `main`, so a process that has
+/// no policy set runs itself again, once, with `PASSIVE` (same pid, same
+/// arguments). An explicit `OMP_WAIT_POLICY` is left alone.
+pub fn ensure_passive_openmp() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("OMP_WAIT_POLICY").is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let error = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env("OMP_WAIT_POLICY", "PASSIVE")
+        .exec();
+    // exec only returns on failure: go on with libgomp's default.
+    eprintln!("stoke: could not re-run with OMP_WAIT_POLICY=PASSIVE ({error}); continuing");
+}
+
 /// Runs a worker process with `registry`: parses the command line, sets up
 /// logging, stops gracefully on SIGTERM/SIGINT. What a worker binary's
 /// `main` calls.
 pub fn worker_main(registry: Registry) -> Result<WorkerExit, WorkerError> {
+    ensure_passive_openmp();
     let args = WorkerArgs::parse();
     // Fault points for tests (FAILPOINTS=name=return); inert otherwise.
     let _faults = fail::FailScenario::setup();
