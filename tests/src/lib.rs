@@ -563,6 +563,41 @@ pub fn committed_rows(manifest: &Manifest) -> HashMap<String, Vec<Prediction>> {
     rows
 }
 
+/// Every row batch of the Parquet outputs a manifest lists (scratch files,
+/// which hold no rows, are left out).
+pub fn output_batches(manifest: &Manifest) -> Vec<arrow_array::RecordBatch> {
+    let mut out = Vec::new();
+    for entry in manifest.outputs.iter().filter(|o| o.records > 0) {
+        let bytes = std::fs::read(uri_path(&entry.uri)).expect("output object");
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes))
+            .expect("parquet")
+            .build()
+            .expect("reader");
+        out.extend(reader.map(|b| b.expect("batch")));
+    }
+    out
+}
+
+/// Every file under a folder, recursively (none when it does not exist).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
 /// Checks that every fixture record appears exactly once and equals the
 /// model run directly.
 pub fn assert_matches_reference(rows: &HashMap<String, Vec<Prediction>>) {

@@ -62,7 +62,7 @@ fn two_workers_process_parquet_exactly_once_and_match_the_model() {
     // Only committed objects remain under the outputs folder.
     let out_dir = root.join("jobs").join(&job_id).join("outputs");
     let mut on_disk = Vec::new();
-    for entry in walk(&out_dir) {
+    for entry in files_under(&out_dir) {
         on_disk.push(file_uri(&entry));
     }
     on_disk.sort();
@@ -108,22 +108,6 @@ fn two_workers_process_parquet_exactly_once_and_match_the_model() {
     );
     assert_eq!(embedded.records_in, committed.records_in);
     assert_eq!(embedded.outputs.len(), committed.outputs.len());
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
 }
 
 #[test]
@@ -206,25 +190,15 @@ fn custom_processor_in_a_users_own_worker_binary() {
 
     // The rows hold the norm of each record's features.
     let mut checked = 0;
-    for entry in manifest.outputs.iter().filter(|o| o.records > 0) {
-        let bytes = std::fs::read(uri_path(&entry.uri)).expect("output");
-        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
-            bytes::Bytes::from(bytes),
-        )
-        .expect("parquet")
-        .build()
-        .expect("reader");
-        for batch in reader {
-            let batch = batch.expect("batch");
-            use arrow_array::cast::AsArray;
-            let norms = batch
-                .column_by_name("norm")
-                .expect("norm")
-                .as_primitive::<arrow_array::types::Float32Type>()
-                .clone();
-            assert!(norms.values().iter().all(|n| n.is_finite() && *n > 0.0));
-            checked += batch.num_rows();
-        }
+    for batch in output_batches(&manifest) {
+        use arrow_array::cast::AsArray;
+        let norms = batch
+            .column_by_name("norm")
+            .expect("norm")
+            .as_primitive::<arrow_array::types::Float32Type>()
+            .clone();
+        assert!(norms.values().iter().all(|n| n.is_finite() && *n > 0.0));
+        checked += batch.num_rows();
     }
     assert_eq!(checked, 3000);
 }
@@ -399,49 +373,39 @@ fn a_load_stage_pads_ragged_records_in_batches_cut_by_an_element_budget() {
     let m = manifest(&root, &job_id);
     assert_eq!(m.records_out, 500);
     let mut seen = 0;
-    for entry in &m.outputs {
-        let bytes = std::fs::read(uri_path(&entry.uri)).expect("output");
-        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
-            bytes::Bytes::from(bytes),
-        )
-        .expect("parquet")
-        .build()
-        .expect("reader");
-        for batch in reader {
-            use arrow_array::cast::AsArray;
-            let batch = batch.expect("batch");
-            let ids = batch
-                .column_by_name("id")
-                .expect("id")
-                .as_string::<i32>()
-                .clone();
-            let means = batch
-                .column_by_name("mean")
-                .expect("mean")
-                .as_primitive::<arrow_array::types::Float32Type>()
-                .clone();
-            let lengths = batch
-                .column_by_name("length")
-                .expect("length")
-                .as_primitive::<arrow_array::types::Int64Type>()
-                .clone();
-            let padded = batch
-                .column_by_name("padded_to")
-                .expect("padded_to")
-                .as_primitive::<arrow_array::types::Int64Type>()
-                .clone();
-            for i in 0..batch.num_rows() {
-                let (mean, n) = want[ids.value(i)];
-                assert_eq!(lengths.value(i), n, "{}", ids.value(i));
-                assert!(
-                    (means.value(i) as f64 - mean).abs() < 1e-4,
-                    "{}: {} vs {mean}",
-                    ids.value(i),
-                    means.value(i)
-                );
-                assert!(padded.value(i) >= n);
-                seen += 1;
-            }
+    for batch in output_batches(&m) {
+        use arrow_array::cast::AsArray;
+        let ids = batch
+            .column_by_name("id")
+            .expect("id")
+            .as_string::<i32>()
+            .clone();
+        let means = batch
+            .column_by_name("mean")
+            .expect("mean")
+            .as_primitive::<arrow_array::types::Float32Type>()
+            .clone();
+        let lengths = batch
+            .column_by_name("length")
+            .expect("length")
+            .as_primitive::<arrow_array::types::Int64Type>()
+            .clone();
+        let padded = batch
+            .column_by_name("padded_to")
+            .expect("padded_to")
+            .as_primitive::<arrow_array::types::Int64Type>()
+            .clone();
+        for i in 0..batch.num_rows() {
+            let (mean, n) = want[ids.value(i)];
+            assert_eq!(lengths.value(i), n, "{}", ids.value(i));
+            assert!(
+                (means.value(i) as f64 - mean).abs() < 1e-4,
+                "{}: {} vs {mean}",
+                ids.value(i),
+                means.value(i)
+            );
+            assert!(padded.value(i) >= n);
+            seen += 1;
         }
     }
     assert_eq!(seen, 500);

@@ -36,7 +36,7 @@ fn assert_only_committed_objects(
     job_id: &str,
     manifest: &stoke_core::records::Manifest,
 ) {
-    let mut on_disk: Vec<String> = walk(&root.join("jobs").join(job_id).join("outputs"))
+    let mut on_disk: Vec<String> = files_under(&root.join("jobs").join(job_id).join("outputs"))
         .iter()
         .map(|p| file_uri(p))
         .collect();
@@ -44,25 +44,6 @@ fn assert_only_committed_objects(
     let mut listed: Vec<String> = manifest.outputs.iter().map(|o| o.uri.clone()).collect();
     listed.sort();
     assert_eq!(on_disk, listed, "objects left that no commit counts");
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
 }
 
 #[test]
@@ -84,7 +65,7 @@ fn worker_dies_after_upload_before_commit() {
         "the fault point should have stopped the worker"
     );
     // It uploaded its first checkpoint's outputs but never committed them.
-    let uploaded = walk(&root.join("jobs").join(&job_id).join("outputs"));
+    let uploaded = files_under(&root.join("jobs").join(&job_id).join("outputs"));
     assert_eq!(uploaded.len(), 1, "{uploaded:?}");
     assert_eq!(coordinator.status(&job_id)["records_done"], 0);
 
