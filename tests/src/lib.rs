@@ -351,6 +351,17 @@ impl Coordinator {
         serde_json::from_slice(&out.stdout).expect("status json")
     }
 
+    /// Waits for the job to end and checks that it succeeded.
+    pub fn wait_success(&self, job_id: &str) {
+        let status = self.wait_job(job_id);
+        assert_eq!(
+            status["state"],
+            "succeeded",
+            "{status}\ncoordinator log: {}",
+            self.proc.log.display()
+        );
+    }
+
     /// Polls the job's status until it ends; returns the last status.
     pub fn wait_job(&self, job_id: &str) -> serde_json::Value {
         wait_until(

@@ -12,17 +12,6 @@ fn write_spec(dir: &std::path::Path, name: &str, text: &str) -> String {
     path.display().to_string()
 }
 
-/// Waits for the job and checks it succeeded.
-fn wait_success(coordinator: &Coordinator, job_id: &str) {
-    let status = coordinator.wait_job(job_id);
-    assert_eq!(
-        status["state"],
-        "succeeded",
-        "{status}\ncoordinator log: {}",
-        coordinator.proc.log.display()
-    );
-}
-
 /// Sorted (id, prediction) pairs and the scores, for comparing runs.
 fn by_id(rows: &HashMap<String, Vec<Prediction>>) -> Vec<(String, Prediction)> {
     let mut v: Vec<_> = rows
@@ -44,7 +33,7 @@ fn two_workers_process_parquet_exactly_once_and_match_the_model() {
     let job_id = coordinator.submit(&spec);
     let mut w1 = coordinator.worker("stoke-worker", "w1", tmp.path());
     let mut w2 = coordinator.worker("stoke-worker", "w2", tmp.path());
-    wait_success(&coordinator, &job_id);
+    coordinator.wait_success(&job_id);
 
     // Workers exit once no job is left.
     assert!(w1.wait_exit(DEADLINE).success(), "{}", w1.log_text());
@@ -119,7 +108,7 @@ fn jsonl_dataset_and_jsonl_outputs() {
     let job_id = coordinator.submit(&spec);
     let _w1 = coordinator.worker("stoke-worker", "w1", tmp.path());
     let _w2 = coordinator.worker("stoke-worker", "w2", tmp.path());
-    wait_success(&coordinator, &job_id);
+    coordinator.wait_success(&job_id);
     let manifest = manifest(&root, &job_id);
     assert_eq!(manifest.records_in, 3000);
     // JSON Lines input is cut by bytes (64KiB): several shards per file.
@@ -170,7 +159,7 @@ fn custom_processor_in_a_users_own_worker_binary() {
     );
     let job_id = coordinator.submit(&spec);
     let _w = coordinator.worker("stoke-example-worker", "custom", tmp.path());
-    wait_success(&coordinator, &job_id);
+    coordinator.wait_success(&job_id);
     let manifest = manifest(&root, &job_id);
     assert_eq!(manifest.records_in, 3000);
     assert_eq!(manifest.records_out, 3000);
@@ -369,7 +358,7 @@ fn a_load_stage_pads_ragged_records_in_batches_cut_by_an_element_budget() {
     );
     let job_id = coordinator.submit(&spec);
     let _w = coordinator.worker("stoke-example-worker", "ragged", tmp.path());
-    wait_success(&coordinator, &job_id);
+    coordinator.wait_success(&job_id);
     let m = manifest(&root, &job_id);
     assert_eq!(m.records_out, 500);
     let mut seen = 0;
@@ -426,7 +415,7 @@ fn one_worker_drives_several_devices_with_one_processor_each() {
         &["--device", "cpu,cpu"],
         &[],
     );
-    wait_success(&coordinator, &job_id);
+    coordinator.wait_success(&job_id);
     assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
     let log = w.log_text();
     assert_eq!(log.matches("processor loaded").count(), 2, "{log}");

@@ -20,16 +20,6 @@ fn spec_file(dir: &Path, batch_size: u64, interval: u64, shard_records: u64) -> 
     path.display().to_string()
 }
 
-fn wait_success(coordinator: &Coordinator, job_id: &str) {
-    let status = coordinator.wait_job(job_id);
-    assert_eq!(
-        status["state"],
-        "succeeded",
-        "{status}\ncoordinator log: {}",
-        coordinator.proc.log.display()
-    );
-}
-
 /// Every object under the job's outputs folder is one the manifest lists.
 fn assert_only_committed_objects(
     root: &Path,
@@ -70,7 +60,7 @@ fn worker_dies_after_upload_before_commit() {
     assert_eq!(coordinator.status(&job_id)["records_done"], 0);
 
     let _w = coordinator.worker("stoke-worker", "healthy", tmp.path());
-    wait_success(&coordinator, &job_id);
+    coordinator.wait_success(&job_id);
     let m = manifest(&root, &job_id);
     assert_matches_reference(&committed_rows(&m));
     assert!(
@@ -102,7 +92,7 @@ fn coordinator_dies_after_storing_progress_before_answering() {
     // Back on the same address and root: the worker's retried commit is
     // recognised (not applied twice) and the job finishes exactly once.
     coordinator.restart(&[]);
-    wait_success(&coordinator, &job_id);
+    coordinator.wait_success(&job_id);
     assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
     let m = manifest(&root, &job_id);
     assert_eq!(m.records_in, 3000);
@@ -135,7 +125,7 @@ fn coordinator_dies_while_finishing_the_job() {
         assert!(status.contains("running"), "{point}: {status}");
 
         coordinator.restart(&[]);
-        wait_success(&coordinator, &job_id);
+        coordinator.wait_success(&job_id);
         let m = manifest(&root, &job_id);
         assert_eq!(m.records_in, 3000, "{point}");
         assert_matches_reference(&committed_rows(&m));
@@ -167,7 +157,7 @@ fn killed_worker_loses_its_lease_at_once_and_the_next_continues_from_the_checkpo
     );
     let requeued_after = killed_at.elapsed();
     let mut heir = coordinator.worker("stoke-worker", "heir", tmp.path());
-    wait_success(&coordinator, &job_id);
+    coordinator.wait_success(&job_id);
     assert!(heir.wait_exit(DEADLINE).success());
     println!("kill -9 to shard free: {requeued_after:?}");
 

@@ -23,6 +23,13 @@ fn long_shard_spec(interval: u64) -> String {
         .replace("records = 400", "records = 3000")
 }
 
+/// Waits until shard s00000 has committed at least `batches` batches.
+fn wait_first_checkpoints(root: &Path, job_id: &str, batches: u64) {
+    wait_until("a first checkpoint", DEADLINE, || {
+        progress(root, job_id, "s00000").filter(|p| p.next_batch >= batches)
+    });
+}
+
 /// The `next_batch` of every lease of shard s00000 in a worker's log.
 fn lease_next_batch(log: &str) -> Vec<u64> {
     log.lines()
@@ -51,9 +58,7 @@ fn sigterm_checkpoints_releases_and_exits_zero_and_another_worker_continues() {
         &["--grace-period", "60s"],
         &[],
     );
-    wait_until("a first checkpoint", DEADLINE, || {
-        progress(&root, &job_id, "s00000").filter(|p| p.next_batch >= 14)
-    });
+    wait_first_checkpoints(&root, &job_id, 14);
     signal(first.pid(), libc::SIGTERM);
     let sent = Instant::now();
     let status = first.wait_exit(DEADLINE);
@@ -100,9 +105,7 @@ fn a_second_sigterm_exits_at_once_and_the_last_commit_still_counts() {
         &["--grace-period", "60s"],
         &[],
     );
-    wait_until("a first checkpoint", DEADLINE, || {
-        progress(&root, &job_id, "s00000").filter(|p| p.next_batch >= 100)
-    });
+    wait_first_checkpoints(&root, &job_id, 100);
     signal(first.pid(), libc::SIGTERM);
     signal(first.pid(), libc::SIGTERM);
     let mut first = first;
@@ -120,9 +123,7 @@ fn pause_drains_the_workers_and_resume_continues_from_the_checkpoints() {
     let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "300s"]);
     let job_id = coordinator.submit(&spec_file(tmp.path(), "job.toml", long_shard_spec(2)));
     let mut worker = coordinator.worker("stoke-worker", "w", tmp.path());
-    wait_until("a first checkpoint", DEADLINE, || {
-        progress(&root, &job_id, "s00000").filter(|p| p.next_batch >= 10)
-    });
+    wait_first_checkpoints(&root, &job_id, 10);
     // Pause through the SDK, resume through the CLI.
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let paused = rt
