@@ -18,6 +18,10 @@ if cargo tree -p stoke-coordinator -e normal,build --prefix none | grep -Eq '^(t
   exit 1
 fi
 
+# deploy/: yamllint, Dockerfile rules, every kustomization rendered and
+# validated against the Kubernetes schemas (tools cached in ~/.cache/stoke).
+"$STOKE_ROOT/scripts/check-deploy.sh"
+
 echo "== cargo test"
 cargo build -q --workspace --bins
 cargo test --workspace --no-fail-fast 2>&1 | tee "$STOKE_CACHE/last-test.log"

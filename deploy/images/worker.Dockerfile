@@ -1,0 +1,91 @@
+# syntax=docker/dockerfile:1.7
+# The worker image: stoke-worker and the stoke CLI, with libtorch and the
+# CUDA runtime libraries from the torch 2.11.0 wheel (the same libtorch the
+# tests use; CUDA 13, so GPU nodes need an NVIDIA driver >= 580), as a
+# non-root user. Build from the repository root:
+#
+#   docker build -f deploy/images/worker.Dockerfile -t stoke-worker:dev .
+#
+# Layers, slowest-changing first: the toolchain; the Python venv with torch
+# (several GB, changes only with the torch version); a recipe of the
+# workspace's dependencies (cargo-chef); the dependencies compiled from it;
+# stoke's own crates.
+#
+# Where libtorch is found at run time: the build links the binaries with an
+# rpath to the venv's site-packages/torch/lib (worker/build.rs, from
+# DEP_TCH_LIBTORCH_LIB), and libtorch_cuda.so finds cuDNN, cuBLAS, NCCL and
+# the CUDA runtime through its own rpath, $ORIGIN/../../nvidia/*/lib. So the
+# runtime stage keeps torch/lib and nvidia/ at exactly the builder's path
+# (/opt/stoke/venv/lib/python3.11/site-packages) and sets no
+# LD_LIBRARY_PATH: both rpaths hold as built, nothing else on the system can
+# shadow those libraries, and no variable leaks into other processes. (An
+# LD_LIBRARY_PATH would have to list torch/lib and every nvidia/*/lib.)
+# The rest of the venv (Python, triton) is not needed to run and is left
+# behind.
+
+ARG RUST_VERSION=1.95
+ARG DEBIAN=bookworm
+
+FROM rust:${RUST_VERSION}-${DEBIAN} AS toolchain
+# Debian 12's python3 is 3.11, as the venv path below says.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3-venv \
+ && rm -rf /var/lib/apt/lists/*
+ENV STOKE_VENV=/opt/stoke/venv
+RUN python3 -m venv "$STOKE_VENV" \
+ && "$STOKE_VENV/bin/pip" install --no-cache-dir --disable-pip-version-check torch==2.11.0 \
+ && test -d "$STOKE_VENV/lib/python3.11/site-packages/torch/lib"
+# tch's build takes libtorch from this Python's torch.
+ENV PATH="/opt/stoke/venv/bin:${PATH}" \
+    LIBTORCH_USE_PYTORCH=1
+RUN cargo install --locked cargo-chef@0.1.78
+WORKDIR /src
+
+FROM toolchain AS planner
+COPY . .
+RUN cargo chef prepare --recipe-path recipe.json
+
+FROM toolchain AS builder
+COPY --from=planner /src/recipe.json recipe.json
+# Link libtorch_cuda.so even though no symbol of it is used directly: it
+# registers the CUDA backend when loaded, and the linker's default
+# --as-needed drops it, leaving a binary that sees no GPU (tch-rs issue
+# #980). The flags go to the target only (--target), so build scripts and
+# proc macros, which have no -L to torch/lib, are linked as usual.
+ENV RUSTFLAGS="-C link-arg=-Wl,--no-as-needed -C link-arg=-ltorch_cuda -C link-arg=-Wl,--as-needed"
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    cargo chef cook --release --locked --recipe-path recipe.json \
+      --target "$(rustc -vV | sed -n 's/^host: //p')" -p stoke-worker -p stoke
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    host="$(rustc -vV | sed -n 's/^host: //p')" \
+ && cargo build --release --locked --target "$host" -p stoke-worker -p stoke --bins \
+ && mkdir -p /out \
+ && cp "target/$host/release/stoke-worker" "target/$host/release/stoke" /out/ \
+ && readelf -d /out/stoke-worker | grep -q 'NEEDED.*\[libtorch_cuda.so\]' \
+ && readelf -d /out/stoke-worker | grep -q "R.*PATH.*$STOKE_VENV/lib/python3.11/site-packages/torch/lib"
+
+FROM debian:${DEBIAN}-slim AS runtime
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 10001 stoke \
+ && useradd --uid 10001 --gid 10001 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin stoke
+ARG SITE=/opt/stoke/venv/lib/python3.11/site-packages
+COPY --from=builder ${SITE}/torch/lib ${SITE}/torch/lib
+COPY --from=builder ${SITE}/nvidia ${SITE}/nvidia
+COPY --from=builder /out/stoke-worker /out/stoke /usr/local/bin/
+# Every library resolves (the driver's libcuda.so comes from the host at
+# run time, through the NVIDIA container runtime, and is loaded lazily).
+RUN ! ldd /usr/local/bin/stoke-worker | grep 'not found' \
+ && ! ldd /usr/local/bin/stoke | grep 'not found'
+# libtorch's OpenMP threads wait passively (the binaries would otherwise
+# re-run themselves once to set this); the NVIDIA runtime mounts the
+# driver's compute libraries. The GPUs themselves are chosen by the device
+# plugin (NVIDIA_VISIBLE_DEVICES), not here.
+ENV OMP_WAIT_POLICY=PASSIVE \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    HOME=/tmp
+USER 10001:10001
+WORKDIR /tmp
+ENTRYPOINT ["/usr/local/bin/stoke-worker"]

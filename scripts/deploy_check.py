@@ -1,0 +1,422 @@
+#!/usr/bin/env python3
+"""Checks of deploy/ that a schema cannot make; run by scripts/check-deploy.sh
+with the deploy venv's Python (PyYAML comes with yamllint).
+
+  deploy_check.py policy NAME RENDERED.yaml   rules every rendered kustomization keeps
+  deploy_check.py same A.yaml B.yaml           two renders hold the same objects
+  deploy_check.py json RENDERED.yaml           the documents as one JSON array
+  deploy_check.py dockerfiles DIR              rules the Dockerfiles in DIR keep
+
+The rules are the ones a reader of deploy/README.md relies on: one
+coordinator replicated once with Recreate, probes on the HTTP port's health
+paths, a Service in front of the ports the binary listens on, a worker grace
+period that ends before Kubernetes kills the pod, GPU workers one per node,
+non-root containers with resources, no Service-link environment (the
+binaries refuse STOKE_* variables they do not know), every referenced
+ConfigMap or Secret present. Whether the binaries accept every flag and
+variable is checked by running them (tests/tests/deploy.rs).
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+# The worker must be done (or give up) this long before the pod's
+# terminationGracePeriodSeconds ends and the kubelet sends SIGKILL.
+GRACE_MARGIN_S = 5
+HEALTH_PATHS = {"readinessProbe": "/readyz", "livenessProbe": "/healthz"}
+# Secrets the user creates (deploy/README.md); references to them are
+# optional in the manifests.
+EXTERNAL_SECRETS = {"stoke-store-credentials"}
+
+
+def load(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def duration_s(text):
+    """Seconds in a humantime-style duration ("50s", "1m30s", "90")."""
+    text = str(text).strip()
+    if re.fullmatch(r"\d+", text):
+        return float(text)
+    units = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+    total, pos = 0.0, 0
+    for m in re.finditer(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)", text):
+        if m.start() != pos or m.group(2) not in units:
+            raise ValueError(f"not a duration: {text!r}")
+        total += float(m.group(1)) * units[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or pos == 0:
+        raise ValueError(f"not a duration: {text!r}")
+    return total
+
+
+class Render:
+    def __init__(self, name, docs):
+        self.name = name
+        self.docs = docs
+        self.errors = []
+
+    def fail(self, what):
+        self.errors.append(what)
+
+    def of_kind(self, kind):
+        return [d for d in self.docs if d.get("kind") == kind]
+
+    def named(self, kind, name):
+        for d in self.of_kind(kind):
+            if d["metadata"]["name"] == name:
+                return d
+        return None
+
+    def workloads(self):
+        """(object, pod spec) for everything that runs pods."""
+        for d in self.docs:
+            kind = d.get("kind")
+            if kind in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+                yield d, d["spec"]["template"]["spec"]
+            elif kind == "CronJob":
+                yield d, d["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+    def component(self, kind, component):
+        for d in self.of_kind(kind):
+            labels = d["metadata"].get("labels", {})
+            if labels.get("app.kubernetes.io/component") == component:
+                return d
+        return None
+
+
+def ident(d):
+    return f"{d['kind']}/{d['metadata']['name']}"
+
+
+def check_pods(r):
+    for obj, pod in r.workloads():
+        where = ident(obj)
+        if pod.get("enableServiceLinks") is not False:
+            r.fail(f"{where}: enableServiceLinks must be false (Service links add STOKE_*_SERVICE_HOST & co)")
+        if pod.get("automountServiceAccountToken") is not False:
+            r.fail(f"{where}: automountServiceAccountToken must be false (nothing here calls the API)")
+        psc = pod.get("securityContext", {})
+        if psc.get("runAsNonRoot") is not True or not psc.get("runAsUser"):
+            r.fail(f"{where}: the pod must set runAsNonRoot and a non-zero runAsUser")
+        for c in pod.get("initContainers", []) + pod.get("containers", []):
+            cw = f"{where} container {c['name']}"
+            image = c.get("image", "")
+            tag = image.rsplit("/", 1)[-1].partition(":")[2]
+            if "@sha256:" not in image and tag in ("", "latest"):
+                r.fail(f"{cw}: image {image!r} needs a fixed tag or digest")
+            res = c.get("resources", {})
+            for key in ("cpu", "memory"):
+                if key not in res.get("requests", {}):
+                    r.fail(f"{cw}: no {key} request")
+            if "memory" not in res.get("limits", {}):
+                r.fail(f"{cw}: no memory limit")
+            sc = c.get("securityContext", {})
+            if sc.get("allowPrivilegeEscalation") is not False:
+                r.fail(f"{cw}: allowPrivilegeEscalation must be false")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                r.fail(f"{cw}: readOnlyRootFilesystem must be true")
+            if "ALL" not in sc.get("capabilities", {}).get("drop", []):
+                r.fail(f"{cw}: capabilities must drop ALL")
+            check_refs(r, cw, c, pod)
+
+
+def check_refs(r, where, c, pod):
+    """Every ConfigMap and Secret a container reads is in the render (or is
+    a Secret the user creates, referenced as optional)."""
+    refs = []
+    for src in c.get("envFrom", []):
+        if "configMapRef" in src:
+            refs.append(("ConfigMap", src["configMapRef"]))
+        if "secretRef" in src:
+            refs.append(("Secret", src["secretRef"]))
+    for e in c.get("env", []):
+        vf = e.get("valueFrom", {})
+        if "configMapKeyRef" in vf:
+            refs.append(("ConfigMap", vf["configMapKeyRef"]))
+        if "secretKeyRef" in vf:
+            refs.append(("Secret", vf["secretKeyRef"]))
+    mounted = {m["name"] for m in c.get("volumeMounts", [])}
+    for v in pod.get("volumes", []):
+        if v["name"] in mounted and "configMap" in v:
+            refs.append(("ConfigMap", v["configMap"]))
+        if v["name"] in mounted and "secret" in v:
+            refs.append(("Secret", {"name": v["secret"]["secretName"], **v["secret"]}))
+    for kind, ref in refs:
+        name = ref["name"]
+        obj = r.named(kind, name)
+        if obj is None:
+            if kind == "Secret" and name in EXTERNAL_SECRETS and ref.get("optional") is True:
+                continue
+            r.fail(f"{where}: {kind} {name} is not in this render")
+            continue
+        key = ref.get("key")
+        if key is not None and key not in obj.get("data", {}) and key not in obj.get("stringData", {}):
+            r.fail(f"{where}: {kind} {name} has no key {key}")
+
+
+def container_env(r, c):
+    """The container's environment as far as the render tells it."""
+    env = {}
+    for src in c.get("envFrom", []):
+        if "configMapRef" in src:
+            cm = r.named("ConfigMap", src["configMapRef"]["name"])
+            env.update((cm or {}).get("data", {}))
+    for e in c.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif "valueFrom" in e:
+            env[e["name"]] = None
+    return env
+
+
+def flag_value(args, flag):
+    for i, a in enumerate(args):
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def port_of(c, port):
+    """A probe's or Service's port (a name or number) as a container port number."""
+    for p in c.get("ports", []):
+        if port in (p.get("name"), p["containerPort"]):
+            return p["containerPort"]
+    return None
+
+
+def check_coordinator(r):
+    dep = r.component("Deployment", "coordinator")
+    if dep is None:
+        return
+    where = ident(dep)
+    spec = dep["spec"]
+    if spec.get("replicas") != 1:
+        r.fail(f"{where}: replicas must be 1 (one process owns the state root)")
+    if spec.get("strategy", {}).get("type") != "Recreate":
+        r.fail(f"{where}: strategy must be Recreate (never two coordinators at once)")
+    pod = spec["template"]["spec"]
+    c = pod["containers"][0]
+    env = container_env(r, c)
+    args = c.get("args", [])
+    grpc, http = port_of(c, "grpc"), port_of(c, "http")
+    if grpc is None or http is None:
+        r.fail(f"{where}: the container needs ports named grpc and http")
+        return
+    for flag, var, port in (("--listen", "STOKE_LISTEN", grpc), ("--http-listen", "STOKE_HTTP_LISTEN", http)):
+        listen = flag_value(args, flag) or env.get(var)
+        if listen is None:
+            r.fail(f"{where}: set {flag} (or {var}) so the port is not left to the binary's default")
+        elif not listen.endswith(f":{port}"):
+            r.fail(f"{where}: {flag} {listen} does not listen on container port {port}")
+    for probe, path in HEALTH_PATHS.items():
+        get = c.get(probe, {}).get("httpGet")
+        if get is None:
+            r.fail(f"{where}: no HTTP {probe}")
+            continue
+        if get.get("path") != path:
+            r.fail(f"{where}: {probe} must GET {path}, not {get.get('path')}")
+        if port_of(c, get.get("port")) != http:
+            r.fail(f"{where}: {probe} must use the http port {http}")
+    svc = r.named("Service", dep["metadata"]["name"])
+    if svc is None:
+        r.fail(f"{where}: no Service of the same name")
+        return
+    labels = spec["template"]["metadata"]["labels"]
+    if not svc["spec"]["selector"].items() <= labels.items():
+        r.fail(f"{ident(svc)}: its selector does not match the coordinator's pods")
+    targets = {port_of(c, p.get("targetPort", p["port"])) for p in svc["spec"]["ports"]}
+    if {grpc, http} - targets:
+        r.fail(f"{ident(svc)}: must expose the grpc ({grpc}) and http ({http}) ports")
+
+
+def check_worker(r, overlay):
+    dep = r.component("Deployment", "worker")
+    if dep is None:
+        return
+    where = ident(dep)
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    env = container_env(r, c)
+    pod_grace = pod.get("terminationGracePeriodSeconds", 30)
+    grace = flag_value(c.get("args", []), "--grace-period") or env.get("STOKE_GRACE_PERIOD")
+    if grace is None:
+        r.fail(f"{where}: set STOKE_GRACE_PERIOD (the default, 25s, is not tied to the pod's grace)")
+    else:
+        try:
+            g = duration_s(grace)
+            if g + GRACE_MARGIN_S > pod_grace:
+                r.fail(
+                    f"{where}: STOKE_GRACE_PERIOD {grace} must end at least {GRACE_MARGIN_S}s before "
+                    f"terminationGracePeriodSeconds {pod_grace}"
+                )
+        except ValueError as e:
+            r.fail(f"{where}: STOKE_GRACE_PERIOD: {e}")
+    wid = next((e for e in c.get("env", []) if e["name"] == "STOKE_WORKER_ID"), None)
+    field = ((wid or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+    if field not in ("metadata.name", "spec.nodeName"):
+        r.fail(f"{where}: STOKE_WORKER_ID must come from the pod's name (downward API)")
+    coord = r.component("Service", "coordinator")
+    url = env.get("STOKE_COORDINATOR")
+    if coord is not None:
+        grpc = next(p["port"] for p in coord["spec"]["ports"] if p["name"] == "grpc")
+        want = f"http://{coord['metadata']['name']}:{grpc}"
+        if url != want:
+            r.fail(f"{where}: STOKE_COORDINATOR is {url!r}, the Service is at {want}")
+    pdb = [p for p in r.of_kind("PodDisruptionBudget")
+           if p["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()]
+    if not pdb:
+        r.fail(f"{where}: no PodDisruptionBudget covers the workers")
+    gpus = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+    if overlay == "gpu" and not gpus:
+        r.fail(f"{where}: the gpu overlay's workers must ask for nvidia.com/gpu")
+    if gpus:
+        check_gpu_worker(r, where, dep, pod, c)
+
+
+def check_gpu_worker(r, where, dep, pod, c):
+    req = c["resources"].get("requests", {}).get("nvidia.com/gpu")
+    if req is not None and str(req) != str(c["resources"]["limits"]["nvidia.com/gpu"]):
+        r.fail(f"{where}: nvidia.com/gpu requests and limits differ")
+    if not pod.get("nodeSelector") and not pod.get("affinity", {}).get("nodeAffinity"):
+        r.fail(f"{where}: GPU workers need a nodeSelector or node affinity for the GPU pool")
+    if not any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", [])):
+        r.fail(f"{where}: GPU workers need to tolerate the nvidia.com/gpu taint")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    terms = pod.get("affinity", {}).get("podAntiAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", [])
+    if not any(t.get("topologyKey") == "kubernetes.io/hostname"
+               and t.get("labelSelector", {}).get("matchLabels", {}).items() <= labels.items()
+               for t in terms):
+        r.fail(f"{where}: GPU workers need a required anti-affinity on kubernetes.io/hostname (one per node)")
+
+
+def check_submit(r):
+    for job in r.of_kind("Job"):
+        c = job["spec"]["template"]["spec"]["containers"][0]
+        cmd = c.get("command", []) + c.get("args", [])
+        if not cmd or Path(cmd[0]).name != "stoke" or "submit" not in cmd:
+            continue
+        url = flag_value(cmd, "--coordinator") or container_env(r, c).get("STOKE_COORDINATOR")
+        if not url or not re.fullmatch(r"http://stoke-coordinator:7070", url):
+            r.fail(f"{ident(job)}: submits to {url!r}, not the coordinator's Service http://stoke-coordinator:7070")
+        if not flag_value(cmd, "--job-id"):
+            r.fail(f"{ident(job)}: pass --job-id so a retried pod resubmits the same job")
+
+
+def policy(name, path):
+    r = Render(name, load(path))
+    overlay = name.split("/")[0]
+    check_pods(r)
+    check_coordinator(r)
+    check_worker(r, overlay)
+    check_submit(r)
+    for e in r.errors:
+        print(f"deploy: {name}: {e}", file=sys.stderr)
+    return 1 if r.errors else 0
+
+
+def same(a, b):
+    def key(d):
+        return (d.get("kind"), d["metadata"].get("namespace", ""), d["metadata"]["name"])
+
+    da = {key(d): d for d in load(a)}
+    db = {key(d): d for d in load(b)}
+    bad = 0
+    for k in sorted(set(da) | set(db), key=str):
+        if da.get(k) != db.get(k):
+            print(f"deploy: {'/'.join(k)} differs between {a} and {b}", file=sys.stderr)
+            bad = 1
+    return bad
+
+
+def dockerfile_instructions(path):
+    """(instruction, arguments) per logical line: comments dropped,
+    continuations joined, heredocs left alone (none are used here)."""
+    out, buf = [], ""
+    for line in Path(path).read_text().splitlines():
+        stripped = line.strip()
+        if not buf and (not stripped or stripped.startswith("#")):
+            continue
+        if buf and stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            buf += stripped[:-1] + " "
+            continue
+        buf += stripped
+        word, _, rest = buf.partition(" ")
+        out.append((word.upper(), rest.strip()))
+        buf = ""
+    return out
+
+
+def dockerfiles(folder):
+    bad = 0
+
+    def fail(msg):
+        nonlocal bad
+        print(f"deploy: {msg}", file=sys.stderr)
+        bad = 1
+
+    files = sorted(Path(folder).glob("*.Dockerfile"))
+    if not files:
+        fail(f"no *.Dockerfile in {folder}")
+    for f in files:
+        ins = dockerfile_instructions(f)
+        args = {}
+        stages, user, final_from = [], None, None
+        for word, rest in ins:
+            if word == "ARG" and not stages:
+                k, _, v = rest.partition("=")
+                args[k] = v
+            elif word == "FROM":
+                parts = rest.split()
+                image = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), parts[0])
+                if len(parts) >= 3 and parts[1].upper() == "AS":
+                    stages.append(parts[2])
+                if image not in stages:
+                    tag = image.rsplit("/", 1)[-1].partition(":")[2]
+                    if "@sha256:" not in image and tag in ("", "latest"):
+                        fail(f"{f.name}: base image {image} needs a fixed tag")
+                final_from, user = image, None
+            elif word == "USER":
+                user = rest
+            elif word == "COPY":
+                m = re.search(r"--from=(\S+)", rest)
+                if m and m.group(1) not in stages:
+                    fail(f"{f.name}: COPY --from={m.group(1)} names no earlier stage")
+        if len(stages) < 2:
+            fail(f"{f.name}: expected a multi-stage build")
+        if user is None or user.split(":")[0] in ("root", "0"):
+            fail(f"{f.name}: the final stage ({final_from}) must set a non-root USER")
+        if not any(w == "ENTRYPOINT" for w, _ in ins):
+            fail(f"{f.name}: no ENTRYPOINT")
+        ignore = f.with_name(f.name + ".dockerignore")
+        if not ignore.exists():
+            fail(f"{f.name}: no {ignore.name} (the build context is the whole repository)")
+    return bad
+
+
+def main(argv):
+    if len(argv) == 4 and argv[1] == "policy":
+        return policy(argv[2], argv[3])
+    if len(argv) == 4 and argv[1] == "same":
+        return same(argv[2], argv[3])
+    if len(argv) == 3 and argv[1] == "json":
+        json.dump(load(argv[2]), sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    if len(argv) == 3 and argv[1] == "dockerfiles":
+        return dockerfiles(argv[2])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
