@@ -130,8 +130,13 @@ resolve_dir() {
   esac
 }
 
+# One installer at a time (the tests render from parallel threads).
+mkdir -p "$CACHE"
+exec 9>"$CACHE/deploy-venv.lock"
+flock 9
 python_tools
 choose_renderer
+flock -u 9
 PY="$DEPLOY_VENV/bin/python"
 
 case "${1:-}" in
