@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -489,21 +489,29 @@ fn the_manifests_configure_the_binaries_with_flags_and_variables_they_accept() {
         );
 
         // --check-config is not a rubber stamp: a misspelt variable and a
-        // bad value are refused, naming them.
-        for (launch, binary, var, value) in [
-            (&worker, "stoke-worker", "STOKE_GRACE_PERIDO", "50s"),
-            (&worker, "stoke-worker", "STOKE_GRACE_PERIOD", "soon"),
+        // bad value are refused, naming the variable or its flag.
+        for (launch, binary, var, value, flag) in [
+            (&worker, "stoke-worker", "STOKE_GRACE_PERIDO", "50s", "-"),
+            (
+                &worker,
+                "stoke-worker",
+                "STOKE_GRACE_PERIOD",
+                "soon",
+                "--grace-period",
+            ),
             (
                 &coordinator,
                 "stoke-coordinator",
                 "STOKE_LEASE_TIMOUT",
                 "60s",
+                "-",
             ),
             (
                 &coordinator,
                 "stoke-coordinator",
                 "STOKE_LEASE_TIMEOUT",
                 "soon",
+                "--lease-timeout",
             ),
         ] {
             let out = check_config(launch, binary, &[(var, value)]);
@@ -514,10 +522,10 @@ fn the_manifests_configure_the_binaries_with_flags_and_variables_they_accept() {
                 text(&out.stdout),
                 text(&out.stderr)
             );
+            let err = text(&out.stderr);
             assert!(
-                text(&out.stderr).contains(var),
-                "{binary}: the error does not name {var}: {}",
-                text(&out.stderr)
+                err.contains(var) || err.contains(flag),
+                "{binary}: the error names neither {var} nor {flag}: {err}"
             );
         }
     }
@@ -526,13 +534,6 @@ fn the_manifests_configure_the_binaries_with_flags_and_variables_they_accept() {
     let (a, _) = check_submit(&gpu);
     let (b, _) = check_submit(&dev);
     assert_eq!(a.args, b.args, "both overlays submit the same way");
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// GET over plain HTTP/1.1; the status code, if anything answered.
@@ -608,9 +609,12 @@ fn an_evicted_worker_checkpoints_within_its_grace_and_a_replacement_finishes_the
 
     // The coordinator with the manifest's configuration; it listens on
     // loopback instead of 0.0.0.0, its state under a file:// root.
-    let http = format!("127.0.0.1:{}", free_port());
+    let http_file = tmp.path().join("coordinator.http");
     let mut extra = coordinator_launch.args_without(&["--listen", "--http-listen"]);
-    extra.extend(["--http-listen".to_string(), http.clone()]);
+    extra.extend([
+        "--http-listen=127.0.0.1:0".to_string(),
+        format!("--http-addr-file={}", http_file.display()),
+    ]);
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let env: Vec<(&str, &str)> = coordinator_launch
         .env
@@ -620,6 +624,9 @@ fn an_evicted_worker_checkpoints_within_its_grace_and_a_replacement_finishes_the
         .collect();
     let mut coordinator = Coordinator::start_with_env(&root, tmp.path(), &extra, &env);
 
+    let http = wait_until("the coordinator's HTTP address", DEADLINE, || {
+        std::fs::read_to_string(&http_file).ok()
+    });
     // The probes the kubelet would send.
     wait_until("/healthz to answer 200", DEADLINE, || {
         (http_status(&http, "/healthz") == Some(200)).then_some(())
