@@ -23,5 +23,7 @@ fi
 "$STOKE_ROOT/scripts/check-deploy.sh"
 
 echo "== cargo test"
+# The S3-protocol server the integration tests start (cached in ~/.cache/stoke).
+"$STOKE_ROOT/scripts/s3-server.sh" >/dev/null
 cargo build -q --workspace --bins
 cargo test --workspace --no-fail-fast 2>&1 | tee "$STOKE_CACHE/last-test.log"

@@ -12,6 +12,12 @@ pub struct CoordinatorConfig {
     pub lease_timeout: Duration,
     /// How long a worker with nothing to do waits before asking again.
     pub wait_retry: Duration,
+    /// Time to live of the lease on a cloud state root (renewed every third
+    /// of it): how long a successor waits after a coordinator dies.
+    pub root_lock_ttl: Duration,
+    /// Who this coordinator is (host, pid, address), shown to a second
+    /// coordinator that finds the root held.
+    pub description: String,
 }
 
 impl CoordinatorConfig {
@@ -20,6 +26,8 @@ impl CoordinatorConfig {
             root,
             lease_timeout: Duration::from_secs(30),
             wait_retry: Duration::from_millis(200),
+            root_lock_ttl: Duration::from_secs(15),
+            description: format!("pid {}", std::process::id()),
         }
     }
 

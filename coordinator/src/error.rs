@@ -61,6 +61,16 @@ pub enum CoordinatorError {
     Recovery(String),
     #[error("coordinator is shutting down")]
     ShuttingDown,
+    #[error(
+        "state root {root} is held by another coordinator ({holder}); stop it first, or use another root"
+    )]
+    RootHeld { root: String, holder: String },
+    #[error("another coordinator took over the state root; this one stopped")]
+    RootLost,
+    #[error(
+        "another coordinator is starting on this state root at the same moment ({uri} changed)"
+    )]
+    EpochRace { uri: String },
     #[error("invalid request: {0}")]
     Request(#[from] ConvError),
     #[error("invalid request: {0}")]
@@ -91,9 +101,14 @@ impl From<CoordinatorError> for Status {
             | JobNotRunning { .. }
             | BatchMismatch { .. }
             | ProtocolVersion { .. } => Status::failed_precondition(msg),
-            Store(_) | Recovery(_) | ShuttingDown | Serve(_) | CommitInFlight { .. } => {
-                Status::unavailable(msg)
-            }
+            Store(_)
+            | Recovery(_)
+            | ShuttingDown
+            | Serve(_)
+            | CommitInFlight { .. }
+            | RootHeld { .. }
+            | RootLost
+            | EpochRace { .. } => Status::unavailable(msg),
         }
     }
 }

@@ -13,7 +13,9 @@
 pub mod config;
 pub mod error;
 pub mod grpc;
+pub mod http;
 pub mod owner;
+pub mod root_lock;
 pub mod state;
 
 use stoke_core::Stores;
@@ -32,25 +34,48 @@ pub use owner::{Handle, start};
 /// Largest gRPC message accepted (a job spec, a commit with many outputs).
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
-/// Serves the coordinator on an already bound listener until `shutdown` is
-/// cancelled.
+/// Serves the coordinator's gRPC on an already bound listener until
+/// `shutdown` is cancelled.
 pub async fn run(
     listener: TcpListener,
     config: CoordinatorConfig,
     stores: Stores,
     shutdown: CancellationToken,
 ) -> Result<()> {
+    serve(listener, None, config, stores, shutdown).await
+}
+
+/// Serves gRPC, and HTTP (health, readiness, metrics) when given a second
+/// listener, until `shutdown` is cancelled.
+pub async fn serve(
+    listener: TcpListener,
+    http_listener: Option<TcpListener>,
+    config: CoordinatorConfig,
+    stores: Stores,
+    shutdown: CancellationToken,
+) -> Result<()> {
     let addr = listener.local_addr().ok();
-    let (handle, owner) = start(config, stores, shutdown.child_token()).await?;
+    let root = config.root.clone();
+    // Stops on `shutdown`, or when another coordinator takes the root over.
+    let stop = shutdown.child_token();
+    let (handle, owner) = start(config, stores, stop.clone()).await?;
     let tasks = TaskTracker::new();
+    if let Some(http_listener) = http_listener {
+        let http_addr = http_listener.local_addr().ok();
+        let (handle, stop) = (handle.clone(), stop.clone());
+        tasks.spawn(async move {
+            info!(addr = ?http_addr, "http listening");
+            if let Err(e) = http::serve(http_listener, handle, root, stop.clone()).await {
+                tracing::error!(error = %e, "http server failed; stopping");
+                stop.cancel();
+            }
+        });
+    }
     let jobs = JobServiceServer::new(grpc::JobApi::new(handle.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let workers = WorkerServiceServer::new(grpc::WorkerApi::new(
-        handle,
-        shutdown.clone(),
-        tasks.clone(),
-    ))
-    .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let workers =
+        WorkerServiceServer::new(grpc::WorkerApi::new(handle, stop.clone(), tasks.clone()))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
     info!(addr = ?addr, "coordinator listening");
     let served = tonic::transport::Server::builder()
         .add_service(jobs)
@@ -59,13 +84,17 @@ pub async fn run(
             // Without TCP_NODELAY every small RPC waits on Nagle's
             // algorithm (about 40 ms a round trip on loopback).
             TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown.cancelled(),
+            stop.cancelled(),
         )
         .await;
+    stop.cancel();
     tasks.close();
     tasks.wait().await;
-    let _ = owner.await;
+    let owned = owner.await;
     served?;
+    if let Ok(Err(e)) = owned {
+        return Err(e);
+    }
     info!("coordinator stopped");
     Ok(())
 }

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use stoke_coordinator::CoordinatorConfig;
-use stoke_core::{StoreUri, Stores};
+use stoke_core::{StoreConfig, StoreUri, Stores};
 use tokio_util::sync::CancellationToken;
 
 /// stoke's coordinator: plans jobs, leases shards to workers, commits progress.
@@ -16,20 +16,135 @@ struct Args {
     /// Address to serve gRPC on.
     #[arg(long, env = "STOKE_LISTEN", default_value = "0.0.0.0:7070")]
     listen: String,
+    /// Address to serve HTTP on (/healthz, /readyz, /metrics); "off" for none.
+    #[arg(long, env = "STOKE_HTTP_LISTEN", default_value = "0.0.0.0:8080")]
+    http_listen: String,
     /// State root (a store URI or a local folder): jobs, progress, manifests.
     #[arg(long, env = "STOKE_ROOT")]
     root: String,
     /// A lease not renewed for this long goes to another worker ("30s").
     #[arg(long, env = "STOKE_LEASE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     lease_timeout: Duration,
+    /// Time to live of this coordinator's lease on a cloud state root
+    /// (renewed every third of it): how long a successor waits after this
+    /// one dies without stopping cleanly.
+    #[arg(long, env = "STOKE_ROOT_LOCK_TTL", default_value = "15s", value_parser = humantime::parse_duration)]
+    root_lock_ttl: Duration,
     /// Write the bound address to this file once listening (for scripts and
     /// tests that bind port 0).
     #[arg(long, env = "STOKE_ADDR_FILE")]
     addr_file: Option<PathBuf>,
+    /// Write the bound HTTP address to this file once listening.
+    #[arg(long, env = "STOKE_HTTP_ADDR_FILE")]
+    http_addr_file: Option<PathBuf>,
+    /// Check the flags and environment (unknown STOKE_* variables
+    /// included), print the resolved configuration as JSON and exit: 0 when
+    /// valid, 2 otherwise.
+    #[arg(long)]
+    check_config: bool,
+}
+
+/// Everything the coordinator runs with, resolved from flags and
+/// environment.
+#[derive(Debug, serde::Serialize)]
+struct Resolved {
+    listen: String,
+    http_listen: Option<String>,
+    root: String,
+    #[serde(with = "humantime_serde")]
+    lease_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    root_lock_ttl: Duration,
+    store: StoreConfig,
+}
+
+impl Args {
+    fn resolve(&self) -> anyhow::Result<Resolved> {
+        let root = StoreUri::resolve_path_or_uri(&self.root, std::path::Path::new("."))
+            .map_err(anyhow::Error::msg)
+            .context("--root")?;
+        self.listen
+            .parse::<std::net::SocketAddr>()
+            .with_context(|| format!("--listen {:?}: expected host:port", self.listen))?;
+        let http_listen = match self.http_listen.as_str() {
+            "off" | "" => None,
+            addr => {
+                addr.parse::<std::net::SocketAddr>().with_context(|| {
+                    format!("--http-listen {addr:?}: expected host:port or off")
+                })?;
+                Some(addr.to_string())
+            }
+        };
+        if self.root_lock_ttl < Duration::from_millis(300) {
+            anyhow::bail!("--root-lock-ttl {:?}: at least 300ms", self.root_lock_ttl);
+        }
+        Ok(Resolved {
+            listen: self.listen.clone(),
+            http_listen,
+            root,
+            lease_timeout: self.lease_timeout,
+            root_lock_ttl: self.root_lock_ttl,
+            store: StoreConfig::from_env()?,
+        })
+    }
+}
+
+/// `STOKE_*` variables in the environment that nothing here reads: most
+/// often a typo, or a worker's setting given to the coordinator.
+fn unknown_env_vars() -> Vec<String> {
+    let known: Vec<String> = Args::command()
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().to_string())
+        .chain(
+            stoke_core::store::STORE_ENV_VARS
+                .iter()
+                .map(|s| s.to_string()),
+        )
+        .collect();
+    std::env::vars()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("STOKE_") && !known.contains(k))
+        .collect()
+}
+
+fn check_config(args: &Args) -> ! {
+    let unknown = unknown_env_vars();
+    let resolved = args.resolve();
+    let code = match (&resolved, unknown.is_empty()) {
+        (Ok(resolved), true) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(resolved).unwrap_or_default()
+            );
+            0
+        }
+        (Ok(_), false) => {
+            eprintln!(
+                "stoke-coordinator: unknown environment variables: {}",
+                unknown.join(", ")
+            );
+            2
+        }
+        (Err(e), _) => {
+            eprintln!("stoke-coordinator: {e:#}");
+            2
+        }
+    };
+    std::process::exit(code)
+}
+
+fn write_addr(path: &std::path::Path, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, addr.to_string()).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.check_config {
+        check_config(&args);
+    }
     // Fault points for tests (FAILPOINTS=name=return); inert otherwise.
     let _faults = fail::FailScenario::setup();
     tracing_subscriber::fmt()
@@ -40,26 +155,39 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let root = StoreUri::resolve_path_or_uri(&args.root, std::path::Path::new("."))
-        .map_err(anyhow::Error::msg)
-        .context("--root")?;
-    let mut config = CoordinatorConfig::new(StoreUri::parse(&root)?);
-    config.lease_timeout = args.lease_timeout;
+    let resolved = args.resolve()?;
+    for var in unknown_env_vars() {
+        tracing::warn!(var, "unknown STOKE_ environment variable; ignored");
+    }
+    let mut config = CoordinatorConfig::new(StoreUri::parse(&resolved.root)?);
+    config.lease_timeout = resolved.lease_timeout;
+    config.root_lock_ttl = resolved.root_lock_ttl;
+    let stores = Stores::with_config(resolved.store.clone());
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(&args.listen)
+        let listener = tokio::net::TcpListener::bind(&resolved.listen)
             .await
-            .with_context(|| format!("binding {}", args.listen))?;
+            .with_context(|| format!("binding {}", resolved.listen))?;
         let addr = listener.local_addr()?;
+        let http_listener = match &resolved.http_listen {
+            Some(http) => Some(
+                tokio::net::TcpListener::bind(http)
+                    .await
+                    .with_context(|| format!("binding {http} (--http-listen)"))?,
+            ),
+            None => None,
+        };
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".to_string());
+        config.description = format!("host {host}, pid {}, gRPC on {addr}", std::process::id());
         if let Some(path) = &args.addr_file {
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, addr.to_string())
-                .with_context(|| format!("writing {}", tmp.display()))?;
-            std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+            write_addr(path, addr)?;
+        }
+        if let (Some(path), Some(http)) = (&args.http_addr_file, &http_listener) {
+            write_addr(path, http.local_addr()?)?;
         }
         let shutdown = CancellationToken::new();
         tokio::spawn(stop_on_signal(shutdown.clone()));
-        stoke_coordinator::run(listener, config, Stores::new(), shutdown).await?;
+        stoke_coordinator::serve(listener, http_listener, config, stores, shutdown).await?;
         Ok(())
     })
 }

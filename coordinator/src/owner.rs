@@ -22,6 +22,7 @@ use tracing::debug;
 
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
+use crate::root_lock;
 use crate::state::{CommitStep, PendingCommit, State};
 
 type Reply<T> = oneshot::Sender<Result<T>>;
@@ -88,17 +89,44 @@ pub struct Handle {
     stores: Stores,
 }
 
-/// Loads durable state from the root and starts the owner task. The task
-/// ends when `shutdown` is cancelled or every handle is dropped.
+/// Takes the state root (refused if another coordinator holds it), loads
+/// durable state from it and starts the owner task. The task ends when
+/// `shutdown` is cancelled or every handle is dropped; it cancels
+/// `shutdown` itself, and ends with [`CoordinatorError::RootLost`], if
+/// another coordinator takes the root over.
 pub async fn start(
     config: CoordinatorConfig,
     stores: Stores,
     shutdown: CancellationToken,
-) -> Result<(Handle, tokio::task::JoinHandle<()>)> {
+) -> Result<(Handle, tokio::task::JoinHandle<Result<()>>)> {
     let tick = config.tick();
-    let state = State::recover(config, stores.clone()).await?;
+    let lock = root_lock::acquire(
+        &stores,
+        &config.root,
+        config.root_lock_ttl,
+        &config.description,
+        shutdown.clone(),
+    )
+    .await?;
+    // Every write of the state goes through the lock's fence.
+    let stores = stores.fenced(lock.fence());
+    let state = match State::recover(config, stores.clone()).await {
+        Ok(state) => state,
+        Err(e) => {
+            lock.release().await;
+            return Err(e);
+        }
+    };
     let (tx, rx) = mpsc::channel(1024);
-    let task = tokio::spawn(run(state, rx, tick, shutdown));
+    let task = tokio::spawn(async move {
+        run(state, rx, tick, shutdown).await;
+        let lost = lock.was_lost();
+        lock.release().await;
+        if lost {
+            return Err(CoordinatorError::RootLost);
+        }
+        Ok(())
+    });
     Ok((Handle { tx, stores }, task))
 }
 
@@ -274,6 +302,11 @@ impl Handle {
             reply,
         })
         .await
+    }
+
+    /// The stores the coordinator reads and writes its state through.
+    pub fn stores(&self) -> &Stores {
+        &self.stores
     }
 
     pub async fn get_job(&self, job_id: &str) -> Result<JobInfo> {

@@ -31,6 +31,9 @@ use crate::error::{CoordinatorError, Result};
 /// Fencing tokens: the coordinator's epoch in the high 32 bits, a counter in
 /// the low 32. Epochs grow at every start, so tokens grow across restarts.
 const TOKEN_EPOCH_SHIFT: u32 = 32;
+/// Attempts of one shard that may fail on the store before they count
+/// against `max_attempts` (a store that never recovers still ends the job).
+const MAX_STORE_FAILURES: u32 = 100;
 
 struct ActiveLease {
     session_id: String,
@@ -164,15 +167,41 @@ pub struct State {
     sessions: HashMap<String, Session>,
 }
 
+/// Bumps the stored epoch with a conditional write (create-only the first
+/// time, compare-and-swap after), so two coordinators racing on one root
+/// can never both start with the same epoch.
+async fn next_epoch(stores: &Stores, uri: &StoreUri) -> Result<u64> {
+    let race = || CoordinatorError::EpochRace {
+        uri: uri.to_string(),
+    };
+    let written = match stores.get_versioned(uri).await? {
+        None => {
+            let bytes = Bytes::from(stoke_core::store::to_json_bytes(&EpochRecord { epoch: 1 }));
+            stores.put_new_versioned(uri, bytes).await.map(|_| 1)
+        }
+        Some((bytes, version)) => {
+            let previous: EpochRecord =
+                serde_json::from_slice(&bytes).map_err(|source| StoreError::Decode {
+                    uri: uri.to_string(),
+                    source,
+                })?;
+            let epoch = previous.epoch + 1;
+            let bytes = Bytes::from(stoke_core::store::to_json_bytes(&EpochRecord { epoch }));
+            stores.put_if(uri, bytes, &version).await.map(|_| epoch)
+        }
+    };
+    match written {
+        Ok(epoch) => Ok(epoch),
+        Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => Err(race()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 impl State {
     /// Loads every job under the root and takes a new fencing epoch.
     pub async fn recover(config: CoordinatorConfig, stores: Stores) -> Result<Self> {
         let layout = RootLayout::new(config.root.clone());
-        let previous: Option<EpochRecord> = stores.get_json(&layout.epoch()).await?;
-        let epoch = previous.map_or(1, |e| e.epoch + 1);
-        stores
-            .put_json(&layout.epoch(), &EpochRecord { epoch })
-            .await?;
+        let epoch = next_epoch(&stores, &layout.epoch()).await?;
         let mut state = Self {
             config,
             stores,
@@ -928,7 +957,15 @@ impl State {
             info!(job = %key.job_id, shard = %shard_id, "lease released");
             return Ok(());
         };
-        progress.failed_attempts += 1;
+        // A store outage is not the data's fault: retry without using up an
+        // attempt, up to a bound so a store that never recovers still ends
+        // the job.
+        let counts_as_failure = !release.transient || progress.store_failures >= MAX_STORE_FAILURES;
+        if counts_as_failure {
+            progress.failed_attempts += 1;
+        } else {
+            progress.store_failures += 1;
+        }
         progress.last_error = Some(error.clone());
         progress.last_failed_worker = self
             .sessions
@@ -942,8 +979,8 @@ impl State {
         let job = self.job_mut(&key.job_id)?;
         job.set_progress(idx, progress);
         job.shards[idx].lease = None;
-        warn!(job = %key.job_id, shard = %shard_id, failed, max_attempts, %error, "attempt failed");
-        if failed >= max_attempts {
+        warn!(job = %key.job_id, shard = %shard_id, failed, max_attempts, transient = release.transient, %error, "attempt failed");
+        if counts_as_failure && failed >= max_attempts {
             let reason = format!(
                 "shard {shard_id} failed {failed} of {max_attempts} attempts; last error: {error}"
             );

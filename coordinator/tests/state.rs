@@ -139,6 +139,7 @@ fn release(session_id: &str, lease: &Lease, error: Option<&str>) -> Release {
         session_id: session_id.to_string(),
         key: lease.key(),
         error: error.map(str::to_string),
+        transient: false,
     }
 }
 
@@ -817,7 +818,10 @@ async fn owner_task_takes_back_expired_leases_on_its_own() {
         .expect("heartbeat");
 
     shutdown.cancel();
-    owner.await.expect("owner task ends");
+    owner
+        .await
+        .expect("owner task ends")
+        .expect("owner ends cleanly");
 }
 
 fn register_holding(

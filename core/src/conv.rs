@@ -335,6 +335,7 @@ impl From<Release> for pb::ReleaseRequest {
             shard_id: r.key.shard_id,
             token: r.key.token,
             error: r.error.unwrap_or_default(),
+            transient: r.transient,
         }
     }
 }
@@ -353,6 +354,7 @@ impl TryFrom<pb::ReleaseRequest> for Release {
                 token: r.token,
             },
             error: non_empty(r.error),
+            transient: r.transient,
         })
     }
 }

@@ -40,6 +40,25 @@ pub enum UriError {
     Scheme { uri: String, scheme: String },
 }
 
+/// A configuration value (environment variable or flag) that cannot be used.
+#[derive(Debug, Error)]
+#[error("{var}={value:?}: {message}")]
+pub struct ConfigError {
+    pub var: String,
+    pub value: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn new(var: &str, value: &str, message: impl std::fmt::Display) -> Self {
+        Self {
+            var: var.to_string(),
+            value: value.to_string(),
+            message: message.to_string(),
+        }
+    }
+}
+
 /// A failed object-store operation, naming the object and what was being done.
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -50,6 +69,12 @@ pub enum StoreError {
         uri: String,
         source: object_store::Error,
     },
+    /// No usable credentials for a cloud store; `hint` says what to set.
+    #[error("{uri}: no credentials found; {hint}")]
+    Credentials { uri: String, hint: String },
+    /// The store configuration (credentials file, settings) is unusable.
+    #[error("{uri}: {message}")]
+    Config { uri: String, message: String },
     #[error("{action} {uri}: {source}")]
     Io {
         action: &'static str,
@@ -62,6 +87,10 @@ pub enum StoreError {
     AlreadyExists { uri: String },
     #[error("{uri}: precondition failed (another writer changed it)")]
     Conflict { uri: String },
+    /// A write refused before it was sent: this process's hold on the state
+    /// root lapsed (its lock was not renewed in time).
+    #[error("writing {uri}: {reason}")]
+    Fenced { uri: String, reason: String },
     #[error("decoding {uri}: {source}")]
     Decode {
         uri: String,
@@ -84,9 +113,22 @@ impl StoreError {
         }
     }
 
-    /// True when retrying the same call later may succeed.
+    /// True when retrying the same call later may succeed: the store was
+    /// unreachable, slow or failing, not refusing on principle.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Io { .. })
+        match self {
+            Self::Io { source, .. } => !matches!(
+                source,
+                object_store::Error::PermissionDenied { .. }
+                    | object_store::Error::Unauthenticated { .. }
+                    | object_store::Error::NotSupported { .. }
+                    | object_store::Error::NotImplemented { .. }
+                    | object_store::Error::InvalidPath { .. }
+                    | object_store::Error::UnknownConfigurationKey { .. }
+            ),
+            Self::Fenced { .. } => true,
+            _ => false,
+        }
     }
 }
 

@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! <root>/coordinator/epoch.json          fencing epoch, bumped at every coordinator start
+//! <root>/coordinator/lock.json           which coordinator holds the root (cloud roots)
+//! <root>/coordinator/lock                OS file lock on the root (file:// roots)
 //! <root>/jobs/<job>/spec.json             immutable, written create-only
 //! <root>/jobs/<job>/plan.json             shard plan
 //! <root>/jobs/<job>/status.json           running | paused | cancelled | succeeded | failed
@@ -30,6 +32,11 @@ impl RootLayout {
 
     pub fn epoch(&self) -> StoreUri {
         self.root.join("coordinator/epoch.json")
+    }
+
+    /// The lease object a coordinator renews while it holds the root.
+    pub fn lock(&self) -> StoreUri {
+        self.root.join("coordinator/lock.json")
     }
 
     pub fn jobs(&self) -> StoreUri {

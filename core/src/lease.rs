@@ -75,6 +75,9 @@ pub struct Release {
     pub session_id: String,
     pub key: LeaseKey,
     pub error: Option<String>,
+    /// The attempt failed on the infrastructure (the store), not on the
+    /// data: retried without using up one of the job's attempts.
+    pub transient: bool,
 }
 
 /// A worker's session registration.

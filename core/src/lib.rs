@@ -23,8 +23,8 @@ pub mod records;
 pub mod spec;
 pub mod store;
 
-pub use error::{ConvError, PlanError, SpecError, StoreError, UriError};
-pub use store::{StoreUri, Stores};
+pub use error::{ConfigError, ConvError, PlanError, SpecError, StoreError, UriError};
+pub use store::{StoreConfig, StoreUri, Stores};
 
 /// The protocol version every conversation starts with. A peer with another
 /// version is refused with an error that names both.

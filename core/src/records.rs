@@ -72,6 +72,9 @@ pub struct ProgressRecord {
     /// Attempts so far (leases granted) and those that failed.
     pub attempts: u32,
     pub failed_attempts: u32,
+    /// Attempts that failed on the store (not counted in `failed_attempts`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub store_failures: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// The worker whose attempt failed last: the retry prefers another.
@@ -89,6 +92,22 @@ pub struct ProgressRecord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EpochRecord {
     pub epoch: u64,
+}
+
+/// `coordinator/lock.json`: the coordinator holding a cloud state root,
+/// renewed with compare-and-swap writes while it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockRecord {
+    /// A fresh id per coordinator process.
+    pub holder: String,
+    /// Host, pid and listen address, for the error a second coordinator gets.
+    pub description: String,
+    /// Milliseconds since the Unix epoch, by the holder's clock.
+    pub renewed_at_ms: u64,
+    pub ttl_ms: u64,
+    /// Set by a holder that stopped cleanly: anyone may take the root.
+    #[serde(default)]
+    pub released: bool,
 }
 
 /// One committed output in the manifest.
@@ -144,4 +163,8 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

@@ -67,7 +67,7 @@ pub async fn run_embedded(
     registry: Registry,
     options: EmbeddedOptions,
 ) -> Result<JobReport, EmbeddedError> {
-    let stores = Stores::new();
+    let stores = Stores::from_env()?;
     let shutdown = CancellationToken::new();
     let config = CoordinatorConfig::new(options.root.clone());
     let (handle, owner) =

@@ -43,6 +43,8 @@ pub enum EmbeddedError {
     Worker(#[from] stoke_worker::WorkerError),
     #[error(transparent)]
     Store(#[from] stoke_core::StoreError),
+    #[error("store configuration: {0}")]
+    StoreConfig(#[from] stoke_core::ConfigError),
     #[error("job {job_id} {state}: {reason}")]
     JobEnded {
         job_id: String,

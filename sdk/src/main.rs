@@ -264,7 +264,7 @@ impl LocalRun {
         let coordinator = tokio::spawn(stoke_coordinator::run(
             listener,
             config,
-            Stores::new(),
+            Stores::from_env()?,
             shutdown.clone(),
         ));
         let result = self

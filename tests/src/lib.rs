@@ -8,7 +8,11 @@
 
 #![allow(clippy::unwrap_used)]
 
+pub mod backend;
 pub mod chaos;
+pub mod s3;
+
+pub use backend::{Backend, TestEnv, read_object};
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -233,10 +237,15 @@ impl Drop for Proc {
 pub struct Coordinator {
     pub proc: Proc,
     pub addr: String,
-    root: PathBuf,
+    /// Its HTTP address (health, readiness, metrics).
+    pub http_addr: String,
+    root: String,
     log_dir: PathBuf,
     extra: Vec<String>,
     starts: u32,
+    /// Store settings every process of this cluster gets (S3 endpoint and
+    /// credentials); empty for `file://` roots.
+    store_env: Vec<(String, String)>,
 }
 
 impl Coordinator {
@@ -252,16 +261,36 @@ impl Coordinator {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_on(&root.display().to_string(), log_dir, extra, env, Vec::new())
+    }
+
+    /// Starts a coordinator on any root (a folder or a store URI), with the
+    /// store settings its workers and CLI calls also get.
+    pub fn start_on(
+        root: &str,
+        log_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        store_env: Vec<(String, String)>,
+    ) -> Self {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let (proc, addr) = spawn_coordinator(root, log_dir, "127.0.0.1:0", &extra, env, 0);
+        let (proc, addr, http_addr) =
+            spawn_coordinator(root, log_dir, "127.0.0.1:0", &extra, env, &store_env, 0);
         Self {
             proc,
             addr,
-            root: root.to_path_buf(),
+            http_addr,
+            root: root.to_string(),
             log_dir: log_dir.to_path_buf(),
             extra,
             starts: 1,
+            store_env,
         }
+    }
+
+    /// The store settings of this cluster, for other processes.
+    pub fn store_env(&self) -> &[(String, String)] {
+        &self.store_env
     }
 
     /// Kills the coordinator with SIGKILL (if it still runs) and starts it
@@ -270,17 +299,19 @@ impl Coordinator {
         let _ = self.proc.child.kill();
         let _ = self.proc.child.wait();
         let listen = self.addr.trim_start_matches("http://").to_string();
-        let (proc, addr) = spawn_coordinator(
+        let (proc, addr, http_addr) = spawn_coordinator(
             &self.root,
             &self.log_dir,
             &listen,
             &self.extra,
             env,
+            &self.store_env,
             self.starts,
         );
         self.starts += 1;
         self.proc = proc;
         self.addr = addr;
+        self.http_addr = http_addr;
     }
 
     /// Starts a worker process of `binary` with extra flags and environment.
@@ -303,7 +334,9 @@ impl Coordinator {
         if !extra.contains(&"--device") {
             cmd.arg("--device").arg("cpu");
         }
-        cmd.args(extra).envs(env.iter().copied());
+        cmd.envs(self.store_env.iter().map(|(k, v)| (k, v)))
+            .args(extra)
+            .envs(env.iter().copied());
         Proc::spawn(&format!("worker-{id}"), cmd, log_dir)
     }
 
@@ -318,13 +351,17 @@ impl Coordinator {
             .arg("cpu")
             .arg("--threads")
             .arg("1")
-            .arg("--exit-when-idle");
+            .arg("--exit-when-idle")
+            .envs(self.store_env.iter().map(|(k, v)| (k, v)));
         Proc::spawn(&format!("worker-{id}"), cmd, log_dir)
     }
 
     /// Runs the `stoke` CLI against this coordinator.
     pub fn cli(&self, args: &[&str]) -> Output {
-        stoke_cli(&[&["--coordinator", self.addr.as_str()], args].concat())
+        stoke_cli_env(
+            &[&["--coordinator", self.addr.as_str()], args].concat(),
+            &self.store_env,
+        )
     }
 
     /// Submits a spec file with the CLI; returns the job id.
@@ -380,33 +417,54 @@ impl Coordinator {
 }
 
 fn spawn_coordinator(
-    root: &Path,
+    root: &str,
     log_dir: &Path,
     listen: &str,
     extra: &[String],
     env: &[(&str, &str)],
+    store_env: &[(String, String)],
     start: u32,
-) -> (Proc, String) {
-    let addr_file = log_dir.join(format!("coordinator-{}-{start}.addr", uuid_like()));
+) -> (Proc, String, String) {
+    let tag = uuid_like();
+    let addr_file = log_dir.join(format!("coordinator-{tag}-{start}.addr"));
+    let http_addr_file = log_dir.join(format!("coordinator-{tag}-{start}.http"));
     let mut cmd = Command::new(bin("stoke-coordinator"));
     cmd.arg("--listen")
         .arg(listen)
+        .arg("--http-listen")
+        .arg("127.0.0.1:0")
         .arg("--root")
         .arg(root)
         .arg("--addr-file")
         .arg(&addr_file)
+        .arg("--http-addr-file")
+        .arg(&http_addr_file)
         .args(extra)
+        .envs(store_env.iter().map(|(k, v)| (k, v)))
         .envs(env.iter().copied());
     let name = if start == 0 {
         "coordinator".to_string()
     } else {
         format!("coordinator-{start}")
     };
-    let proc = Proc::spawn(&name, cmd, log_dir);
+    let mut proc = Proc::spawn(&name, cmd, log_dir);
     let addr = wait_until("the coordinator to listen", DEADLINE, || {
+        if let Ok(Some(status)) = proc.child.try_wait() {
+            panic!(
+                "the coordinator exited ({status}) before listening: {}",
+                proc.log_text()
+            );
+        }
         std::fs::read_to_string(&addr_file).ok()
     });
-    (proc, format!("http://{addr}"))
+    let http_addr = wait_until("the coordinator's HTTP to listen", DEADLINE, || {
+        std::fs::read_to_string(&http_addr_file).ok()
+    });
+    (
+        proc,
+        format!("http://{addr}"),
+        format!("http://{http_addr}"),
+    )
 }
 
 /// Sends a signal to a process; `false` if it is gone. (Through the `kill`
@@ -458,8 +516,13 @@ fn uuid_like() -> String {
 /// Runs the `stoke` CLI and returns its output; fails the test if it runs
 /// past the deadline.
 pub fn stoke_cli(args: &[&str]) -> Output {
+    stoke_cli_env(args, &[])
+}
+
+/// Runs the `stoke` CLI with extra environment (store settings).
+pub fn stoke_cli_env(args: &[&str], env: &[(String, String)]) -> Output {
     let mut cmd = Command::new(bin("stoke"));
-    cmd.args(args);
+    cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
     output_within(cmd, DEADLINE)
 }
 
@@ -529,9 +592,7 @@ pub fn manifest(root: &Path, job_id: &str) -> Manifest {
 pub fn committed_rows(manifest: &Manifest) -> HashMap<String, Vec<Prediction>> {
     let mut rows: HashMap<String, Vec<Prediction>> = HashMap::new();
     for entry in &manifest.outputs {
-        let path = uri_path(&entry.uri);
-        let bytes =
-            std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let bytes = read_object(&entry.uri);
         assert_eq!(bytes.len() as u64, entry.bytes, "size of {}", entry.uri);
         assert_eq!(
             stoke_core::sha256_hex(&bytes),
@@ -579,7 +640,7 @@ pub fn committed_rows(manifest: &Manifest) -> HashMap<String, Vec<Prediction>> {
 pub fn output_batches(manifest: &Manifest) -> Vec<arrow_array::RecordBatch> {
     let mut out = Vec::new();
     for entry in manifest.outputs.iter().filter(|o| o.records > 0) {
-        let bytes = std::fs::read(uri_path(&entry.uri)).expect("output object");
+        let bytes = read_object(&entry.uri);
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes))
             .expect("parquet")
             .build()

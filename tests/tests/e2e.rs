@@ -1,16 +1,12 @@
 //! The end-to-end path with real processes: a coordinator and worker
-//! processes over gRPC on loopback, a `file://` root in a temporary folder,
-//! real libtorch. Each test checks the committed outputs record by record.
+//! processes over gRPC on loopback, real libtorch, and the state root, data,
+//! model and outputs on a `file://` root or on a real S3 server (every test
+//! runs on both; see `backend_tests!`). Each test checks the committed
+//! outputs record by record.
 
 use std::collections::HashMap;
 
 use stoke_tests::*;
-
-fn write_spec(dir: &std::path::Path, name: &str, text: &str) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, text).expect("write spec");
-    path.display().to_string()
-}
 
 /// Sorted (id, prediction) pairs and the scores, for comparing runs.
 fn by_id(rows: &HashMap<String, Vec<Prediction>>) -> Vec<(String, Prediction)> {
@@ -22,17 +18,19 @@ fn by_id(rows: &HashMap<String, Vec<Prediction>>) -> Vec<(String, Prediction)> {
     v
 }
 
-#[test]
-fn two_workers_process_parquet_exactly_once_and_match_the_model() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let root = tmp.path().join("root");
-    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
-    let spec = write_spec(tmp.path(), "job.toml", &fixture_spec("parquet", ""));
+fn text_of(b: &[u8]) -> String {
+    text(b)
+}
+
+backend_tests! {
+fn two_workers_process_parquet_exactly_once_and_match_the_model(env) {
+    let coordinator = env.coordinator(&[]);
+    let spec = env.write_spec("job.toml", &env.spec("parquet", ""));
     // Workers started with --exit-when-idle leave when no job runs, so the
     // job goes in first.
     let job_id = coordinator.submit(&spec);
-    let mut w1 = coordinator.worker("stoke-worker", "w1", tmp.path());
-    let mut w2 = coordinator.worker("stoke-worker", "w2", tmp.path());
+    let mut w1 = coordinator.worker("stoke-worker", "w1", env.dir());
+    let mut w2 = coordinator.worker("stoke-worker", "w2", env.dir());
     coordinator.wait_success(&job_id);
 
     // Workers exit once no job is left.
@@ -42,18 +40,14 @@ fn two_workers_process_parquet_exactly_once_and_match_the_model() {
     assert!(w1.log_text().contains("lease taken"), "w1 got no lease");
     assert!(w2.log_text().contains("lease taken"), "w2 got no lease");
 
-    let committed = manifest(&root, &job_id);
+    let committed = env.manifest(&job_id);
     assert_eq!(committed.records_in, 3000);
     assert_eq!(committed.records_out, 3000);
     let rows = committed_rows(&committed);
     assert_matches_reference(&rows);
 
     // Only committed objects remain under the outputs folder.
-    let out_dir = root.join("jobs").join(&job_id).join("outputs");
-    let mut on_disk = Vec::new();
-    for entry in files_under(&out_dir) {
-        on_disk.push(file_uri(&entry));
-    }
+    let mut on_disk = env.list(&format!("{}/jobs/{job_id}/outputs/", env.root()));
     on_disk.sort();
     let mut listed: Vec<_> = committed.outputs.iter().map(|o| o.uri.clone()).collect();
     listed.sort();
@@ -72,8 +66,8 @@ fn two_workers_process_parquet_exactly_once_and_match_the_model() {
     assert_eq!(json["records_done"], 3000);
 
     // Embedded mode runs the same job in one process: identical outputs.
-    let embedded_root = tmp.path().join("embedded");
-    let out = stoke_cli(&[
+    let embedded_root = env.uri("embedded");
+    let out = env.cli(&[
         "run",
         &spec,
         "--embedded",
@@ -82,12 +76,12 @@ fn two_workers_process_parquet_exactly_once_and_match_the_model() {
         "--threads",
         "1",
         "--root",
-        embedded_root.to_str().expect("utf8 path"),
+        &embedded_root,
     ]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     let embedded_job = summary_field(&stdout, "job").expect("job id");
-    let embedded = manifest(&embedded_root, &embedded_job);
+    let embedded = env.manifest_in(&embedded_root, &embedded_job);
     let embedded_rows = committed_rows(&embedded);
     assert_matches_reference(&embedded_rows);
     assert_eq!(
@@ -99,29 +93,26 @@ fn two_workers_process_parquet_exactly_once_and_match_the_model() {
     assert_eq!(embedded.outputs.len(), committed.outputs.len());
 }
 
-#[test]
-fn jsonl_dataset_and_jsonl_outputs() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let root = tmp.path().join("root");
-    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
-    let spec = write_spec(tmp.path(), "job.toml", &fixture_spec("jsonl", ""));
+
+fn jsonl_dataset_and_jsonl_outputs(env) {
+    let coordinator = env.coordinator(&[]);
+    let spec = env.write_spec("job.toml", &env.spec("jsonl", ""));
     let job_id = coordinator.submit(&spec);
-    let _w1 = coordinator.worker("stoke-worker", "w1", tmp.path());
-    let _w2 = coordinator.worker("stoke-worker", "w2", tmp.path());
+    let _w1 = coordinator.worker("stoke-worker", "w1", env.dir());
+    let _w2 = coordinator.worker("stoke-worker", "w2", env.dir());
     coordinator.wait_success(&job_id);
-    let manifest = manifest(&root, &job_id);
+    let manifest = env.manifest(&job_id);
     assert_eq!(manifest.records_in, 3000);
     // JSON Lines input is cut by bytes (64KiB): several shards per file.
     assert!(manifest.shards > 4, "{} shards", manifest.shards);
     assert_matches_reference(&committed_rows(&manifest));
 }
 
-#[test]
-fn run_local_starts_coordinator_and_workers() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let spec = write_spec(tmp.path(), "job.toml", &fixture_spec("parquet", ""));
-    let root = tmp.path().join("state");
-    let out = stoke_cli(&[
+
+fn run_local_starts_coordinator_and_workers(env) {
+        let spec = env.write_spec("job.toml", &env.spec("parquet", ""));
+    let root = env.uri("state");
+    let out = env.cli(&[
         "run",
         &spec,
         "--local",
@@ -129,27 +120,26 @@ fn run_local_starts_coordinator_and_workers() {
         "--device",
         "cpu",
         "--root",
-        root.to_str().expect("utf8 path"),
+        &root,
     ]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
-    let manifest_path = summary_field(&stdout, "manifest").expect("manifest path");
-    assert!(
-        std::path::Path::new(&manifest_path).exists(),
-        "{manifest_path}"
-    );
+    let manifest_at = summary_field(&stdout, "manifest").expect("manifest path");
+    let manifest_uri = if manifest_at.contains("://") {
+        manifest_at.clone()
+    } else {
+        file_uri(std::path::Path::new(&manifest_at))
+    };
+    assert!(env.exists(&manifest_uri), "{manifest_at}");
     let job_id = summary_field(&stdout, "job").expect("job id");
-    assert_matches_reference(&committed_rows(&manifest(&root, &job_id)));
+    assert_matches_reference(&committed_rows(&env.manifest_in(&root, &job_id)));
 }
 
-#[test]
-fn custom_processor_in_a_users_own_worker_binary() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let root = tmp.path().join("root");
-    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
-    let data = file_uri(&fixture().join("parquet"));
-    let spec = write_spec(
-        tmp.path(),
+
+fn custom_processor_in_a_users_own_worker_binary(env) {
+    let coordinator = env.coordinator(&[]);
+    let data = env.fixture_uri("parquet");
+    let spec = env.write_spec(
         "stats.toml",
         &format!(
             "[dataset]\nformat = \"parquet\"\nuri = \"{data}/\"\nid_column = \"id\"\ncolumns = [\"features\"]\n\
@@ -158,9 +148,9 @@ fn custom_processor_in_a_users_own_worker_binary() {
         ),
     );
     let job_id = coordinator.submit(&spec);
-    let _w = coordinator.worker("stoke-example-worker", "custom", tmp.path());
+    let _w = coordinator.worker("stoke-example-worker", "custom", env.dir());
     coordinator.wait_success(&job_id);
-    let manifest = manifest(&root, &job_id);
+    let manifest = env.manifest(&job_id);
     assert_eq!(manifest.records_in, 3000);
     assert_eq!(manifest.records_out, 3000);
 
@@ -171,8 +161,8 @@ fn custom_processor_in_a_users_own_worker_binary() {
     let mut summed = 0u64;
     for s in &summaries {
         assert!(s.uri.contains("/files/"), "{}", s.uri);
-        let text = std::fs::read_to_string(uri_path(&s.uri)).expect("summary");
-        let v: serde_json::Value = serde_json::from_str(&text).expect("summary json");
+        let v: serde_json::Value =
+            serde_json::from_slice(&read_object(&s.uri)).expect("summary json");
         summed += v["records"].as_u64().expect("records");
     }
     assert_eq!(summed, 3000);
@@ -192,12 +182,10 @@ fn custom_processor_in_a_users_own_worker_binary() {
     assert_eq!(checked, 3000);
 }
 
-#[test]
-fn malformed_specs_are_refused_at_submit_with_the_field_named() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let root = tmp.path().join("root");
-    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
-    let good = fixture_spec("parquet", "");
+
+fn malformed_specs_are_refused_at_submit_with_the_field_named(env) {
+    let coordinator = env.coordinator(&[]);
+    let good = env.spec("parquet", "");
     let cases = [
         (
             "unknown-key.toml",
@@ -212,8 +200,8 @@ fn malformed_specs_are_refused_at_submit_with_the_field_named() {
         (
             "no-data.toml",
             good.replace(
-                &file_uri(&fixture().join("parquet")),
-                &file_uri(&tmp.path().join("nothing-here")),
+                &env.fixture_uri("parquet"),
+                &env.uri("nothing-here"),
             ),
             "no parquet objects",
         ),
@@ -229,7 +217,7 @@ fn malformed_specs_are_refused_at_submit_with_the_field_named() {
         ),
     ];
     for (name, text, expect) in cases {
-        let spec = write_spec(tmp.path(), name, &text);
+        let spec = env.write_spec(name, &text);
         let out = coordinator.cli(&["submit", &spec]);
         let stderr = text_of(&out.stderr);
         assert!(!out.status.success(), "{name} was accepted");
@@ -245,21 +233,16 @@ fn malformed_specs_are_refused_at_submit_with_the_field_named() {
     assert_eq!(jobs.as_array().map(Vec::len), Some(0), "{jobs}");
 }
 
-fn text_of(b: &[u8]) -> String {
-    text(b)
-}
 
-#[test]
-fn a_missing_model_fails_the_job_with_a_reason_naming_the_file() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let root = tmp.path().join("root");
-    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
-    let missing = file_uri(&tmp.path().join("no-such-model.pt"));
+
+fn a_missing_model_fails_the_job_with_a_reason_naming_the_file(env) {
+    let coordinator = env.coordinator(&[]);
+    let missing = env.uri("no-such-model.pt");
     let text =
-        fixture_spec("parquet", "").replace(&file_uri(&fixture().join("model.pt")), &missing);
-    let spec = write_spec(tmp.path(), "job.toml", &text);
+        env.spec("parquet", "").replace(&env.fixture_uri("model.pt"), &missing);
+    let spec = env.write_spec("job.toml", &text);
     let job_id = coordinator.submit(&spec);
-    let mut w = coordinator.worker("stoke-worker", "w1", tmp.path());
+    let mut w = coordinator.worker("stoke-worker", "w1", env.dir());
     let status = coordinator.wait_job(&job_id);
     assert_eq!(status["state"], "failed", "{status}");
     let reason = status["reason"].as_str().expect("a reason");
@@ -276,40 +259,10 @@ fn a_missing_model_fails_the_job_with_a_reason_naming_the_file() {
     assert!(!w.log_text().contains("panicked"));
 }
 
-#[test]
-fn protocol_version_mismatch_names_both_versions() {
-    use stoke_proto::v1 as pb;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let coordinator = Coordinator::start(&tmp.path().join("root"), tmp.path(), &[]);
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let status = rt.block_on(async {
-        let mut client =
-            pb::job_service_client::JobServiceClient::connect(coordinator.addr.clone())
-                .await
-                .expect("connect");
-        client
-            .submit(pb::SubmitRequest {
-                protocol_version: 99,
-                spec: String::new(),
-                format: pb::SpecFormat::Toml as i32,
-                job_id: String::new(),
-            })
-            .await
-            .expect_err("refused")
-    });
-    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
-    assert!(
-        status.message().contains("99") && status.message().contains("version 1"),
-        "{}",
-        status.message()
-    );
-}
 
-#[test]
-fn cancel_from_the_cli_stops_a_job() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let coordinator = Coordinator::start(&tmp.path().join("root"), tmp.path(), &[]);
-    let spec = write_spec(tmp.path(), "job.toml", &fixture_spec("parquet", ""));
+fn cancel_from_the_cli_stops_a_job(env) {
+    let coordinator = env.coordinator(&[]);
+    let spec = env.write_spec("job.toml", &env.spec("parquet", ""));
     // No worker: the job waits, and is cancelled while it waits.
     let job_id = coordinator.submit(&spec);
     assert_eq!(coordinator.status(&job_id)["state"], "running");
@@ -319,16 +272,14 @@ fn cancel_from_the_cli_stops_a_job() {
     assert_eq!(status["state"], "cancelled");
     assert_eq!(status["reason"], "wrong model");
     // A worker that comes now finds nothing to do and leaves.
-    let mut w = coordinator.worker("stoke-worker", "late", tmp.path());
+    let mut w = coordinator.worker("stoke-worker", "late", env.dir());
     assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
     assert!(!w.log_text().contains("lease taken"));
 }
 
-#[test]
-fn a_load_stage_pads_ragged_records_in_batches_cut_by_an_element_budget() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let root = tmp.path().join("root");
-    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+
+fn a_load_stage_pads_ragged_records_in_batches_cut_by_an_element_budget(env) {
+    let coordinator = env.coordinator(&[]);
     // 500 records with 1..=40 values each.
     let mut lines = Vec::new();
     let mut want = std::collections::HashMap::new();
@@ -343,23 +294,22 @@ fn a_load_stage_pads_ragged_records_in_batches_cut_by_an_element_budget() {
             list.join(",")
         ));
     }
-    let data = tmp.path().join("ragged.jsonl");
-    std::fs::write(&data, lines.join("\n") + "\n").expect("write");
-    let spec = write_spec(
-        tmp.path(),
+    let data = env.uri("ragged.jsonl");
+    env.put(&data, (lines.join("\n") + "\n").into_bytes());
+    let spec = env.write_spec(
         "ragged.toml",
         &format!(
             "[dataset]\nformat = \"jsonl\"\nuri = \"{}\"\nid_column = \"id\"\n\
              [processor]\nname = \"ragged-mean\"\nparams = {{ column = \"values\" }}\n\
              [batching]\nbatch_size = 64\nmax_elements = 400\nlength_column = \"values\"\n\
              [checkpoint]\ninterval = 3\n",
-            file_uri(&data)
+            data
         ),
     );
     let job_id = coordinator.submit(&spec);
-    let _w = coordinator.worker("stoke-example-worker", "ragged", tmp.path());
+    let _w = coordinator.worker("stoke-example-worker", "ragged", env.dir());
     coordinator.wait_success(&job_id);
-    let m = manifest(&root, &job_id);
+    let m = env.manifest(&job_id);
     assert_eq!(m.records_out, 500);
     let mut seen = 0;
     for batch in output_batches(&m) {
@@ -400,18 +350,16 @@ fn a_load_stage_pads_ragged_records_in_batches_cut_by_an_element_budget() {
     assert_eq!(seen, 500);
 }
 
-#[test]
-fn one_worker_drives_several_devices_with_one_processor_each() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let root = tmp.path().join("root");
-    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
-    let spec = write_spec(tmp.path(), "job.toml", &fixture_spec("parquet", ""));
+
+fn one_worker_drives_several_devices_with_one_processor_each(env) {
+    let coordinator = env.coordinator(&[]);
+    let spec = env.write_spec("job.toml", &env.spec("parquet", ""));
     let job_id = coordinator.submit(&spec);
     // Two processor slots on the cpu stand in for two GPUs of one node.
     let mut w = coordinator.worker_with(
         "stoke-worker",
         "node",
-        tmp.path(),
+        env.dir(),
         &["--device", "cpu,cpu"],
         &[],
     );
@@ -424,5 +372,35 @@ fn one_worker_drives_several_devices_with_one_processor_each() {
         1,
         "one session per process: {log}"
     );
-    assert_matches_reference(&committed_rows(&manifest(&root, &job_id)));
+    assert_matches_reference(&committed_rows(&env.manifest(&job_id)));
+}
+}
+
+#[test]
+fn protocol_version_mismatch_names_both_versions() {
+    use stoke_proto::v1 as pb;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let coordinator = Coordinator::start(&tmp.path().join("root"), tmp.path(), &[]);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let status = rt.block_on(async {
+        let mut client =
+            pb::job_service_client::JobServiceClient::connect(coordinator.addr.clone())
+                .await
+                .expect("connect");
+        client
+            .submit(pb::SubmitRequest {
+                protocol_version: 99,
+                spec: String::new(),
+                format: pb::SpecFormat::Toml as i32,
+                job_id: String::new(),
+            })
+            .await
+            .expect_err("refused")
+    });
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("99") && status.message().contains("version 1"),
+        "{}",
+        status.message()
+    );
 }

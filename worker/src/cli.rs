@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use stoke_core::Stores;
+use stoke_core::{StoreConfig, Stores};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -47,6 +47,70 @@ pub struct WorkerArgs {
     /// terminationGracePeriodSeconds.
     #[arg(long, env = "STOKE_GRACE_PERIOD", default_value = "25s", value_parser = humantime::parse_duration)]
     pub grace_period: Duration,
+    /// Check the flags and environment (unknown STOKE_* variables
+    /// included), print the resolved configuration as JSON and exit: 0 when
+    /// valid, 2 otherwise.
+    #[arg(long)]
+    pub check_config: bool,
+}
+
+/// `STOKE_*` variables in the environment that the worker does not read:
+/// most often a typo, or a coordinator's setting given to a worker.
+pub fn unknown_env_vars() -> Vec<String> {
+    use clap::CommandFactory;
+    let known: Vec<String> = WorkerArgs::command()
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().to_string())
+        .chain(
+            stoke_core::store::STORE_ENV_VARS
+                .iter()
+                .map(|s| s.to_string()),
+        )
+        .collect();
+    std::env::vars()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("STOKE_") && !known.contains(k))
+        .collect()
+}
+
+fn check_config(args: &WorkerArgs, registry: &Registry) -> ! {
+    let checked = (|| -> Result<serde_json::Value, String> {
+        let config = args.to_config().map_err(|e| e.to_string())?;
+        let store = StoreConfig::from_env().map_err(|e| e.to_string())?;
+        GrpcLink::new(&args.coordinator).map_err(|e| e.to_string())?;
+        let unknown = unknown_env_vars();
+        if !unknown.is_empty() {
+            return Err(format!(
+                "unknown environment variables: {}",
+                unknown.join(", ")
+            ));
+        }
+        Ok(serde_json::json!({
+            "coordinator": args.coordinator,
+            "worker_id": config.worker_id,
+            "devices": config.devices.iter().map(|d| format!("{d:?}")).collect::<Vec<_>>(),
+            "threads": args.threads,
+            "exit_when_idle": args.exit_when_idle,
+            "scratch_dir": args.scratch_dir,
+            "grace_period": humantime::format_duration(args.grace_period).to_string(),
+            "processors": registry.names(),
+            "store": store,
+        }))
+    })();
+    match checked {
+        Ok(json) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&json).unwrap_or_default()
+            );
+            std::process::exit(0)
+        }
+        Err(e) => {
+            eprintln!("stoke-worker: {e}");
+            std::process::exit(2)
+        }
+    }
 }
 
 impl WorkerArgs {
@@ -90,8 +154,11 @@ pub fn ensure_passive_openmp() {
 /// logging, stops gracefully on SIGTERM/SIGINT. What a worker binary's
 /// `main` calls.
 pub fn worker_main(registry: Registry) -> Result<WorkerExit, WorkerError> {
-    ensure_passive_openmp();
     let args = WorkerArgs::parse();
+    if args.check_config {
+        check_config(&args, &registry);
+    }
+    ensure_passive_openmp();
     // Fault points for tests (FAILPOINTS=name=return); inert otherwise.
     let _faults = fail::FailScenario::setup();
     tracing_subscriber::fmt()
@@ -103,6 +170,10 @@ pub fn worker_main(registry: Registry) -> Result<WorkerExit, WorkerError> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let config = args.to_config()?;
+    let stores = Stores::from_env().map_err(|e| WorkerError::Config(e.to_string()))?;
+    for var in unknown_env_vars() {
+        tracing::warn!(var, "unknown STOKE_ environment variable; ignored");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -113,7 +184,7 @@ pub fn worker_main(registry: Registry) -> Result<WorkerExit, WorkerError> {
         let shutdown = CancellationToken::new();
         tokio::spawn(stop_on_signal(shutdown.clone(), args.grace_period));
         info!(worker = %config.worker_id, coordinator = %args.coordinator, processors = ?registry.names(), "worker starting");
-        let exit = run(link, config, registry, Stores::new(), shutdown).await?;
+        let exit = run(link, config, registry, stores, shutdown).await?;
         info!(?exit, "worker stopped");
         Ok(exit)
     })

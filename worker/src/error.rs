@@ -63,6 +63,19 @@ pub enum WorkerError {
     ProcessorThread,
 }
 
+impl WorkerError {
+    /// True when the attempt failed on the infrastructure (the store was
+    /// unreachable or failing past its retries), not on the data or the
+    /// processor: the shard is retried without using up an attempt.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Store(e) => e.is_transient(),
+            Self::InBatch { source, .. } => source.is_transient(),
+            _ => false,
+        }
+    }
+}
+
 /// How a call to the coordinator failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinkErrorKind {

@@ -34,6 +34,9 @@ pub enum WorkerExit {
 
 /// How long a worker waits for a session before reporting trouble again.
 const SESSION_WAIT: Duration = Duration::from_secs(30);
+/// Waits after attempts that failed on the store: doubling, within these.
+const STORE_BACKOFF_MIN: Duration = Duration::from_secs(1);
+const STORE_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// Runs a worker until there is no work (`exit_when_idle`) or `shutdown`:
 /// one session with the coordinator, and per device a processor thread and
@@ -177,6 +180,7 @@ impl<L: CoordinatorLink> Worker<L> {
         // The attempt started ahead (its shard read while the previous one
         // finished), if any.
         let mut ahead: Option<Started> = None;
+        let mut store_backoff = Duration::ZERO;
         loop {
             let current = match ahead.take() {
                 Some(started) => started,
@@ -199,7 +203,20 @@ impl<L: CoordinatorLink> Worker<L> {
             {
                 ahead = Some(self.start(*lease).await?);
             }
-            self.finish(current).await;
+            let store_failed = self.finish(current).await;
+            // An attempt that failed on the store: wait before the next
+            // one, longer each time, so an outage is not a busy loop.
+            if store_failed {
+                store_backoff = (store_backoff * 2).clamp(STORE_BACKOFF_MIN, STORE_BACKOFF_MAX);
+                if ahead.is_none() {
+                    warn!(backoff = ?store_backoff, "the store is failing; waiting before the next lease");
+                    if self.pause(store_backoff).await {
+                        return Ok(WorkerExit::Shutdown);
+                    }
+                }
+            } else {
+                store_backoff = Duration::ZERO;
+            }
         }
     }
 
@@ -328,8 +345,8 @@ impl<L: CoordinatorLink> Worker<L> {
     }
 
     /// Waits for an attempt to end, then releases its lease when it was
-    /// stopped or failed.
-    async fn finish(&self, started: Started) {
+    /// stopped or failed. True when it failed on the store.
+    async fn finish(&self, started: Started) -> bool {
         let Started {
             key,
             reader,
@@ -349,6 +366,7 @@ impl<L: CoordinatorLink> Worker<L> {
             Ok(Ok(_)) => outcome,
             Err(_) => Err(WorkerError::ProcessorThread),
         };
+        let mut transient = false;
         let error = match outcome {
             Ok(ShardOutcome::Finished) => {
                 info!(job = %key.job_id, shard = %key.shard_id, token = key.token, "shard finished");
@@ -367,21 +385,28 @@ impl<L: CoordinatorLink> Worker<L> {
                     warn!(job = %key.job_id, shard = %key.shard_id, error = %e, "commit refused; attempt dropped");
                     None
                 } else {
-                    warn!(job = %key.job_id, shard = %key.shard_id, error = %e, "attempt failed");
+                    transient = e.is_transient();
+                    warn!(job = %key.job_id, shard = %key.shard_id, error = %e, transient, "attempt failed");
                     Some(Some(e.to_string()))
                 }
             }
         };
         if let Some(error) = error {
-            self.release(&key, error).await;
+            self.release(&key, error, transient).await;
         }
         self.active
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&key);
+        transient
     }
 
-    async fn release(&self, key: &stoke_core::lease::LeaseKey, error: Option<String>) {
+    async fn release(
+        &self,
+        key: &stoke_core::lease::LeaseKey,
+        error: Option<String>,
+        transient: bool,
+    ) {
         let mut rx = self.session_rx.clone();
         let session_id = match session::current(&mut rx, Duration::from_secs(5)).await {
             Ok(id) => id,
@@ -394,6 +419,7 @@ impl<L: CoordinatorLink> Worker<L> {
             session_id,
             key: key.clone(),
             error,
+            transient,
         };
         if let Err(e) = self.link.release(release).await {
             warn!(error = %e, "release failed; the lease will time out instead");

@@ -16,7 +16,7 @@ use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use stoke_core::parquet_source::ParquetSource;
 use stoke_core::plan::{Shard, ShardSource};
 use stoke_core::spec::JobSpec;
-use stoke_core::{StoreUri, Stores};
+use stoke_core::{StoreError, StoreUri, Stores};
 use tokio::sync::mpsc;
 
 use crate::batch::Batch;
@@ -369,6 +369,20 @@ fn source_error(shard: &str, uri: &str, message: impl ToString) -> WorkerError {
     }
 }
 
+/// A Parquet error; a failed store read inside it stays a store error, so
+/// the attempt is known to have failed on the store, not on the data.
+fn parquet_error(shard: &str, uri: &str, e: parquet::errors::ParquetError) -> WorkerError {
+    match e {
+        parquet::errors::ParquetError::External(inner) => {
+            match inner.downcast::<object_store::Error>() {
+                Ok(store_error) => WorkerError::Store(StoreError::io("reading", uri, *store_error)),
+                Err(other) => source_error(shard, uri, other),
+            }
+        }
+        other => source_error(shard, uri, other),
+    }
+}
+
 async fn read_parquet(
     read: &ShardRead,
     emitter: &mut Emitter,
@@ -376,11 +390,12 @@ async fn read_parquet(
     row_groups: std::ops::Range<u64>,
 ) -> Result<Flow, WorkerError> {
     let err = |m: String| source_error(&read.shard.id, uri, m);
+    let perr = |e: parquet::errors::ParquetError| parquet_error(&read.shard.id, uri, e);
     let store_uri = StoreUri::parse(uri)?;
     let source = ParquetSource::open(&read.stores, &store_uri, None).await?;
     let builder = ParquetRecordBatchStreamBuilder::new(source)
         .await
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(perr)?;
     let metadata = builder.metadata().clone();
     let groups: Vec<usize> = (row_groups.start as usize..row_groups.end as usize).collect();
     let mut total = 0u64;
@@ -422,9 +437,9 @@ async fn read_parquet(
             RowSelector::select((total - skip) as usize),
         ]));
     }
-    let mut stream = builder.build().map_err(|e| err(e.to_string()))?;
+    let mut stream = builder.build().map_err(perr)?;
     while let Some(rows) = stream.next().await {
-        let rows = rows.map_err(|e| err(e.to_string()))?;
+        let rows = rows.map_err(perr)?;
         if emitter.push(rows).await? == Flow::Stop {
             return Ok(Flow::Stop);
         }

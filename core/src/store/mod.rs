@@ -2,8 +2,15 @@
 //!
 //! Everything stoke reads or writes (datasets, models, outputs, its own
 //! durable state) is named by a URI: `file:///abs/path`, `memory:///key`,
-//! and the cloud schemes. `Stores` caches one store per scheme and authority,
-//! so every user of a `Stores` value sees the same `memory://` store.
+//! `s3://bucket/key`, `gs://bucket/key`, `az://container/key`. `Stores`
+//! caches one store per scheme and authority, so every user of a `Stores`
+//! value sees the same `memory://` store; [`open`] builds them from
+//! [`StoreConfig`] and the cloud SDKs' environment variables.
+
+mod config;
+mod open;
+
+pub use config::{STORE_ENV_VARS, StoreConfig};
 
 use std::collections::HashMap;
 use std::path::Path as FsPath;
@@ -11,9 +18,10 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::memory::InMemory;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{
+    ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion, WriteMultipart,
+};
 use url::Url;
 
 use crate::error::{StoreError, UriError};
@@ -117,6 +125,11 @@ impl StoreUri {
             .unwrap_or("")
     }
 
+    /// The bucket or container (empty for `file://` and `memory://`).
+    pub fn authority(&self) -> &str {
+        self.url.authority()
+    }
+
     fn store_key(&self) -> String {
         format!("{}://{}", self.url.scheme(), self.url.authority())
     }
@@ -135,15 +148,103 @@ pub struct Listed {
     pub size: u64,
 }
 
+/// The version of an object as read, for a later compare-and-swap write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectVersion {
+    pub e_tag: Option<String>,
+    pub version: Option<String>,
+}
+
 /// Opens stores by URI and caches them; clones share the cache.
 #[derive(Debug, Clone, Default)]
 pub struct Stores {
     cache: Arc<Mutex<HashMap<String, Arc<dyn ObjectStore>>>>,
+    config: Arc<StoreConfig>,
+    fence: Option<WriteFence>,
+}
+
+/// Lets writes through only while a lease (the coordinator's hold on its
+/// state root) is known valid: a process that could not renew its lease
+/// must not write records another holder may now own.
+#[derive(Debug, Clone)]
+pub struct WriteFence {
+    valid_until: Arc<Mutex<Option<tokio::time::Instant>>>,
+    what: Arc<str>,
+}
+
+impl WriteFence {
+    /// A fence that is closed until [`WriteFence::extend_until`] opens it.
+    pub fn new(what: &str) -> Self {
+        Self {
+            valid_until: Arc::default(),
+            what: Arc::from(what),
+        }
+    }
+
+    pub fn extend_until(&self, until: tokio::time::Instant) {
+        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
+    }
+
+    pub fn close(&self) {
+        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.valid_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|t| tokio::time::Instant::now() < t)
+    }
+
+    fn check(&self, uri: &StoreUri) -> Result<(), StoreError> {
+        if self.is_open() {
+            return Ok(());
+        }
+        Err(StoreError::Fenced {
+            uri: uri.to_string(),
+            reason: format!("{} is not currently held by this process", self.what),
+        })
+    }
 }
 
 impl Stores {
+    /// Stores with default settings (cloud credentials still come from the
+    /// SDKs' environment variables).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    pub fn with_config(config: StoreConfig) -> Self {
+        Self {
+            cache: Arc::default(),
+            config: Arc::new(config),
+            fence: None,
+        }
+    }
+
+    /// Stores configured by this process's `STOKE_STORE_*` variables.
+    pub fn from_env() -> Result<Self, crate::error::ConfigError> {
+        Ok(Self::with_config(StoreConfig::from_env()?))
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// The same stores (sharing the cache), with every write checked
+    /// against `fence` first.
+    pub fn fenced(&self, fence: WriteFence) -> Self {
+        Self {
+            fence: Some(fence),
+            ..self.clone()
+        }
+    }
+
+    fn check_fence(&self, uri: &StoreUri) -> Result<(), StoreError> {
+        match &self.fence {
+            Some(fence) => fence.check(uri),
+            None => Ok(()),
+        }
     }
 
     /// The store holding `uri`, and the object path inside it.
@@ -154,18 +255,7 @@ impl Stores {
         if let Some(store) = cache.get(&key) {
             return Ok((Arc::clone(store), path));
         }
-        let store: Arc<dyn ObjectStore> =
-            match uri.scheme() {
-                "memory" => Arc::new(InMemory::new()),
-                _ => {
-                    let (store, _) = object_store::parse_url_opts(&uri.url, std::env::vars())
-                        .map_err(|source| StoreError::Open {
-                            uri: uri.to_string(),
-                            source,
-                        })?;
-                    Arc::from(store)
-                }
-            };
+        let store = open::open(uri, &self.config)?;
         cache.insert(key, Arc::clone(&store));
         Ok((store, path))
     }
@@ -203,9 +293,108 @@ impl Stores {
         Ok(meta.size)
     }
 
-    /// Writes an object, replacing what was there.
+    /// Writes an object, replacing what was there. Objects over the
+    /// configured threshold go up as a multipart upload (cloud stores).
     pub async fn put(&self, uri: &StoreUri, bytes: Bytes) -> Result<(), StoreError> {
+        let local = matches!(uri.scheme(), "file" | "memory");
+        if !local && bytes.len() as u64 > self.config.multipart_threshold {
+            return self.put_multipart(uri, bytes).await;
+        }
         self.put_mode(uri, bytes, PutMode::Overwrite).await
+    }
+
+    async fn put_multipart(&self, uri: &StoreUri, bytes: Bytes) -> Result<(), StoreError> {
+        self.check_fence(uri)?;
+        let (store, path) = self.resolve(uri)?;
+        let upload = store
+            .put_multipart(&path)
+            .await
+            .map_err(|e| StoreError::io("starting a multipart upload of", uri.as_str(), e))?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, self.config.part_size);
+        writer.put(bytes);
+        writer
+            .finish()
+            .await
+            .map_err(|e| StoreError::io("writing (multipart)", uri.as_str(), e))?;
+        Ok(())
+    }
+
+    /// Reads an object with its version; `None` when it does not exist.
+    pub async fn get_versioned(
+        &self,
+        uri: &StoreUri,
+    ) -> Result<Option<(Bytes, ObjectVersion)>, StoreError> {
+        let (store, path) = self.resolve(uri)?;
+        let result = match store.get(&path).await {
+            Ok(result) => result,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(StoreError::io("reading", uri.as_str(), e)),
+        };
+        let version = ObjectVersion {
+            e_tag: result.meta.e_tag.clone(),
+            version: result.meta.version.clone(),
+        };
+        let bytes = result
+            .bytes()
+            .await
+            .map_err(|e| StoreError::io("reading", uri.as_str(), e))?;
+        Ok(Some((bytes, version)))
+    }
+
+    /// Replaces an object only if it is still at `expected` (compare and
+    /// swap on the ETag/version): `Conflict` when another writer changed it.
+    /// `file://` stores cannot compare atomically; there the caller's own
+    /// lock (an OS file lock on the state root) is what serialises writers.
+    pub async fn put_if(
+        &self,
+        uri: &StoreUri,
+        bytes: Bytes,
+        expected: &ObjectVersion,
+    ) -> Result<ObjectVersion, StoreError> {
+        self.check_fence(uri)?;
+        let (store, path) = self.resolve(uri)?;
+        let mode = if uri.scheme() == "file" {
+            PutMode::Overwrite
+        } else {
+            PutMode::Update(UpdateVersion {
+                e_tag: expected.e_tag.clone(),
+                version: expected.version.clone(),
+            })
+        };
+        let opts = PutOptions {
+            mode,
+            ..Default::default()
+        };
+        let result = store
+            .put_opts(&path, PutPayload::from(bytes), opts)
+            .await
+            .map_err(|e| StoreError::io("writing", uri.as_str(), e))?;
+        Ok(ObjectVersion {
+            e_tag: result.e_tag,
+            version: result.version,
+        })
+    }
+
+    /// Writes an object only if none exists, returning its version.
+    pub async fn put_new_versioned(
+        &self,
+        uri: &StoreUri,
+        bytes: Bytes,
+    ) -> Result<ObjectVersion, StoreError> {
+        self.check_fence(uri)?;
+        let (store, path) = self.resolve(uri)?;
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        let result = store
+            .put_opts(&path, PutPayload::from(bytes), opts)
+            .await
+            .map_err(|e| StoreError::io("writing", uri.as_str(), e))?;
+        Ok(ObjectVersion {
+            e_tag: result.e_tag,
+            version: result.version,
+        })
     }
 
     /// Writes an object only if none exists (`AlreadyExists` otherwise).
@@ -219,6 +408,7 @@ impl Stores {
         bytes: Bytes,
         mode: PutMode,
     ) -> Result<(), StoreError> {
+        self.check_fence(uri)?;
         let (store, path) = self.resolve(uri)?;
         let opts = PutOptions {
             mode,
@@ -232,6 +422,7 @@ impl Stores {
     }
 
     pub async fn delete(&self, uri: &StoreUri) -> Result<(), StoreError> {
+        self.check_fence(uri)?;
         let (store, path) = self.resolve(uri)?;
         match store.delete(&path).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
@@ -322,7 +513,7 @@ impl Stores {
     }
 }
 
-fn to_json_bytes<T: serde::Serialize>(value: &T) -> Vec<u8> {
+pub fn to_json_bytes<T: serde::Serialize>(value: &T) -> Vec<u8> {
     // Records are plain structs of strings and numbers: serialising cannot fail.
     serde_json::to_vec_pretty(value).unwrap_or_default()
 }

@@ -1,0 +1,146 @@
+//! The coordinator's HTTP side, beside gRPC: health for probes and load
+//! balancers, and metrics in Prometheus' text format.
+//!
+//! - `GET /healthz`: 200 while the process serves;
+//! - `GET /readyz`: 200 once the state is loaded, its owner answers and the
+//!   state root's store answers; 503 naming what failed otherwise;
+//! - `GET /metrics`: jobs by state and each job's records and shards.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State as AxumState;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use stoke_core::StoreUri;
+use stoke_core::layout::RootLayout;
+use stoke_core::records::JobState;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::owner::Handle;
+
+/// The paths the probes use; deploy manifests are checked against these.
+pub const HEALTH_PATH: &str = "/healthz";
+pub const READY_PATH: &str = "/readyz";
+pub const METRICS_PATH: &str = "/metrics";
+
+/// How long readiness waits on the owner or the store before saying no.
+const READY_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+struct Http {
+    handle: Handle,
+    root: StoreUri,
+}
+
+/// Serves HTTP on `listener` until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    handle: Handle,
+    root: StoreUri,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route(HEALTH_PATH, get(|| async { "ok\n" }))
+        .route(READY_PATH, get(ready))
+        .route(METRICS_PATH, get(metrics))
+        .with_state(Http { handle, root });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+async fn ready(AxumState(http): AxumState<Http>) -> impl IntoResponse {
+    let owner = tokio::time::timeout(READY_TIMEOUT, http.handle.list_jobs()).await;
+    if !matches!(owner, Ok(Ok(_))) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the state owner does not answer\n".to_string(),
+        );
+    }
+    // The epoch record exists once the state is loaded: reading its size is
+    // the cheapest call that proves the store answers.
+    let epoch = RootLayout::new(http.root.clone()).epoch();
+    match tokio::time::timeout(READY_TIMEOUT, http.handle.stores().size(&epoch)).await {
+        Ok(Ok(_)) => (StatusCode::OK, "ready\n".to_string()),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: state root store: {e}\n"),
+        ),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: state root store did not answer within {READY_TIMEOUT:?}\n"),
+        ),
+    }
+}
+
+async fn metrics(AxumState(http): AxumState<Http>) -> impl IntoResponse {
+    let jobs = match http.handle.list_jobs().await {
+        Ok(jobs) => jobs,
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+    };
+    let mut out = String::new();
+    let states = [
+        JobState::Running,
+        JobState::Paused,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+    out.push_str("# HELP stoke_jobs Jobs known to the coordinator, by state.\n");
+    out.push_str("# TYPE stoke_jobs gauge\n");
+    for state in states {
+        let n = jobs.iter().filter(|j| j.state == state).count();
+        let _ = writeln!(out, "stoke_jobs{{state=\"{state}\"}} {n}");
+    }
+    out.push_str("# HELP stoke_job_records_done Input records committed, per job.\n");
+    out.push_str("# TYPE stoke_job_records_done counter\n");
+    for job in &jobs {
+        let _ = writeln!(
+            out,
+            "stoke_job_records_done{{job=\"{}\"}} {}",
+            label(&job.job_id),
+            job.records_done
+        );
+    }
+    out.push_str("# HELP stoke_job_records_skipped Bad records skipped, per job.\n");
+    out.push_str("# TYPE stoke_job_records_skipped counter\n");
+    for job in &jobs {
+        let _ = writeln!(
+            out,
+            "stoke_job_records_skipped{{job=\"{}\"}} {}",
+            label(&job.job_id),
+            job.records_skipped
+        );
+    }
+    out.push_str("# HELP stoke_job_shards Shards per job, by state.\n");
+    out.push_str("# TYPE stoke_job_shards gauge\n");
+    for job in &jobs {
+        let pending = job
+            .shards_total
+            .saturating_sub(job.shards_done + job.shards_leased);
+        for (state, n) in [
+            ("done", job.shards_done),
+            ("leased", job.shards_leased),
+            ("pending", pending),
+        ] {
+            let _ = writeln!(
+                out,
+                "stoke_job_shards{{job=\"{}\",state=\"{state}\"}} {n}",
+                label(&job.job_id)
+            );
+        }
+    }
+    (StatusCode::OK, out)
+}
+
+/// A label value with Prometheus' escapes.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
