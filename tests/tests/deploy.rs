@@ -609,12 +609,9 @@ fn an_evicted_worker_checkpoints_within_its_grace_and_a_replacement_finishes_the
 
     // The coordinator with the manifest's configuration; it listens on
     // loopback instead of 0.0.0.0, its state under a file:// root.
-    let http_file = tmp.path().join("coordinator.http");
-    let mut extra = coordinator_launch.args_without(&["--listen", "--http-listen"]);
-    extra.extend([
-        "--http-listen=127.0.0.1:0".to_string(),
-        format!("--http-addr-file={}", http_file.display()),
-    ]);
+    // (The harness adds --listen, --http-listen, --root and the address
+    // files; the manifest's listen flags give way to them.)
+    let extra = coordinator_launch.args_without(&["--listen", "--http-listen"]);
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let env: Vec<(&str, &str)> = coordinator_launch
         .env
@@ -624,9 +621,10 @@ fn an_evicted_worker_checkpoints_within_its_grace_and_a_replacement_finishes_the
         .collect();
     let mut coordinator = Coordinator::start_with_env(&root, tmp.path(), &extra, &env);
 
-    let http = wait_until("the coordinator's HTTP address", DEADLINE, || {
-        std::fs::read_to_string(&http_file).ok()
-    });
+    let http = coordinator
+        .http_addr
+        .trim_start_matches("http://")
+        .to_string();
     // The probes the kubelet would send.
     wait_until("/healthz to answer 200", DEADLINE, || {
         (http_status(&http, "/healthz") == Some(200)).then_some(())
