@@ -11,8 +11,8 @@ The rules are the ones a reader of deploy/README.md relies on: one
 coordinator replicated once with Recreate, probes on the HTTP port's health
 paths, a Service in front of the ports the binary listens on, a worker grace
 period that ends before Kubernetes kills the pod, GPU workers one per node,
-non-root containers with resources, no Service-link environment (the
-binaries refuse STOKE_* variables they do not know), every referenced
+non-root containers with resources, no Service-link environment (it would
+add STOKE_* variables the binaries do not know), every referenced
 ConfigMap or Secret present. Whether the binaries accept every flag and
 variable is checked by running them (tests/tests/deploy.rs).
 """
