@@ -73,9 +73,9 @@ def version(mod):
         return __import__(mod).__version__
     except Exception as e:
         return f"not available ({type(e).__name__})"
-rev = subprocess.run(["git", "-C", os.environ["STOKE_ROOT"], "rev-parse", "--short", "HEAD"],
+rev = subprocess.run(["git", "-C", os.environ["STOKE_REPO"], "rev-parse", "--short", "HEAD"],
                      capture_output=True, text=True).stdout.strip()
-dirty = subprocess.run(["git", "-C", os.environ["STOKE_ROOT"], "status", "--porcelain"],
+dirty = subprocess.run(["git", "-C", os.environ["STOKE_REPO"], "status", "--porcelain"],
                        capture_output=True, text=True).stdout.strip()
 info = {
     "date (UTC)": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
@@ -96,7 +96,7 @@ EOF
 
 build() {
   log "building stoke (release)"
-  (cd "$STOKE_ROOT" && cargo build --release -q -p stoke -p stoke-worker -p stoke-coordinator -p stoke-bench-scale)
+  (cd "$STOKE_REPO" && cargo build --release -q -p stoke -p stoke-worker -p stoke-coordinator -p stoke-bench-scale)
 }
 
 # One measured run of one contender: run_one NAME KIND ROUND [OUT_DIR] -- CMD...

@@ -14,7 +14,7 @@
 # output is also in $STOKE_CACHE/last-chaos.log.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-cd "$STOKE_ROOT"
+cd "$STOKE_REPO"
 
 if [ $# -gt 1 ]; then
   echo "usage: $0 [SEED]" >&2

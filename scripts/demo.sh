@@ -7,7 +7,7 @@
 # committed outputs against the labels and prints the accuracy.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-cd "$STOKE_ROOT"
+cd "$STOKE_REPO"
 
 echo "stoke demo: building (first time: several minutes)" >&2
 cargo build -q -p stoke -p stoke-worker

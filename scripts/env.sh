@@ -10,11 +10,11 @@
 #
 # Idempotent: a marker file records what was installed.
 
-STOKE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STOKE_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STOKE_CACHE="${STOKE_CACHE:-$HOME/.cache/stoke}"
 STOKE_VENV="$STOKE_CACHE/venv"
 STOKE_PY_REQS="torch==2.11.0 numpy pyarrow scikit-learn"
-export STOKE_ROOT STOKE_CACHE STOKE_VENV
+export STOKE_REPO STOKE_CACHE STOKE_VENV
 
 stoke_venv() {
   local marker="$STOKE_VENV/.stoke-installed"

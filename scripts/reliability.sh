@@ -4,7 +4,7 @@
 # figures go to RELIABILITY.md by hand, with the machine they came from.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-cd "$STOKE_ROOT"
+cd "$STOKE_REPO"
 cargo build -q --workspace --bins
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
 cargo test -q -p stoke-tests --test measure -- --ignored --nocapture 2>&1 | grep '^RELIABILITY'

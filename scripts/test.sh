@@ -4,7 +4,7 @@
 # lints, the coordinator's libtorch-free build, and the whole test suite.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-cd "$STOKE_ROOT"
+cd "$STOKE_REPO"
 
 echo "== cargo fmt --check"
 cargo fmt --all --check
@@ -20,10 +20,10 @@ fi
 
 # deploy/: yamllint, Dockerfile rules, every kustomization rendered and
 # validated against the Kubernetes schemas (tools cached in ~/.cache/stoke).
-"$STOKE_ROOT/scripts/check-deploy.sh"
+"$STOKE_REPO/scripts/check-deploy.sh"
 
 echo "== cargo test"
 # The S3-protocol server the integration tests start (cached in ~/.cache/stoke).
-"$STOKE_ROOT/scripts/s3-server.sh" >/dev/null
+"$STOKE_REPO/scripts/s3-server.sh" >/dev/null
 cargo build -q --workspace --bins
 cargo test --workspace --no-fail-fast 2>&1 | tee "$STOKE_CACHE/last-test.log"

@@ -101,6 +101,7 @@ fn unknown_env_vars() -> Vec<String> {
                 .iter()
                 .map(|s| s.to_string()),
         )
+        .chain(stoke_core::TOOLING_ENV_VARS.iter().map(|s| s.to_string()))
         .collect();
     std::env::vars()
         .map(|(k, _)| k)

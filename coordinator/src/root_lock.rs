@@ -104,9 +104,8 @@ pub async fn acquire(
         description: description.to_string(),
         ttl,
     };
-    let started = Instant::now();
-    let version = take(stores, root, &uri, &holder).await?;
-    fence.extend_until(started + ttl);
+    let (version, sent_at) = take(stores, root, &uri, &holder).await?;
+    fence.extend_until(sent_at + ttl);
     info!(root = %root, ttl = ?ttl, "state root taken");
     let stop = CancellationToken::new();
     let lost = CancellationToken::new();
@@ -190,21 +189,23 @@ fn lock_file(root: &StoreUri, description: &str) -> Result<std::fs::File> {
     Ok(file)
 }
 
-/// Creates or takes over the lease object; returns its version.
+/// Creates or takes over the lease object; returns its version and when
+/// the winning write was sent (the lease runs from then).
 async fn take(
     stores: &Stores,
     root: &StoreUri,
     uri: &StoreUri,
     holder: &Holder,
-) -> Result<ObjectVersion> {
+) -> Result<(ObjectVersion, Instant)> {
     let ttl = holder.ttl;
     // The live lease seen first, and when: a holder that renews it within
     // its time to live is alive.
     let mut watched: Option<(ObjectVersion, Instant, Duration)> = None;
     loop {
         let Some((bytes, version)) = stores.get_versioned(uri).await? else {
+            let sent_at = Instant::now();
             match stores.put_new_versioned(uri, holder.record(false)).await {
-                Ok(v) => return Ok(v),
+                Ok(v) => return Ok((v, sent_at)),
                 Err(StoreError::AlreadyExists { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -228,6 +229,7 @@ async fn take(
             None => false,
         };
         if takeover || expired {
+            let sent_at = Instant::now();
             match stores.put_if(uri, holder.record(false), &version).await {
                 Ok(v) => {
                     if let Some(rec) = &current
@@ -235,7 +237,7 @@ async fn take(
                     {
                         warn!(previous = %rec.description, "took over the state root from a coordinator that stopped renewing it");
                     }
-                    return Ok(v);
+                    return Ok((v, sent_at));
                 }
                 // Someone else wrote it first: look again.
                 Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => {
@@ -289,6 +291,16 @@ async fn renew(
                 next = started + every;
             }
             Err(StoreError::Conflict { .. }) => {
+                // A retried write of ours that had landed also conflicts:
+                // the lease is still ours if it names us.
+                if let Ok(Some((bytes, current))) = stores.get_versioned(&uri).await
+                    && serde_json::from_slice::<LockRecord>(&bytes)
+                        .is_ok_and(|r| r.holder == holder.id && !r.released)
+                {
+                    version = current;
+                    next = Instant::now();
+                    continue;
+                }
                 fence.close();
                 error!(root_lock = %uri, "another coordinator took over the state root; stopping");
                 lost.cancel();

@@ -30,6 +30,12 @@ pub use store::{StoreConfig, StoreUri, Stores};
 /// version is refused with an error that names both.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// `STOKE_*` variables that the project's own scripts export (cache and
+/// venv locations), not configuration: the binaries' check for unknown
+/// variables passes them over.
+pub const TOOLING_ENV_VARS: [&str; 4] =
+    ["STOKE_CACHE", "STOKE_VENV", "STOKE_BIN_DIR", "STOKE_REPO"];
+
 /// The checksum stoke records for every output object: SHA-256, hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;

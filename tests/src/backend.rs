@@ -288,9 +288,32 @@ impl TestEnv {
         runtime().block_on(self.stores.size(&parsed)).is_ok()
     }
 
+    /// The stores the test process reaches this storage with.
+    pub fn stores(&self) -> &Stores {
+        &self.stores
+    }
+
+    /// Runs a store call on the harness's runtime.
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        runtime().block_on(f)
+    }
+
     /// A local path for a `file://` URI (file backend only).
     pub fn local_path(&self, uri: &str) -> PathBuf {
         uri_path(uri)
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        // A failed test keeps its folder (logs, specs, S3 data) for a look.
+        if std::thread::panicking() {
+            let Ok(spare) = tempfile::tempdir() else {
+                return;
+            };
+            let kept = std::mem::replace(&mut self.tmp, spare).keep();
+            eprintln!("test files kept in {}", kept.display());
+        }
     }
 }
 

@@ -11,6 +11,7 @@
 pub mod backend;
 pub mod chaos;
 pub mod s3;
+pub mod s3_proxy;
 
 pub use backend::{Backend, TestEnv, read_object};
 
@@ -460,11 +461,41 @@ fn spawn_coordinator(
     let http_addr = wait_until("the coordinator's HTTP to listen", DEADLINE, || {
         std::fs::read_to_string(&http_addr_file).ok()
     });
+    // Ready once it holds the root and has loaded its state (on a cloud
+    // root it may first wait out a crashed predecessor's lease).
+    wait_until("the coordinator to be ready (/readyz)", DEADLINE, || {
+        if let Ok(Some(status)) = proc.child.try_wait() {
+            panic!("the coordinator exited ({status}): {}", proc.log_text());
+        }
+        http_get(&http_addr, "/readyz").filter(|(code, _)| *code == 200)
+    });
     (
         proc,
         format!("http://{addr}"),
         format!("http://{http_addr}"),
     )
+}
+
+/// A plain HTTP/1.1 GET; `None` when the server does not answer within a
+/// second. Returns the status code and body.
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let addr = addr.trim_start_matches("http://");
+    let sock: std::net::SocketAddr = addr.parse().ok()?;
+    let mut conn = std::net::TcpStream::connect_timeout(&sock, Duration::from_secs(1)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    conn.read_to_string(&mut response).ok()?;
+    let code = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    Some((code, body))
 }
 
 /// Sends a signal to a process; `false` if it is gone. (Through the `kill`

@@ -67,6 +67,7 @@ pub fn unknown_env_vars() -> Vec<String> {
                 .iter()
                 .map(|s| s.to_string()),
         )
+        .chain(stoke_core::TOOLING_ENV_VARS.iter().map(|s| s.to_string()))
         .collect();
     std::env::vars()
         .map(|(k, _)| k)
@@ -78,7 +79,13 @@ fn check_config(args: &WorkerArgs, registry: &Registry) -> ! {
     let checked = (|| -> Result<serde_json::Value, String> {
         let config = args.to_config().map_err(|e| e.to_string())?;
         let store = StoreConfig::from_env().map_err(|e| e.to_string())?;
-        GrpcLink::new(&args.coordinator).map_err(|e| e.to_string())?;
+        // Building the channel checks the address; it needs a runtime.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let _entered = runtime.enter();
+        GrpcLink::new(&args.coordinator).map_err(|e| format!("--coordinator: {e}"))?;
         let unknown = unknown_env_vars();
         if !unknown.is_empty() {
             return Err(format!(

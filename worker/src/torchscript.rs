@@ -59,9 +59,12 @@ impl TorchBatchProcessor for TorchScriptProcessor {
         if outputs.is_empty() {
             return Err("param `outputs` must name at least one of \"argmax\", \"scores\"".into());
         }
-        let bytes = ctx
-            .fetch(&model_uri)
-            .map_err(|e| format!("loading model {model_uri}: {e}"))?;
+        let bytes = match ctx.fetch(&model_uri) {
+            Ok(bytes) => bytes,
+            // The store failing is retried as such (the error names the URI).
+            Err(e) if e.is_transient() => return Err(e.into()),
+            Err(e) => return Err(format!("loading model {model_uri}: {e}").into()),
+        };
         let mut model =
             CModule::load_data_on_device(&mut Cursor::new(bytes.as_ref()), ctx.device())
                 .map_err(|e| format!("loading model {model_uri}: not a TorchScript file: {e}"))?;

@@ -165,9 +165,19 @@ impl ProcessorThread {
                 });
             }
             Some(Err(e)) => {
-                return Err(WorkerError::ProcessorStart {
-                    processor: name.clone(),
-                    message: e.to_string(),
+                // A store failure while starting (fetching the model) is the
+                // store's, and retried as such; anything else is the
+                // processor's.
+                return Err(match e.downcast::<WorkerError>() {
+                    Ok(w) if w.is_transient() => *w,
+                    Ok(w) => WorkerError::ProcessorStart {
+                        processor: name.clone(),
+                        message: w.to_string(),
+                    },
+                    Err(e) => WorkerError::ProcessorStart {
+                        processor: name.clone(),
+                        message: e.to_string(),
+                    },
                 });
             }
             Some(Ok(created)) => created,

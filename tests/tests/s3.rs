@@ -1,0 +1,286 @@
+//! stoke on a real S3 server (s3s-fs on loopback): the conditional writes
+//! stoke's durable state relies on, multipart uploads, one coordinator per
+//! root, missing credentials, and jobs carried through a store outage,
+//! injected 5xx and slow responses, and writes rejected past the retries.
+
+use std::process::Command;
+use std::time::Duration;
+
+use bytes::Bytes;
+use stoke_core::{StoreConfig, StoreError, StoreUri, Stores};
+use stoke_tests::s3_proxy::{Faults, S3Proxy};
+use stoke_tests::*;
+
+/// The fixture job with small checkpoints, so it commits many times.
+fn spec(env: &TestEnv, extra: &str) -> String {
+    let text = env
+        .spec("parquet", extra)
+        .replace("interval = 3", "interval = 1")
+        .replace("records = 400", "records = 300");
+    env.write_spec("job.toml", &text)
+}
+
+fn records_done(coordinator: &Coordinator, job_id: &str) -> u64 {
+    coordinator.status(job_id)["records_done"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_server_honours_the_conditional_writes_stoke_relies_on() {
+    let env = TestEnv::new(Backend::S3);
+    let stores = env.stores();
+    let uri = StoreUri::parse(&env.uri("cas/record.json")).expect("uri");
+    let v1 = env
+        .block_on(stores.put_new_versioned(&uri, Bytes::from_static(b"1")))
+        .expect("create");
+    // Create-only (If-None-Match: *) refuses an existing object.
+    let again = env.block_on(stores.put_new_versioned(&uri, Bytes::from_static(b"x")));
+    assert!(
+        matches!(again, Err(StoreError::AlreadyExists { .. })),
+        "{again:?}"
+    );
+    // Compare-and-swap (If-Match) succeeds on the current version only.
+    let v2 = env
+        .block_on(stores.put_if(&uri, Bytes::from_static(b"2"), &v1))
+        .expect("swap on the current version");
+    assert_ne!(v1, v2);
+    let stale = env.block_on(stores.put_if(&uri, Bytes::from_static(b"3"), &v1));
+    assert!(
+        matches!(stale, Err(StoreError::Conflict { .. })),
+        "{stale:?}"
+    );
+    let (bytes, version) = env
+        .block_on(stores.get_versioned(&uri))
+        .expect("read")
+        .expect("exists");
+    assert_eq!(bytes, Bytes::from_static(b"2"));
+    assert_eq!(version.e_tag, v2.e_tag);
+}
+
+#[test]
+fn large_objects_go_up_as_multipart_uploads() {
+    let env = TestEnv::new(Backend::S3);
+    let server = env.s3.as_ref().expect("server");
+    let proxy = S3Proxy::start(server.port);
+    let creds = env.dir().join("aws-credentials");
+    let stores = Stores::with_config(StoreConfig {
+        endpoint: Some(proxy.endpoint()),
+        allow_http: true,
+        region: Some("us-east-1".to_string()),
+        credentials_file: Some(creds),
+        multipart_threshold: 6 * 1024 * 1024,
+        part_size: 5 * 1024 * 1024,
+        ..StoreConfig::default()
+    });
+    let big: Vec<u8> = (0..12 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let small = b"small".to_vec();
+    let big_uri = StoreUri::parse(&env.uri("big/object.bin")).expect("uri");
+    let small_uri = StoreUri::parse(&env.uri("big/small.bin")).expect("uri");
+    env.block_on(stores.put(&big_uri, Bytes::from(big.clone())))
+        .expect("multipart put");
+    env.block_on(stores.put(&small_uri, Bytes::from(small.clone())))
+        .expect("put");
+    let counts = proxy.counts();
+    // 12 MiB in 5 MiB parts: three parts, one create and one complete.
+    assert_eq!(counts.get("PUT part"), Some(&3), "{counts:?}");
+    assert_eq!(counts.get("POST multipart"), Some(&2), "{counts:?}");
+    assert_eq!(counts.get("PUT"), Some(&1), "the small object: {counts:?}");
+    assert_eq!(read_object(big_uri.as_str()), big);
+    assert_eq!(read_object(small_uri.as_str()), small);
+}
+
+#[test]
+fn a_second_coordinator_is_refused_and_a_crashed_ones_root_is_taken_over() {
+    let env = TestEnv::new(Backend::S3);
+    let mut first = env.coordinator(&[]);
+    // A second coordinator on the same root is refused, naming the holder.
+    let mut cmd = Command::new(bin("stoke-coordinator"));
+    cmd.args(["--listen", "127.0.0.1:0", "--http-listen", "off", "--root"])
+        .arg(env.root())
+        .envs(env.store_env());
+    let mut second = Proc::spawn("second-coordinator", cmd, env.dir());
+    let status = second.wait_exit(DEADLINE);
+    assert!(!status.success());
+    let log = second.log_text();
+    let holder = first.addr.trim_start_matches("http://");
+    assert!(
+        log.contains("is held by another coordinator") && log.contains(holder),
+        "{log}"
+    );
+    // kill -9 the first: the restarted one waits out the lease (2 s here),
+    // takes the root over and runs a job.
+    first.restart(&[]);
+    let job_id = first.submit(&spec(&env, ""));
+    let _w = first.worker("stoke-worker", "w1", env.dir());
+    first.wait_success(&job_id);
+    assert!(
+        first.proc.log_text().contains("took over the state root"),
+        "{}",
+        first.proc.log_text()
+    );
+    assert_matches_reference(&committed_rows(&env.manifest(&job_id)));
+}
+
+#[test]
+fn missing_credentials_are_refused_naming_the_uri_and_the_variables() {
+    let env = TestEnv::new(Backend::S3);
+    let mut cmd = Command::new(bin("stoke-coordinator"));
+    cmd.args(["--listen", "127.0.0.1:0", "--http-listen", "off", "--root"])
+        .arg(env.root())
+        .envs(
+            env.store_env()
+                .into_iter()
+                .filter(|(k, _)| !k.starts_with("AWS_")),
+        );
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("AWS_")) {
+        cmd.env_remove(k);
+    }
+    let mut coordinator = Proc::spawn("no-credentials", cmd, env.dir());
+    assert!(!coordinator.wait_exit(DEADLINE).success());
+    let log = coordinator.log_text();
+    assert!(
+        log.contains(&format!("{}/", env.root()))
+            && log.contains("no credentials found")
+            && log.contains("AWS_ACCESS_KEY_ID"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_job_survives_the_s3_server_stopping_and_starting_again() {
+    let mut env = TestEnv::new(Backend::S3);
+    let coordinator = env.coordinator(&[]);
+    // Small batches, a checkpoint each: hundreds of commits, so the job is
+    // still early when the first one shows.
+    let text = std::fs::read_to_string(spec(&env, "")).expect("spec");
+    let job_id = coordinator.submit(&env.write_spec(
+        "small.toml",
+        &text.replace("batch_size = 50", "batch_size = 5"),
+    ));
+    let workers: Vec<Proc> = (0..2)
+        .map(|i| coordinator.worker("stoke-worker", &format!("w{i}"), env.dir()))
+        .collect();
+    wait_until("a first commit", DEADLINE, || {
+        (records_done(&coordinator, &job_id) > 0).then_some(())
+    });
+    // Freeze the workers, take the server down, let them run into it.
+    for w in &workers {
+        signal(w.pid(), libc::SIGSTOP);
+    }
+    assert_eq!(coordinator.status(&job_id)["state"], "running");
+    let server = env.s3.as_mut().expect("server");
+    server.stop();
+    for w in &workers {
+        signal(w.pid(), libc::SIGCONT);
+    }
+    wait_until(
+        "a worker to retry against the stopped server",
+        DEADLINE,
+        || {
+            workers
+                .iter()
+                .any(|w| w.log_text().contains("backing off"))
+                .then_some(())
+        },
+    );
+    server.resume();
+    coordinator.wait_success(&job_id);
+    let manifest = env.manifest(&job_id);
+    assert_eq!(manifest.records_in, 3000);
+    assert_matches_reference(&committed_rows(&manifest));
+}
+
+/// Workers reach the store through a fault-injecting proxy; the
+/// coordinator reaches it directly.
+fn workers_behind_proxy(
+    env: &TestEnv,
+    coordinator: &Coordinator,
+    proxy: &S3Proxy,
+    n: usize,
+    extra_env: &[(&str, &str)],
+) -> Vec<Proc> {
+    let endpoint = proxy.endpoint();
+    let mut vars = vec![("STOKE_STORE_ENDPOINT", endpoint.as_str())];
+    vars.extend_from_slice(extra_env);
+    (0..n)
+        .map(|i| coordinator.worker_with("stoke-worker", &format!("w{i}"), env.dir(), &[], &vars))
+        .collect()
+}
+
+#[test]
+fn retries_carry_a_job_through_5xx_and_slow_responses() {
+    let env = TestEnv::new(Backend::S3);
+    let proxy = S3Proxy::start(env.s3.as_ref().expect("server").port);
+    let coordinator = env.coordinator(&[]);
+    let job_id = coordinator.submit(&spec(&env, ""));
+    // Every request of the workers fails for a while (from the start, even
+    // fetching the model)...
+    proxy.set(Faults {
+        fail_all: true,
+        ..Faults::default()
+    });
+    let _workers = workers_behind_proxy(&env, &coordinator, &proxy, 2, &[]);
+    // (Each request backs off exponentially between its retries.)
+    wait_until("8 injected 5xx answers", DEADLINE, || {
+        (proxy.injected() >= 8).then_some(())
+    });
+    assert_eq!(records_done(&coordinator, &job_id), 0);
+    // ... then every request is slow, and the job still moves.
+    proxy.set(Faults {
+        delay: Duration::from_millis(150),
+        ..Faults::default()
+    });
+    wait_until("commits through slow responses", DEADLINE, || {
+        (records_done(&coordinator, &job_id) > 0).then_some(())
+    });
+    proxy.set(Faults::default());
+    coordinator.wait_success(&job_id);
+    assert_matches_reference(&committed_rows(&env.manifest(&job_id)));
+}
+
+#[test]
+fn writes_rejected_past_the_retries_fail_the_attempt_and_the_job_goes_on() {
+    let env = TestEnv::new(Backend::S3);
+    let proxy = S3Proxy::start(env.s3.as_ref().expect("server").port);
+    let coordinator = env.coordinator(&[]);
+    // max_attempts = 2 (the fixture's): store failures must not use them up.
+    let job_id = coordinator.submit(&spec(&env, ""));
+    proxy.set(Faults {
+        fail_writes: true,
+        ..Faults::default()
+    });
+    let workers = workers_behind_proxy(
+        &env,
+        &coordinator,
+        &proxy,
+        1,
+        &[
+            ("STOKE_STORE_RETRIES", "1"),
+            ("STOKE_STORE_RETRY_TIMEOUT", "1s"),
+        ],
+    );
+    // Attempts fail on the store, more often than max_attempts allows for
+    // failures of the data, and the job keeps running.
+    wait_until("three attempts failed on the store", DEADLINE, || {
+        let failed = workers[0].log_text().matches("attempt failed").count();
+        (failed >= 3).then_some(())
+    });
+    let log = workers[0].log_text();
+    assert!(log.contains("transient=true"), "{log}");
+    assert_eq!(coordinator.status(&job_id)["state"], "running");
+    proxy.set(Faults::default());
+    coordinator.wait_success(&job_id);
+    let manifest = env.manifest(&job_id);
+    assert_matches_reference(&committed_rows(&manifest));
+    let store_failures: u32 = (0..manifest.shards)
+        .filter_map(|i| env.progress(&job_id, &format!("s{i:05}")))
+        .map(|p| p.store_failures)
+        .sum();
+    assert!(
+        store_failures >= 3,
+        "store failures recorded: {store_failures}"
+    );
+}
