@@ -6,6 +6,8 @@
 #                          #   (c) Ray Data, (d) stoke embedded, (e) stoke --local 1/2
 #   bench/run.sh scale     # only the coordinator scale benchmark
 #   bench/run.sh ragged    # only the ragged workload (fixed batches vs a budget)
+#   bench/run.sh s3        # W1 with --local 2 on file:// vs the local S3 server,
+#                          #   and store requests per checkpoint (a counting proxy)
 #
 # Environment: BENCH_RUNS (runs per W1 contender, default 3), BENCH_SCALE_SECONDS
 # (seconds per worker count, default 10), BENCH_SCALE_WORKERS (default
@@ -21,9 +23,9 @@ set -euo pipefail
 
 what="${1:-all}"
 case "$what" in
-  all | w1 | scale | ragged) ;;
+  all | w1 | scale | ragged | s3) ;;
   *)
-    echo "usage: bench/run.sh [all|w1|scale|ragged]" >&2
+    echo "usage: bench/run.sh [all|w1|scale|ragged|s3]" >&2
     exit 2
     ;;
 esac
@@ -227,6 +229,16 @@ case "$what" in
     ;;
   ragged)
     "$BENCH_SRC/ragged.sh"
+    exit 0
+    ;;
+  s3)
+    W1="$BENCH_DIR/w1"
+    "$BPY" "$BENCH_SRC/w1_data.py" "$W1"
+    "$STOKE_REPO/scripts/s3-server.sh" >/dev/null
+    log "W1 on file:// vs S3 (s3s-fs on loopback, through a counting proxy), $RUNS rounds"
+    (cd "$STOKE_REPO" && STOKE_W1_DIR="$W1" BENCH_RUNS="$RUNS" \
+      cargo test --release -q -p stoke-tests --test bench_s3 -- --ignored --nocapture) |
+      grep '^{' | tee "$BENCH_DIR/s3-results.jsonl"
     exit 0
     ;;
 esac

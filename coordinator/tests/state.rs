@@ -403,6 +403,34 @@ async fn closed_session_requeues_its_shards_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn store_failures_are_retried_without_using_up_attempts() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", SHARD_RECORDS).await;
+    let max_attempts = spec(SHARD_RECORDS).max_attempts;
+    let (a, _a_events) = register(&mut state, "a");
+    // Far more store failures than max_attempts: the job keeps running.
+    for n in 1..=(max_attempts * 3) {
+        let lease = leased(state.acquire(&a));
+        let mut failed = release(&a, &lease, Some("writing s3://b/x: connection refused"));
+        failed.transient = true;
+        state.release(failed).await.expect("release");
+        let progress = stored_progress(&stores, "j", &lease.shard.id).await;
+        assert_eq!(progress.failed_attempts, 0);
+        assert_eq!(progress.store_failures, n);
+        assert_eq!(state.get_job("j").expect("job").state, JobState::Running);
+    }
+    // A failure of the data still counts.
+    let lease = leased(state.acquire(&a));
+    state
+        .release(release(&a, &lease, Some("bad tensor shape")))
+        .await
+        .expect("release");
+    let progress = stored_progress(&stores, "j", &lease.shard.id).await;
+    assert_eq!(progress.failed_attempts, 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn failed_attempts_are_counted_until_the_job_fails() {
     let stores = Stores::new();
     let mut state = recover(&stores).await;

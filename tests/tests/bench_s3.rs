@@ -1,0 +1,146 @@
+//! Benchmark (ignored in test runs; `bench/run.sh s3` runs it in release):
+//! W1 with `stoke run --local 2` on `file://` and on the local S3 server,
+//! alternating, in one run; and the store requests per committed
+//! checkpoint, counted by a proxy in front of the server. Prints one JSON
+//! line per run and a summary; asserts nothing about time.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use stoke_tests::s3::S3Server;
+use stoke_tests::s3_proxy::S3Proxy;
+use stoke_tests::*;
+
+fn w1_dir() -> Option<PathBuf> {
+    std::env::var_os("STOKE_W1_DIR").map(PathBuf::from)
+}
+
+#[test]
+#[ignore = "benchmark; run by bench/run.sh s3"]
+fn w1_on_s3_vs_file() {
+    let Some(w1) = w1_dir() else {
+        panic!("set STOKE_W1_DIR to the W1 folder bench/run.sh writes (data/, model.pt)");
+    };
+    let runs: usize = std::env::var("BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let env = TestEnv::new(Backend::S3);
+    let server = env.s3.as_ref().expect("server");
+    let proxy = S3Proxy::start(server.port);
+    // The workload into the bucket.
+    for path in files_under(&w1.join("data")) {
+        let name = path.file_name().and_then(|n| n.to_str()).expect("name");
+        env.put(
+            &env.uri(&format!("w1/data/{name}")),
+            std::fs::read(&path).expect("data"),
+        );
+    }
+    env.put(
+        &env.uri("w1/model.pt"),
+        std::fs::read(w1.join("model.pt")).expect("model"),
+    );
+    let template = std::fs::read_to_string(repo_root().join("bench/w1.toml")).expect("w1.toml");
+    let file_spec = env.write_spec(
+        "w1-file.toml",
+        &template.replace("file://@W1_DIR@", &file_uri(&w1)),
+    );
+    let s3_spec = env.write_spec(
+        "w1-s3.toml",
+        &template.replace("file://@W1_DIR@", &env.uri("w1")),
+    );
+    let s3_env = S3Server::env_for(&proxy.endpoint());
+    let mut results: Vec<(String, f64)> = Vec::new();
+    for round in 0..runs {
+        for backend in ["file", "s3"] {
+            let (spec, root, vars) = match backend {
+                "file" => (
+                    &file_spec,
+                    env.dir()
+                        .join(format!("file-root-{round}"))
+                        .display()
+                        .to_string(),
+                    Vec::new(),
+                ),
+                _ => (
+                    &s3_spec,
+                    env.uri(&format!("s3-root-{round}")),
+                    s3_env.clone(),
+                ),
+            };
+            proxy.reset_counts();
+            let mut cmd = Command::new(bin("stoke"));
+            cmd.args([
+                "run",
+                spec,
+                "--local",
+                "2",
+                "--device",
+                "cpu",
+                "--threads",
+                "1",
+            ])
+            .args(["--root", &root])
+            .env("RUST_LOG", "warn")
+            .envs(vars.iter().map(|(k, v)| (k, v)));
+            let started = Instant::now();
+            let out = output_within(cmd, DEADLINE);
+            let secs = started.elapsed().as_secs_f64();
+            assert!(
+                out.status.success(),
+                "{backend}: {}\n{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            );
+            let stdout = text(&out.stdout);
+            let job = summary_field(&stdout, "job").expect("job id");
+            let manifest = env.manifest_in(
+                &if backend == "file" {
+                    file_uri(std::path::Path::new(&root))
+                } else {
+                    root.clone()
+                },
+                &job,
+            );
+            assert_eq!(manifest.records_in, 200_000);
+            let checkpoints = manifest.outputs.len() as f64;
+            let counts = proxy.counts();
+            let requests: u64 = counts.values().sum();
+            let per_checkpoint = if backend == "s3" {
+                requests as f64 / checkpoints
+            } else {
+                0.0
+            };
+            println!(
+                "{}",
+                serde_json::json!({
+                    "backend": backend,
+                    "round": round,
+                    "seconds": secs,
+                    "records_per_s": 200_000.0 / secs,
+                    "checkpoints": checkpoints,
+                    "store_requests_by_kind": counts,
+                    "store_requests_per_checkpoint": per_checkpoint,
+                })
+            );
+            results.push((backend.to_string(), 200_000.0 / secs));
+        }
+    }
+    let best = |b: &str| {
+        results
+            .iter()
+            .filter(|(k, _)| k == b)
+            .map(|(_, r)| *r)
+            .fold(0.0f64, f64::max)
+    };
+    println!(
+        "{}",
+        serde_json::json!({
+            "summary": "best of runs",
+            "file_records_per_s": best("file"),
+            "s3_records_per_s": best("s3"),
+            "s3_over_file": best("s3") / best("file"),
+        })
+    );
+}
