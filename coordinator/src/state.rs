@@ -1115,7 +1115,28 @@ impl State {
         };
         let layout = job.layout.clone();
         let bytes = Bytes::from(serde_json::to_vec_pretty(&manifest).unwrap_or_default());
-        self.stores.put(&layout.manifest(), bytes).await?;
+        // Create-only: a manifest is never overwritten. One already there
+        // was written by a coordinator that stopped before marking the job
+        // done; it must list the same objects.
+        match self.stores.put_new(&layout.manifest(), bytes).await {
+            Ok(()) => {}
+            Err(StoreError::AlreadyExists { .. }) => {
+                let existing: Option<Manifest> = self.stores.get_json(&layout.manifest()).await?;
+                let same = existing.is_some_and(|m| {
+                    Manifest {
+                        created_ms: manifest.created_ms,
+                        ..m
+                    } == manifest
+                });
+                if !same {
+                    return Err(CoordinatorError::Recovery(format!(
+                        "{} exists and lists other objects than the committed progress; not overwriting it",
+                        layout.manifest()
+                    )));
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
         fail::fail_point!("coordinator::after_manifest", |_| std::process::abort());
         self.store_status(job_id, JobState::Succeeded, None).await?;
         let job = self.job_mut(job_id)?;
