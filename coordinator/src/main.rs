@@ -37,6 +37,9 @@ struct Args {
     /// Write the bound HTTP address to this file once listening.
     #[arg(long, env = "STOKE_HTTP_ADDR_FILE")]
     http_addr_file: Option<PathBuf>,
+    /// Log lines as text or json (one object per line, for log collectors).
+    #[arg(long, env = "STOKE_LOG_FORMAT", default_value = "text")]
+    log_format: stoke_core::logging::LogFormat,
     /// Check the flags and environment (unknown STOKE_* variables
     /// included), print the resolved configuration as JSON and exit: 0 when
     /// valid, 2 otherwise.
@@ -148,14 +151,7 @@ fn main() -> anyhow::Result<()> {
     }
     // Fault points for tests (FAILPOINTS=name=return); inert otherwise.
     let _faults = fail::FailScenario::setup();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    stoke_core::logging::init_logging(args.log_format, "info");
     let resolved = args.resolve()?;
     for var in unknown_env_vars() {
         tracing::warn!(var, "unknown STOKE_ environment variable; ignored");

@@ -17,6 +17,7 @@ pub mod conv;
 pub mod error;
 pub mod layout;
 pub mod lease;
+pub mod logging;
 pub mod parquet_source;
 pub mod plan;
 pub mod records;

@@ -101,14 +101,7 @@ enum Cmd {
 fn main() -> anyhow::Result<()> {
     stoke_worker::cli::ensure_passive_openmp();
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    stoke_core::logging::init_logging(stoke_core::logging::LogFormat::Text, "warn");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -404,3 +404,45 @@ fn protocol_version_mismatch_names_both_versions() {
         status.message()
     );
 }
+
+#[test]
+fn log_format_json_writes_one_json_object_per_line() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--log-format", "json"]);
+    let spec = tmp.path().join("job.toml");
+    std::fs::write(&spec, fixture_spec("parquet", "")).expect("spec");
+    let job_id = coordinator.submit(&spec.display().to_string());
+    let mut w = coordinator.worker_with(
+        "stoke-worker",
+        "w1",
+        tmp.path(),
+        &["--log-format", "json"],
+        &[],
+    );
+    coordinator.wait_success(&job_id);
+    assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
+    for (name, log) in [
+        ("coordinator", coordinator.proc.log_text()),
+        ("worker", w.log_text()),
+    ] {
+        let lines: Vec<serde_json::Value> = log
+            .lines()
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{name}: not JSON ({e}): {l}"))
+            })
+            .collect();
+        assert!(lines.len() > 3, "{name}: {log}");
+        assert!(
+            lines
+                .iter()
+                .all(|v| v["level"].is_string() && v["fields"].is_object()),
+            "{name}: {log}"
+        );
+    }
+    assert!(
+        w.log_text().contains("\"message\":\"lease taken\""),
+        "{}",
+        w.log_text()
+    );
+}

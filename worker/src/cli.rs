@@ -47,6 +47,9 @@ pub struct WorkerArgs {
     /// terminationGracePeriodSeconds.
     #[arg(long, env = "STOKE_GRACE_PERIOD", default_value = "25s", value_parser = humantime::parse_duration)]
     pub grace_period: Duration,
+    /// Log lines as text or json (one object per line, for log collectors).
+    #[arg(long, env = "STOKE_LOG_FORMAT", default_value = "text")]
+    pub log_format: stoke_core::logging::LogFormat,
     /// Check the flags and environment (unknown STOKE_* variables
     /// included), print the resolved configuration as JSON and exit: 0 when
     /// valid, 2 otherwise.
@@ -168,14 +171,7 @@ pub fn worker_main(registry: Registry) -> Result<WorkerExit, WorkerError> {
     ensure_passive_openmp();
     // Fault points for tests (FAILPOINTS=name=return); inert otherwise.
     let _faults = fail::FailScenario::setup();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    stoke_core::logging::init_logging(args.log_format, "info");
     let config = args.to_config()?;
     let stores = Stores::from_env().map_err(|e| WorkerError::Config(e.to_string()))?;
     for var in unknown_env_vars() {
