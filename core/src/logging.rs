@@ -52,6 +52,7 @@ mod tests {
     fn formats_parse_by_name() {
         assert_eq!("json".parse::<LogFormat>(), Ok(LogFormat::Json));
         assert_eq!("text".parse::<LogFormat>(), Ok(LogFormat::Text));
-        assert!("xml".parse::<LogFormat>().unwrap_err().contains("xml"));
+        let err = "xml".parse::<LogFormat>().expect_err("unknown format");
+        assert!(err.contains("xml"), "{err}");
     }
 }
