@@ -1,5 +1,7 @@
 //! `stoke`: submit and watch jobs, or run one on this machine.
 
+mod watch;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -41,12 +43,19 @@ enum Cmd {
         /// Wait for the job to end, printing progress.
         #[arg(long)]
         wait: bool,
+        /// Follow the job until it ends: a live progress bar on a terminal
+        /// (records/s, ETA, shards), plain progress lines otherwise.
+        #[arg(long)]
+        watch: bool,
     },
     /// Show one job.
     Status {
         job: String,
         #[arg(long)]
         json: bool,
+        /// Follow the job until it ends (see `submit --watch`).
+        #[arg(long)]
+        watch: bool,
     },
     /// List jobs.
     Jobs {
@@ -113,21 +122,30 @@ fn main() -> anyhow::Result<()> {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Cmd::Submit { spec, job_id, wait } => {
+        Cmd::Submit {
+            spec,
+            job_id,
+            wait,
+            watch,
+        } => {
             let spec = JobSpec::from_file(&spec)?;
             let client = Client::connect(&cli.coordinator).await?;
             let job = client.submit(&spec, job_id.as_deref()).await?;
             println!("submitted job {}: {} shards", job.job_id, job.shards_total);
-            if wait {
-                let job = wait_with_progress(&client, &job.job_id).await?;
+            if wait || watch {
+                let job = watch::watch(&client, &job.job_id, watch::POLL).await?;
                 print_summary(&job);
                 return Ok(exit_code(&job));
             }
             Ok(0)
         }
-        Cmd::Status { job, json } => {
+        Cmd::Status { job, json, watch } => {
             let client = Client::connect(&cli.coordinator).await?;
-            let job = client.get_job(&job).await?;
+            let job = if watch {
+                watch::watch(&client, &job, watch::POLL).await?
+            } else {
+                client.get_job(&job).await?
+            };
             if json {
                 println!("{}", job_json(&job));
             } else {
@@ -307,7 +325,8 @@ impl LocalRun {
             children.push(child);
         }
         let started = Instant::now();
-        let job = wait_with_progress(&client, &job.job_id).await?;
+        // Polled often: the job's end is seen within 50 ms.
+        let job = watch::watch(&client, &job.job_id, Duration::from_millis(50)).await?;
         for child in &mut children {
             match tokio::time::timeout(Duration::from_secs(60), child.wait()).await {
                 Ok(Ok(status)) if !status.success() => eprintln!("a worker exited with {status}"),
@@ -348,29 +367,6 @@ async fn connect_with_retry(addr: &str) -> anyhow::Result<Client> {
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
-}
-
-async fn wait_with_progress(client: &Client, job_id: &str) -> anyhow::Result<JobInfo> {
-    let mut last = String::new();
-    let job = client
-        .wait(job_id, Duration::from_millis(50), |j| {
-            let line = format!(
-                "{}: {} | shards {}/{} ({} leased) | records {}/{}",
-                j.job_id,
-                j.state,
-                j.shards_done,
-                j.shards_total,
-                j.shards_leased,
-                j.records_done,
-                total(j)
-            );
-            if line != last {
-                eprintln!("{line}");
-                last = line;
-            }
-        })
-        .await?;
-    Ok(job)
 }
 
 fn total(j: &JobInfo) -> String {

@@ -446,3 +446,41 @@ fn log_format_json_writes_one_json_object_per_line() {
         w.log_text()
     );
 }
+
+#[test]
+fn submit_watch_follows_the_job_with_plain_progress_lines_off_a_terminal() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let coordinator = Coordinator::start(&tmp.path().join("root"), tmp.path(), &[]);
+    let spec = tmp.path().join("job.toml");
+    std::fs::write(&spec, fixture_spec("parquet", "")).expect("spec");
+    let spec = spec.display().to_string();
+    // The job waits for a worker; the worker comes while the CLI watches.
+    let job_id = coordinator.submit(&spec);
+    let _w = coordinator.worker("stoke-worker", "w1", tmp.path());
+    let out = coordinator.cli(&["status", &job_id, "--watch"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // Off a terminal: plain lines, no bar drawing.
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with(&job_id)).collect();
+    assert!(!lines.is_empty(), "{stderr}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("rec/s") && l.contains("ETA") && l.contains("shards")),
+        "{stderr}"
+    );
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.contains("succeeded") && l.contains("records 3000/3000")),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "escape codes off a terminal: {stderr:?}"
+    );
+    assert_eq!(
+        summary_field(&stdout, "state").as_deref(),
+        Some("succeeded")
+    );
+}
