@@ -4,7 +4,9 @@
 //! - `GET /healthz`: 200 while the process serves;
 //! - `GET /readyz`: 200 once the state is loaded, its owner answers and the
 //!   state root's store answers; 503 naming what failed otherwise;
-//! - `GET /metrics`: jobs by state and each job's records and shards.
+//! - `GET /metrics`: leases, attempts, commits and sessions counted since
+//!   start, connected workers and their leases, jobs by state and each
+//!   job's records and shards (records/s is `rate()` of the records done).
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -78,11 +80,78 @@ async fn ready(AxumState(http): AxumState<Http>) -> impl IntoResponse {
 }
 
 async fn metrics(AxumState(http): AxumState<Http>) -> impl IntoResponse {
-    let jobs = match http.handle.list_jobs().await {
-        Ok(jobs) => jobs,
-        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+    let (jobs, snapshot) = match (http.handle.list_jobs().await, http.handle.snapshot().await) {
+        (Ok(jobs), Ok(snapshot)) => (jobs, snapshot),
+        (Err(e), _) | (_, Err(e)) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     };
     let mut out = String::new();
+    let c = &snapshot.counters;
+    for (name, help, value) in [
+        (
+            "stoke_leases_granted_total",
+            "Shard leases granted.",
+            c.leases_granted,
+        ),
+        (
+            "stoke_leases_expired_total",
+            "Leases taken back from holders that stopped renewing them.",
+            c.leases_expired,
+        ),
+        (
+            "stoke_leases_released_total",
+            "Leases given back cleanly (preemption, pause).",
+            c.leases_released,
+        ),
+        (
+            "stoke_attempts_failed_total",
+            "Attempts failed on the data or the processor.",
+            c.attempts_failed,
+        ),
+        (
+            "stoke_attempts_store_failed_total",
+            "Attempts failed on the object store (retried without counting).",
+            c.store_failures,
+        ),
+        (
+            "stoke_sessions_registered_total",
+            "Worker sessions opened.",
+            c.sessions_registered,
+        ),
+        (
+            "stoke_sessions_closed_total",
+            "Worker sessions closed.",
+            c.sessions_closed,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+        );
+    }
+    out.push_str("# HELP stoke_commits_total Checkpoint commits, by result.\n");
+    out.push_str("# TYPE stoke_commits_total counter\n");
+    for (result, n) in [
+        ("accepted", c.commits_accepted),
+        ("refused", c.commits_refused),
+        ("duplicate", c.commits_duplicate),
+    ] {
+        let _ = writeln!(out, "stoke_commits_total{{result=\"{result}\"}} {n}");
+    }
+    out.push_str(
+        "# HELP stoke_workers Worker sessions connected now.\n# TYPE stoke_workers gauge\n",
+    );
+    let _ = writeln!(out, "stoke_workers {}", snapshot.workers.len());
+    out.push_str("# HELP stoke_worker_leases Leases each connected worker holds.\n");
+    out.push_str("# TYPE stoke_worker_leases gauge\n");
+    for w in &snapshot.workers {
+        let _ = writeln!(
+            out,
+            "stoke_worker_leases{{worker=\"{}\",host=\"{}\"}} {}",
+            label(&w.worker_id),
+            label(&w.hostname),
+            w.leases.len()
+        );
+    }
     let states = [
         JobState::Running,
         JobState::Paused,

@@ -14,6 +14,7 @@ pub mod config;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod metrics;
 pub mod owner;
 pub mod root_lock;
 pub mod state;

@@ -22,6 +22,7 @@ use tracing::debug;
 
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
+use crate::metrics::Snapshot;
 use crate::root_lock;
 use crate::state::{CommitStep, PendingCommit, State};
 
@@ -40,6 +41,9 @@ enum Command {
     },
     ListJobs {
         reply: Reply<Vec<JobInfo>>,
+    },
+    Snapshot {
+        reply: Reply<Snapshot>,
     },
     Cancel {
         job_id: String,
@@ -204,6 +208,9 @@ async fn apply(state: &mut State, cmd: Command) {
         Command::ListJobs { reply } => {
             let _ = reply.send(Ok(state.list_jobs()));
         }
+        Command::Snapshot { reply } => {
+            let _ = reply.send(Ok(state.snapshot()));
+        }
         Command::Cancel {
             job_id,
             reason,
@@ -316,6 +323,11 @@ impl Handle {
 
     pub async fn list_jobs(&self) -> Result<Vec<JobInfo>> {
         self.call(|reply| Command::ListJobs { reply }).await
+    }
+
+    /// Counters and connected workers.
+    pub async fn snapshot(&self) -> Result<Snapshot> {
+        self.call(|reply| Command::Snapshot { reply }).await
     }
 
     pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<JobInfo> {

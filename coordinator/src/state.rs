@@ -27,6 +27,7 @@ use tracing::{info, warn};
 
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
+use crate::metrics::{Counters, Snapshot, WorkerInfo};
 
 /// Fencing tokens: the coordinator's epoch in the high 32 bits, a counter in
 /// the low 32. Epochs grow at every start, so tokens grow across restarts.
@@ -149,6 +150,8 @@ impl Job {
 
 struct Session {
     worker_id: String,
+    hostname: String,
+    devices: Vec<String>,
     events_tx: mpsc::Sender<SessionEvent>,
     /// (job id, shard index) of every lease this session holds.
     leases: HashSet<(String, usize)>,
@@ -165,6 +168,7 @@ pub struct State {
     jobs: BTreeMap<String, Job>,
     order: Vec<String>,
     sessions: HashMap<String, Session>,
+    counters: Counters,
 }
 
 /// Bumps the stored epoch with a conditional write (create-only the first
@@ -211,6 +215,7 @@ impl State {
             jobs: BTreeMap::new(),
             order: Vec::new(),
             sessions: HashMap::new(),
+            counters: Counters::default(),
         };
         state.load_jobs().await?;
         info!(epoch, jobs = state.jobs.len(), "coordinator state loaded");
@@ -395,6 +400,37 @@ impl State {
         self.job(job_id).map(|j| self.info_of(j))
     }
 
+    /// The counters and the connected workers, for `/metrics` and the CLI.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut workers: Vec<WorkerInfo> = self
+            .sessions
+            .iter()
+            .map(|(session_id, s)| {
+                let mut leases: Vec<(String, String)> = s
+                    .leases
+                    .iter()
+                    .filter_map(|(job_id, idx)| {
+                        let job = self.jobs.get(job_id)?;
+                        Some((job_id.clone(), job.plan.shards.get(*idx)?.id.clone()))
+                    })
+                    .collect();
+                leases.sort();
+                WorkerInfo {
+                    worker_id: s.worker_id.clone(),
+                    session_id: session_id.clone(),
+                    hostname: s.hostname.clone(),
+                    devices: s.devices.clone(),
+                    leases,
+                }
+            })
+            .collect();
+        workers.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
+        Snapshot {
+            counters: self.counters.clone(),
+            workers,
+        }
+    }
+
     pub fn list_jobs(&self) -> Vec<JobInfo> {
         self.order
             .iter()
@@ -556,10 +592,13 @@ impl State {
             uuid::Uuid::new_v4().simple()
         );
         info!(worker = %registration.worker_id, session = %session_id, host = %registration.hostname, devices = ?registration.devices, held = registration.held.len(), "worker registered");
+        self.counters.sessions_registered += 1;
         self.sessions.insert(
             session_id.clone(),
             Session {
                 worker_id: registration.worker_id,
+                hostname: registration.hostname,
+                devices: registration.devices,
                 events_tx: events_tx.clone(),
                 leases: HashSet::new(),
             },
@@ -625,6 +664,7 @@ impl State {
         let Some(session) = self.sessions.remove(session_id) else {
             return;
         };
+        self.counters.sessions_closed += 1;
         for (job_id, idx) in session.leases {
             if let Some(job) = self.jobs.get_mut(&job_id) {
                 let shard = &mut job.shards[idx];
@@ -758,6 +798,7 @@ impl State {
             session.leases.insert((job_id.clone(), idx));
         }
         info!(job = %job_id, shard = %lease.shard.id, token, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, "lease granted");
+        self.counters.leases_granted += 1;
         Ok(AcquireOutcome::Lease(Box::new(lease)))
     }
 
@@ -779,6 +820,16 @@ impl State {
     /// the shard as being written: its lease neither expires nor moves
     /// until `finish_commit`.
     pub fn begin_commit(&mut self, commit: Commit) -> Result<CommitStep> {
+        let step = self.check_commit(commit);
+        match &step {
+            Ok(CommitStep::Duplicate) => self.counters.commits_duplicate += 1,
+            Ok(CommitStep::Write(_)) => {}
+            Err(_) => self.counters.commits_refused += 1,
+        }
+        step
+    }
+
+    fn check_commit(&mut self, commit: Commit) -> Result<CommitStep> {
         let key = &commit.key;
         let job = self.job(&key.job_id)?;
         let idx = job.shard(&key.shard_id)?;
@@ -847,6 +898,19 @@ impl State {
     /// Applies a commit once its progress record is stored (or clears the
     /// mark when the write failed, so the worker's retry can go through).
     pub async fn finish_commit(
+        &mut self,
+        pending: PendingCommit,
+        written: std::result::Result<(), StoreError>,
+    ) -> Result<bool> {
+        let applied = self.apply_commit(pending, written).await;
+        match &applied {
+            Ok(_) => self.counters.commits_accepted += 1,
+            Err(_) => self.counters.commits_refused += 1,
+        }
+        applied
+    }
+
+    async fn apply_commit(
         &mut self,
         pending: PendingCommit,
         written: std::result::Result<(), StoreError>,
@@ -955,6 +1019,7 @@ impl State {
                 job.pending.push_front(idx);
             }
             info!(job = %key.job_id, shard = %shard_id, "lease released");
+            self.counters.leases_released += 1;
             return Ok(());
         };
         // A store outage is not the data's fault: retry without using up an
@@ -963,8 +1028,10 @@ impl State {
         let counts_as_failure = !release.transient || progress.store_failures >= MAX_STORE_FAILURES;
         if counts_as_failure {
             progress.failed_attempts += 1;
+            self.counters.attempts_failed += 1;
         } else {
             progress.store_failures += 1;
+            self.counters.store_failures += 1;
         }
         progress.last_error = Some(error.clone());
         progress.last_failed_worker = self
@@ -1018,6 +1085,7 @@ impl State {
             };
             if let Some(lease) = job.shards[idx].lease.take() {
                 warn!(job = %job.id, shard = %job.plan.shards[idx].id, token = lease.token, "lease expired; shard requeued");
+                self.counters.leases_expired += 1;
             }
             if job.state == JobState::Running {
                 job.pending.push_back(idx);

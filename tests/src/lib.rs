@@ -479,11 +479,16 @@ fn spawn_coordinator(
 /// A plain HTTP/1.1 GET; `None` when the server does not answer within a
 /// second. Returns the status code and body.
 pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    http_get_within(addr, path, Duration::from_secs(1))
+}
+
+/// [`http_get`] waiting up to `timeout` for the answer.
+pub fn http_get_within(addr: &str, path: &str, timeout: Duration) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let addr = addr.trim_start_matches("http://");
     let sock: std::net::SocketAddr = addr.parse().ok()?;
     let mut conn = std::net::TcpStream::connect_timeout(&sock, Duration::from_secs(1)).ok()?;
-    conn.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    conn.set_read_timeout(Some(timeout)).ok()?;
     write!(
         conn,
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"

@@ -484,3 +484,71 @@ fn submit_watch_follows_the_job_with_plain_progress_lines_off_a_terminal() {
         Some("succeeded")
     );
 }
+
+/// The value of a metric line (`name{labels} value`) in Prometheus text.
+fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn health_readiness_and_metrics_over_http() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let coordinator = Coordinator::start(&tmp.path().join("root"), tmp.path(), &[]);
+    let http = coordinator.http_addr.clone();
+    assert_eq!(http_get(&http, "/healthz").map(|r| r.0), Some(200));
+    assert_eq!(http_get(&http, "/readyz").map(|r| r.0), Some(200));
+    let spec = tmp.path().join("job.toml");
+    std::fs::write(&spec, fixture_spec("parquet", "")).expect("spec");
+    let job_id = coordinator.submit(&spec.display().to_string());
+    let w = coordinator.worker("stoke-worker", "w1", tmp.path());
+    // While the worker is connected it shows as one.
+    wait_until("the worker in /metrics", DEADLINE, || {
+        let (_, body) = http_get(&http, "/metrics")?;
+        (metric(&body, "stoke_workers") == Some(1.0)).then_some(())
+    });
+    coordinator.wait_success(&job_id);
+    drop(w);
+    let (code, body) = http_get(&http, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    let shards = coordinator.status(&job_id)["shards_total"]
+        .as_f64()
+        .expect("shards");
+    assert_eq!(
+        metric(
+            &body,
+            &format!("stoke_job_records_done{{job=\"{job_id}\"}}")
+        ),
+        Some(3000.0),
+        "{body}"
+    );
+    assert_eq!(
+        metric(
+            &body,
+            &format!("stoke_job_shards{{job=\"{job_id}\",state=\"done\"}}")
+        ),
+        Some(shards),
+        "{body}"
+    );
+    assert!(
+        metric(&body, "stoke_leases_granted_total").is_some_and(|n| n >= shards),
+        "{body}"
+    );
+    assert!(
+        metric(&body, "stoke_commits_total{result=\"accepted\"}").is_some_and(|n| n >= shards),
+        "{body}"
+    );
+    assert_eq!(
+        metric(&body, "stoke_jobs{state=\"succeeded\"}"),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        metric(&body, "stoke_attempts_failed_total"),
+        Some(0.0),
+        "{body}"
+    );
+    assert_eq!(http_get(&http, "/nothing").map(|r| r.0), Some(404));
+}

@@ -186,7 +186,17 @@ fn a_job_survives_the_s3_server_stopping_and_starting_again() {
                 .then_some(())
         },
     );
+    // The coordinator is alive but not ready while its store is down.
+    let http = coordinator.http_addr.clone();
+    assert_eq!(http_get(&http, "/healthz").map(|r| r.0), Some(200));
+    let (code, body) =
+        http_get_within(&http, "/readyz", Duration::from_secs(30)).expect("an answer");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("store"), "{body}");
     server.resume();
+    wait_until("ready again", DEADLINE, || {
+        http_get_within(&http, "/readyz", Duration::from_secs(30)).filter(|(code, _)| *code == 200)
+    });
     coordinator.wait_success(&job_id);
     let manifest = env.manifest(&job_id);
     assert_eq!(manifest.records_in, 3000);
