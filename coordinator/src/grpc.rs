@@ -91,6 +91,32 @@ impl JobService for JobApi {
         }))
     }
 
+    async fn list_workers(
+        &self,
+        _req: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        let snapshot = self.handle.snapshot().await?;
+        Ok(Response::new(pb::ListWorkersResponse {
+            workers: snapshot.workers.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn get_job_errors(
+        &self,
+        req: Request<pb::GetJobErrorsRequest>,
+    ) -> Result<Response<pb::GetJobErrorsResponse>, Status> {
+        let req = req.into_inner();
+        if req.job_id.is_empty() {
+            return Err(Status::invalid_argument("missing field `job_id`"));
+        }
+        let max = match req.max_skipped {
+            0 => 1000,
+            n => n.min(100_000) as usize,
+        };
+        let errors = self.handle.job_errors(&req.job_id, max).await?;
+        Ok(Response::new(errors.into()))
+    }
+
     async fn cancel(
         &self,
         req: Request<pb::CancelRequest>,

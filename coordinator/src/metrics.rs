@@ -24,16 +24,7 @@ pub struct Counters {
     pub sessions_closed: u64,
 }
 
-/// A connected worker (one session).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkerInfo {
-    pub worker_id: String,
-    pub session_id: String,
-    pub hostname: String,
-    pub devices: Vec<String>,
-    /// (job id, shard id) of each lease it holds.
-    pub leases: Vec<(String, String)>,
-}
+pub use stoke_core::records::WorkerInfo;
 
 /// The counters and the connected workers, at one moment.
 #[derive(Debug, Clone, Default)]

@@ -13,9 +13,9 @@ use stoke_core::lease::{
     AcquireOutcome, Commit, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
 };
 use stoke_core::plan::plan_dataset;
-use stoke_core::records::JobInfo;
+use stoke_core::records::{JobErrors, JobInfo, ShardErrors, SkippedRecord};
 use stoke_core::spec::JobSpec;
-use stoke_core::{StoreError, Stores};
+use stoke_core::{StoreError, StoreUri, Stores};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -44,6 +44,10 @@ enum Command {
     },
     Snapshot {
         reply: Reply<Snapshot>,
+    },
+    JobErrors {
+        job_id: String,
+        reply: Reply<(Vec<ShardErrors>, Vec<(String, StoreUri)>)>,
     },
     Cancel {
         job_id: String,
@@ -211,6 +215,9 @@ async fn apply(state: &mut State, cmd: Command) {
         Command::Snapshot { reply } => {
             let _ = reply.send(Ok(state.snapshot()));
         }
+        Command::JobErrors { job_id, reply } => {
+            let _ = reply.send(state.job_errors(&job_id));
+        }
         Command::Cancel {
             job_id,
             reason,
@@ -328,6 +335,44 @@ impl Handle {
     /// Counters and connected workers.
     pub async fn snapshot(&self) -> Result<Snapshot> {
         self.call(|reply| Command::Snapshot { reply }).await
+    }
+
+    /// A job's failed attempts per shard, and up to `max_skipped` of the
+    /// bad records it skipped (read from the objects that list them, off
+    /// the state owner).
+    pub async fn job_errors(&self, job_id: &str, max_skipped: usize) -> Result<JobErrors> {
+        let job_id = job_id.to_string();
+        let (shards, objects) = self
+            .call(|reply| Command::JobErrors { job_id, reply })
+            .await?;
+        let mut skipped = Vec::new();
+        for (shard_id, uri) in objects {
+            if skipped.len() >= max_skipped {
+                break;
+            }
+            let bytes = self.stores.get(&uri).await?;
+            for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                if skipped.len() >= max_skipped {
+                    break;
+                }
+                let value: serde_json::Value =
+                    serde_json::from_slice(line).map_err(|source| StoreError::Decode {
+                        uri: uri.to_string(),
+                        source,
+                    })?;
+                skipped.push(SkippedRecord {
+                    shard_id: shard_id.clone(),
+                    id: value["id"].as_str().unwrap_or_default().to_string(),
+                    reason: value["reason"].as_str().unwrap_or_default().to_string(),
+                });
+            }
+        }
+        let skipped_total = shards.iter().map(|s| s.skipped).sum();
+        Ok(JobErrors {
+            shards,
+            skipped,
+            skipped_total,
+        })
     }
 
     pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<JobInfo> {

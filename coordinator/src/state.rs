@@ -17,7 +17,8 @@ use stoke_core::lease::{
 };
 use stoke_core::plan::Plan;
 use stoke_core::records::{
-    EpochRecord, JobInfo, JobState, Manifest, ManifestEntry, ProgressRecord, StatusRecord, now_ms,
+    EpochRecord, JobInfo, JobState, Manifest, ManifestEntry, ProgressRecord, ShardErrors,
+    StatusRecord, now_ms,
 };
 use stoke_core::spec::JobSpec;
 use stoke_core::{StoreError, StoreUri, Stores};
@@ -429,6 +430,36 @@ impl State {
             counters: self.counters.clone(),
             workers,
         }
+    }
+
+    /// Every shard of a job with a failed attempt, a store failure or a
+    /// skipped record, and the objects that list its skipped records.
+    pub fn job_errors(&self, job_id: &str) -> Result<(Vec<ShardErrors>, Vec<(String, StoreUri)>)> {
+        let job = self.job(job_id)?;
+        let mut shards = Vec::new();
+        let mut objects = Vec::new();
+        for (idx, shard) in job.shards.iter().enumerate() {
+            let p = &shard.progress;
+            if p.failed_attempts == 0 && p.store_failures == 0 && p.skipped == 0 {
+                continue;
+            }
+            let shard_id = job.plan.shards[idx].id.clone();
+            for object in &p.errors {
+                if let Ok(uri) = StoreUri::parse(&object.uri) {
+                    objects.push((shard_id.clone(), uri));
+                }
+            }
+            shards.push(ShardErrors {
+                shard_id,
+                attempts: p.attempts,
+                failed_attempts: p.failed_attempts,
+                store_failures: p.store_failures,
+                last_error: p.last_error.clone(),
+                last_failed_worker: p.last_failed_worker.clone(),
+                skipped: p.skipped,
+            });
+        }
+        Ok((shards, objects))
     }
 
     pub fn list_jobs(&self) -> Vec<JobInfo> {

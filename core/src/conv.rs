@@ -8,7 +8,9 @@ use stoke_proto::v1 as pb;
 use crate::error::ConvError;
 use crate::lease::{AcquireOutcome, Commit, Lease, LeaseKey, Release, SessionEvent};
 use crate::plan::{Shard, ShardSource};
-use crate::records::{JobInfo, JobState, OutputObject};
+use crate::records::{
+    JobErrors, JobInfo, JobState, OutputObject, ShardErrors, SkippedRecord, WorkerInfo,
+};
 use crate::spec::JobSpec;
 
 impl From<JobState> for pb::JobState {
@@ -79,6 +81,98 @@ impl TryFrom<pb::JobInfo> for JobInfo {
             processor: j.processor,
             records_skipped: j.records_skipped,
         })
+    }
+}
+
+impl From<WorkerInfo> for pb::WorkerInfo {
+    fn from(w: WorkerInfo) -> Self {
+        Self {
+            worker_id: w.worker_id,
+            session_id: w.session_id,
+            hostname: w.hostname,
+            devices: w.devices,
+            leases: w
+                .leases
+                .into_iter()
+                .map(|(job_id, shard_id)| pb::LeaseRef { job_id, shard_id })
+                .collect(),
+        }
+    }
+}
+
+impl From<pb::WorkerInfo> for WorkerInfo {
+    fn from(w: pb::WorkerInfo) -> Self {
+        Self {
+            worker_id: w.worker_id,
+            session_id: w.session_id,
+            hostname: w.hostname,
+            devices: w.devices,
+            leases: w
+                .leases
+                .into_iter()
+                .map(|l| (l.job_id, l.shard_id))
+                .collect(),
+        }
+    }
+}
+
+impl From<JobErrors> for pb::GetJobErrorsResponse {
+    fn from(e: JobErrors) -> Self {
+        Self {
+            shards: e
+                .shards
+                .into_iter()
+                .map(|s| pb::ShardErrors {
+                    shard_id: s.shard_id,
+                    attempts: s.attempts,
+                    failed_attempts: s.failed_attempts,
+                    store_failures: s.store_failures,
+                    last_error: s.last_error.unwrap_or_default(),
+                    last_failed_worker: s.last_failed_worker.unwrap_or_default(),
+                    skipped: s.skipped,
+                })
+                .collect(),
+            skipped: e
+                .skipped
+                .into_iter()
+                .map(|r| pb::SkippedRecord {
+                    shard_id: r.shard_id,
+                    id: r.id,
+                    reason: r.reason,
+                })
+                .collect(),
+            skipped_total: e.skipped_total,
+        }
+    }
+}
+
+impl From<pb::GetJobErrorsResponse> for JobErrors {
+    fn from(e: pb::GetJobErrorsResponse) -> Self {
+        Self {
+            shards: e
+                .shards
+                .into_iter()
+                .map(|s| ShardErrors {
+                    shard_id: s.shard_id,
+                    attempts: s.attempts,
+                    failed_attempts: s.failed_attempts,
+                    store_failures: s.store_failures,
+                    last_error: non_empty(s.last_error),
+                    last_failed_worker: non_empty(s.last_failed_worker),
+                    skipped: s.skipped,
+                })
+                .collect(),
+            skipped: e
+                .skipped
+                .into_iter()
+                .map(|r| SkippedRecord {
+                    shard_id: r.shard_id,
+                    id: r.id,
+                    reason: r.reason,
+                })
+                .collect(),
+            skipped_total: e.skipped_total,
+        }
     }
 }
 

@@ -157,6 +157,45 @@ pub struct JobInfo {
     pub records_skipped: u64,
 }
 
+/// A connected worker (one session) and the leases it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    pub worker_id: String,
+    pub session_id: String,
+    pub hostname: String,
+    pub devices: Vec<String>,
+    /// (job id, shard id) of each lease.
+    pub leases: Vec<(String, String)>,
+}
+
+/// What went wrong in one shard of a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardErrors {
+    pub shard_id: String,
+    pub attempts: u32,
+    pub failed_attempts: u32,
+    pub store_failures: u32,
+    pub last_error: Option<String>,
+    pub last_failed_worker: Option<String>,
+    pub skipped: u64,
+}
+
+/// One bad record skipped under the job's error policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedRecord {
+    pub shard_id: String,
+    pub id: String,
+    pub reason: String,
+}
+
+/// A job's failed attempts and skipped records.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobErrors {
+    pub shards: Vec<ShardErrors>,
+    pub skipped: Vec<SkippedRecord>,
+    pub skipped_total: u64,
+}
+
 /// Milliseconds since the Unix epoch, for timestamps in records.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use stoke_core::PROTOCOL_VERSION;
-use stoke_core::records::JobInfo;
+use stoke_core::records::{JobErrors, JobInfo, WorkerInfo};
 use stoke_core::spec::JobSpec;
 use stoke_proto::v1 as pb;
 use stoke_proto::v1::job_service_client::JobServiceClient;
@@ -94,6 +94,41 @@ impl Client {
             .await
             .map_err(|s| ClientError::rpc("get job", s))?;
         info("get job", Some(resp.into_inner()))
+    }
+
+    /// The workers connected now and the leases each holds.
+    pub async fn list_workers(&self) -> Result<Vec<WorkerInfo>, ClientError> {
+        let resp = self
+            .inner
+            .clone()
+            .list_workers(pb::ListWorkersRequest {})
+            .await
+            .map_err(|s| ClientError::rpc("list workers", s))?;
+        Ok(resp
+            .into_inner()
+            .workers
+            .into_iter()
+            .map(Into::into)
+            .collect())
+    }
+
+    /// A job's failed attempts per shard and up to `max_skipped` of the bad
+    /// records it skipped.
+    pub async fn job_errors(
+        &self,
+        job_id: &str,
+        max_skipped: u32,
+    ) -> Result<JobErrors, ClientError> {
+        let resp = self
+            .inner
+            .clone()
+            .get_job_errors(pb::GetJobErrorsRequest {
+                job_id: job_id.to_string(),
+                max_skipped,
+            })
+            .await
+            .map_err(|s| ClientError::rpc("get job errors", s))?;
+        Ok(resp.into_inner().into())
     }
 
     pub async fn list_jobs(&self) -> Result<Vec<JobInfo>, ClientError> {

@@ -18,7 +18,9 @@ pub mod error;
 pub use client::Client;
 pub use embedded::{EmbeddedOptions, JobReport, run_embedded, torch_batch_process};
 pub use error::{ClientError, EmbeddedError};
-pub use stoke_core::records::{JobInfo, JobState, Manifest, ManifestEntry};
+pub use stoke_core::records::{
+    JobErrors, JobInfo, JobState, Manifest, ManifestEntry, ShardErrors, SkippedRecord, WorkerInfo,
+};
 pub use stoke_core::spec::{JobSpec, OutputFormat};
 pub use stoke_core::{StoreUri, Stores};
 pub use stoke_worker::cli::worker_main;

@@ -62,6 +62,20 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// List the workers connected now and the leases each holds.
+    Workers {
+        #[arg(long)]
+        json: bool,
+    },
+    /// A job's failed attempts (per shard) and the bad records it skipped.
+    Errors {
+        job: String,
+        #[arg(long)]
+        json: bool,
+        /// Most skipped records to list.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+    },
     /// Pause a job: workers checkpoint and release its shards; it waits.
     Pause {
         job: String,
@@ -171,6 +185,77 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                         j.state,
                         format!("{}/{}", j.shards_done, j.shards_total),
                         format!("{}/{}", j.records_done, total(j)),
+                    );
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Workers { json } => {
+            let client = Client::connect(&cli.coordinator).await?;
+            let workers = client.list_workers().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&workers)?);
+            } else {
+                println!(
+                    "{:<24} {:<20} {:<16} {:>6}  HOLDS",
+                    "WORKER", "HOST", "DEVICES", "LEASES"
+                );
+                for w in &workers {
+                    let holds: Vec<String> =
+                        w.leases.iter().map(|(j, s)| format!("{j}/{s}")).collect();
+                    println!(
+                        "{:<24} {:<20} {:<16} {:>6}  {}",
+                        w.worker_id,
+                        w.hostname,
+                        w.devices.join(","),
+                        w.leases.len(),
+                        holds.join(" ")
+                    );
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Errors { job, json, limit } => {
+            let client = Client::connect(&cli.coordinator).await?;
+            let errors = client.job_errors(&job, limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&errors)?);
+                return Ok(0);
+            }
+            if errors.shards.is_empty() {
+                println!("job {job}: no failed attempts, no skipped records");
+                return Ok(0);
+            }
+            println!(
+                "{:<10} {:>8} {:>7} {:>6} {:>8}  LAST ERROR",
+                "SHARD", "ATTEMPTS", "FAILED", "STORE", "SKIPPED"
+            );
+            for s in &errors.shards {
+                println!(
+                    "{:<10} {:>8} {:>7} {:>6} {:>8}  {}{}",
+                    s.shard_id,
+                    s.attempts,
+                    s.failed_attempts,
+                    s.store_failures,
+                    s.skipped,
+                    s.last_error.as_deref().unwrap_or("-"),
+                    s.last_failed_worker
+                        .as_deref()
+                        .map(|w| format!(" (on {w})"))
+                        .unwrap_or_default()
+                );
+            }
+            if !errors.skipped.is_empty() {
+                println!();
+                println!("{:<10} {:<20} REASON", "SHARD", "RECORD");
+                for r in &errors.skipped {
+                    println!("{:<10} {:<20} {}", r.shard_id, r.id, r.reason);
+                }
+                if (errors.skipped.len() as u64) < errors.skipped_total {
+                    println!(
+                        "... {} of {} skipped records listed (--limit)",
+                        errors.skipped.len(),
+                        errors.skipped_total
                     );
                 }
             }

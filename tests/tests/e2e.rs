@@ -500,15 +500,40 @@ fn health_readiness_and_metrics_over_http() {
     let http = coordinator.http_addr.clone();
     assert_eq!(http_get(&http, "/healthz").map(|r| r.0), Some(200));
     assert_eq!(http_get(&http, "/readyz").map(|r| r.0), Some(200));
+    // A worker with nothing to do stays connected (no --exit-when-idle):
+    // /metrics and `stoke workers` show it.
+    let mut cmd = std::process::Command::new(bin("stoke-worker"));
+    cmd.args(["--coordinator", &coordinator.addr, "--worker-id", "idle"])
+        .args(["--device", "cpu", "--threads", "1"]);
+    let idle = Proc::spawn("worker-idle", cmd, tmp.path());
+    wait_until("the idle worker in /metrics", DEADLINE, || {
+        let (_, body) = http_get(&http, "/metrics")?;
+        (metric(&body, "stoke_workers") == Some(1.0)).then_some(())
+    });
+    let workers = coordinator.cli(&["workers", "--json"]);
+    let workers: serde_json::Value = serde_json::from_slice(&workers.stdout).expect("json");
+    assert_eq!(workers.as_array().map(Vec::len), Some(1), "{workers}");
+    assert_eq!(workers[0]["worker_id"], "idle", "{workers}");
+    assert_eq!(workers[0]["devices"][0], "cpu", "{workers}");
+    assert_eq!(
+        workers[0]["leases"].as_array().map(Vec::len),
+        Some(0),
+        "{workers}"
+    );
+    let table = text(&coordinator.cli(&["workers"]).stdout);
+    assert!(
+        table.starts_with("WORKER") && table.contains("idle"),
+        "{table}"
+    );
+    drop(idle);
+    wait_until("the idle worker gone from /metrics", DEADLINE, || {
+        let (_, body) = http_get(&http, "/metrics")?;
+        (metric(&body, "stoke_workers") == Some(0.0)).then_some(())
+    });
     let spec = tmp.path().join("job.toml");
     std::fs::write(&spec, fixture_spec("parquet", "")).expect("spec");
     let job_id = coordinator.submit(&spec.display().to_string());
     let w = coordinator.worker("stoke-worker", "w1", tmp.path());
-    // While the worker is connected it shows as one.
-    wait_until("the worker in /metrics", DEADLINE, || {
-        let (_, body) = http_get(&http, "/metrics")?;
-        (metric(&body, "stoke_workers") == Some(1.0)).then_some(())
-    });
     coordinator.wait_success(&job_id);
     drop(w);
     let (code, body) = http_get(&http, "/metrics").expect("metrics");

@@ -262,6 +262,24 @@ fn bad_records_are_skipped_and_listed_under_the_skip_policy() {
     for id in bad.iter().filter(|id| id.starts_with("rec-")) {
         assert!(!rows.contains_key(id), "{id} was skipped but has an output");
     }
+    // `stoke errors` lists the same records, as JSON and as a table.
+    let out = coordinator.cli(&["errors", &job_id, "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let errors: serde_json::Value = serde_json::from_slice(&out.stdout).expect("errors json");
+    assert_eq!(errors["skipped_total"], 5, "{errors}");
+    let mut cli_ids: Vec<String> = errors["skipped"]
+        .as_array()
+        .expect("skipped")
+        .iter()
+        .map(|r| r["id"].as_str().expect("id").to_string())
+        .collect();
+    cli_ids.sort();
+    assert_eq!(cli_ids, want);
+    let table = text(&coordinator.cli(&["errors", &job_id]).stdout);
+    assert!(
+        table.contains("rec-120") && table.contains("REASON"),
+        "{table}"
+    );
 }
 
 fn sha256_of(bytes: &[u8]) -> String {
@@ -287,6 +305,18 @@ fn a_bad_record_fails_the_job_under_the_fail_policy_naming_shard_batch_and_recor
     assert!(
         reason.contains("s00000:17") && reason.contains("undecodable"),
         "{reason}"
+    );
+    // `stoke errors` shows the failed attempts of the shard and why.
+    let out = coordinator.cli(&["errors", &job_id, "--json"]);
+    let errors: serde_json::Value = serde_json::from_slice(&out.stdout).expect("errors json");
+    let shard = &errors["shards"][0];
+    assert_eq!(shard["shard_id"], "s00000", "{errors}");
+    assert_eq!(shard["failed_attempts"], 2, "{errors}");
+    assert!(
+        shard["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("undecodable")),
+        "{errors}"
     );
 
     // Too many skips fail the job too.
