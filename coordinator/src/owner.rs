@@ -13,9 +13,9 @@ use stoke_core::lease::{
     AcquireOutcome, Commit, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
 };
 use stoke_core::plan::plan_dataset;
-use stoke_core::records::{JobErrors, JobInfo, ShardErrors, SkippedRecord};
+use stoke_core::records::{JobErrors, JobInfo, SkippedRecord};
 use stoke_core::spec::JobSpec;
-use stoke_core::{StoreError, StoreUri, Stores};
+use stoke_core::{StoreError, Stores};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -24,7 +24,7 @@ use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
 use crate::metrics::Snapshot;
 use crate::root_lock;
-use crate::state::{CommitStep, PendingCommit, State};
+use crate::state::{CommitStep, ErrorSources, PendingCommit, State};
 
 type Reply<T> = oneshot::Sender<Result<T>>;
 
@@ -47,7 +47,7 @@ enum Command {
     },
     JobErrors {
         job_id: String,
-        reply: Reply<(Vec<ShardErrors>, Vec<(String, StoreUri)>)>,
+        reply: Reply<ErrorSources>,
     },
     Cancel {
         job_id: String,
@@ -342,7 +342,7 @@ impl Handle {
     /// the state owner).
     pub async fn job_errors(&self, job_id: &str, max_skipped: usize) -> Result<JobErrors> {
         let job_id = job_id.to_string();
-        let (shards, objects) = self
+        let ErrorSources { shards, objects } = self
             .call(|reply| Command::JobErrors { job_id, reply })
             .await?;
         let mut skipped = Vec::new();

@@ -158,6 +158,14 @@ struct Session {
     leases: HashSet<(String, usize)>,
 }
 
+/// A job's shards with errors, and (shard id, object) for every object
+/// that lists skipped records.
+#[derive(Debug, Clone)]
+pub struct ErrorSources {
+    pub shards: Vec<ShardErrors>,
+    pub objects: Vec<(String, StoreUri)>,
+}
+
 /// The coordinator's whole in-memory state.
 pub struct State {
     config: CoordinatorConfig,
@@ -434,7 +442,7 @@ impl State {
 
     /// Every shard of a job with a failed attempt, a store failure or a
     /// skipped record, and the objects that list its skipped records.
-    pub fn job_errors(&self, job_id: &str) -> Result<(Vec<ShardErrors>, Vec<(String, StoreUri)>)> {
+    pub fn job_errors(&self, job_id: &str) -> Result<ErrorSources> {
         let job = self.job(job_id)?;
         let mut shards = Vec::new();
         let mut objects = Vec::new();
@@ -459,7 +467,7 @@ impl State {
                 skipped: p.skipped,
             });
         }
-        Ok((shards, objects))
+        Ok(ErrorSources { shards, objects })
     }
 
     pub fn list_jobs(&self) -> Vec<JobInfo> {
