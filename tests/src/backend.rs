@@ -288,6 +288,28 @@ impl TestEnv {
         runtime().block_on(self.stores.size(&parsed)).is_ok()
     }
 
+    /// Checks that no log under the test folder holds the store's secret
+    /// key (processes log URIs and errors, never credentials).
+    pub fn assert_no_secrets_in_logs(&self) {
+        let mut checked = 0;
+        for path in crate::files_under(self.dir()) {
+            if path.extension().is_some_and(|e| e == "log") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                assert!(
+                    !text.contains(SECRET_KEY),
+                    "{} contains the S3 secret key",
+                    path.display()
+                );
+                checked += 1;
+            }
+        }
+        assert!(
+            checked > 0,
+            "no logs to check under {}",
+            self.dir().display()
+        );
+    }
+
     /// The stores the test process reaches this storage with.
     pub fn stores(&self) -> &Stores {
         &self.stores

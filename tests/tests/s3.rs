@@ -122,6 +122,7 @@ fn a_second_coordinator_is_refused_and_a_crashed_ones_root_is_taken_over() {
         first.proc.log_text()
     );
     assert_matches_reference(&committed_rows(&env.manifest(&job_id)));
+    env.assert_no_secrets_in_logs();
 }
 
 #[test]
@@ -201,6 +202,7 @@ fn a_job_survives_the_s3_server_stopping_and_starting_again() {
     let manifest = env.manifest(&job_id);
     assert_eq!(manifest.records_in, 3000);
     assert_matches_reference(&committed_rows(&manifest));
+    env.assert_no_secrets_in_logs();
 }
 
 /// Workers reach the store through a fault-injecting proxy; the
@@ -249,6 +251,7 @@ fn retries_carry_a_job_through_5xx_and_slow_responses() {
     proxy.set(Faults::default());
     coordinator.wait_success(&job_id);
     assert_matches_reference(&committed_rows(&env.manifest(&job_id)));
+    env.assert_no_secrets_in_logs();
 }
 
 #[test]
@@ -293,4 +296,5 @@ fn writes_rejected_past_the_retries_fail_the_attempt_and_the_job_goes_on() {
         store_failures >= 3,
         "store failures recorded: {store_failures}"
     );
+    env.assert_no_secrets_in_logs();
 }
