@@ -5,7 +5,7 @@ use std::pin::Pin;
 
 use futures::Stream;
 use stoke_core::PROTOCOL_VERSION;
-use stoke_core::lease::{Commit, LeaseKey, Registration, Release};
+use stoke_core::lease::{Commit, Registration, Release};
 use stoke_core::spec::JobSpec;
 use stoke_proto::v1 as pb;
 use stoke_proto::v1::job_service_server::JobService;
@@ -222,8 +222,7 @@ impl WorkerService for WorkerApi {
                     _ = out_tx.closed() => break,
                     msg = inbound.message() => match msg {
                         Ok(Some(pb::SessionRequest { msg: Some(pb::session_request::Msg::Heartbeat(hb)) })) => {
-                            let leases: Vec<LeaseKey> = hb.leases.into_iter().map(Into::into).collect();
-                            if let Err(e) = handle.heartbeat(&session_id, leases).await {
+                            if let Err(e) = handle.heartbeat(&session_id, hb.into()).await {
                                 warn!(session = %session_id, error = %e, "heartbeat refused");
                                 let _ = out_tx.send(Err(e.into())).await;
                                 break;

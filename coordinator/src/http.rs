@@ -152,6 +152,34 @@ async fn metrics(AxumState(http): AxumState<Http>) -> impl IntoResponse {
             w.leases.len()
         );
     }
+    out.push_str(
+        "# HELP stoke_worker_stage_seconds_total Processor-thread time per worker: waiting for input, in the model, checkpointing (output and commit).\n",
+    );
+    out.push_str("# TYPE stoke_worker_stage_seconds_total counter\n");
+    for w in &snapshot.workers {
+        for (stage, ms) in [
+            ("input_wait", w.stages.input_wait_ms),
+            ("model", w.stages.model_ms),
+            ("checkpoint", w.stages.checkpoint_ms),
+        ] {
+            let _ = writeln!(
+                out,
+                "stoke_worker_stage_seconds_total{{worker=\"{}\",stage=\"{stage}\"}} {:.3}",
+                label(&w.worker_id),
+                ms as f64 / 1000.0
+            );
+        }
+    }
+    out.push_str("# HELP stoke_worker_batches_total Batches processed per worker.\n");
+    out.push_str("# TYPE stoke_worker_batches_total counter\n");
+    for w in &snapshot.workers {
+        let _ = writeln!(
+            out,
+            "stoke_worker_batches_total{{worker=\"{}\"}} {}",
+            label(&w.worker_id),
+            w.stages.batches
+        );
+    }
     let states = [
         JobState::Running,
         JobState::Paused,

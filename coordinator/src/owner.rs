@@ -10,7 +10,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 
 use stoke_core::lease::{
-    AcquireOutcome, Commit, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
+    AcquireOutcome, Commit, Heartbeat, Registration, Release, SessionEvent, SessionGrant,
 };
 use stoke_core::plan::plan_dataset;
 use stoke_core::records::{JobErrors, JobInfo, SkippedRecord};
@@ -73,7 +73,7 @@ enum Command {
     },
     Heartbeat {
         session_id: String,
-        leases: Vec<LeaseKey>,
+        heartbeat: Heartbeat,
         reply: Reply<()>,
     },
     Acquire {
@@ -245,10 +245,14 @@ async fn apply(state: &mut State, cmd: Command) {
         Command::SessionClosed { session_id } => state.session_closed(&session_id),
         Command::Heartbeat {
             session_id,
-            leases,
+            heartbeat,
             reply,
         } => {
-            let _ = reply.send(state.heartbeat(&session_id, &leases));
+            let renewed = state.heartbeat(&session_id, &heartbeat.leases);
+            if renewed.is_ok() {
+                state.report_stages(&session_id, heartbeat.stages);
+            }
+            let _ = reply.send(renewed);
         }
         Command::Acquire { session_id, reply } => {
             let _ = reply.send(state.acquire(&session_id));
@@ -426,11 +430,11 @@ impl Handle {
         let _ = self.tx.send(Command::SessionClosed { session_id }).await;
     }
 
-    pub async fn heartbeat(&self, session_id: &str, leases: Vec<LeaseKey>) -> Result<()> {
+    pub async fn heartbeat(&self, session_id: &str, heartbeat: Heartbeat) -> Result<()> {
         let session_id = session_id.to_string();
         self.call(|reply| Command::Heartbeat {
             session_id,
-            leases,
+            heartbeat,
             reply,
         })
         .await

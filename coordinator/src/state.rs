@@ -14,6 +14,7 @@ use bytes::Bytes;
 use stoke_core::layout::{JobLayout, RootLayout, attempt_prefix, shard_output_dir};
 use stoke_core::lease::{
     AcquireOutcome, Commit, Lease, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
+    StageTotals,
 };
 use stoke_core::plan::Plan;
 use stoke_core::records::{
@@ -153,6 +154,8 @@ struct Session {
     worker_id: String,
     hostname: String,
     devices: Vec<String>,
+    /// Its processor threads' time, as last reported.
+    stages: StageTotals,
     events_tx: mpsc::Sender<SessionEvent>,
     /// (job id, shard index) of every lease this session holds.
     leases: HashSet<(String, usize)>,
@@ -430,6 +433,7 @@ impl State {
                     hostname: s.hostname.clone(),
                     devices: s.devices.clone(),
                     leases,
+                    stages: s.stages,
                 }
             })
             .collect();
@@ -638,6 +642,7 @@ impl State {
                 worker_id: registration.worker_id,
                 hostname: registration.hostname,
                 devices: registration.devices,
+                stages: StageTotals::default(),
                 events_tx: events_tx.clone(),
                 leases: HashSet::new(),
             },
@@ -749,6 +754,13 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Keeps what a worker reported of its stage times (for `/metrics`).
+    pub fn report_stages(&mut self, session_id: &str, stages: StageTotals) {
+        if let Some(session) = self.sessions.get_mut(session_id) {
+            session.stages = stages;
+        }
     }
 
     fn next_token(&mut self) -> u64 {

@@ -841,7 +841,13 @@ async fn owner_task_takes_back_expired_leases_on_its_own() {
     assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
     let key: LeaseKey = next.key();
     handle
-        .heartbeat(&b.session_id, vec![key])
+        .heartbeat(
+            &b.session_id,
+            stoke_core::lease::Heartbeat {
+                leases: vec![key],
+                stages: Default::default(),
+            },
+        )
         .await
         .expect("heartbeat");
 

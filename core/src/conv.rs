@@ -6,7 +6,9 @@ use std::time::Duration;
 use stoke_proto::v1 as pb;
 
 use crate::error::ConvError;
-use crate::lease::{AcquireOutcome, Commit, Lease, LeaseKey, Release, SessionEvent};
+use crate::lease::{
+    AcquireOutcome, Commit, Heartbeat, Lease, LeaseKey, Release, SessionEvent, StageTotals,
+};
 use crate::plan::{Shard, ShardSource};
 use crate::records::{
     JobErrors, JobInfo, JobState, OutputObject, ShardErrors, SkippedRecord, WorkerInfo,
@@ -84,6 +86,48 @@ impl TryFrom<pb::JobInfo> for JobInfo {
     }
 }
 
+impl From<StageTotals> for pb::StageTotals {
+    fn from(s: StageTotals) -> Self {
+        Self {
+            batches: s.batches,
+            records: s.records,
+            input_wait_ms: s.input_wait_ms,
+            model_ms: s.model_ms,
+            checkpoint_ms: s.checkpoint_ms,
+        }
+    }
+}
+
+impl From<pb::StageTotals> for StageTotals {
+    fn from(s: pb::StageTotals) -> Self {
+        Self {
+            batches: s.batches,
+            records: s.records,
+            input_wait_ms: s.input_wait_ms,
+            model_ms: s.model_ms,
+            checkpoint_ms: s.checkpoint_ms,
+        }
+    }
+}
+
+impl From<Heartbeat> for pb::Heartbeat {
+    fn from(h: Heartbeat) -> Self {
+        Self {
+            leases: h.leases.into_iter().map(Into::into).collect(),
+            stages: Some(h.stages.into()),
+        }
+    }
+}
+
+impl From<pb::Heartbeat> for Heartbeat {
+    fn from(h: pb::Heartbeat) -> Self {
+        Self {
+            leases: h.leases.into_iter().map(Into::into).collect(),
+            stages: h.stages.map(Into::into).unwrap_or_default(),
+        }
+    }
+}
+
 impl From<WorkerInfo> for pb::WorkerInfo {
     fn from(w: WorkerInfo) -> Self {
         Self {
@@ -96,6 +140,7 @@ impl From<WorkerInfo> for pb::WorkerInfo {
                 .into_iter()
                 .map(|(job_id, shard_id)| pb::LeaseRef { job_id, shard_id })
                 .collect(),
+            stages: Some(w.stages.into()),
         }
     }
 }
@@ -112,6 +157,7 @@ impl From<pb::WorkerInfo> for WorkerInfo {
                 .into_iter()
                 .map(|l| (l.job_id, l.shard_id))
                 .collect(),
+            stages: w.stages.map(Into::into).unwrap_or_default(),
         }
     }
 }

@@ -80,6 +80,28 @@ pub struct Release {
     pub transient: bool,
 }
 
+/// Where a worker's processor threads spent their time since it started
+/// (summed over its devices); reported with every heartbeat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StageTotals {
+    pub batches: u64,
+    pub records: u64,
+    /// Waiting for input: the pipeline did not keep up with the model.
+    pub input_wait_ms: u64,
+    /// Inside `process_batch`.
+    pub model_ms: u64,
+    /// `on_checkpoint_start` and waiting for the commit.
+    pub checkpoint_ms: u64,
+}
+
+/// What a worker sends on its session every heartbeat interval.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// Leases it still works on (the coordinator extends them).
+    pub leases: Vec<LeaseKey>,
+    pub stages: StageTotals,
+}
+
 /// A worker's session registration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registration {

@@ -166,6 +166,8 @@ pub struct WorkerInfo {
     pub devices: Vec<String>,
     /// (job id, shard id) of each lease.
     pub leases: Vec<(String, String)>,
+    /// Where its processor threads spent their time, as last reported.
+    pub stages: crate::lease::StageTotals,
 }
 
 /// What went wrong in one shard of a job.

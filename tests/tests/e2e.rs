@@ -496,7 +496,12 @@ fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
 #[test]
 fn health_readiness_and_metrics_over_http() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let coordinator = Coordinator::start(&tmp.path().join("root"), tmp.path(), &[]);
+    // A short lease timeout: heartbeats (with stage times) every second.
+    let coordinator = Coordinator::start(
+        &tmp.path().join("root"),
+        tmp.path(),
+        &["--lease-timeout", "3s"],
+    );
     let http = coordinator.http_addr.clone();
     assert_eq!(http_get(&http, "/healthz").map(|r| r.0), Some(200));
     assert_eq!(http_get(&http, "/readyz").map(|r| r.0), Some(200));
@@ -525,17 +530,42 @@ fn health_readiness_and_metrics_over_http() {
         table.starts_with("WORKER") && table.contains("idle"),
         "{table}"
     );
-    drop(idle);
-    wait_until("the idle worker gone from /metrics", DEADLINE, || {
-        let (_, body) = http_get(&http, "/metrics")?;
-        (metric(&body, "stoke_workers") == Some(0.0)).then_some(())
-    });
+    // The same worker runs a job; its heartbeats then carry where its
+    // processor thread spent the time: every record once, at least one
+    // batch of 50 per 50 records.
     let spec = tmp.path().join("job.toml");
     std::fs::write(&spec, fixture_spec("parquet", "")).expect("spec");
     let job_id = coordinator.submit(&spec.display().to_string());
-    let w = coordinator.worker("stoke-worker", "w1", tmp.path());
     coordinator.wait_success(&job_id);
-    drop(w);
+    let workers = wait_until("the worker's stage times reported", DEADLINE, || {
+        let out = coordinator.cli(&["workers", "--json"]);
+        let workers: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        (workers[0]["stages"]["records"] == 3000).then_some(workers)
+    });
+    assert!(
+        workers[0]["stages"]["batches"]
+            .as_u64()
+            .is_some_and(|b| b >= 60),
+        "{workers}"
+    );
+    let (_, body) = http_get(&http, "/metrics").expect("metrics");
+    assert!(
+        metric(&body, "stoke_worker_batches_total{worker=\"idle\"}").is_some_and(|b| b >= 60.0),
+        "{body}"
+    );
+    assert!(
+        metric(
+            &body,
+            "stoke_worker_stage_seconds_total{worker=\"idle\",stage=\"model\"}"
+        )
+        .is_some_and(|s| s > 0.0),
+        "{body}"
+    );
+    drop(idle);
+    wait_until("the worker gone from /metrics", DEADLINE, || {
+        let (_, body) = http_get(&http, "/metrics")?;
+        (metric(&body, "stoke_workers") == Some(0.0)).then_some(())
+    });
     let (code, body) = http_get(&http, "/metrics").expect("metrics");
     assert_eq!(code, 200);
     let shards = coordinator.status(&job_id)["shards_total"]

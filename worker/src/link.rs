@@ -8,7 +8,7 @@ use std::time::Duration;
 use stoke_coordinator::Handle;
 use stoke_core::PROTOCOL_VERSION;
 use stoke_core::lease::{
-    AcquireOutcome, Commit, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
+    AcquireOutcome, Commit, Heartbeat, Registration, Release, SessionEvent, SessionGrant,
 };
 use stoke_proto::v1 as pb;
 use stoke_proto::v1::worker_service_client::WorkerServiceClient;
@@ -27,7 +27,7 @@ use crate::error::{LinkError, LinkErrorKind};
 pub struct Session {
     pub grant: SessionGrant,
     pub events: mpsc::Receiver<SessionEvent>,
-    pub heartbeats: mpsc::Sender<Vec<LeaseKey>>,
+    pub heartbeats: mpsc::Sender<Heartbeat>,
     pub lost: CancellationToken,
 }
 
@@ -120,18 +120,16 @@ impl CoordinatorLink for GrpcLink {
             heartbeat_interval: Duration::from_millis(registered.heartbeat_interval_ms),
         };
         let (events_tx, events_rx) = mpsc::channel(64);
-        let (hb_tx, mut hb_rx) = mpsc::channel::<Vec<LeaseKey>>(4);
+        let (hb_tx, mut hb_rx) = mpsc::channel::<Heartbeat>(4);
         let lost = CancellationToken::new();
         let lost_signal = lost.clone();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
                     hb = hb_rx.recv() => match hb {
-                        Some(leases) => {
+                        Some(heartbeat) => {
                             let msg = pb::SessionRequest {
-                                msg: Some(pb::session_request::Msg::Heartbeat(pb::Heartbeat {
-                                    leases: leases.into_iter().map(Into::into).collect(),
-                                })),
+                                msg: Some(pb::session_request::Msg::Heartbeat(heartbeat.into())),
                             };
                             if out_tx.send(msg).await.is_err() {
                                 break;
@@ -221,14 +219,14 @@ impl LocalLink {
 impl CoordinatorLink for LocalLink {
     async fn open_session(&self, registration: Registration) -> Result<Session, LinkError> {
         let (grant, events) = self.handle.register(registration).await?;
-        let (hb_tx, mut hb_rx) = mpsc::channel::<Vec<LeaseKey>>(4);
+        let (hb_tx, mut hb_rx) = mpsc::channel::<Heartbeat>(4);
         let lost = CancellationToken::new();
         let lost_signal = lost.clone();
         let handle = self.handle.clone();
         let session_id = grant.session_id.clone();
         tokio::spawn(async move {
-            while let Some(leases) = hb_rx.recv().await {
-                if handle.heartbeat(&session_id, leases).await.is_err() {
+            while let Some(heartbeat) = hb_rx.recv().await {
+                if handle.heartbeat(&session_id, heartbeat).await.is_err() {
                     lost_signal.cancel();
                     break;
                 }

@@ -8,14 +8,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stoke_core::lease::{LeaseKey, Registration, SessionEvent};
+use stoke_core::lease::{Heartbeat, LeaseKey, Registration, SessionEvent};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::error::{LinkError, LinkErrorKind};
 use crate::link::{CoordinatorLink, Session};
-use crate::pipeline::process::ShardControl;
+use crate::pipeline::process::{STAGE_TOTALS, ShardControl};
 
 /// The leases this worker works on, and how to steer each attempt.
 pub(crate) type Active = Arc<Mutex<HashMap<LeaseKey, Arc<ShardControl>>>>;
@@ -99,7 +99,11 @@ async fn keep(session: Session, active: &Active, stop: &CancellationToken) {
             _ = stop.cancelled() => break,
             _ = lost.cancelled() => break,
             _ = ticker.tick() => {
-                if heartbeats.send(active_keys(active)).await.is_err() {
+                let heartbeat = Heartbeat {
+                    leases: active_keys(active),
+                    stages: STAGE_TOTALS.snapshot(),
+                };
+                if heartbeats.send(heartbeat).await.is_err() {
                     break;
                 }
             }

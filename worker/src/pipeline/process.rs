@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use stoke_core::Stores;
@@ -228,6 +228,45 @@ fn stage_scratch(scratch: &Path, from_batch: u64) -> Result<Vec<PathBuf>, std::i
     Ok(moved)
 }
 
+/// Where this process's processor threads spent their time since it
+/// started, summed over devices and attempts; sent with every heartbeat.
+pub(crate) static STAGE_TOTALS: StageCounters = StageCounters::new();
+
+#[derive(Debug)]
+pub(crate) struct StageCounters {
+    batches: AtomicU64,
+    records: AtomicU64,
+    input_wait_us: AtomicU64,
+    model_us: AtomicU64,
+    checkpoint_us: AtomicU64,
+}
+
+impl StageCounters {
+    const fn new() -> Self {
+        Self {
+            batches: AtomicU64::new(0),
+            records: AtomicU64::new(0),
+            input_wait_us: AtomicU64::new(0),
+            model_us: AtomicU64::new(0),
+            checkpoint_us: AtomicU64::new(0),
+        }
+    }
+
+    fn add_time(counter: &AtomicU64, d: Duration) {
+        counter.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> stoke_core::lease::StageTotals {
+        stoke_core::lease::StageTotals {
+            batches: self.batches.load(Ordering::Relaxed),
+            records: self.records.load(Ordering::Relaxed),
+            input_wait_ms: self.input_wait_us.load(Ordering::Relaxed) / 1000,
+            model_ms: self.model_us.load(Ordering::Relaxed) / 1000,
+            checkpoint_ms: self.checkpoint_us.load(Ordering::Relaxed) / 1000,
+        }
+    }
+}
+
 /// Where an attempt's time went on the processor thread.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct StageTimes {
@@ -295,7 +334,9 @@ impl ShardLoop<'_> {
         let committed = ack_rx.blocking_recv().unwrap_or(false);
         self.from_batch = self.next_batch;
         self.records_since = 0;
-        self.times.checkpoint += started.elapsed();
+        let took = started.elapsed();
+        self.times.checkpoint += took;
+        StageCounters::add_time(&STAGE_TOTALS.checkpoint_us, took);
         Ok(committed)
     }
 
@@ -322,9 +363,13 @@ impl ShardLoop<'_> {
                 batch_idx: idx,
                 message: e.to_string(),
             })?;
-        self.times.model += started.elapsed();
+        let took = started.elapsed();
+        self.times.model += took;
         self.times.batches += 1;
         self.times.records += consumed;
+        StageCounters::add_time(&STAGE_TOTALS.model_us, took);
+        STAGE_TOTALS.batches.fetch_add(1, Ordering::Relaxed);
+        STAGE_TOTALS.records.fetch_add(consumed, Ordering::Relaxed);
         self.next_batch = idx + 1;
         self.records_since += consumed;
         tracing::trace!(shard = %self.shard_id, batch = idx, "batch processed");
@@ -355,7 +400,9 @@ impl ShardLoop<'_> {
             let Some(item) = batches.blocking_recv() else {
                 break;
             };
-            self.times.input_wait += waited.elapsed();
+            let took = waited.elapsed();
+            self.times.input_wait += took;
+            StageCounters::add_time(&STAGE_TOTALS.input_wait_us, took);
             self.process(item?)?;
             since_checkpoint += 1;
             if since_checkpoint >= interval || every.is_some_and(|d| last_checkpoint.elapsed() >= d)
