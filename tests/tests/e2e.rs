@@ -445,6 +445,21 @@ fn log_format_json_writes_one_json_object_per_line() {
         "{}",
         w.log_text()
     );
+    // Events of an attempt carry its span: worker, job, shard, token, attempt.
+    let in_span = w
+        .log_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["fields"]["message"] == "attempt stage times")
+        .expect("an attempt's event");
+    let span = &in_span["span"];
+    assert_eq!(span["name"], "attempt", "{in_span}");
+    assert_eq!(span["worker"], "w1", "{in_span}");
+    assert_eq!(span["job"], job_id.as_str(), "{in_span}");
+    assert!(
+        span["shard"].as_str().is_some_and(|s| s.starts_with('s')),
+        "{in_span}"
+    );
 }
 
 #[test]

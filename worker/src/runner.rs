@@ -272,7 +272,15 @@ impl<L: CoordinatorLink> Worker<L> {
     /// Starts an attempt: its reader, its committer, and its turn on the
     /// processor thread (queued behind the attempt running there, if any).
     async fn start(&self, lease: Lease) -> Result<Started, WorkerError> {
-        info!(job = %lease.job_id, shard = %lease.shard.id, token = lease.token, attempt = lease.attempt, next_batch = lease.next_batch, "lease taken");
+        let span = tracing::info_span!(
+            "attempt",
+            worker = %self.config.worker_id,
+            job = %lease.job_id,
+            shard = %lease.shard.id,
+            token = lease.token,
+            attempt = lease.attempt
+        );
+        info!(parent: &span, next_batch = lease.next_batch, "lease taken");
         let key = lease.key();
         let control = Arc::new(ShardControl::default());
         self.active
@@ -283,16 +291,19 @@ impl<L: CoordinatorLink> Worker<L> {
         let prefix = StoreUri::parse(&lease.output_prefix)?;
         let errors_prefix = StoreUri::parse(&lease.errors_prefix)?;
         let (batch_tx, batch_rx) = mpsc::channel(self.config.prefetch_batches.max(1));
-        let reader = tokio::spawn(read_shard(
-            ShardRead {
-                stores: self.stores.clone(),
-                spec: Arc::clone(&spec),
-                shard: lease.shard.clone(),
-                input_schema: lease.input_schema.clone(),
-                start_batch: lease.next_batch,
-                start_record: lease.records_done,
-            },
-            batch_tx,
+        let reader = tokio::spawn(tracing::Instrument::instrument(
+            read_shard(
+                ShardRead {
+                    stores: self.stores.clone(),
+                    spec: Arc::clone(&spec),
+                    shard: lease.shard.clone(),
+                    input_schema: lease.input_schema.clone(),
+                    start_batch: lease.next_batch,
+                    start_record: lease.records_done,
+                },
+                batch_tx,
+            ),
+            span.clone(),
         ));
         let (cp_tx, cp_rx) = mpsc::channel(2);
         let committer = Committer {
@@ -305,7 +316,10 @@ impl<L: CoordinatorLink> Worker<L> {
             format: spec.output.format,
             control: Arc::clone(&control),
         };
-        let committer = tokio::spawn(committer.run(cp_rx));
+        let committer = tokio::spawn(tracing::Instrument::instrument(
+            committer.run(cp_rx),
+            span.clone(),
+        ));
         let (reply_tx, reply_rx) = oneshot::channel();
         let run = ShardRun {
             job_id: lease.job_id.clone(),
@@ -320,6 +334,7 @@ impl<L: CoordinatorLink> Worker<L> {
             checkpoints: cp_tx,
             control: Arc::clone(&control),
             reply: reply_tx,
+            span: span.clone(),
         };
         let stop_on_shutdown = {
             let control = Arc::clone(&control);

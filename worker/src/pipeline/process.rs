@@ -65,6 +65,9 @@ pub(crate) struct ShardRun {
     pub checkpoints: mpsc::Sender<Checkpoint>,
     pub control: Arc<ShardControl>,
     pub reply: oneshot::Sender<ShardOutcome>,
+    /// The attempt's span (job, shard, token, attempt, worker): every event
+    /// of the attempt, on every thread, carries it.
+    pub span: tracing::Span,
 }
 
 pub(crate) enum ProcMsg {
@@ -108,6 +111,8 @@ impl ProcessorThread {
                 }
                 ProcMsg::Shard(run) => {
                     let run = *run;
+                    let span = run.span.clone();
+                    let _entered = span.enter();
                     if loaded.as_ref().is_some_and(|l| l.job_id != run.job_id) {
                         finish(loaded.take());
                     }
