@@ -100,7 +100,8 @@ pub fn plan_range(count: u64, target: u64) -> Plan {
         .step_by(target as usize)
         .enumerate()
         .map(|(i, start)| {
-            let end = (start + target).min(count);
+            // `saturating_add`: a last shard near `u64::MAX` ends at `count`.
+            let end = start.saturating_add(target).min(count);
             Shard {
                 id: shard_id(i),
                 records: Some(end - start),
@@ -447,6 +448,20 @@ mod tests {
             ShardSource::Range { start: 20, end: 25 }
         );
         assert_eq!(plan.records_total, Some(25));
+    }
+
+    #[test]
+    fn range_ending_near_u64_max_does_not_overflow() {
+        let plan = plan_range(u64::MAX, 1 << 63);
+        assert_eq!(plan.shards.len(), 2);
+        assert_eq!(
+            plan.shards[1].source,
+            ShardSource::Range {
+                start: 1 << 63,
+                end: u64::MAX
+            }
+        );
+        assert_eq!(plan.shards[1].records, Some((1 << 63) - 1));
     }
 
     #[test]

@@ -246,6 +246,14 @@ fn default_shard_bytes() -> ByteSize {
 const MAX_BATCH_SIZE: u64 = 1 << 24;
 const MAX_ATTEMPTS: u32 = 1000;
 const MAX_NAME_LEN: usize = 64;
+/// The worker hands this to libtorch as an `i32`; more threads than any
+/// machine has cores only oversubscribes it.
+const MAX_THREADS: usize = 1024;
+
+/// Most shards a `range` job may ask for: the coordinator plans it in
+/// memory at submit (a million shards is its measured scale, see
+/// BENCHMARKS.md), so a spec beyond that is refused instead.
+pub const MAX_SHARDS: u64 = 1_000_000;
 
 impl JobSpec {
     /// Parses a TOML spec and validates it.
@@ -370,10 +378,12 @@ impl JobSpec {
         if self.processor.name.trim().is_empty() {
             return Err(SpecError::invalid("processor.name", "must not be empty"));
         }
-        if self.processor.threads == Some(0) {
+        if let Some(threads) = self.processor.threads
+            && (threads == 0 || threads > MAX_THREADS)
+        {
             return Err(SpecError::invalid(
                 "processor.threads",
-                "must be at least 1",
+                format!("must be between 1 and {MAX_THREADS}, got {threads}"),
             ));
         }
         let bs = self.batching.batch_size;
@@ -421,6 +431,18 @@ impl JobSpec {
                 "sharding.records",
                 "must be at least 1, got 0",
             ));
+        }
+        if let Some(count) = self.dataset.count {
+            let records = self.sharding.records;
+            if count.div_ceil(records) > MAX_SHARDS {
+                return Err(SpecError::invalid(
+                    "sharding.records",
+                    format!(
+                        "must be at least {} for {count} records (a job has at most {MAX_SHARDS} shards), got {records}",
+                        count.div_ceil(MAX_SHARDS)
+                    ),
+                ));
+            }
         }
         if self.sharding.bytes.as_u64() < 1024 {
             return Err(SpecError::invalid(
@@ -606,6 +628,28 @@ bytes = "16MiB"
         assert!(e.contains("dataset.count"), "{e}");
         let e = err(&range.replace("\"range\"", "\"csv\""));
         assert!(e.contains("dataset.format") && e.contains("csv"), "{e}");
+    }
+
+    #[test]
+    fn range_beyond_max_shards_and_too_many_threads_are_refused() {
+        let range = |count: u64, records: u64| {
+            format!(
+                "[dataset]\nformat = \"range\"\ncount = {count}\n[processor]\nname = \"p\"\n[sharding]\nrecords = {records}\n"
+            )
+        };
+        JobSpec::from_toml(&range(MAX_SHARDS * 10, 10)).expect("exactly the most shards");
+        let e = err(&range(MAX_SHARDS * 10 + 1, 10));
+        assert!(
+            e.contains("sharding.records") && e.contains("at least 11"),
+            "{e}"
+        );
+        let e = err(&range(i64::MAX as u64, 1));
+        assert!(e.contains("sharding.records"), "{e}");
+        let e = err(&GOOD.replace(
+            "name = \"torchscript\"",
+            "name = \"t\"\nthreads = 4294967297",
+        ));
+        assert!(e.contains("processor.threads"), "{e}");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use stoke_core::plan::{Plan, Shard, ShardSource, plan_range};
 use stoke_core::records::{EpochRecord, LockRecord, Manifest, ProgressRecord, StatusRecord};
-use stoke_core::spec::JobSpec;
+use stoke_core::spec::{JobSpec, MAX_SHARDS};
 use stoke_core::store::to_json_bytes;
 use stoke_proto::v1 as pb;
 
@@ -68,10 +68,6 @@ fn spec_round_trips(spec: &JobSpec) {
     }
     range_plan_is_bounded(spec);
 }
-
-/// Most shards a valid spec may ask for (the coordinator's measured scale,
-/// BENCHMARKS.md).
-const MAX_SHARDS: u64 = 1_000_000;
 
 /// Plans this small are cheap enough to build for every input.
 const CHECKED_SHARDS: u64 = 10_000;
