@@ -25,5 +25,7 @@ fi
 echo "== cargo test"
 # The S3-protocol server the integration tests start (cached in ~/.cache/stoke).
 "$STOKE_REPO/scripts/s3-server.sh" >/dev/null
+# The headless browser the status-page test renders the page in.
+"$STOKE_REPO/scripts/browser.sh" >/dev/null
 cargo build -q --workspace --bins
 cargo test --workspace --no-fail-fast 2>&1 | tee "$STOKE_CACHE/last-test.log"

@@ -49,6 +49,7 @@ pub async fn serve(
         .route(HEALTH_PATH, get(|| async { "ok\n" }))
         .route(READY_PATH, get(ready))
         .route(METRICS_PATH, get(metrics))
+        .merge(crate::status::routes(handle.clone()))
         .with_state(Http { handle, root });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())

@@ -16,8 +16,10 @@ pub mod grpc;
 pub mod http;
 pub mod metrics;
 pub mod owner;
+pub mod progress;
 pub mod root_lock;
 pub mod state;
+pub mod status;
 
 use stoke_core::Stores;
 use stoke_proto::v1::job_service_server::JobServiceServer;

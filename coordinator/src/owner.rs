@@ -23,6 +23,7 @@ use tracing::debug;
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
 use crate::metrics::Snapshot;
+use crate::progress::StatusReport;
 use crate::root_lock;
 use crate::state::{CommitStep, ErrorSources, PendingCommit, State};
 
@@ -44,6 +45,9 @@ enum Command {
     },
     Snapshot {
         reply: Reply<Snapshot>,
+    },
+    Status {
+        reply: Reply<StatusReport>,
     },
     JobErrors {
         job_id: String,
@@ -215,6 +219,9 @@ async fn apply(state: &mut State, cmd: Command) {
         Command::Snapshot { reply } => {
             let _ = reply.send(Ok(state.snapshot()));
         }
+        Command::Status { reply } => {
+            let _ = reply.send(Ok(state.status()));
+        }
         Command::JobErrors { job_id, reply } => {
             let _ = reply.send(state.job_errors(&job_id));
         }
@@ -339,6 +346,12 @@ impl Handle {
     /// Counters and connected workers.
     pub async fn snapshot(&self) -> Result<Snapshot> {
         self.call(|reply| Command::Snapshot { reply }).await
+    }
+
+    /// Every job's progress (shards by state, records/s, ETA) and the
+    /// connected workers, at one moment: what the status page shows.
+    pub async fn status(&self) -> Result<StatusReport> {
+        self.call(|reply| Command::Status { reply }).await
     }
 
     /// A job's failed attempts per shard, and up to `max_skipped` of the

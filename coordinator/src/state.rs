@@ -30,6 +30,7 @@ use tracing::{info, warn};
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
 use crate::metrics::{Counters, Snapshot, WorkerInfo};
+use crate::progress::{JobProgress, RateWindow, ShardCounts, StatusReport, eta};
 
 /// Fencing tokens: the coordinator's epoch in the high 32 bits, a counter in
 /// the low 32. Epochs grow at every start, so tokens grow across restarts.
@@ -93,6 +94,8 @@ struct Job {
     /// Running totals over the shards' progress, kept by `set_progress`
     /// so status calls and commits never walk every shard.
     totals: Totals,
+    /// Committed records sampled over time, for the status page's rate.
+    rate: RateWindow,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -100,6 +103,15 @@ struct Totals {
     shards_done: u64,
     records: u64,
     skipped: u64,
+    failed_attempts: u64,
+    store_failures: u64,
+    /// Shards not done that had a failed attempt or a store failure.
+    failed_unfinished: u64,
+}
+
+/// A shard not done yet whose earlier attempts failed.
+fn failed_unfinished(p: &ProgressRecord) -> bool {
+    !p.done && (p.failed_attempts > 0 || p.store_failures > 0)
 }
 
 impl Job {
@@ -112,6 +124,18 @@ impl Job {
             t.shards_done.saturating_sub(u64::from(old.done)) + u64::from(progress.done);
         t.records = t.records.saturating_sub(old.records) + progress.records;
         t.skipped = t.skipped.saturating_sub(old.skipped) + progress.skipped;
+        t.failed_attempts = t
+            .failed_attempts
+            .saturating_sub(u64::from(old.failed_attempts))
+            + u64::from(progress.failed_attempts);
+        t.store_failures = t
+            .store_failures
+            .saturating_sub(u64::from(old.store_failures))
+            + u64::from(progress.store_failures);
+        t.failed_unfinished = t
+            .failed_unfinished
+            .saturating_sub(u64::from(failed_unfinished(old)))
+            + u64::from(failed_unfinished(&progress));
         self.shards[idx].progress = progress;
     }
 
@@ -324,6 +348,7 @@ impl State {
             shard_index,
             manifest_written: false,
             totals: Totals::default(),
+            rate: RateWindow::default(),
         }
     }
 
@@ -441,6 +466,76 @@ impl State {
         Snapshot {
             counters: self.counters.clone(),
             workers,
+        }
+    }
+
+    /// Every job's progress (shards by state, records/s, ETA) and the
+    /// connected workers, for the status page. Samples the running jobs'
+    /// records first, so the rate reaches up to now. Walks the sessions'
+    /// leases, never the jobs' shards.
+    pub fn status(&mut self) -> StatusReport {
+        self.sample_rates(Instant::now());
+        // (leased, of those with failed attempts behind them) per job.
+        let mut leased: HashMap<&str, (u64, u64)> = HashMap::new();
+        for session in self.sessions.values() {
+            for (job_id, idx) in &session.leases {
+                let Some(job) = self.jobs.get(job_id) else {
+                    continue;
+                };
+                let entry = leased.entry(job_id.as_str()).or_default();
+                entry.0 += 1;
+                if job
+                    .shards
+                    .get(*idx)
+                    .is_some_and(|s| failed_unfinished(&s.progress))
+                {
+                    entry.1 += 1;
+                }
+            }
+        }
+        let jobs = self
+            .order
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .map(|job| {
+                let (shards_leased, failed_leased) =
+                    leased.get(job.id.as_str()).copied().unwrap_or_default();
+                let info = job.info(shards_leased);
+                let records_per_s = job.rate.rate();
+                let remaining = info
+                    .records_total
+                    .map(|total| total.saturating_sub(info.records_done));
+                JobProgress {
+                    shards: ShardCounts::split(
+                        info.shards_total,
+                        info.shards_done,
+                        shards_leased,
+                        job.totals.failed_unfinished,
+                        failed_leased,
+                    ),
+                    records_per_s,
+                    eta: remaining.and_then(|r| eta(r, records_per_s)),
+                    attempts_failed: job.totals.failed_attempts,
+                    store_failures: job.totals.store_failures,
+                    info,
+                }
+            })
+            .collect();
+        StatusReport {
+            jobs,
+            snapshot: self.snapshot(),
+        }
+    }
+
+    /// Samples every running job's committed records for its rate; a job
+    /// that is not running has none (a resumed one starts afresh).
+    fn sample_rates(&mut self, now: Instant) {
+        for job in self.jobs.values_mut() {
+            if job.state == JobState::Running {
+                job.rate.record(now, job.totals.records);
+            } else {
+                job.rate.clear();
+            }
         }
     }
 
@@ -1113,6 +1208,7 @@ impl State {
     /// finishing jobs whose last step failed on the store.
     pub async fn tick(&mut self) {
         let now = Instant::now();
+        self.sample_rates(now);
         // Only leased shards can expire: walk the sessions' leases (one per
         // busy processor), not every shard of every job.
         let mut expired: Vec<(String, String, usize)> = Vec::new();

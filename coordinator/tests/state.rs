@@ -1122,3 +1122,105 @@ async fn a_commit_being_written_keeps_its_lease_until_stored() {
         2
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn status_reports_shards_by_state_and_a_rate_from_samples_over_time() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 4 * SHARD_RECORDS).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let report = state.status();
+    let job = &report.jobs[0];
+    assert_eq!(job.info.job_id, "j");
+    assert_eq!(
+        (
+            job.shards.done,
+            job.shards.leased,
+            job.shards.retrying,
+            job.shards.pending
+        ),
+        (0, 0, 0, 4)
+    );
+    assert_eq!((job.records_per_s, job.eta), (None, None));
+
+    // One shard done, one half done and still leased, ten seconds on.
+    let first = leased(state.acquire(&a));
+    write_object(&stores, &output(&first, 0, SHARD_RECORDS).uri).await;
+    state
+        .commit(last_checkpoint(&a, &first, 0))
+        .await
+        .expect("commit");
+    let second = leased(state.acquire(&a));
+    write_object(&stores, &output(&second, 0, 4).uri).await;
+    state
+        .commit(checkpoint(&a, &second, 0, 2))
+        .await
+        .expect("commit");
+    advance(Duration::from_secs(10)).await;
+    let report = state.status();
+    let job = &report.jobs[0];
+    assert_eq!(job.info.records_done, SHARD_RECORDS + 4);
+    assert_eq!(
+        (
+            job.shards.done,
+            job.shards.leased,
+            job.shards.retrying,
+            job.shards.pending
+        ),
+        (1, 1, 0, 2)
+    );
+    // 14 records in 10 s; 26 left.
+    assert_eq!(job.records_per_s, Some(1.4));
+    let eta = job.eta.expect("eta").as_secs_f64();
+    assert!((eta - 26.0 / 1.4).abs() < 1e-9, "{eta}");
+    let worker = &report.snapshot.workers[0];
+    assert_eq!(
+        worker.leases,
+        vec![("j".to_string(), second.shard.id.clone())]
+    );
+
+    // A failed attempt: that shard waits as retrying, and is counted.
+    state
+        .release(release(&a, &second, Some("bad tensor shape")))
+        .await
+        .expect("release");
+    let job = &state.status().jobs[0];
+    assert_eq!(
+        (
+            job.shards.done,
+            job.shards.leased,
+            job.shards.retrying,
+            job.shards.pending
+        ),
+        (1, 0, 1, 2)
+    );
+    assert_eq!(job.attempts_failed, 1);
+    // Leased again (with the rest, by another worker), it is leased.
+    let (b, _b_events) = register(&mut state, "b");
+    let mut ids: Vec<String> = (0..3).map(|_| leased(state.acquire(&b)).shard.id).collect();
+    ids.sort();
+    assert!(ids.contains(&second.shard.id), "{ids:?}");
+    let job = &state.status().jobs[0];
+    assert_eq!(
+        (
+            job.shards.done,
+            job.shards.leased,
+            job.shards.retrying,
+            job.shards.pending
+        ),
+        (1, 3, 0, 0)
+    );
+
+    // Nothing moves for a whole window: no rate, no ETA.
+    advance(Duration::from_secs(31)).await;
+    state.tick().await;
+    advance(Duration::from_secs(5)).await;
+    let job = &state.status().jobs[0];
+    assert_eq!(job.records_per_s, Some(0.0));
+    assert_eq!(job.eta, None);
+
+    // A paused job has no rate.
+    state.pause("j", String::new()).await.expect("pause");
+    let job = &state.status().jobs[0];
+    assert_eq!((job.records_per_s, job.eta), (None, None));
+}

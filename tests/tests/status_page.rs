@@ -1,0 +1,433 @@
+//! The status page in a real browser: headless chromium loads `GET /` from
+//! a real coordinator while a job is partly done (its workers stopped at
+//! an exact step, so nothing moves), and the rendered DOM must show what
+//! the coordinator says of the job at that moment; then again once the job
+//! has finished. Also: the page's data is only there after its script ran,
+//! user data is shown as text (a record id holding HTML stays text),
+//! nothing from a spec leaks, and a page that cannot reach the coordinator
+//! says so. Saves a screenshot of the page mid-job.
+//!
+//! Needs chromium (`scripts/browser.sh` installs it; `scripts/test.sh`
+//! runs that first). Without it the test fails and says so.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use stoke_tests::*;
+
+/// The longest one chromium run may take before it is killed.
+const BROWSER_DEADLINE: Duration = Duration::from_secs(60);
+/// Virtual time the page gets to run (it polls every 2 s).
+const VIRTUAL_TIME_MS: u32 = 5_000;
+/// Checkpoints each frozen worker commits before it stops for good: all
+/// 26 of its first shard (25, and an empty one marking the end) and 9 of
+/// its second, so it stops in the middle of a shard it is still reading.
+const COMMITS_BEFORE_FREEZE: u64 = 35;
+/// A bad record's id that is markup, to check it is shown as text.
+const HTML_ID: &str = "<img src=x onerror=document.body.setAttribute('data-xss','1')>";
+/// A value that must never reach the page.
+const SECRET: &str = "stoke-status-page-secret-9f3a";
+
+fn chromium() -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("chromium"))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "chromium is not installed, and the status-page test needs it: \
+                 run scripts/browser.sh (scripts/test.sh runs it first)"
+            )
+        })
+}
+
+/// Headless chromium, each run with a fresh profile under `dir`.
+struct Browser {
+    bin: PathBuf,
+    dir: PathBuf,
+    runs: u32,
+}
+
+impl Browser {
+    fn new(dir: &Path) -> Self {
+        let bin = chromium();
+        let dir = dir.join("browser");
+        std::fs::create_dir_all(&dir).expect("browser dir");
+        Self { bin, dir, runs: 0 }
+    }
+
+    /// Runs chromium on `url` with `args`, killed past the deadline;
+    /// returns its stdout.
+    fn run(&mut self, url: &str, args: &[String]) -> String {
+        self.runs += 1;
+        let profile = self.dir.join(format!("profile-{}", self.runs));
+        let mut cmd = Command::new(&self.bin);
+        cmd.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("--virtual-time-budget={VIRTUAL_TIME_MS}"))
+        .args(args)
+        .arg(url);
+        let out = output_within(cmd, BROWSER_DEADLINE);
+        assert!(
+            out.status.success(),
+            "chromium on {url} failed ({}): {}",
+            out.status,
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    }
+
+    /// The DOM after the page's scripts ran.
+    fn dom(&mut self, url: &str) -> String {
+        self.run(url, &["--dump-dom".to_string()])
+    }
+
+    fn screenshot(&mut self, url: &str, png: &Path) {
+        self.run(
+            url,
+            &[
+                format!("--screenshot={}", png.display()),
+                "--window-size=1280,900".to_string(),
+            ],
+        );
+    }
+}
+
+/// The attributes of the start tag that holds `marker` (an attribute).
+fn tag_attrs(dom: &str, marker: &str) -> Option<HashMap<String, String>> {
+    let at = dom.find(marker)?;
+    let start = dom[..at].rfind('<')?;
+    let end = at + dom[at..].find('>')?;
+    let mut attrs = HashMap::new();
+    let mut rest = &dom[start..end];
+    while let Some(eq) = rest.find("=\"") {
+        let name = rest[..eq]
+            .rsplit(char::is_whitespace)
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let value_and_rest = &rest[eq + 2..];
+        let close = value_and_rest.find('"')?;
+        attrs.insert(name, value_and_rest[..close].to_string());
+        rest = &value_and_rest[close + 1..];
+    }
+    Some(attrs)
+}
+
+/// One job's card in the rendered DOM: its attributes and its markup.
+fn job_card(dom: &str, job_id: &str) -> (HashMap<String, String>, String) {
+    let marker = format!("data-job-id=\"{job_id}\"");
+    let attrs = tag_attrs(dom, &marker)
+        .unwrap_or_else(|| panic!("no card for job {job_id} in the rendered page:\n{dom}"));
+    let at = dom.find(&marker).expect("marker");
+    let end = at + dom[at..].find("</article>").expect("card end");
+    (attrs, dom[at..end].to_string())
+}
+
+/// The text of the first element with `data-role="{role}"` in `html`.
+fn role_text(html: &str, role: &str) -> String {
+    let marker = format!("data-role=\"{role}\"");
+    let at = html
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no {role} in {html}"));
+    let open_end = at + html[at..].find('>').expect("tag end") + 1;
+    let close = open_end + html[open_end..].find('<').expect("text end");
+    html[open_end..close].to_string()
+}
+
+/// The percentage the page shows for `done` of `total`.
+fn shown_percent(done: u64, total: u64) -> String {
+    if done >= total {
+        return "100%".to_string();
+    }
+    let tenths = done * 1000 / total;
+    format!("{}.{}%", tenths / 10, tenths % 10)
+}
+
+/// Checks a job's card against the coordinator's own view of the job.
+fn assert_card_matches(dom: &str, status: &serde_json::Value) {
+    let job_id = status["job_id"].as_str().expect("job_id");
+    let (card, html) = job_card(dom, job_id);
+    let field = |name: &str| {
+        status[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name} in {status}"))
+    };
+    let state = status["state"].as_str().expect("state");
+    let done = field("records_done");
+    // Unknown for datasets not counted at plan time (JSON Lines).
+    let total = status["records_total"].as_u64();
+    for (attr, want) in [
+        ("data-state", state.to_string()),
+        ("data-records-done", done.to_string()),
+        (
+            "data-records-total",
+            total.map_or(String::new(), |t| t.to_string()),
+        ),
+        ("data-shards-done", field("shards_done").to_string()),
+        ("data-shards-total", field("shards_total").to_string()),
+    ] {
+        assert_eq!(
+            card.get(attr).map(String::as_str),
+            Some(want.as_str()),
+            "{attr} of job {job_id}: the page shows {card:?}, the coordinator says {status}"
+        );
+    }
+    let percent = match total {
+        _ if state == "succeeded" => "100%".to_string(),
+        Some(total) => shown_percent(done, total),
+        None => "—".to_string(),
+    };
+    assert_eq!(role_text(&html, "percent"), percent, "{html}");
+    let total = total.map_or("?".to_string(), group);
+    assert!(
+        html.contains(&format!("{} / {total}", group(done))),
+        "records shown in {html}"
+    );
+}
+
+/// 1234567 -> "1,234,567", as the page writes counts.
+fn group(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// 60 JSON Lines records, two of them bad (one with markup for an id).
+fn bad_records_job(dir: &Path) -> String {
+    let mut lines = Vec::new();
+    for i in 0..60 {
+        let features: Vec<String> = (0..16)
+            .map(|k| format!("{}", ((i * 7 + k) % 13) as f32 / 13.0))
+            .collect();
+        let record = match i {
+            11 => serde_json::json!({ "id": HTML_ID, "features": [1.0, 2.0, 3.0] }),
+            42 => serde_json::json!({ "id": "rec-042", "features": null }),
+            _ => serde_json::json!({ "id": format!("rec-{i:03}"), "features": features
+                .iter().map(|f| f.parse::<f64>().unwrap_or(0.0)).collect::<Vec<_>>() }),
+        };
+        lines.push(record.to_string());
+    }
+    let data = dir.join("bad.jsonl");
+    std::fs::write(&data, lines.join("\n") + "\n").expect("write data");
+    let model = file_uri(&fixture().join("model.pt"));
+    let spec = format!(
+        "name = \"cleanup\"\nmax_attempts = 2\n[dataset]\nformat = \"jsonl\"\nuri = \"{}\"\nid_column = \"id\"\n\
+         [processor]\nname = \"torchscript\"\nparams = {{ model = \"{model}\", input_column = \"features\", api_token = \"{SECRET}\" }}\n\
+         [batching]\nbatch_size = 20\n[checkpoint]\ninterval = 1\n[sharding]\nbytes = \"1MiB\"\n\
+         [errors]\npolicy = \"skip\"\nmax_skipped = 10\n",
+        file_uri(&data)
+    );
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, spec).expect("write spec");
+    path.display().to_string()
+}
+
+/// Commits the coordinator accepted since it started (from `/metrics`).
+fn commits_accepted(coordinator: &Coordinator) -> Option<u64> {
+    let (_, metrics) = http_get(&coordinator.http_addr, "/metrics")?;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("stoke_commits_total{result=\"accepted\"} "))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The fixture's 3,000 records in shards of 500 (one row group each),
+/// batches of 10 and a checkpoint every 2: 25 checkpoints per shard.
+fn slow_fixture_spec() -> String {
+    fixture_spec_in("parquet", "long", "")
+        .replace("batch_size = 50", "batch_size = 10")
+        .replace("interval = 3", "interval = 2")
+        .replace("records = 400", "records = 500")
+}
+
+#[test]
+fn the_status_page_shows_a_job_in_progress_as_the_coordinator_sees_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut browser = Browser::new(tmp.path());
+    let root = tmp.path().join("root");
+    // Leases outlive the test: a stopped worker keeps what it holds.
+    let coordinator = Coordinator::start_with_env(
+        &root,
+        tmp.path(),
+        &["--lease-timeout", "300s"],
+        &[("AWS_SECRET_ACCESS_KEY", SECRET)],
+    );
+    let page_url = format!("{}/", coordinator.http_addr);
+
+    // A finished job with skipped records, one of which has markup for an id.
+    let cleanup = coordinator.submit(&bad_records_job(tmp.path()));
+    let mut w0 = coordinator.worker("stoke-worker", "w0", tmp.path());
+    coordinator.wait_success(&cleanup);
+    assert!(w0.wait_exit(DEADLINE).success(), "{}", w0.log_text());
+
+    // The main job, on two workers that each commit a fixed number of
+    // checkpoints and then stop for good at the next one (a fault point
+    // that never returns): its progress cannot move until they are
+    // replaced.
+    let commits_before = commits_accepted(&coordinator).expect("/metrics");
+    let spec = tmp.path().join("job.toml");
+    std::fs::write(&spec, slow_fixture_spec()).expect("write spec");
+    let job_id = coordinator.submit(&spec.display().to_string());
+    let freeze = format!("worker::after_upload_before_commit={COMMITS_BEFORE_FREEZE}*off->pause");
+    let frozen: Vec<Proc> = ["worker-a", "worker-b"]
+        .iter()
+        .map(|id| {
+            coordinator.worker_with(
+                "stoke-worker",
+                id,
+                tmp.path(),
+                &[],
+                &[("FAILPOINTS", freeze.as_str())],
+            )
+        })
+        .collect();
+    // Once both have committed that many, neither can commit again.
+    let frozen_at = commits_before + frozen.len() as u64 * COMMITS_BEFORE_FREEZE;
+    wait_until(
+        "both workers to stop at their fault point",
+        DEADLINE,
+        || {
+            // Ask for the status as the page would: the coordinator samples the
+            // job's records for its rate each time.
+            let _ = http_get(&coordinator.http_addr, "/api/status");
+            (commits_accepted(&coordinator)? >= frozen_at).then_some(())
+        },
+    );
+    assert_eq!(commits_accepted(&coordinator), Some(frozen_at));
+    let status = coordinator.status(&job_id);
+    let done = status["records_done"].as_u64().expect("records_done");
+    let total = status["records_total"].as_u64().expect("records_total");
+    assert_eq!(status["state"], "running", "{status}");
+    assert!(done > 0 && done < total, "{status}");
+
+    // The page as served holds no data: it is all rendered by its script.
+    let (code, served) = http_get(&coordinator.http_addr, "/").expect("GET /");
+    assert_eq!(code, 200);
+    assert!(served.contains("<script>"), "{served}");
+    for absent in [
+        job_id.as_str(),
+        cleanup.as_str(),
+        "data-job-id=\"",
+        "worker-a",
+    ] {
+        assert!(!served.contains(absent), "{absent} in the page as served");
+    }
+
+    let dom = browser.dom(&page_url);
+    assert!(
+        tag_attrs(&dom, "id=\"status\"")
+            .is_some_and(|a| a.get("data-loaded").map(String::as_str) == Some("true")),
+        "the page's script did not render the status:\n{dom}"
+    );
+    assert_card_matches(&dom, &status);
+    // The workers and the leases they hold, as `stoke workers` lists them.
+    let out = coordinator.cli(&["workers", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let workers: serde_json::Value = serde_json::from_slice(&out.stdout).expect("workers json");
+    let workers = workers.as_array().cloned().unwrap_or_else(|| {
+        workers["workers"]
+            .as_array()
+            .cloned()
+            .expect("workers list")
+    });
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    for w in &workers {
+        let id = w["worker_id"].as_str().expect("worker_id");
+        let row = tag_attrs(&dom, &format!("data-worker-id=\"{id}\""))
+            .unwrap_or_else(|| panic!("worker {id} not on the page:\n{dom}"));
+        let leases = w["leases"].as_array().map_or(0, Vec::len);
+        assert_eq!(row.get("data-leases"), Some(&leases.to_string()), "{w}");
+        assert_eq!(leases, 1, "{w}");
+    }
+    // Nothing moved while the page was read.
+    assert_eq!(coordinator.status(&job_id), status);
+
+    // The finished job, and its skipped records shown as text.
+    let cleanup_status = coordinator.status(&cleanup);
+    assert_eq!(cleanup_status["records_skipped"], 2, "{cleanup_status}");
+    assert_card_matches(&dom, &cleanup_status);
+    let (_, cleanup_html) = job_card(&dom, &cleanup);
+    assert!(cleanup_html.contains("2 records skipped"), "{cleanup_html}");
+    assert!(cleanup_html.contains("rec-042"), "{cleanup_html}");
+    assert!(
+        cleanup_html.contains("&lt;img src=x onerror="),
+        "the markup id is not shown as text: {cleanup_html}"
+    );
+    assert!(!dom.contains("<img"), "a record id became markup:\n{dom}");
+    assert!(!dom.contains("data-xss=\""), "a record id ran as script");
+
+    // Nothing from the specs or the environment beyond names.
+    let (_, api) = http_get(&coordinator.http_addr, "/api/status").expect("/api/status");
+    for text in [&dom, &api] {
+        assert!(!text.contains(SECRET), "a secret reached the page");
+        assert!(
+            !text.contains("model.pt"),
+            "the spec's params reached the page"
+        );
+    }
+
+    let png = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
+    let _ = std::fs::remove_file(&png);
+    browser.screenshot(&page_url, &png);
+    let bytes = std::fs::read(&png).unwrap_or_else(|e| panic!("{}: {e}", png.display()));
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    assert!(
+        bytes.len() > 20_000,
+        "a blank screenshot? {} bytes",
+        bytes.len()
+    );
+    println!("status page screenshot: {}", png.display());
+
+    // Nothing was committed while the page was read and shot.
+    assert_eq!(commits_accepted(&coordinator), Some(frozen_at));
+
+    // Replace the stopped workers: the job continues from their commits.
+    for mut w in frozen {
+        signal(w.pid(), libc::SIGKILL);
+        w.wait_exit(DEADLINE);
+    }
+    let _finisher = coordinator.worker("stoke-worker", "finisher", tmp.path());
+    coordinator.wait_success(&job_id);
+    let status = coordinator.status(&job_id);
+    assert_eq!(status["records_done"], total);
+    let dom = browser.dom(&page_url);
+    assert_card_matches(&dom, &status);
+    let (card, _) = job_card(&dom, &job_id);
+    assert_eq!(card.get("data-percent").map(String::as_str), Some("100.0"));
+
+    // Saved, then opened where /api/status cannot be fetched: the page says
+    // so instead of showing stale or empty data as if it were live.
+    let saved = tmp.path().join("saved-page.html");
+    std::fs::write(&saved, &served).expect("save page");
+    let dom = browser.dom(&file_uri(&saved));
+    assert!(dom.contains("Cannot load /api/status"), "{dom}");
+    assert!(
+        tag_attrs(&dom, "id=\"live\"")
+            .is_some_and(|a| a.get("data-live").map(String::as_str) == Some("error")),
+        "{dom}"
+    );
+    assert!(!dom.contains("data-job-id=\""), "{dom}");
+}
