@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use stoke_core::StoreUri;
 
+use crate::security::ServerSecurity;
+
 #[derive(Debug, Clone)]
 pub struct CoordinatorConfig {
     /// The state root: every durable record lives under it.
@@ -18,7 +20,21 @@ pub struct CoordinatorConfig {
     /// Who this coordinator is (host, pid, address), shown to a second
     /// coordinator that finds the root held.
     pub description: String,
+    /// Tokens and TLS (default: none, for loopback and tests).
+    pub security: ServerSecurity,
+    /// Largest gRPC request accepted, in bytes.
+    pub max_request_bytes: usize,
+    /// Largest job spec accepted at submit, in bytes.
+    pub max_spec_bytes: usize,
+    /// Most unfinished (running or paused) jobs at once; a submit beyond
+    /// it is refused.
+    pub max_jobs: usize,
 }
+
+/// Defaults for the limits.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+pub const DEFAULT_MAX_SPEC_BYTES: usize = 1024 * 1024;
+pub const DEFAULT_MAX_JOBS: usize = 1000;
 
 impl CoordinatorConfig {
     pub fn new(root: StoreUri) -> Self {
@@ -28,6 +44,10 @@ impl CoordinatorConfig {
             wait_retry: Duration::from_millis(200),
             root_lock_ttl: Duration::from_secs(15),
             description: format!("pid {}", std::process::id()),
+            security: ServerSecurity::default(),
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_spec_bytes: DEFAULT_MAX_SPEC_BYTES,
+            max_jobs: DEFAULT_MAX_JOBS,
         }
     }
 

@@ -71,10 +71,18 @@ pub enum CoordinatorError {
         "another coordinator is starting on this state root at the same moment ({uri} changed)"
     )]
     EpochRace { uri: String },
+    #[error(
+        "the coordinator already has {unfinished} unfinished jobs, its limit (--max-jobs {max}); wait for some to finish or cancel some"
+    )]
+    TooManyJobs { unfinished: usize, max: usize },
+    #[error("job spec is {size} bytes; the limit is {max} bytes (--max-spec-bytes)")]
+    SpecTooLarge { size: usize, max: usize },
     #[error("invalid request: {0}")]
     Request(#[from] ConvError),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    #[error(transparent)]
+    Security(#[from] stoke_core::security::SecurityError),
     #[error("serving gRPC: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -86,7 +94,8 @@ impl From<CoordinatorError> for Status {
         use CoordinatorError::*;
         let msg = e.to_string();
         match e {
-            Spec(_) | BadJobId { .. } | Request(_) | InvalidRequest(_) => {
+            TooManyJobs { .. } => Status::resource_exhausted(msg),
+            Spec(_) | BadJobId { .. } | Request(_) | InvalidRequest(_) | SpecTooLarge { .. } => {
                 Status::invalid_argument(msg)
             }
             Plan(PlanError::Store { ref source, .. }) if source.is_transient() => {
@@ -101,6 +110,7 @@ impl From<CoordinatorError> for Status {
             | JobNotRunning { .. }
             | BatchMismatch { .. }
             | ProtocolVersion { .. } => Status::failed_precondition(msg),
+            Security(_) => Status::internal(msg),
             Store(_)
             | Recovery(_)
             | ShuttingDown

@@ -36,11 +36,15 @@ fn check_version(peer: &'static str, version: u32) -> Result<(), Status> {
 #[derive(Debug, Clone)]
 pub struct JobApi {
     handle: Handle,
+    max_spec_bytes: usize,
 }
 
 impl JobApi {
-    pub fn new(handle: Handle) -> Self {
-        Self { handle }
+    pub fn new(handle: Handle, max_spec_bytes: usize) -> Self {
+        Self {
+            handle,
+            max_spec_bytes,
+        }
     }
 }
 
@@ -52,6 +56,13 @@ impl JobService for JobApi {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let req = req.into_inner();
         check_version("client", req.protocol_version)?;
+        if req.spec.len() > self.max_spec_bytes {
+            return Err(CoordinatorError::SpecTooLarge {
+                size: req.spec.len(),
+                max: self.max_spec_bytes,
+            }
+            .into());
+        }
         let format = pb::SpecFormat::try_from(req.format).unwrap_or(pb::SpecFormat::Unspecified);
         let spec = match format {
             pb::SpecFormat::Json => JobSpec::from_json(&req.spec),

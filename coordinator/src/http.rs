@@ -11,7 +11,10 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use std::net::SocketAddr;
+
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::State as AxumState;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -19,15 +22,20 @@ use axum::routing::get;
 use stoke_core::StoreUri;
 use stoke_core::layout::RootLayout;
 use stoke_core::records::JobState;
+use stoke_core::security::Token;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::owner::Handle;
+use crate::security::{self, TlsListener};
 
 /// The paths the probes use; deploy manifests are checked against these.
 pub const HEALTH_PATH: &str = "/healthz";
 pub const READY_PATH: &str = "/readyz";
 pub const METRICS_PATH: &str = "/metrics";
+
+/// Largest request body accepted (every route is a GET).
+const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// How long readiness waits on the owner or the store before saying no.
 const READY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -38,22 +46,56 @@ struct Http {
     root: StoreUri,
 }
 
-/// Serves HTTP on `listener` until `shutdown`.
+/// Where HTTP is served: plain TCP, or TLS (see [`crate::security`]).
+#[derive(Debug)]
+pub enum Listener {
+    Plain(TcpListener),
+    Tls(TlsListener),
+}
+
+impl Listener {
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Self::Plain(l) => l.local_addr().ok(),
+            Self::Tls(l) => axum::serve::Listener::local_addr(l).ok(),
+        }
+    }
+}
+
+/// Serves HTTP on `listener` until `shutdown`. With a client token, every
+/// route but `/healthz` needs it.
 pub async fn serve(
-    listener: TcpListener,
+    listener: Listener,
     handle: Handle,
     root: StoreUri,
+    token: Option<Token>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = Router::new()
-        .route(HEALTH_PATH, get(|| async { "ok\n" }))
+    let protected = Router::new()
         .route(READY_PATH, get(ready))
         .route(METRICS_PATH, get(metrics))
         .merge(crate::status::routes(handle.clone()))
         .with_state(Http { handle, root });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    let app = protected
+        .layer(axum::middleware::from_fn_with_state(
+            token,
+            security::http_auth,
+        ))
+        .route(HEALTH_PATH, get(|| async { "ok\n" }))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .into_make_service_with_connect_info::<security::Peer>();
+    match listener {
+        Listener::Plain(l) => {
+            axum::serve(l, app)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+        }
+        Listener::Tls(l) => {
+            axum::serve(l, app)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+        }
+    }
 }
 
 async fn ready(AxumState(http): AxumState<Http>) -> impl IntoResponse {

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod owner;
 pub mod progress;
 pub mod root_lock;
+pub mod security;
 pub mod state;
 pub mod status;
 
@@ -27,15 +28,13 @@ use stoke_proto::v1::worker_service_server::WorkerServiceServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 use tracing::info;
 
 pub use config::CoordinatorConfig;
 pub use error::{CoordinatorError, Result};
 pub use owner::{Handle, start};
-
-/// Largest gRPC message accepted (a job spec, a commit with many outputs).
-const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Serves the coordinator's gRPC on an already bound listener until
 /// `shutdown` is cancelled.
@@ -59,28 +58,52 @@ pub async fn serve(
 ) -> Result<()> {
     let addr = listener.local_addr().ok();
     let root = config.root.clone();
+    let security = config.security.clone();
+    security.validate().map_err(CoordinatorError::Security)?;
+    let (max_request, max_spec) = (config.max_request_bytes, config.max_spec_bytes);
+    let http_listener = match (http_listener, &security.tls) {
+        (Some(l), Some(tls)) => Some(http::Listener::Tls(
+            tls.http_listener(l).map_err(CoordinatorError::Security)?,
+        )),
+        (Some(l), None) => Some(http::Listener::Plain(l)),
+        (None, _) => None,
+    };
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = &security.tls {
+        server = server.tls_config(tls.grpc_config())?;
+    }
     // Stops on `shutdown`, or when another coordinator takes the root over.
     let stop = shutdown.child_token();
     let (handle, owner) = start(config, stores, stop.clone()).await?;
     let tasks = TaskTracker::new();
     if let Some(http_listener) = http_listener {
-        let http_addr = http_listener.local_addr().ok();
         let (handle, stop) = (handle.clone(), stop.clone());
+        let token = security.client_token.clone();
         tasks.spawn(async move {
-            info!(addr = ?http_addr, "http listening");
-            if let Err(e) = http::serve(http_listener, handle, root, stop.clone()).await {
+            info!(addr = ?http_listener.local_addr(), "http listening");
+            if let Err(e) = http::serve(http_listener, handle, root, token, stop.clone()).await {
                 tracing::error!(error = %e, "http server failed; stopping");
                 stop.cancel();
             }
         });
     }
-    let jobs = JobServiceServer::new(grpc::JobApi::new(handle.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let workers =
+    let jobs = InterceptedService::new(
+        JobServiceServer::new(grpc::JobApi::new(handle.clone(), max_spec))
+            .max_decoding_message_size(max_request),
+        security.job_auth(),
+    );
+    let workers = InterceptedService::new(
         WorkerServiceServer::new(grpc::WorkerApi::new(handle, stop.clone(), tasks.clone()))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    info!(addr = ?addr, "coordinator listening");
-    let served = tonic::transport::Server::builder()
+            .max_decoding_message_size(max_request),
+        security.worker_auth(),
+    );
+    info!(
+        addr = ?addr,
+        tls = security.tls.is_some(),
+        tokens = security.client_token.is_some(),
+        "coordinator listening"
+    );
+    let served = server
         .add_service(jobs)
         .add_service(workers)
         .serve_with_incoming_shutdown(

@@ -6,6 +6,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use stoke_coordinator::CoordinatorConfig;
+use stoke_coordinator::security::{ServerSecurity, ServerTls};
+use stoke_core::security::{
+    CLIENT_TOKEN_FILE_VAR, CLIENT_TOKEN_VAR, SECURITY_ENV_VARS, Token, WORKER_TOKEN_FILE_VAR,
+    WORKER_TOKEN_VAR,
+};
 use stoke_core::{StoreConfig, StoreUri, Stores};
 use tokio_util::sync::CancellationToken;
 
@@ -40,6 +45,25 @@ struct Args {
     /// Log lines as text or json (one object per line, for log collectors).
     #[arg(long, env = "STOKE_LOG_FORMAT", default_value = "text")]
     log_format: stoke_core::logging::LogFormat,
+    /// TLS certificate chain (PEM) for gRPC and HTTP; with --tls-key.
+    #[arg(long, env = "STOKE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for --tls-cert.
+    #[arg(long, env = "STOKE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// CA (PEM) that signs workers' client certificates: worker calls then
+    /// need one. Needs --tls-cert.
+    #[arg(long, env = "STOKE_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Largest gRPC request accepted ("16MiB").
+    #[arg(long, env = "STOKE_MAX_REQUEST_SIZE", default_value = "16MiB")]
+    max_request_size: bytesize::ByteSize,
+    /// Largest job spec accepted at submit ("1MiB").
+    #[arg(long, env = "STOKE_MAX_SPEC_SIZE", default_value = "1MiB")]
+    max_spec_size: bytesize::ByteSize,
+    /// Most unfinished (running or paused) jobs at once.
+    #[arg(long, env = "STOKE_MAX_JOBS", default_value_t = stoke_coordinator::config::DEFAULT_MAX_JOBS)]
+    max_jobs: usize,
     /// Check the flags and environment (unknown STOKE_* variables
     /// included), print the resolved configuration as JSON and exit: 0 when
     /// valid, 2 otherwise.
@@ -59,6 +83,10 @@ struct Resolved {
     #[serde(with = "humantime_serde")]
     root_lock_ttl: Duration,
     store: StoreConfig,
+    security: ServerSecurity,
+    max_request_bytes: usize,
+    max_spec_bytes: usize,
+    max_jobs: usize,
 }
 
 impl Args {
@@ -81,7 +109,35 @@ impl Args {
         if self.root_lock_ttl < Duration::from_millis(300) {
             anyhow::bail!("--root-lock-ttl {:?}: at least 300ms", self.root_lock_ttl);
         }
+        let security = ServerSecurity {
+            client_token: Token::from_env(CLIENT_TOKEN_VAR, CLIENT_TOKEN_FILE_VAR)?,
+            worker_token: Token::from_env(WORKER_TOKEN_VAR, WORKER_TOKEN_FILE_VAR)?,
+            tls: match (&self.tls_cert, &self.tls_key) {
+                (Some(cert), Some(key)) => Some(ServerTls::load(
+                    cert.clone(),
+                    key.clone(),
+                    self.tls_client_ca.clone(),
+                )?),
+                _ => None,
+            },
+        };
+        security.validate()?;
+        let bytes = |flag: &str, size: bytesize::ByteSize| -> anyhow::Result<usize> {
+            match usize::try_from(size.as_u64()) {
+                Ok(n) if n >= 1024 => Ok(n),
+                _ => anyhow::bail!("{flag} {size}: between 1KiB and the address space"),
+            }
+        };
+        let max_request_bytes = bytes("--max-request-size", self.max_request_size)?;
+        let max_spec_bytes = bytes("--max-spec-size", self.max_spec_size)?;
+        if self.max_jobs == 0 {
+            anyhow::bail!("--max-jobs 0: at least 1");
+        }
         Ok(Resolved {
+            security,
+            max_request_bytes,
+            max_spec_bytes,
+            max_jobs: self.max_jobs,
             listen: self.listen.clone(),
             http_listen,
             root,
@@ -105,6 +161,7 @@ fn unknown_env_vars() -> Vec<String> {
                 .map(|s| s.to_string()),
         )
         .chain(stoke_core::TOOLING_ENV_VARS.iter().map(|s| s.to_string()))
+        .chain(SECURITY_ENV_VARS.iter().map(|s| s.to_string()))
         .collect();
     std::env::vars()
         .map(|(k, _)| k)
@@ -159,6 +216,10 @@ fn main() -> anyhow::Result<()> {
     let mut config = CoordinatorConfig::new(StoreUri::parse(&resolved.root)?);
     config.lease_timeout = resolved.lease_timeout;
     config.root_lock_ttl = resolved.root_lock_ttl;
+    config.security = resolved.security.clone();
+    config.max_request_bytes = resolved.max_request_bytes;
+    config.max_spec_bytes = resolved.max_spec_bytes;
+    config.max_jobs = resolved.max_jobs;
     let stores = Stores::with_config(resolved.store.clone());
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {

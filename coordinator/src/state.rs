@@ -403,6 +403,17 @@ impl State {
             }
             return Err(CoordinatorError::JobExists { job_id });
         }
+        let unfinished = self
+            .jobs
+            .values()
+            .filter(|j| !j.state.is_terminal())
+            .count();
+        if unfinished >= self.config.max_jobs {
+            return Err(CoordinatorError::TooManyJobs {
+                unfinished,
+                max: self.config.max_jobs,
+            });
+        }
         let layout = self.layout.job(&job_id);
         match self.stores.put_json_new(&layout.spec(), &spec).await {
             Ok(()) => {}

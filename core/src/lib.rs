@@ -8,6 +8,7 @@
 //! - [`layout`]: where every durable object lives under the state root;
 //! - [`records`]: the durable JSON records (status, progress, manifest);
 //! - [`lease`]: leases, commits and releases as domain values;
+//! - [`security`]: tokens and TLS settings, and the client side of both;
 //! - [`conv`]: conversions to and from the wire types of `stoke-proto`.
 //!
 //! Tested by unit tests next to the code, against `memory://` and temporary
@@ -21,6 +22,7 @@ pub mod logging;
 pub mod parquet_source;
 pub mod plan;
 pub mod records;
+pub mod security;
 pub mod spec;
 pub mod store;
 

@@ -4,17 +4,30 @@ use std::time::Duration;
 
 use stoke_core::PROTOCOL_VERSION;
 use stoke_core::records::{JobErrors, JobInfo, WorkerInfo};
+use stoke_core::security::{AuthChannel, ClientSecurity, Role};
 use stoke_core::spec::JobSpec;
 use stoke_proto::v1 as pb;
 use stoke_proto::v1::job_service_client::JobServiceClient;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::error::ClientError;
 
 /// A connection to a coordinator's job service. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Client {
-    inner: JobServiceClient<Channel>,
+    inner: JobServiceClient<AuthChannel>,
+}
+
+/// An error with its causes ("transport error: invalid peer certificate:
+/// UnknownIssuer"), as tonic's own message is only the outermost.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn info(call: &'static str, job: Option<pb::JobInfo>) -> Result<JobInfo, ClientError> {
@@ -29,25 +42,40 @@ fn info(call: &'static str, job: Option<pb::JobInfo>) -> Result<JobInfo, ClientE
 }
 
 impl Client {
-    /// Connects to `addr` (`http://host:port`, or `host:port`).
+    /// Connects to `addr` (`http://host:port`, `https://host:port`, or
+    /// `host:port`), with the token and TLS settings from the environment
+    /// (`STOKE_CLIENT_TOKEN` or `STOKE_CLIENT_TOKEN_FILE`, `STOKE_TLS_CA`).
     pub async fn connect(addr: &str) -> Result<Self, ClientError> {
+        let security =
+            ClientSecurity::from_env(Role::Client).map_err(|e| ClientError::Address {
+                addr: addr.to_string(),
+                message: e.to_string(),
+            })?;
+        Self::connect_with(addr, &security).await
+    }
+
+    /// Connects to `addr` with the given token and TLS settings.
+    pub async fn connect_with(addr: &str, security: &ClientSecurity) -> Result<Self, ClientError> {
         let uri = if addr.contains("://") {
             addr.to_string()
         } else {
             format!("http://{addr}")
         };
-        let endpoint = Endpoint::from_shared(uri.clone())
-            .map_err(|e| ClientError::Address {
-                addr: addr.to_string(),
-                message: e.to_string(),
-            })?
-            .connect_timeout(Duration::from_secs(5));
-        let channel = endpoint.connect().await.map_err(|e| ClientError::Address {
+        let address = |message: String| ClientError::Address {
             addr: addr.to_string(),
-            message: format!("cannot connect: {e}"),
-        })?;
+            message,
+        };
+        let endpoint = security
+            .endpoint(&uri)
+            .map_err(|e| address(e.to_string()))?
+            .connect_timeout(Duration::from_secs(5));
+        let interceptor = security.interceptor().map_err(|e| address(e.to_string()))?;
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| address(format!("cannot connect: {}", error_chain(&e))))?;
         Ok(Self {
-            inner: JobServiceClient::new(channel),
+            inner: JobServiceClient::with_interceptor(channel, interceptor),
         })
     }
 

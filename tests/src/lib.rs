@@ -12,6 +12,7 @@ pub mod backend;
 pub mod chaos;
 pub mod s3;
 pub mod s3_proxy;
+pub mod tls;
 
 pub use backend::{Backend, TestEnv, read_object};
 
@@ -299,7 +300,11 @@ impl Coordinator {
     pub fn restart(&mut self, env: &[(&str, &str)]) {
         let _ = self.proc.child.kill();
         let _ = self.proc.child.wait();
-        let listen = self.addr.trim_start_matches("http://").to_string();
+        let listen = self
+            .addr
+            .split_once("://")
+            .map_or(self.addr.as_str(), |(_, a)| a)
+            .to_string();
         let (proc, addr, http_addr) = spawn_coordinator(
             &self.root,
             &self.log_dir,
@@ -461,19 +466,44 @@ fn spawn_coordinator(
     let http_addr = wait_until("the coordinator's HTTP to listen", DEADLINE, || {
         std::fs::read_to_string(&http_addr_file).ok()
     });
+    // With TLS (--tls-cert) both addresses are https://, and readiness is
+    // asked with the client token and CA the cluster's processes get.
+    let scheme = if extra.iter().any(|a| a == "--tls-cert") {
+        "https"
+    } else {
+        "http"
+    };
+    let setting = |name: &str| {
+        store_env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .chain(env.iter().copied())
+            .rev()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_string())
+    };
+    let auth = setting(stoke_core::security::CLIENT_TOKEN_VAR).map(|t| format!("Bearer {t}"));
+    let ca = setting(stoke_core::security::TLS_CA_VAR).map(PathBuf::from);
+    let (addr, http_addr) = (
+        format!("{scheme}://{addr}"),
+        format!("{scheme}://{http_addr}"),
+    );
     // Ready once it holds the root and has loaded its state (on a cloud
     // root it may first wait out a crashed predecessor's lease).
     wait_until("the coordinator to be ready (/readyz)", DEADLINE, || {
         if let Ok(Some(status)) = proc.child.try_wait() {
             panic!("the coordinator exited ({status}): {}", proc.log_text());
         }
-        http_get(&http_addr, "/readyz").filter(|(code, _)| *code == 200)
+        tls::http_request(
+            &http_addr,
+            "/readyz",
+            auth.as_deref(),
+            ca.as_deref(),
+            Duration::from_secs(1),
+        )
+        .filter(|(code, _)| *code == 200)
     });
-    (
-        proc,
-        format!("http://{addr}"),
-        format!("http://{http_addr}"),
-    )
+    (proc, addr, http_addr)
 }
 
 /// A plain HTTP/1.1 GET; `None` when the server does not answer within a

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use stoke_core::security::{ClientSecurity, Role, SECURITY_ENV_VARS};
 use stoke_core::{StoreConfig, Stores};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -71,6 +72,7 @@ pub fn unknown_env_vars() -> Vec<String> {
                 .map(|s| s.to_string()),
         )
         .chain(stoke_core::TOOLING_ENV_VARS.iter().map(|s| s.to_string()))
+        .chain(SECURITY_ENV_VARS.iter().map(|s| s.to_string()))
         .collect();
     std::env::vars()
         .map(|(k, _)| k)
@@ -88,7 +90,8 @@ fn check_config(args: &WorkerArgs, registry: &Registry) -> ! {
             .build()
             .map_err(|e| e.to_string())?;
         let _entered = runtime.enter();
-        GrpcLink::new(&args.coordinator).map_err(|e| format!("--coordinator: {e}"))?;
+        let security = ClientSecurity::from_env(Role::Worker).map_err(|e| e.to_string())?;
+        GrpcLink::new(&args.coordinator, &security).map_err(|e| format!("--coordinator: {e}"))?;
         let unknown = unknown_env_vars();
         if !unknown.is_empty() {
             return Err(format!(
@@ -106,6 +109,9 @@ fn check_config(args: &WorkerArgs, registry: &Registry) -> ! {
             "grace_period": humantime::format_duration(args.grace_period).to_string(),
             "processors": registry.names(),
             "store": store,
+            "token": security.token,
+            "tls": args.coordinator.starts_with("https://"),
+            "client_certificate": security.identity.is_some(),
         }))
     })();
     match checked {
@@ -183,7 +189,9 @@ pub fn worker_main(registry: Registry) -> Result<WorkerExit, WorkerError> {
         .build()
         .map_err(|e| WorkerError::Config(format!("starting the tokio runtime: {e}")))?;
     runtime.block_on(async move {
-        let link = GrpcLink::new(&args.coordinator)?;
+        let security = ClientSecurity::from_env(Role::Worker)
+            .map_err(|e| WorkerError::Config(e.to_string()))?;
+        let link = GrpcLink::new(&args.coordinator, &security)?;
         let shutdown = CancellationToken::new();
         tokio::spawn(stop_on_signal(shutdown.clone(), args.grace_period));
         info!(worker = %config.worker_id, coordinator = %args.coordinator, processors = ?registry.names(), "worker starting");

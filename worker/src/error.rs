@@ -128,7 +128,15 @@ impl From<tonic::Status> for LinkError {
             }
             _ => LinkErrorKind::Invalid,
         };
-        Self::new(kind, format!("{}: {}", s.code(), s.message()))
+        // A status made from a transport failure says only "transport
+        // error"; what went wrong (refused, a certificate) is its source.
+        let mut message = format!("{}: {}", s.code(), s.message());
+        let mut source = std::error::Error::source(&s);
+        while let Some(cause) = source {
+            message.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        Self::new(kind, message)
     }
 }
 
@@ -140,6 +148,14 @@ impl From<stoke_coordinator::CoordinatorError> for LinkError {
 
 impl From<tonic::transport::Error> for LinkError {
     fn from(e: tonic::transport::Error) -> Self {
-        Self::new(LinkErrorKind::Transient, format!("connecting: {e}"))
+        // tonic's message is only the outermost error ("transport error");
+        // the cause (refused, a certificate problem) is in the sources.
+        let mut message = format!("connecting: {e}");
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            message.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        Self::new(LinkErrorKind::Transient, message)
     }
 }

@@ -10,12 +10,13 @@ use stoke_core::PROTOCOL_VERSION;
 use stoke_core::lease::{
     AcquireOutcome, Commit, Heartbeat, Registration, Release, SessionEvent, SessionGrant,
 };
+use stoke_core::security::{AuthChannel, ClientSecurity};
 use stoke_proto::v1 as pb;
 use stoke_proto::v1::worker_service_client::WorkerServiceClient;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint};
+use tonic::service::interceptor::InterceptedService;
 use tracing::debug;
 
 use crate::error::{LinkError, LinkErrorKind};
@@ -49,7 +50,7 @@ pub trait CoordinatorLink: Send + Sync + 'static {
 /// A link over gRPC.
 #[derive(Debug, Clone)]
 pub struct GrpcLink {
-    channel: Channel,
+    channel: AuthChannel,
 }
 
 /// Largest gRPC message accepted from the coordinator.
@@ -57,25 +58,31 @@ const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 impl GrpcLink {
     /// A lazily connected link: nothing is dialled until the first call, so
-    /// a worker may start before its coordinator.
-    pub fn new(uri: &str) -> Result<Self, LinkError> {
-        let endpoint = Endpoint::from_shared(uri.to_string())
-            .map_err(|e| {
-                LinkError::new(
-                    LinkErrorKind::Invalid,
-                    format!("coordinator address {uri:?}: {e}"),
-                )
-            })?
+    /// a worker may start before its coordinator. `security` gives the
+    /// worker token and TLS (see [`ClientSecurity::from_env`]).
+    pub fn new(uri: &str, security: &ClientSecurity) -> Result<Self, LinkError> {
+        let invalid_address = |e: String| {
+            LinkError::new(
+                LinkErrorKind::Invalid,
+                format!("coordinator address {uri:?}: {e}"),
+            )
+        };
+        let endpoint = security
+            .endpoint(uri)
+            .map_err(|e| invalid_address(e.to_string()))?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(20));
+        let interceptor = security
+            .interceptor()
+            .map_err(|e| invalid_address(e.to_string()))?;
         Ok(Self {
-            channel: endpoint.connect_lazy(),
+            channel: InterceptedService::new(endpoint.connect_lazy(), interceptor),
         })
     }
 
-    fn client(&self) -> WorkerServiceClient<Channel> {
+    fn client(&self) -> WorkerServiceClient<AuthChannel> {
         WorkerServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 }
