@@ -561,6 +561,38 @@ bytes = "16MiB"
     }
 
     #[test]
+    fn float_params_reach_workers_unchanged() {
+        // Parsed with serde_json's default (not correctly rounded) float
+        // parser, 1.797693133157e308 came back one ulp off from spec.json.
+        for x in [
+            "1.797693133157e308",
+            "2.2250738585072011e-308",
+            "5e-324",
+            "0.1",
+            "-0.0",
+            "1.7976931348623157e308",
+        ] {
+            let json = format!(
+                r#"{{"dataset":{{"format":"range","count":1}},"processor":{{"name":"p","params":{{"x":{x}}}}}}}"#
+            );
+            let spec = JobSpec::from_json(&json).expect("json spec");
+            let again = JobSpec::from_json(&spec.to_json()).expect("stored spec");
+            assert_eq!(again, spec, "{x}");
+            let toml = format!(
+                "[dataset]\nformat = \"range\"\ncount = 1\n[processor]\nname = \"p\"\nparams = {{ x = {x} }}\n"
+            );
+            let spec = JobSpec::from_toml(&toml).expect("toml spec");
+            assert_eq!(
+                JobSpec::from_json(&spec.to_json()).expect("stored"),
+                spec,
+                "{x}"
+            );
+            let want: f64 = x.parse().expect("f64");
+            assert_eq!(spec.processor.params["x"].as_f64(), Some(want), "{x}");
+        }
+    }
+
+    #[test]
     fn unknown_key_names_the_key_and_its_section() {
         let e = err(&GOOD.replace("batch_size = 128", "batch_sise = 128"));
         assert!(e.contains("batching"), "{e}");
