@@ -2,6 +2,7 @@
 //! commands and runs them one at a time; [`Handle`] is how everything else
 //! (gRPC handlers, the embedded runner, tests) talks to it.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -15,7 +16,7 @@ use stoke_core::lease::{
 use stoke_core::plan::plan_dataset;
 use stoke_core::records::{JobErrors, JobInfo, SkippedRecord};
 use stoke_core::spec::JobSpec;
-use stoke_core::{StoreError, Stores};
+use stoke_core::{StoreError, StoreUri, Stores};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -25,7 +26,9 @@ use crate::error::{CoordinatorError, Result};
 use crate::metrics::Snapshot;
 use crate::progress::StatusReport;
 use crate::root_lock;
-use crate::state::{CommitStep, ErrorSources, PendingCommit, State};
+use crate::state::{
+    CommitStep, ErrorSources, GroupWrite, MAX_GROUP, PendingCommit, SnapshotWrite, State,
+};
 
 type Reply<T> = oneshot::Sender<Result<T>>;
 
@@ -142,18 +145,145 @@ pub async fn start(
     Ok((Handle { tx, stores }, task))
 }
 
-/// A progress record being written, and who waits for the commit.
-type Write = Pin<
-    Box<
-        dyn Future<
-                Output = (
-                    PendingCommit,
-                    std::result::Result<(), StoreError>,
-                    Reply<bool>,
-                ),
-            > + Send,
-    >,
->;
+/// A commit waiting for its group to be stored, and who waits for it.
+type Queued = (PendingCommit, Reply<bool>);
+
+/// A store write running off the owner loop.
+enum Done {
+    /// A group commit: the records of `queued`, in one object.
+    Group {
+        write: GroupWrite,
+        queued: Vec<Queued>,
+        written: std::result::Result<(), StoreError>,
+    },
+    /// A snapshot that replaces a job's older progress objects.
+    Snapshot {
+        snapshot: SnapshotWrite,
+        written: std::result::Result<(), StoreError>,
+        deleted: Vec<StoreUri>,
+    },
+}
+
+type Write = Pin<Box<dyn Future<Output = Done> + Send>>;
+
+/// Commits of one job: those waiting, and whether a write of the job is
+/// running. One write per job at a time; what arrives meanwhile goes into
+/// the next group.
+#[derive(Default)]
+struct JobWrites {
+    queued: Vec<Queued>,
+    busy: bool,
+}
+
+/// Group commit. Commits are validated and applied here, in order; their
+/// progress records are stored one group per job at a time: while a group
+/// is written, the commits that arrive queue up and go out together in
+/// the next one. Under load, many commits share one store write; alone, a
+/// commit is written at once.
+struct Writer {
+    running: FuturesUnordered<Write>,
+    jobs: HashMap<String, JobWrites>,
+}
+
+impl Writer {
+    fn new() -> Self {
+        Self {
+            running: FuturesUnordered::new(),
+            jobs: HashMap::new(),
+        }
+    }
+
+    fn enqueue(&mut self, state: &State, pending: PendingCommit, reply: Reply<bool>) {
+        let job_id = pending.job_id().to_string();
+        let entry = self.jobs.entry(job_id.clone()).or_default();
+        entry.queued.push((pending, reply));
+        if !entry.busy {
+            self.start_group(state, &job_id);
+        }
+    }
+
+    /// Starts writing the next group of `job_id`, if any commits wait.
+    fn start_group(&mut self, state: &State, job_id: &str) {
+        let Some(entry) = self.jobs.get_mut(job_id) else {
+            return;
+        };
+        if entry.queued.is_empty() {
+            entry.busy = false;
+            self.jobs.remove(job_id);
+            return;
+        }
+        let rest = entry.queued.split_off(entry.queued.len().min(MAX_GROUP));
+        let queued = std::mem::replace(&mut entry.queued, rest);
+        let (pendings, replies): (Vec<PendingCommit>, Vec<Reply<bool>>) =
+            queued.into_iter().unzip();
+        match state.group_write(&pendings) {
+            Ok(write) => {
+                entry.busy = true;
+                let stores = state.stores().clone();
+                let queued: Vec<Queued> = pendings.into_iter().zip(replies).collect();
+                self.running.push(Box::pin(async move {
+                    let written = write.write(&stores).await;
+                    Done::Group {
+                        write,
+                        queued,
+                        written,
+                    }
+                }));
+            }
+            Err(e) => {
+                // Cannot happen (the job was there when the commits were
+                // validated); refuse them rather than lose track.
+                for reply in replies {
+                    let _ = reply.send(Err(CoordinatorError::Recovery(e.to_string())));
+                }
+                entry.busy = false;
+            }
+        }
+    }
+
+    /// After a write of `job_id`: a snapshot if one is due, else the next group.
+    fn next(&mut self, state: &mut State, job_id: &str) {
+        if let Some(snapshot) = state.snapshot_due(job_id) {
+            let stores = state.stores().clone();
+            self.running.push(Box::pin(async move {
+                let (written, deleted) = snapshot.write(&stores).await;
+                Done::Snapshot {
+                    snapshot,
+                    written,
+                    deleted,
+                }
+            }));
+            return;
+        }
+        self.start_group(state, job_id);
+    }
+
+    async fn finish(&mut self, state: &mut State, done: Done) {
+        match done {
+            Done::Group {
+                write,
+                queued,
+                written,
+            } => {
+                let (pendings, replies): (Vec<PendingCommit>, Vec<Reply<bool>>) =
+                    queued.into_iter().unzip();
+                let answers = state.finish_group(&write, pendings, written).await;
+                for (reply, answer) in replies.into_iter().zip(answers) {
+                    let _ = reply.send(answer);
+                }
+                self.next(state, &write.job_id);
+            }
+            Done::Snapshot {
+                snapshot,
+                written,
+                deleted,
+            } => {
+                state.finish_snapshot(&snapshot, written, &deleted);
+                self.start_group(state, &snapshot.job_id);
+            }
+        }
+    }
+}
 
 async fn run(
     mut state: State,
@@ -163,10 +293,7 @@ async fn run(
 ) {
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Commits are validated and applied here, in order, but their progress
-    // records are written concurrently: the owner never waits on the store
-    // for one commit while others queue.
-    let mut writes: FuturesUnordered<Write> = FuturesUnordered::new();
+    let mut writer = Writer::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -175,13 +302,7 @@ async fn run(
                     Ok(CommitStep::Duplicate) => {
                         let _ = reply.send(Ok(true));
                     }
-                    Ok(CommitStep::Write(pending)) => {
-                        let stores = state.stores().clone();
-                        writes.push(Box::pin(async move {
-                            let written = pending.write(&stores).await;
-                            (*pending, written, reply)
-                        }));
-                    }
+                    Ok(CommitStep::Write(pending)) => writer.enqueue(&state, *pending, reply),
                     Err(e) => {
                         let _ = reply.send(Err(e));
                     }
@@ -189,8 +310,8 @@ async fn run(
                 Some(cmd) => apply(&mut state, cmd).await,
                 None => break,
             },
-            Some((pending, written, reply)) = writes.next(), if !writes.is_empty() => {
-                let _ = reply.send(state.finish_commit(pending, written).await);
+            Some(done) = writer.running.next(), if !writer.running.is_empty() => {
+                writer.finish(&mut state, done).await;
             }
             _ = ticker.tick() => state.tick().await,
         }

@@ -18,14 +18,15 @@ use stoke_core::lease::{
 };
 use stoke_core::plan::Plan;
 use stoke_core::records::{
-    EpochRecord, JobInfo, JobState, Manifest, ManifestEntry, ProgressRecord, ShardErrors,
-    StatusRecord, now_ms,
+    EpochRecord, JobInfo, JobState, Manifest, ManifestEntry, ProgressLogRef, ProgressRecord,
+    ShardErrors, StatusRecord, now_ms,
 };
 use stoke_core::spec::JobSpec;
+use stoke_core::store::to_json_bytes;
 use stoke_core::{StoreError, StoreUri, Stores};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
@@ -66,17 +67,72 @@ pub enum CommitStep {
 #[derive(Debug)]
 pub struct PendingCommit {
     idx: usize,
-    uri: StoreUri,
     progress: ProgressRecord,
     commit: Commit,
 }
 
 impl PendingCommit {
-    /// Stores the progress record.
-    pub async fn write(&self, stores: &Stores) -> std::result::Result<(), StoreError> {
-        stores.put_json(&self.uri, &self.progress).await
+    pub fn job_id(&self) -> &str {
+        &self.commit.key.job_id
     }
 }
+
+/// The progress records of several commits of one job, stored as one
+/// object (a group commit): one write per group instead of one per commit.
+#[derive(Debug)]
+pub struct GroupWrite {
+    pub job_id: String,
+    pub uri: StoreUri,
+    bytes: Bytes,
+}
+
+impl GroupWrite {
+    pub async fn write(&self, stores: &Stores) -> std::result::Result<(), StoreError> {
+        stores.put(&self.uri, self.bytes.clone()).await
+    }
+}
+
+/// A snapshot of a job's progress that replaces its older progress
+/// objects: they are deleted once it is stored.
+#[derive(Debug)]
+pub struct SnapshotWrite {
+    pub job_id: String,
+    pub uri: StoreUri,
+    bytes: Bytes,
+    replaces: Vec<StoreUri>,
+}
+
+impl SnapshotWrite {
+    /// Stores the snapshot, then deletes what it replaces; returns the
+    /// objects deleted (a failed delete is tried again at the next one).
+    pub async fn write(
+        &self,
+        stores: &Stores,
+    ) -> (std::result::Result<(), StoreError>, Vec<StoreUri>) {
+        if let Err(e) = stores.put(&self.uri, self.bytes.clone()).await {
+            return (Err(e), Vec::new());
+        }
+        let mut deleted = Vec::with_capacity(self.replaces.len());
+        for uri in &self.replaces {
+            match stores.delete(uri).await {
+                Ok(()) | Err(StoreError::NotFound { .. }) => deleted.push(uri.clone()),
+                Err(e) => {
+                    warn!(object = %uri, error = %e, "deleting a progress object a snapshot replaced failed; will retry");
+                }
+            }
+        }
+        (Ok(()), deleted)
+    }
+}
+
+/// A snapshot is taken once a job has this many progress objects...
+const SNAPSHOT_MIN_OBJECTS: usize = 64;
+/// ...and its logs since the last one hold at least 1/this of the records
+/// a snapshot would write (so snapshots cost at most this many record
+/// writes per commit, amortised).
+const SNAPSHOT_AMORTISE: u64 = 2;
+/// At most this many records in one group commit.
+pub const MAX_GROUP: usize = 1024;
 
 struct Job {
     id: String,
@@ -96,6 +152,13 @@ struct Job {
     totals: Totals,
     /// Committed records sampled over time, for the status page's rate.
     rate: RateWindow,
+    /// The job's progress objects (logs, snapshots) the next snapshot
+    /// replaces, oldest first.
+    progress_objects: Vec<StoreUri>,
+    /// Records written to logs since the last snapshot.
+    logged: u64,
+    /// Shards with a stored record (what a snapshot writes).
+    recorded: u64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -136,6 +199,9 @@ impl Job {
             .failed_unfinished
             .saturating_sub(u64::from(failed_unfinished(old)))
             + u64::from(failed_unfinished(&progress));
+        if old.seq == 0 && progress.seq > 0 {
+            self.recorded += 1;
+        }
         self.shards[idx].progress = progress;
     }
 
@@ -200,10 +266,15 @@ pub struct State {
     layout: RootLayout,
     epoch: u64,
     token_seq: u64,
+    /// Orders progress records (see `ProgressRecord::seq`).
+    record_seq: u64,
     /// Jobs by id; `order` keeps submission order for fair leasing.
     jobs: BTreeMap<String, Job>,
     order: Vec<String>,
     sessions: HashMap<String, Session>,
+    /// Sessions answered `Wait` or `Idle` since their last lease, oldest
+    /// first: they get a `Wake` when work may be there for them.
+    waiting: VecDeque<String>,
     counters: Counters,
 }
 
@@ -248,9 +319,11 @@ impl State {
             layout,
             epoch,
             token_seq: 0,
+            record_seq: 0,
             jobs: BTreeMap::new(),
             order: Vec::new(),
             sessions: HashMap::new(),
+            waiting: VecDeque::new(),
             counters: Counters::default(),
         };
         state.load_jobs().await?;
@@ -279,16 +352,13 @@ impl State {
                 self.stores.get_json(&layout.plan()).await?.ok_or_else(|| {
                     CoordinatorError::Recovery(format!("{} missing", layout.plan()))
                 })?;
-            let mut progress: HashMap<String, ProgressRecord> = HashMap::new();
-            for listed in self.stores.list(&layout.progress_dir()).await? {
-                if let Some(p) = self.stores.get_json::<ProgressRecord>(&listed.uri).await? {
-                    progress.insert(p.shard_id.clone(), p);
-                }
-            }
+            let stored = stoke_core::progress::load(&self.stores, &layout).await?;
+            let mut progress = stored.records;
             let manifest_written = status.state == JobState::Succeeded;
             let mut job = self.new_job(job_id.clone(), spec, plan, layout, status.state);
             job.reason = status.reason;
             job.manifest_written = manifest_written;
+            job.progress_objects = stored.objects;
             for i in 0..job.shards.len() {
                 if let Some(p) = progress.remove(&job.plan.shards[i].id) {
                     job.set_progress(i, p);
@@ -349,6 +419,9 @@ impl State {
             manifest_written: false,
             totals: Totals::default(),
             rate: RateWindow::default(),
+            progress_objects: Vec::new(),
+            logged: 0,
+            recorded: 0,
         }
     }
 
@@ -439,6 +512,7 @@ impl State {
         let info = self.info_of(&job);
         self.order.push(job_id.clone());
         self.jobs.insert(job_id.clone(), job);
+        self.wake_all();
         // A job with no shards is done at once.
         self.finish_if_done(&job_id).await;
         Ok(self.job(&job_id).map(|j| self.info_of(j)).unwrap_or(info))
@@ -675,6 +749,7 @@ impl State {
             .filter(|&i| !job.shards[i].progress.done && job.shards[i].lease.is_none())
             .collect();
         info!(job = %job_id, "job resumed");
+        self.wake_all();
         self.finish_if_done(job_id).await;
         self.job(job_id).map(|j| self.info_of(j))
     }
@@ -725,6 +800,7 @@ impl State {
             }
         }
         info!(job = %job_id, %state, %reason, "job ended");
+        self.wake_all();
         Ok(())
     }
 
@@ -815,6 +891,8 @@ impl State {
             return;
         };
         self.counters.sessions_closed += 1;
+        self.waiting.retain(|s| s != session_id);
+        let mut requeued = 0;
         for (job_id, idx) in session.leases {
             if let Some(job) = self.jobs.get_mut(&job_id) {
                 let shard = &mut job.shards[idx];
@@ -831,11 +909,13 @@ impl State {
                     shard.lease = None;
                     if job.state == JobState::Running {
                         job.pending.push_front(idx);
+                        requeued += 1;
                     }
                     warn!(job = %job_id, shard = %job.plan.shards[idx].id, worker = %session.worker_id, "worker gone; shard requeued");
                 }
             }
         }
+        self.wake(requeued);
         info!(session = %session_id, worker = %session.worker_id, "session closed");
     }
 
@@ -872,6 +952,33 @@ impl State {
     fn next_token(&mut self) -> u64 {
         self.token_seq += 1;
         (self.epoch << TOKEN_EPOCH_SHIFT) | self.token_seq
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.record_seq += 1;
+        (self.epoch << TOKEN_EPOCH_SHIFT) | self.record_seq
+    }
+
+    /// Tells up to `n` waiting sessions (oldest first) to ask for a lease
+    /// now: `n` shards went back to the queue.
+    fn wake(&mut self, n: usize) {
+        let mut woken = 0;
+        while woken < n {
+            let Some(session_id) = self.waiting.pop_front() else {
+                break;
+            };
+            if let Some(session) = self.sessions.get(&session_id) {
+                // Best effort: a worker that misses it asks again after its pause.
+                let _ = session.events_tx.try_send(SessionEvent::Wake);
+                woken += 1;
+            }
+        }
+    }
+
+    /// Tells every waiting session to ask again: a job arrived, resumed or
+    /// ended.
+    fn wake_all(&mut self) {
+        self.wake(usize::MAX);
     }
 
     pub fn acquire(&mut self, session_id: &str) -> Result<AcquireOutcome> {
@@ -911,6 +1018,9 @@ impl State {
             }
         }
         let Some((job_id, pos)) = chosen else {
+            if !self.waiting.iter().any(|s| s == session_id) {
+                self.waiting.push_back(session_id.to_string());
+            }
             return Ok(if any_unfinished {
                 AcquireOutcome::Wait(self.config.wait_retry)
             } else {
@@ -954,6 +1064,7 @@ impl State {
         if let Some(session) = self.sessions.get_mut(session_id) {
             session.leases.insert((job_id.clone(), idx));
         }
+        self.waiting.retain(|s| s != session_id);
         info!(job = %job_id, shard = %lease.shard.id, token, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, "lease granted");
         self.counters.leases_granted += 1;
         Ok(AcquireOutcome::Lease(Box::new(lease)))
@@ -967,10 +1078,107 @@ impl State {
         match self.begin_commit(commit)? {
             CommitStep::Duplicate => Ok(true),
             CommitStep::Write(pending) => {
-                let written = pending.write(&self.stores).await;
-                self.finish_commit(*pending, written).await
+                let group = vec![*pending];
+                let write = self.group_write(&group)?;
+                let written = write.write(&self.stores).await;
+                let mut answers = self.finish_group(&write, group, written).await;
+                answers.pop().unwrap_or(Ok(false))
             }
         }
+    }
+
+    /// The object that stores the records of `group` (commits of one job,
+    /// from `begin_commit`).
+    pub fn group_write(&self, group: &[PendingCommit]) -> Result<GroupWrite> {
+        let first = group
+            .first()
+            .ok_or_else(|| CoordinatorError::Recovery("an empty group of commits".to_string()))?;
+        let job_id = first.job_id().to_string();
+        let job = self.job(&job_id)?;
+        let log = ProgressLogRef {
+            records: group.iter().map(|p| &p.progress).collect(),
+        };
+        Ok(GroupWrite {
+            uri: job.layout.progress_log(first.progress.seq),
+            bytes: Bytes::from(to_json_bytes(&log)),
+            job_id,
+        })
+    }
+
+    /// Applies the commits of a group once their object is stored (or
+    /// refuses them all when the write failed); one answer per commit.
+    pub async fn finish_group(
+        &mut self,
+        write: &GroupWrite,
+        group: Vec<PendingCommit>,
+        written: std::result::Result<(), StoreError>,
+    ) -> Vec<Result<bool>> {
+        if written.is_ok()
+            && let Some(job) = self.jobs.get_mut(&write.job_id)
+        {
+            job.progress_objects.push(write.uri.clone());
+            job.logged += group.len() as u64;
+        }
+        let mut answers = Vec::with_capacity(group.len());
+        for pending in group {
+            let written = match &written {
+                Ok(()) => Ok(()),
+                Err(e) => Err(e.share()),
+            };
+            answers.push(self.finish_commit(pending, written).await);
+        }
+        answers
+    }
+
+    /// A snapshot of the job's progress when its logs have piled up enough
+    /// to be worth replacing (call only while no group of the job is being
+    /// written: the snapshot holds what is applied).
+    pub fn snapshot_due(&mut self, job_id: &str) -> Option<SnapshotWrite> {
+        let job = self.jobs.get(job_id)?;
+        if job.progress_objects.len() < SNAPSHOT_MIN_OBJECTS
+            || job.logged * SNAPSHOT_AMORTISE < job.recorded
+        {
+            return None;
+        }
+        let seq = self.next_seq();
+        let job = self.jobs.get(job_id)?;
+        let log = ProgressLogRef {
+            records: job
+                .shards
+                .iter()
+                .map(|s| &s.progress)
+                .filter(|p| p.seq > 0)
+                .collect(),
+        };
+        Some(SnapshotWrite {
+            job_id: job_id.to_string(),
+            uri: job.layout.progress_snapshot(seq),
+            bytes: Bytes::from(to_json_bytes(&log)),
+            replaces: job.progress_objects.clone(),
+        })
+    }
+
+    /// Records a stored snapshot in place of the objects it replaced.
+    pub fn finish_snapshot(
+        &mut self,
+        snapshot: &SnapshotWrite,
+        written: std::result::Result<(), StoreError>,
+        deleted: &[StoreUri],
+    ) {
+        let Some(job) = self.jobs.get_mut(&snapshot.job_id) else {
+            return;
+        };
+        if let Err(e) = written {
+            // The logs still hold everything; try again after the next group.
+            warn!(job = %snapshot.job_id, error = %e, "writing a progress snapshot failed");
+            return;
+        }
+        let deleted: HashSet<&str> = deleted.iter().map(StoreUri::as_str).collect();
+        job.progress_objects
+            .retain(|u| !deleted.contains(u.as_str()));
+        job.progress_objects.insert(0, snapshot.uri.clone());
+        job.logged = 0;
+        debug!(job = %snapshot.job_id, records = job.recorded, objects = job.progress_objects.len(), "progress snapshot stored");
     }
 
     /// Validates a commit and builds the progress record to store. Marks
@@ -1034,6 +1242,7 @@ impl State {
             });
         }
         let mut progress = shard.progress.clone();
+        progress.seq = (self.epoch << TOKEN_EPOCH_SHIFT) | (self.record_seq + 1);
         progress.token = key.token;
         progress.next_batch = commit.next_batch;
         progress.records += commit.records;
@@ -1041,12 +1250,11 @@ impl State {
         progress.done = commit.shard_done;
         progress.skipped += commit.skipped;
         progress.errors.extend(commit.error_objects.iter().cloned());
-        let uri = job.layout.progress(&key.shard_id);
+        self.record_seq += 1;
         let job = self.job_mut(&commit.key.job_id)?;
         job.shards[idx].writing = true;
         Ok(CommitStep::Write(Box::new(PendingCommit {
             idx,
-            uri,
             progress,
             commit,
         })))
@@ -1113,6 +1321,7 @@ impl State {
                 info!(job = %key.job_id, shard = %key.shard_id, token = key.token, "shard done");
             } else if running {
                 job.pending.push_front(idx);
+                self.wake(1);
             }
         } else if let Some(lease) = shard.lease.as_mut() {
             lease.deadline = lease.deadline.max(deadline);
@@ -1165,7 +1374,6 @@ impl State {
         let max_attempts = job.spec.max_attempts;
         let shard_id = key.shard_id.clone();
         let mut progress = job.shards[idx].progress.clone();
-        let progress_uri = job.layout.progress(&shard_id);
         let Some(error) = release.error else {
             if let Some(session) = self.sessions.get_mut(&release.session_id) {
                 session.leases.remove(&(key.job_id.clone(), idx));
@@ -1174,6 +1382,7 @@ impl State {
             job.shards[idx].lease = None;
             if job.state == JobState::Running {
                 job.pending.push_front(idx);
+                self.wake(1);
             }
             info!(job = %key.job_id, shard = %shard_id, "lease released");
             self.counters.leases_released += 1;
@@ -1195,12 +1404,22 @@ impl State {
             .sessions
             .get(&release.session_id)
             .map(|s| s.worker_id.clone());
-        self.stores.put_json(&progress_uri, &progress).await?;
+        progress.seq = self.next_seq();
+        let job = self.job(&key.job_id)?;
+        let log_uri = job.layout.progress_log(progress.seq);
+        let log = ProgressLogRef {
+            records: vec![&progress],
+        };
+        self.stores
+            .put(&log_uri, Bytes::from(to_json_bytes(&log)))
+            .await?;
         if let Some(session) = self.sessions.get_mut(&release.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
         }
         let failed = progress.failed_attempts;
         let job = self.job_mut(&key.job_id)?;
+        job.progress_objects.push(log_uri);
+        job.logged += 1;
         job.set_progress(idx, progress);
         job.shards[idx].lease = None;
         warn!(job = %key.job_id, shard = %shard_id, failed, max_attempts, transient = release.transient, %error, "attempt failed");
@@ -1211,6 +1430,7 @@ impl State {
             self.end_job(&key.job_id, JobState::Failed, reason).await?;
         } else if job.state == JobState::Running {
             job.pending.push_back(idx);
+            self.wake(1);
         }
         Ok(())
     }
@@ -1234,6 +1454,7 @@ impl State {
                 }
             }
         }
+        let mut requeued = 0;
         for (session_id, job_id, idx) in expired {
             if let Some(session) = self.sessions.get_mut(&session_id) {
                 session.leases.remove(&(job_id.clone(), idx));
@@ -1247,8 +1468,10 @@ impl State {
             }
             if job.state == JobState::Running {
                 job.pending.push_back(idx);
+                requeued += 1;
             }
         }
+        self.wake(requeued);
         let unfinished: Vec<String> = self
             .jobs
             .values()
@@ -1369,6 +1592,7 @@ impl State {
         job.state = JobState::Succeeded;
         job.manifest_written = true;
         info!(job = %job_id, records = manifest.records_in, outputs = manifest.outputs.len(), "job succeeded; manifest written");
+        self.wake_all();
         Ok(())
     }
 }

@@ -148,11 +148,25 @@ fn job_layout(job_id: &str) -> stoke_core::layout::JobLayout {
 }
 
 async fn stored_progress(stores: &Stores, job_id: &str, shard_id: &str) -> ProgressRecord {
-    stores
-        .get_json(&job_layout(job_id).progress(shard_id))
+    stoke_core::progress::load(stores, &job_layout(job_id))
         .await
-        .expect("read progress record")
+        .expect("read progress records")
+        .records
+        .remove(shard_id)
         .expect("progress record exists")
+}
+
+/// Every progress object of a job, sorted.
+async fn progress_objects(stores: &Stores, job_id: &str) -> Vec<String> {
+    let mut objects: Vec<String> = stores
+        .list(&job_layout(job_id).progress_dir())
+        .await
+        .expect("list progress")
+        .into_iter()
+        .map(|l| l.uri.to_string())
+        .collect();
+    objects.sort();
+    objects
 }
 
 async fn stored_status(stores: &Stores, job_id: &str) -> StatusRecord {
@@ -276,25 +290,17 @@ async fn repeated_commit_is_a_duplicate_and_batch_gaps_are_refused() {
     submit(&mut state, &stores, "j", 100).await;
     let (a, _a_events) = register(&mut state, "a");
     let lease = leased(state.acquire(&a));
-    let progress_uri = job_layout("j").progress(&lease.shard.id);
-
     let commit = checkpoint(&a, &lease, 0, 2);
     assert!(
         !state.commit(commit.clone()).await.expect("first commit"),
         "first is new"
     );
-    let before = stores
-        .get(&progress_uri)
-        .await
-        .expect("progress after first commit");
+    let before = progress_objects(&stores, "j").await;
     assert!(
         state.commit(commit).await.expect("repeated commit"),
         "second is a duplicate"
     );
-    let after = stores
-        .get(&progress_uri)
-        .await
-        .expect("progress after repeat");
+    let after = progress_objects(&stores, "j").await;
     assert_eq!(
         before, after,
         "a duplicate must not change the stored progress"
@@ -331,14 +337,14 @@ async fn repeated_commit_is_a_duplicate_and_batch_gaps_are_refused() {
         ),
         "{err}"
     );
-    assert_eq!(stores.get(&progress_uri).await.expect("progress"), after);
+    assert_eq!(progress_objects(&stores, "j").await, after);
 
     // The final commit is idempotent too, after its lease is gone.
     let done = last_checkpoint(&a, &lease, 2);
     assert!(!state.commit(done.clone()).await.expect("final commit"));
-    let before = stores.get(&progress_uri).await.expect("progress");
+    let before = progress_objects(&stores, "j").await;
     assert!(state.commit(done).await.expect("repeated final commit"));
-    assert_eq!(stores.get(&progress_uri).await.expect("progress"), before);
+    assert_eq!(progress_objects(&stores, "j").await, before);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1106,11 +1112,11 @@ async fn a_commit_being_written_keeps_its_lease_until_stored() {
     assert!(matches!(state.acquire(&b), Ok(AcquireOutcome::Wait(_))));
     // Once stored, the commit counts and the orphaned shard is requeued at
     // the committed batch.
-    let written = pending.write(state.stores()).await;
-    let dup = state
-        .finish_commit(*pending, written)
-        .await
-        .expect("finish");
+    let group = vec![*pending];
+    let write = state.group_write(&group).expect("group");
+    let written = write.write(state.stores()).await;
+    let mut answers = state.finish_group(&write, group, written).await;
+    let dup = answers.pop().expect("one answer").expect("finish");
     assert!(!dup);
     let again = leased(state.acquire(&b));
     assert_eq!(again.shard.id, lease.shard.id);
@@ -1223,4 +1229,164 @@ async fn status_reports_shards_by_state_and_a_rate_from_samples_over_time() {
     state.pause("j", String::new()).await.expect("pause");
     let job = &state.status().jobs[0];
     assert_eq!((job.records_per_s, job.eta), (None, None));
+}
+
+fn is_wake(events: &mut mpsc::Receiver<SessionEvent>) -> bool {
+    matches!(events.try_recv(), Ok(SessionEvent::Wake))
+}
+
+#[tokio::test(start_paused = true)]
+async fn sessions_told_to_wait_are_woken_when_work_comes_back_or_jobs_end() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    let (a, mut a_events) = register(&mut state, "a");
+    let (b, mut b_events) = register(&mut state, "b");
+    let (c, mut c_events) = register(&mut state, "c");
+
+    // No job yet: everyone is idle, and a new job wakes them all.
+    for s in [&a, &b, &c] {
+        assert!(matches!(state.acquire(s), Ok(AcquireOutcome::Idle)));
+    }
+    submit(&mut state, &stores, "j", 2 * SHARD_RECORDS).await;
+    assert!(is_wake(&mut a_events) && is_wake(&mut b_events) && is_wake(&mut c_events));
+
+    // a and b take both shards; c waits.
+    let first = leased(state.acquire(&a));
+    let second = leased(state.acquire(&b));
+    assert!(matches!(state.acquire(&c), Ok(AcquireOutcome::Wait(_))));
+    assert!(!is_wake(&mut c_events), "nothing came back yet");
+
+    // A released shard wakes one waiting session, and only it.
+    state
+        .release(release(&a, &first, None))
+        .await
+        .expect("release");
+    assert!(is_wake(&mut c_events));
+    assert!(!is_wake(&mut a_events) && !is_wake(&mut b_events));
+    let again = leased(state.acquire(&c));
+    assert_eq!(again.shard.id, first.shard.id);
+
+    // a waits now; b's session dies, its shard comes back: a is woken.
+    assert!(matches!(state.acquire(&a), Ok(AcquireOutcome::Wait(_))));
+    state.session_closed(&b);
+    assert!(is_wake(&mut a_events));
+    let moved = leased(state.acquire(&a));
+    assert_eq!(moved.shard.id, second.shard.id);
+
+    // Both shards finish; c, told to wait meanwhile, hears that the job
+    // ended at once rather than after its pause.
+    state
+        .commit(last_checkpoint(&c, &again, 0))
+        .await
+        .expect("commit c");
+    assert!(matches!(state.acquire(&c), Ok(AcquireOutcome::Wait(_))));
+    state
+        .commit(last_checkpoint(&a, &moved, 0))
+        .await
+        .expect("commit a");
+    assert!(is_wake(&mut c_events));
+    assert!(matches!(state.acquire(&c), Ok(AcquireOutcome::Idle)));
+    drop(b_events);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_lease_wakes_a_waiting_session() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", SHARD_RECORDS).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, mut b_events) = register(&mut state, "b");
+    let lease = leased(state.acquire(&a));
+    assert!(matches!(state.acquire(&b), Ok(AcquireOutcome::Wait(_))));
+    assert!(!is_wake(&mut b_events));
+    expire_leases(&mut state).await;
+    assert!(is_wake(&mut b_events));
+    assert_eq!(leased(state.acquire(&b)).shard.id, lease.shard.id);
+}
+
+/// Commits go through the owner task's group commit: under load several
+/// share one stored object; piled-up logs are replaced by a snapshot; and a
+/// restarted coordinator reads back exactly what was acknowledged.
+#[tokio::test]
+async fn group_commits_and_snapshots_store_every_acknowledged_commit() {
+    const SHARDS: u64 = 30;
+    let stores = Stores::new();
+    let shutdown = CancellationToken::new();
+    let (handle, owner) = stoke_coordinator::start(config(), stores.clone(), shutdown.clone())
+        .await
+        .expect("start owner");
+    handle
+        .submit(spec(SHARDS * SHARD_RECORDS), Some("j".to_string()))
+        .await
+        .expect("submit");
+    let (a, _a_events) = handle
+        .register(Registration {
+            worker_id: "a".to_string(),
+            devices: Vec::new(),
+            hostname: "test".to_string(),
+            held: Vec::new(),
+        })
+        .await
+        .expect("register");
+    let mut leases = Vec::new();
+    for _ in 0..SHARDS {
+        leases.push(leased(handle.acquire(&a.session_id).await));
+    }
+
+    // Round 1, all at once: every commit is acknowledged as new.
+    let answers = futures::future::join_all(
+        leases
+            .iter()
+            .map(|l| handle.commit(checkpoint(&a.session_id, l, 0, 1))),
+    )
+    .await;
+    for answer in answers {
+        assert!(!answer.expect("concurrent commit"), "a new commit");
+    }
+    let after_round_1 = progress_objects(&stores, "j").await.len();
+    assert!(
+        (1..=SHARDS as usize).contains(&after_round_1),
+        "{after_round_1} objects"
+    );
+
+    // Then one at a time (a group each): 90 more logs, so a snapshot
+    // replaces the first 64 objects.
+    for from in 1..SHARD_BATCHES - 1 {
+        for lease in &leases {
+            handle
+                .commit(checkpoint(&a.session_id, lease, from, from + 1))
+                .await
+                .expect("commit");
+        }
+    }
+    let objects = progress_objects(&stores, "j").await;
+    let snapshots = objects.iter().filter(|o| o.contains("/snapshot-")).count();
+    assert_eq!(snapshots, 1, "{objects:#?}");
+    assert!(objects.len() < 64, "{} objects left", objects.len());
+    for lease in &leases {
+        let p = stored_progress(&stores, "j", &lease.shard.id).await;
+        assert_eq!(p.next_batch, SHARD_BATCHES - 1);
+        assert_eq!(p.outputs.len() as u64, SHARD_BATCHES - 1);
+    }
+    shutdown.cancel();
+    owner
+        .await
+        .expect("owner task ends")
+        .expect("owner ends cleanly");
+
+    // A new coordinator on the same root resumes from those records, and
+    // finishes the job from them.
+    let mut state = recover(&stores).await;
+    let (b, _b_events) = register(&mut state, "b");
+    for _ in 0..SHARDS {
+        let lease = leased(state.acquire(&b));
+        assert_eq!(lease.next_batch, SHARD_BATCHES - 1);
+        state
+            .commit(last_checkpoint(&b, &lease, SHARD_BATCHES - 1))
+            .await
+            .expect("last commit");
+    }
+    let job = state.get_job("j").expect("job");
+    assert_eq!(job.state, JobState::Succeeded);
+    assert_eq!(job.records_done, SHARDS * SHARD_RECORDS);
 }

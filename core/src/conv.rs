@@ -512,6 +512,7 @@ impl From<SessionEvent> for pb::SessionEvent {
                 leases: leases.into_iter().map(Into::into).collect(),
                 reason,
             }),
+            SessionEvent::Wake => pb::session_event::Event::Wake(pb::Wake {}),
         };
         Self { event: Some(event) }
     }

@@ -96,6 +96,14 @@ pub enum StoreError {
         uri: String,
         source: serde_json::Error,
     },
+    /// A write that stored several records at once failed; each record's
+    /// caller gets this copy of the error.
+    #[error("writing {uri}: {message}")]
+    Shared {
+        uri: String,
+        message: String,
+        transient: bool,
+    },
 }
 
 impl StoreError {
@@ -115,6 +123,41 @@ impl StoreError {
 
     /// True when retrying the same call later may succeed: the store was
     /// unreachable, slow or failing, not refusing on principle.
+    /// A copy of this error for each caller of a write that served several
+    /// (its source error cannot be cloned; its message and kind are kept).
+    pub fn share(&self) -> Self {
+        match self {
+            Self::NotFound { uri } => Self::NotFound { uri: uri.clone() },
+            Self::AlreadyExists { uri } => Self::AlreadyExists { uri: uri.clone() },
+            Self::Conflict { uri } => Self::Conflict { uri: uri.clone() },
+            Self::Fenced { uri, reason } => Self::Fenced {
+                uri: uri.clone(),
+                reason: reason.clone(),
+            },
+            other => Self::Shared {
+                uri: other.uri().unwrap_or_default().to_string(),
+                message: other.to_string(),
+                transient: other.is_transient(),
+            },
+        }
+    }
+
+    fn uri(&self) -> Option<&str> {
+        match self {
+            Self::Uri(_) => None,
+            Self::Open { uri, .. }
+            | Self::Credentials { uri, .. }
+            | Self::Config { uri, .. }
+            | Self::Io { uri, .. }
+            | Self::NotFound { uri }
+            | Self::AlreadyExists { uri }
+            | Self::Conflict { uri }
+            | Self::Fenced { uri, .. }
+            | Self::Decode { uri, .. }
+            | Self::Shared { uri, .. } => Some(uri),
+        }
+    }
+
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Io { source, .. } => !matches!(
@@ -127,6 +170,7 @@ impl StoreError {
                     | object_store::Error::UnknownConfigurationKey { .. }
             ),
             Self::Fenced { .. } => true,
+            Self::Shared { transient, .. } => *transient,
             _ => false,
         }
     }

@@ -7,7 +7,8 @@
 //! <root>/jobs/<job>/spec.json             immutable, written create-only
 //! <root>/jobs/<job>/plan.json             shard plan
 //! <root>/jobs/<job>/status.json           running | paused | cancelled | succeeded | failed
-//! <root>/jobs/<job>/progress/<shard>.json committed progress of one shard
+//! <root>/jobs/<job>/progress/log-<seq>.json  committed progress of the shards in one group commit
+//! <root>/jobs/<job>/progress/snapshot-<seq>.json  the latest progress of every shard, replacing older logs
 //! <root>/jobs/<job>/manifest.json         written at success
 //! <root>/jobs/<job>/errors/<shard>/a<token>/part-<batch>.jsonl   skipped bad records
 //! <output>/<shard>/a<token>/part-<batch>.<ext>   outputs of one attempt
@@ -69,8 +70,13 @@ impl JobLayout {
     pub fn progress_dir(&self) -> StoreUri {
         self.dir.join("progress/")
     }
-    pub fn progress(&self, shard_id: &str) -> StoreUri {
-        self.dir.join(&format!("progress/{shard_id}.json"))
+    /// The records of one group commit; `seq` is its first record's.
+    pub fn progress_log(&self, seq: u64) -> StoreUri {
+        self.dir.join(&format!("progress/log-{seq:020}.json"))
+    }
+    /// Every shard's latest record as of `seq`.
+    pub fn progress_snapshot(&self, seq: u64) -> StoreUri {
+        self.dir.join(&format!("progress/snapshot-{seq:020}.json"))
     }
     pub fn manifest(&self) -> StoreUri {
         self.dir.join("manifest.json")
@@ -113,8 +119,8 @@ mod tests {
         let job = root.job("j1");
         assert_eq!(job.spec().as_str(), "file:///r/jobs/j1/spec.json");
         assert_eq!(
-            job.progress("s00001").as_str(),
-            "file:///r/jobs/j1/progress/s00001.json"
+            job.progress_log(7).as_str(),
+            "file:///r/jobs/j1/progress/log-00000000000000000007.json"
         );
         let prefix = attempt_prefix(&job.default_output(), "s00001", 7);
         assert_eq!(prefix.as_str(), "file:///r/jobs/j1/outputs/s00001/a7");

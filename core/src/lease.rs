@@ -134,4 +134,8 @@ pub enum SessionEvent {
         leases: Vec<LeaseKey>,
         reason: String,
     },
+    /// Ask for a lease now: a shard went back to the queue, a job was
+    /// submitted or resumed, or every job ended. Sent to workers that were
+    /// told to wait, so they need not wait out the whole pause.
+    Wake,
 }

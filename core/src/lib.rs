@@ -21,6 +21,7 @@ pub mod lease;
 pub mod logging;
 pub mod parquet_source;
 pub mod plan;
+pub mod progress;
 pub mod records;
 pub mod security;
 pub mod spec;

@@ -56,10 +56,16 @@ pub struct OutputObject {
     pub sha256: String,
 }
 
-/// `jobs/<job>/progress/<shard>.json`: what counts for a shard.
+/// What counts for a shard. Stored in [`ProgressLog`] objects under
+/// `jobs/<job>/progress/`; the record with the highest `seq` wins.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ProgressRecord {
     pub shard_id: String,
+    /// Orders a shard's records: the coordinator's epoch in the high 32
+    /// bits, a counter in the low ones, so a later write always has a
+    /// higher `seq`, across restarts too. 0 before the first write.
+    #[serde(default)]
+    pub seq: u64,
     /// The token of the attempt that wrote this record.
     pub token: u64,
     /// Batches before this index are done.
@@ -85,6 +91,20 @@ pub struct ProgressRecord {
     pub skipped: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<OutputObject>,
+}
+
+/// `jobs/<job>/progress/log-<seq>.json` (the records of commits stored
+/// together) and `progress/snapshot-<seq>.json` (the latest record of
+/// every shard with one, which replaces the logs before it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ProgressLog {
+    pub records: Vec<ProgressRecord>,
+}
+
+/// The same as [`ProgressLog`], for writing records without copying them.
+#[derive(Debug, Serialize)]
+pub struct ProgressLogRef<'a> {
+    pub records: Vec<&'a ProgressRecord>,
 }
 
 /// `coordinator/epoch.json`: bumped at each coordinator start so fencing

@@ -13,7 +13,9 @@ use std::fmt::Debug;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use stoke_core::plan::{Plan, Shard, ShardSource, plan_range};
-use stoke_core::records::{EpochRecord, LockRecord, Manifest, ProgressRecord, StatusRecord};
+use stoke_core::records::{
+    EpochRecord, LockRecord, Manifest, ProgressLog, ProgressRecord, StatusRecord,
+};
 use stoke_core::spec::{JobSpec, MAX_SHARDS};
 use stoke_core::store::to_json_bytes;
 use stoke_proto::v1 as pb;
@@ -41,6 +43,12 @@ pub fn spec_json(data: &[u8]) {
 /// The coordinator's durable records, each decoded from the same bytes.
 pub fn progress_record(data: &[u8]) {
     let _ = record_round_trips::<ProgressRecord>(data);
+    let _ = record_round_trips::<ProgressLog>(data);
+    // What recovery decodes a progress object with (a log, a snapshot or
+    // a single record): an error, never a panic.
+    if let Ok(uri) = stoke_core::StoreUri::parse("memory:///r/jobs/j/progress/log-1.json") {
+        let _ = stoke_core::progress::decode(&uri, data);
+    }
     let _ = record_round_trips::<StatusRecord>(data);
     let _ = record_round_trips::<Manifest>(data);
     let _ = record_round_trips::<EpochRecord>(data);

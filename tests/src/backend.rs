@@ -263,12 +263,12 @@ impl TestEnv {
 
     /// A shard's committed progress, if written yet.
     pub fn progress(&self, job_id: &str, shard_id: &str) -> Option<ProgressRecord> {
-        let uri = format!("{}/jobs/{job_id}/progress/{shard_id}.json", self.root());
-        let parsed = StoreUri::parse(&uri).expect("uri");
+        let root = StoreUri::parse(&self.root()).expect("root uri");
+        let layout = stoke_core::layout::RootLayout::new(root).job(job_id);
         runtime()
-            .block_on(self.stores.get_json(&parsed))
+            .block_on(stoke_core::progress::load(&self.stores, &layout))
             .ok()
-            .flatten()
+            .and_then(|mut stored| stored.records.remove(shard_id))
     }
 
     /// Every object under a prefix URI, sorted.

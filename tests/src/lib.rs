@@ -563,13 +563,24 @@ pub fn progress(
     job_id: &str,
     shard_id: &str,
 ) -> Option<stoke_core::records::ProgressRecord> {
-    let path = root
-        .join("jobs")
-        .join(job_id)
-        .join("progress")
-        .join(format!("{shard_id}.json"));
-    let text = std::fs::read_to_string(path).ok()?;
-    serde_json::from_str(&text).ok()
+    let dir = root.join("jobs").join(job_id).join("progress");
+    let mut records = std::collections::HashMap::new();
+    for entry in std::fs::read_dir(&dir).ok()?.flatten() {
+        let path = entry.path();
+        // Staging files of writes in progress end in `#<n>`.
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        // A snapshot may have deleted it since the listing.
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let uri = stoke_core::StoreUri::parse(&format!("file://{}", path.display())).ok()?;
+        for record in stoke_core::progress::decode(&uri, &bytes).ok()? {
+            stoke_core::progress::merge(&mut records, record);
+        }
+    }
+    records.remove(shard_id)
 }
 
 fn uuid_like() -> String {

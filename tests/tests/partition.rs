@@ -156,12 +156,7 @@ impl Drop for Proxy {
 }
 
 fn progress(root: &Path, job_id: &str, shard_id: &str) -> Option<ProgressRecord> {
-    let path = root
-        .join("jobs")
-        .join(job_id)
-        .join("progress")
-        .join(format!("{shard_id}.json"));
-    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+    stoke_tests::progress(root, job_id, shard_id)
 }
 
 #[test]

@@ -156,6 +156,7 @@ impl CoordinatorLink for GrpcLink {
                                     leases: d.leases.into_iter().map(Into::into).collect(),
                                     reason: d.reason,
                                 }),
+                                pb::session_event::Event::Wake(_) => Some(SessionEvent::Wake),
                                 pb::session_event::Event::Registered(_) => None,
                             };
                             if let Some(event) = event

@@ -79,6 +79,8 @@ pub async fn run<L: CoordinatorLink>(
     let link = Arc::new(link);
     let active: Active = Arc::default();
     let (session_tx, session_rx) = watch::channel(SessionState::Connecting);
+    // Bumped on each `Wake` from the coordinator.
+    let (wake_tx, wake_rx) = watch::channel(0u64);
     let session_stop = CancellationToken::new();
     let keeper = tokio::spawn(session::maintain(
         Arc::clone(&link),
@@ -89,7 +91,10 @@ pub async fn run<L: CoordinatorLink>(
             held: Vec::new(),
         },
         Arc::clone(&active),
-        session_tx,
+        session::Signals {
+            state: session_tx,
+            wake: wake_tx,
+        },
         session_stop.clone(),
     ));
     let mut slots = tokio::task::JoinSet::new();
@@ -111,6 +116,7 @@ pub async fn run<L: CoordinatorLink>(
             active: Arc::clone(&active),
             shutdown: shutdown.clone(),
             session_rx: session_rx.clone(),
+            wake_rx: wake_rx.clone(),
         };
         slots.spawn(async move {
             let result = worker.lease_loop().await;
@@ -150,6 +156,8 @@ struct Worker<L> {
     active: Active,
     shutdown: CancellationToken,
     session_rx: watch::Receiver<SessionState>,
+    /// Changes when the coordinator says work may be there.
+    wake_rx: watch::Receiver<u64>,
 }
 
 impl<L: CoordinatorLink> Worker<L> {
@@ -158,6 +166,18 @@ impl<L: CoordinatorLink> Worker<L> {
         tokio::select! {
             _ = self.shutdown.cancelled() => true,
             _ = tokio::time::sleep(d) => false,
+        }
+    }
+
+    /// Like [`Self::pause`], but ends early when the coordinator sends a
+    /// wake (a shard went back to the queue, a job arrived or ended) after
+    /// `wake` was last marked seen.
+    async fn pause_for_work(&self, d: Duration, mut wake: watch::Receiver<u64>) -> bool {
+        tokio::select! {
+            _ = self.shutdown.cancelled() => true,
+            _ = tokio::time::sleep(d) => false,
+            // An error means the session keeper ended: just wait out `d`.
+            Ok(()) = wake.changed() => false,
         }
     }
 
@@ -232,6 +252,9 @@ impl<L: CoordinatorLink> Worker<L> {
             Some(id) if id.is_empty() => return Ok(Next::Retry),
             Some(id) => id,
         };
+        // Wakes sent from here on cut a `Wait` or `Idle` pause short.
+        let mut wake = self.wake_rx.clone();
+        wake.mark_unchanged();
         let answer = self.link.acquire(&session_id).await;
         if !wait {
             return Ok(match answer {
@@ -241,7 +264,7 @@ impl<L: CoordinatorLink> Worker<L> {
         }
         match answer {
             Ok(AcquireOutcome::Lease(lease)) => Ok(Next::Lease(lease)),
-            Ok(AcquireOutcome::Wait(d)) => Ok(if self.pause(d).await {
+            Ok(AcquireOutcome::Wait(d)) => Ok(if self.pause_for_work(d, wake).await {
                 Next::Exit(WorkerExit::Shutdown)
             } else {
                 Next::Retry
@@ -251,7 +274,7 @@ impl<L: CoordinatorLink> Worker<L> {
                     info!("no job left; exiting");
                     return Ok(Next::Exit(WorkerExit::Idle));
                 }
-                Ok(if self.pause(self.config.idle_poll).await {
+                Ok(if self.pause_for_work(self.config.idle_poll, wake).await {
                     Next::Exit(WorkerExit::Shutdown)
                 } else {
                     Next::Retry

@@ -40,14 +40,26 @@ pub(crate) fn active_keys(active: &Active) -> Vec<LeaseKey> {
         .collect()
 }
 
+/// Where the session keeper publishes what it learns.
+pub(crate) struct Signals {
+    /// The current session.
+    pub state: watch::Sender<SessionState>,
+    /// Bumped on each `Wake` from the coordinator.
+    pub wake: watch::Sender<u64>,
+}
+
 /// Runs until `stop` is cancelled.
 pub(crate) async fn maintain<L: CoordinatorLink>(
     link: Arc<L>,
     registration: Registration,
     active: Active,
-    state_tx: watch::Sender<SessionState>,
+    signals: Signals,
     stop: CancellationToken,
 ) {
+    let Signals {
+        state: state_tx,
+        wake,
+    } = signals;
     let mut backoff = Duration::from_millis(100);
     while !stop.is_cancelled() {
         let mut reg = registration.clone();
@@ -61,7 +73,7 @@ pub(crate) async fn maintain<L: CoordinatorLink>(
                 backoff = Duration::from_millis(100);
                 info!(session = %session.grant.session_id, "session open");
                 let _ = state_tx.send(SessionState::Open(session.grant.session_id.clone()));
-                keep(session, &active, &stop).await;
+                keep(session, &active, &wake, &stop).await;
                 let _ = state_tx.send(SessionState::Connecting);
                 if !stop.is_cancelled() {
                     warn!("session lost; registering again");
@@ -86,7 +98,12 @@ pub(crate) async fn maintain<L: CoordinatorLink>(
 
 /// Renews the session's leases and applies coordinator events until the
 /// session is lost or `stop` is cancelled. Dropping the session closes it.
-async fn keep(session: Session, active: &Active, stop: &CancellationToken) {
+async fn keep(
+    session: Session,
+    active: &Active,
+    wake: &watch::Sender<u64>,
+    stop: &CancellationToken,
+) {
     let Session {
         grant,
         mut events,
@@ -108,6 +125,7 @@ async fn keep(session: Session, active: &Active, stop: &CancellationToken) {
                 }
             }
             event = events.recv() => match event {
+                Some(SessionEvent::Wake) => wake.send_modify(|n| *n = n.wrapping_add(1)),
                 Some(event) => apply(event, active),
                 None => break,
             },
@@ -134,6 +152,7 @@ fn apply(event: SessionEvent, active: &Active) {
                 }
             }
         }
+        SessionEvent::Wake => {}
     }
 }
 

@@ -513,9 +513,12 @@ impl Stores {
     }
 }
 
+/// A record as compact JSON: progress records are written once per
+/// checkpoint and plans can list a million shards, so no indentation
+/// (`jq .` shows them indented).
 pub fn to_json_bytes<T: serde::Serialize>(value: &T) -> Vec<u8> {
     // Records are plain structs of strings and numbers: serialising cannot fail.
-    serde_json::to_vec_pretty(value).unwrap_or_default()
+    serde_json::to_vec(value).unwrap_or_default()
 }
 
 #[cfg(test)]
