@@ -11,7 +11,7 @@ source "$BENCH_SRC/../scripts/env.sh"
 RUNS="${BENCH_RUNS:-3}"
 DIR="$STOKE_CACHE/bench/ragged"
 mkdir -p "$DIR"
-cargo build -q --release -p stoke -p stoke-worker
+cargo build -q --release -p stoke-cli -p stoke -p stoke-worker
 STOKE_BIN="$CARGO_TARGET_DIR/release/stoke"
 python "$BENCH_SRC/ragged_data.py" "$DIR"
 

@@ -98,7 +98,7 @@ EOF
 
 build() {
   log "building stoke (release)"
-  (cd "$STOKE_REPO" && cargo build --release -q -p stoke -p stoke-worker -p stoke-coordinator -p stoke-bench-scale)
+  (cd "$STOKE_REPO" && cargo build --release -q -p stoke-cli -p stoke -p stoke-worker -p stoke-coordinator -p stoke-bench-scale)
 }
 
 # One measured run of one contender: run_one NAME KIND ROUND [OUT_DIR] -- CMD...

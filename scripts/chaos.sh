@@ -25,7 +25,7 @@ if [ $# -eq 1 ]; then
 fi
 
 echo "== building" >&2
-cargo build -q -p stoke-coordinator -p stoke-worker -p stoke --bins
+cargo build -q -p stoke-coordinator -p stoke-worker -p stoke-cli -p stoke --bins
 cargo test -q -p stoke-tests --test chaos --no-run
 
 log="$STOKE_CACHE/last-chaos.log"

@@ -10,7 +10,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$STOKE_REPO"
 
 echo "stoke demo: building (first time: several minutes)" >&2
-cargo build -q -p stoke -p stoke-worker
+cargo build -q -p stoke-cli -p stoke -p stoke-worker
 
 assets="$STOKE_CACHE/demo"
 python scripts/demo_assets.py "$assets"

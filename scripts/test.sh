@@ -12,11 +12,13 @@ cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -q -- -D warnings
 
-echo "== the coordinator does not link libtorch"
-if cargo tree -p stoke-coordinator -e normal,build --prefix none | grep -Eq '^(tch|torch-sys) '; then
-  echo "stoke-coordinator depends on tch/torch-sys" >&2
-  exit 1
-fi
+echo "== the coordinator and the stoke CLI do not link libtorch"
+for pkg in stoke-coordinator stoke-cli; do
+  if cargo tree -p "$pkg" -e normal,build --prefix none | grep -Eq '^(tch|torch-sys) '; then
+    echo "$pkg depends on tch/torch-sys" >&2
+    exit 1
+  fi
+done
 
 # deploy/: yamllint, Dockerfile rules, every kustomization rendered and
 # validated against the Kubernetes schemas (tools cached in ~/.cache/stoke).

@@ -55,13 +55,13 @@ COPY --from=planner /src/recipe.json recipe.json
 ENV RUSTFLAGS="-C link-arg=-Wl,--no-as-needed -C link-arg=-ltorch_cuda -C link-arg=-Wl,--as-needed"
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     cargo chef cook --release --locked --recipe-path recipe.json \
-      --target "$(rustc -vV | sed -n 's/^host: //p')" -p stoke-worker -p stoke
+      --target "$(rustc -vV | sed -n 's/^host: //p')" -p stoke-worker -p stoke -p stoke-cli
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     host="$(rustc -vV | sed -n 's/^host: //p')" \
- && cargo build --release --locked --target "$host" -p stoke-worker -p stoke --bins \
+ && cargo build --release --locked --target "$host" -p stoke-worker -p stoke -p stoke-cli --bins \
  && mkdir -p /out \
- && cp "target/$host/release/stoke-worker" "target/$host/release/stoke" /out/ \
+ && cp "target/$host/release/stoke-worker" "target/$host/release/stoke" "target/$host/release/stoke-embedded" /out/ \
  && readelf -d /out/stoke-worker | grep -q 'NEEDED.*\[libtorch_cuda.so\]' \
  && readelf -d /out/stoke-worker | grep -q "R.*PATH.*$STOKE_VENV/lib/python3.11/site-packages/torch/lib"
 
@@ -74,7 +74,7 @@ RUN apt-get update \
 ARG SITE=/opt/stoke/venv/lib/python3.11/site-packages
 COPY --from=builder ${SITE}/torch/lib ${SITE}/torch/lib
 COPY --from=builder ${SITE}/nvidia ${SITE}/nvidia
-COPY --from=builder /out/stoke-worker /out/stoke /usr/local/bin/
+COPY --from=builder /out/stoke-worker /out/stoke /out/stoke-embedded /usr/local/bin/
 # Every library resolves (the driver's libcuda.so comes from the host at
 # run time, through the NVIDIA container runtime, and is loaded lazily).
 RUN ! ldd /usr/local/bin/stoke-worker | grep 'not found' \

@@ -8,16 +8,17 @@
 //! - embedded mode: [`torch_batch_process`] runs a job in one process with
 //!   the same coordinator state machine and worker pipeline as a cluster.
 //!
-//! The `stoke` CLI (`src/main.rs`) is built on these. Tested end to end by
+//! The `stoke` CLI (crate `stoke-cli`) is built on the client part, which
+//! does not link libtorch; `stoke run --embedded` runs `stoke-embedded`
+//! (`src/bin/stoke-embedded.rs`). Tested end to end by
 //! `stoke-tests`.
 
-pub mod client;
 pub mod embedded;
 pub mod error;
 
-pub use client::Client;
 pub use embedded::{EmbeddedOptions, JobReport, run_embedded, torch_batch_process};
-pub use error::{ClientError, EmbeddedError};
+pub use error::EmbeddedError;
+pub use stoke_client::{Client, ClientError, client};
 pub use stoke_core::records::{
     JobErrors, JobInfo, JobState, Manifest, ManifestEntry, ShardErrors, SkippedRecord, WorkerInfo,
 };

@@ -1,4 +1,6 @@
-//! `stoke`: submit and watch jobs, or run one on this machine.
+//! `stoke`: submit and watch jobs, or run one on this machine. Does not
+//! link libtorch: `run --local` starts `stoke-worker` processes, and
+//! `run --embedded` hands the process over to `stoke-embedded`.
 
 mod watch;
 
@@ -8,8 +10,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use stoke::{Client, EmbeddedOptions, JobInfo, JobSpec, JobState, Registry, StoreUri, Stores};
+use stoke_client::Client;
+use stoke_client::summary::{summary, total};
 use stoke_coordinator::CoordinatorConfig;
+use stoke_core::records::{JobInfo, JobState};
+use stoke_core::spec::JobSpec;
+use stoke_core::{StoreUri, Stores};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
@@ -122,7 +128,6 @@ enum Cmd {
 }
 
 fn main() -> anyhow::Result<()> {
-    stoke_worker::cli::ensure_passive_openmp();
     let cli = Cli::parse();
     stoke_core::logging::init_logging(stoke_core::logging::LogFormat::Text, "warn");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -290,14 +295,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             job_id,
             lease_timeout,
         } => {
+            if embedded {
+                return run_embedded(&spec, &root, &device, threads, job_id.as_deref());
+            }
             let spec = JobSpec::from_file(&spec)?;
             let root = StoreUri::parse(
                 &StoreUri::resolve_path_or_uri(&root, Path::new("."))
                     .map_err(anyhow::Error::msg)?,
             )?;
-            if embedded {
-                return run_embedded(spec, root, &device, threads, job_id).await;
-            }
             let Some(workers) = local else {
                 bail!("say how to run: --local N (N worker processes) or --embedded");
             };
@@ -317,22 +322,44 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
-async fn run_embedded(
-    spec: JobSpec,
-    root: StoreUri,
+/// Runs `stoke-embedded` (next to this binary) in place of this process:
+/// the embedded mode links libtorch, which this binary does not.
+fn run_embedded(
+    spec: &Path,
+    root: &str,
     device: &str,
     threads: Option<usize>,
-    job_id: Option<String>,
+    job_id: Option<&str>,
 ) -> anyhow::Result<i32> {
-    let mut options = EmbeddedOptions::new(root);
-    options.device = stoke_worker::config::parse_device(device)?;
-    options.threads = threads;
-    options.job_id = job_id;
-    let started = Instant::now();
-    let report = stoke::run_embedded(spec, Registry::with_builtins(), options).await?;
-    print_summary(&report.job);
-    eprintln!("took {:.1}s", started.elapsed().as_secs_f64());
-    Ok(0)
+    use std::os::unix::process::CommandExt;
+    let bin = sibling_binary("stoke-embedded")?;
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.arg(spec)
+        .arg("--root")
+        .arg(root)
+        .arg("--device")
+        .arg(device);
+    if let Some(n) = threads {
+        cmd.arg("--threads").arg(n.to_string());
+    }
+    if let Some(id) = job_id {
+        cmd.arg("--job-id").arg(id);
+    }
+    passive_openmp(&mut cmd);
+    // exec returns only on failure.
+    let error = cmd.exec();
+    Err(anyhow::Error::new(error).context(format!("running {}", bin.display())))
+}
+
+/// libtorch's OpenMP threads spin after each parallel region unless told
+/// otherwise, taking the cores that reading and decoding need; libgomp
+/// reads the policy when it loads. Set for the libtorch processes this
+/// command starts (unless the user chose one), so they need not run
+/// themselves again to pick it up.
+fn passive_openmp(cmd: &mut std::process::Command) {
+    if std::env::var_os("OMP_WAIT_POLICY").is_none() {
+        cmd.env("OMP_WAIT_POLICY", "PASSIVE");
+    }
 }
 
 struct LocalRun {
@@ -389,7 +416,9 @@ impl LocalRun {
         let threads = self.threads.unwrap_or((cores / self.workers).max(1));
         let mut children: Vec<Child> = Vec::with_capacity(self.workers);
         for i in 0..self.workers {
-            let child = Command::new(worker_bin)
+            let mut cmd = std::process::Command::new(worker_bin);
+            passive_openmp(&mut cmd);
+            let child = Command::from(cmd)
                 .arg("--coordinator")
                 .arg(addr)
                 .arg("--worker-id")
@@ -454,10 +483,6 @@ async fn connect_with_retry(addr: &str) -> anyhow::Result<Client> {
     }
 }
 
-fn total(j: &JobInfo) -> String {
-    j.records_total.map_or("?".to_string(), |n| n.to_string())
-}
-
 fn exit_code(job: &JobInfo) -> i32 {
     if job.state == JobState::Succeeded {
         0
@@ -466,30 +491,8 @@ fn exit_code(job: &JobInfo) -> i32 {
     }
 }
 
-fn local_path(uri: &str) -> String {
-    uri.strip_prefix("file://")
-        .map(|p| p.to_string())
-        .unwrap_or_else(|| uri.to_string())
-}
-
 fn print_summary(job: &JobInfo) {
-    println!("job: {}", job.job_id);
-    println!("state: {}", job.state);
-    if let Some(reason) = &job.reason {
-        println!("reason: {reason}");
-    }
-    println!("shards: {}/{}", job.shards_done, job.shards_total);
-    println!("records: {}/{}", job.records_done, total(job));
-    if job.records_skipped > 0 {
-        println!(
-            "skipped: {} bad records (see the job's errors/)",
-            job.records_skipped
-        );
-    }
-    println!("outputs: {}", local_path(&job.output_uri));
-    if let Some(m) = &job.manifest_uri {
-        println!("manifest: {}", local_path(m));
-    }
+    print!("{}", summary(job));
 }
 
 fn job_json(job: &JobInfo) -> serde_json::Value {

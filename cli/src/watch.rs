@@ -8,8 +8,8 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use stoke::Client;
-use stoke::JobInfo;
+use stoke_client::Client;
+use stoke_core::records::JobInfo;
 
 /// How often `submit --watch` and `status --watch` ask.
 pub const POLL: Duration = Duration::from_millis(200);

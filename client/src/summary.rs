@@ -1,0 +1,42 @@
+//! The job summary the CLIs print when a run ends.
+
+use std::fmt::Write;
+
+use stoke_core::records::JobInfo;
+
+/// A local path for `file://` URIs, the URI otherwise.
+pub fn local_path(uri: &str) -> String {
+    uri.strip_prefix("file://")
+        .map(|p| p.to_string())
+        .unwrap_or_else(|| uri.to_string())
+}
+
+/// The job's total records, or `?` when the plan could not count them.
+pub fn total(job: &JobInfo) -> String {
+    job.records_total.map_or("?".to_string(), |n| n.to_string())
+}
+
+/// Lines of `key: value`: state, shards, records, outputs, manifest.
+pub fn summary(job: &JobInfo) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = writeln!(out, "job: {}", job.job_id);
+    let _ = writeln!(out, "state: {}", job.state);
+    if let Some(reason) = &job.reason {
+        let _ = writeln!(out, "reason: {reason}");
+    }
+    let _ = writeln!(out, "shards: {}/{}", job.shards_done, job.shards_total);
+    let _ = writeln!(out, "records: {}/{}", job.records_done, total(job));
+    if job.records_skipped > 0 {
+        let _ = writeln!(
+            out,
+            "skipped: {} bad records (see the job's errors/)",
+            job.records_skipped
+        );
+    }
+    let _ = writeln!(out, "outputs: {}", local_path(&job.output_uri));
+    if let Some(m) = &job.manifest_uri {
+        let _ = writeln!(out, "manifest: {}", local_path(m));
+    }
+    out
+}

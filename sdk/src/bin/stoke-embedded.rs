@@ -1,0 +1,63 @@
+//! `stoke-embedded`: what `stoke run --embedded` hands over to. Runs a job
+//! in this one process (the coordinator's state machine and the worker's
+//! pipeline, no gRPC) and prints the same summary as `stoke run`. Lives
+//! apart from `stoke` because it links libtorch, whose start-up (about
+//! 0.4 s of static initialisers) the other commands need not pay.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Parser;
+use stoke::{EmbeddedOptions, JobSpec, Registry, StoreUri};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "stoke-embedded",
+    version,
+    about = "Run a job in this process (what `stoke run --embedded` runs)"
+)]
+struct Args {
+    /// The job spec (TOML or JSON).
+    spec: PathBuf,
+    /// State root (a folder or store URI) for the job's state and outputs.
+    #[arg(long, default_value = "stoke-state")]
+    root: String,
+    /// Device: auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// libtorch threads (default: the machine's cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// A job id (running again with the same id and root resumes it).
+    #[arg(long)]
+    job_id: Option<String>,
+}
+
+fn main() -> anyhow::Result<()> {
+    stoke_worker::cli::ensure_passive_openmp();
+    let args = Args::parse();
+    stoke_core::logging::init_logging(stoke_core::logging::LogFormat::Text, "warn");
+    let spec = JobSpec::from_file(&args.spec)?;
+    let root = StoreUri::parse(
+        &StoreUri::resolve_path_or_uri(&args.root, Path::new(".")).map_err(anyhow::Error::msg)?,
+    )?;
+    let mut options = EmbeddedOptions::new(root);
+    options.device = stoke_worker::config::parse_device(&args.device)?;
+    options.threads = args.threads;
+    options.job_id = args.job_id;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let started = Instant::now();
+    let report = runtime.block_on(stoke::run_embedded(
+        spec,
+        Registry::with_builtins(),
+        options,
+    ))?;
+    print!("{}", stoke_client::summary::summary(&report.job));
+    eprintln!("took {:.1}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
