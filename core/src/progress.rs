@@ -31,12 +31,25 @@ pub struct StoredProgress {
 }
 
 /// Decodes one progress object: a log or snapshot, or a single record (as
-/// written per shard before group commits).
+/// written per shard before group commits, with no `seq`: it gets 1, older
+/// than any record written since, which all have an epoch in their high
+/// bits; a stored record always has a `seq` above 0, which is how the
+/// coordinator tells shards with a record from those without).
 pub fn decode(uri: &StoreUri, bytes: &[u8]) -> Result<Vec<ProgressRecord>, StoreError> {
     match serde_json::from_slice::<ProgressLog>(bytes) {
-        Ok(log) => Ok(log.records),
+        Ok(log) => Ok(log
+            .records
+            .into_iter()
+            .map(|r| ProgressRecord {
+                seq: r.seq.max(1),
+                ..r
+            })
+            .collect()),
         Err(log_error) => match serde_json::from_slice::<ProgressRecord>(bytes) {
-            Ok(record) => Ok(vec![record]),
+            Ok(record) => Ok(vec![ProgressRecord {
+                seq: record.seq.max(1),
+                ..record
+            }]),
             Err(_) => Err(StoreError::Decode {
                 uri: uri.to_string(),
                 source: log_error,
@@ -140,6 +153,9 @@ mod tests {
         assert_eq!(stored.records["a"].next_batch, 2);
         assert_eq!(stored.records["b"].next_batch, 5);
         assert_eq!(stored.records["c"].next_batch, 9);
+        // A record from before group commits counts as stored (so the next
+        // snapshot keeps it), older than anything written since.
+        assert_eq!(stored.records["c"].seq, 1);
         assert_eq!(stored.objects.len(), 4);
     }
 
