@@ -2,7 +2,8 @@
 # Fuzzes what stoke reads from outside, each target for a bounded time:
 #   spec_toml, spec_json   job specs as submitted (parse, validate, plan a
 #                          range job, round trip through spec.json)
-#   progress_record        the coordinator's stored records (progress,
+#   progress_record        the coordinator's stored records (progress
+#                          records and logs,
 #                          status, manifest, epoch, lock)
 #   plan                   a stored plan.json
 # The checks live in fuzz/src/lib.rs; core/tests/fuzz_regressions.rs replays
