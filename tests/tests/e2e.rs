@@ -27,16 +27,28 @@ fn two_workers_process_parquet_exactly_once_and_match_the_model(env) {
     let coordinator = env.coordinator(&[]);
     let spec = env.write_spec("job.toml", &env.spec("parquet", ""));
     // Workers started with --exit-when-idle leave when no job runs, so the
-    // job goes in first.
+    // job goes in first, paused: both workers register and wait, and the
+    // resume wakes both, so neither can finish the job before the other
+    // starts (a worker's start-up is longer than the whole job).
     let job_id = coordinator.submit(&spec);
+    let paused = coordinator.cli(&["pause", &job_id]);
+    assert!(paused.status.success(), "{}", text(&paused.stderr));
     let mut w1 = coordinator.worker("stoke-worker", "w1", env.dir());
     let mut w2 = coordinator.worker("stoke-worker", "w2", env.dir());
+    wait_until("both workers registered", DEADLINE, || {
+        let out = coordinator.cli(&["workers", "--json"]);
+        let workers: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        (workers.as_array()?.len() == 2).then_some(())
+    });
+    let resumed = coordinator.cli(&["resume", &job_id]);
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
     coordinator.wait_success(&job_id);
 
     // Workers exit once no job is left.
     assert!(w1.wait_exit(DEADLINE).success(), "{}", w1.log_text());
     assert!(w2.wait_exit(DEADLINE).success(), "{}", w2.log_text());
-    // Both took part (many more shards than workers).
+    // Both took part (many more shards than workers, and both were waiting
+    // when the job resumed).
     assert!(w1.log_text().contains("lease taken"), "w1 got no lease");
     assert!(w2.log_text().contains("lease taken"), "w2 got no lease");
 
