@@ -150,10 +150,11 @@ type Queued = (PendingCommit, Reply<bool>);
 
 /// A store write running off the owner loop.
 enum Done {
-    /// A group commit: the records of `queued`, in one object.
+    /// A group commit: the records of `pendings`, in one object.
     Group {
         write: GroupWrite,
-        queued: Vec<Queued>,
+        pendings: Vec<PendingCommit>,
+        replies: Vec<Reply<bool>>,
         written: std::result::Result<(), StoreError>,
     },
     /// A snapshot that replaces a job's older progress objects.
@@ -166,112 +167,94 @@ enum Done {
 
 type Write = Pin<Box<dyn Future<Output = Done> + Send>>;
 
-/// Commits of one job: those waiting, and whether a write of the job is
-/// running. One write per job at a time; what arrives meanwhile goes into
-/// the next group.
-#[derive(Default)]
-struct JobWrites {
-    queued: Vec<Queued>,
-    busy: bool,
-}
-
 /// Group commit. Commits are validated and applied here, in order; their
 /// progress records are stored one group per job at a time: while a group
-/// is written, the commits that arrive queue up and go out together in
-/// the next one. Under load, many commits share one store write; alone, a
-/// commit is written at once.
+/// (or a snapshot) of a job is written, the commits that arrive queue up
+/// and go out together in the next one. Under load, many commits share one
+/// store write; alone, a commit is written at once.
 struct Writer {
     running: FuturesUnordered<Write>,
-    jobs: HashMap<String, JobWrites>,
+    /// Jobs with a write running, and the commits waiting for the next.
+    busy: HashMap<String, Vec<Queued>>,
 }
 
 impl Writer {
     fn new() -> Self {
         Self {
             running: FuturesUnordered::new(),
-            jobs: HashMap::new(),
+            busy: HashMap::new(),
         }
     }
 
     fn enqueue(&mut self, state: &State, pending: PendingCommit, reply: Reply<bool>) {
-        let job_id = pending.job_id().to_string();
-        let entry = self.jobs.entry(job_id.clone()).or_default();
-        entry.queued.push((pending, reply));
-        if !entry.busy {
-            self.start_group(state, &job_id);
+        match self.busy.get_mut(pending.job_id()) {
+            Some(queued) => queued.push((pending, reply)),
+            None => {
+                self.busy.insert(pending.job_id().to_string(), Vec::new());
+                self.write_group(state, vec![(pending, reply)]);
+            }
         }
     }
 
-    /// Starts writing the next group of `job_id`, if any commits wait.
-    fn start_group(&mut self, state: &State, job_id: &str) {
-        let Some(entry) = self.jobs.get_mut(job_id) else {
-            return;
-        };
-        if entry.queued.is_empty() {
-            entry.busy = false;
-            self.jobs.remove(job_id);
-            return;
-        }
-        let rest = entry.queued.split_off(entry.queued.len().min(MAX_GROUP));
-        let queued = std::mem::replace(&mut entry.queued, rest);
+    fn write_group(&mut self, state: &State, queued: Vec<Queued>) {
         let (pendings, replies): (Vec<PendingCommit>, Vec<Reply<bool>>) =
             queued.into_iter().unzip();
-        match state.group_write(&pendings) {
-            Ok(write) => {
-                entry.busy = true;
-                let stores = state.stores().clone();
-                let queued: Vec<Queued> = pendings.into_iter().zip(replies).collect();
-                self.running.push(Box::pin(async move {
-                    let written = write.write(&stores).await;
-                    Done::Group {
-                        write,
-                        queued,
-                        written,
-                    }
-                }));
+        let Some(write) = GroupWrite::of(&pendings) else {
+            return;
+        };
+        let stores = state.stores().clone();
+        self.running.push(Box::pin(async move {
+            let written = write.write(&stores).await;
+            Done::Group {
+                write,
+                pendings,
+                replies,
+                written,
             }
-            Err(e) => {
-                // Cannot happen (the job was there when the commits were
-                // validated); refuse them rather than lose track.
-                for reply in replies {
-                    let _ = reply.send(Err(CoordinatorError::Recovery(e.to_string())));
-                }
-                entry.busy = false;
-            }
-        }
+        }));
     }
 
-    /// After a write of `job_id`: a snapshot if one is due, else the next group.
-    fn next(&mut self, state: &mut State, job_id: &str) {
-        if let Some(snapshot) = state.snapshot_due(job_id) {
-            let stores = state.stores().clone();
-            self.running.push(Box::pin(async move {
-                let (written, deleted) = snapshot.write(&stores).await;
-                Done::Snapshot {
-                    snapshot,
-                    written,
-                    deleted,
-                }
-            }));
+    /// After a write of `job_id`: the next group, if commits wait, else the
+    /// job is no longer busy.
+    fn next_group(&mut self, state: &State, job_id: &str) {
+        let Some(queued) = self.busy.get_mut(job_id) else {
+            return;
+        };
+        if queued.is_empty() {
+            self.busy.remove(job_id);
             return;
         }
-        self.start_group(state, job_id);
+        let rest = queued.split_off(queued.len().min(MAX_GROUP));
+        let group = std::mem::replace(queued, rest);
+        self.write_group(state, group);
     }
 
     async fn finish(&mut self, state: &mut State, done: Done) {
         match done {
             Done::Group {
                 write,
-                queued,
+                pendings,
+                replies,
                 written,
             } => {
-                let (pendings, replies): (Vec<PendingCommit>, Vec<Reply<bool>>) =
-                    queued.into_iter().unzip();
                 let answers = state.finish_group(&write, pendings, written).await;
                 for (reply, answer) in replies.into_iter().zip(answers) {
                     let _ = reply.send(answer);
                 }
-                self.next(state, &write.job_id);
+                // A snapshot, when one is due, goes before the next group.
+                if let Some(snapshot) = state.snapshot_due(&write.job_id) {
+                    let stores = state.stores().clone();
+                    self.running.push(Box::pin(async move {
+                        let (written, deleted) = snapshot.write(&stores).await;
+                        Done::Snapshot {
+                            snapshot,
+                            written,
+                            deleted,
+                        }
+                    }));
+                } else {
+                    self.next_group(state, &write.job_id);
+                }
             }
             Done::Snapshot {
                 snapshot,
@@ -279,7 +262,7 @@ impl Writer {
                 deleted,
             } => {
                 state.finish_snapshot(&snapshot, written, &deleted);
-                self.start_group(state, &snapshot.job_id);
+                self.next_group(state, &snapshot.job_id);
             }
         }
     }

@@ -68,6 +68,8 @@ pub enum CommitStep {
 pub struct PendingCommit {
     idx: usize,
     progress: ProgressRecord,
+    /// The progress log this record goes to if it leads its group.
+    log_uri: StoreUri,
     commit: Commit,
 }
 
@@ -75,6 +77,13 @@ impl PendingCommit {
     pub fn job_id(&self) -> &str {
         &self.commit.key.job_id
     }
+}
+
+/// Progress records as one stored object (a log or a snapshot).
+fn progress_log<'a>(records: impl Iterator<Item = &'a ProgressRecord>) -> Bytes {
+    Bytes::from(to_json_bytes(&ProgressLogRef {
+        records: records.collect(),
+    }))
 }
 
 /// The progress records of several commits of one job, stored as one
@@ -87,6 +96,17 @@ pub struct GroupWrite {
 }
 
 impl GroupWrite {
+    /// The object that stores the records of `group` (commits of one job,
+    /// from `begin_commit`), named after its first; `None` for no commits.
+    pub fn of(group: &[PendingCommit]) -> Option<Self> {
+        let first = group.first()?;
+        Some(Self {
+            job_id: first.job_id().to_string(),
+            uri: first.log_uri.clone(),
+            bytes: progress_log(group.iter().map(|p| &p.progress)),
+        })
+    }
+
     pub async fn write(&self, stores: &Stores) -> std::result::Result<(), StoreError> {
         stores.put(&self.uri, self.bytes.clone()).await
     }
@@ -155,10 +175,6 @@ struct Job {
     /// The job's progress objects (logs, snapshots) the next snapshot
     /// replaces, oldest first.
     progress_objects: Vec<StoreUri>,
-    /// Records written to logs since the last snapshot.
-    logged: u64,
-    /// Shards with a stored record (what a snapshot writes).
-    recorded: u64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -170,6 +186,10 @@ struct Totals {
     store_failures: u64,
     /// Shards not done that had a failed attempt or a store failure.
     failed_unfinished: u64,
+    /// Shards with a stored record (what a snapshot writes).
+    recorded: u64,
+    /// Records written to progress logs since the last snapshot.
+    logged: u64,
 }
 
 /// A shard not done yet whose earlier attempts failed.
@@ -200,7 +220,7 @@ impl Job {
             .saturating_sub(u64::from(failed_unfinished(old)))
             + u64::from(failed_unfinished(&progress));
         if old.seq == 0 && progress.seq > 0 {
-            self.recorded += 1;
+            t.recorded += 1;
         }
         self.shards[idx].progress = progress;
     }
@@ -420,8 +440,6 @@ impl State {
             totals: Totals::default(),
             rate: RateWindow::default(),
             progress_objects: Vec::new(),
-            logged: 0,
-            recorded: 0,
         }
     }
 
@@ -1079,30 +1097,14 @@ impl State {
             CommitStep::Duplicate => Ok(true),
             CommitStep::Write(pending) => {
                 let group = vec![*pending];
-                let write = self.group_write(&group)?;
+                let Some(write) = GroupWrite::of(&group) else {
+                    return Ok(false);
+                };
                 let written = write.write(&self.stores).await;
                 let mut answers = self.finish_group(&write, group, written).await;
                 answers.pop().unwrap_or(Ok(false))
             }
         }
-    }
-
-    /// The object that stores the records of `group` (commits of one job,
-    /// from `begin_commit`).
-    pub fn group_write(&self, group: &[PendingCommit]) -> Result<GroupWrite> {
-        let first = group
-            .first()
-            .ok_or_else(|| CoordinatorError::Recovery("an empty group of commits".to_string()))?;
-        let job_id = first.job_id().to_string();
-        let job = self.job(&job_id)?;
-        let log = ProgressLogRef {
-            records: group.iter().map(|p| &p.progress).collect(),
-        };
-        Ok(GroupWrite {
-            uri: job.layout.progress_log(first.progress.seq),
-            bytes: Bytes::from(to_json_bytes(&log)),
-            job_id,
-        })
     }
 
     /// Applies the commits of a group once their object is stored (or
@@ -1117,7 +1119,7 @@ impl State {
             && let Some(job) = self.jobs.get_mut(&write.job_id)
         {
             job.progress_objects.push(write.uri.clone());
-            job.logged += group.len() as u64;
+            job.totals.logged += group.len() as u64;
         }
         let mut answers = Vec::with_capacity(group.len());
         for pending in group {
@@ -1136,24 +1138,17 @@ impl State {
     pub fn snapshot_due(&mut self, job_id: &str) -> Option<SnapshotWrite> {
         let job = self.jobs.get(job_id)?;
         if job.progress_objects.len() < SNAPSHOT_MIN_OBJECTS
-            || job.logged * SNAPSHOT_AMORTISE < job.recorded
+            || job.totals.logged * SNAPSHOT_AMORTISE < job.totals.recorded
         {
             return None;
         }
         let seq = self.next_seq();
         let job = self.jobs.get(job_id)?;
-        let log = ProgressLogRef {
-            records: job
-                .shards
-                .iter()
-                .map(|s| &s.progress)
-                .filter(|p| p.seq > 0)
-                .collect(),
-        };
+        let bytes = progress_log(job.shards.iter().map(|s| &s.progress).filter(|p| p.seq > 0));
         Some(SnapshotWrite {
             job_id: job_id.to_string(),
             uri: job.layout.progress_snapshot(seq),
-            bytes: Bytes::from(to_json_bytes(&log)),
+            bytes,
             replaces: job.progress_objects.clone(),
         })
     }
@@ -1177,8 +1172,8 @@ impl State {
         job.progress_objects
             .retain(|u| !deleted.contains(u.as_str()));
         job.progress_objects.insert(0, snapshot.uri.clone());
-        job.logged = 0;
-        debug!(job = %snapshot.job_id, records = job.recorded, objects = job.progress_objects.len(), "progress snapshot stored");
+        job.totals.logged = 0;
+        debug!(job = %snapshot.job_id, records = job.totals.recorded, objects = job.progress_objects.len(), "progress snapshot stored");
     }
 
     /// Validates a commit and builds the progress record to store. Marks
@@ -1242,7 +1237,6 @@ impl State {
             });
         }
         let mut progress = shard.progress.clone();
-        progress.seq = (self.epoch << TOKEN_EPOCH_SHIFT) | (self.record_seq + 1);
         progress.token = key.token;
         progress.next_batch = commit.next_batch;
         progress.records += commit.records;
@@ -1250,11 +1244,12 @@ impl State {
         progress.done = commit.shard_done;
         progress.skipped += commit.skipped;
         progress.errors.extend(commit.error_objects.iter().cloned());
-        self.record_seq += 1;
+        progress.seq = self.next_seq();
         let job = self.job_mut(&commit.key.job_id)?;
         job.shards[idx].writing = true;
         Ok(CommitStep::Write(Box::new(PendingCommit {
             idx,
+            log_uri: job.layout.progress_log(progress.seq),
             progress,
             commit,
         })))
@@ -1407,11 +1402,8 @@ impl State {
         progress.seq = self.next_seq();
         let job = self.job(&key.job_id)?;
         let log_uri = job.layout.progress_log(progress.seq);
-        let log = ProgressLogRef {
-            records: vec![&progress],
-        };
         self.stores
-            .put(&log_uri, Bytes::from(to_json_bytes(&log)))
+            .put(&log_uri, progress_log(std::iter::once(&progress)))
             .await?;
         if let Some(session) = self.sessions.get_mut(&release.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
@@ -1419,7 +1411,7 @@ impl State {
         let failed = progress.failed_attempts;
         let job = self.job_mut(&key.job_id)?;
         job.progress_objects.push(log_uri);
-        job.logged += 1;
+        job.totals.logged += 1;
         job.set_progress(idx, progress);
         job.shards[idx].lease = None;
         warn!(job = %key.job_id, shard = %shard_id, failed, max_attempts, transient = release.transient, %error, "attempt failed");

@@ -1113,7 +1113,7 @@ async fn a_commit_being_written_keeps_its_lease_until_stored() {
     // Once stored, the commit counts and the orphaned shard is requeued at
     // the committed batch.
     let group = vec![*pending];
-    let write = state.group_write(&group).expect("group");
+    let write = stoke_coordinator::state::GroupWrite::of(&group).expect("group");
     let written = write.write(state.stores()).await;
     let mut answers = state.finish_group(&write, group, written).await;
     let dup = answers.pop().expect("one answer").expect("finish");

@@ -97,13 +97,10 @@ pub enum StoreError {
         source: serde_json::Error,
     },
     /// A write that stored several records at once failed; each record's
-    /// caller gets this copy of the error.
-    #[error("writing {uri}: {message}")]
-    Shared {
-        uri: String,
-        message: String,
-        transient: bool,
-    },
+    /// caller gets this copy of the error (its message, and whether it
+    /// was transient).
+    #[error("{message}")]
+    Shared { message: String, transient: bool },
 }
 
 impl StoreError {
@@ -121,8 +118,6 @@ impl StoreError {
         }
     }
 
-    /// True when retrying the same call later may succeed: the store was
-    /// unreachable, slow or failing, not refusing on principle.
     /// A copy of this error for each caller of a write that served several
     /// (its source error cannot be cloned; its message and kind are kept).
     pub fn share(&self) -> Self {
@@ -135,29 +130,14 @@ impl StoreError {
                 reason: reason.clone(),
             },
             other => Self::Shared {
-                uri: other.uri().unwrap_or_default().to_string(),
                 message: other.to_string(),
                 transient: other.is_transient(),
             },
         }
     }
 
-    fn uri(&self) -> Option<&str> {
-        match self {
-            Self::Uri(_) => None,
-            Self::Open { uri, .. }
-            | Self::Credentials { uri, .. }
-            | Self::Config { uri, .. }
-            | Self::Io { uri, .. }
-            | Self::NotFound { uri }
-            | Self::AlreadyExists { uri }
-            | Self::Conflict { uri }
-            | Self::Fenced { uri, .. }
-            | Self::Decode { uri, .. }
-            | Self::Shared { uri, .. } => Some(uri),
-        }
-    }
-
+    /// True when retrying the same call later may succeed: the store was
+    /// unreachable, slow or failing, not refusing on principle.
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Io { source, .. } => !matches!(

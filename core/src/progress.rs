@@ -36,26 +36,25 @@ pub struct StoredProgress {
 /// bits; a stored record always has a `seq` above 0, which is how the
 /// coordinator tells shards with a record from those without).
 pub fn decode(uri: &StoreUri, bytes: &[u8]) -> Result<Vec<ProgressRecord>, StoreError> {
-    match serde_json::from_slice::<ProgressLog>(bytes) {
-        Ok(log) => Ok(log
-            .records
-            .into_iter()
-            .map(|r| ProgressRecord {
-                seq: r.seq.max(1),
-                ..r
-            })
-            .collect()),
+    let records = match serde_json::from_slice::<ProgressLog>(bytes) {
+        Ok(log) => log.records,
         Err(log_error) => match serde_json::from_slice::<ProgressRecord>(bytes) {
-            Ok(record) => Ok(vec![ProgressRecord {
-                seq: record.seq.max(1),
-                ..record
-            }]),
-            Err(_) => Err(StoreError::Decode {
-                uri: uri.to_string(),
-                source: log_error,
-            }),
+            Ok(record) => vec![record],
+            Err(_) => {
+                return Err(StoreError::Decode {
+                    uri: uri.to_string(),
+                    source: log_error,
+                });
+            }
         },
-    }
+    };
+    Ok(records
+        .into_iter()
+        .map(|r| ProgressRecord {
+            seq: r.seq.max(1),
+            ..r
+        })
+        .collect())
 }
 
 /// Keeps `record` if it is newer than what `records` has for its shard.

@@ -563,24 +563,19 @@ pub fn progress(
     job_id: &str,
     shard_id: &str,
 ) -> Option<stoke_core::records::ProgressRecord> {
-    let dir = root.join("jobs").join(job_id).join("progress");
-    let mut records = std::collections::HashMap::new();
-    for entry in std::fs::read_dir(&dir).ok()?.flatten() {
-        let path = entry.path();
-        // Staging files of writes in progress end in `#<n>`.
-        if path.extension().is_none_or(|e| e != "json") {
-            continue;
-        }
-        // A snapshot may have deleted it since the listing.
-        let Ok(bytes) = std::fs::read(&path) else {
-            continue;
-        };
-        let uri = stoke_core::StoreUri::parse(&format!("file://{}", path.display())).ok()?;
-        for record in stoke_core::progress::decode(&uri, &bytes).ok()? {
-            stoke_core::progress::merge(&mut records, record);
-        }
-    }
-    records.remove(shard_id)
+    let root = stoke_core::StoreUri::parse(&format!("file://{}", root.display())).ok()?;
+    let layout = stoke_core::layout::RootLayout::new(root).job(job_id);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    let mut stored = runtime
+        .block_on(stoke_core::progress::load(
+            &stoke_core::Stores::new(),
+            &layout,
+        ))
+        .ok()?;
+    stored.records.remove(shard_id)
 }
 
 fn uuid_like() -> String {

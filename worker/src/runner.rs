@@ -174,8 +174,7 @@ impl<L: CoordinatorLink> Worker<L> {
     /// `wake` was last marked seen.
     async fn pause_for_work(&self, d: Duration, mut wake: watch::Receiver<u64>) -> bool {
         tokio::select! {
-            _ = self.shutdown.cancelled() => true,
-            _ = tokio::time::sleep(d) => false,
+            stopped = self.pause(d) => stopped,
             // An error means the session keeper ended: just wait out `d`.
             Ok(()) = wake.changed() => false,
         }
