@@ -6,6 +6,7 @@ use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 use stoke_core::spec::OutputFormat;
 
 /// Encodes `rows` (all of one schema) as one object.
@@ -18,6 +19,9 @@ pub(crate) fn encode(rows: &[RecordBatch], format: OutputFormat) -> Result<Bytes
         OutputFormat::Parquet => {
             let props = WriterProperties::builder()
                 .set_compression(Compression::ZSTD(ZstdLevel::default()))
+                // Record ids are unique: a dictionary for them never pays
+                // and costs a hash of every id.
+                .set_column_dictionary_enabled(ColumnPath::from("id"), false)
                 .build();
             let mut writer = ArrowWriter::try_new(&mut buf, first.schema(), Some(props))
                 .map_err(|e| e.to_string())?;
