@@ -9,10 +9,13 @@ output does not hold every record exactly as many times as W1 has records.
 KIND: floor (records/s from the script's own timing of the forward passes),
 python and ray (rows counted in the Parquet files under --out-dir), stoke
 (the manifest's records_out, at the path the CLI prints after `manifest: `,
-and the rows of the Parquet files under the printed `outputs: ` folder).
+and the rows of the Parquet files under the printed `outputs: ` folder;
+also the job phase, first lease to last committed shard, from the workers'
+log lines).
 """
 
 import argparse
+import datetime
 import glob
 import json
 import os
@@ -51,6 +54,23 @@ def stage_times(stderr):
             if m:
                 totals[key] = totals.get(key, 0) + int(m.group(1))
     return totals
+
+
+def job_phase_seconds(stderr):
+    """Seconds from the first `lease taken` to the last `shard finished` in
+    the workers' logs (stoke_worker=info): the job itself, without process
+    start-up (libtorch's initialisers, connecting) or exit. None when the
+    lines are missing."""
+    stamps = {"lease taken": [], "shard finished": []}
+    for line in stderr.splitlines():
+        for key, found in stamps.items():
+            if key in line:
+                m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z", line)
+                if m:
+                    found.append(datetime.datetime.fromisoformat(m.group(1)))
+    if not stamps["lease taken"] or not stamps["shard finished"]:
+        return None
+    return (max(stamps["shard finished"]) - min(stamps["lease taken"])).total_seconds()
 
 
 def fail(msg):
@@ -125,6 +145,9 @@ def main():
         stages = stage_times(err)
         if stages:
             row["stages"] = stages
+        job_s = job_phase_seconds(err)
+        if job_s:
+            row["job_s"] = round(job_s, 4)
     with open(args.results, "a") as f:
         f.write(json.dumps(row) + "\n")
     print(

@@ -24,7 +24,8 @@ ORDER = [
     ("ray-c1", "(c) Ray Data map_batches, actor pool concurrency=1"),
     ("ray-c2", "(c) Ray Data map_batches, actor pool concurrency=2"),
     ("stoke-embedded", "(d) stoke run --embedded --threads 2"),
-    ("stoke-local-1", "(e) stoke run --local 1 --threads 2"),
+    ("stoke-local-1", "(e) stoke run --local 1 --device cpu,cpu --threads 1 (2 processors in 1 worker)"),
+    ("stoke-local-1-t2", "(e) stoke run --local 1 --threads 2 (1 processor, 2 threads)"),
     ("stoke-local-2", "(e) stoke run --local 2 --threads 1 (per worker)"),
 ]
 
@@ -43,7 +44,7 @@ def fmt_rate(x):
 def w1_section(bench_dir):
     rows = load_jsonl(os.path.join(bench_dir, "w1-results.jsonl"))
     if not rows:
-        return ["_W1 was not run._"], {}
+        return ["_W1 was not run._"], {}, {}
     by = {}
     for r in rows:
         by.setdefault(r["contender"], []).append(r)
@@ -59,8 +60,9 @@ def w1_section(bench_dir):
         "times only its forward passes. Every run's output was checked to hold 200,000 rows.",
         "",
         "| contender | records/s (median) | min - max | x (a) | x (b) | wall s (median) "
-        "| records/s excl. start-up | peak RSS, process tree (MiB) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| records/s excl. start-up | records/s, job phase | job phase x (a) "
+        "| peak RSS, process tree (MiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, label in ORDER:
         rs = by.get(key)
@@ -72,13 +74,15 @@ def w1_section(bench_dir):
         inner_rate = fmt_rate(W1_RECORDS / statistics.median(inner)) if inner else "-"
         if key == "floor":
             inner_rate = "-"
+        job = job_rate(rs)
+        job_cells = f"{fmt_rate(job) if job else '-'} | {f'{job / floor:.2f}' if job and floor else '-'}"
         out.append(
             f"| {label} | {fmt_rate(m)} | {fmt_rate(min(rates))} - {fmt_rate(max(rates))} "
             f"| {m / floor:.2f} | {m / base:.2f} | {statistics.median(r['wall_s'] for r in rs):.2f} "
-            f"| {inner_rate} | {statistics.median(r['peak_tree_rss_mib'] for r in rs):,.0f} |"
+            f"| {inner_rate} | {job_cells} | {statistics.median(r['peak_tree_rss_mib'] for r in rs):,.0f} |"
             if floor and base
             else f"| {label} | {fmt_rate(m)} | {fmt_rate(min(rates))} - {fmt_rate(max(rates))} "
-            f"| - | - | - | {inner_rate} | - |"
+            f"| - | - | - | {inner_rate} | {job_cells} | - |"
         )
     out.append("")
     out.append(
@@ -90,7 +94,12 @@ def w1_section(bench_dir):
             else "n/a"
         )
         + "); (d) and (e) the `took` the CLI prints ((e): from the workers' start, after "
-        "the coordinator planned the job). Peak RSS: sum over the command and every "
+        "the coordinator planned the job). records/s, job phase: (d) and (e) from the "
+        "first lease a worker took to the last shard committed (the workers' log lines): "
+        "the job itself, with the model's load and warm-up, every read, write and commit, "
+        "but not process start-up (libtorch's static initialisers, about 0.3 s per "
+        "process here) or exit; like (a), which times only its forward passes. "
+        "Peak RSS: sum over the command and every "
         "process it started (Ray's daemons and actors, stoke's workers), sampled every 100 ms."
     )
     ray_status = os.path.join(bench_dir, "ray-status.txt")
@@ -121,10 +130,16 @@ def w1_section(bench_dir):
             "|---|---:|---:|---:|---:|",
             *stages,
         ]
-    return out, med
+    return out, med, by
 
 
-def targets_w1(med):
+def job_rate(rows):
+    """Median records/s over the job phase of the rows that have one."""
+    jobs = [r["job_s"] for r in rows if r.get("job_s")]
+    return W1_RECORDS / statistics.median(jobs) if jobs else None
+
+
+def targets_w1(med, by):
     floor, base = med.get("floor"), med.get("python")
     rays = [med[k] for k in ("ray-c1", "ray-c2") if k in med]
     ray = max(rays) if rays else None
@@ -133,8 +148,12 @@ def targets_w1(med):
         if key not in med or not floor or not base:
             continue
         e = med[key]
-        checks = [
-            ("x floor (a) >= 0.8", e / floor, 0.8),
+        checks = []
+        job = job_rate(by.get(key, []))
+        if job:
+            checks.append(("x floor (a) >= 0.8, job phase (like (a): no process start-up)", job / floor, 0.8))
+        checks += [
+            ("x floor (a) >= 0.8, whole command (start-up and exit included; (a) has neither)", e / floor, 0.8),
             ("x Python (b) >= 1.5", e / base, 1.5),
         ]
         if ray:
@@ -210,11 +229,11 @@ def main():
     out = ["## Machine", ""]
     for k, v in machine.items():
         out.append(f"- {k}: {v}")
-    w1, med = w1_section(bench_dir)
+    w1, med, by = w1_section(bench_dir)
     out += ["", "## W1: end to end", ""] + w1
     scale, scale_targets = scale_section(bench_dir)
     out += ["", "## Coordinator scale", ""] + scale
-    rows = targets_w1(med) + scale_targets
+    rows = targets_w1(med, by) + scale_targets
     if rows:
         out += ["", "## Targets", "", "| who | target | measured | |", "|---|---|---:|---|"] + rows
     print("\n".join(out))
