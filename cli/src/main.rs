@@ -345,21 +345,17 @@ fn run_embedded(
     if let Some(id) = job_id {
         cmd.arg("--job-id").arg(id);
     }
-    passive_openmp(&mut cmd);
+    openmp_wait(&mut cmd);
     // exec returns only on failure.
     let error = cmd.exec();
     Err(anyhow::Error::new(error).context(format!("running {}", bin.display())))
 }
 
-/// libtorch's OpenMP threads spin after each parallel region unless told
-/// otherwise, taking the cores that reading and decoding need; libgomp
-/// reads the policy when it loads. Set for the libtorch processes this
-/// command starts (unless the user chose one), so they need not run
-/// themselves again to pick it up.
-fn passive_openmp(cmd: &mut std::process::Command) {
-    if std::env::var_os("OMP_WAIT_POLICY").is_none() {
-        cmd.env("OMP_WAIT_POLICY", "PASSIVE");
-    }
+/// How libtorch's OpenMP threads wait (`stoke_core::OPENMP_WAIT`, unless
+/// the user chose), set for the libtorch processes this command starts so
+/// they need not run themselves again to pick it up.
+fn openmp_wait(cmd: &mut std::process::Command) {
+    cmd.envs(stoke_core::openmp_wait_env().iter().copied());
 }
 
 struct LocalRun {
@@ -417,7 +413,7 @@ impl LocalRun {
         let mut children: Vec<Child> = Vec::with_capacity(self.workers);
         for i in 0..self.workers {
             let mut cmd = std::process::Command::new(worker_bin);
-            passive_openmp(&mut cmd);
+            openmp_wait(&mut cmd);
             let child = Command::from(cmd)
                 .arg("--coordinator")
                 .arg(addr)

@@ -40,6 +40,32 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const TOOLING_ENV_VARS: [&str; 4] =
     ["STOKE_CACHE", "STOKE_VENV", "STOKE_BIN_DIR", "STOKE_REPO"];
 
+/// How libtorch's OpenMP threads wait between parallel regions, for every
+/// libtorch process stoke starts. By default libgomp spins for about 3 ms
+/// after each region, taking the cores that reading and decoding need (a
+/// W1 run with two busy processes beside it: 6.5 s, against 3.1 s like
+/// this); waiting passively at once makes every region wake its threads
+/// through the kernel, which costs small batches dearly (the ragged
+/// benchmark: 15.3k records/s, against 24.3k like this). So: spin about
+/// 0.1 ms (`GOMP_SPINCOUNT`, which libgomp honours over the policy), then
+/// sleep; `PASSIVE` for OpenMP runtimes that do not read `GOMP_SPINCOUNT`.
+pub const OPENMP_WAIT: [(&str, &str); 2] =
+    [("OMP_WAIT_POLICY", "PASSIVE"), ("GOMP_SPINCOUNT", "10000")];
+
+/// The variables of [`OPENMP_WAIT`] a libtorch process should get: none
+/// when the user set either of them (their choice stands), else both.
+/// OpenMP reads them when it loads, before `main`.
+pub fn openmp_wait_env() -> &'static [(&'static str, &'static str)] {
+    if OPENMP_WAIT
+        .iter()
+        .any(|(name, _)| std::env::var_os(name).is_some())
+    {
+        &[]
+    } else {
+        &OPENMP_WAIT
+    }
+}
+
 /// The checksum stoke records for every output object: SHA-256, hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;

@@ -79,11 +79,13 @@ COPY --from=builder /out/stoke-worker /out/stoke /out/stoke-embedded /usr/local/
 # run time, through the NVIDIA container runtime, and is loaded lazily).
 RUN ! ldd /usr/local/bin/stoke-worker | grep 'not found' \
  && ! ldd /usr/local/bin/stoke | grep 'not found'
-# libtorch's OpenMP threads wait passively (the binaries would otherwise
-# re-run themselves once to set this); the NVIDIA runtime mounts the
+# How libtorch's OpenMP threads wait (stoke_core::OPENMP_WAIT: spin about
+# 0.1 ms, then sleep; the binaries would otherwise re-run themselves once
+# to set this); the NVIDIA runtime mounts the
 # driver's compute libraries. The GPUs themselves are chosen by the device
 # plugin (NVIDIA_VISIBLE_DEVICES), not here.
 ENV OMP_WAIT_POLICY=PASSIVE \
+    GOMP_SPINCOUNT=10000 \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     HOME=/tmp
 USER 10001:10001

@@ -634,3 +634,70 @@ fn health_readiness_and_metrics_over_http() {
     );
     assert_eq!(http_get(&http, "/nothing").map(|r| r.0), Some(404));
 }
+
+/// A worker started without OpenMP wait settings runs itself again (same
+/// pid) with stoke's (`stoke_core::OPENMP_WAIT`); a setting the user gave
+/// stands, and nothing is added to it.
+#[test]
+fn workers_get_the_openmp_wait_settings_unless_the_user_chose() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // (what the user set, what the worker must run with, what it must not)
+    type Case = (
+        Option<(&'static str, &'static str)>,
+        &'static [&'static str],
+        &'static [&'static str],
+    );
+    let cases: [Case; 3] = [
+        (
+            None,
+            &["OMP_WAIT_POLICY=PASSIVE", "GOMP_SPINCOUNT=10000"],
+            &[],
+        ),
+        (
+            Some(("OMP_WAIT_POLICY", "ACTIVE")),
+            &["OMP_WAIT_POLICY=ACTIVE"],
+            &["GOMP_SPINCOUNT="],
+        ),
+        (
+            Some(("GOMP_SPINCOUNT", "300000")),
+            &["GOMP_SPINCOUNT=300000"],
+            &["OMP_WAIT_POLICY="],
+        ),
+    ];
+    for (i, (given, want, unwanted)) in cases.into_iter().enumerate() {
+        let mut cmd = std::process::Command::new(bin("stoke-worker"));
+        // Nothing listens on the discard port: the worker keeps trying to
+        // register until it is killed.
+        cmd.args(["--coordinator", "http://127.0.0.1:9", "--device", "cpu"])
+            .env_remove("OMP_WAIT_POLICY")
+            .env_remove("GOMP_SPINCOUNT")
+            .env("RUST_LOG", "info");
+        if let Some((name, value)) = given {
+            cmd.env(name, value);
+        }
+        let worker = Proc::spawn(&format!("worker-{i}"), cmd, dir.path());
+        // The re-run happens before logging starts: once the worker logs,
+        // its environment is final.
+        wait_until("the worker to start", DEADLINE, || {
+            worker.log_text().contains("worker starting").then_some(())
+        });
+        let environ = std::fs::read(format!("/proc/{}/environ", worker.pid()))
+            .expect("the worker's environment");
+        let vars: Vec<String> = environ
+            .split(|b| *b == 0)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect();
+        for w in want {
+            assert!(
+                vars.iter().any(|v| v == w),
+                "case {i}: {w} missing in {vars:?}"
+            );
+        }
+        for u in unwanted {
+            assert!(
+                !vars.iter().any(|v| v.starts_with(u)),
+                "case {i}: {u} set in {vars:?}"
+            );
+        }
+    }
+}

@@ -144,15 +144,14 @@ impl WorkerArgs {
     }
 }
 
-/// libtorch's OpenMP threads spin for a while after each parallel region by
-/// default, burning the cores that reading and decoding need (measured: a
-/// W1 run under CPU contention took 11 s instead of 3 s). libgomp reads
-/// `OMP_WAIT_POLICY` when it loads, before `main`, so a process that has
-/// no policy set runs itself again, once, with `PASSIVE` (same pid, same
-/// arguments). An explicit `OMP_WAIT_POLICY` is left alone.
-pub fn ensure_passive_openmp() {
+/// Runs this process again, once (same pid, same arguments), with the
+/// OpenMP wait settings of [`stoke_core::OPENMP_WAIT`] when it was started
+/// without them: libgomp reads them when it loads, before `main`. Settings
+/// the user gave are left alone.
+pub fn ensure_openmp_wait() {
     use std::os::unix::process::CommandExt;
-    if std::env::var_os("OMP_WAIT_POLICY").is_some() {
+    let env = stoke_core::openmp_wait_env();
+    if env.is_empty() {
         return;
     }
     let Ok(exe) = std::env::current_exe() else {
@@ -160,10 +159,10 @@ pub fn ensure_passive_openmp() {
     };
     let error = std::process::Command::new(exe)
         .args(std::env::args_os().skip(1))
-        .env("OMP_WAIT_POLICY", "PASSIVE")
+        .envs(env.iter().copied())
         .exec();
     // exec only returns on failure: go on with libgomp's default.
-    eprintln!("stoke: could not re-run with OMP_WAIT_POLICY=PASSIVE ({error}); continuing");
+    eprintln!("stoke: could not re-run with the OpenMP wait settings ({error}); continuing");
 }
 
 /// Ends the process at once with `code`, after flushing stdout and stderr,
@@ -203,7 +202,7 @@ fn run_worker(registry: Registry) -> Result<WorkerExit, WorkerError> {
     if args.check_config {
         check_config(&args, &registry);
     }
-    ensure_passive_openmp();
+    ensure_openmp_wait();
     // Fault points for tests (FAILPOINTS=name=return); inert otherwise.
     let _faults = fail::FailScenario::setup();
     stoke_core::logging::init_logging(args.log_format, "info");

@@ -35,7 +35,7 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    stoke_worker::cli::ensure_passive_openmp();
+    stoke_worker::cli::ensure_openmp_wait();
     let args = Args::parse();
     stoke_core::logging::init_logging(stoke_core::logging::LogFormat::Text, "warn");
     let spec = JobSpec::from_file(&args.spec)?;
