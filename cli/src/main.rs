@@ -112,10 +112,11 @@ enum Cmd {
         /// The worker binary to start (default: stoke-worker next to this binary).
         #[arg(long, env = "STOKE_WORKER_BIN")]
         worker_bin: Option<PathBuf>,
-        /// Device for the workers: auto, cpu, cuda or cuda:N.
+        /// Device for the workers: auto, cpu, cuda or cuda:N; with --local
+        /// also a list (cpu,cpu or cuda:0,cuda:1): one processor per entry.
         #[arg(long, default_value = "auto")]
         device: String,
-        /// libtorch threads per worker (default: cores / workers).
+        /// libtorch threads per processor (default: cores / processors).
         #[arg(long)]
         threads: Option<usize>,
         /// A job id (running again with the same id and root resumes it).
@@ -409,7 +410,9 @@ impl LocalRun {
             self.workers
         );
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = self.threads.unwrap_or((cores / self.workers).max(1));
+        // Each worker runs one processor per entry of the device list.
+        let processors = self.workers * self.device.split(',').count();
+        let threads = self.threads.unwrap_or((cores / processors).max(1));
         let mut children: Vec<Child> = Vec::with_capacity(self.workers);
         for i in 0..self.workers {
             let mut cmd = std::process::Command::new(worker_bin);
