@@ -2,6 +2,7 @@
 //! its own thread, encode and upload outputs, commit.
 
 pub(crate) mod commit;
+pub(crate) mod float_list;
 pub(crate) mod output;
 pub(crate) mod prep;
 pub(crate) mod process;

@@ -7,21 +7,25 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
-use arrow_schema::{DataType, Field, Schema};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use arrow_select::concat::concat_batches;
 use futures::StreamExt;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
+};
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use stoke_core::parquet_source::ParquetSource;
 use stoke_core::plan::{Shard, ShardSource};
 use stoke_core::spec::JobSpec;
 use stoke_core::{StoreError, StoreUri, Stores};
 use tokio::sync::mpsc;
+use tracing::debug;
 
 use crate::batch::Batch;
 use crate::context::SkippedRecord;
 use crate::error::WorkerError;
+use crate::pipeline::float_list::{FloatListColumn, FloatListField, NotFast};
 
 /// Everything needed to read one shard from a batch index on.
 #[derive(Debug, Clone)]
@@ -383,6 +387,10 @@ fn parquet_error(shard: &str, uri: &str, e: parquet::errors::ParquetError) -> Wo
     }
 }
 
+/// A Parquet shard: its row groups in order, each through the fast path
+/// for fixed-size float lists when it has such columns (see
+/// [`float_list`](super::float_list)), else (or from the first record the
+/// fast path refuses) through Arrow's generic reader.
 async fn read_parquet(
     read: &ShardRead,
     emitter: &mut Emitter,
@@ -392,26 +400,15 @@ async fn read_parquet(
     let err = |m: String| source_error(&read.shard.id, uri, m);
     let perr = |e: parquet::errors::ParquetError| parquet_error(&read.shard.id, uri, e);
     let store_uri = StoreUri::parse(uri)?;
-    let source = ParquetSource::open(&read.stores, &store_uri, None).await?;
-    let builder = ParquetRecordBatchStreamBuilder::new(source)
+    let mut source = ParquetSource::open(&read.stores, &store_uri, None).await?;
+    let reader_meta = ArrowReaderMetadata::load_async(&mut source, ArrowReaderOptions::new())
         .await
         .map_err(perr)?;
-    let metadata = builder.metadata().clone();
-    let groups: Vec<usize> = (row_groups.start as usize..row_groups.end as usize).collect();
-    let mut total = 0u64;
-    for &g in &groups {
-        let rg = metadata.row_groups().get(g).ok_or_else(|| {
-            err(format!(
-                "row group {g} does not exist (the file changed since planning)"
-            ))
-        })?;
-        total += rg.num_rows().max(0) as u64;
-    }
-    let skip = emitter.tail_offset.min(total);
-    let projection = match &read.spec.dataset.columns {
-        None => None,
+    let metadata = Arc::clone(reader_meta.metadata());
+    let schema = Arc::clone(reader_meta.schema());
+    let roots: Vec<usize> = match &read.spec.dataset.columns {
+        None => (0..schema.fields().len()).collect(),
         Some(columns) => {
-            let schema = builder.schema();
             let mut roots = Vec::new();
             for name in columns.iter().chain(read.spec.dataset.id_column.iter()) {
                 let idx = schema
@@ -422,19 +419,102 @@ async fn read_parquet(
                 }
             }
             roots.sort_unstable();
-            Some(ProjectionMask::roots(builder.parquet_schema(), roots))
+            roots
         }
     };
-    let mut builder = builder
-        .with_row_groups(groups)
-        .with_batch_size(emitter.batch_size.max(1024));
-    if let Some(mask) = projection {
-        builder = builder.with_projection(mask);
+    let parquet_schema = reader_meta.parquet_schema();
+    let fast: Vec<FloatListField> = roots
+        .iter()
+        .filter_map(|&r| FloatListField::find(r, schema.field(r).data_type(), parquet_schema))
+        .collect();
+    let shape = RowGroupShape {
+        projected: Arc::new(schema.project(&roots).map_err(|e| err(e.to_string()))?),
+        projection: (read.spec.dataset.columns.is_some())
+            .then(|| ProjectionMask::roots(parquet_schema, roots.iter().copied())),
+        roots,
+        fast,
+    };
+    let mut first_record = 0u64;
+    for g in row_groups.start as usize..row_groups.end as usize {
+        let rg = metadata.row_groups().get(g).ok_or_else(|| {
+            err(format!(
+                "row group {g} does not exist (the file changed since planning)"
+            ))
+        })?;
+        let rows = rg.num_rows().max(0) as u64;
+        let group = RowGroupRead {
+            source: &source,
+            reader_meta: &reader_meta,
+            index: g,
+            first_record,
+            rows,
+        };
+        first_record += rows;
+        if emitter.tail_offset >= group.first_record + rows {
+            continue;
+        }
+        if !shape.fast.is_empty() {
+            match read_row_group_fast(read, emitter, &store_uri, &shape, &group).await? {
+                Ok(Flow::Stop) => return Ok(Flow::Stop),
+                Ok(Flow::Continue) => continue,
+                Err(reason) => debug!(
+                    shard = %read.shard.id,
+                    uri,
+                    row_group = g,
+                    %reason,
+                    "fixed-size float lists: generic reader from here"
+                ),
+            }
+        }
+        if read_row_group(read, emitter, uri, &shape, &group).await? == Flow::Stop {
+            return Ok(Flow::Stop);
+        }
+    }
+    Ok(Flow::Continue)
+}
+
+/// What every row group of a Parquet shard reads: the projected root
+/// columns, and those of them that can take the fast path.
+struct RowGroupShape {
+    roots: Vec<usize>,
+    projected: SchemaRef,
+    /// `None` when every column is read.
+    projection: Option<ProjectionMask>,
+    fast: Vec<FloatListField>,
+}
+
+/// One row group of a shard, and where its records start in the shard.
+struct RowGroupRead<'a> {
+    source: &'a ParquetSource,
+    reader_meta: &'a ArrowReaderMetadata,
+    index: usize,
+    first_record: u64,
+    rows: u64,
+}
+
+/// The generic reader over one row group, from the emitter's next record.
+async fn read_row_group(
+    read: &ShardRead,
+    emitter: &mut Emitter,
+    uri: &str,
+    shape: &RowGroupShape,
+    group: &RowGroupRead<'_>,
+) -> Result<Flow, WorkerError> {
+    let perr = |e: parquet::errors::ParquetError| parquet_error(&read.shard.id, uri, e);
+    let skip = emitter.tail_offset.saturating_sub(group.first_record);
+    let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
+        group.source.clone(),
+        group.reader_meta.clone(),
+    )
+    .with_row_groups(vec![group.index])
+    .with_batch_size(emitter.batch_size.max(1024));
+    if let Some(mask) = &shape.projection {
+        builder = builder.with_projection(mask.clone());
     }
     if skip > 0 {
         builder = builder.with_row_selection(RowSelection::from(vec![
             RowSelector::skip(skip as usize),
-            RowSelector::select((total - skip) as usize),
+            RowSelector::select((group.rows - skip) as usize),
         ]));
     }
     let mut stream = builder.build().map_err(perr)?;
@@ -445,6 +525,112 @@ async fn read_parquet(
         }
     }
     Ok(Flow::Continue)
+}
+
+/// One row group with its fixed-size float lists decoded by the fast path
+/// and its other columns by the generic reader, from the emitter's next
+/// record. `Ok(Err(reason))` when the fast path gives up; the records sent
+/// until then stay sent.
+async fn read_row_group_fast(
+    read: &ShardRead,
+    emitter: &mut Emitter,
+    store_uri: &StoreUri,
+    shape: &RowGroupShape,
+    group: &RowGroupRead<'_>,
+) -> Result<Result<Flow, NotFast>, WorkerError> {
+    let uri = store_uri.to_string();
+    let perr = |e: parquet::errors::ParquetError| parquet_error(&read.shard.id, &uri, e);
+    let rg = group.reader_meta.metadata().row_group(group.index);
+    let rows = group.rows as usize;
+    let skip = emitter.tail_offset.saturating_sub(group.first_record) as usize;
+    let mut columns = Vec::with_capacity(shape.fast.len());
+    for field in &shape.fast {
+        let chunk = rg.column(field.leaf);
+        if let Err(reason) = FloatListField::chunk_is_eligible(chunk) {
+            return Ok(Err(reason));
+        }
+        let (start, len) = chunk.byte_range();
+        let bytes = read.stores.get_range(store_uri, start..start + len).await?;
+        let mut column = match FloatListColumn::new(field.clone(), chunk, start, bytes, rows) {
+            Ok(column) => column,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        if let Err(reason) = column.skip(skip) {
+            return Ok(Err(reason));
+        }
+        columns.push((field.root, column));
+    }
+    let others: Vec<usize> = shape
+        .roots
+        .iter()
+        .copied()
+        .filter(|r| !shape.fast.iter().any(|f| f.root == *r))
+        .collect();
+    let assemble = |columns: &mut [(usize, FloatListColumn)],
+                    n: usize,
+                    rest: Option<RecordBatch>|
+     -> Result<RecordBatch, NotFast> {
+        let mut rest = rest
+            .map(|b| b.columns().to_vec())
+            .unwrap_or_default()
+            .into_iter();
+        let mut arrays = Vec::with_capacity(shape.roots.len());
+        for root in &shape.roots {
+            match columns.iter_mut().find(|(r, _)| r == root) {
+                Some((_, column)) => arrays.push(column.take(n)?),
+                None => arrays.push(
+                    rest.next()
+                        .ok_or_else(|| NotFast("a column is missing".to_string()))?,
+                ),
+            }
+        }
+        RecordBatch::try_new(Arc::clone(&shape.projected), arrays)
+            .map_err(|e| NotFast(e.to_string()))
+    };
+    let batch_rows = emitter.batch_size.max(1024);
+    if others.is_empty() {
+        let mut at = skip;
+        while at < rows {
+            let n = batch_rows.min(rows - at);
+            let batch = match assemble(&mut columns, n, None) {
+                Ok(batch) => batch,
+                Err(reason) => return Ok(Err(reason)),
+            };
+            if emitter.push(batch).await? == Flow::Stop {
+                return Ok(Ok(Flow::Stop));
+            }
+            at += n;
+        }
+        return Ok(Ok(Flow::Continue));
+    }
+    let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
+        group.source.clone(),
+        group.reader_meta.clone(),
+    )
+    .with_row_groups(vec![group.index])
+    .with_batch_size(batch_rows)
+    .with_projection(ProjectionMask::roots(
+        group.reader_meta.parquet_schema(),
+        others.iter().copied(),
+    ));
+    if skip > 0 {
+        builder = builder.with_row_selection(RowSelection::from(vec![
+            RowSelector::skip(skip),
+            RowSelector::select(rows - skip),
+        ]));
+    }
+    let mut stream = builder.build().map_err(perr)?;
+    while let Some(rest) = stream.next().await {
+        let rest = rest.map_err(perr)?;
+        let batch = match assemble(&mut columns, rest.num_rows(), Some(rest)) {
+            Ok(batch) => batch,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        if emitter.push(batch).await? == Flow::Stop {
+            return Ok(Ok(Flow::Stop));
+        }
+    }
+    Ok(Ok(Flow::Continue))
 }
 
 async fn read_jsonl(
@@ -677,6 +863,135 @@ mod tests {
         assert_eq!(sizes, vec![4, 1, 1]);
         assert_eq!(resumed[0].index(), 2);
         assert_eq!(resumed[0].ids().value(0), "s00000:4");
+    }
+
+    /// A Parquet file with an id, a fixed-size float list (dictionary pages
+    /// falling back to PLAIN, as pyarrow writes them) and an int column, in
+    /// row groups of 50, 70 and 30; `null_at` makes one list null.
+    fn float_list_file(null_at: Option<usize>) -> (bytes::Bytes, Vec<f32>) {
+        use arrow_array::{FixedSizeListArray, Float32Array};
+        use parquet::arrow::ArrowWriter;
+        use parquet::file::properties::WriterProperties;
+        let rows = 150;
+        let width = 4;
+        let values: Vec<f32> = (0..rows * width).map(|i| (i % 97) as f32 * 0.25).collect();
+        let valid: Vec<bool> = (0..rows).map(|r| Some(r) != null_at).collect();
+        let item = Arc::new(Field::new("item", DataType::Float32, true));
+        let x = FixedSizeListArray::try_new(
+            Arc::clone(&item),
+            width as i32,
+            Arc::new(Float32Array::from(values.clone())),
+            Some(valid.into()),
+        )
+        .expect("list");
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Utf8, false),
+            Field::new("x", DataType::FixedSizeList(item, width as i32), true),
+            Field::new("g", DataType::Int64, false),
+        ]));
+        let props = WriterProperties::builder()
+            .set_dictionary_page_size_limit(256)
+            .set_data_page_size_limit(512)
+            .set_write_batch_size(8)
+            .build();
+        let mut out = Vec::new();
+        let mut writer =
+            ArrowWriter::try_new(&mut out, Arc::clone(&schema), Some(props)).expect("writer");
+        let mut start = 0;
+        for n in [50usize, 70, 30] {
+            let batch = RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(StringArray::from_iter_values(
+                        (start..start + n).map(|i| format!("r{i}")),
+                    )),
+                    Arc::new(x.slice(start, n)),
+                    Arc::new(Int64Array::from_iter_values(
+                        (start..start + n).map(|i| i as i64 * 10),
+                    )),
+                ],
+            )
+            .expect("batch");
+            writer.write(&batch).expect("write");
+            writer.flush().expect("row group");
+            start += n;
+        }
+        writer.close().expect("close");
+        (bytes::Bytes::from(out), values)
+    }
+
+    async fn read_float_lists(
+        file: bytes::Bytes,
+        columns: &str,
+        start_batch: u64,
+        bs: u64,
+    ) -> Vec<Batch> {
+        let stores = Stores::new();
+        let uri = StoreUri::parse("memory:///d/lists.parquet").expect("uri");
+        stores.put(&uri, file).await.expect("put");
+        let spec = JobSpec::from_toml(&format!(
+            "[dataset]\nformat = \"parquet\"\nuri = \"{uri}\"\nid_column = \"id\"\n{columns}\n\
+             [processor]\nname = \"p\"\n[batching]\nbatch_size = {bs}\n[sharding]\nrecords = 1000\n"
+        ))
+        .expect("spec");
+        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
+            .await
+            .expect("plan");
+        assert_eq!(plan.shards.len(), 1);
+        collect(ShardRead {
+            stores,
+            spec: Arc::new(spec),
+            shard: plan.shards[0].clone(),
+            input_schema: None,
+            start_batch,
+            start_record: start_batch * bs,
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn parquet_float_lists_read_whole_resumed_projected_and_with_nulls() {
+        use arrow_array::types::{Float32Type, Int64Type};
+        for null_at in [None, Some(93)] {
+            let (file, values) = float_list_file(null_at);
+            // Whole, and resumed at batch 5 = record 80 (inside row group 2).
+            for (columns, start_batch) in [("", 0), ("", 5), ("columns = [\"x\"]", 5)] {
+                let batches = read_float_lists(file.clone(), columns, start_batch, 16).await;
+                let mut record = (start_batch * 16) as usize;
+                for (k, batch) in batches.iter().enumerate() {
+                    assert_eq!(batch.index(), start_batch + k as u64);
+                    let rows = batch.rows();
+                    let names: Vec<_> = rows
+                        .schema()
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().clone())
+                        .collect();
+                    if columns.is_empty() {
+                        assert_eq!(names, ["id", "x", "g"]);
+                        let g = rows.column(2).as_primitive::<Int64Type>();
+                        for r in 0..rows.num_rows() {
+                            assert_eq!(g.value(r), (record + r) as i64 * 10);
+                        }
+                    } else {
+                        assert_eq!(names, ["id", "x"]);
+                    }
+                    let x = rows.column(1).as_fixed_size_list();
+                    for r in 0..rows.num_rows() {
+                        let at = record + r;
+                        assert_eq!(batch.ids().value(r), format!("r{at}"));
+                        assert_eq!(x.is_null(r), Some(at) == null_at, "record {at}");
+                        if Some(at) != null_at {
+                            let got = x.value(r);
+                            let got = got.as_primitive::<Float32Type>();
+                            assert_eq!(got.values(), &values[at * 4..at * 4 + 4], "record {at}");
+                        }
+                    }
+                    record += rows.num_rows();
+                }
+                assert_eq!(record, 150, "null_at {null_at:?}, columns {columns:?}");
+            }
+        }
     }
 
     #[tokio::test]

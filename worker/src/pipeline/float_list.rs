@@ -1,0 +1,888 @@
+//! A fast path for the commonest tensor column in Parquet: a fixed-size list
+//! of float32 with no nulls (embeddings, feature vectors).
+//!
+//! Arrow's generic reader decodes every repetition and definition level of
+//! such a column into buffers, zero-fills a values buffer, and checks every
+//! list's length value by value. Here the levels are checked run by run
+//! (a fixed-size list without nulls has one pattern: a repetition level of 0
+//! at each record start, the maximum elsewhere, every definition level at
+//! the maximum) and the values go from each page straight into the batch's
+//! buffer. Pages may be PLAIN or dictionary-encoded, v1 or v2, with any codec
+//! the `parquet` crate reads.
+//!
+//! Anything else (a null, an unexpected level or encoding) ends the fast path
+//! with a [`NotFast`] reason; the reader then carries on with Arrow's generic
+//! reader from the first record not yet sent, which also reports real
+//! corruption with its own error.
+
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, FixedSizeListArray, Float32Array};
+use arrow_schema::{DataType, FieldRef};
+use bytes::Bytes;
+use parquet::basic::{Encoding, Type as PhysicalType};
+use parquet::column::page::{Page, PageReader};
+use parquet::file::metadata::ColumnChunkMetaData;
+use parquet::file::reader::{ChunkReader, Length};
+use parquet::file::serialized_reader::SerializedPageReader;
+use parquet::schema::types::SchemaDescriptor;
+
+/// Why a column (or a page of it) cannot take the fast path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct NotFast(pub String);
+
+fn not_fast(message: impl Into<String>) -> NotFast {
+    NotFast(message.into())
+}
+
+/// A root field that may take the fast path: a fixed-size list of float32.
+#[derive(Debug, Clone)]
+pub(crate) struct FloatListField {
+    /// Index of the field among the file's root fields.
+    pub root: usize,
+    /// Index of its one leaf column in the Parquet schema.
+    pub leaf: usize,
+    /// The list's item field, as the Arrow schema has it.
+    pub item: FieldRef,
+    pub width: usize,
+}
+
+impl FloatListField {
+    /// The field when `data_type` is a fixed-size list of float32 stored as
+    /// one FLOAT leaf with one repetition level.
+    pub fn find(
+        root: usize,
+        data_type: &DataType,
+        parquet_schema: &SchemaDescriptor,
+    ) -> Option<Self> {
+        let DataType::FixedSizeList(item, width) = data_type else {
+            return None;
+        };
+        if item.data_type() != &DataType::Float32 || *width <= 0 {
+            return None;
+        }
+        let mut leaves = (0..parquet_schema.num_columns())
+            .filter(|&leaf| parquet_schema.get_column_root_idx(leaf) == root);
+        let leaf = leaves.next()?;
+        if leaves.next().is_some() {
+            return None;
+        }
+        let column = parquet_schema.column(leaf);
+        if column.physical_type() != PhysicalType::FLOAT || column.max_rep_level() != 1 {
+            return None;
+        }
+        Some(Self {
+            root,
+            leaf,
+            item: Arc::clone(item),
+            width: *width as usize,
+        })
+    }
+
+    /// Whether the column chunk's metadata allows the fast path: no nulls
+    /// recorded and only encodings it decodes.
+    pub fn chunk_is_eligible(meta: &ColumnChunkMetaData) -> Result<(), NotFast> {
+        if let Some(nulls) = meta.statistics().and_then(|s| s.null_count_opt())
+            && nulls > 0
+        {
+            return Err(not_fast(format!("{nulls} nulls")));
+        }
+        for encoding in meta.encodings() {
+            match encoding {
+                Encoding::PLAIN
+                | Encoding::RLE
+                | Encoding::RLE_DICTIONARY
+                | Encoding::PLAIN_DICTIONARY => {}
+                other => return Err(not_fast(format!("encoding {other}"))),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One column chunk's bytes, read with its file offsets.
+struct ChunkBytes {
+    start: u64,
+    bytes: Bytes,
+}
+
+impl ChunkBytes {
+    fn offset(&self, start: u64) -> parquet::errors::Result<u64> {
+        start.checked_sub(self.start).ok_or_else(|| {
+            parquet::errors::ParquetError::General(format!(
+                "offset {start} is before the column chunk at {}",
+                self.start
+            ))
+        })
+    }
+}
+
+impl Length for ChunkBytes {
+    fn len(&self) -> u64 {
+        self.start + self.bytes.len() as u64
+    }
+}
+
+impl ChunkReader for ChunkBytes {
+    type T = <Bytes as ChunkReader>::T;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        self.bytes.get_read(self.offset(start)?)
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.bytes.get_bytes(self.offset(start)?, length)
+    }
+}
+
+/// Decodes one column chunk of a fixed-size float32 list, a batch of
+/// records at a time.
+pub(crate) struct FloatListColumn {
+    pages: SerializedPageReader<ChunkBytes>,
+    field: FloatListField,
+    max_def: i16,
+    dictionary: Option<Vec<f32>>,
+    /// Values left in the current data page.
+    current: Option<PageValues>,
+    /// Values decoded so far (their level positions), across pages.
+    position: u64,
+}
+
+impl std::fmt::Debug for FloatListColumn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FloatListColumn")
+            .field("width", &self.field.width)
+            .field("position", &self.position)
+            .finish_non_exhaustive()
+    }
+}
+
+enum PageValues {
+    Plain {
+        data: Bytes,
+        /// Next byte to read.
+        at: usize,
+        left: usize,
+    },
+    Dictionary {
+        indices: Hybrid,
+        left: usize,
+    },
+}
+
+impl FloatListColumn {
+    /// `chunk` holds the bytes of the column chunk `meta` describes, which
+    /// start at file offset `chunk_start`; the row group has `rows` records.
+    pub fn new(
+        field: FloatListField,
+        meta: &ColumnChunkMetaData,
+        chunk_start: u64,
+        chunk: Bytes,
+        rows: usize,
+    ) -> Result<Self, NotFast> {
+        FloatListField::chunk_is_eligible(meta)?;
+        let reader = Arc::new(ChunkBytes {
+            start: chunk_start,
+            bytes: chunk,
+        });
+        let pages = SerializedPageReader::new(reader, meta, rows, None)
+            .map_err(|e| not_fast(e.to_string()))?;
+        Ok(Self {
+            pages,
+            max_def: meta.column_descr().max_def_level(),
+            field,
+            dictionary: None,
+            current: None,
+            position: 0,
+        })
+    }
+
+    /// The next `rows` records as a fixed-size list array.
+    pub fn take(&mut self, rows: usize) -> Result<ArrayRef, NotFast> {
+        let mut values = Vec::with_capacity(rows * self.field.width);
+        self.take_into(rows * self.field.width, &mut values)?;
+        let values = Arc::new(Float32Array::from(values));
+        let list = FixedSizeListArray::try_new(
+            Arc::clone(&self.field.item),
+            self.field.width as i32,
+            values,
+            None,
+        )
+        .map_err(|e| not_fast(e.to_string()))?;
+        Ok(Arc::new(list))
+    }
+
+    /// Skips `rows` records.
+    pub fn skip(&mut self, rows: usize) -> Result<(), NotFast> {
+        let mut scratch = Vec::new();
+        let mut left = rows * self.field.width;
+        while left > 0 {
+            let n = left.min(1 << 16);
+            scratch.clear();
+            self.take_into(n, &mut scratch)?;
+            left -= n;
+        }
+        Ok(())
+    }
+
+    fn take_into(&mut self, mut n: usize, out: &mut Vec<f32>) -> Result<(), NotFast> {
+        while n > 0 {
+            let current = match &mut self.current {
+                Some(current) => current,
+                None => {
+                    self.next_page()?;
+                    continue;
+                }
+            };
+            let done = match current {
+                PageValues::Plain { data, at, left } => {
+                    let k = n.min(*left);
+                    let bytes = data
+                        .get(*at..*at + 4 * k)
+                        .ok_or_else(|| not_fast("a PLAIN page ends early"))?;
+                    out.extend(bytes.chunks_exact(4).map(|b| {
+                        let mut le = [0u8; 4];
+                        le.copy_from_slice(b);
+                        f32::from_le_bytes(le)
+                    }));
+                    *at += 4 * k;
+                    *left -= k;
+                    n -= k;
+                    *left == 0
+                }
+                PageValues::Dictionary { indices, left } => {
+                    let dictionary = self.dictionary.as_deref().ok_or_else(|| {
+                        not_fast("a dictionary-encoded page without a dictionary")
+                    })?;
+                    let k = n.min(*left);
+                    indices.lookup(k, dictionary, out)?;
+                    *left -= k;
+                    n -= k;
+                    *left == 0
+                }
+            };
+            if done {
+                self.current = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads pages up to the next data page, checks its levels and makes
+    /// it current.
+    fn next_page(&mut self) -> Result<(), NotFast> {
+        loop {
+            let page = self
+                .pages
+                .get_next_page()
+                .map_err(|e| not_fast(e.to_string()))?
+                .ok_or_else(|| not_fast("the column chunk ends early"))?;
+            match page {
+                Page::DictionaryPage {
+                    buf,
+                    num_values,
+                    encoding,
+                    ..
+                } => {
+                    if !matches!(encoding, Encoding::PLAIN | Encoding::PLAIN_DICTIONARY) {
+                        return Err(not_fast(format!("dictionary page encoding {encoding}")));
+                    }
+                    let n = num_values as usize;
+                    let bytes = buf
+                        .get(..4 * n)
+                        .ok_or_else(|| not_fast("the dictionary page ends early"))?;
+                    self.dictionary = Some(
+                        bytes
+                            .chunks_exact(4)
+                            .map(|b| {
+                                let mut le = [0u8; 4];
+                                le.copy_from_slice(b);
+                                f32::from_le_bytes(le)
+                            })
+                            .collect(),
+                    );
+                }
+                Page::DataPage {
+                    buf,
+                    num_values,
+                    encoding,
+                    def_level_encoding,
+                    rep_level_encoding,
+                    ..
+                } => {
+                    if rep_level_encoding != Encoding::RLE || def_level_encoding != Encoding::RLE {
+                        return Err(not_fast(format!(
+                            "level encodings {rep_level_encoding}/{def_level_encoding}"
+                        )));
+                    }
+                    let n = num_values as usize;
+                    let (rep, rest) = prefixed(&buf, 0)?;
+                    let (def, values_at) = if self.max_def > 0 {
+                        prefixed(&buf, rest)?
+                    } else {
+                        (0..0, rest)
+                    };
+                    self.check_levels(buf.slice(rep), buf.slice(def), n)?;
+                    self.start_values(buf.slice(values_at..), encoding, n)?;
+                    return Ok(());
+                }
+                Page::DataPageV2 {
+                    buf,
+                    num_values,
+                    encoding,
+                    num_nulls,
+                    def_levels_byte_len,
+                    rep_levels_byte_len,
+                    ..
+                } => {
+                    if num_nulls > 0 {
+                        return Err(not_fast(format!("{num_nulls} nulls in a page")));
+                    }
+                    let n = num_values as usize;
+                    let rep_end = rep_levels_byte_len as usize;
+                    let def_end = rep_end + def_levels_byte_len as usize;
+                    if def_end > buf.len() {
+                        return Err(not_fast("a v2 page's levels overrun it"));
+                    }
+                    self.check_levels(buf.slice(..rep_end), buf.slice(rep_end..def_end), n)?;
+                    self.start_values(buf.slice(def_end..), encoding, n)?;
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn start_values(&mut self, data: Bytes, encoding: Encoding, n: usize) -> Result<(), NotFast> {
+        self.current = Some(match encoding {
+            Encoding::PLAIN => {
+                if data.len() < 4 * n {
+                    return Err(not_fast("a PLAIN page holds fewer values than it says"));
+                }
+                PageValues::Plain {
+                    data,
+                    at: 0,
+                    left: n,
+                }
+            }
+            Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
+                let bit_width = *data
+                    .first()
+                    .ok_or_else(|| not_fast("an empty dictionary-encoded page"))?;
+                if bit_width > 32 {
+                    return Err(not_fast(format!("index bit width {bit_width}")));
+                }
+                PageValues::Dictionary {
+                    indices: Hybrid::new(data.slice(1..), bit_width),
+                    left: n,
+                }
+            }
+            other => return Err(not_fast(format!("value encoding {other}"))),
+        });
+        if n == 0 {
+            self.current = None;
+        }
+        Ok(())
+    }
+
+    /// Checks that `n` levels from the current position are those of
+    /// fixed-size lists without nulls, and moves the position past them.
+    fn check_levels(&mut self, rep: Bytes, def: Bytes, n: usize) -> Result<(), NotFast> {
+        let width = self.field.width as u64;
+        let start = self.position;
+        if self.max_def > 0 {
+            let max = self.max_def as u32;
+            let mut def = Hybrid::new(def, bit_width(self.max_def));
+            def.for_each_run(n, |_, run| match run {
+                Run::Repeat(value, _) if value == max => Ok(()),
+                Run::Repeat(..) => Err(not_fast("a null or empty list")),
+                Run::Values(values) => {
+                    if values.iter().all(|&v| v == max) {
+                        Ok(())
+                    } else {
+                        Err(not_fast("a null or empty list"))
+                    }
+                }
+            })?;
+        }
+        let mut rep = Hybrid::new(rep, 1);
+        rep.for_each_run(n, |at, run| {
+            let at = start + at as u64;
+            match run {
+                Run::Repeat(0, count) => {
+                    // Record starts only: every one of them at a multiple of the width.
+                    if width == 1 || (count == 1 && at.is_multiple_of(width)) {
+                        Ok(())
+                    } else {
+                        Err(not_fast("lists of another length"))
+                    }
+                }
+                Run::Repeat(_, count) => {
+                    // Inside one list: no record start in [at, at + count).
+                    let inside = at % width;
+                    if inside != 0 && inside + count as u64 <= width {
+                        Ok(())
+                    } else {
+                        Err(not_fast("lists of another length"))
+                    }
+                }
+                Run::Values(values) => {
+                    for (i, &v) in values.iter().enumerate() {
+                        if (v == 0) != (at + i as u64).is_multiple_of(width) {
+                            return Err(not_fast("lists of another length"));
+                        }
+                    }
+                    Ok(())
+                }
+            }
+        })?;
+        self.position += n as u64;
+        Ok(())
+    }
+}
+
+/// A v1 page's levels: a 4-byte little-endian length, then that many bytes.
+fn prefixed(buf: &[u8], at: usize) -> Result<(std::ops::Range<usize>, usize), NotFast> {
+    let len = buf
+        .get(at..at + 4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or_else(|| not_fast("a page ends inside its levels"))?;
+    let end = at + 4 + len;
+    if end > buf.len() {
+        return Err(not_fast("a page's levels overrun it"));
+    }
+    Ok((at + 4..end, end))
+}
+
+fn bit_width(max: i16) -> u8 {
+    (16 - (max as u16).leading_zeros()) as u8
+}
+
+/// A run of the RLE / bit-packed hybrid encoding, cut to what is asked.
+enum Run<'a> {
+    Repeat(u32, usize),
+    Values(&'a [u32]),
+}
+
+/// The RLE / bit-packed hybrid encoding (levels, dictionary indices).
+struct Hybrid {
+    data: Bytes,
+    at: usize,
+    bit_width: u8,
+    /// What is left of the current run.
+    repeat: Option<(u32, usize)>,
+    unpacked: Vec<u32>,
+    unpacked_at: usize,
+}
+
+impl Hybrid {
+    fn new(data: Bytes, bit_width: u8) -> Self {
+        Self {
+            data,
+            at: 0,
+            bit_width,
+            repeat: None,
+            unpacked: Vec::new(),
+            unpacked_at: 0,
+        }
+    }
+
+    /// Calls `f(offset, run)` over the next `n` values, run by run.
+    fn for_each_run(
+        &mut self,
+        n: usize,
+        mut f: impl FnMut(usize, Run<'_>) -> Result<(), NotFast>,
+    ) -> Result<(), NotFast> {
+        let mut done = 0;
+        while done < n {
+            let want = n - done;
+            if let Some((value, count)) = &mut self.repeat {
+                let k = want.min(*count);
+                f(done, Run::Repeat(*value, k))?;
+                *count -= k;
+                if *count == 0 {
+                    self.repeat = None;
+                }
+                done += k;
+                continue;
+            }
+            if self.unpacked_at < self.unpacked.len() {
+                let end = self.unpacked.len().min(self.unpacked_at + want);
+                let k = end - self.unpacked_at;
+                f(done, Run::Values(&self.unpacked[self.unpacked_at..end]))?;
+                self.unpacked_at = end;
+                done += k;
+                continue;
+            }
+            self.next_run()?;
+        }
+        Ok(())
+    }
+
+    /// Appends the dictionary values of the next `n` indices.
+    fn lookup(&mut self, n: usize, dictionary: &[f32], out: &mut Vec<f32>) -> Result<(), NotFast> {
+        let value = |i: u32| {
+            dictionary
+                .get(i as usize)
+                .copied()
+                .ok_or_else(|| not_fast(format!("dictionary index {i} out of range")))
+        };
+        self.for_each_run(n, |_, run| {
+            match run {
+                Run::Repeat(i, count) => {
+                    let v = value(i)?;
+                    out.extend(std::iter::repeat_n(v, count));
+                }
+                Run::Values(indices) => {
+                    for &i in indices {
+                        out.push(value(i)?);
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn next_run(&mut self) -> Result<(), NotFast> {
+        let header = self.uleb128()?;
+        let count = (header >> 1) as usize;
+        if header & 1 == 0 {
+            let width = (self.bit_width as usize).div_ceil(8);
+            let bytes = self
+                .data
+                .get(self.at..self.at + width)
+                .ok_or_else(|| not_fast("an RLE run ends early"))?;
+            let mut le = [0u8; 4];
+            le[..width].copy_from_slice(bytes);
+            self.at += width;
+            if count == 0 {
+                return Err(not_fast("an empty RLE run"));
+            }
+            self.repeat = Some((u32::from_le_bytes(le), count));
+        } else {
+            // `count` groups of 8 values, `bit_width` bytes per group; the
+            // last group may be cut short at the end of the data.
+            let values = count * 8;
+            let bytes = (values * self.bit_width as usize).div_ceil(8);
+            let end = (self.at + bytes).min(self.data.len());
+            if count == 0 || end == self.at && self.bit_width > 0 {
+                return Err(not_fast("an empty bit-packed run"));
+            }
+            let packed = &self.data[self.at..end];
+            self.unpacked.clear();
+            self.unpacked_at = 0;
+            let width = self.bit_width as usize;
+            let mask = if width == 32 {
+                u32::MAX as u64
+            } else {
+                (1u64 << width) - 1
+            };
+            let available = packed.len() * 8 / width.max(1);
+            let values = if width == 0 {
+                values
+            } else {
+                values.min(available)
+            };
+            for i in 0..values {
+                let bit = i * width;
+                let byte = bit / 8;
+                let mut window = [0u8; 8];
+                let have = packed.len().saturating_sub(byte).min(8);
+                window[..have].copy_from_slice(&packed[byte..byte + have]);
+                let v = (u64::from_le_bytes(window) >> (bit % 8)) & mask;
+                self.unpacked.push(v as u32);
+            }
+            self.at = end;
+        }
+        Ok(())
+    }
+
+    fn uleb128(&mut self) -> Result<u64, NotFast> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = *self
+                .data
+                .get(self.at)
+                .ok_or_else(|| not_fast("the levels end early"))?;
+            self.at += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(not_fast("a run header is too long"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use arrow_array::cast::AsArray;
+    use arrow_array::{Array, RecordBatch};
+    use arrow_schema::{Field, Schema};
+    use parquet::arrow::ArrowWriter;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::basic::Compression;
+    use parquet::file::properties::{WriterProperties, WriterVersion};
+
+    fn lists(rows: usize, width: usize, seed: u32, nullable_item: bool) -> FixedSizeListArray {
+        // A few repeated values too, so dictionaries have something to do.
+        let values: Vec<f32> = (0..rows * width)
+            .map(|i| {
+                let x = (i as u32).wrapping_mul(2654435761).wrapping_add(seed);
+                if i % 7 == 0 { 0.5 } else { x as f32 / 1e6 }
+            })
+            .collect();
+        FixedSizeListArray::try_new(
+            Arc::new(Field::new("item", DataType::Float32, nullable_item)),
+            width as i32,
+            Arc::new(Float32Array::from(values)),
+            None,
+        )
+        .unwrap()
+    }
+
+    fn write(column: ArrayRef, props: WriterProperties) -> Bytes {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "x",
+            column.data_type().clone(),
+            true,
+        )]));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![column]).unwrap();
+        let mut out = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut out, schema, Some(props)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        Bytes::from(out)
+    }
+
+    /// Every row group read in `step`-record takes after skipping `skip`.
+    fn fast_read(file: &Bytes, skip: usize, step: usize) -> Result<Vec<ArrayRef>, NotFast> {
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file.clone()).unwrap();
+        let schema = Arc::clone(builder.schema());
+        let meta = builder.metadata().clone();
+        let field = FloatListField::find(
+            0,
+            schema.field(0).data_type(),
+            meta.file_metadata().schema_descr(),
+        )
+        .ok_or_else(|| not_fast("not a fixed-size float list"))?;
+        let mut out = Vec::new();
+        for rg in meta.row_groups() {
+            let chunk = rg.column(field.leaf);
+            let (start, len) = chunk.byte_range();
+            let bytes = file.slice(start as usize..(start + len) as usize);
+            let rows = rg.num_rows() as usize;
+            let mut column = FloatListColumn::new(field.clone(), chunk, start, bytes, rows)?;
+            column.skip(skip)?;
+            let mut at = skip;
+            while at < rows {
+                let n = step.min(rows - at);
+                out.push(column.take(n)?);
+                at += n;
+            }
+        }
+        Ok(out)
+    }
+
+    fn generic_values(file: &Bytes) -> Vec<f32> {
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file.clone()).unwrap();
+        let meta = builder.metadata().clone();
+        let mut out = Vec::new();
+        for g in 0..meta.num_row_groups() {
+            let reader = ParquetRecordBatchReaderBuilder::try_new(file.clone())
+                .unwrap()
+                .with_row_groups(vec![g])
+                .build()
+                .unwrap();
+            for batch in reader {
+                let batch = batch.unwrap();
+                let list = batch.column(0).as_fixed_size_list();
+                let width = list.value_length() as usize;
+                let values = list
+                    .values()
+                    .as_primitive::<arrow_array::types::Float32Type>();
+                out.extend_from_slice(&values.values()[0..list.len() * width]);
+            }
+        }
+        out
+    }
+
+    fn flat(arrays: &[ArrayRef]) -> Vec<f32> {
+        let mut out = Vec::new();
+        for a in arrays {
+            let list = a.as_fixed_size_list();
+            let values = list
+                .values()
+                .as_primitive::<arrow_array::types::Float32Type>();
+            out.extend_from_slice(values.values());
+        }
+        out
+    }
+
+    #[test]
+    fn fast_path_matches_arrows_reader_across_page_kinds() {
+        let cases: Vec<(&str, WriterProperties)> = vec![
+            ("defaults", WriterProperties::builder().build()),
+            (
+                "plain, snappy, small pages",
+                WriterProperties::builder()
+                    .set_dictionary_enabled(false)
+                    .set_compression(Compression::SNAPPY)
+                    .set_data_page_size_limit(4096)
+                    .set_write_batch_size(64)
+                    .build(),
+            ),
+            (
+                "dictionary falling back to plain (like pyarrow), zstd",
+                WriterProperties::builder()
+                    .set_dictionary_page_size_limit(2048)
+                    .set_data_page_size_limit(4096)
+                    .set_write_batch_size(64)
+                    .set_compression(Compression::ZSTD(Default::default()))
+                    .build(),
+            ),
+            (
+                "v2 pages, several row groups",
+                WriterProperties::builder()
+                    .set_writer_version(WriterVersion::PARQUET_2_0)
+                    .set_max_row_group_row_count(Some(300))
+                    .set_data_page_size_limit(2048)
+                    .set_write_batch_size(32)
+                    .build(),
+            ),
+        ];
+        for (width, rows) in [(8usize, 1000usize), (1, 700), (33, 257)] {
+            for nullable_item in [true, false] {
+                let column: ArrayRef = Arc::new(lists(rows, width, 7, nullable_item));
+                for (name, props) in &cases {
+                    let file = write(Arc::clone(&column), props.clone());
+                    let want = generic_values(&file);
+                    assert_eq!(want.len(), rows * width, "{name}");
+                    for step in [1, 100, 4096] {
+                        let got = fast_read(&file, 0, step).unwrap_or_else(|e| {
+                            panic!("{name}, width {width}: fast path refused: {e}")
+                        });
+                        assert_eq!(flat(&got), want, "{name}, width {width}, step {step}");
+                        for a in &got {
+                            assert_eq!(a.data_type(), column.data_type());
+                            assert_eq!(a.null_count(), 0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn skipping_records_lands_on_the_same_values() {
+        let width = 5;
+        let column: ArrayRef = Arc::new(lists(400, width, 3, true));
+        let props = WriterProperties::builder()
+            .set_dictionary_page_size_limit(512)
+            .set_data_page_size_limit(1024)
+            .set_write_batch_size(16)
+            .build();
+        let file = write(column, props);
+        let all = generic_values(&file);
+        for skip in [0, 1, 37, 399] {
+            let got = flat(&fast_read(&file, skip, 64).unwrap());
+            assert_eq!(got, all[skip * width..], "skip {skip}");
+        }
+    }
+
+    #[test]
+    fn nulls_end_the_fast_path() {
+        let width = 4;
+        let base = lists(50, width, 1, true);
+        // A null list at record 20.
+        let mut valid = vec![true; 50];
+        valid[20] = false;
+        let with_null_list: ArrayRef = Arc::new(
+            FixedSizeListArray::try_new(
+                Arc::new(Field::new("item", DataType::Float32, true)),
+                width as i32,
+                Arc::clone(base.values()),
+                Some(valid.into()),
+            )
+            .unwrap(),
+        );
+        // A null value inside record 3.
+        let mut values: Vec<Option<f32>> = (0..50 * width).map(|i| Some(i as f32)).collect();
+        values[13] = None;
+        let with_null_item: ArrayRef = Arc::new(
+            FixedSizeListArray::try_new(
+                Arc::new(Field::new("item", DataType::Float32, true)),
+                width as i32,
+                Arc::new(Float32Array::from(values)),
+                None,
+            )
+            .unwrap(),
+        );
+        for column in [with_null_list, with_null_item] {
+            // Without statistics, the levels catch it; with them, the metadata does.
+            for stats in [false, true] {
+                let props = WriterProperties::builder()
+                    .set_statistics_enabled(if stats {
+                        parquet::file::properties::EnabledStatistics::Chunk
+                    } else {
+                        parquet::file::properties::EnabledStatistics::None
+                    })
+                    .build();
+                let file = write(Arc::clone(&column), props);
+                let err = fast_read(&file, 0, 10).unwrap_err();
+                assert!(
+                    err.0.contains("null"),
+                    "stats {stats}: unexpected reason {err}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn other_columns_are_not_candidates() {
+        let ints: ArrayRef = Arc::new(
+            FixedSizeListArray::try_new(
+                Arc::new(Field::new("item", DataType::Int32, true)),
+                2,
+                Arc::new(arrow_array::Int32Array::from(vec![1, 2, 3, 4])),
+                None,
+            )
+            .unwrap(),
+        );
+        let variable: ArrayRef = Arc::new(arrow_array::ListArray::from_iter_primitive::<
+            arrow_array::types::Float32Type,
+            _,
+            _,
+        >(vec![Some(vec![Some(1.0), Some(2.0)])]));
+        for column in [ints, variable] {
+            let file = write(column, WriterProperties::builder().build());
+            assert!(fast_read(&file, 0, 1).is_err());
+        }
+    }
+
+    #[test]
+    fn hybrid_decodes_runs_and_bit_packed_groups() {
+        // RLE run: header (3 << 1) = 6, value 5 (bit width 3 -> 1 byte).
+        // Bit-packed: header (1 << 1) | 1 = 3, one group of 8 values 0..7 at
+        // width 3: 0b10001000, 0b11000110, 0b11111010.
+        let data = Bytes::from(vec![6, 5, 3, 0b1000_1000, 0b1100_0110, 0b1111_1010]);
+        let mut h = Hybrid::new(data, 3);
+        let mut seen = Vec::new();
+        h.for_each_run(11, |at, run| {
+            match run {
+                Run::Repeat(v, n) => seen.extend(std::iter::repeat_n((at, v), n)),
+                Run::Values(vs) => seen.extend(vs.iter().map(|&v| (at, v))),
+            }
+            Ok(())
+        })
+        .unwrap();
+        let values: Vec<u32> = seen.iter().map(|(_, v)| *v).collect();
+        assert_eq!(values, vec![5, 5, 5, 0, 1, 2, 3, 4, 5, 6, 7]);
+        // Asking past the end is refused, not a panic.
+        let mut h = Hybrid::new(Bytes::from(vec![6, 5]), 3);
+        assert!(h.for_each_run(4, |_, _| Ok(())).is_err());
+    }
+}
