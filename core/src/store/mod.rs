@@ -125,6 +125,15 @@ impl StoreUri {
             .unwrap_or("")
     }
 
+    /// The local path of a `file://` URI (`None` for other schemes), for
+    /// readers that read local files directly rather than through a store.
+    pub fn local_path(&self) -> Option<std::path::PathBuf> {
+        if self.scheme() != "file" {
+            return None;
+        }
+        self.url.to_file_path().ok()
+    }
+
     /// The bucket or container (empty for `file://` and `memory://`).
     pub fn authority(&self) -> &str {
         self.url.authority()

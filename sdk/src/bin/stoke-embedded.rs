@@ -36,6 +36,7 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     stoke_worker::cli::ensure_openmp_wait();
+    stoke_worker::cli::keep_freed_memory();
     let args = Args::parse();
     stoke_core::logging::init_logging(stoke_core::logging::LogFormat::Text, "warn");
     let spec = JobSpec::from_file(&args.spec)?;

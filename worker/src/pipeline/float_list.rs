@@ -136,10 +136,20 @@ impl ChunkReader for ChunkBytes {
     }
 }
 
+/// Where a column chunk's pages come from.
+#[derive(Debug)]
+pub(crate) enum ChunkSource {
+    /// The chunk's bytes, read whole from a store; they start at this file
+    /// offset.
+    Bytes { start: u64, bytes: Bytes },
+    /// A local file, read page by page: no copy of the whole chunk.
+    File(std::fs::File),
+}
+
 /// Decodes one column chunk of a fixed-size float32 list, a batch of
 /// records at a time.
 pub(crate) struct FloatListColumn {
-    pages: SerializedPageReader<ChunkBytes>,
+    pages: Box<dyn PageReader>,
     field: FloatListField,
     max_def: i16,
     dictionary: Option<Vec<f32>>,
@@ -172,22 +182,24 @@ enum PageValues {
 }
 
 impl FloatListColumn {
-    /// `chunk` holds the bytes of the column chunk `meta` describes, which
-    /// start at file offset `chunk_start`; the row group has `rows` records.
+    /// The column chunk `meta` describes, of a row group of `rows` records.
     pub fn new(
         field: FloatListField,
         meta: &ColumnChunkMetaData,
-        chunk_start: u64,
-        chunk: Bytes,
+        source: ChunkSource,
         rows: usize,
     ) -> Result<Self, NotFast> {
         FloatListField::chunk_is_eligible(meta)?;
-        let reader = Arc::new(ChunkBytes {
-            start: chunk_start,
-            bytes: chunk,
-        });
-        let pages = SerializedPageReader::new(reader, meta, rows, None)
-            .map_err(|e| not_fast(e.to_string()))?;
+        let pages: Box<dyn PageReader> = match source {
+            ChunkSource::Bytes { start, bytes } => Box::new(
+                SerializedPageReader::new(Arc::new(ChunkBytes { start, bytes }), meta, rows, None)
+                    .map_err(|e| not_fast(e.to_string()))?,
+            ),
+            ChunkSource::File(file) => Box::new(
+                SerializedPageReader::new(Arc::new(file), meta, rows, None)
+                    .map_err(|e| not_fast(e.to_string()))?,
+            ),
+        };
         Ok(Self {
             pages,
             max_def: meta.column_descr().max_def_level(),
@@ -675,7 +687,8 @@ mod tests {
             let (start, len) = chunk.byte_range();
             let bytes = file.slice(start as usize..(start + len) as usize);
             let rows = rg.num_rows() as usize;
-            let mut column = FloatListColumn::new(field.clone(), chunk, start, bytes, rows)?;
+            let source = ChunkSource::Bytes { start, bytes };
+            let mut column = FloatListColumn::new(field.clone(), chunk, source, rows)?;
             column.skip(skip)?;
             let mut at = skip;
             while at < rows {
