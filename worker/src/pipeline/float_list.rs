@@ -595,12 +595,19 @@ impl Hybrid {
             } else {
                 values.min(available)
             };
+            self.unpacked.reserve(values);
             for i in 0..values {
                 let bit = i * width;
                 let byte = bit / 8;
                 let mut window = [0u8; 8];
-                let have = packed.len().saturating_sub(byte).min(8);
-                window[..have].copy_from_slice(&packed[byte..byte + have]);
+                match packed.get(byte..byte + 8) {
+                    // Whole 8-byte windows but near the end (one fixed-size copy).
+                    Some(whole) => window.copy_from_slice(whole),
+                    None => {
+                        let tail = packed.get(byte..).unwrap_or(&[]);
+                        window[..tail.len()].copy_from_slice(tail);
+                    }
+                }
                 let v = (u64::from_le_bytes(window) >> (bit % 8)) & mask;
                 self.unpacked.push(v as u32);
             }
