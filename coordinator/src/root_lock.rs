@@ -157,9 +157,8 @@ fn held_error(root: &StoreUri, holder: &str) -> CoordinatorError {
 
 fn lock_file(root: &StoreUri, description: &str) -> Result<std::fs::File> {
     use std::io::{Read, Seek, Write};
-    let dir = url::Url::parse(root.as_str())
-        .ok()
-        .and_then(|u| u.to_file_path().ok())
+    let dir = root
+        .local_path()
         .ok_or_else(|| CoordinatorError::Recovery(format!("{root} is not a local folder")))?
         .join("coordinator");
     let io = |e: std::io::Error| {

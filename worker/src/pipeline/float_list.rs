@@ -183,13 +183,14 @@ enum PageValues {
 
 impl FloatListColumn {
     /// The column chunk `meta` describes, of a row group of `rows` records.
+    /// The caller checks [`FloatListField::chunk_is_eligible`] first, before
+    /// reading any of its bytes.
     pub fn new(
         field: FloatListField,
         meta: &ColumnChunkMetaData,
         source: ChunkSource,
         rows: usize,
     ) -> Result<Self, NotFast> {
-        FloatListField::chunk_is_eligible(meta)?;
         let pages: Box<dyn PageReader> = match source {
             ChunkSource::Bytes { start, bytes } => Box::new(
                 SerializedPageReader::new(Arc::new(ChunkBytes { start, bytes }), meta, rows, None)
@@ -253,11 +254,7 @@ impl FloatListColumn {
                     let bytes = data
                         .get(*at..*at + 4 * k)
                         .ok_or_else(|| not_fast("a PLAIN page ends early"))?;
-                    out.extend(bytes.chunks_exact(4).map(|b| {
-                        let mut le = [0u8; 4];
-                        le.copy_from_slice(b);
-                        f32::from_le_bytes(le)
-                    }));
+                    out.extend(plain_f32s(bytes));
                     *at += 4 * k;
                     *left -= k;
                     n -= k;
@@ -304,16 +301,7 @@ impl FloatListColumn {
                     let bytes = buf
                         .get(..4 * n)
                         .ok_or_else(|| not_fast("the dictionary page ends early"))?;
-                    self.dictionary = Some(
-                        bytes
-                            .chunks_exact(4)
-                            .map(|b| {
-                                let mut le = [0u8; 4];
-                                le.copy_from_slice(b);
-                                f32::from_le_bytes(le)
-                            })
-                            .collect(),
-                    );
+                    self.dictionary = Some(plain_f32s(bytes).collect());
                 }
                 Page::DataPage {
                     buf,
@@ -451,6 +439,15 @@ impl FloatListColumn {
         self.position += n as u64;
         Ok(())
     }
+}
+
+/// PLAIN-encoded float32 values (little-endian, 4 bytes each).
+fn plain_f32s(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    bytes.chunks_exact(4).map(|b| {
+        let mut le = [0u8; 4];
+        le.copy_from_slice(b);
+        f32::from_le_bytes(le)
+    })
 }
 
 /// A v1 page's levels: a 4-byte little-endian length, then that many bytes.
@@ -691,6 +688,7 @@ mod tests {
         let mut out = Vec::new();
         for rg in meta.row_groups() {
             let chunk = rg.column(field.leaf);
+            FloatListField::chunk_is_eligible(chunk)?;
             let (start, len) = chunk.byte_range();
             let bytes = file.slice(start as usize..(start + len) as usize);
             let rows = rg.num_rows() as usize;

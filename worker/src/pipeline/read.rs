@@ -14,7 +14,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
 };
-use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
+use parquet::arrow::async_reader::{ParquetRecordBatchStream, ParquetRecordBatchStreamBuilder};
 use stoke_core::parquet_source::ParquetSource;
 use stoke_core::plan::{Shard, ShardSource};
 use stoke_core::spec::JobSpec;
@@ -499,6 +499,34 @@ struct RowGroupRead<'a> {
     rows: u64,
 }
 
+impl RowGroupRead<'_> {
+    /// Arrow's generic reader over this row group: the `projection`'s
+    /// columns (all without one), from `skip` records in.
+    fn stream(
+        &self,
+        batch_rows: usize,
+        projection: Option<ProjectionMask>,
+        skip: usize,
+    ) -> parquet::errors::Result<ParquetRecordBatchStream<ParquetSource>> {
+        let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
+            self.source.clone(),
+            self.reader_meta.clone(),
+        )
+        .with_row_groups(vec![self.index])
+        .with_batch_size(batch_rows);
+        if let Some(mask) = projection {
+            builder = builder.with_projection(mask);
+        }
+        if skip > 0 {
+            builder = builder.with_row_selection(RowSelection::from(vec![
+                RowSelector::skip(skip),
+                RowSelector::select(self.rows as usize - skip),
+            ]));
+        }
+        builder.build()
+    }
+}
+
 /// The generic reader over one row group, from the emitter's next record.
 async fn read_row_group(
     read: &ShardRead,
@@ -508,23 +536,10 @@ async fn read_row_group(
     group: &RowGroupRead<'_>,
 ) -> Result<Flow, WorkerError> {
     let perr = |e: parquet::errors::ParquetError| parquet_error(&read.shard.id, uri, e);
-    let skip = emitter.tail_offset.saturating_sub(group.first_record);
-    let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
-        group.source.clone(),
-        group.reader_meta.clone(),
-    )
-    .with_row_groups(vec![group.index])
-    .with_batch_size(emitter.batch_size.max(1024));
-    if let Some(mask) = &shape.projection {
-        builder = builder.with_projection(mask.clone());
-    }
-    if skip > 0 {
-        builder = builder.with_row_selection(RowSelection::from(vec![
-            RowSelector::skip(skip as usize),
-            RowSelector::select((group.rows - skip) as usize),
-        ]));
-    }
-    let mut stream = builder.build().map_err(perr)?;
+    let skip = emitter.tail_offset.saturating_sub(group.first_record) as usize;
+    let mut stream = group
+        .stream(emitter.batch_size.max(1024), shape.projection.clone(), skip)
+        .map_err(perr)?;
     while let Some(rows) = stream.next().await {
         let rows = rows.map_err(perr)?;
         if emitter.push(rows).await? == Flow::Stop {
@@ -690,23 +705,8 @@ async fn read_row_group_fast(
         }
         return Ok(Ok(Flow::Continue));
     }
-    let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
-        group.source.clone(),
-        group.reader_meta.clone(),
-    )
-    .with_row_groups(vec![group.index])
-    .with_batch_size(batch_rows)
-    .with_projection(ProjectionMask::roots(
-        group.reader_meta.parquet_schema(),
-        others.iter().copied(),
-    ));
-    if skip > 0 {
-        builder = builder.with_row_selection(RowSelection::from(vec![
-            RowSelector::skip(skip),
-            RowSelector::select(rows - skip),
-        ]));
-    }
-    let mut stream = builder.build().map_err(perr)?;
+    let others = ProjectionMask::roots(group.reader_meta.parquet_schema(), others);
+    let mut stream = group.stream(batch_rows, Some(others), skip).map_err(perr)?;
     while let Some(rest) = stream.next().await {
         let rest = rest.map_err(perr)?;
         let batch = match fast.assemble(shape, rest.num_rows(), Some(rest)).await {
