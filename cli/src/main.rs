@@ -53,6 +53,10 @@ enum Cmd {
         /// (records/s, ETA, shards), plain progress lines otherwise.
         #[arg(long)]
         watch: bool,
+        /// Print the job as JSON (as `status --json` does): when submitted,
+        /// or with --wait/--watch once it ended.
+        #[arg(long)]
+        json: bool,
     },
     /// Show one job.
     Status {
@@ -128,16 +132,71 @@ enum Cmd {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+/// The exit codes scripts can rely on (README, "Exit codes").
+mod exit {
+    /// The command did what it was asked; a followed job succeeded.
+    pub const OK: i32 = 0;
+    /// A followed job failed, or something else went wrong.
+    pub const FAILED: i32 = 1;
+    /// Bad input: usage, job spec, job id, token (clap also exits 2).
+    pub const BAD_INPUT: i32 = 2;
+    /// A followed job was cancelled.
+    pub const CANCELLED: i32 = 3;
+    /// The coordinator could not be reached (or stopped answering).
+    pub const UNREACHABLE: i32 = 4;
+}
+
+fn main() {
     let cli = Cli::parse();
     stoke_core::logging::init_logging(stoke_core::logging::LogFormat::Text, "warn");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let code = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .context("starting the tokio runtime")?;
-    let code = runtime.block_on(dispatch(cli))?;
+        .context("starting the tokio runtime")
+        .and_then(|runtime| runtime.block_on(dispatch(cli)))
+    {
+        Ok(code) => code,
+        Err(e) => {
+            // The message and its causes, never a backtrace: these are the
+            // user's errors (a spec, an address), not the program's.
+            eprintln!("stoke: {e:#}");
+            error_exit_code(&e)
+        }
+    };
     std::process::exit(code);
+}
+
+/// The exit code for a command that failed with `e`.
+fn error_exit_code(e: &anyhow::Error) -> i32 {
+    use stoke_client::ClientError;
+    for cause in e.chain() {
+        if let Some(client) = cause.downcast_ref::<ClientError>() {
+            if client.is_unreachable() {
+                return exit::UNREACHABLE;
+            }
+            return match client {
+                ClientError::Address { .. } => exit::BAD_INPUT,
+                ClientError::Rpc { code, .. } => match code {
+                    tonic::Code::InvalidArgument
+                    | tonic::Code::NotFound
+                    | tonic::Code::AlreadyExists
+                    | tonic::Code::FailedPrecondition
+                    | tonic::Code::OutOfRange
+                    | tonic::Code::Unauthenticated
+                    | tonic::Code::PermissionDenied => exit::BAD_INPUT,
+                    _ => exit::FAILED,
+                },
+                _ => exit::FAILED,
+            };
+        }
+        if cause.downcast_ref::<stoke_core::SpecError>().is_some()
+            || cause.downcast_ref::<stoke_core::UriError>().is_some()
+        {
+            return exit::BAD_INPUT;
+        }
+    }
+    exit::FAILED
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
@@ -147,31 +206,36 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             job_id,
             wait,
             watch,
+            json,
         } => {
             let spec = JobSpec::from_file(&spec)?;
             let client = Client::connect(&cli.coordinator).await?;
             let job = client.submit(&spec, job_id.as_deref()).await?;
-            println!("submitted job {}: {} shards", job.job_id, job.shards_total);
-            if wait || watch {
-                let job = watch::watch(&client, &job.job_id, watch::POLL).await?;
-                print_summary(&job);
-                return Ok(exit_code(&job));
+            if !(wait || watch) {
+                if json {
+                    println!("{}", job_json(&job));
+                } else {
+                    println!("submitted job {}: {} shards", job.job_id, job.shards_total);
+                }
+                return Ok(exit::OK);
             }
-            Ok(0)
+            if !json {
+                println!("submitted job {}: {} shards", job.job_id, job.shards_total);
+            }
+            let job = watch::watch(&client, &job.job_id, watch::POLL).await?;
+            print_job(&job, json);
+            Ok(exit_code(&job))
         }
         Cmd::Status { job, json, watch } => {
             let client = Client::connect(&cli.coordinator).await?;
-            let job = if watch {
-                watch::watch(&client, &job, watch::POLL).await?
-            } else {
-                client.get_job(&job).await?
-            };
-            if json {
-                println!("{}", job_json(&job));
-            } else {
-                print_summary(&job);
+            if watch {
+                let job = watch::watch(&client, &job, watch::POLL).await?;
+                print_job(&job, json);
+                return Ok(exit_code(&job));
             }
-            Ok(0)
+            // A job that could be read is a success, whatever its state.
+            print_job(&client.get_job(&job).await?, json);
+            Ok(exit::OK)
         }
         Cmd::Jobs { json } => {
             let client = Client::connect(&cli.coordinator).await?;
@@ -482,16 +546,25 @@ async fn connect_with_retry(addr: &str) -> anyhow::Result<Client> {
     }
 }
 
+/// The exit code of a command that followed `job` to its end.
 fn exit_code(job: &JobInfo) -> i32 {
-    if job.state == JobState::Succeeded {
-        0
-    } else {
-        1
+    match job.state {
+        JobState::Succeeded => exit::OK,
+        JobState::Cancelled => exit::CANCELLED,
+        _ => exit::FAILED,
     }
 }
 
 fn print_summary(job: &JobInfo) {
     print!("{}", summary(job));
+}
+
+fn print_job(job: &JobInfo, json: bool) {
+    if json {
+        println!("{}", job_json(job));
+    } else {
+        print_summary(job);
+    }
 }
 
 fn job_json(job: &JobInfo) -> serde_json::Value {

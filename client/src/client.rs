@@ -73,7 +73,10 @@ impl Client {
         let channel = endpoint
             .connect()
             .await
-            .map_err(|e| address(format!("cannot connect: {}", error_chain(&e))))?;
+            .map_err(|e| ClientError::Unreachable {
+                addr: addr.to_string(),
+                message: format!("cannot connect: {}", error_chain(&e)),
+            })?;
         Ok(Self {
             inner: JobServiceClient::with_interceptor(channel, interceptor),
         })

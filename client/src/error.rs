@@ -6,6 +6,9 @@ use thiserror::Error;
 pub enum ClientError {
     #[error("coordinator address {addr:?}: {message}")]
     Address { addr: String, message: String },
+    /// Nothing answered at the address (refused, timed out, TLS failed).
+    #[error("coordinator {addr}: {message}")]
+    Unreachable { addr: String, message: String },
     #[error("{call}: {code}: {message}")]
     Rpc {
         call: &'static str,
@@ -22,6 +25,21 @@ impl ClientError {
             call,
             code: status.code(),
             message: status.message().to_string(),
+        }
+    }
+
+    /// The coordinator could not be reached, or stopped answering: worth
+    /// trying again later, unlike an error about the request itself.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Self::Unreachable { .. } => true,
+            Self::Rpc { code, .. } => {
+                matches!(
+                    code,
+                    tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                )
+            }
+            _ => false,
         }
     }
 

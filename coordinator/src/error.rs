@@ -48,6 +48,23 @@ pub enum CoordinatorError {
         committed: u64,
     },
     #[error(
+        "commit for shard {shard_id} of job {job_id} lists {uri}, outside its attempt's staging folder {prefix}"
+    )]
+    ForeignOutput {
+        job_id: String,
+        shard_id: String,
+        uri: String,
+        prefix: String,
+    },
+    #[error(
+        "commit for shard {shard_id} of job {job_id} lists {uri}, which is not in the store (was it uploaded?)"
+    )]
+    StagedObjectMissing {
+        job_id: String,
+        shard_id: String,
+        uri: String,
+    },
+    #[error(
         "protocol version mismatch: {peer} speaks version {peer_version}, this coordinator speaks version {ours}"
     )]
     ProtocolVersion {
@@ -85,6 +102,8 @@ pub enum CoordinatorError {
     Security(#[from] stoke_core::security::SecurityError),
     #[error("serving gRPC: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error("announcing that the coordinator is ready: {0}")]
+    Ready(std::io::Error),
 }
 
 pub type Result<T, E = CoordinatorError> = std::result::Result<T, E>;
@@ -109,12 +128,15 @@ impl From<CoordinatorError> for Status {
             StaleToken { .. }
             | JobNotRunning { .. }
             | BatchMismatch { .. }
+            | ForeignOutput { .. }
+            | StagedObjectMissing { .. }
             | ProtocolVersion { .. } => Status::failed_precondition(msg),
             Security(_) => Status::internal(msg),
             Store(_)
             | Recovery(_)
             | ShuttingDown
             | Serve(_)
+            | Ready(_)
             | CommitInFlight { .. }
             | RootHeld { .. }
             | RootLost

@@ -21,6 +21,7 @@ pub mod root_lock;
 pub mod security;
 pub mod state;
 pub mod status;
+pub mod sweep;
 
 use stoke_core::Stores;
 use stoke_proto::v1::job_service_server::JobServiceServer;
@@ -56,6 +57,31 @@ pub async fn serve(
     stores: Stores,
     shutdown: CancellationToken,
 ) -> Result<()> {
+    serve_when_ready(
+        listener,
+        http_listener,
+        config,
+        stores,
+        shutdown,
+        |_| Ok(()),
+    )
+    .await
+}
+
+/// [`serve`], calling `on_ready` once the coordinator holds its state root
+/// and has loaded its state, just before it serves: from then on every
+/// call is answered (connections made earlier wait in the listener's
+/// backlog). The binary writes its `--addr-file` there, so a script that
+/// waits for the file can call the coordinator at once. An error from
+/// `on_ready` stops the coordinator.
+pub async fn serve_when_ready(
+    listener: TcpListener,
+    http_listener: Option<TcpListener>,
+    config: CoordinatorConfig,
+    stores: Stores,
+    shutdown: CancellationToken,
+    on_ready: impl FnOnce(&Handle) -> std::io::Result<()>,
+) -> Result<()> {
     let addr = listener.local_addr().ok();
     let root = config.root.clone();
     let security = config.security.clone();
@@ -75,6 +101,11 @@ pub async fn serve(
     // Stops on `shutdown`, or when another coordinator takes the root over.
     let stop = shutdown.child_token();
     let (handle, owner) = start(config, stores, stop.clone()).await?;
+    if let Err(e) = on_ready(&handle) {
+        stop.cancel();
+        let _ = owner.await;
+        return Err(CoordinatorError::Ready(e));
+    }
     let tasks = TaskTracker::new();
     if let Some(http_listener) = http_listener {
         let (handle, stop) = (handle.clone(), stop.clone());

@@ -35,11 +35,12 @@ struct Args {
     /// one dies without stopping cleanly.
     #[arg(long, env = "STOKE_ROOT_LOCK_TTL", default_value = "15s", value_parser = humantime::parse_duration)]
     root_lock_ttl: Duration,
-    /// Write the bound address to this file once listening (for scripts and
-    /// tests that bind port 0).
+    /// Write the bound gRPC address to this file once ready to serve: the
+    /// state root held and its state loaded, so a script that waits for
+    /// the file can call at once (for scripts and tests that bind port 0).
     #[arg(long, env = "STOKE_ADDR_FILE")]
     addr_file: Option<PathBuf>,
-    /// Write the bound HTTP address to this file once listening.
+    /// Write the bound HTTP address to this file once ready (as --addr-file).
     #[arg(long, env = "STOKE_HTTP_ADDR_FILE")]
     http_addr_file: Option<PathBuf>,
     /// Log lines as text or json (one object per line, for log collectors).
@@ -195,10 +196,14 @@ fn check_config(args: &Args) -> ! {
     std::process::exit(code)
 }
 
-fn write_addr(path: &std::path::Path, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+/// Writes the file whole (a temporary file renamed into place), so a
+/// reader never sees half an address.
+fn write_addr(path: &std::path::Path, addr: std::net::SocketAddr) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, addr.to_string()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+    let named =
+        |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+    std::fs::write(&tmp, addr.to_string()).map_err(named)?;
+    std::fs::rename(&tmp, path).map_err(named)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -237,15 +242,33 @@ fn main() -> anyhow::Result<()> {
         };
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".to_string());
         config.description = format!("host {host}, pid {}, gRPC on {addr}", std::process::id());
-        if let Some(path) = &args.addr_file {
-            write_addr(path, addr)?;
-        }
-        if let (Some(path), Some(http)) = (&args.http_addr_file, &http_listener) {
-            write_addr(path, http.local_addr()?)?;
-        }
+        let http_addr = match &http_listener {
+            Some(http) => Some(http.local_addr()?),
+            None => None,
+        };
+        let (addr_file, http_addr_file) = (args.addr_file.clone(), args.http_addr_file.clone());
+        // Written once the state is loaded, not at bind time: a script that
+        // waits for the file may call the coordinator at once.
+        let announce = move |_: &stoke_coordinator::Handle| -> std::io::Result<()> {
+            if let Some(path) = &addr_file {
+                write_addr(path, addr)?;
+            }
+            if let (Some(path), Some(http)) = (&http_addr_file, http_addr) {
+                write_addr(path, http)?;
+            }
+            Ok(())
+        };
         let shutdown = CancellationToken::new();
         tokio::spawn(stop_on_signal(shutdown.clone()));
-        stoke_coordinator::serve(listener, http_listener, config, stores, shutdown).await?;
+        stoke_coordinator::serve_when_ready(
+            listener,
+            http_listener,
+            config,
+            stores,
+            shutdown,
+            announce,
+        )
+        .await?;
         Ok(())
     })
 }

@@ -27,8 +27,10 @@ use crate::metrics::Snapshot;
 use crate::progress::StatusReport;
 use crate::root_lock;
 use crate::state::{
-    CommitStep, ErrorSources, GroupWrite, MAX_GROUP, PendingCommit, SnapshotWrite, State,
+    CommitStep, ErrorSources, GroupWrite, GroupWritten, MAX_GROUP, PendingCommit, SnapshotWrite,
+    State,
 };
+use crate::sweep::Sweeper;
 
 type Reply<T> = oneshot::Sender<Result<T>>;
 
@@ -155,7 +157,7 @@ enum Done {
         write: GroupWrite,
         pendings: Vec<PendingCommit>,
         replies: Vec<Reply<bool>>,
-        written: std::result::Result<(), StoreError>,
+        written: GroupWritten,
     },
     /// A snapshot that replaces a job's older progress objects.
     Snapshot {
@@ -277,7 +279,9 @@ async fn run(
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut writer = Writer::new();
+    let mut sweeper = Sweeper::new(state.stores().clone());
     loop {
+        sweeper.add(state.take_sweeps());
         tokio::select! {
             _ = shutdown.cancelled() => break,
             cmd = rx.recv() => match cmd {
@@ -295,6 +299,9 @@ async fn run(
             },
             Some(done) = writer.running.next(), if !writer.running.is_empty() => {
                 writer.finish(&mut state, done).await;
+            }
+            Some((prefix, swept)) = sweeper.running.next(), if !sweeper.running.is_empty() => {
+                sweeper.finished(&prefix, swept);
             }
             _ = ticker.tick() => state.tick().await,
         }

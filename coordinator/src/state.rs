@@ -11,15 +11,16 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use stoke_core::layout::{JobLayout, RootLayout, attempt_prefix, shard_output_dir};
+use futures::StreamExt;
+use stoke_core::layout::{JobLayout, RootLayout, attempt_prefix, committed_uri, shard_output_dir};
 use stoke_core::lease::{
     AcquireOutcome, Commit, Lease, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
     StageTotals,
 };
 use stoke_core::plan::Plan;
 use stoke_core::records::{
-    EpochRecord, JobInfo, JobState, Manifest, ManifestEntry, ProgressLogRef, ProgressRecord,
-    ShardErrors, StatusRecord, now_ms,
+    EpochRecord, JobInfo, JobState, Manifest, ManifestEntry, OutputObject, ProgressLogRef,
+    ProgressRecord, ShardErrors, StatusRecord, now_ms,
 };
 use stoke_core::spec::JobSpec;
 use stoke_core::store::to_json_bytes;
@@ -70,6 +71,9 @@ pub struct PendingCommit {
     progress: ProgressRecord,
     /// The progress log this record goes to if it leads its group.
     log_uri: StoreUri,
+    /// (staged, committed): the objects to copy into the output folder
+    /// before the record is stored.
+    copies: Vec<(StoreUri, StoreUri)>,
     commit: Commit,
 }
 
@@ -80,19 +84,61 @@ impl PendingCommit {
 }
 
 /// Progress records as one stored object (a log or a snapshot).
+/// `uri` as a folder (a prefix ending in `/`), for listing.
+fn folder(uri: &StoreUri) -> StoreUri {
+    uri.join("/")
+}
+
 fn progress_log<'a>(records: impl Iterator<Item = &'a ProgressRecord>) -> Bytes {
     Bytes::from(to_json_bytes(&ProgressLogRef {
         records: records.collect(),
     }))
 }
 
+/// How many objects one group commit copies into the output folder at once.
+const COPY_CONCURRENCY: usize = 16;
+
+/// Copies one staged object of the `i`th commit of a group.
+async fn copy_staged(
+    stores: Stores,
+    i: usize,
+    from: StoreUri,
+    to: StoreUri,
+) -> (usize, StoreUri, std::result::Result<(), StoreError>) {
+    let copied = stores.copy(&from, &to).await;
+    (i, from, copied)
+}
+
 /// The progress records of several commits of one job, stored as one
 /// object (a group commit): one write per group instead of one per commit.
+/// Each commit's staged objects are copied into the output folder first,
+/// so an object is there before any record names it; a commit whose copy
+/// failed is left out of the object and answered with the error.
 #[derive(Debug)]
 pub struct GroupWrite {
     pub job_id: String,
     pub uri: StoreUri,
-    bytes: Bytes,
+    records: Vec<ProgressRecord>,
+    copies: Vec<Vec<(StoreUri, StoreUri)>>,
+}
+
+/// What storing a group did: one result per commit, in order.
+#[derive(Debug)]
+pub struct GroupWritten {
+    /// The progress object was stored (with the records of the commits
+    /// whose result is `Ok`).
+    pub stored: bool,
+    pub results: Vec<std::result::Result<(), StoreError>>,
+}
+
+impl GroupWritten {
+    /// Every commit of a group of `n` failed with `error`.
+    fn failed(n: usize, error: &StoreError) -> Self {
+        Self {
+            stored: false,
+            results: (0..n).map(|_| Err(error.share())).collect(),
+        }
+    }
 }
 
 impl GroupWrite {
@@ -103,12 +149,57 @@ impl GroupWrite {
         Some(Self {
             job_id: first.job_id().to_string(),
             uri: first.log_uri.clone(),
-            bytes: progress_log(group.iter().map(|p| &p.progress)),
+            records: group.iter().map(|p| p.progress.clone()).collect(),
+            copies: group.iter().map(|p| p.copies.clone()).collect(),
         })
     }
 
-    pub async fn write(&self, stores: &Stores) -> std::result::Result<(), StoreError> {
-        stores.put(&self.uri, self.bytes.clone()).await
+    /// Copies every commit's staged objects into the output folder, then
+    /// stores the records of the commits whose copies all succeeded.
+    /// Copying again is harmless, so a retried commit simply copies again.
+    pub async fn write(&self, stores: &Stores) -> GroupWritten {
+        let mut copies: Vec<(usize, StoreUri, StoreUri)> = Vec::new();
+        for (i, commit_copies) in self.copies.iter().enumerate() {
+            for (from, to) in commit_copies {
+                copies.push((i, from.clone(), to.clone()));
+            }
+        }
+        let mut copied = futures::stream::iter(copies)
+            .map(|(i, from, to)| copy_staged(stores.clone(), i, from, to))
+            .buffer_unordered(COPY_CONCURRENCY);
+        let mut results: Vec<std::result::Result<(), StoreError>> =
+            self.records.iter().map(|_| Ok(())).collect();
+        while let Some((i, from, result)) = copied.next().await {
+            if let Err(e) = result
+                && results[i].is_ok()
+            {
+                warn!(object = %from, error = %e, "copying a staged output into the output folder failed");
+                results[i] = Err(e);
+            }
+        }
+        let records: Vec<&ProgressRecord> = self
+            .records
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(p, _)| p)
+            .collect();
+        if records.is_empty() {
+            return GroupWritten {
+                stored: false,
+                results,
+            };
+        }
+        match stores
+            .put(&self.uri, progress_log(records.into_iter()))
+            .await
+        {
+            Ok(()) => GroupWritten {
+                stored: true,
+                results,
+            },
+            Err(e) => GroupWritten::failed(self.records.len(), &e),
+        }
     }
 }
 
@@ -160,6 +251,8 @@ struct Job {
     plan: Arc<Plan>,
     layout: JobLayout,
     output: StoreUri,
+    /// Where attempts upload (see `stoke_core::layout`).
+    staging: StoreUri,
     state: JobState,
     reason: Option<String>,
     shards: Vec<ShardState>,
@@ -245,6 +338,57 @@ impl Job {
         }
     }
 
+    /// The folder every attempt of this job uploads under.
+    fn staging_dir(&self) -> StoreUri {
+        folder(&self.staging)
+    }
+
+    /// The outputs of `commit` as the progress record names them (in the
+    /// output folder), and the copies that put them there. Objects staged
+    /// by the attempt are copied; objects already under the attempt's
+    /// output prefix (written there by a worker of a version before
+    /// staging) are taken as they are; anything else is refused.
+    fn committed_outputs(
+        &self,
+        commit: &Commit,
+    ) -> Result<(Vec<OutputObject>, Vec<(StoreUri, StoreUri)>)> {
+        let key = &commit.key;
+        let direct = attempt_prefix(&self.output, &key.shard_id, key.token);
+        let mut outputs = Vec::with_capacity(commit.outputs.len());
+        let mut copies = Vec::with_capacity(commit.outputs.len());
+        for o in &commit.outputs {
+            let foreign = || CoordinatorError::ForeignOutput {
+                job_id: key.job_id.clone(),
+                shard_id: key.shard_id.clone(),
+                uri: o.uri.clone(),
+                prefix: attempt_prefix(&self.staging, &key.shard_id, key.token).to_string(),
+            };
+            if let Some(to) = committed_uri(
+                &o.uri,
+                &self.staging,
+                &self.output,
+                &key.shard_id,
+                key.token,
+            ) {
+                let from = StoreUri::parse(&o.uri).map_err(|_| foreign())?;
+                outputs.push(OutputObject {
+                    uri: to.to_string(),
+                    ..o.clone()
+                });
+                copies.push((from, to));
+            } else if o
+                .uri
+                .strip_prefix(direct.as_str())
+                .is_some_and(|rest| rest.starts_with('/'))
+            {
+                outputs.push(o.clone());
+            } else {
+                return Err(foreign());
+            }
+        }
+        Ok((outputs, copies))
+    }
+
     fn all_done(&self) -> bool {
         self.totals.shards_done == self.shards.len() as u64
     }
@@ -296,6 +440,9 @@ pub struct State {
     /// first: they get a `Wake` when work may be there for them.
     waiting: VecDeque<String>,
     counters: Counters,
+    /// Folders of staged objects to delete, for the owner to sweep off its
+    /// loop (see `sweep.rs`).
+    sweeps: Vec<StoreUri>,
 }
 
 /// Bumps the stored epoch with a conditional write (create-only the first
@@ -345,8 +492,18 @@ impl State {
             sessions: HashMap::new(),
             waiting: VecDeque::new(),
             counters: Counters::default(),
+            sweeps: Vec::new(),
         };
         state.load_jobs().await?;
+        // A zombie may have uploaded into an ended job's staging folder
+        // after its last sweep.
+        let ended: Vec<StoreUri> = state
+            .jobs
+            .values()
+            .filter(|j| j.state.is_terminal())
+            .map(Job::staging_dir)
+            .collect();
+        state.sweeps.extend(ended);
         info!(epoch, jobs = state.jobs.len(), "coordinator state loaded");
         Ok(state)
     }
@@ -407,6 +564,7 @@ impl State {
             .as_deref()
             .and_then(|u| StoreUri::parse(u).ok())
             .unwrap_or_else(|| layout.default_output());
+        let staging = layout.staging_for(&output);
         let shards: Vec<ShardState> = plan
             .shards
             .iter()
@@ -432,6 +590,7 @@ impl State {
             plan: Arc::new(plan),
             layout,
             output,
+            staging,
             state,
             reason: None,
             shards,
@@ -456,6 +615,19 @@ impl State {
 
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// The worker id of a session, for log lines (empty once it is gone).
+    fn worker_of(&self, session_id: &str) -> String {
+        self.sessions
+            .get(session_id)
+            .map(|s| s.worker_id.clone())
+            .unwrap_or_default()
+    }
+
+    /// Folders of staged objects that became garbage since the last call.
+    pub fn take_sweeps(&mut self) -> Vec<StoreUri> {
+        std::mem::take(&mut self.sweeps)
     }
 
     pub fn stores(&self) -> &Stores {
@@ -797,6 +969,9 @@ impl State {
         job.state = state;
         job.reason = Some(reason.clone());
         job.pending.clear();
+        let staging = job.staging_dir();
+        self.sweeps.push(staging);
+        let job = self.job_mut(job_id)?;
         let mut revoked: HashMap<String, Vec<LeaseKey>> = HashMap::new();
         for (i, shard) in job.shards.iter_mut().enumerate() {
             if let Some(lease) = shard.lease.take() {
@@ -898,7 +1073,8 @@ impl State {
         if let Some(session) = self.sessions.get_mut(session_id) {
             session.leases.insert((key.job_id.clone(), idx));
         }
-        info!(job = %key.job_id, shard = %key.shard_id, token = key.token, session = %session_id, "lease adopted after restart");
+        let worker = self.worker_of(session_id);
+        info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %worker, session = %session_id, "lease adopted after restart");
         true
     }
 
@@ -919,17 +1095,12 @@ impl State {
                     // the shard once the record is stored.
                     continue;
                 }
-                if shard
-                    .lease
-                    .as_ref()
-                    .is_some_and(|l| l.session_id == session_id)
-                {
-                    shard.lease = None;
+                if let Some(lease) = shard.lease.take_if(|l| l.session_id == session_id) {
                     if job.state == JobState::Running {
                         job.pending.push_front(idx);
                         requeued += 1;
                     }
-                    warn!(job = %job_id, shard = %job.plan.shards[idx].id, worker = %session.worker_id, "worker gone; shard requeued");
+                    warn!(job = %job_id, shard = %job.plan.shards[idx].id, token = lease.token, worker = %session.worker_id, "worker gone; shard requeued");
                 }
             }
         }
@@ -1069,7 +1240,7 @@ impl State {
             token,
             attempt: shard.progress.attempts,
             spec: (*job.spec).clone(),
-            output_prefix: attempt_prefix(&job.output, &plan_shard.id, token).to_string(),
+            output_prefix: attempt_prefix(&job.staging, &plan_shard.id, token).to_string(),
             shard: plan_shard,
             next_batch: shard.progress.next_batch,
             records_done: shard.progress.records,
@@ -1078,12 +1249,13 @@ impl State {
                 .layout
                 .errors_prefix(&job.plan.shards[idx].id, token)
                 .to_string(),
+            outputs_staged: true,
         };
         if let Some(session) = self.sessions.get_mut(session_id) {
             session.leases.insert((job_id.clone(), idx));
         }
         self.waiting.retain(|s| s != session_id);
-        info!(job = %job_id, shard = %lease.shard.id, token, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, "lease granted");
+        info!(job = %job_id, shard = %lease.shard.id, token, worker = %worker_id, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, "lease granted");
         self.counters.leases_granted += 1;
         Ok(AcquireOutcome::Lease(Box::new(lease)))
     }
@@ -1108,26 +1280,22 @@ impl State {
     }
 
     /// Applies the commits of a group once their object is stored (or
-    /// refuses them all when the write failed); one answer per commit.
+    /// refuses those whose copy or write failed); one answer per commit.
     pub async fn finish_group(
         &mut self,
         write: &GroupWrite,
         group: Vec<PendingCommit>,
-        written: std::result::Result<(), StoreError>,
+        written: GroupWritten,
     ) -> Vec<Result<bool>> {
-        if written.is_ok()
+        if written.stored
             && let Some(job) = self.jobs.get_mut(&write.job_id)
         {
             job.progress_objects.push(write.uri.clone());
-            job.totals.logged += group.len() as u64;
+            job.totals.logged += written.results.iter().filter(|r| r.is_ok()).count() as u64;
         }
         let mut answers = Vec::with_capacity(group.len());
-        for pending in group {
-            let written = match &written {
-                Ok(()) => Ok(()),
-                Err(e) => Err(e.share()),
-            };
-            answers.push(self.finish_commit(pending, written).await);
+        for (pending, result) in group.into_iter().zip(written.results) {
+            answers.push(self.finish_commit(pending, result).await);
         }
         answers
     }
@@ -1202,10 +1370,14 @@ impl State {
             return Ok(CommitStep::Duplicate);
         }
         if job.state.is_terminal() {
-            return Err(CoordinatorError::JobNotRunning {
+            // A zombie uploaded after the end: what it staged is garbage.
+            let error = CoordinatorError::JobNotRunning {
                 job_id: job.id.clone(),
                 state: job.state.to_string(),
-            });
+            };
+            let attempt = folder(&attempt_prefix(&job.staging, &key.shard_id, key.token));
+            self.sweeps.push(attempt);
+            return Err(error);
         }
         let lease_ok = shard
             .lease
@@ -1236,11 +1408,12 @@ impl State {
                 committed: shard.progress.next_batch,
             });
         }
+        let (outputs, copies) = job.committed_outputs(&commit)?;
         let mut progress = shard.progress.clone();
         progress.token = key.token;
         progress.next_batch = commit.next_batch;
         progress.records += commit.records;
-        progress.outputs.extend(commit.outputs.iter().cloned());
+        progress.outputs.extend(outputs);
         progress.done = commit.shard_done;
         progress.skipped += commit.skipped;
         progress.errors.extend(commit.error_objects.iter().cloned());
@@ -1251,6 +1424,7 @@ impl State {
             idx,
             log_uri: job.layout.progress_log(progress.seq),
             progress,
+            copies,
             commit,
         })))
     }
@@ -1283,6 +1457,7 @@ impl State {
         } = pending;
         let key = &commit.key;
         let deadline = Instant::now() + self.config.lease_timeout;
+        let worker = self.worker_of(&commit.session_id);
         let sessions = &mut self.sessions;
         let job = self
             .jobs
@@ -1292,7 +1467,14 @@ impl State {
             })?;
         let shard = &mut job.shards[idx];
         shard.writing = false;
-        written?;
+        written.map_err(|e| match e {
+            StoreError::NotFound { uri } => CoordinatorError::StagedObjectMissing {
+                job_id: key.job_id.clone(),
+                shard_id: key.shard_id.clone(),
+                uri,
+            },
+            e => e.into(),
+        })?;
         fail::fail_point!("coordinator::after_progress_stored", |_| {
             // Fault injection for tests: die as kill -9 would, after the
             // progress record is stored and before anyone hears of it.
@@ -1313,7 +1495,7 @@ impl State {
                 session.leases.remove(&(key.job_id.clone(), idx));
             }
             if commit.shard_done {
-                info!(job = %key.job_id, shard = %key.shard_id, token = key.token, "shard done");
+                info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %worker, "shard done");
             } else if running {
                 job.pending.push_front(idx);
                 self.wake(1);
@@ -1369,6 +1551,7 @@ impl State {
         let max_attempts = job.spec.max_attempts;
         let shard_id = key.shard_id.clone();
         let mut progress = job.shards[idx].progress.clone();
+        let worker = self.worker_of(&release.session_id);
         let Some(error) = release.error else {
             if let Some(session) = self.sessions.get_mut(&release.session_id) {
                 session.leases.remove(&(key.job_id.clone(), idx));
@@ -1379,7 +1562,7 @@ impl State {
                 job.pending.push_front(idx);
                 self.wake(1);
             }
-            info!(job = %key.job_id, shard = %shard_id, "lease released");
+            info!(job = %key.job_id, shard = %shard_id, token = key.token, worker = %worker, "lease released");
             self.counters.leases_released += 1;
             return Ok(());
         };
@@ -1414,7 +1597,7 @@ impl State {
         job.totals.logged += 1;
         job.set_progress(idx, progress);
         job.shards[idx].lease = None;
-        warn!(job = %key.job_id, shard = %shard_id, failed, max_attempts, transient = release.transient, %error, "attempt failed");
+        warn!(job = %key.job_id, shard = %shard_id, token = key.token, worker = %worker, failed, max_attempts, transient = release.transient, %error, "attempt failed");
         if counts_as_failure && failed >= max_attempts {
             let reason = format!(
                 "shard {shard_id} failed {failed} of {max_attempts} attempts; last error: {error}"
@@ -1448,6 +1631,7 @@ impl State {
         }
         let mut requeued = 0;
         for (session_id, job_id, idx) in expired {
+            let worker = self.worker_of(&session_id);
             if let Some(session) = self.sessions.get_mut(&session_id) {
                 session.leases.remove(&(job_id.clone(), idx));
             }
@@ -1455,11 +1639,14 @@ impl State {
                 continue;
             };
             if let Some(lease) = job.shards[idx].lease.take() {
-                warn!(job = %job.id, shard = %job.plan.shards[idx].id, token = lease.token, "lease expired; shard requeued");
+                warn!(job = %job.id, shard = %job.plan.shards[idx].id, token = lease.token, worker = %worker, "lease expired; shard requeued");
                 self.counters.leases_expired += 1;
             }
+            // At the front, as for a worker whose connection broke: the
+            // shard has waited a whole lease timeout already, and it holds
+            // the job's oldest unfinished work.
             if job.state == JobState::Running {
-                job.pending.push_back(idx);
+                job.pending.push_front(idx);
                 requeued += 1;
             }
         }
@@ -1583,6 +1770,8 @@ impl State {
         let job = self.job_mut(job_id)?;
         job.state = JobState::Succeeded;
         job.manifest_written = true;
+        let staging = job.staging_dir();
+        self.sweeps.push(staging);
         info!(job = %job_id, records = manifest.records_in, outputs = manifest.outputs.len(), "job succeeded; manifest written");
         self.wake_all();
         Ok(())

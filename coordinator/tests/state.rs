@@ -126,6 +126,28 @@ fn checkpoint(session_id: &str, lease: &Lease, from_batch: u64, next_batch: u64)
     }
 }
 
+/// `commit` after its attempt uploaded its outputs (to the staging folder
+/// the lease names): the coordinator copies them when it accepts it.
+async fn staged(stores: &Stores, commit: Commit) -> Commit {
+    for object in &commit.outputs {
+        write_object(stores, &object.uri).await;
+    }
+    commit
+}
+
+/// An output object as a progress record and the manifest name it: in the
+/// job's output folder, where the coordinator copied it from staging.
+fn committed(object: &OutputObject) -> OutputObject {
+    OutputObject {
+        uri: object.uri.replacen("/staging/", "/outputs/", 1),
+        ..object.clone()
+    }
+}
+
+fn all_committed(objects: &[OutputObject]) -> Vec<OutputObject> {
+    objects.iter().map(committed).collect()
+}
+
 /// The checkpoint that finishes the lease's shard from `from_batch`.
 fn last_checkpoint(session_id: &str, lease: &Lease, from_batch: u64) -> Commit {
     Commit {
@@ -195,7 +217,7 @@ async fn expired_lease_is_fenced_by_a_higher_token() {
     let old = leased(state.acquire(&a));
     assert!(
         !state
-            .commit(checkpoint(&a, &old, 0, 2))
+            .commit(staged(&stores, checkpoint(&a, &old, 0, 2)).await)
             .await
             .expect("first commit")
     );
@@ -224,7 +246,7 @@ async fn expired_lease_is_fenced_by_a_higher_token() {
     );
 
     let err = state
-        .commit(checkpoint(&a, &old, 2, 4))
+        .commit(staged(&stores, checkpoint(&a, &old, 2, 4)).await)
         .await
         .expect_err("commit with the expired token");
     assert!(
@@ -234,14 +256,14 @@ async fn expired_lease_is_fenced_by_a_higher_token() {
     // A late heartbeat from the old holder does not give it the lease back.
     state.heartbeat(&a, &[old.key()]).expect("heartbeat");
     let err = state
-        .commit(checkpoint(&a, &old, 2, 4))
+        .commit(staged(&stores, checkpoint(&a, &old, 2, 4)).await)
         .await
         .expect_err("still stale");
     assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
 
     assert!(
         !state
-            .commit(checkpoint(&b, &new, 2, 4))
+            .commit(staged(&stores, checkpoint(&b, &new, 2, 4)).await)
             .await
             .expect("new holder commits")
     );
@@ -271,7 +293,7 @@ async fn heartbeats_keep_a_lease_over_several_timeouts() {
     }
     assert!(
         !state
-            .commit(checkpoint(&a, &lease, 0, 1))
+            .commit(staged(&stores, checkpoint(&a, &lease, 0, 1)).await)
             .await
             .expect("holder still commits")
     );
@@ -290,7 +312,7 @@ async fn repeated_commit_is_a_duplicate_and_batch_gaps_are_refused() {
     submit(&mut state, &stores, "j", 100).await;
     let (a, _a_events) = register(&mut state, "a");
     let lease = leased(state.acquire(&a));
-    let commit = checkpoint(&a, &lease, 0, 2);
+    let commit = staged(&stores, checkpoint(&a, &lease, 0, 2)).await;
     assert!(
         !state.commit(commit.clone()).await.expect("first commit"),
         "first is new"
@@ -308,7 +330,7 @@ async fn repeated_commit_is_a_duplicate_and_batch_gaps_are_refused() {
     assert_eq!(state.get_job("j").expect("job").records_done, 4);
 
     let err = state
-        .commit(checkpoint(&a, &lease, 3, 4))
+        .commit(staged(&stores, checkpoint(&a, &lease, 3, 4)).await)
         .await
         .expect_err("commit past a gap");
     assert!(
@@ -323,7 +345,7 @@ async fn repeated_commit_is_a_duplicate_and_batch_gaps_are_refused() {
         "{err}"
     );
     let err = state
-        .commit(checkpoint(&a, &lease, 1, 3))
+        .commit(staged(&stores, checkpoint(&a, &lease, 1, 3)).await)
         .await
         .expect_err("overlapping commit");
     assert!(
@@ -340,7 +362,7 @@ async fn repeated_commit_is_a_duplicate_and_batch_gaps_are_refused() {
     assert_eq!(progress_objects(&stores, "j").await, after);
 
     // The final commit is idempotent too, after its lease is gone.
-    let done = last_checkpoint(&a, &lease, 2);
+    let done = staged(&stores, last_checkpoint(&a, &lease, 2)).await;
     assert!(!state.commit(done.clone()).await.expect("final commit"));
     let before = progress_objects(&stores, "j").await;
     assert!(state.commit(done).await.expect("repeated final commit"));
@@ -355,22 +377,25 @@ async fn commit_is_stored_before_it_is_acknowledged() {
     let (a, _a_events) = register(&mut state, "a");
     let lease = leased(state.acquire(&a));
 
-    let first = checkpoint(&a, &lease, 0, 2);
+    let first = staged(&stores, checkpoint(&a, &lease, 0, 2)).await;
     state.commit(first.clone()).await.expect("first commit");
     let progress = stored_progress(&stores, "j", &lease.shard.id).await;
     assert_eq!(progress.shard_id, lease.shard.id);
     assert_eq!(progress.token, lease.token);
     assert_eq!(progress.next_batch, 2);
     assert_eq!(progress.records, 4);
-    assert_eq!(progress.outputs, first.outputs);
+    assert_eq!(progress.outputs, all_committed(&first.outputs));
     assert!(!progress.done);
 
-    let last = last_checkpoint(&a, &lease, 2);
+    let last = staged(&stores, last_checkpoint(&a, &lease, 2)).await;
     state.commit(last.clone()).await.expect("last commit");
     let progress = stored_progress(&stores, "j", &lease.shard.id).await;
     assert_eq!(progress.next_batch, SHARD_BATCHES);
     assert_eq!(progress.records, SHARD_RECORDS);
-    assert_eq!(progress.outputs, [first.outputs, last.outputs].concat());
+    assert_eq!(
+        progress.outputs,
+        all_committed(&[first.outputs, last.outputs].concat())
+    );
     assert!(progress.done);
 }
 
@@ -383,7 +408,7 @@ async fn closed_session_requeues_its_shards_at_once() {
     let (b, _b_events) = register(&mut state, "b");
     let lease = leased(state.acquire(&a));
     state
-        .commit(checkpoint(&a, &lease, 0, 2))
+        .commit(staged(&stores, checkpoint(&a, &lease, 0, 2)).await)
         .await
         .expect("commit");
 
@@ -397,7 +422,7 @@ async fn closed_session_requeues_its_shards_at_once() {
     assert!(next.token > lease.token);
 
     let err = state
-        .commit(checkpoint(&a, &lease, 2, 3))
+        .commit(staged(&stores, checkpoint(&a, &lease, 2, 3)).await)
         .await
         .expect_err("commit from the closed session");
     assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
@@ -500,7 +525,7 @@ async fn completed_job_has_a_manifest_of_committed_outputs_only() {
     let mut state = recover(&stores).await;
     submit(&mut state, &stores, "j", 30).await;
     let (a, _a_events) = register(&mut state, "a");
-    let mut committed: Vec<(String, OutputObject)> = Vec::new();
+    let mut committed_objects: Vec<(String, OutputObject)> = Vec::new();
 
     // An attempt writes an object and gives its lease back without
     // committing it.
@@ -515,9 +540,11 @@ async fn completed_job_has_a_manifest_of_committed_outputs_only() {
     for shard in 0..3 {
         let lease = leased(state.acquire(&a));
         // Written by a committing attempt but never committed: not part of
-        // the result either.
-        let stray = output(&lease, 99, 0).uri;
-        write_object(&stores, &stray).await;
+        // the result either, in staging or (copied there by a coordinator
+        // that crashed before storing the record) in the output folder.
+        let stray = output(&lease, 99, 0);
+        write_object(&stores, &stray.uri).await;
+        write_object(&stores, &committed(&stray).uri).await;
         let commits = if shard == 0 {
             vec![checkpoint(&a, &lease, 0, 3), last_checkpoint(&a, &lease, 3)]
         } else {
@@ -526,7 +553,7 @@ async fn completed_job_has_a_manifest_of_committed_outputs_only() {
         for commit in commits {
             for object in &commit.outputs {
                 write_object(&stores, &object.uri).await;
-                committed.push((lease.shard.id.clone(), object.clone()));
+                committed_objects.push((lease.shard.id.clone(), committed(object)));
             }
             state.commit(commit).await.expect("commit");
         }
@@ -556,7 +583,7 @@ async fn completed_job_has_a_manifest_of_committed_outputs_only() {
         .await
         .expect("read manifest")
         .expect("manifest exists");
-    let expected: Vec<ManifestEntry> = committed
+    let expected: Vec<ManifestEntry> = committed_objects
         .iter()
         .map(|(shard_id, o)| ManifestEntry {
             shard_id: shard_id.clone(),
@@ -580,9 +607,160 @@ async fn completed_job_has_a_manifest_of_committed_outputs_only() {
         .into_iter()
         .map(|l| l.uri.to_string())
         .collect();
-    let kept: BTreeSet<String> = committed.iter().map(|(_, o)| o.uri.clone()).collect();
+    let kept: BTreeSet<String> = committed_objects
+        .iter()
+        .map(|(_, o)| o.uri.clone())
+        .collect();
     assert_eq!(left, kept);
-    assert!(!left.contains(&orphan));
+    assert!(!left.contains(&committed(&output(&abandoned, 0, BATCH)).uri));
+
+    // The staging folder, where attempts uploaded, is swept off the loop.
+    let staging = job_layout("j").staging().join("/");
+    assert!(
+        !stores
+            .list(&staging)
+            .await
+            .expect("list staging")
+            .is_empty()
+    );
+    assert_eq!(state.take_sweeps(), vec![staging.clone()]);
+    stoke_coordinator::sweep::sweep(&stores, &staging)
+        .await
+        .expect("sweep");
+    assert!(
+        stores
+            .list(&staging)
+            .await
+            .expect("list staging")
+            .is_empty()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_lease_goes_to_the_front_of_the_queue() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 30).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let first = leased(state.acquire(&a));
+    // a goes silent (a frozen process): its lease runs out.
+    state.heartbeat(&b, &[]).expect("b heartbeat");
+    advance(lease_timeout() + Duration::from_millis(1)).await;
+    state.tick().await;
+    // The shard that waited a whole lease timeout goes out first, before
+    // the shards never leased.
+    let next = leased(state.acquire(&b));
+    assert_eq!(next.shard.id, first.shard.id);
+    assert!(next.token > first.token);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_commit_copies_staged_outputs_into_the_output_folder() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", SHARD_RECORDS).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    assert!(lease.outputs_staged);
+    let staging = job_layout("j").staging();
+    assert!(
+        lease.output_prefix.starts_with(staging.as_str()),
+        "{} is not under {staging}",
+        lease.output_prefix
+    );
+
+    // An object outside the attempt's staging folder is refused, whatever
+    // the worker says.
+    let mut foreign = checkpoint(&a, &lease, 0, 2);
+    foreign.outputs[0].uri = job_layout("j")
+        .default_output()
+        .join("s00000/a1/x.parquet")
+        .to_string();
+    let err = state.commit(foreign).await.expect_err("foreign output");
+    assert!(
+        matches!(err, CoordinatorError::ForeignOutput { .. }),
+        "{err}"
+    );
+    // An object never uploaded cannot be copied: refused, nothing stored.
+    let err = state
+        .commit(checkpoint(&a, &lease, 0, 2))
+        .await
+        .expect_err("missing staged object");
+    assert!(
+        matches!(err, CoordinatorError::StagedObjectMissing { .. }),
+        "{err}"
+    );
+    assert!(
+        stores
+            .list(&job_layout("j").default_output().join("/"))
+            .await
+            .expect("list")
+            .is_empty()
+    );
+
+    // Uploaded, it is copied, byte for byte, and the record names the copy.
+    let commit = staged(&stores, checkpoint(&a, &lease, 0, 2)).await;
+    assert!(!state.commit(commit.clone()).await.expect("commit"));
+    let copy = committed(&commit.outputs[0]);
+    let bytes = stores
+        .get(&StoreUri::parse(&copy.uri).expect("uri"))
+        .await
+        .expect("the copy is in the output folder");
+    assert_eq!(sha256_hex(&bytes), copy.sha256);
+    let progress = stored_progress(&stores, "j", &lease.shard.id).await;
+    assert_eq!(progress.outputs, vec![copy]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_zombie_commit_after_the_end_is_refused_and_its_staging_swept() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", SHARD_RECORDS).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let zombie = leased(state.acquire(&a));
+    advance(lease_timeout() + Duration::from_millis(1)).await;
+    state.heartbeat(&b, &[]).expect("b heartbeat");
+    state.tick().await;
+    let live = leased(state.acquire(&b));
+    assert!(
+        !state
+            .commit(staged(&stores, last_checkpoint(&b, &live, 0)).await)
+            .await
+            .expect("live commit")
+    );
+    assert_eq!(state.get_job("j").expect("job").state, JobState::Succeeded);
+    let staging = job_layout("j").staging().join("/");
+    assert_eq!(state.take_sweeps(), vec![staging]);
+
+    // The zombie wakes, uploads, and commits: refused, and what it staged
+    // is garbage to sweep; the output folder holds the live commit only.
+    let late = staged(&stores, last_checkpoint(&a, &zombie, 0)).await;
+    let err = state.commit(late.clone()).await.expect_err("job ended");
+    assert!(
+        matches!(err, CoordinatorError::JobNotRunning { .. }),
+        "{err}"
+    );
+    let attempt = StoreUri::parse(&zombie.output_prefix)
+        .expect("uri")
+        .join("/");
+    assert_eq!(state.take_sweeps(), vec![attempt.clone()]);
+    stoke_coordinator::sweep::sweep(&stores, &attempt)
+        .await
+        .expect("sweep");
+    assert!(stores.list(&attempt).await.expect("list").is_empty());
+    let outputs: Vec<String> = stores
+        .list(&job_layout("j").default_output().join("/"))
+        .await
+        .expect("list outputs")
+        .into_iter()
+        .map(|l| l.uri.to_string())
+        .collect();
+    assert_eq!(
+        outputs,
+        vec![committed(&last_checkpoint(&b, &live, 0).outputs[0]).uri]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -593,12 +771,12 @@ async fn restart_reloads_progress_and_fences_old_tokens() {
     let (a, _a_events) = register(&mut before, "a");
     let partial = leased(before.acquire(&a));
     before
-        .commit(checkpoint(&a, &partial, 0, 2))
+        .commit(staged(&stores, checkpoint(&a, &partial, 0, 2)).await)
         .await
         .expect("commit");
     let done = leased(before.acquire(&a));
     before
-        .commit(last_checkpoint(&a, &done, 0))
+        .commit(staged(&stores, last_checkpoint(&a, &done, 0)).await)
         .await
         .expect("finish shard");
     let untouched = leased(before.acquire(&a));
@@ -639,12 +817,12 @@ async fn restart_reloads_progress_and_fences_old_tokens() {
     }
 
     let err = after
-        .commit(checkpoint(&a, &partial, 2, 3))
+        .commit(staged(&stores, checkpoint(&a, &partial, 2, 3)).await)
         .await
         .expect_err("commit with a token from before the restart");
     assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
     after
-        .commit(last_checkpoint(&b, &resumed, 2))
+        .commit(staged(&stores, last_checkpoint(&b, &resumed, 2)).await)
         .await
         .expect("resumed commit");
     let progress = stored_progress(&stores, "j", &resumed.shard.id).await;
@@ -661,7 +839,7 @@ async fn cancel_revokes_leases_and_refuses_their_commits() {
     let (a, mut a_events) = register(&mut state, "a");
     let lease = leased(state.acquire(&a));
     state
-        .commit(checkpoint(&a, &lease, 0, 1))
+        .commit(staged(&stores, checkpoint(&a, &lease, 0, 1)).await)
         .await
         .expect("commit");
 
@@ -675,7 +853,7 @@ async fn cancel_revokes_leases_and_refuses_their_commits() {
     }
 
     let err = state
-        .commit(checkpoint(&a, &lease, 1, 2))
+        .commit(staged(&stores, checkpoint(&a, &lease, 1, 2)).await)
         .await
         .expect_err("commit after cancel");
     assert!(
@@ -713,7 +891,7 @@ async fn resubmitting_a_job_id_needs_the_same_spec() {
     let (a, _a_events) = register(&mut state, "a");
     let lease = leased(state.acquire(&a));
     state
-        .commit(checkpoint(&a, &lease, 0, 2))
+        .commit(staged(&stores, checkpoint(&a, &lease, 0, 2)).await)
         .await
         .expect("commit");
 
@@ -784,7 +962,7 @@ async fn acquire_answers_wait_idle_or_unknown_session() {
     assert_eq!(state.get_job("j").expect("job").shards_leased, 1);
 
     state
-        .commit(last_checkpoint(&a, &lease, 0))
+        .commit(staged(&stores, last_checkpoint(&a, &lease, 0)).await)
         .await
         .expect("finish shard");
     assert_eq!(state.get_job("j").expect("job").state, JobState::Succeeded);
@@ -797,7 +975,7 @@ async fn acquire_answers_wait_idle_or_unknown_session() {
 async fn owner_task_takes_back_expired_leases_on_its_own() {
     let stores = Stores::new();
     let shutdown = CancellationToken::new();
-    let (handle, owner) = stoke_coordinator::start(config(), stores, shutdown.clone())
+    let (handle, owner) = stoke_coordinator::start(config(), stores.clone(), shutdown.clone())
         .await
         .expect("start owner");
     handle
@@ -841,7 +1019,7 @@ async fn owner_task_takes_back_expired_leases_on_its_own() {
     assert_eq!(next.shard.id, old.shard.id);
     assert!(next.token > old.token);
     let err = handle
-        .commit(checkpoint(&a.session_id, &old, 0, 1))
+        .commit(staged(&stores, checkpoint(&a.session_id, &old, 0, 1)).await)
         .await
         .expect_err("stale commit");
     assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
@@ -890,7 +1068,7 @@ async fn pause_drains_leases_and_resume_continues_from_checkpoints() {
     let (a, mut a_events) = register(&mut state, "a");
     let lease = leased(state.acquire(&a));
     state
-        .commit(checkpoint(&a, &lease, 0, 2))
+        .commit(staged(&stores, checkpoint(&a, &lease, 0, 2)).await)
         .await
         .expect("commit");
 
@@ -910,7 +1088,7 @@ async fn pause_drains_leases_and_resume_continues_from_checkpoints() {
     // The holder may still checkpoint, then releases; nothing new is leased,
     // and workers are told to wait, not that there is no work.
     state
-        .commit(checkpoint(&a, &lease, 2, 3))
+        .commit(staged(&stores, checkpoint(&a, &lease, 2, 3)).await)
         .await
         .expect("checkpoint while draining");
     state
@@ -963,7 +1141,7 @@ async fn a_restarted_coordinator_adopts_still_valid_leases() {
     let la = leased(state.acquire(&a));
     let lb = leased(state.acquire(&b));
     state
-        .commit(checkpoint(&a, &la, 0, 2))
+        .commit(staged(&stores, checkpoint(&a, &la, 0, 2)).await)
         .await
         .expect("commit a");
     drop(state);
@@ -982,12 +1160,12 @@ async fn a_restarted_coordinator_adopts_still_valid_leases() {
         other => panic!("expected a revoke, got {other:?}"),
     }
     let dup = state
-        .commit(checkpoint(&a2, &la, 0, 2))
+        .commit(staged(&stores, checkpoint(&a2, &la, 0, 2)).await)
         .await
         .expect("retried commit");
     assert!(dup, "a retried commit is recognised");
     state
-        .commit(checkpoint(&a2, &la, 2, 4))
+        .commit(staged(&stores, checkpoint(&a2, &la, 2, 4)).await)
         .await
         .expect("adopted lease commits on the new session");
     // b's old shard and the third one are free; a's is not.
@@ -1058,7 +1236,7 @@ async fn skipped_records_are_counted_and_the_limit_fails_the_job() {
         bytes: 1,
         sha256: "x".to_string(),
     };
-    let mut c = checkpoint(&a, &lease, 0, 2);
+    let mut c = staged(&stores, checkpoint(&a, &lease, 0, 2)).await;
     c.skipped = 2;
     c.error_objects = vec![errors(2)];
     c.last_skip_reason = Some("record s00000:1: bad".to_string());
@@ -1071,7 +1249,7 @@ async fn skipped_records_are_counted_and_the_limit_fails_the_job() {
         2
     );
 
-    let mut c = checkpoint(&a, &lease, 2, 3);
+    let mut c = staged(&stores, checkpoint(&a, &lease, 2, 3)).await;
     c.skipped = 2;
     c.error_objects = vec![errors(2)];
     c.last_skip_reason = Some("record s00000:5: worse".to_string());
@@ -1095,7 +1273,7 @@ async fn a_commit_being_written_keeps_its_lease_until_stored() {
     let (b, _b_events) = register(&mut state, "b");
     let lease = leased(state.acquire(&a));
     let step = state
-        .begin_commit(checkpoint(&a, &lease, 0, 2))
+        .begin_commit(staged(&stores, checkpoint(&a, &lease, 0, 2)).await)
         .expect("begin");
     let stoke_coordinator::state::CommitStep::Write(pending) = step else {
         panic!("expected a write");
@@ -1153,13 +1331,13 @@ async fn status_reports_shards_by_state_and_a_rate_from_samples_over_time() {
     let first = leased(state.acquire(&a));
     write_object(&stores, &output(&first, 0, SHARD_RECORDS).uri).await;
     state
-        .commit(last_checkpoint(&a, &first, 0))
+        .commit(staged(&stores, last_checkpoint(&a, &first, 0)).await)
         .await
         .expect("commit");
     let second = leased(state.acquire(&a));
     write_object(&stores, &output(&second, 0, 4).uri).await;
     state
-        .commit(checkpoint(&a, &second, 0, 2))
+        .commit(staged(&stores, checkpoint(&a, &second, 0, 2)).await)
         .await
         .expect("commit");
     advance(Duration::from_secs(10)).await;
@@ -1276,12 +1454,12 @@ async fn sessions_told_to_wait_are_woken_when_work_comes_back_or_jobs_end() {
     // Both shards finish; c, told to wait meanwhile, hears that the job
     // ended at once rather than after its pause.
     state
-        .commit(last_checkpoint(&c, &again, 0))
+        .commit(staged(&stores, last_checkpoint(&c, &again, 0)).await)
         .await
         .expect("commit c");
     assert!(matches!(state.acquire(&c), Ok(AcquireOutcome::Wait(_))));
     state
-        .commit(last_checkpoint(&a, &moved, 0))
+        .commit(staged(&stores, last_checkpoint(&a, &moved, 0)).await)
         .await
         .expect("commit a");
     assert!(is_wake(&mut c_events));
@@ -1334,12 +1512,12 @@ async fn group_commits_and_snapshots_store_every_acknowledged_commit() {
     }
 
     // Round 1, all at once: every commit is acknowledged as new.
-    let answers = futures::future::join_all(
-        leases
-            .iter()
-            .map(|l| handle.commit(checkpoint(&a.session_id, l, 0, 1))),
-    )
-    .await;
+    let mut first_commits = Vec::new();
+    for l in &leases {
+        first_commits.push(staged(&stores, checkpoint(&a.session_id, l, 0, 1)).await);
+    }
+    let answers =
+        futures::future::join_all(first_commits.into_iter().map(|c| handle.commit(c))).await;
     for answer in answers {
         assert!(!answer.expect("concurrent commit"), "a new commit");
     }
@@ -1354,7 +1532,7 @@ async fn group_commits_and_snapshots_store_every_acknowledged_commit() {
     for from in 1..SHARD_BATCHES - 1 {
         for lease in &leases {
             handle
-                .commit(checkpoint(&a.session_id, lease, from, from + 1))
+                .commit(staged(&stores, checkpoint(&a.session_id, lease, from, from + 1)).await)
                 .await
                 .expect("commit");
         }
@@ -1382,7 +1560,7 @@ async fn group_commits_and_snapshots_store_every_acknowledged_commit() {
         let lease = leased(state.acquire(&b));
         assert_eq!(lease.next_batch, SHARD_BATCHES - 1);
         state
-            .commit(last_checkpoint(&b, &lease, SHARD_BATCHES - 1))
+            .commit(staged(&stores, last_checkpoint(&b, &lease, SHARD_BATCHES - 1)).await)
             .await
             .expect("last commit");
     }

@@ -309,6 +309,7 @@ impl From<Lease> for pb::Lease {
                 .and_then(|s| serde_json::to_string(s).ok())
                 .unwrap_or_default(),
             errors_prefix: l.errors_prefix,
+            outputs_staged: l.outputs_staged,
         }
     }
 }
@@ -343,6 +344,7 @@ impl TryFrom<pb::Lease> for Lease {
                 })?)
             },
             errors_prefix: l.errors_prefix,
+            outputs_staged: l.outputs_staged,
         })
     }
 }
@@ -548,6 +550,7 @@ mod tests {
             records_done: 12,
             output_prefix: "memory:///o/s00001/a42".into(),
             errors_prefix: "memory:///r/jobs/j/errors/s00001/a42".into(),
+            outputs_staged: true,
             input_schema: Some(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
                 "x",
                 arrow_schema::DataType::Int64,

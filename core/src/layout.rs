@@ -11,8 +11,21 @@
 //! <root>/jobs/<job>/progress/snapshot-<seq>.json  the latest progress of every shard, replacing older logs
 //! <root>/jobs/<job>/manifest.json         written at success
 //! <root>/jobs/<job>/errors/<shard>/a<token>/part-<batch>.jsonl   skipped bad records
-//! <output>/<shard>/a<token>/part-<batch>.<ext>   outputs of one attempt
+//! <root>/jobs/<job>/staging/<shard>/a<token>/part-<batch>.<ext>  what an attempt uploads
+//! <output>/<shard>/a<token>/part-<batch>.<ext>   committed outputs only
 //! ```
+//!
+//! Attempts upload into a staging folder that readers of the output folder
+//! never see; an object enters `<output>` only through a commit the
+//! coordinator accepted (it copies the staged object there before it
+//! stores the progress record). So a reader pointed at the output folder
+//! of a succeeded job gets every record once, whatever zombies uploaded.
+//! Staging sits under the job's folder when the output is in the same
+//! store as the state root (always for the default output, and for every
+//! `file://` output), so the copy stays inside one store (a hard link on
+//! `file://`, a server-side copy on S3, GCS and Azure); an output in
+//! another bucket stages in `<output>/_staging/`, which Spark, Hadoop,
+//! pyarrow and pandas skip because of the leading `_`.
 
 use crate::store::StoreUri;
 
@@ -92,11 +105,46 @@ impl JobLayout {
     pub fn default_output(&self) -> StoreUri {
         self.dir.join("outputs")
     }
+    /// Where attempts upload when the output is in the root's store.
+    pub fn staging(&self) -> StoreUri {
+        self.dir.join("staging")
+    }
+    /// Where the attempts of a job writing to `output` upload: see the
+    /// module's page.
+    pub fn staging_for(&self, output: &StoreUri) -> StoreUri {
+        if output.scheme() == "file" || output.same_store(&self.dir) {
+            self.staging()
+        } else {
+            output.join("_staging")
+        }
+    }
 }
 
 /// Where one attempt of one shard writes its outputs.
 pub fn attempt_prefix(output: &StoreUri, shard_id: &str, token: u64) -> StoreUri {
     output.join(&format!("{shard_id}/a{token}"))
+}
+
+/// Where a staged object of an attempt goes once its commit is accepted:
+/// the same name under `output` instead of `staging`. `None` for a URI
+/// outside the attempt's staging prefix.
+pub fn committed_uri(
+    staged: &str,
+    staging: &StoreUri,
+    output: &StoreUri,
+    shard_id: &str,
+    token: u64,
+) -> Option<StoreUri> {
+    let from = attempt_prefix(staging, shard_id, token);
+    let name = staged.strip_prefix(from.as_str())?.strip_prefix('/')?;
+    if name.is_empty()
+        || name
+            .split('/')
+            .any(|s| s.is_empty() || s == "." || s == "..")
+    {
+        return None;
+    }
+    Some(attempt_prefix(output, shard_id, token).join(name))
 }
 
 /// The folder of one shard's outputs, every attempt.
@@ -128,5 +176,65 @@ mod tests {
             prefix.join(&part_name(20, "parquet")).as_str(),
             "file:///r/jobs/j1/outputs/s00001/a7/part-00000020.parquet"
         );
+    }
+
+    #[test]
+    fn staging_stays_in_the_outputs_store() {
+        let root = RootLayout::new(StoreUri::parse("s3://state/stoke").expect("uri"));
+        let job = root.job("j1");
+        assert_eq!(
+            job.staging_for(&job.default_output()).as_str(),
+            "s3://state/stoke/jobs/j1/staging"
+        );
+        let same_bucket = StoreUri::parse("s3://state/results").expect("uri");
+        assert_eq!(
+            job.staging_for(&same_bucket).as_str(),
+            "s3://state/stoke/jobs/j1/staging"
+        );
+        let other_bucket = StoreUri::parse("s3://results/run1").expect("uri");
+        assert_eq!(
+            job.staging_for(&other_bucket).as_str(),
+            "s3://results/run1/_staging"
+        );
+        let local = RootLayout::new(StoreUri::parse("file:///r").expect("uri")).job("j1");
+        let elsewhere = StoreUri::parse("file:///data/out").expect("uri");
+        assert_eq!(
+            local.staging_for(&elsewhere).as_str(),
+            "file:///r/jobs/j1/staging"
+        );
+    }
+
+    #[test]
+    fn committed_uri_maps_staging_to_output_and_refuses_the_rest() {
+        let staging = StoreUri::parse("s3://b/r/jobs/j1/staging").expect("uri");
+        let output = StoreUri::parse("s3://b/out").expect("uri");
+        let staged = "s3://b/r/jobs/j1/staging/s00001/a7/part-00000020.parquet";
+        assert_eq!(
+            committed_uri(staged, &staging, &output, "s00001", 7)
+                .expect("mapped")
+                .as_str(),
+            "s3://b/out/s00001/a7/part-00000020.parquet"
+        );
+        let file = "s3://b/r/jobs/j1/staging/s00001/a7/files/00000000-x.pt";
+        assert_eq!(
+            committed_uri(file, &staging, &output, "s00001", 7)
+                .expect("mapped")
+                .as_str(),
+            "s3://b/out/s00001/a7/files/00000000-x.pt"
+        );
+        // Another attempt's, another shard's, or a path that climbs out.
+        for bad in [
+            "s3://b/r/jobs/j1/staging/s00001/a8/part-00000020.parquet",
+            "s3://b/r/jobs/j1/staging/s00002/a7/part-00000020.parquet",
+            "s3://b/r/jobs/j1/staging/s00001/a70/part-00000020.parquet",
+            "s3://b/r/jobs/j1/staging/s00001/a7/../a8/part.parquet",
+            "s3://b/r/jobs/j1/staging/s00001/a7/",
+            "s3://b/out/s00001/a7/part-00000020.parquet",
+        ] {
+            assert!(
+                committed_uri(bad, &staging, &output, "s00001", 7).is_none(),
+                "{bad}"
+            );
+        }
     }
 }

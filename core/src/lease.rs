@@ -30,6 +30,10 @@ pub struct Lease {
     pub input_schema: Option<arrow_schema::Schema>,
     /// URI prefix under which this attempt writes skipped bad records.
     pub errors_prefix: String,
+    /// `output_prefix` is a staging folder: the coordinator copies what a
+    /// commit lists into the output folder when it accepts it, and the
+    /// attempt deletes its staged objects once the commit is answered.
+    pub outputs_staged: bool,
 }
 
 impl Lease {

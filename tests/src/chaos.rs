@@ -744,6 +744,9 @@ pub struct ChaosReport {
     pub panics: Vec<String>,
     /// Output files the manifest does not list.
     pub stray_outputs: usize,
+    /// How the output folder, read as a Parquet dataset by pyarrow and
+    /// DuckDB, differs from the manifest's rows (`None`: it does not).
+    pub dataset_mismatch: Option<String>,
     pub records_total: u64,
     pub comparison: Comparison,
     /// From the first worker's start to the job's success.
@@ -787,6 +790,9 @@ impl ChaosReport {
         p.extend(self.panics.iter().map(|l| format!("panic: {l}")));
         if self.stray_outputs > 0 {
             p.push(format!("{} stray output files", self.stray_outputs));
+        }
+        if let Some(problem) = &self.dataset_mismatch {
+            p.push(format!("the output folder read as a dataset: {problem}"));
         }
         if !self.comparison.ok() {
             p.push(format!(
@@ -854,6 +860,13 @@ impl fmt::Display for ChaosReport {
             f,
             "  missing:            {}\n  duplicated:         {}\n  unexpected:         {}\n  mismatched:         {}\n  stray outputs:      {}",
             c.missing, c.duplicated, c.unexpected, c.mismatched, self.stray_outputs
+        )?;
+        writeln!(
+            f,
+            "  outputs as dataset: {}",
+            self.dataset_mismatch
+                .as_deref()
+                .unwrap_or("pyarrow and DuckDB read every committed record once, nothing else")
         )?;
         for e in &c.examples {
             writeln!(f, "    e.g. {e}")?;
@@ -1240,6 +1253,7 @@ pub fn run(plan: &ChaosPlan) -> ChaosReport {
         attempts_dropped: count("attempt dropped (") + count("attempt failed"),
         panics,
         stray_outputs: 0,
+        dataset_mismatch: None,
         records_total: total,
         comparison: Comparison::default(),
         job_wall,
@@ -1251,6 +1265,9 @@ pub fn run(plan: &ChaosPlan) -> ChaosReport {
     if end.state == JobState::Succeeded {
         let committed = manifest(&root, &job_id);
         report.stray_outputs = stray_outputs(&root, &job_id, &committed).len();
+        // What a user reading the folder with pyarrow or DuckDB gets.
+        report.dataset_mismatch =
+            crate::dataset_mismatch(&root.join("jobs").join(&job_id).join("outputs"), &committed);
         let rows = committed_rows(&committed);
         let embedded_started = Instant::now();
         let embedded_root = report.dir.path().join("embedded");

@@ -707,6 +707,68 @@ pub fn committed_rows(manifest: &Manifest) -> HashMap<String, Vec<Prediction>> {
     rows
 }
 
+/// Reads a job's output folder as users do, as a Parquet dataset
+/// (`scripts/read_outputs.py`: pyarrow's dataset reader and DuckDB's
+/// `read_parquet('<folder>/**/*.parquet')`), and checks that each reader
+/// gets exactly the rows the manifest's objects hold: every record once,
+/// with its prediction, and nothing else.
+pub fn assert_dataset_matches_manifest(folder: &Path, manifest: &Manifest) {
+    if let Some(problem) = dataset_mismatch(folder, manifest) {
+        panic!("{problem}");
+    }
+}
+
+/// What [`assert_dataset_matches_manifest`] checks; `None` when the folder
+/// read as a dataset equals the manifest's rows, else what differs.
+pub fn dataset_mismatch(folder: &Path, manifest: &Manifest) -> Option<String> {
+    let out = Command::new(python())
+        .arg(repo_root().join("scripts/read_outputs.py"))
+        .arg(folder)
+        .output()
+        .expect("running scripts/read_outputs.py");
+    if !out.status.success() {
+        return Some(format!(
+            "read_outputs.py {}: {}",
+            folder.display(),
+            text(&out.stderr)
+        ));
+    }
+    let read: HashMap<String, Option<Vec<(String, i64)>>> =
+        serde_json::from_slice(&out.stdout).expect("read_outputs.py json");
+    let mut expected: Vec<(String, i64)> = committed_rows(manifest)
+        .into_iter()
+        .flat_map(|(id, preds)| preds.into_iter().map(move |p| (id.clone(), p.argmax)))
+        .collect();
+    expected.sort();
+    for reader in ["pyarrow", "duckdb"] {
+        let Some(Some(rows)) = read.get(reader) else {
+            return Some(format!(
+                "{reader} is not installed in the venv: run scripts/test.sh to set it up"
+            ));
+        };
+        let mut rows = rows.clone();
+        rows.sort();
+        if rows != expected {
+            let extra = rows.len() as i64 - expected.len() as i64;
+            return Some(format!(
+                "{reader} read {} rows from {}, the manifest lists {} ({extra:+}): the folder holds rows no commit counts, or lacks committed ones",
+                rows.len(),
+                folder.display(),
+                expected.len()
+            ));
+        }
+    }
+    None
+}
+
+/// A process's state letter from `/proc/<pid>/stat` (`T` when stopped).
+pub fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name, in parentheses, may hold spaces: the state follows
+    // the last ')'.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
 /// Every row batch of the Parquet outputs a manifest lists (scratch files,
 /// which hold no rows, are left out).
 pub fn output_batches(manifest: &Manifest) -> Vec<arrow_array::RecordBatch> {

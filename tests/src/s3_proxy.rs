@@ -1,6 +1,7 @@
 //! A fault-injecting HTTP proxy in front of the test S3 server: it can
-//! answer 503 to every request or only to writes, delay requests, and counts
-//! the requests it forwards by kind. Each request goes upstream on its own
+//! answer 503 to every request, only to writes or only to server-side
+//! copies, lose the answers to copies it forwarded, delay requests, and
+//! counts the requests it forwards by kind (with the time they took). Each request goes upstream on its own
 //! connection (`Connection: close`), so the proxy only needs to find the end
 //! of each request, not of each response.
 
@@ -17,6 +18,12 @@ pub struct Faults {
     pub fail_all: bool,
     /// Answer 503 to writes (PUT, POST, DELETE); reads pass.
     pub fail_writes: bool,
+    /// Answer 503 to this many server-side copies (PUT with
+    /// `x-amz-copy-source`), then let them through.
+    pub fail_copies: u32,
+    /// Forward this many copies, then drop each connection without an
+    /// answer: the copy happened, and the client does not know it.
+    pub lose_copy_answers: u32,
     /// Hold each request this long before forwarding it.
     pub delay: Duration,
 }
@@ -24,8 +31,10 @@ pub struct Faults {
 #[derive(Debug, Default)]
 struct Shared {
     faults: Faults,
-    /// Forwarded requests by kind ("GET", "PUT", "PUT part", ...).
+    /// Forwarded requests by kind ("GET", "PUT", "PUT part", "PUT copy", ...).
     counts: BTreeMap<String, u64>,
+    /// Time forwarded requests took upstream, by kind.
+    times: BTreeMap<String, Duration>,
     /// Requests answered with an injected 503.
     injected: u64,
 }
@@ -64,6 +73,11 @@ impl S3Proxy {
         self.lock().faults = faults;
     }
 
+    /// The faults still to strike (counted ones go down as they do).
+    pub fn faults(&self) -> Faults {
+        self.lock().faults.clone()
+    }
+
     /// Requests forwarded so far, by kind.
     pub fn counts(&self) -> BTreeMap<String, u64> {
         self.lock().counts.clone()
@@ -73,9 +87,15 @@ impl S3Proxy {
         self.lock().injected
     }
 
+    /// Time the forwarded requests took upstream so far, by kind.
+    pub fn times(&self) -> BTreeMap<String, Duration> {
+        self.lock().times.clone()
+    }
+
     pub fn reset_counts(&self) {
         let mut s = self.lock();
         s.counts.clear();
+        s.times.clear();
         s.injected = 0;
     }
 
@@ -85,9 +105,11 @@ impl S3Proxy {
 }
 
 /// The kind of an S3 request, for counting.
-fn kind(method: &str, target: &str) -> String {
+fn kind(method: &str, target: &str, copy: bool) -> String {
     let query = target.split_once('?').map_or("", |(_, q)| q);
-    let tag = if query.contains("uploadId=") && query.contains("partNumber=") {
+    let tag = if copy {
+        " copy"
+    } else if query.contains("uploadId=") && query.contains("partNumber=") {
         " part"
     } else if query.contains("uploads") || query.contains("uploadId=") {
         " multipart"
@@ -106,6 +128,7 @@ fn serve(client: TcpStream, upstream_port: u16, shared: &Mutex<Shared>) -> std::
         // The request head.
         let mut head = Vec::new();
         let mut content_length = 0usize;
+        let mut copy = false;
         let mut request_line = String::new();
         loop {
             let mut line = String::new();
@@ -122,6 +145,9 @@ fn serve(client: TcpStream, upstream_port: u16, shared: &Mutex<Shared>) -> std::
             if let Some(v) = lower.strip_prefix("content-length:") {
                 content_length = v.trim().parse().unwrap_or(0);
             }
+            if lower.starts_with("x-amz-copy-source:") {
+                copy = true;
+            }
             if lower.starts_with("connection:") {
                 continue;
             }
@@ -133,16 +159,24 @@ fn serve(client: TcpStream, upstream_port: u16, shared: &Mutex<Shared>) -> std::
         let mut parts = request_line.split_whitespace();
         let method = parts.next().unwrap_or("").to_string();
         let target = parts.next().unwrap_or("").to_string();
-        let faults = shared
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .faults
-            .clone();
+        // Counted faults are used up as they strike.
+        let (faults, fail_copy, lose_answer) = {
+            let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
+            let fail_copy = copy && s.faults.fail_copies > 0;
+            let lose_answer = copy && !fail_copy && s.faults.lose_copy_answers > 0;
+            if fail_copy {
+                s.faults.fail_copies -= 1;
+            }
+            if lose_answer {
+                s.faults.lose_copy_answers -= 1;
+            }
+            (s.faults.clone(), fail_copy, lose_answer)
+        };
         if !faults.delay.is_zero() {
             std::thread::sleep(faults.delay);
         }
         let is_write = matches!(method.as_str(), "PUT" | "POST" | "DELETE");
-        if faults.fail_all || (faults.fail_writes && is_write) {
+        if faults.fail_all || (faults.fail_writes && is_write) || fail_copy {
             shared.lock().unwrap_or_else(|p| p.into_inner()).injected += 1;
             let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</Code>\
                         <Message>injected by the test proxy</Message></Error>";
@@ -155,12 +189,14 @@ fn serve(client: TcpStream, upstream_port: u16, shared: &Mutex<Shared>) -> std::
             client.flush()?;
             continue;
         }
+        let kind = kind(&method, &target, copy);
         *shared
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .counts
-            .entry(kind(&method, &target))
+            .entry(kind.clone())
             .or_default() += 1;
+        let started = std::time::Instant::now();
         let mut upstream = match TcpStream::connect(("127.0.0.1", upstream_port)) {
             Ok(s) => s,
             // The server is down: drop the client's connection, as a dead
@@ -174,6 +210,20 @@ fn serve(client: TcpStream, upstream_port: u16, shared: &Mutex<Shared>) -> std::
         // the client's connection closes with it, and says so, so the client
         // does not reuse it.
         let mut response = BufReader::new(upstream);
+        // Upstream answered once its status line arrives.
+        let mut status_line = String::new();
+        response.read_line(&mut status_line)?;
+        *shared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .times
+            .entry(kind)
+            .or_default() += started.elapsed();
+        if lose_answer {
+            shared.lock().unwrap_or_else(|p| p.into_inner()).injected += 1;
+            return Ok(());
+        }
+        client.write_all(status_line.as_bytes())?;
         loop {
             let mut line = String::new();
             if response.read_line(&mut line)? == 0 {

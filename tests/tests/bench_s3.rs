@@ -106,7 +106,20 @@ fn w1_on_s3_vs_file() {
             assert_eq!(manifest.records_in, 200_000);
             let checkpoints = manifest.outputs.len() as f64;
             let counts = proxy.counts();
+            let times: std::collections::BTreeMap<String, f64> = proxy
+                .times()
+                .into_iter()
+                .map(|(k, t)| (k, t.as_secs_f64()))
+                .collect();
             let requests: u64 = counts.values().sum();
+            // What moving outputs from staging into the output folder costs
+            // per checkpoint: one server-side copy by the coordinator, one
+            // delete of the staged object by the worker.
+            let copy_ms_per_checkpoint = if backend == "s3" {
+                times.get("PUT copy").copied().unwrap_or(0.0) * 1000.0 / checkpoints
+            } else {
+                0.0
+            };
             let per_checkpoint = if backend == "s3" {
                 requests as f64 / checkpoints
             } else {
@@ -121,7 +134,9 @@ fn w1_on_s3_vs_file() {
                     "records_per_s": 200_000.0 / secs,
                     "checkpoints": checkpoints,
                     "store_requests_by_kind": counts,
+                    "store_seconds_by_kind": times,
                     "store_requests_per_checkpoint": per_checkpoint,
+                    "copy_ms_per_checkpoint": copy_ms_per_checkpoint,
                 })
             );
             results.push((backend.to_string(), 200_000.0 / secs));

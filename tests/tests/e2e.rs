@@ -260,13 +260,18 @@ fn a_missing_model_fails_the_job_with_a_reason_naming_the_file(env) {
     let reason = status["reason"].as_str().expect("a reason");
     assert!(reason.contains("no-such-model.pt"), "{reason}");
     assert!(reason.contains("not found"), "{reason}");
-    // `submit --wait` reports the same and exits non-zero.
+    // `submit --wait` reports the same and exits 1 (failed), as does
+    // `status --watch`; `status --json` read the job, so it exits 0.
     let out = coordinator.cli(&["submit", &spec, "--wait", "--job-id", &job_id]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(1), "{}", text_of(&out.stderr));
     assert_eq!(
         summary_field(&text_of(&out.stdout), "state").as_deref(),
         Some("failed")
     );
+    let out = coordinator.cli(&["status", &job_id, "--watch"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text_of(&out.stderr));
+    let out = coordinator.cli(&["status", &job_id, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text_of(&out.stderr));
     assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
     assert!(!w.log_text().contains("panicked"));
 }
@@ -283,6 +288,13 @@ fn cancel_from_the_cli_stops_a_job(env) {
     let status = coordinator.status(&job_id);
     assert_eq!(status["state"], "cancelled");
     assert_eq!(status["reason"], "wrong model");
+    // Following a cancelled job exits 3; reading it exits 0.
+    let out = coordinator.cli(&["status", &job_id, "--watch"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text_of(&out.stderr));
+    let out = coordinator.cli(&["submit", &spec, "--wait", "--job-id", &job_id]);
+    assert_eq!(out.status.code(), Some(3), "{}", text_of(&out.stderr));
+    let out = coordinator.cli(&["status", &job_id, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text_of(&out.stderr));
     // A worker that comes now finds nothing to do and leaves.
     let mut w = coordinator.worker("stoke-worker", "late", env.dir());
     assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());

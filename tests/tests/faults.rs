@@ -54,20 +54,73 @@ fn worker_dies_after_upload_before_commit() {
         !status.success(),
         "the fault point should have stopped the worker"
     );
-    // It uploaded its first checkpoint's outputs but never committed them.
-    let uploaded = files_under(&root.join("jobs").join(&job_id).join("outputs"));
+    // It uploaded its first checkpoint's outputs (to the job's staging
+    // folder, which readers of the output folder never see) but never
+    // committed them.
+    let job_dir = root.join("jobs").join(&job_id);
+    let uploaded = files_under(&job_dir.join("staging"));
     assert_eq!(uploaded.len(), 1, "{uploaded:?}");
+    assert!(files_under(&job_dir.join("outputs")).is_empty());
     assert_eq!(coordinator.status(&job_id)["records_done"], 0);
 
     let _w = coordinator.worker("stoke-worker", "healthy", tmp.path());
     coordinator.wait_success(&job_id);
     let m = manifest(&root, &job_id);
     assert_matches_reference(&committed_rows(&m));
-    assert!(
-        !uploaded[0].exists(),
-        "the uncommitted upload was not removed"
-    );
     assert_only_committed_objects(&root, &job_id, &m);
+    // The uncommitted upload is swept once the job ends (off the
+    // coordinator's loop, so shortly after).
+    wait_until("the staging folder to be swept", DEADLINE, || {
+        files_under(&job_dir.join("staging"))
+            .is_empty()
+            .then_some(())
+    });
+}
+
+/// The zombie of issue 22: a worker frozen with a checkpoint's rows ready
+/// wakes after another worker finished its shard and the job succeeded,
+/// uploads, and only then has its commit refused. Its upload must never be
+/// visible in the output folder, which readers take as the job's dataset.
+#[test]
+fn a_zombie_upload_after_the_end_never_reaches_the_output_folder() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "2s"]);
+    let job_id = coordinator.submit(&spec_file(tmp.path(), 50, 3, 400));
+    let mut zombie = coordinator.worker_with(
+        "stoke-worker",
+        "zombie",
+        tmp.path(),
+        &[],
+        &[("FAILPOINTS", "worker::stop_before_upload=1*return")],
+    );
+    // It stops itself right before its first upload (SIGSTOP), holding a
+    // lease it can no longer renew.
+    wait_until("the zombie to freeze before uploading", DEADLINE, || {
+        (process_state(zombie.pid()) == Some('T')).then_some(())
+    });
+    let mut live = coordinator.worker("stoke-worker", "live", tmp.path());
+    coordinator.wait_success(&job_id);
+    assert!(live.wait_exit(DEADLINE).success(), "{}", live.log_text());
+    let m = manifest(&root, &job_id);
+    let job_dir = root.join("jobs").join(&job_id);
+
+    // Wake it: it uploads after the end, commits, is refused, and leaves.
+    signal(zombie.pid(), libc::SIGCONT);
+    zombie.wait_exit(DEADLINE);
+    let log = zombie.log_text();
+    assert!(log.contains("commit refused"), "{log}");
+
+    assert_matches_reference(&committed_rows(&m));
+    assert_only_committed_objects(&root, &job_id, &m);
+    assert_dataset_matches_manifest(&job_dir.join("outputs"), &m);
+    // What it staged is garbage: deleted by the zombie once refused (and
+    // swept by the coordinator too).
+    wait_until("the zombie's staged upload to be gone", DEADLINE, || {
+        files_under(&job_dir.join("staging"))
+            .is_empty()
+            .then_some(())
+    });
 }
 
 #[test]

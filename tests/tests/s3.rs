@@ -298,3 +298,57 @@ fn writes_rejected_past_the_retries_fail_the_attempt_and_the_job_goes_on() {
     );
     env.assert_no_secrets_in_logs();
 }
+
+/// The coordinator's copies into the output folder fail, or succeed with
+/// their answer lost (so they are retried), through a fault-injecting
+/// proxy: commits wait and retry, and the output folder ends up with every
+/// committed object once and nothing else.
+#[test]
+fn failed_and_retried_copies_into_the_output_folder_leave_it_exact() {
+    let env = TestEnv::new(Backend::S3);
+    let proxy = S3Proxy::start(env.s3.as_ref().expect("server").port);
+    let endpoint = proxy.endpoint();
+    // Only the coordinator copies; it reaches the store through the proxy,
+    // with one retry per request so some failures reach the commit.
+    let coordinator = env.coordinator_with_env(
+        &[],
+        &[
+            ("STOKE_STORE_ENDPOINT", endpoint.as_str()),
+            ("STOKE_STORE_RETRIES", "1"),
+            ("STOKE_STORE_RETRY_TIMEOUT", "1s"),
+        ],
+    );
+    proxy.set(Faults {
+        fail_copies: 6,
+        lose_copy_answers: 4,
+        ..Faults::default()
+    });
+    let job_id = coordinator.submit(&spec(&env, ""));
+    let _workers: Vec<Proc> = (0..2)
+        .map(|i| coordinator.worker("stoke-worker", &format!("w{i}"), env.dir()))
+        .collect();
+    coordinator.wait_success(&job_id);
+    let left = proxy.faults();
+    assert_eq!(
+        (left.fail_copies, left.lose_copy_answers),
+        (0, 0),
+        "every injected copy fault struck"
+    );
+    assert!(proxy.counts().get("PUT copy").copied().unwrap_or(0) > 0);
+    let manifest = env.manifest(&job_id);
+    assert_matches_reference(&committed_rows(&manifest));
+    let mut in_folder = env.list(&format!("{}/jobs/{job_id}/outputs/", env.root()));
+    in_folder.sort();
+    let mut listed: Vec<String> = manifest.outputs.iter().map(|o| o.uri.clone()).collect();
+    listed.sort();
+    assert_eq!(
+        in_folder, listed,
+        "the output folder is the manifest, exactly"
+    );
+    // The staging folder is swept once the job ended.
+    wait_until("the staging folder to be swept", DEADLINE, || {
+        env.list(&format!("{}/jobs/{job_id}/staging/", env.root()))
+            .is_empty()
+            .then_some(())
+    });
+}

@@ -257,7 +257,15 @@ fn run_worker(registry: Registry) -> Result<WorkerExit, WorkerError> {
             .map_err(|e| WorkerError::Config(e.to_string()))?;
         let link = GrpcLink::new(&args.coordinator, &security)?;
         let shutdown = CancellationToken::new();
-        tokio::spawn(stop_on_signal(shutdown.clone(), args.grace_period));
+        let signals = StopSignals::listen();
+        // A stop asked for while libtorch started: stop before taking any
+        // lease. (The signal itself comes through once unblocked.)
+        if crate::signals::stop_signal_pending() {
+            info!("signal received during start-up: stopping before taking any lease");
+            shutdown.cancel();
+        }
+        crate::signals::unblock_stop_signals();
+        tokio::spawn(stop_on_signal(signals, shutdown.clone(), args.grace_period));
         info!(worker = %config.worker_id, coordinator = %args.coordinator, processors = ?registry.names(), "worker starting");
         let exit = run(link, config, registry, stores, shutdown).await?;
         info!(?exit, "worker stopped");
@@ -265,16 +273,32 @@ fn run_worker(registry: Registry) -> Result<WorkerExit, WorkerError> {
     })
 }
 
+/// The worker's SIGTERM and SIGINT listeners (`None` when the process
+/// cannot listen: then a signal kills it at once).
+struct StopSignals(Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>);
+
+impl StopSignals {
+    /// Starts listening (inside the runtime).
+    fn listen() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Self(Some((term, int))),
+            _ => {
+                tracing::warn!("cannot listen for signals; SIGTERM will kill the worker at once");
+                Self(None)
+            }
+        }
+    }
+}
+
 /// First SIGTERM/SIGINT: finish the current batch, checkpoint, release,
 /// exit 0. A second signal, or the grace period running out, exits at once
 /// (the last commit still protects the data).
-async fn stop_on_signal(shutdown: CancellationToken, grace: Duration) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::warn!("cannot listen for signals; SIGTERM will kill the worker at once");
+async fn stop_on_signal(signals: StopSignals, shutdown: CancellationToken, grace: Duration) {
+    let Some((mut term, mut int)) = signals.0 else {
         return;
     };
     tokio::select! {

@@ -20,6 +20,7 @@ mod pipeline;
 pub mod processor;
 pub mod runner;
 mod session;
+pub mod signals;
 pub mod torchscript;
 
 pub use batch::Batch;

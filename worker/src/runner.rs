@@ -334,6 +334,7 @@ impl<L: CoordinatorLink> Worker<L> {
             session_rx: self.session_rx.clone(),
             key: key.clone(),
             prefix,
+            outputs_staged: lease.outputs_staged,
             errors_prefix,
             format: spec.output.format,
             control: Arc::clone(&control),

@@ -24,6 +24,8 @@ use crate::coordinator::{CoordinatorProcess, own_cpu_seconds, range_spec};
 const RECORDS_PER_SHARD: u64 = 10;
 /// Any 64 hex digits: the coordinator records checksums, it does not check
 /// them against the (not written) objects.
+/// What a simulated worker uploads for each checkpoint.
+const STAGED_BYTES: &[u8] = &[0u8; 1024];
 const FAKE_SHA256: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 pub struct Options {
@@ -300,6 +302,17 @@ async fn cycles(
         };
         let leased = Instant::now();
         let prefix = lease.output_prefix.trim_end_matches('/');
+        let staged = format!("{prefix}/part-{:08}.parquet", lease.next_batch);
+        // A real worker uploads its checkpoint to staging before it
+        // commits, and the coordinator copies it into the output folder:
+        // the simulated one writes a small object, so the copy is measured.
+        let path = stoke_core::StoreUri::parse(&staged)?
+            .local_path()
+            .with_context(|| format!("{staged}: the bench runs on a file:// root"))?;
+        if let Some(dir) = path.parent() {
+            tokio::fs::create_dir_all(dir).await?;
+        }
+        tokio::fs::write(&path, STAGED_BYTES).await?;
         let commit = pb::CommitRequest {
             session_id: worker.session_id.clone(),
             job_id: lease.job_id.clone(),
@@ -309,9 +322,9 @@ async fn cycles(
             next_batch: lease.next_batch + 1,
             records: RECORDS_PER_SHARD,
             outputs: vec![pb::OutputObject {
-                uri: format!("{prefix}/part-{:08}.parquet", lease.next_batch),
+                uri: staged,
                 records: RECORDS_PER_SHARD,
-                bytes: 1024,
+                bytes: STAGED_BYTES.len() as u64,
                 sha256: FAKE_SHA256.to_string(),
             }],
             shard_done: true,

@@ -134,6 +134,12 @@ impl StoreUri {
         self.url.to_file_path().ok()
     }
 
+    /// Whether `other` lives in the same store (scheme and bucket), so an
+    /// object can be copied from one to the other inside the store.
+    pub fn same_store(&self, other: &StoreUri) -> bool {
+        self.store_key() == other.store_key()
+    }
+
     /// The bucket or container (empty for `file://` and `memory://`).
     pub fn authority(&self) -> &str {
         self.url.authority()
@@ -430,6 +436,32 @@ impl Stores {
         Ok(())
     }
 
+    /// Copies an object, replacing what is at `to`: inside one store
+    /// (bucket), a server-side copy on cloud stores and a hard link on
+    /// `file://`, so the bytes are never downloaded again. Across stores
+    /// (or file systems, where a hard link cannot go) the bytes are read
+    /// and written. Copying again gives the same result.
+    pub async fn copy(&self, from: &StoreUri, to: &StoreUri) -> Result<(), StoreError> {
+        self.check_fence(to)?;
+        let (store, from_path) = self.resolve(from)?;
+        if from.same_store(to) {
+            let to_path = to.object_path()?;
+            match store.copy(&from_path, &to_path).await {
+                Ok(()) => return Ok(()),
+                Err(object_store::Error::NotFound { .. }) => {
+                    return Err(StoreError::NotFound {
+                        uri: from.to_string(),
+                    });
+                }
+                // Another file system than the source's: copy the bytes.
+                Err(_) if from.scheme() == "file" => {}
+                Err(e) => return Err(StoreError::io("copying", to.as_str(), e)),
+            }
+        }
+        let bytes = self.get(from).await?;
+        self.put(to, bytes).await
+    }
+
     pub async fn delete(&self, uri: &StoreUri) -> Result<(), StoreError> {
         self.check_fence(uri)?;
         let (store, path) = self.resolve(uri)?;
@@ -572,6 +604,38 @@ mod tests {
             .expect("list");
         assert_eq!(listed.len(), 1);
         assert_eq!(listed[0].uri, uri);
+    }
+
+    #[tokio::test]
+    async fn copy_within_and_across_stores() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = StoreUri::from_local_path(dir.path()).expect("uri");
+        let stores = Stores::new();
+        let from = root.join("staging/s1/a1/part-0.parquet");
+        stores
+            .put(&from, Bytes::from_static(b"rows"))
+            .await
+            .expect("put");
+        let to = root.join("outputs/s1/a1/part-0.parquet");
+        stores.copy(&from, &to).await.expect("copy");
+        // Again (a retried commit): same result.
+        stores.copy(&from, &to).await.expect("copy again");
+        stores.delete(&from).await.expect("delete staged");
+        assert_eq!(
+            stores.get(&to).await.expect("get"),
+            Bytes::from_static(b"rows")
+        );
+        let mem = StoreUri::parse("memory:///o/part-0.parquet").expect("uri");
+        stores.copy(&to, &mem).await.expect("copy to another store");
+        assert_eq!(
+            stores.get(&mem).await.expect("get"),
+            Bytes::from_static(b"rows")
+        );
+        let missing = stores.copy(&root.join("staging/none"), &to).await;
+        assert!(
+            matches!(missing, Err(StoreError::NotFound { .. })),
+            "{missing:?}"
+        );
     }
 
     #[tokio::test]

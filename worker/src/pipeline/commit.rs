@@ -1,6 +1,11 @@
 //! The committer: for each checkpoint of an attempt, in order, encode the
 //! rows, upload outputs under the attempt's prefix, then ask the coordinator
 //! to commit. A refused commit (stale token, job ended) aborts the attempt.
+//!
+//! The attempt's prefix is a staging folder (`Lease::outputs_staged`): the
+//! coordinator copies what an accepted commit lists into the output folder
+//! before it stores the commit. Once a commit is answered, accepted or
+//! refused, its staged objects are garbage and the committer deletes them.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -46,6 +51,8 @@ pub(crate) struct Committer<L> {
     pub session_rx: watch::Receiver<SessionState>,
     pub key: LeaseKey,
     pub prefix: StoreUri,
+    /// `prefix` is a staging folder whose objects the coordinator copies.
+    pub outputs_staged: bool,
     pub errors_prefix: StoreUri,
     pub format: OutputFormat,
     pub control: Arc<ShardControl>,
@@ -63,18 +70,48 @@ impl<L: CoordinatorLink> Committer<L> {
         while let Some(mut checkpoint) = rx.recv().await {
             let (placeholder, _) = oneshot::channel();
             let ack = std::mem::replace(&mut checkpoint.ack, placeholder);
-            if let Err(e) = self.checkpoint(checkpoint).await {
+            let mut staged = Vec::new();
+            let result = self.checkpoint(checkpoint, &mut staged).await;
+            if let Err(e) = result {
                 self.control.abort();
                 let _ = ack.send(false);
+                self.delete_staged(&staged).await;
                 return Err(e);
             }
             let _ = ack.send(true);
+            self.delete_staged(&staged).await;
             committed += 1;
         }
         Ok(committed)
     }
 
-    async fn checkpoint(&self, cp: Checkpoint) -> Result<(), WorkerError> {
+    /// Deletes a checkpoint's staged objects once its commit is answered:
+    /// accepted, the coordinator has copied them into the output folder;
+    /// refused or abandoned, they will never count. Best effort: what is
+    /// left is swept by the coordinator when the job ends.
+    async fn delete_staged(&self, staged: &[StoreUri]) {
+        if !self.outputs_staged {
+            return;
+        }
+        for uri in staged {
+            if let Err(e) = self.stores.delete(uri).await {
+                debug!(object = %uri, error = %e, "deleting a staged object failed; the coordinator sweeps it later");
+            }
+        }
+    }
+
+    /// Uploads a checkpoint's objects (naming each output in `staged` as it
+    /// is uploaded) and commits them.
+    async fn checkpoint(
+        &self,
+        cp: Checkpoint,
+        staged: &mut Vec<StoreUri>,
+    ) -> Result<(), WorkerError> {
+        // Fault injection for tests: freeze here, with the checkpoint's
+        // rows ready and nothing uploaded, until a SIGCONT (a zombie).
+        fail::eval("worker::stop_before_upload", |_| {
+            crate::signals::stop_self();
+        });
         let mut outputs = Vec::new();
         if !cp.rows.is_empty() {
             let records: u64 = cp.rows.iter().map(|r| r.num_rows() as u64).sum();
@@ -91,6 +128,7 @@ impl<L: CoordinatorLink> Committer<L> {
             let uri = self
                 .prefix
                 .join(&part_name(cp.from_batch, format.extension()));
+            staged.push(uri.clone());
             outputs.push(self.upload(uri, bytes, records).await?);
         }
         for file in &cp.files {
@@ -107,6 +145,7 @@ impl<L: CoordinatorLink> Committer<L> {
             let uri = self
                 .prefix
                 .join(&format!("files/{:08}-{name}", cp.from_batch));
+            staged.push(uri.clone());
             outputs.push(self.upload(uri, Bytes::from(bytes), 0).await?);
             let _ = tokio::fs::remove_file(file).await;
         }

@@ -1,0 +1,155 @@
+//! What scripts rely on, with real processes: the CLI's exit codes and
+//! JSON, the coordinator's `--addr-file` written only once it can serve,
+//! and a worker that gets SIGTERM while it starts.
+
+use std::path::Path;
+use std::process::Command;
+
+use stoke_tests::*;
+
+fn write_spec(dir: &Path, text: &str) -> String {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, text).expect("write spec");
+    path.display().to_string()
+}
+
+#[test]
+fn exit_codes_and_json_scripts_can_rely_on() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let coordinator = Coordinator::start(&tmp.path().join("root"), tmp.path(), &[]);
+    let spec = write_spec(tmp.path(), &fixture_spec("parquet", ""));
+
+    // submit --json: the job as `status --json` shows it.
+    let out = coordinator.cli(&["submit", &spec, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let submitted: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("submit --json prints JSON");
+    let job_id = submitted["job_id"].as_str().expect("job_id").to_string();
+    assert_eq!(submitted["state"], "running");
+    assert_eq!(submitted["shards_total"], 9, "{submitted}");
+    let status = coordinator.status(&job_id);
+    for field in [
+        "job_id",
+        "state",
+        "shards_total",
+        "records_total",
+        "output_uri",
+    ] {
+        assert_eq!(submitted[field], status[field], "{field}");
+    }
+
+    // A job followed to success exits 0, with --json the final state.
+    let _w = coordinator.worker("stoke-worker", "w1", tmp.path());
+    let out = coordinator.cli(&["status", &job_id, "--watch", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let end: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(end["state"], "succeeded");
+
+    // Bad input exits 2: a malformed spec, a job that does not exist.
+    let bad = tmp.path().join("bad.toml");
+    std::fs::write(&bad, "[dataset]\nformat = \"parquet\"\n").expect("write");
+    let out = coordinator.cli(&["submit", &bad.display().to_string()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let out = coordinator.cli(&["status", "no-such-job"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no-such-job"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Nothing listening: 4, with one line naming the address.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let out = stoke_cli(&["--coordinator", &addr, "status", &job_id]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(&addr), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
+
+/// `--addr-file` appears only once the coordinator holds its root and has
+/// loaded its state: a coordinator refused a held root never writes it, and
+/// one that writes it answers at once with the jobs it loaded.
+#[test]
+fn the_addr_file_is_written_once_the_coordinator_can_serve() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let first = Coordinator::start(&root, tmp.path(), &[]);
+    let spec = write_spec(tmp.path(), &fixture_spec("parquet", ""));
+    let job_id = first.submit(&spec);
+
+    let addr_file = tmp.path().join("second.addr");
+    let mut cmd = Command::new(bin("stoke-coordinator"));
+    cmd.args(["--listen", "127.0.0.1:0", "--http-listen", "off", "--root"])
+        .arg(&root)
+        .arg("--addr-file")
+        .arg(&addr_file);
+    let mut second = Proc::spawn("coordinator-second", cmd, tmp.path());
+    let status = second.wait_exit(DEADLINE);
+    assert!(!status.success());
+    assert!(
+        second.log_text().contains("held by another coordinator"),
+        "{}",
+        second.log_text()
+    );
+    assert!(
+        !addr_file.exists(),
+        "a coordinator that never served wrote its address"
+    );
+
+    // Once the root is free, the next one writes the file when ready: the
+    // first call after it sees the loaded job.
+    drop(first);
+    let mut cmd = Command::new(bin("stoke-coordinator"));
+    cmd.args(["--listen", "127.0.0.1:0", "--http-listen", "off", "--root"])
+        .arg(&root)
+        .arg("--addr-file")
+        .arg(&addr_file);
+    let _third = Proc::spawn("coordinator-third", cmd, tmp.path());
+    let addr = wait_until("the address file", DEADLINE, || {
+        std::fs::read_to_string(&addr_file).ok()
+    });
+    let out = stoke_cli(&[
+        "--coordinator",
+        &format!("http://{addr}"),
+        "status",
+        &job_id,
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["state"], "running");
+}
+
+/// Bit of `sig` in a `/proc/<pid>/status` signal mask line (`SigBlk:`).
+fn mask_has(status: &str, field: &str, sig: i32) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (sig - 1)) != 0)
+}
+
+/// A pod preempted while its worker starts: SIGTERM during libtorch's
+/// start-up (before `main`) is held until the worker listens, then handled
+/// like any other: the worker exits 0, cleanly.
+#[test]
+fn sigterm_while_a_worker_starts_exits_cleanly() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let coordinator = Coordinator::start(&tmp.path().join("root"), tmp.path(), &[]);
+    let mut w = coordinator.worker("stoke-worker", "starting", tmp.path());
+    let status_file = format!("/proc/{}/status", w.pid());
+    // SIGTERM is blocked from before the libraries' initialisers run.
+    wait_until("SIGTERM blocked at start-up", DEADLINE, || {
+        let status = std::fs::read_to_string(&status_file).ok()?;
+        mask_has(&status, "SigBlk:", libc::SIGTERM).then_some(())
+    });
+    signal(w.pid(), libc::SIGTERM);
+    let exit = w.wait_exit(DEADLINE);
+    assert_eq!(exit.code(), Some(0), "{exit}: {}", w.log_text());
+    let log = w.log_text();
+    assert!(log.contains("signal received"), "{log}");
+    assert!(!log.contains("lease taken"), "{log}");
+}
