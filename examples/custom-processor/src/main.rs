@@ -140,6 +140,10 @@ impl TorchBatchProcessor for RaggedMean {
     }
 }
 
+// A SIGTERM while libtorch starts waits until the worker listens for it
+// (a pod preempted while starting still exits 0).
+stoke::block_stop_signals_at_start!();
+
 fn main() -> anyhow::Result<()> {
     let mut registry = Registry::with_builtins();
     registry.register::<FeatureStats>("feature-stats");
