@@ -176,17 +176,18 @@ fn error_exit_code(e: &anyhow::Error) -> i32 {
                 return exit::UNREACHABLE;
             }
             return match client {
-                ClientError::Address { .. } => exit::BAD_INPUT,
-                ClientError::Rpc { code, .. } => match code {
-                    tonic::Code::InvalidArgument
-                    | tonic::Code::NotFound
-                    | tonic::Code::AlreadyExists
-                    | tonic::Code::FailedPrecondition
-                    | tonic::Code::OutOfRange
-                    | tonic::Code::Unauthenticated
-                    | tonic::Code::PermissionDenied => exit::BAD_INPUT,
-                    _ => exit::FAILED,
-                },
+                ClientError::Address { .. }
+                | ClientError::Rpc {
+                    code:
+                        tonic::Code::InvalidArgument
+                        | tonic::Code::NotFound
+                        | tonic::Code::AlreadyExists
+                        | tonic::Code::FailedPrecondition
+                        | tonic::Code::OutOfRange
+                        | tonic::Code::Unauthenticated
+                        | tonic::Code::PermissionDenied,
+                    ..
+                } => exit::BAD_INPUT,
                 _ => exit::FAILED,
             };
         }

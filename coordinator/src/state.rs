@@ -64,6 +64,10 @@ pub enum CommitStep {
     Write(Box<PendingCommit>),
 }
 
+/// (staged, committed): an object an attempt uploaded, and where the
+/// output folder gets its copy.
+type StagedCopy = (StoreUri, StoreUri);
+
 /// A validated commit whose progress record is to be stored.
 #[derive(Debug)]
 pub struct PendingCommit {
@@ -71,9 +75,9 @@ pub struct PendingCommit {
     progress: ProgressRecord,
     /// The progress log this record goes to if it leads its group.
     log_uri: StoreUri,
-    /// (staged, committed): the objects to copy into the output folder
-    /// before the record is stored.
-    copies: Vec<(StoreUri, StoreUri)>,
+    /// The objects to copy into the output folder before the record is
+    /// stored.
+    copies: Vec<StagedCopy>,
     commit: Commit,
 }
 
@@ -119,7 +123,7 @@ pub struct GroupWrite {
     pub job_id: String,
     pub uri: StoreUri,
     records: Vec<ProgressRecord>,
-    copies: Vec<Vec<(StoreUri, StoreUri)>>,
+    copies: Vec<Vec<StagedCopy>>,
 }
 
 /// What storing a group did: one result per commit, in order.
@@ -348,10 +352,7 @@ impl Job {
     /// by the attempt are copied; objects already under the attempt's
     /// output prefix (written there by a worker of a version before
     /// staging) are taken as they are; anything else is refused.
-    fn committed_outputs(
-        &self,
-        commit: &Commit,
-    ) -> Result<(Vec<OutputObject>, Vec<(StoreUri, StoreUri)>)> {
+    fn committed_outputs(&self, commit: &Commit) -> Result<(Vec<OutputObject>, Vec<StagedCopy>)> {
         let key = &commit.key;
         let direct = attempt_prefix(&self.output, &key.shard_id, key.token);
         let mut outputs = Vec::with_capacity(commit.outputs.len());

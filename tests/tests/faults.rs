@@ -114,6 +114,22 @@ fn a_zombie_upload_after_the_end_never_reaches_the_output_folder() {
     assert_matches_reference(&committed_rows(&m));
     assert_only_committed_objects(&root, &job_id, &m);
     assert_dataset_matches_manifest(&job_dir.join("outputs"), &m);
+    // Every coordinator line about a lease names job, shard, token and
+    // worker, so one grep tells an attempt's story (its expiry included).
+    let log = stoke_tests::chaos::strip_ansi(&coordinator.proc.log_text());
+    let lease_lines: Vec<&str> = log.lines().filter(|l| l.contains(" shard=")).collect();
+    assert!(
+        lease_lines.iter().any(|l| l.contains("lease expired")),
+        "{log}"
+    );
+    for line in lease_lines {
+        assert!(
+            ["job=", "token=", "worker="]
+                .iter()
+                .all(|f| line.contains(f)),
+            "{line}"
+        );
+    }
     // What it staged is garbage: deleted by the zombie once refused (and
     // swept by the coordinator too).
     wait_until("the zombie's staged upload to be gone", DEADLINE, || {
