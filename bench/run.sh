@@ -243,7 +243,13 @@ run_scale() {
   rm -rf "$BENCH_DIR/scale"
 }
 
-bench_venv
+if [ "$what" = pt2 ]; then
+  # Only stoke runs here: the stoke venv has all the Python this needs
+  # (torch to export the model, pyarrow to check outputs).
+  BENCH_VENV="$STOKE_VENV"
+else
+  bench_venv
+fi
 BPY="$BENCH_VENV/bin/python"
 BIN="$CARGO_TARGET_DIR/release"
 build

@@ -13,6 +13,7 @@ Writes into OUT_DIR (a marker file, written last, records a complete build):
   mlp.pt, mlp.pt2        a seeded MLP 64 -> 32 -> 10, as TorchScript and as a
                          package exported with a dynamic batch (Dim max 256)
   cnn.pt2                a seeded CNN on [B, 1, 8, 8] -> 10, dynamic batch (max 256)
+  multi.pt2              an MLP returning a dict {"logits": [B, 10], "embedding": [B, 32]}
   mlp_cuda.pt2           mlp.pt2 with its device metadata rewritten to "cuda"
                          (this machine has no GPU, so no real CUDA package can be
                          compiled here; the worker refuses a package by that
@@ -21,8 +22,9 @@ Writes into OUT_DIR (a marker file, written last, records a complete build):
   corrupt.pt2            the first half of mlp.pt2's bytes
   out3d.pt               TorchScript 64 -> [B, 2, 8] (an output argmax must refuse)
   reference.json         {model: {id: {"argmax": int, "scores": [10 floats]}}} for
-                         mlp.pt2 and cnn.pt2 run by torch._inductor.aoti_load_package,
-                         and mlp.pt run by TorchScript
+                         mlp.pt2, cnn.pt2 and multi.pt2 (its logits) run by
+                         torch._inductor.aoti_load_package, and mlp.pt run by TorchScript;
+                         "multi.pt2:embedding" holds multi.pt2's embeddings as "scores"
 """
 
 import json
@@ -32,7 +34,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-VERSION = "1"
+VERSION = "2"
 MAX_BATCH = 256
 FILES = 3
 
@@ -108,6 +110,17 @@ def main() -> None:
         def forward(self, x):
             return self.fc(x).view(x.shape[0], 2, 8)
 
+    class Multi(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU())
+            self.head = torch.nn.Linear(32, 10)
+
+        def forward(self, x):
+            embedding = self.body(x)
+            return {"logits": self.head(embedding), "embedding": embedding}
+
+    multi = Multi().eval()
     torch.jit.script(mlp).save(str(out / "mlp.pt"))
     torch.jit.script(Out3d().eval()).save(str(out / "out3d.pt"))
     export_package(mlp, torch.randn(64, 64), out / "mlp.pt2")
@@ -115,6 +128,7 @@ def main() -> None:
     # the example's size (an example of 8 compiles a package that takes at
     # most 15), so the example is a batch as the jobs give it.
     export_package(cnn, torch.randn(64, 1, 8, 8), out / "cnn.pt2")
+    export_package(multi, torch.randn(64, 64), out / "multi.pt2")
     rewrite_device(out / "mlp.pt2", out / "mlp_cuda.pt2", "cuda")
     data = (out / "mlp.pt2").read_bytes()
     (out / "corrupt.pt2").write_bytes(data[: len(data) // 2])
@@ -126,6 +140,10 @@ def main() -> None:
             runner = torch._inductor.aoti_load_package(str(out / name))
             chunks = [runner(c.reshape(shape)) for c in torch.split(x, MAX_BATCH)]
             reference[name] = torch.cat(chunks).numpy()
+        runner = torch._inductor.aoti_load_package(str(out / "multi.pt2"))
+        chunks = [runner(c) for c in torch.split(x, MAX_BATCH)]
+        reference["multi.pt2"] = torch.cat([c["logits"] for c in chunks]).numpy()
+        reference["multi.pt2:embedding"] = torch.cat([c["embedding"] for c in chunks]).numpy()
         reference["mlp.pt"] = torch.jit.load(str(out / "mlp.pt"))(x).numpy()
     (out / "reference.json").write_text(json.dumps({
         name: {

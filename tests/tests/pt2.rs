@@ -55,6 +55,16 @@ fn run_job(
     mode: &[&str],
     tag: &str,
 ) -> HashMap<String, Vec<Prediction>> {
+    committed_rows(&run_manifest(env, spec, mode, tag))
+}
+
+/// Runs a spec as [`run_job`] does; returns the job's manifest.
+fn run_manifest(
+    env: &TestEnv,
+    spec: &str,
+    mode: &[&str],
+    tag: &str,
+) -> stoke_core::records::Manifest {
     let path = env.write_spec(&format!("{tag}.toml"), spec);
     let root = env.uri(&format!("state-{tag}"));
     let mut args = vec!["run", path.as_str()];
@@ -70,7 +80,7 @@ fn run_job(
     let job_id = summary_field(&stdout, "job").expect("job id");
     let manifest = env.manifest_in(&root, &job_id);
     assert_eq!(manifest.records_in, RECORDS as u64, "{tag}");
-    committed_rows(&manifest)
+    manifest
 }
 
 /// Runs a spec with `stoke run --embedded` where it must fail; returns
@@ -273,4 +283,46 @@ fn a_worker_killed_mid_job_on_a_package_leaves_every_record_exactly_once() {
     coordinator.wait_success(&job_id);
     let rows = committed_rows(&env.manifest(&job_id));
     pt2::assert_matches(&rows, name, 1e-5);
+}
+
+#[test]
+fn a_dict_output_maps_to_columns_by_name() {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Float32Type, Int64Type};
+
+    let env = TestEnv::new(Backend::File);
+    let (data, model) = staged(&env);
+    let spec = pt2::spec("pytorch", &data, &model("multi.pt2"), "", "").replace(
+        "outputs = [\"argmax\", \"scores\"]",
+        "outputs = [\"argmax\", \"logits\", \"embedding\"]",
+    );
+    let manifest = run_manifest(&env, &spec, &["--embedded"], "multi");
+    let logits = pt2::reference("multi.pt2");
+    let embeddings = pt2::reference("multi.pt2:embedding");
+    let mut seen = 0;
+    for batch in output_batches(&manifest) {
+        let names: Vec<_> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(names, ["id", "prediction", "logits", "embedding"]);
+        let ids = batch.column(0).as_string::<i32>();
+        let pred = batch.column(1).as_primitive::<Int64Type>();
+        for i in 0..batch.num_rows() {
+            let id = ids.value(i);
+            assert_eq!(pred.value(i), logits[id].argmax, "prediction for {id}");
+            for (column, want) in [(2, &logits[id].scores), (3, &embeddings[id].scores)] {
+                let got = batch.column(column).as_fixed_size_list().value(i);
+                let got = got.as_primitive::<Float32Type>().values();
+                assert_eq!(got.len(), want.len(), "{id}: {}", names[column]);
+                for (a, b) in got.iter().zip(want) {
+                    assert!((a - b).abs() <= 1e-5, "{id}: {}: {a} vs {b}", names[column]);
+                }
+            }
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, RECORDS);
 }

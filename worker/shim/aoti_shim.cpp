@@ -185,6 +185,8 @@ int stoke_aoti_run(StokeAoti* handle, at::Tensor* const* inputs,
     std::vector<at::Tensor> in;
     in.reserve(n_inputs);
     for (size_t i = 0; i < n_inputs; ++i) in.push_back(*inputs[i]);
+    // A null stream: on CUDA the runner takes the device's current stream
+    // (AOTIModelContainerRunnerCuda::run_impl), the one tch works on.
     // boxed_run takes the vector's references (not the caller's tensors),
     // so the runner can free each input as soon as it is used.
     std::vector<at::Tensor> result = loader->boxed_run(std::move(in));
