@@ -335,6 +335,64 @@ static bool _check_aoti_runtime_check_inputs_env() {
         assert_eq!(output_names(single), vec!["output0"]);
     }
 
+    /// A zip archive with these entries, as torch writes its files.
+    fn archive(entries: &[(&str, &str)]) -> Vec<u8> {
+        use std::io::Write;
+        let mut out = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        for (name, text) in entries {
+            let options = zip::write::FileOptions::default()
+                .compression_method(zip::CompressionMethod::Stored);
+            out.start_file(*name, options).expect("entry");
+            out.write_all(text.as_bytes()).expect("write");
+        }
+        out.finish().expect("zip").into_inner()
+    }
+
+    #[test]
+    fn formats_are_told_apart_by_their_entries_not_their_names() {
+        let script = archive(&[
+            ("model/data.pkl", "."),
+            ("model/code/__torch__.py", "def forward(self, x): ..."),
+            ("model/version", "3"),
+        ]);
+        assert_eq!(detect(&script), Ok(ModelFormat::TorchScript));
+
+        let package = archive(&[
+            ("model/archive_format", "pt2"),
+            ("model/data/aotinductor/model/abc.wrapper.cpp", CHECK),
+            ("model/data/aotinductor/model/abc.wrapper.so", "\x7fELF"),
+        ]);
+        let ModelFormat::Pt2 {
+            inputs: Some(inputs),
+        } = detect(&package).expect("pt2")
+        else {
+            panic!("no input specs read");
+        };
+        assert_eq!(inputs[0].shape_text(), "[2..=1024, 4]");
+
+        // A package without its wrapper source still loads, unchecked.
+        let bare = archive(&[
+            ("model/archive_format", "pt2"),
+            ("model/data/aotinductor/model/abc.wrapper.so", "\x7fELF"),
+        ]);
+        assert_eq!(detect(&bare), Ok(ModelFormat::Pt2 { inputs: None }));
+
+        let exported = archive(&[
+            ("model/archive_format", "pt2"),
+            ("model/models/model.json", "{}"),
+        ]);
+        let e = detect(&exported).expect_err("no AOTInductor model");
+        assert!(e.contains("aoti_compile_and_package"), "{e}");
+
+        let other = archive(&[("readme.txt", "hello")]);
+        let e = detect(&other).expect_err("neither");
+        assert!(
+            e.contains("neither a TorchScript file nor a .pt2 package"),
+            "{e}"
+        );
+        assert!(e.contains("readme.txt"), "{e}");
+    }
+
     #[test]
     fn non_zip_bytes_are_named_as_such() {
         let e = detect(b"definitely not a model").expect_err("not a zip");
