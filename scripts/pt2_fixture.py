@@ -9,10 +9,12 @@ content: a changed script builds a fresh folder, an unchanged one is reused.
 
 Writes into OUT_DIR (a marker file, written last, records a complete build):
   digits/part-N.parquet  sklearn's 1,797 digits in 3 files (row groups of 100):
-                         id (string "d-00000"), pixels (fixed_size_list<float32, 64>)
+                         id (string "d-00000"), pixels (fixed_size_list<float32, 64>),
+                         mirror (the same pixels, each row reversed)
   mlp.pt, mlp.pt2        a seeded MLP 64 -> 32 -> 10, as TorchScript and as a
                          package exported with a dynamic batch (Dim max 256)
   cnn.pt2                a seeded CNN on [B, 1, 8, 8] -> 10, dynamic batch (max 256)
+  two.pt2                a model of two inputs (pixels, mirror) -> [B, 10]
   multi.pt2              an MLP returning a dict {"logits": [B, 10], "embedding": [B, 32]}
   mlp_cuda.pt2           mlp.pt2 with its device metadata rewritten to "cuda"
                          (this machine has no GPU, so no real CUDA package can be
@@ -22,7 +24,7 @@ Writes into OUT_DIR (a marker file, written last, records a complete build):
   corrupt.pt2            the first half of mlp.pt2's bytes
   out3d.pt               TorchScript 64 -> [B, 2, 8] (an output argmax must refuse)
   reference.json         {model: {id: {"argmax": int, "scores": [10 floats]}}} for
-                         mlp.pt2, cnn.pt2 and multi.pt2 (its logits) run by
+                         mlp.pt2, cnn.pt2, two.pt2 and multi.pt2 (its logits) run by
                          torch._inductor.aoti_load_package, and mlp.pt run by TorchScript;
                          "multi.pt2:embedding" holds multi.pt2's embeddings as "scores"
 """
@@ -34,18 +36,22 @@ import sys
 import zipfile
 from pathlib import Path
 
-VERSION = "2"
+VERSION = "3"
 MAX_BATCH = 256
 FILES = 3
 
 
 def export_package(model, example, path: Path) -> None:
-    """torch.export with a dynamic batch, then AOTInductor, as the README shows."""
+    """torch.export with a dynamic batch, then AOTInductor, as the README shows.
+    `example`: one input, or a tuple of inputs that share the batch."""
     import torch
     from torch.export import Dim
 
     batch = Dim("batch", min=1, max=MAX_BATCH)
-    program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+    inputs = example if isinstance(example, tuple) else (example,)
+    program = torch.export.export(
+        model, inputs, dynamic_shapes=tuple({0: batch} for _ in inputs)
+    )
     torch._inductor.aoti_compile_and_package(
         program,
         package_path=str(path),
@@ -88,6 +94,9 @@ def main() -> None:
         table = pa.table({
             "id": pa.array([ids[i] for i in rows], pa.string()),
             "pixels": pa.FixedSizeListArray.from_arrays(pa.array(images[rows].reshape(-1)), 64),
+            "mirror": pa.FixedSizeListArray.from_arrays(
+                pa.array(np.ascontiguousarray(images[rows][:, ::-1]).reshape(-1)), 64
+            ),
         })
         tmp = out / "digits" / f".part-{f}.tmp"
         pq.write_table(table, tmp, row_group_size=100)
@@ -121,6 +130,17 @@ def main() -> None:
             return {"logits": self.head(embedding), "embedding": embedding}
 
     multi = Multi().eval()
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(64, 10)
+            self.b = torch.nn.Linear(64, 10)
+
+        def forward(self, x, y):
+            return self.a(x) - self.b(y)
+
+    two = Two().eval()
     torch.jit.script(mlp).save(str(out / "mlp.pt"))
     torch.jit.script(Out3d().eval()).save(str(out / "out3d.pt"))
     export_package(mlp, torch.randn(64, 64), out / "mlp.pt2")
@@ -129,6 +149,7 @@ def main() -> None:
     # most 15), so the example is a batch as the jobs give it.
     export_package(cnn, torch.randn(64, 1, 8, 8), out / "cnn.pt2")
     export_package(multi, torch.randn(64, 64), out / "multi.pt2")
+    export_package(two, (torch.randn(64, 64), torch.randn(64, 64)), out / "two.pt2")
     rewrite_device(out / "mlp.pt2", out / "mlp_cuda.pt2", "cuda")
     data = (out / "mlp.pt2").read_bytes()
     (out / "corrupt.pt2").write_bytes(data[: len(data) // 2])
@@ -140,6 +161,11 @@ def main() -> None:
             runner = torch._inductor.aoti_load_package(str(out / name))
             chunks = [runner(c.reshape(shape)) for c in torch.split(x, MAX_BATCH)]
             reference[name] = torch.cat(chunks).numpy()
+        runner = torch._inductor.aoti_load_package(str(out / "two.pt2"))
+        mirror = torch.from_numpy(np.ascontiguousarray(images[:, ::-1]))
+        reference["two.pt2"] = torch.cat([
+            runner(a, b) for a, b in zip(torch.split(x, MAX_BATCH), torch.split(mirror, MAX_BATCH))
+        ]).numpy()
         runner = torch._inductor.aoti_load_package(str(out / "multi.pt2"))
         chunks = [runner(c) for c in torch.split(x, MAX_BATCH)]
         reference["multi.pt2"] = torch.cat([c["logits"] for c in chunks]).numpy()

@@ -335,3 +335,24 @@ fn a_dict_output_maps_to_columns_by_name() {
     }
     assert_eq!(seen, RECORDS);
 }
+
+#[test]
+fn a_package_of_two_inputs_takes_a_list_of_input_columns() {
+    let env = TestEnv::new(Backend::File);
+    let (data, model) = staged(&env);
+    let two = model("two.pt2");
+    let spec = pt2::spec("pytorch", &data, &two, "", "").replace(
+        "input_column = \"pixels\"",
+        "input_column = [\"pixels\", \"mirror\"]",
+    );
+    let rows = run_job(&env, &spec, &["--embedded"], "two");
+    pt2::assert_matches(&rows, "two.pt2", 1e-5);
+
+    // One column for a package of two inputs: refused before any batch.
+    let one = pt2::spec("pytorch", &data, &two, "", "");
+    let out = failing_run(&env, &one, "two-one-column", "cpu");
+    assert!(
+        out.contains("the .pt2 package takes 2 inputs, the job gives 1 (the input column)"),
+        "{out}"
+    );
+}

@@ -7,7 +7,8 @@
 //!
 //! Params:
 //! - `model` (required): URI of the model file;
-//! - `input_column` (required): a numeric list column (or scalar);
+//! - `input_column` (required): a numeric list column (or scalar), or a
+//!   list of columns: one model input each, in that order;
 //! - `input_shape` (optional): per-record shape to reshape to, e.g. `[1, 8, 8]`;
 //! - `outputs` (optional, default `["argmax"]`): any of `argmax` (int64
 //!   column `prediction`) and `scores` (the model's output, float32 list
@@ -48,6 +49,14 @@ pub const ALIAS: &str = "torchscript";
 /// the torch that compiled the package.
 pub const TORCH_VERSION_KEY: &str = "torch_version";
 
+/// `input_column`: one column, or a list of columns (one input each).
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum InputColumns {
+    One(String),
+    Many(Vec<String>),
+}
+
 /// What one requested output column is.
 #[derive(Debug, Clone, PartialEq)]
 enum OutputColumn {
@@ -82,7 +91,10 @@ struct Pt2Model {
 pub struct PyTorchProcessor {
     model: Model,
     model_uri: String,
+    /// The first (or only) input column.
     input_column: String,
+    /// Every input column, one model input each.
+    input_columns: Vec<String>,
     input_shape: Option<Vec<i64>>,
     pad_value: Option<f64>,
     pass_lengths: bool,
@@ -93,7 +105,13 @@ pub struct PyTorchProcessor {
 impl TorchBatchProcessor for PyTorchProcessor {
     fn new(ctx: &mut ProcessorContext) -> ProcessorResult<Self> {
         let model_uri: String = ctx.required_param("model")?;
-        let input_column: String = ctx.required_param("input_column")?;
+        let input_columns = match ctx.required_param::<InputColumns>("input_column")? {
+            InputColumns::One(column) => vec![column],
+            InputColumns::Many(columns) => columns,
+        };
+        let Some(input_column) = input_columns.first().cloned() else {
+            return Err("param `input_column` must name at least one column".into());
+        };
         let input_shape: Option<Vec<i64>> = ctx.param("input_shape")?;
         let requested: Vec<String> = ctx
             .param("outputs")?
@@ -111,6 +129,11 @@ impl TorchBatchProcessor for PyTorchProcessor {
         }
         if pad_value.is_some() && input_shape.is_some() {
             return Err("params `pad_value` and `input_shape` do not go together".into());
+        }
+        if input_columns.len() > 1 && (pad_value.is_some() || input_shape.is_some()) {
+            return Err(
+                "params `pad_value` and `input_shape` take one `input_column`, not a list".into(),
+            );
         }
         let bytes = match ctx.fetch(&model_uri) {
             Ok(bytes) => bytes,
@@ -132,6 +155,7 @@ impl TorchBatchProcessor for PyTorchProcessor {
             }
             ModelFormat::Pt2 { inputs } => {
                 let job = JobInputs {
+                    columns: input_columns.len(),
                     input_shape: input_shape.as_deref(),
                     padded: pad_value.is_some(),
                     pass_lengths,
@@ -165,6 +189,7 @@ impl TorchBatchProcessor for PyTorchProcessor {
             model,
             model_uri,
             input_column,
+            input_columns,
             input_shape,
             pad_value,
             pass_lengths,
@@ -192,6 +217,11 @@ impl TorchBatchProcessor for PyTorchProcessor {
                 }
                 inputs
             }
+            None if self.input_columns.len() > 1 => self
+                .input_columns
+                .iter()
+                .map(|c| batch.tensor(c))
+                .collect::<Result<_, _>>()?,
             None => {
                 let mut input = batch.tensor(&self.input_column)?;
                 if let Some(shape) = &self.input_shape {
@@ -251,6 +281,8 @@ impl TorchBatchProcessor for PyTorchProcessor {
 /// What the job feeds the model, for checking a package before the first
 /// batch.
 struct JobInputs<'a> {
+    /// Input columns, one model input each.
+    columns: usize,
     input_shape: Option<&'a [i64]>,
     padded: bool,
     pass_lengths: bool,
@@ -380,12 +412,14 @@ fn missing_cpu_feature(isa: &str) -> Option<String> {
 
 /// The package's inputs against what the job will feed it.
 fn check_job(uri: &str, specs: &[InputSpec], job: &JobInputs<'_>) -> ProcessorResult<()> {
-    let given = if job.pass_lengths { 2 } else { 1 };
+    let given = job.columns + usize::from(job.pass_lengths);
     if specs.len() != given {
         let what = if job.pass_lengths {
-            "2 (the input column and its lengths, with `pass_lengths`)"
+            "2 (the input column and its lengths, with `pass_lengths`)".to_string()
+        } else if job.columns == 1 {
+            "1 (the input column)".to_string()
         } else {
-            "1 (the input column)"
+            format!("{} (the input columns)", job.columns)
         };
         return Err(format!(
             "model {uri}: the .pt2 package takes {} inputs, the job gives {what}",
@@ -479,35 +513,37 @@ fn fill_rows(t: &Tensor, rows: i64) -> Result<Tensor, tch::TchError> {
 impl PyTorchProcessor {
     /// Records whose input has the wrong shape (or is null) go to the job's
     /// error policy. The expected width is `input_shape`'s size when given,
-    /// else the most common width in the batch.
+    /// else the most common width of the column in the batch.
     fn drop_bad_records(&self, batch: Batch, ctx: &mut ProcessorContext) -> ProcessorResult<Batch> {
-        let widths = batch.row_widths(&self.input_column)?;
-        let expected = match &self.input_shape {
-            Some(shape) => Some(shape.iter().product::<i64>().max(0) as usize),
-            None => most_common(&widths),
-        };
         // Ragged input is padded: only null records are bad.
         let ragged = self.pad_value.is_some();
-        if widths
-            .iter()
-            .all(|w| w.is_some() && (ragged || *w == expected))
-        {
+        let mut reasons: Vec<Option<String>> = vec![None; batch.len()];
+        for column in &self.input_columns {
+            let widths = batch.row_widths(column)?;
+            let expected = match &self.input_shape {
+                Some(shape) => Some(shape.iter().product::<i64>().max(0) as usize),
+                None => most_common(&widths),
+            };
+            for (i, width) in widths.iter().enumerate() {
+                if reasons[i].is_some() || (width.is_some() && (ragged || *width == expected)) {
+                    continue;
+                }
+                reasons[i] = Some(match (width, expected) {
+                    (None, _) => format!("`{column}` is null"),
+                    (Some(w), Some(e)) => format!("`{column}` has {w} values, expected {e}"),
+                    (Some(w), None) => format!("`{column}` has {w} values"),
+                });
+            }
+        }
+        if reasons.iter().all(Option::is_none) {
             return Ok(batch);
         }
-        let mut keep = Vec::with_capacity(widths.len());
-        for (i, width) in widths.iter().enumerate() {
-            let ok = width.is_some() && (ragged || *width == expected);
-            if !ok {
-                let reason = match (width, expected) {
-                    (None, _) => format!("`{}` is null", self.input_column),
-                    (Some(w), Some(e)) => {
-                        format!("`{}` has {w} values, expected {e}", self.input_column)
-                    }
-                    (Some(w), None) => format!("`{}` has {w} values", self.input_column),
-                };
-                ctx.skip_record(batch.ids().value(i), reason)?;
+        let mut keep = Vec::with_capacity(reasons.len());
+        for (i, reason) in reasons.into_iter().enumerate() {
+            if let Some(reason) = &reason {
+                ctx.skip_record(batch.ids().value(i), reason.clone())?;
             }
-            keep.push(ok);
+            keep.push(reason.is_none());
         }
         Ok(batch.retain(&keep)?)
     }
@@ -638,6 +674,7 @@ mod tests {
 
     fn job(input_shape: Option<&[i64]>, batch_size: i64) -> JobInputs<'_> {
         JobInputs {
+            columns: 1,
             input_shape,
             padded: false,
             pass_lengths: false,
