@@ -27,6 +27,7 @@ ORDER = [
     ("stoke-local-1", "(e) stoke run --local 1 --device cpu,cpu --threads 1 (2 processors in 1 worker)"),
     ("stoke-local-1-t2", "(e) stoke run --local 1 --threads 2 (1 processor, 2 threads)"),
     ("stoke-local-2", "(e) stoke run --local 2 --threads 1 (per worker)"),
+    ("stoke-local-2-pt2", "(f) as (e) --local 2, the model as a .pt2 package (AOTInductor)"),
 ]
 
 
@@ -85,6 +86,15 @@ def w1_section(bench_dir):
             f"| - | - | - | {inner_rate} | {job_cells} | - |"
         )
     out.append("")
+    if med.get("stoke-local-2") and med.get("stoke-local-2-pt2"):
+        ts_job, pt2_job = job_rate(by["stoke-local-2"]), job_rate(by["stoke-local-2-pt2"])
+        job_ratio = f"{pt2_job / ts_job:.2f}x" if ts_job and pt2_job else "n/a"
+        out += [
+            f"The model as a .pt2 package vs as TorchScript (f) / (e) --local 2: "
+            f"{med['stoke-local-2-pt2'] / med['stoke-local-2']:.2f}x records/s (median, whole "
+            f"command), {job_ratio} in the job phase.",
+            "",
+        ]
     out.append(
         "records/s excl. start-up: (b) from after its imports; (c) from after ray.init "
         "(ray.init itself: median "

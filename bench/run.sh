@@ -6,6 +6,8 @@
 #                          #   (c) Ray Data, (d) stoke embedded, (e) stoke --local 1/2
 #   bench/run.sh scale     # only the coordinator scale benchmark
 #   bench/run.sh ragged    # only the ragged workload (fixed batches vs a budget)
+#   bench/run.sh pt2       # W1 with --local 2, the model as TorchScript vs as a
+#                          #   .pt2 package (AOTInductor), interleaved
 #   bench/run.sh s3        # W1 with --local 2 on file:// vs the local S3 server,
 #                          #   and store requests per checkpoint (a counting proxy)
 #
@@ -23,9 +25,9 @@ set -euo pipefail
 
 what="${1:-all}"
 case "$what" in
-  all | w1 | scale | ragged | s3) ;;
+  all | w1 | scale | ragged | s3 | pt2) ;;
   *)
-    echo "usage: bench/run.sh [all|w1|scale|ragged|s3]" >&2
+    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2]" >&2
     exit 2
     ;;
 esac
@@ -112,7 +114,7 @@ run_one() {
   # everything it links, for the Python contenders and for stoke alike) in
   # the page cache: this VM gives back cache memory quickly, and a cold
   # read would land on whichever contender comes first in a round.
-  cat "$W1"/data/*.parquet "$W1/model.pt" "${WARM_LIBS[@]}" >/dev/null
+  cat "$W1"/data/*.parquet "$W1"/model.pt* "${WARM_LIBS[@]}" >/dev/null
   "$BPY" "$BENCH_SRC/measure.py" --json "$logs/measure.json" \
     --stdout "$logs/stdout.log" --stderr "$logs/stderr.log" -- "$@" || true
   local record=("$BPY" "$BENCH_SRC/record.py" --results "$RESULTS" --contender "$name"
@@ -169,18 +171,51 @@ contender() {
       run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
         "$BIN/stoke" run "$SPEC" --local 2 --device cpu --threads 1 --root "$work/root"
       ;;
+    stoke-local-2-pt2)
+      # The same job with W1's model exported as a .pt2 package.
+      run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
+        "$BIN/stoke" run "$SPEC_PT2" --local 2 --device cpu --threads 1 --root "$work/root"
+      ;;
   esac
   # Outputs are checked; only the logs are kept.
   rm -rf "$work"
 }
 
-run_w1() {
+# W1's data, its model both ways, and a spec for each.
+prepare_w1() {
   W1="$BENCH_DIR/w1"
   SPEC="$W1/job.toml"
+  SPEC_PT2="$W1/job-pt2.toml"
   RESULTS="$BENCH_DIR/w1-results.jsonl"
   log "generating W1 (if missing) in $W1"
   "$BPY" "$BENCH_SRC/w1_data.py" "$W1"
+  "$BPY" "$BENCH_SRC/w1_pt2.py" "$W1"
   sed "s|@W1_DIR@|$W1|g" "$BENCH_SRC/w1.toml" >"$SPEC"
+  sed -e 's|^name = "torchscript"|name = "pytorch"|' -e 's|/model.pt"|/model.pt2"|' "$SPEC" >"$SPEC_PT2"
+}
+
+# Runs contenders interleaved, rotating the order every round so drift
+# (thermal, page cache) falls on every contender alike.
+run_rounds() {
+  local contenders=("$@")
+  local n=${#contenders[@]}
+  for round in $(seq 1 "$RUNS"); do
+    log "W1 round $round of $RUNS"
+    for i in $(seq 0 $((n - 1))); do
+      contender "${contenders[$(((i + round - 1) % n))]}" "$round"
+    done
+  done
+}
+
+run_pt2() {
+  prepare_w1
+  rm -f "$RESULTS"
+  echo "not run (bench/run.sh pt2)." >"$BENCH_DIR/ray-status.txt"
+  run_rounds stoke-local-2 stoke-local-2-pt2
+}
+
+run_w1() {
+  prepare_w1
   rm -f "$RESULTS" "$BENCH_DIR/ray-status.txt"
   local contenders=(floor python)
   if [ "${BENCH_RAY:-1}" = 0 ]; then
@@ -192,16 +227,8 @@ run_w1() {
   else
     contenders+=(ray-c1 ray-c2)
   fi
-  contenders+=(stoke-embedded stoke-local-1 stoke-local-1-t2 stoke-local-2)
-  local n=${#contenders[@]}
-  for round in $(seq 1 "$RUNS"); do
-    log "W1 round $round of $RUNS"
-    # Rotate the order every round so drift (thermal, page cache) falls on
-    # every contender alike.
-    for i in $(seq 0 $((n - 1))); do
-      contender "${contenders[$(((i + round - 1) % n))]}" "$round"
-    done
-  done
+  contenders+=(stoke-embedded stoke-local-1 stoke-local-1-t2 stoke-local-2 stoke-local-2-pt2)
+  run_rounds "${contenders[@]}"
 }
 
 run_scale() {
@@ -216,7 +243,13 @@ run_scale() {
   rm -rf "$BENCH_DIR/scale"
 }
 
-bench_venv
+if [ "$what" = pt2 ]; then
+  # Only stoke runs here: the stoke venv has all the Python this needs
+  # (torch to export the model, pyarrow to check outputs).
+  BENCH_VENV="$STOKE_VENV"
+else
+  bench_venv
+fi
 BPY="$BENCH_VENV/bin/python"
 BIN="$CARGO_TARGET_DIR/release"
 build
@@ -237,6 +270,10 @@ case "$what" in
   scale)
     rm -f "$BENCH_DIR/w1-results.jsonl"
     run_scale
+    ;;
+  pt2)
+    rm -f "$BENCH_DIR/scale-results.txt"
+    run_pt2
     ;;
   ragged)
     "$BENCH_SRC/ragged.sh"

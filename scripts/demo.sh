@@ -3,7 +3,8 @@
 # storage, a local coordinator and 2 worker processes on this machine).
 #
 # Classifies the 1,797 handwritten digits that ship inside scikit-learn with a
-# small model trained here and saved as TorchScript, then checks the
+# small model trained here and exported as a .pt2 package (torch.export +
+# AOTInductor; a TorchScript copy is kept too), then checks the
 # committed outputs against the labels and prints the accuracy.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"

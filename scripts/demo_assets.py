@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Build the stoke demo's inputs: digits Parquet data, a TorchScript model, a job spec.
+"""Build the stoke demo's inputs: digits Parquet data, the model as a .pt2 package (and as
+TorchScript), a job spec.
 
 Usage: demo_assets.py OUT_DIR
 
@@ -8,7 +9,11 @@ Writes, under OUT_DIR:
                                            row groups of 128 rows; columns
                                            id (string), pixels (fixed_size_list<float32,64>,
                                            values in [0,1]), label (int64)
-  model.pt                                 TorchScript MLP 64 -> 128 -> 10: float32 [B,64] -> logits [B,10]
+  model.pt2                                the MLP 64 -> 128 -> 10 exported with torch.export (dynamic
+                                           batch up to 1024) and compiled by AOTInductor: float32
+                                           [B,64] -> logits [B,10]; what the job runs
+  model.pt                                 the same model as TorchScript (the `torchscript` alias
+                                           runs it the same way)
   test_ids.txt                             the held-out ids (not used for training), one per line
   digits.toml                              the job spec, with absolute file:// URIs
 
@@ -23,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-ASSETS_VERSION = "stoke-demo-assets v1"
+ASSETS_VERSION = "stoke-demo-assets v2"
 MARKER = ".stoke-demo-assets"
 NUM_FILES = 4
 ROW_GROUP_SIZE = 128
@@ -41,7 +46,7 @@ def usage() -> None:
 
 def outputs(out: Path) -> list:
     files = [out / "digits" / f"part-{i}.parquet" for i in range(NUM_FILES)]
-    return files + [out / "model.pt", out / "test_ids.txt", out / "digits.toml"]
+    return files + [out / "model.pt", out / "model.pt2", out / "test_ids.txt", out / "digits.toml"]
 
 
 def marker_text(out: Path) -> str:
@@ -148,14 +153,30 @@ def train(images, labels):
     with torch.no_grad():
         pred = model(x[test_idx]).argmax(dim=1)
         acc = (pred == y[test_idx]).float().mean().item()
-    return torch.jit.script(model), sorted(test_idx.tolist()), acc
+    return model, sorted(test_idx.tolist()), acc
+
+
+def export_pt2(model, path: Path) -> None:
+    """torch.export with a dynamic batch, then AOTInductor (about a minute on a small CPU)."""
+    import torch
+    from torch.export import Dim
+
+    program = torch.export.export(
+        model, (torch.randn(64, 64),), dynamic_shapes=({0: Dim("batch", min=1, max=1024)},)
+    )
+    torch._inductor.aoti_compile_and_package(
+        program,
+        package_path=str(path),
+        # The worker refuses a package compiled by another torch than its libtorch.
+        inductor_configs={"aot_inductor.metadata": {"torch_version": torch.__version__}},
+    )
 
 
 def write_spec(out: Path) -> None:
     # Path.as_uri() percent-encodes characters that need it; json.dumps gives a valid
     # TOML basic string (quotes and backslashes escaped).
     digits_uri = (out / "digits").as_uri() + "/"
-    model_uri = (out / "model.pt").as_uri()
+    model_uri = (out / "model.pt2").as_uri()
     spec = f"""name = "digits"
 
 [dataset]
@@ -164,7 +185,7 @@ uri = {json.dumps(digits_uri)}
 id_column = "id"
 
 [processor]
-name = "torchscript"
+name = "pytorch"
 
 [processor.params]
 model = {json.dumps(model_uri)}
@@ -205,8 +226,17 @@ def main() -> None:
     images, labels = digits.images, digits.target
     write_parquet(out, images, labels)
 
-    scripted, test_idx, acc = train(images, labels)
+    model, test_idx, acc = train(images, labels)
+    scripted = torch.jit.script(model)
     replace_atomically(out / "model.pt", lambda tmp: scripted.save(str(tmp)))
+    # aoti_compile_and_package checks the path's suffix: the temporary name ends in .pt2.
+    tmp_pt2 = out / f".model-{os.getpid()}.pt2"
+    try:
+        export_pt2(model, tmp_pt2)
+        os.replace(tmp_pt2, out / "model.pt2")
+    finally:
+        if tmp_pt2.exists():
+            tmp_pt2.unlink()
     test_ids = "".join(f"digit-{i:05d}\n" for i in test_idx)
     replace_atomically(out / "test_ids.txt", lambda tmp: tmp.write_text(test_ids))
     write_spec(out)

@@ -4,11 +4,104 @@
 // directly: its CUDA kernels register themselves when it loads, and the
 // linker's --as-needed would otherwise drop it, leaving a binary that never
 // sees a GPU (tch-rs issue #980).
+//
+// Also compile the AOTInductor shim (shim/aoti_shim.cpp, used by
+// src/aoti.rs) against the same libtorch headers torch-sys compiles its
+// own C++ against, with the same C++ ABI setting.
+use std::path::PathBuf;
+use std::process::Command;
+
 fn main() {
-    if let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
+    let lib_dir = std::env::var("DEP_TCH_LIBTORCH_LIB").ok();
+    if let Some(dir) = &lib_dir {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
-        if std::path::Path::new(&dir).join("libtorch_cuda.so").exists() {
+        if std::path::Path::new(dir).join("libtorch_cuda.so").exists() {
             println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
         }
     }
+    compile_shim(lib_dir.as_deref());
+}
+
+/// What torch-sys's build asks Python for under LIBTORCH_USE_PYTORCH.
+const PYTHON_TORCH_DETAILS: &str = r"
+import torch
+from torch.utils import cpp_extension
+print('LIBTORCH_CXX11:', torch._C._GLIBCXX_USE_CXX11_ABI)
+for include_path in cpp_extension.include_paths():
+  print('LIBTORCH_INCLUDE:', include_path)
+";
+
+fn compile_shim(lib_dir: Option<&str>) {
+    println!("cargo:rerun-if-changed=shim/aoti_shim.cpp");
+    for var in [
+        "LIBTORCH_USE_PYTORCH",
+        "LIBTORCH",
+        "LIBTORCH_INCLUDE",
+        "LIBTORCH_CXX11_ABI",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    let (includes, cxx11_abi) = if std::env::var_os("LIBTORCH_USE_PYTORCH").is_some() {
+        from_python()
+    } else {
+        // A libtorch folder (LIBTORCH, or the one torch-sys found): its
+        // headers sit next to its lib folder.
+        let root = std::env::var("LIBTORCH_INCLUDE")
+            .or_else(|_| std::env::var("LIBTORCH"))
+            .map(PathBuf::from)
+            .ok()
+            .or_else(|| lib_dir.and_then(|d| PathBuf::from(d).parent().map(PathBuf::from)))
+            .expect("no libtorch found for the AOTInductor shim: set LIBTORCH_USE_PYTORCH=1 (as scripts/env.sh does) or LIBTORCH");
+        (
+            vec![
+                root.join("include"),
+                root.join("include/torch/csrc/api/include"),
+            ],
+            std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_string()),
+        )
+    };
+    cc::Build::new()
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .includes(&includes)
+        .flag("-std=c++17")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
+        .flag("-DGLOG_USE_GLOG_EXPORT")
+        .file("shim/aoti_shim.cpp")
+        .compile("stoke_aoti_shim");
+}
+
+fn from_python() -> (Vec<PathBuf>, String) {
+    // The same interpreter torch-sys runs: the venv's when one is active.
+    let python = if std::env::var_os("VIRTUAL_ENV").is_some() {
+        "python"
+    } else {
+        "python3"
+    };
+    let output = Command::new(python)
+        .arg("-c")
+        .arg(PYTHON_TORCH_DETAILS)
+        .output()
+        .unwrap_or_else(|e| panic!("running {python} for libtorch's include folders: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut includes = Vec::new();
+    let mut abi = None;
+    for line in stdout.lines() {
+        if let Some(path) = line.strip_prefix("LIBTORCH_INCLUDE: ") {
+            includes.push(PathBuf::from(path));
+        }
+        match line.strip_prefix("LIBTORCH_CXX11: ") {
+            Some("True") => abi = Some("1".to_string()),
+            Some("False") => abi = Some("0".to_string()),
+            _ => {}
+        }
+    }
+    let abi = abi.unwrap_or_else(|| {
+        panic!(
+            "{python} did not report torch's C++ ABI: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (includes, abi)
 }

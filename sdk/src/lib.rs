@@ -26,6 +26,7 @@ pub use stoke_core::spec::{JobSpec, OutputFormat};
 pub use stoke_core::{StoreUri, Stores};
 pub use stoke_worker::block_stop_signals_at_start;
 pub use stoke_worker::cli::worker_main;
+pub use stoke_worker::pytorch::PyTorchProcessor;
 pub use stoke_worker::torchscript::TorchScriptProcessor;
 pub use stoke_worker::{
     Batch, BoxError, Collate, Collated, Loader, ProcessorContext, ProcessorResult, Registry,

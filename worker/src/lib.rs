@@ -1,6 +1,8 @@
 //! stoke's worker: the lease loop, the data pipeline (read -> processor
 //! thread -> committer), the processor lifecycle, checkpoint upload, and the
-//! built-in `torchscript` processor.
+//! built-in `pytorch` processor (TorchScript files and AOTInductor `.pt2`
+//! packages; alias `torchscript`). `aoti` is the workspace's one module
+//! with `unsafe` code: the FFI to the AOTInductor shim (`shim/`).
 //!
 //! Main types: [`TorchBatchProcessor`] (the user's logic),
 //! [`ProcessorContext`], [`Batch`], [`Registry`] (processors by name),
@@ -10,14 +12,17 @@
 //! Tested by unit tests here (reading, batching, encoding) and by the
 //! process tests in `stoke-tests`.
 
+pub mod aoti;
 pub mod batch;
 pub mod cli;
 pub mod config;
 pub mod context;
 pub mod error;
 pub mod link;
+pub mod model_format;
 mod pipeline;
 pub mod processor;
+pub mod pytorch;
 pub mod runner;
 mod session;
 pub mod signals;

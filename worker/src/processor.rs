@@ -154,10 +154,12 @@ impl Registry {
         Self::default()
     }
 
-    /// The stock worker's processors: `torchscript`.
+    /// The stock worker's processors: `pytorch` (TorchScript files and
+    /// `.pt2` packages) and its alias `torchscript`.
     pub fn with_builtins() -> Self {
         let mut r = Self::new();
-        r.register::<crate::torchscript::TorchScriptProcessor>(crate::torchscript::NAME);
+        r.register::<crate::pytorch::PyTorchProcessor>(crate::pytorch::NAME);
+        r.register::<crate::pytorch::PyTorchProcessor>(crate::pytorch::ALIAS);
         r
     }
 

@@ -1,0 +1,138 @@
+//! The `.pt2` (AOTInductor) fixture: digits data, an MLP and a CNN
+//! exported with a dynamic batch and compiled into packages, their
+//! TorchScript twins, broken packages, and every model's outputs computed
+//! in Python (`torch._inductor.aoti_load_package`).
+//!
+//! Compiling a package takes about a minute, so the fixture lives in
+//! `~/.cache/stoke/pt2-fixture-<hash>`, keyed by the content of
+//! `scripts/pt2_fixture.py`: built once per machine and script version,
+//! under a file lock so test processes running side by side build it once.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::{Prediction, python, repo_root};
+
+/// Records in the digits data.
+pub const RECORDS: usize = 1797;
+
+/// The fixture folder, built if needed.
+pub fn fixture() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let script = repo_root().join("scripts/pt2_fixture.py");
+        let source = std::fs::read(&script).expect("scripts/pt2_fixture.py");
+        let hash = stoke_core::sha256_hex(&source);
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default();
+        let cache = home.join(".cache/stoke");
+        std::fs::create_dir_all(&cache).expect("~/.cache/stoke");
+        let dir = cache.join(format!("pt2-fixture-{}", &hash[..16]));
+        let lock = File::create(cache.join("pt2-fixture.lock")).expect("lock file");
+        lock.lock().expect("locking the pt2 fixture");
+        let status = Command::new(python())
+            .arg(&script)
+            .arg(&dir)
+            .status()
+            .expect("running scripts/pt2_fixture.py");
+        assert!(status.success(), "scripts/pt2_fixture.py failed");
+        drop(lock);
+        dir
+    })
+}
+
+/// Each model's outputs, computed in Python, by model file name
+/// (`mlp.pt2`, `cnn.pt2`, `mlp.pt`) and record id.
+pub fn reference(model: &str) -> &'static HashMap<String, Prediction> {
+    static REF: OnceLock<HashMap<String, HashMap<String, Prediction>>> = OnceLock::new();
+    let all = REF.get_or_init(|| {
+        let text =
+            std::fs::read_to_string(fixture().join("reference.json")).expect("pt2 reference.json");
+        let raw: HashMap<String, HashMap<String, serde_json::Value>> =
+            serde_json::from_str(&text).expect("reference json");
+        raw.into_iter()
+            .map(|(model, rows)| {
+                let rows = rows
+                    .into_iter()
+                    .map(|(id, v)| {
+                        let argmax = v["argmax"].as_i64().expect("argmax");
+                        let scores = v["scores"]
+                            .as_array()
+                            .expect("scores")
+                            .iter()
+                            .map(|x| x.as_f64().expect("score") as f32)
+                            .collect();
+                        (id, Prediction { argmax, scores })
+                    })
+                    .collect();
+                (model, rows)
+            })
+            .collect()
+    });
+    all.get(model)
+        .unwrap_or_else(|| panic!("no reference for {model}"))
+}
+
+/// A job spec over the digits data at `data` (a folder URI) with the
+/// model at `model` (a URI); `params` and `extra` add processor params and
+/// top-level sections.
+pub fn spec(processor: &str, data: &str, model: &str, params: &str, extra: &str) -> String {
+    format!(
+        r#"name = "pt2"
+max_attempts = 2
+{extra}
+[dataset]
+format = "parquet"
+uri = "{data}/"
+id_column = "id"
+[processor]
+name = "{processor}"
+[processor.params]
+model = "{model}"
+input_column = "pixels"
+outputs = ["argmax", "scores"]
+{params}
+[batching]
+batch_size = 64
+[checkpoint]
+interval = 2
+[sharding]
+records = 300
+"#
+    )
+}
+
+/// Checks that every record appears exactly once and equals `model`'s
+/// Python outputs within `tolerance`.
+pub fn assert_matches(rows: &HashMap<String, Vec<Prediction>>, model: &str, tolerance: f32) {
+    let reference = reference(model);
+    assert_eq!(reference.len(), RECORDS);
+    let dup: Vec<_> = rows.iter().filter(|(_, v)| v.len() > 1).take(5).collect();
+    assert!(dup.is_empty(), "records written more than once: {dup:?}");
+    let missing: Vec<_> = reference
+        .keys()
+        .filter(|id| !rows.contains_key(*id))
+        .take(5)
+        .collect();
+    assert!(missing.is_empty(), "records missing, e.g. {missing:?}");
+    assert_eq!(rows.len(), RECORDS, "outputs for unknown ids");
+    for (id, want) in reference {
+        let got = &rows[id][0];
+        assert_eq!(got.argmax, want.argmax, "{model}: prediction for {id}");
+        assert_eq!(
+            got.scores.len(),
+            want.scores.len(),
+            "{model}: scores for {id}"
+        );
+        for (a, b) in got.scores.iter().zip(&want.scores) {
+            assert!(
+                (a - b).abs() <= tolerance,
+                "{model}: score for {id}: {a} vs {b}"
+            );
+        }
+    }
+}
