@@ -2,10 +2,13 @@
 //! link libtorch: `run --local` starts `stoke-worker` processes, and
 //! `run --embedded` hands the process over to `stoke-embedded`.
 
+#[cfg(test)]
+mod display_tests;
+mod fleet;
+mod outputs;
 mod watch;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -16,7 +19,6 @@ use stoke_coordinator::CoordinatorConfig;
 use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::JobSpec;
 use stoke_core::{StoreUri, Stores};
-use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -46,11 +48,12 @@ enum Cmd {
         /// A job id of your choice; submitting again with it is safe.
         #[arg(long)]
         job_id: Option<String>,
-        /// Wait for the job to end, printing progress.
+        /// Wait for the job to end, printing progress (the same as --watch).
         #[arg(long)]
         wait: bool,
         /// Follow the job until it ends: a live progress bar on a terminal
-        /// (records/s, ETA, shards), plain progress lines otherwise.
+        /// (records/s, ETA, shards), plain progress lines otherwise, both on
+        /// stderr; the summary at the end goes to stdout.
         #[arg(long)]
         watch: bool,
         /// Print the job as JSON (as `status --json` does): when submitted,
@@ -85,6 +88,14 @@ enum Cmd {
         /// Most skipped records to list.
         #[arg(long, default_value_t = 1000)]
         limit: u32,
+    },
+    /// The output objects a job has committed so far, with their record
+    /// counts: all of them once it succeeded, and exactly what counts after
+    /// a cancel or a failure (its folder may also hold uncommitted attempts).
+    Outputs {
+        job: String,
+        #[arg(long)]
+        json: bool,
     },
     /// Pause a job: workers checkpoint and release its shards; it waits.
     Pause {
@@ -149,22 +160,25 @@ mod exit {
 fn main() {
     let cli = Cli::parse();
     stoke_core::logging::init_logging(stoke_core::logging::LogFormat::Text, "warn");
-    let code = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")
-        .and_then(|runtime| runtime.block_on(dispatch(cli)))
-    {
+    let code = match run_cli(cli) {
         Ok(code) => code,
         Err(e) => {
-            // The message and its causes, never a backtrace: these are the
-            // user's errors (a spec, an address), not the program's.
-            eprintln!("stoke: {e:#}");
+            // The message and its causes, never a backtrace (unless
+            // STOKE_DEBUG): a user's mistake is not a bug.
+            stoke_core::logging::print_fatal("stoke", &*e, &e);
             error_exit_code(&e)
         }
     };
     std::process::exit(code);
+}
+
+fn run_cli(cli: Cli) -> anyhow::Result<i32> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(dispatch(cli))
 }
 
 /// The exit code for a command that failed with `e`.
@@ -177,6 +191,7 @@ fn error_exit_code(e: &anyhow::Error) -> i32 {
             }
             return match client {
                 ClientError::Address { .. }
+                | ClientError::NotGrpc { .. }
                 | ClientError::Rpc {
                     code:
                         tonic::Code::InvalidArgument
@@ -231,11 +246,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             let client = Client::connect(&cli.coordinator).await?;
             if watch {
                 let job = watch::watch(&client, &job, watch::POLL).await?;
-                print_job(&job, json);
+                print_status(&job, json);
                 return Ok(exit_code(&job));
             }
             // A job that could be read is a success, whatever its state.
-            print_job(&client.get_job(&job).await?, json);
+            print_status(&client.get_job(&job).await?, json);
             Ok(exit::OK)
         }
         Cmd::Jobs { json } => {
@@ -245,19 +260,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 let all: Vec<_> = jobs.iter().map(job_json).collect();
                 println!("{}", serde_json::Value::Array(all));
             } else {
-                println!(
-                    "{:<28} {:<10} {:>13} {:>21}",
-                    "JOB", "STATE", "SHARDS", "RECORDS"
-                );
-                for j in &jobs {
-                    println!(
-                        "{:<28} {:<10} {:>13} {:>21}",
-                        j.job_id,
-                        j.state,
-                        format!("{}/{}", j.shards_done, j.shards_total),
-                        format!("{}/{}", j.records_done, total(j)),
-                    );
-                }
+                print!("{}", jobs_table(&jobs));
             }
             Ok(0)
         }
@@ -331,6 +334,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 }
             }
             Ok(0)
+        }
+        Cmd::Outputs { job, json } => {
+            let client = Client::connect(&cli.coordinator).await?;
+            outputs::print(&client, &job, json).await
         }
         Cmd::Pause { job, reason } => {
             let client = Client::connect(&cli.coordinator).await?;
@@ -436,6 +443,8 @@ struct LocalRun {
 impl LocalRun {
     async fn run(self, spec: JobSpec, root: StoreUri) -> anyhow::Result<i32> {
         let worker_bin = match &self.worker_bin {
+            // Checked before a job is submitted that no worker could run.
+            Some(p) if !p.is_file() => bail!("--worker-bin {}: no such file", p.display()),
             Some(p) => p.clone(),
             None => sibling_binary("stoke-worker")?,
         };
@@ -446,15 +455,34 @@ impl LocalRun {
         let shutdown = CancellationToken::new();
         let mut config = CoordinatorConfig::new(root.clone());
         config.lease_timeout = self.lease_timeout;
-        let coordinator = tokio::spawn(stoke_coordinator::run(
+        let mut coordinator = tokio::spawn(stoke_coordinator::run(
             listener,
             config,
             Stores::from_env()?,
             shutdown.clone(),
         ));
-        let result = self
-            .drive(spec, &worker_bin, &format!("http://{addr}"))
-            .await;
+        // One failure, one message: when the coordinator cannot start (a
+        // cloud root without credentials), its error is the run's, not
+        // the connection errors it causes here.
+        let coordinator_addr = format!("http://{addr}");
+        let drive = self.drive(spec, &worker_bin, &coordinator_addr);
+        let (result, ended) = tokio::select! {
+            ended = &mut coordinator => (Err(coordinator_stopped(ended)), true),
+            result = drive => (result, false),
+        };
+        if ended {
+            return result;
+        }
+        if result.is_err() {
+            // The coordinator may be failing at this very moment, and be
+            // the cause of what `drive` saw.
+            if let Ok(ended) =
+                tokio::time::timeout(Duration::from_millis(300), &mut coordinator).await
+                && !matches!(ended, Ok(Ok(())))
+            {
+                return Err(coordinator_stopped(ended));
+            }
+        }
         shutdown.cancel();
         match coordinator.await {
             Ok(Ok(())) => {}
@@ -468,57 +496,130 @@ impl LocalRun {
         let client = connect_with_retry(addr).await?;
         let job = client.submit(&spec, self.job_id.as_deref()).await?;
         eprintln!(
-            "job {}: {} shards, {} records; starting {} workers",
+            "job {}: {} shards, {} records; starting {} worker{}",
             job.job_id,
             job.shards_total,
             total(&job),
-            self.workers
+            self.workers,
+            if self.workers == 1 { "" } else { "s" }
         );
+        if let Some(note) = idle_workers_note(&spec, &job, self.workers) {
+            eprintln!("{note}");
+        }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         // Each worker runs one processor per entry of the device list.
         let processors = self.workers * self.device.split(',').count();
         let threads = self.threads.unwrap_or((cores / processors).max(1));
-        let mut children: Vec<Child> = Vec::with_capacity(self.workers);
-        for i in 0..self.workers {
-            let mut cmd = std::process::Command::new(worker_bin);
-            openmp_wait(&mut cmd);
-            let child = Command::from(cmd)
-                .arg("--coordinator")
-                .arg(addr)
-                .arg("--worker-id")
-                .arg(format!("local-{i}"))
-                .arg("--device")
-                .arg(&self.device)
-                .arg("--threads")
-                .arg(threads.to_string())
-                .arg("--exit-when-idle")
-                .env(
-                    "RUST_LOG",
-                    std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_string()),
-                )
-                .stdin(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .with_context(|| format!("starting worker {}", worker_bin.display()))?;
-            children.push(child);
-        }
+        let command = fleet::WorkerCommand {
+            bin: worker_bin.to_path_buf(),
+            coordinator: addr.to_string(),
+            device: self.device.clone(),
+            threads,
+        };
+        let mut workers = fleet::Fleet::start(command, self.workers, fleet::Progress::of(&job))?;
         let started = Instant::now();
         // Polled often: the job's end is seen within 50 ms.
-        let job = watch::watch(&client, &job.job_id, Duration::from_millis(50)).await?;
-        for child in &mut children {
-            match tokio::time::timeout(Duration::from_secs(60), child.wait()).await {
-                Ok(Ok(status)) if !status.success() => eprintln!("a worker exited with {status}"),
-                Ok(_) => {}
-                Err(_) => {
-                    eprintln!("a worker did not exit within 60s; stopping it");
-                    let _ = child.kill().await;
+        let watched = watch::watch(&client, &job.job_id, Duration::from_millis(50));
+        tokio::pin!(watched);
+        // Watch the workers while following the job: a fleet that cannot
+        // make progress stops the run instead of leaving it waiting.
+        let job = loop {
+            tokio::select! {
+                job = &mut watched => break job?,
+                exited = workers.next_exit() => {
+                    let now = client.get_job(&job.job_id).await?;
+                    if let fleet::Next::Stop(why) = workers.on_exit(exited, &now)? {
+                        return stop_run(&client, &now, &why).await;
+                    }
                 }
             }
-        }
+        };
+        workers.finish(Duration::from_secs(60)).await;
         print_summary(&job);
         eprintln!("took {:.1}s", started.elapsed().as_secs_f64());
         Ok(exit_code(&job))
     }
+}
+
+/// Ends a local run whose workers are all gone. A job that never moved is
+/// cancelled, naming why (nothing to resume, and a later run on this root
+/// must not pick it up); one with committed progress is left as it is, so
+/// running again with its id resumes it.
+async fn stop_run(client: &Client, job: &JobInfo, why: &str) -> anyhow::Result<i32> {
+    if fleet::Progress::of(job).is_none() {
+        let reason = format!("stoke run --local: {why}");
+        let job = client.cancel(&job.job_id, &reason).await?;
+        eprintln!("stopping: {why}; job {} is {}", job.job_id, job.state);
+        print_summary(&job);
+    } else {
+        eprintln!(
+            "stopping: {why}; job {} keeps its committed progress ({} records): run again with --job-id {} to resume it",
+            job.job_id, job.records_done, job.job_id
+        );
+        print_summary(job);
+    }
+    Ok(1)
+}
+
+/// The error of a coordinator task that ended while the run needed it.
+fn coordinator_stopped(
+    ended: Result<stoke_coordinator::Result<()>, tokio::task::JoinError>,
+) -> anyhow::Error {
+    match ended {
+        Ok(Ok(())) => anyhow::anyhow!("the local coordinator stopped unexpectedly"),
+        Ok(Err(e)) => e.into(),
+        Err(e) => anyhow::anyhow!("the local coordinator failed: {e}"),
+    }
+}
+
+/// When the job has fewer shards than `run --local` starts workers, some
+/// will idle: say so, and how to cut more shards.
+fn idle_workers_note(spec: &JobSpec, job: &JobInfo, workers: usize) -> Option<String> {
+    let shards = job.shards_total;
+    let workers = workers as u64;
+    if shards >= workers {
+        return None;
+    }
+    let idle = workers - shards;
+    let plural = |n: u64, word: &str| {
+        if n == 1 {
+            format!("{n} {word}")
+        } else {
+            format!("{n} {word}s")
+        }
+    };
+    let how = match spec.dataset.format {
+        stoke_core::spec::DatasetFormat::Jsonl => format!(
+            "set [sharding] bytes below {} to cut more shards",
+            spec.sharding.bytes
+        ),
+        format => {
+            let per_worker = job
+                .records_total
+                .map(|total| total.div_ceil(workers).max(1))
+                .filter(|n| *n < spec.sharding.records);
+            let target = match per_worker {
+                Some(n) => format!(
+                    "set [sharding] records = {n} (now {})",
+                    spec.sharding.records
+                ),
+                None => format!("set [sharding] records below {}", spec.sharding.records),
+            };
+            if format == stoke_core::spec::DatasetFormat::Parquet {
+                format!(
+                    "{target} to cut more shards (Parquet shards hold whole row groups: a file with one row group is one shard)"
+                )
+            } else {
+                format!("{target} to cut more shards")
+            }
+        }
+    };
+    Some(format!(
+        "note: the job has {} for {}, so {} will idle; {how}",
+        plural(shards, "shard"),
+        plural(workers, "worker"),
+        plural(idle, "worker"),
+    ))
 }
 
 /// A binary installed next to this one (cargo puts all of a workspace's
@@ -529,10 +630,12 @@ fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
     if path.exists() {
         Ok(path)
     } else {
-        bail!(
-            "no {name} next to {} (build it with `cargo build -p stoke-worker`, or pass --worker-bin)",
-            exe.display()
-        )
+        let how = if name == "stoke-embedded" {
+            "build it with `cargo build -p stoke`"
+        } else {
+            "build it with `cargo build -p stoke-worker`, or pass --worker-bin"
+        };
+        bail!("no {name} next to {} ({how})", exe.display())
     }
 }
 
@@ -566,6 +669,86 @@ fn print_job(job: &JobInfo, json: bool) {
     } else {
         print_summary(job);
     }
+}
+
+/// `stoke status`: the job, and while it runs its pace.
+fn print_status(job: &JobInfo, json: bool) {
+    print_job(job, json);
+    if !json {
+        print!("{}", progress_line(job));
+    }
+}
+
+/// `stoke jobs`: one line per job, columns as wide as their longest
+/// value (job ids grow with their names).
+fn jobs_table(jobs: &[JobInfo]) -> String {
+    let rows: Vec<[String; 4]> = jobs
+        .iter()
+        .map(|j| {
+            [
+                j.job_id.clone(),
+                j.state.to_string(),
+                format!("{}/{}", j.shards_done, j.shards_total),
+                format!("{}/{}", j.records_done, total(j)),
+            ]
+        })
+        .collect();
+    columns(
+        &["JOB", "STATE", "SHARDS", "RECORDS"],
+        &[false, false, true, true],
+        &rows,
+    )
+}
+
+/// A table: a header and rows, each column as wide as its widest cell,
+/// numbers (`right`) aligned right; the last column is not padded.
+fn columns<const N: usize>(header: &[&str; N], right: &[bool; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header = header.map(str::to_string);
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            let pad = widths[i].saturating_sub(cell.chars().count());
+            if right[i] {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+            } else if i + 1 < N {
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad));
+            } else {
+                line.push_str(cell);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Plain `stoke status`: the job's pace, as the coordinator measures it
+/// (records/s over its recent samples, and the time left at that rate).
+fn progress_line(job: &JobInfo) -> String {
+    if job.state != JobState::Running {
+        return String::new();
+    }
+    let rate = job
+        .records_per_s
+        .map_or("? records/s (not measured yet)".to_string(), |r| {
+            format!("{r:.0} records/s")
+        });
+    let eta = job.eta().map_or("?".to_string(), |d| {
+        humantime::format_duration(Duration::from_secs(d.as_secs_f64().ceil() as u64)).to_string()
+    });
+    format!("rate: {rate}, ETA {eta}\n")
 }
 
 fn job_json(job: &JobInfo) -> serde_json::Value {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use stoke_core::PROTOCOL_VERSION;
-use stoke_core::records::{JobErrors, JobInfo, WorkerInfo};
+use stoke_core::records::{JobErrors, JobInfo, ManifestEntry, WorkerInfo};
 use stoke_core::security::{AuthChannel, ClientSecurity, Role};
 use stoke_core::spec::JobSpec;
 use stoke_proto::v1 as pb;
@@ -15,6 +15,8 @@ use crate::error::ClientError;
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: JobServiceClient<AuthChannel>,
+    /// The address as given, for errors that name it.
+    addr: String,
 }
 
 /// An error with its causes ("transport error: invalid peer certificate:
@@ -79,6 +81,7 @@ impl Client {
             })?;
         Ok(Self {
             inner: JobServiceClient::with_interceptor(channel, interceptor),
+            addr: uri,
         })
     }
 
@@ -111,7 +114,7 @@ impl Client {
             .clone()
             .submit(req)
             .await
-            .map_err(|s| ClientError::rpc("submit", s))?;
+            .map_err(|s| ClientError::rpc("submit", &self.addr, s))?;
         info("submit", resp.into_inner().job)
     }
 
@@ -123,7 +126,7 @@ impl Client {
                 job_id: job_id.to_string(),
             })
             .await
-            .map_err(|s| ClientError::rpc("get job", s))?;
+            .map_err(|s| ClientError::rpc("get job", &self.addr, s))?;
         info("get job", Some(resp.into_inner()))
     }
 
@@ -134,7 +137,7 @@ impl Client {
             .clone()
             .list_workers(pb::ListWorkersRequest {})
             .await
-            .map_err(|s| ClientError::rpc("list workers", s))?;
+            .map_err(|s| ClientError::rpc("list workers", &self.addr, s))?;
         Ok(resp
             .into_inner()
             .workers
@@ -158,8 +161,27 @@ impl Client {
                 max_skipped,
             })
             .await
-            .map_err(|s| ClientError::rpc("get job errors", s))?;
+            .map_err(|s| ClientError::rpc("get job errors", &self.addr, s))?;
         Ok(resp.into_inner().into())
+    }
+
+    /// The output objects a job has committed so far (shard order, then
+    /// commit order); all of them once it succeeded.
+    pub async fn job_outputs(&self, job_id: &str) -> Result<Vec<ManifestEntry>, ClientError> {
+        let resp = self
+            .inner
+            .clone()
+            .get_job_outputs(pb::GetJobOutputsRequest {
+                job_id: job_id.to_string(),
+            })
+            .await
+            .map_err(|s| ClientError::rpc("get job outputs", &self.addr, s))?;
+        Ok(resp
+            .into_inner()
+            .outputs
+            .into_iter()
+            .map(Into::into)
+            .collect())
     }
 
     pub async fn list_jobs(&self) -> Result<Vec<JobInfo>, ClientError> {
@@ -168,7 +190,7 @@ impl Client {
             .clone()
             .list_jobs(pb::ListJobsRequest {})
             .await
-            .map_err(|s| ClientError::rpc("list jobs", s))?;
+            .map_err(|s| ClientError::rpc("list jobs", &self.addr, s))?;
         resp.into_inner()
             .jobs
             .into_iter()
@@ -185,7 +207,7 @@ impl Client {
                 reason: reason.to_string(),
             })
             .await
-            .map_err(|s| ClientError::rpc("cancel", s))?;
+            .map_err(|s| ClientError::rpc("cancel", &self.addr, s))?;
         info("cancel", Some(resp.into_inner()))
     }
 
@@ -199,7 +221,7 @@ impl Client {
                 reason: reason.to_string(),
             })
             .await
-            .map_err(|s| ClientError::rpc("pause", s))?;
+            .map_err(|s| ClientError::rpc("pause", &self.addr, s))?;
         info("pause", Some(resp.into_inner()))
     }
 
@@ -212,7 +234,7 @@ impl Client {
                 job_id: job_id.to_string(),
             })
             .await
-            .map_err(|s| ClientError::rpc("resume", s))?;
+            .map_err(|s| ClientError::rpc("resume", &self.addr, s))?;
         info("resume", Some(resp.into_inner()))
     }
 

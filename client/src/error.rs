@@ -9,7 +9,10 @@ pub enum ClientError {
     /// Nothing answered at the address (refused, timed out, TLS failed).
     #[error("coordinator {addr}: {message}")]
     Unreachable { addr: String, message: String },
-    #[error("{call}: {code}: {message}")]
+    /// The coordinator answered with an error. When it refused what was
+    /// asked (a bad spec, an unknown job), its message says it all; for
+    /// other codes (unavailable, unauthenticated, ...) the code is named.
+    #[error("{call}: {}{message}", code_words(*code))]
     Rpc {
         call: &'static str,
         code: tonic::Code,
@@ -17,10 +20,29 @@ pub enum ClientError {
     },
     #[error("{call}: malformed answer: {message}")]
     Reply { call: &'static str, message: String },
+    /// The address answered, but not as a gRPC server (most likely the
+    /// coordinator's HTTP port); `message` names the address and the slip.
+    #[error("{call}: {message}")]
+    NotGrpc { call: &'static str, message: String },
+}
+
+/// `"<code>: "`, or nothing for codes whose message already tells the user
+/// what they got wrong.
+fn code_words(code: tonic::Code) -> String {
+    use tonic::Code;
+    match code {
+        Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::FailedPrecondition => {
+            String::new()
+        }
+        other => format!("{other}: "),
+    }
 }
 
 impl ClientError {
-    pub(crate) fn rpc(call: &'static str, status: tonic::Status) -> Self {
+    pub(crate) fn rpc(call: &'static str, addr: &str, status: tonic::Status) -> Self {
+        if let Some(message) = stoke_core::hints::http_port_hint(addr, status.message()) {
+            return Self::NotGrpc { call, message };
+        }
         Self::Rpc {
             call,
             code: status.code(),

@@ -120,6 +120,9 @@ impl From<CoordinatorError> for Status {
             Plan(PlanError::Store { ref source, .. }) if source.is_transient() => {
                 Status::unavailable(msg)
             }
+            Plan(PlanError::Param {
+                transient: true, ..
+            }) => Status::unavailable(msg),
             Plan(_) => Status::invalid_argument(msg),
             JobNotFound { .. } | ShardNotFound { .. } | UnknownSession { .. } => {
                 Status::not_found(msg)

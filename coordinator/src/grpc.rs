@@ -128,6 +128,20 @@ impl JobService for JobApi {
         Ok(Response::new(errors.into()))
     }
 
+    async fn get_job_outputs(
+        &self,
+        req: Request<pb::GetJobOutputsRequest>,
+    ) -> Result<Response<pb::GetJobOutputsResponse>, Status> {
+        let req = req.into_inner();
+        if req.job_id.is_empty() {
+            return Err(Status::invalid_argument("missing field `job_id`"));
+        }
+        let outputs = self.handle.job_outputs(&req.job_id).await?;
+        Ok(Response::new(pb::GetJobOutputsResponse {
+            outputs: outputs.into_iter().map(Into::into).collect(),
+        }))
+    }
+
     async fn cancel(
         &self,
         req: Request<pb::CancelRequest>,

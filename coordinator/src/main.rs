@@ -206,7 +206,15 @@ fn write_addr(path: &std::path::Path, addr: std::net::SocketAddr) -> std::io::Re
     std::fs::rename(&tmp, path).map_err(named)
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    if let Err(e) = run() {
+        // The message and its causes; the debug form only with STOKE_DEBUG.
+        stoke_core::logging::print_fatal("stoke-coordinator", &*e, &e);
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.check_config {
         check_config(&args);

@@ -14,7 +14,7 @@ use stoke_core::lease::{
     AcquireOutcome, Commit, Heartbeat, Registration, Release, SessionEvent, SessionGrant,
 };
 use stoke_core::plan::plan_dataset;
-use stoke_core::records::{JobErrors, JobInfo, SkippedRecord};
+use stoke_core::records::{JobErrors, JobInfo, ManifestEntry, SkippedRecord};
 use stoke_core::spec::JobSpec;
 use stoke_core::{StoreError, StoreUri, Stores};
 use tokio::sync::{mpsc, oneshot};
@@ -57,6 +57,10 @@ enum Command {
     JobErrors {
         job_id: String,
         reply: Reply<ErrorSources>,
+    },
+    JobOutputs {
+        job_id: String,
+        reply: Reply<Vec<ManifestEntry>>,
     },
     Cancel {
         job_id: String,
@@ -336,6 +340,9 @@ async fn apply(state: &mut State, cmd: Command) {
         Command::JobErrors { job_id, reply } => {
             let _ = reply.send(state.job_errors(&job_id));
         }
+        Command::JobOutputs { job_id, reply } => {
+            let _ = reply.send(state.job_outputs(&job_id));
+        }
         Command::Cancel {
             job_id,
             reason,
@@ -501,6 +508,13 @@ impl Handle {
             skipped,
             skipped_total,
         })
+    }
+
+    /// The output objects a job has committed so far (`stoke outputs`).
+    pub async fn job_outputs(&self, job_id: &str) -> Result<Vec<ManifestEntry>> {
+        let job_id = job_id.to_string();
+        self.call(|reply| Command::JobOutputs { job_id, reply })
+            .await
     }
 
     pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<JobInfo> {

@@ -23,17 +23,34 @@ const MIN_SPACING: Duration = Duration::from_millis(500);
 const MIN_SPAN: Duration = Duration::from_secs(1);
 /// At most this many samples per job (30 s at one sample per 0.5 s).
 const MAX_SAMPLES: usize = 64;
+/// How far back a resumed job's window is seeded with its rate from
+/// before the pause.
+const RESUME_SEED: Duration = Duration::from_secs(10);
 
 /// (when, records committed by then) samples of one job, over the last
 /// [`RATE_WINDOW`].
 #[derive(Debug, Clone, Default)]
 pub struct RateWindow {
     samples: VecDeque<(Instant, u64)>,
+    /// The rate when the job stopped running (paused), to start from when
+    /// it runs again.
+    before_pause: Option<f64>,
 }
 
 impl RateWindow {
     /// Adds a sample taken at `now` and forgets those older than the window.
     pub fn record(&mut self, now: Instant, records: u64) {
+        if let Some(rate) = self.before_pause.take()
+            && self.samples.is_empty()
+            && let Some(seed_at) = now.checked_sub(RESUME_SEED)
+        {
+            // Resumed: as if it had gone on at its old rate until now, so
+            // the rate is known at once (not `null` for the first seconds)
+            // and the real samples take over as the window slides.
+            let before = (rate * RESUME_SEED.as_secs_f64()) as u64;
+            self.samples
+                .push_back((seed_at, records.saturating_sub(before)));
+        }
         if self.samples.back().is_some_and(|&(_, last)| records < last) {
             // Fewer records than before: not the same count any more.
             self.samples.clear();
@@ -60,8 +77,12 @@ impl RateWindow {
         }
     }
 
-    /// Forgets every sample (the job stopped running).
+    /// Forgets every sample (the job stopped running), keeping the rate it
+    /// had for when it runs again.
     pub fn clear(&mut self) {
+        if let Some(rate) = self.rate() {
+            self.before_pause = Some(rate);
+        }
         self.samples.clear();
     }
 
@@ -217,6 +238,33 @@ mod tests {
         assert_eq!(w.rate(), None);
         w.record(at(t0, 8_000), 30);
         assert_eq!(w.rate(), Some(10.0));
+    }
+
+    #[test]
+    fn a_resumed_job_has_a_rate_at_once() {
+        let t0 = Instant::now();
+        let mut w = RateWindow::default();
+        for i in 0..=10u64 {
+            w.record(at(t0, i * 1_000), i * 100);
+        }
+        assert_eq!(w.rate(), Some(100.0));
+        // Paused: cleared on every tick; no rate while paused.
+        w.clear();
+        w.clear();
+        assert_eq!(w.rate(), None);
+        // Resumed 20 s later: the first sample already gives a rate, the
+        // one from before the pause.
+        w.record(at(t0, 30_000), 1_000);
+        assert_eq!(w.rate(), Some(100.0));
+        // Then the real samples count: nothing committed for 5 s lowers it.
+        w.record(at(t0, 35_000), 1_000);
+        let rate = w.rate().expect("rate");
+        assert!((rate - 1_000.0 / 15.0).abs() < 1e-9, "{rate}");
+        // A job never sampled before has no rate from one sample.
+        let mut fresh = RateWindow::default();
+        fresh.clear();
+        fresh.record(t0, 0);
+        assert_eq!(fresh.rate(), None);
     }
 
     #[test]

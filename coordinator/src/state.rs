@@ -332,13 +332,23 @@ impl Job {
             shards_done: self.totals.shards_done,
             shards_leased,
             records_done: self.totals.records,
-            records_total: self.plan.records_total,
+            // Not counted up front (a large JSON Lines dataset): known once
+            // every shard is committed, as the manifest counts it.
+            records_total: self
+                .plan
+                .records_total
+                .or_else(|| (self.state == JobState::Succeeded).then_some(self.totals.records)),
             output_uri: self.output.to_string(),
             manifest_uri: self
                 .manifest_written
                 .then(|| self.layout.manifest().to_string()),
             processor: self.spec.processor.name.clone(),
             records_skipped: self.totals.skipped,
+            records_per_s: if self.state == JobState::Running {
+                self.rate.rate()
+            } else {
+                None
+            },
         }
     }
 
@@ -843,6 +853,26 @@ impl State {
             });
         }
         Ok(ErrorSources { shards, objects })
+    }
+
+    /// The output objects a job has committed so far, from its shards'
+    /// progress records: shard order, then commit order.
+    pub fn job_outputs(&self, job_id: &str) -> Result<Vec<ManifestEntry>> {
+        let job = self.job(job_id)?;
+        Ok(job
+            .shards
+            .iter()
+            .zip(&job.plan.shards)
+            .flat_map(|(shard, planned)| {
+                shard.progress.outputs.iter().map(|o| ManifestEntry {
+                    shard_id: planned.id.clone(),
+                    uri: o.uri.clone(),
+                    records: o.records,
+                    bytes: o.bytes,
+                    sha256: o.sha256.clone(),
+                })
+            })
+            .collect())
     }
 
     pub fn list_jobs(&self) -> Vec<JobInfo> {

@@ -519,6 +519,7 @@ mod tests {
                 manifest_uri: None,
                 processor: "torchscript".to_string(),
                 records_skipped: 1,
+                records_per_s: Some(100.0),
             },
             shards: ShardCounts::split(8, 3, 2, 1, 0),
             records_per_s: Some(100.0),

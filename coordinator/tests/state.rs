@@ -1568,3 +1568,53 @@ async fn group_commits_and_snapshots_store_every_acknowledged_commit() {
     assert_eq!(job.state, JobState::Succeeded);
     assert_eq!(job.records_done, SHARDS * SHARD_RECORDS);
 }
+
+/// A job whose plan could not count its records (a JSON Lines dataset too
+/// large to count at submit): its total is known once it succeeded, and
+/// `stoke outputs` lists what it committed so far.
+#[tokio::test(start_paused = true)]
+async fn an_uncounted_job_knows_its_total_once_done_and_lists_its_outputs() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    let spec = spec(20);
+    let mut plan = plan_dataset(&spec, &stores).await.expect("plan");
+    plan.records_total = None;
+    for shard in &mut plan.shards {
+        shard.records = None;
+    }
+    state
+        .create_job("j".to_string(), spec, plan)
+        .await
+        .expect("create job");
+    assert_eq!(state.get_job("j").expect("job").records_total, None);
+    assert!(state.job_outputs("j").expect("outputs").is_empty());
+    let (a, _events) = register(&mut state, "a");
+    let mut committed = Vec::new();
+    for _ in 0..2 {
+        let lease = leased(state.acquire(&a));
+        let commit = last_checkpoint(&a, &lease, 0);
+        for object in &commit.outputs {
+            write_object(&stores, &object.uri).await;
+            committed.push((lease.shard.id.clone(), object.uri.clone()));
+        }
+        state.commit(commit).await.expect("commit");
+        let listed: Vec<(String, String)> = state
+            .job_outputs("j")
+            .expect("outputs")
+            .into_iter()
+            .map(|o| (o.shard_id, o.uri))
+            .collect();
+        assert_eq!(listed, committed);
+        let job = state.get_job("j").expect("job");
+        if job.state == JobState::Running {
+            assert_eq!(job.records_total, None, "unknown until the end");
+        }
+    }
+    let job = state.get_job("j").expect("job");
+    assert_eq!(job.state, JobState::Succeeded);
+    assert_eq!(job.records_total, Some(20));
+    assert!(matches!(
+        state.job_outputs("nope"),
+        Err(CoordinatorError::JobNotFound { .. })
+    ));
+}

@@ -11,7 +11,8 @@ use crate::lease::{
 };
 use crate::plan::{Shard, ShardSource};
 use crate::records::{
-    JobErrors, JobInfo, JobState, OutputObject, ShardErrors, SkippedRecord, WorkerInfo,
+    JobErrors, JobInfo, JobState, ManifestEntry, OutputObject, ShardErrors, SkippedRecord,
+    WorkerInfo,
 };
 use crate::spec::JobSpec;
 
@@ -57,6 +58,7 @@ impl From<JobInfo> for pb::JobInfo {
             manifest_uri: j.manifest_uri.unwrap_or_default(),
             processor: j.processor,
             records_skipped: j.records_skipped,
+            records_per_s: j.records_per_s,
         }
     }
 }
@@ -82,6 +84,7 @@ impl TryFrom<pb::JobInfo> for JobInfo {
             manifest_uri: non_empty(j.manifest_uri),
             processor: j.processor,
             records_skipped: j.records_skipped,
+            records_per_s: j.records_per_s.filter(|r| r.is_finite() && *r >= 0.0),
         })
     }
 }
@@ -158,6 +161,30 @@ impl From<pb::WorkerInfo> for WorkerInfo {
                 .map(|l| (l.job_id, l.shard_id))
                 .collect(),
             stages: w.stages.map(Into::into).unwrap_or_default(),
+        }
+    }
+}
+
+impl From<ManifestEntry> for pb::CommittedOutput {
+    fn from(o: ManifestEntry) -> Self {
+        Self {
+            shard_id: o.shard_id,
+            uri: o.uri,
+            records: o.records,
+            bytes: o.bytes,
+            sha256: o.sha256,
+        }
+    }
+}
+
+impl From<pb::CommittedOutput> for ManifestEntry {
+    fn from(o: pb::CommittedOutput) -> Self {
+        Self {
+            shard_id: o.shard_id,
+            uri: o.uri,
+            records: o.records,
+            bytes: o.bytes,
+            sha256: o.sha256,
         }
     }
 }
@@ -244,10 +271,12 @@ impl From<Shard> for pb::Shard {
                 uri,
                 byte_start,
                 byte_end,
+                first_line,
             } => Source::Jsonl(pb::JsonlShard {
                 uri,
                 byte_start,
                 byte_end,
+                first_line,
             }),
             ShardSource::Files { uris } => Source::Files(pb::FilesShard { uris }),
         };
@@ -277,6 +306,7 @@ impl TryFrom<pb::Shard> for Shard {
                 uri: j.uri,
                 byte_start: j.byte_start,
                 byte_end: j.byte_end,
+                first_line: j.first_line,
             },
             Source::Files(f) => ShardSource::Files { uris: f.uris },
         };
@@ -559,6 +589,50 @@ mod tests {
         };
         let back = Lease::try_from(pb::Lease::from(lease.clone())).expect("convert");
         assert_eq!(back, lease);
+    }
+
+    #[test]
+    fn jsonl_shards_keep_their_first_line_and_jobs_their_rate() {
+        for first_line in [None, Some(0), Some(101)] {
+            let shard = Shard {
+                id: "s00003".into(),
+                records: Some(7),
+                source: ShardSource::Jsonl {
+                    uri: "memory:///d/part-003.jsonl".into(),
+                    byte_start: 10,
+                    byte_end: 99,
+                    first_line,
+                },
+            };
+            let back = Shard::try_from(pb::Shard::from(shard.clone())).expect("convert");
+            assert_eq!(back, shard);
+        }
+        let job = JobInfo {
+            job_id: "j".into(),
+            name: String::new(),
+            state: JobState::Running,
+            reason: None,
+            shards_total: 2,
+            shards_done: 1,
+            shards_leased: 1,
+            records_done: 500,
+            records_total: Some(1_000),
+            output_uri: "memory:///o".into(),
+            manifest_uri: None,
+            processor: "p".into(),
+            records_skipped: 0,
+            records_per_s: Some(250.0),
+        };
+        let back = JobInfo::try_from(pb::JobInfo::from(job.clone())).expect("convert");
+        assert_eq!(back, job);
+        assert_eq!(back.eta(), Some(std::time::Duration::from_secs(2)));
+        let unknown = JobInfo {
+            records_per_s: None,
+            ..job
+        };
+        let back = JobInfo::try_from(pb::JobInfo::from(unknown.clone())).expect("convert");
+        assert_eq!(back.records_per_s, None);
+        assert_eq!(back.eta(), None);
     }
 
     #[test]

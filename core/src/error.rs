@@ -183,6 +183,15 @@ pub enum PlanError {
     },
     #[error("planning dataset {dataset}: {message}")]
     Invalid { dataset: String, message: String },
+    /// An object a processor param names (the built-in runner's `model`)
+    /// is missing or unreadable: said at submit, not after retries.
+    #[error("job spec: processor.params.{param}: {message}")]
+    Param {
+        param: String,
+        message: String,
+        /// The store was failing, not refusing: a later submit may pass.
+        transient: bool,
+    },
 }
 
 /// A wire message that does not convert to a domain value.

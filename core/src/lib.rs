@@ -16,6 +16,7 @@
 
 pub mod conv;
 pub mod error;
+pub mod hints;
 pub mod layout;
 pub mod lease;
 pub mod logging;
@@ -35,10 +36,16 @@ pub use store::{StoreConfig, StoreUri, Stores};
 pub const PROTOCOL_VERSION: u32 = 1;
 
 /// `STOKE_*` variables that the project's own scripts export (cache and
-/// venv locations), not configuration: the binaries' check for unknown
-/// variables passes them over.
-pub const TOOLING_ENV_VARS: [&str; 4] =
-    ["STOKE_CACHE", "STOKE_VENV", "STOKE_BIN_DIR", "STOKE_REPO"];
+/// venv locations), and `STOKE_DEBUG` (errors in full, see
+/// [`logging::DEBUG_VAR`]), not configuration: the binaries' check for
+/// unknown variables passes them over.
+pub const TOOLING_ENV_VARS: [&str; 5] = [
+    "STOKE_CACHE",
+    "STOKE_VENV",
+    "STOKE_BIN_DIR",
+    "STOKE_REPO",
+    logging::DEBUG_VAR,
+];
 
 /// How libtorch's OpenMP threads wait between parallel regions, for every
 /// libtorch process stoke starts. By default libgomp spins for about 3 ms

@@ -44,6 +44,52 @@ pub fn init_logging(format: LogFormat, default_filter: &str) {
     }
 }
 
+/// Set (to anything but `0` or empty) to see an error that ends a process
+/// in full: its debug form, with a backtrace when `RUST_BACKTRACE` asks for
+/// one. Without it, a user sees the message and its causes only.
+pub const DEBUG_VAR: &str = "STOKE_DEBUG";
+
+/// True when [`DEBUG_VAR`] is set.
+pub fn debug_enabled() -> bool {
+    std::env::var_os(DEBUG_VAR).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// How an error that ends a process reads: `program: message: cause: ...`
+/// on one line (a cause whose text the message already holds is not
+/// repeated). Only with `STOKE_DEBUG` the debug form `debug` (with a
+/// backtrace, when `RUST_BACKTRACE` captured one): `RUST_BACKTRACE=1` alone,
+/// common among Rust users, must not turn a typo in a spec into 30 frames.
+/// Panics (real bugs) keep Rust's own report, backtrace included.
+pub fn fatal_message(
+    program: &str,
+    error: &(dyn std::error::Error + 'static),
+    debug: &dyn std::fmt::Debug,
+) -> String {
+    if debug_enabled() {
+        return format!("{program}: {debug:?}");
+    }
+    let mut message = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        cause = c.source();
+    }
+    format!("{program}: {message}")
+}
+
+/// Prints [`fatal_message`] to stderr.
+pub fn print_fatal(
+    program: &str,
+    error: &(dyn std::error::Error + 'static),
+    debug: &dyn std::fmt::Debug,
+) {
+    eprintln!("{}", fatal_message(program, error, debug));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +100,46 @@ mod tests {
         assert_eq!("text".parse::<LogFormat>(), Ok(LogFormat::Text));
         let err = "xml".parse::<LogFormat>().expect_err("unknown format");
         assert!(err.contains("xml"), "{err}");
+    }
+
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "reading job spec job.toml: {}", self.0)
+        }
+    }
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[derive(Debug)]
+    struct Context(Outer);
+    impl std::fmt::Display for Context {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("submitting")
+        }
+    }
+    impl std::error::Error for Context {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_fatal_error_is_its_message_and_causes_once() {
+        // Whatever RUST_BACKTRACE says; STOKE_DEBUG is unset in tests.
+        if debug_enabled() {
+            return;
+        }
+        let e = Context(Outer(std::io::Error::from(std::io::ErrorKind::NotFound)));
+        let text = fatal_message("stoke", &e, &e);
+        assert_eq!(
+            text,
+            "stoke: submitting: reading job spec job.toml: entity not found"
+        );
+        assert!(!text.contains("Context"), "{text}");
     }
 }

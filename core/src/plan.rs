@@ -22,7 +22,8 @@ use crate::store::{Listed, StoreUri, Stores};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     pub shards: Vec<Shard>,
-    /// Total input records when known up front (not for JSON Lines).
+    /// Total input records when known up front (JSON Lines: when the
+    /// objects were small enough to count their lines at plan time).
     pub records_total: Option<u64>,
     /// JSON Lines: the schema inferred at plan time, so every worker decodes
     /// every shard the same way.
@@ -55,6 +56,11 @@ pub enum ShardSource {
         uri: String,
         byte_start: u64,
         byte_end: u64,
+        /// Lines of the object before `byte_start` (blank ones included),
+        /// when counted at plan time: a bad record is then named by file
+        /// and line (`part-003.jsonl:101`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        first_line: Option<u64>,
     },
     /// Whole objects, one record each.
     Files { uris: Vec<String> },
@@ -67,6 +73,7 @@ pub fn shard_id(index: usize) -> String {
 
 /// Plans the spec's dataset.
 pub async fn plan_dataset(spec: &JobSpec, stores: &Stores) -> Result<Plan, PlanError> {
+    check_uri_params(spec, stores).await?;
     let target = spec.sharding.records;
     let d = &spec.dataset;
     match d.format {
@@ -249,8 +256,67 @@ pub fn nominal_cuts(len: u64, target: u64) -> Vec<u64> {
 
 const SCAN_WINDOW: u64 = 64 * 1024;
 
-/// Lines of the first JSON Lines object used to infer the schema.
-const SCHEMA_SAMPLE_LINES: usize = 1000;
+/// Lines (JSON objects) sampled to infer a JSON Lines schema.
+const SCHEMA_SAMPLE_LINES: usize = 10_000;
+/// Bytes sampled from the first object, and from each further one.
+const SCHEMA_SAMPLE_FIRST: u64 = 1 << 20;
+const SCHEMA_SAMPLE_OTHERS: u64 = 256 << 10;
+/// Objects sampled for the schema.
+const SCHEMA_SAMPLE_OBJECTS: usize = 8;
+/// JSON Lines datasets up to this size (all objects together) are read
+/// whole at plan time: their records are counted (the job's total is known
+/// from the start) and each shard knows the line it starts at.
+pub const JSONL_COUNT_BYTES: u64 = 128 << 20;
+
+/// Checks that the objects the processor's params name (the built-in
+/// runner's `model`) exist and can be read, so a typo fails the submit in
+/// milliseconds instead of every attempt after the workers started.
+async fn check_uri_params(spec: &JobSpec, stores: &Stores) -> Result<(), PlanError> {
+    for (param, value) in spec.uri_params() {
+        let fail = |message: String, transient: bool| PlanError::Param {
+            param: param.to_string(),
+            message,
+            transient,
+        };
+        let uri = StoreUri::parse(value).map_err(|e| {
+            fail(
+                format!("{e} (in a spec file, a relative path is relative to the file's folder)"),
+                false,
+            )
+        })?;
+        if let Some(path) = uri.local_path() {
+            // Opened as a worker would: a missing file and one this user
+            // cannot read are told apart.
+            let opened = std::fs::File::open(&path).and_then(|f| f.metadata());
+            match opened {
+                Ok(meta) if meta.is_dir() => {
+                    return Err(fail(format!("{uri} is a folder, not a file"), false));
+                }
+                Ok(meta) if meta.len() == 0 => {
+                    return Err(fail(format!("{uri} is empty"), false));
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(fail(format!("{uri}: not found"), false));
+                }
+                Err(e) => return Err(fail(format!("{uri} cannot be read: {e}"), false)),
+            }
+            continue;
+        }
+        let size = stores
+            .size(&uri)
+            .await
+            .map_err(|e| fail(e.to_string(), e.is_transient()))?;
+        if size == 0 {
+            return Err(fail(format!("{uri} is empty"), false));
+        }
+        stores
+            .get_range(&uri, 0..1)
+            .await
+            .map_err(|e| fail(e.to_string(), e.is_transient()))?;
+    }
+    Ok(())
+}
 
 /// Moves `cut` to the start of the next line: just past the first newline at
 /// or after `cut - 1`. `None` when no newline follows before the end.
@@ -271,6 +337,19 @@ async fn align_to_line(
         from = to;
     }
     Ok(None)
+}
+
+/// [`align_to_line`] on an object already in memory.
+fn align_in(data: &[u8], cut: u64) -> Option<u64> {
+    let from = cut.saturating_sub(1) as usize;
+    let i = data.get(from..)?.iter().position(|&b| b == b'\n')?;
+    let start = (from + i + 1) as u64;
+    (start < data.len() as u64).then_some(start)
+}
+
+/// A line that holds a record: the reader counts records the same way.
+pub fn is_record_line(line: &[u8]) -> bool {
+    !line.iter().all(u8::is_ascii_whitespace)
 }
 
 async fn plan_jsonl(
@@ -296,82 +375,230 @@ async fn plan_jsonl(
         dataset: dataset.to_string(),
         source: Box::new(source),
     };
-    let sample = stores
-        .get_range(&first.uri, 0..first.size.min(1 << 20))
-        .await
-        .map_err(store_err)?;
-    // Infer from the sample's lines that parse as JSON objects: a bad
-    // record (handled by the job's error policy later) or the line the
-    // sample cuts through must not break planning.
-    let mut good = Vec::new();
-    let mut lines = 0;
-    for line in sample
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
-    {
-        if matches!(
-            serde_json::from_slice::<serde_json::Value>(line),
-            Ok(serde_json::Value::Object(_))
-        ) {
-            good.extend_from_slice(line);
-            good.push(b'\n');
-            lines += 1;
-            if lines >= SCHEMA_SAMPLE_LINES {
-                break;
-            }
+    let count = files.iter().map(|f| f.size).sum::<u64>() <= JSONL_COUNT_BYTES;
+    // Small datasets are read whole (once); larger ones are sampled.
+    let mut whole = Vec::new();
+    if count {
+        for file in &files {
+            whole.push(stores.get(&file.uri).await.map_err(store_err)?);
         }
     }
-    if good.is_empty() {
-        return Err(PlanError::JsonSchema {
+    let mut sample = Vec::new();
+    for (i, file) in files.iter().take(SCHEMA_SAMPLE_OBJECTS).enumerate() {
+        let limit = if i == 0 {
+            SCHEMA_SAMPLE_FIRST
+        } else {
+            SCHEMA_SAMPLE_OTHERS
+        }
+        .min(file.size);
+        let bytes = match whole.get(i) {
+            Some(data) => data.slice(0..limit as usize),
+            None => stores
+                .get_range(&file.uri, 0..limit)
+                .await
+                .map_err(store_err)?,
+        };
+        sample.push(bytes);
+    }
+    let schema = infer_jsonl_schema(&sample, SCHEMA_SAMPLE_LINES).map_err(|message| {
+        PlanError::JsonSchema {
             dataset: dataset.to_string(),
             object: first.uri.to_string(),
-            message: "no line of the first 1MiB is a JSON object".to_string(),
-        });
-    }
-    let (schema, _) = arrow_json::reader::infer_json_schema(
-        std::io::Cursor::new(good),
-        Some(SCHEMA_SAMPLE_LINES),
-    )
-    .map_err(|e| PlanError::JsonSchema {
-        dataset: dataset.to_string(),
-        object: first.uri.to_string(),
-        message: e.to_string(),
+            message,
+        }
     })?;
     check_columns(spec, dataset, first.uri.as_str(), &schema)?;
     let mut shards = Vec::new();
-    for file in &files {
+    let mut records_total = 0u64;
+    for (f, file) in files.iter().enumerate() {
+        let data = whole.get(f);
         let mut starts = vec![0u64];
         for cut in nominal_cuts(file.size, target_bytes) {
             if cut <= *starts.last().unwrap_or(&0) {
                 continue;
             }
-            match align_to_line(stores, &file.uri, cut, file.size)
-                .await
-                .map_err(store_err)?
-            {
+            let start = match data {
+                Some(data) => align_in(data, cut),
+                None => align_to_line(stores, &file.uri, cut, file.size)
+                    .await
+                    .map_err(store_err)?,
+            };
+            match start {
                 Some(start) if start > *starts.last().unwrap_or(&0) => starts.push(start),
                 Some(_) => {}
                 None => break,
             }
         }
         starts.push(file.size);
+        let mut lines_before = 0u64;
         for w in starts.windows(2) {
+            let (records, first_line) = match data {
+                Some(data) => {
+                    let chunk = &data[w[0] as usize..w[1] as usize];
+                    let records = chunk
+                        .split(|&b| b == b'\n')
+                        .filter(|l| is_record_line(l))
+                        .count() as u64;
+                    let first_line = lines_before;
+                    lines_before += chunk.iter().filter(|&&b| b == b'\n').count() as u64;
+                    records_total += records;
+                    (Some(records), Some(first_line))
+                }
+                None => (None, None),
+            };
             shards.push(Shard {
                 id: shard_id(shards.len()),
-                records: None,
+                records,
                 source: ShardSource::Jsonl {
                     uri: file.uri.to_string(),
                     byte_start: w[0],
                     byte_end: w[1],
+                    first_line,
                 },
             });
         }
     }
     Ok(Plan {
         shards,
-        records_total: None,
+        records_total: count.then_some(records_total),
         jsonl_schema: Some(schema),
     })
+}
+
+/// A JSON object's fields in the order the line has them.
+struct OrderedObject(Vec<(String, serde_json::Value)>);
+
+impl<'de> Deserialize<'de> for OrderedObject {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = OrderedObject;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<OrderedObject, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(entry) = map.next_entry::<String, serde_json::Value>()? {
+                    fields.push(entry);
+                }
+                Ok(OrderedObject(fields))
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
+/// What kind of value a JSON value is, for the schema vote: numbers are one
+/// kind (integers and floats merge to a float), a list's kind is its
+/// items' (`list` alone when it has none). `None` for null, which fits any
+/// type.
+fn value_kind(value: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    match value {
+        Value::Null => None,
+        Value::Bool(_) => Some("bool".to_string()),
+        Value::Number(_) => Some("number".to_string()),
+        Value::String(_) => Some("string".to_string()),
+        Value::Object(_) => Some("object".to_string()),
+        Value::Array(items) => {
+            let mut kinds = items.iter().filter_map(value_kind);
+            // An empty list (or one of nulls) fits any list.
+            let Some(first) = kinds.next() else {
+                return Some("list".to_string());
+            };
+            if kinds.all(|k| k == first) {
+                Some(format!("list<{first}>"))
+            } else {
+                Some("list<mixed>".to_string())
+            }
+        }
+    }
+}
+
+/// Infers a JSON Lines schema from sampled bytes (each sample the start of
+/// one object; its last line may be cut off, so lines that do not parse
+/// are passed over), up to `max_lines` objects.
+///
+/// Every field takes the kind of value most of the lines give it, so one
+/// bad record (strings in a list of floats) cannot turn the whole column
+/// into strings and every good record into a bad one: the bad record is
+/// the one that does not decode, and the job's error policy names it.
+/// Within the winning kind, types merge as Arrow merges them (an integer
+/// and a float give a float).
+pub fn infer_jsonl_schema(samples: &[bytes::Bytes], max_lines: usize) -> Result<Schema, String> {
+    let mut objects: Vec<Vec<(String, serde_json::Value)>> = Vec::new();
+    'samples: for sample in samples {
+        for line in sample.split(|&b| b == b'\n').filter(|l| is_record_line(l)) {
+            if objects.len() >= max_lines {
+                break 'samples;
+            }
+            if let Ok(OrderedObject(fields)) = serde_json::from_slice::<OrderedObject>(line) {
+                objects.push(fields);
+            }
+        }
+    }
+    if objects.is_empty() {
+        return Err("no line of the sampled bytes is a JSON object".to_string());
+    }
+    // Field names in first-seen order, and each field's votes by kind.
+    let mut names: Vec<String> = Vec::new();
+    let mut votes: std::collections::HashMap<String, Vec<(String, usize)>> = Default::default();
+    for fields in &objects {
+        for (name, value) in fields {
+            let tally = match votes.get_mut(name) {
+                Some(t) => t,
+                None => {
+                    names.push(name.clone());
+                    votes.entry(name.clone()).or_default()
+                }
+            };
+            if let Some(kind) = value_kind(value) {
+                match tally.iter_mut().find(|(k, _)| *k == kind) {
+                    Some((_, n)) => *n += 1,
+                    None => tally.push((kind, 1)),
+                }
+            }
+        }
+    }
+    let mut schema_fields = Vec::with_capacity(names.len());
+    for name in &names {
+        let tally = &votes[name];
+        // The most common kind; the first seen on a tie.
+        let best = tally.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        let winner = tally
+            .iter()
+            .find(|(_, n)| *n == best)
+            .map(|(k, _)| k.as_str());
+        let mut lines = Vec::new();
+        for fields in &objects {
+            for (field, value) in fields.iter().filter(|(f, _)| f == name) {
+                let kind = value_kind(value);
+                let fits = match (kind.as_deref(), winner) {
+                    (None, _) => true,
+                    (Some(k), Some(w)) => k == w || (k == "list" && w.starts_with("list")),
+                    (Some(_), None) => false,
+                };
+                if fits {
+                    let mut one = serde_json::Map::new();
+                    one.insert(field.clone(), value.clone());
+                    lines.extend_from_slice(serde_json::Value::Object(one).to_string().as_bytes());
+                    lines.push(b'\n');
+                }
+            }
+        }
+        let (inferred, _) =
+            arrow_json::reader::infer_json_schema(std::io::Cursor::new(lines), None)
+                .map_err(|e| format!("field {name:?}: {e}"))?;
+        let field = inferred
+            .field_with_name(name)
+            .map_err(|e| format!("field {name:?}: {e}"))?
+            .clone();
+        schema_fields.push(field);
+    }
+    Ok(Schema::new(schema_fields))
 }
 
 fn plan_files(dataset: &str, listed: Vec<Listed>, target: u64) -> Result<Plan, PlanError> {
@@ -611,6 +838,179 @@ mod tests {
             .expect("plan");
         let sizes: Vec<_> = plan.shards.iter().map(|s| s.records).collect();
         assert_eq!(sizes, vec![Some(3), Some(3), Some(1)]);
+    }
+
+    /// 200 records with a 4-float `features` list; the one at `bad` has a
+    /// string among its floats.
+    fn poisoned_jsonl(bad: usize) -> String {
+        (0..200)
+            .map(|i| {
+                let x = if i == bad {
+                    "[0.1, \"oops\", 0.3, 0.4]".to_string()
+                } else {
+                    format!("[{}.5, 0.25, {i}, 1]", i % 7)
+                };
+                format!("{{\"id\": \"r{i}\", \"features\": {x}, \"n\": {i}}}\n")
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn one_bad_line_does_not_poison_the_jsonl_schema() {
+        let stores = Stores::new();
+        let uri = StoreUri::parse("memory:///poison/part-003.jsonl").expect("uri");
+        stores
+            .put(&uri, Bytes::from(poisoned_jsonl(100)))
+            .await
+            .expect("put");
+        let plan = plan_dataset(&spec("jsonl", uri.as_str(), 1, "1KiB"), &stores)
+            .await
+            .expect("plan");
+        let schema = plan.jsonl_schema.expect("schema");
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["id", "features", "n"], "the lines' own order");
+        // The majority's type: a list of floats (ints and floats merged),
+        // not of strings.
+        match schema
+            .field_with_name("features")
+            .expect("features")
+            .data_type()
+        {
+            DataType::List(item) => assert_eq!(item.data_type(), &DataType::Float64),
+            other => panic!("features: {other}"),
+        }
+        assert_eq!(
+            schema.field_with_name("n").expect("n").data_type(),
+            &DataType::Int64
+        );
+        // Even when the bad line comes first.
+        let first = infer_jsonl_schema(&[Bytes::from(poisoned_jsonl(0))], 100).expect("schema");
+        match first
+            .field_with_name("features")
+            .expect("features")
+            .data_type()
+        {
+            DataType::List(item) => assert_eq!(item.data_type(), &DataType::Float64),
+            other => panic!("features: {other}"),
+        }
+        // A field whose kind changes (a number here, an object there) no
+        // longer fails planning.
+        let mixed = "{\"a\": 1}\n{\"a\": {\"b\": 2}}\n{\"a\": 3}\n";
+        let schema = infer_jsonl_schema(&[Bytes::from(mixed)], 100).expect("schema");
+        assert_eq!(schema.field(0).data_type(), &DataType::Int64);
+        // Empty lists and nulls fit the majority's list type.
+        let sparse = "{\"x\": [1.5]}\n{\"x\": []}\n{\"x\": null}\n{\"x\": [2]}\n";
+        let schema = infer_jsonl_schema(&[Bytes::from(sparse)], 100).expect("schema");
+        match schema.field(0).data_type() {
+            DataType::List(item) => assert_eq!(item.data_type(), &DataType::Float64),
+            other => panic!("x: {other}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn jsonl_records_are_counted_at_plan_time_with_each_shards_first_line() {
+        let stores = Stores::new();
+        let root = StoreUri::parse("memory:///counted/").expect("uri");
+        // Blank lines do not count as records, but do as lines.
+        let text: String = (0..300)
+            .map(|i| {
+                if i % 50 == 49 {
+                    format!("\n{{\"x\": {i}}}\n")
+                } else {
+                    format!("{{\"x\": {i}}}\n")
+                }
+            })
+            .collect();
+        stores
+            .put(&root.join("a.jsonl"), Bytes::from(text.clone()))
+            .await
+            .expect("put");
+        stores
+            .put(&root.join("b.jsonl"), Bytes::from("{\"x\": 1}\n{\"x\": 2}"))
+            .await
+            .expect("put");
+        let plan = plan_dataset(&spec("jsonl", root.as_str(), 1, "1KiB"), &stores)
+            .await
+            .expect("plan");
+        assert_eq!(plan.records_total, Some(302));
+        assert!(plan.shards.len() > 3, "{}", plan.shards.len());
+        let mut sum = 0;
+        for shard in &plan.shards {
+            let ShardSource::Jsonl {
+                uri,
+                byte_start,
+                first_line,
+                ..
+            } = &shard.source
+            else {
+                panic!("not jsonl")
+            };
+            sum += shard.records.expect("counted");
+            let lines_before = if uri.ends_with("a.jsonl") {
+                text[..*byte_start as usize].matches('\n').count() as u64
+            } else {
+                0
+            };
+            assert_eq!(*first_line, Some(lines_before), "{shard:?}");
+        }
+        assert_eq!(sum, 302);
+    }
+
+    #[tokio::test]
+    async fn a_missing_or_unreadable_model_fails_the_plan_naming_the_param() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stores = Stores::new();
+        let job = |model: &str| {
+            JobSpec::from_toml(&format!(
+                "[dataset]\nformat = \"range\"\ncount = 10\n[processor]\nname = \"torchscript\"\n\
+                 [processor.params]\nmodel = \"{model}\"\ninput_column = \"x\"\n"
+            ))
+            .expect("spec")
+        };
+        let missing = StoreUri::from_local_path(&dir.path().join("modle.pt")).expect("uri");
+        let e = plan_dataset(&job(missing.as_str()), &stores)
+            .await
+            .expect_err("missing model");
+        assert_eq!(
+            e.to_string(),
+            format!("job spec: processor.params.model: {missing}: not found")
+        );
+        let e = plan_dataset(&job("model.pt"), &stores)
+            .await
+            .expect_err("not a URI");
+        assert!(
+            e.to_string()
+                .starts_with("job spec: processor.params.model: "),
+            "{e}"
+        );
+        let empty = dir.path().join("empty.pt");
+        std::fs::write(&empty, b"").expect("write");
+        let empty = StoreUri::from_local_path(&empty).expect("uri");
+        let e = plan_dataset(&job(empty.as_str()), &stores)
+            .await
+            .expect_err("empty model");
+        assert!(e.to_string().ends_with("is empty"), "{e}");
+        let model = dir.path().join("model.pt");
+        std::fs::write(&model, b"PK...").expect("write");
+        let model = StoreUri::from_local_path(&model).expect("uri");
+        plan_dataset(&job(model.as_str()), &stores)
+            .await
+            .expect("a model that is there");
+        // On another store too.
+        let e = plan_dataset(&job("memory:///models/m.pt"), &stores)
+            .await
+            .expect_err("missing in memory");
+        assert!(e.to_string().contains("memory:///models/m.pt"), "{e}");
+        stores
+            .put(
+                &StoreUri::parse("memory:///models/m.pt").expect("uri"),
+                Bytes::from_static(b"x"),
+            )
+            .await
+            .expect("put");
+        plan_dataset(&job("memory:///models/m.pt"), &stores)
+            .await
+            .expect("there now");
     }
 
     #[test]

@@ -160,7 +160,7 @@ pub struct Manifest {
 }
 
 /// A job as clients see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct JobInfo {
     pub job_id: String,
     pub name: String,
@@ -175,6 +175,20 @@ pub struct JobInfo {
     pub manifest_uri: Option<String>,
     pub processor: String,
     pub records_skipped: u64,
+    /// Records/s over the coordinator's recent samples; `None` unless the
+    /// job runs and was sampled long enough.
+    pub records_per_s: Option<f64>,
+}
+
+impl JobInfo {
+    /// Time left at `records_per_s`, when the total is known and the job
+    /// moves.
+    pub fn eta(&self) -> Option<std::time::Duration> {
+        let total = self.records_total?;
+        let rate = self.records_per_s.filter(|r| r.is_finite() && *r > 0.0)?;
+        let left = total.saturating_sub(self.records_done);
+        std::time::Duration::try_from_secs_f64(left as f64 / rate).ok()
+    }
 }
 
 /// A connected worker (one session) and the leases it holds.

@@ -227,6 +227,15 @@ fn bytes_as_integer<S: serde::Serializer>(b: &ByteSize, s: S) -> Result<S::Ok, S
     s.serialize_u64(b.as_u64())
 }
 
+/// The params a processor named `name` declares as URIs.
+fn uri_params_of(name: &str) -> &'static [&'static str] {
+    if BUILTIN_RUNNER_NAMES.contains(&name) {
+        &BUILTIN_RUNNER_URI_PARAMS
+    } else {
+        &[]
+    }
+}
+
 fn default_max_attempts() -> u32 {
     3
 }
@@ -242,6 +251,15 @@ fn default_shard_records() -> u64 {
 fn default_shard_bytes() -> ByteSize {
     ByteSize::mib(64)
 }
+
+/// The names the stock worker's built-in runner answers to in
+/// `processor.name`: `pytorch` (its canonical name) and `torchscript`.
+pub const BUILTIN_RUNNER_NAMES: [&str; 2] = ["pytorch", "torchscript"];
+
+/// The built-in runner's params that hold store URIs of objects it reads:
+/// a relative path in them is resolved against the spec file's folder
+/// (like `dataset.uri`), and the object is checked at submit.
+pub const BUILTIN_RUNNER_URI_PARAMS: [&str; 1] = ["model"];
 
 const MAX_BATCH_SIZE: u64 = 1 << 24;
 const MAX_ATTEMPTS: u32 = 1000;
@@ -345,7 +363,44 @@ impl JobSpec {
                     .map_err(|message| SpecError::invalid(format!("{section}.{key}"), message))?;
             }
         }
+        // The URIs among the processor's params, for processors that
+        // declare them (the built-in runner's `model`).
+        let processor = value.get("processor");
+        let name = processor
+            .and_then(|p| p.get("name"))
+            .and_then(|n| n.as_str())
+            .unwrap_or_default()
+            .to_string();
+        if let Some(params) = value
+            .get_mut("processor")
+            .and_then(|p| p.get_mut("params"))
+            .and_then(|p| p.as_object_mut())
+        {
+            for key in uri_params_of(&name) {
+                if let Some(serde_json::Value::String(s)) = params.get_mut(*key) {
+                    *s = StoreUri::resolve_path_or_uri(s, base).map_err(|message| {
+                        SpecError::invalid(format!("processor.params.{key}"), message)
+                    })?;
+                }
+            }
+        }
         Ok(value)
+    }
+
+    /// The processor's params that hold URIs of objects it reads, with
+    /// their values: (param, URI). Only for processors that declare them
+    /// (the built-in runner: `model`); others' params are theirs alone.
+    pub fn uri_params(&self) -> Vec<(&'static str, &str)> {
+        uri_params_of(&self.processor.name)
+            .iter()
+            .filter_map(|key| {
+                self.processor
+                    .params
+                    .get(*key)
+                    .and_then(|v| v.as_str())
+                    .map(|v| (*key, v))
+            })
+            .collect()
     }
 
     /// The spec as JSON, the form stored in `spec.json` and sent to workers.
@@ -724,5 +779,44 @@ bytes = "16MiB"
         let uri = spec.dataset.uri.expect("uri");
         assert!(uri.starts_with("file:///"), "{uri}");
         assert!(uri.ends_with("/data/in.jsonl"), "{uri}");
+    }
+
+    #[test]
+    fn the_built_in_runners_model_path_resolves_against_the_spec_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = dir.path().canonicalize().expect("canonical");
+        let job = |processor: &str, model: &str| {
+            let path = base.join(format!("{processor}.toml"));
+            std::fs::write(
+                &path,
+                format!(
+                    "[dataset]\nformat = \"range\"\ncount = 1\n[processor]\nname = \"{processor}\"\n\
+                     [processor.params]\nmodel = \"{model}\"\ninput_column = \"x\"\n"
+                ),
+            )
+            .expect("write");
+            JobSpec::from_file(&path).expect("spec")
+        };
+        for name in BUILTIN_RUNNER_NAMES {
+            let spec = job(name, "models/m.pt");
+            let model = spec.processor.params["model"].as_str().expect("model");
+            assert_eq!(
+                model,
+                StoreUri::from_local_path(&base.join("models/m.pt"))
+                    .expect("uri")
+                    .as_str(),
+                "{name}"
+            );
+            assert_eq!(spec.uri_params(), vec![("model", model)]);
+            // Other params are left alone.
+            assert_eq!(spec.processor.params["input_column"], "x");
+            // URIs stay as they are.
+            let spec = job(name, "s3://bucket/m.pt");
+            assert_eq!(spec.processor.params["model"], "s3://bucket/m.pt");
+        }
+        // A processor of the user's: its params are its own.
+        let spec = job("my-model", "models/m.pt");
+        assert_eq!(spec.processor.params["model"], "models/m.pt");
+        assert!(spec.uri_params().is_empty());
     }
 }

@@ -67,6 +67,9 @@ pub async fn run_embedded(
     registry: Registry,
     options: EmbeddedOptions,
 ) -> Result<JobReport, EmbeddedError> {
+    // A device this host lacks fails here, in one line, before a job is
+    // submitted that no worker could run.
+    stoke_worker::config::check_devices(&[options.device])?;
     let stores = Stores::from_env()?;
     let shutdown = CancellationToken::new();
     let config = CoordinatorConfig::new(options.root.clone());

@@ -29,8 +29,8 @@ pub use stoke_worker::cli::worker_main;
 pub use stoke_worker::pytorch::PyTorchProcessor;
 pub use stoke_worker::torchscript::TorchScriptProcessor;
 pub use stoke_worker::{
-    Batch, BoxError, Collate, Collated, Loader, ProcessorContext, ProcessorResult, Registry,
-    ShardInfo, TorchBatchProcessor, WorkerError,
+    Batch, BoxError, Collate, Collated, Column, Loader, ProcessorContext, ProcessorResult,
+    Registry, ShardInfo, TorchBatchProcessor, WorkerError,
 };
 
 /// The versions of libtorch bindings and Arrow the processor API uses, so a

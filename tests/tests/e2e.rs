@@ -249,19 +249,40 @@ fn malformed_specs_are_refused_at_submit_with_the_field_named(env) {
 
 fn a_missing_model_fails_the_job_with_a_reason_naming_the_file(env) {
     let coordinator = env.coordinator(&[]);
+    // Missing at submit: refused at once, naming the param and the file.
     let missing = env.uri("no-such-model.pt");
     let text =
         env.spec("parquet", "").replace(&env.fixture_uri("model.pt"), &missing);
+    let spec = env.write_spec("typo.toml", &text);
+    let out = coordinator.cli(&["submit", &spec]);
+    assert_eq!(out.status.code(), Some(2), "a missing model is bad input");
+    let stderr = text_of(&out.stderr);
+    assert!(
+        stderr.contains(&format!("processor.params.model: {missing}: not found")),
+        "{stderr}"
+    );
+    // Gone after submit: the job fails, naming it.
+    let vanishing = env.uri("vanishing-model.pt");
+    env.put(&vanishing, read_object(&env.fixture_uri("model.pt")));
+    let text =
+        env.spec("parquet", "").replace(&env.fixture_uri("model.pt"), &vanishing);
     let spec = env.write_spec("job.toml", &text);
     let job_id = coordinator.submit(&spec);
+    env.block_on(
+        env.stores()
+            .delete(&stoke_core::StoreUri::parse(&vanishing).expect("uri")),
+    )
+    .expect("delete the model");
     let mut w = coordinator.worker("stoke-worker", "w1", env.dir());
     let status = coordinator.wait_job(&job_id);
     assert_eq!(status["state"], "failed", "{status}");
     let reason = status["reason"].as_str().expect("a reason");
-    assert!(reason.contains("no-such-model.pt"), "{reason}");
+    assert!(reason.contains("vanishing-model.pt"), "{reason}");
     assert!(reason.contains("not found"), "{reason}");
     // `submit --wait` reports the same and exits 1 (failed), as does
-    // `status --watch`; `status --json` read the job, so it exits 0.
+    // `status --watch`; `status --json` read the job, so it exits 0. (With
+    // the model back: a submit checks it before it finds the job.)
+    env.put(&vanishing, read_object(&env.fixture_uri("model.pt")));
     let out = coordinator.cli(&["submit", &spec, "--wait", "--job-id", &job_id]);
     assert_eq!(out.status.code(), Some(1), "{}", text_of(&out.stderr));
     assert_eq!(

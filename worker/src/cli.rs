@@ -222,14 +222,34 @@ pub fn exit_now(code: i32) -> ! {
 /// logging, stops gracefully on SIGTERM/SIGINT. What a worker binary's
 /// `main` calls.
 ///
-/// Returns only on error. When the worker is done (no job left with
+/// Does not return. When the worker is done (no job left with
 /// `--exit-when-idle`, or stopped by a signal after checkpointing), the
 /// process ends with status 0 through [`exit_now`], skipping libtorch's
-/// slow exit handlers.
+/// slow exit handlers. On an error (a bad flag or device, a coordinator
+/// that refuses it) it prints one line, `<binary>: <message>`, and ends
+/// with status 1: no backtrace, and no C++ frames from libtorch, whatever
+/// `RUST_BACKTRACE` says (`STOKE_DEBUG` shows the error in full). The
+/// `Result` is there so `stoke::worker_main(registry)?` reads naturally.
 pub fn worker_main(registry: Registry) -> Result<std::convert::Infallible, WorkerError> {
-    run_worker(registry)?;
-    // Everything of the run is dropped by now, the runtime included.
-    exit_now(0)
+    match run_worker(registry) {
+        // Everything of the run is dropped by now, the runtime included.
+        Ok(_) => exit_now(0),
+        Err(e) => {
+            let program = std::env::args()
+                .next()
+                .map(std::path::PathBuf::from)
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().to_string()))
+                .unwrap_or_else(|| "stoke-worker".to_string());
+            let message = stoke_core::logging::fatal_message(&program, &e, &e);
+            tracing::debug!(error = %message, "worker stopped on an error");
+            if stoke_core::logging::debug_enabled() {
+                eprintln!("{message}");
+            } else {
+                eprintln!("{}", crate::error::without_cpp_frames(&message));
+            }
+            exit_now(1)
+        }
+    }
 }
 
 fn run_worker(registry: Registry) -> Result<WorkerExit, WorkerError> {
@@ -243,6 +263,8 @@ fn run_worker(registry: Registry) -> Result<WorkerExit, WorkerError> {
     let _faults = fail::FailScenario::setup();
     stoke_core::logging::init_logging(args.log_format, "info");
     let config = args.to_config()?;
+    // At once and in one line, before connecting or loading anything.
+    crate::config::check_devices(&config.devices)?;
     let stores = Stores::from_env().map_err(|e| WorkerError::Config(e.to_string()))?;
     for var in unknown_env_vars() {
         tracing::warn!(var, "unknown STOKE_ environment variable; ignored");

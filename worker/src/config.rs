@@ -77,6 +77,35 @@ pub fn parse_device(text: &str) -> Result<Device, WorkerError> {
     }
 }
 
+/// Checks that this host can run on every device given, before anything
+/// loads: `cuda:3` on a host where torch sees fewer CUDA devices fails at
+/// once with one line, instead of every model load failing (and being
+/// retried) deep inside libtorch.
+pub fn check_devices(devices: &[Device]) -> Result<(), WorkerError> {
+    check_devices_against(devices, tch::Cuda::device_count().max(0) as usize)
+}
+
+/// [`check_devices`] for a host where torch sees `visible` CUDA devices.
+pub fn check_devices_against(devices: &[Device], visible: usize) -> Result<(), WorkerError> {
+    for device in devices {
+        let Device::Cuda(n) = *device else {
+            continue;
+        };
+        if n >= visible {
+            let name = device_name(*device);
+            return Err(WorkerError::Device(match visible {
+                0 => format!("{name} requested but no CUDA device is visible (torch sees 0)"),
+                1 => format!("{name} requested but torch sees only 1 CUDA device (cuda:0)"),
+                k => format!(
+                    "{name} requested but torch sees only {k} CUDA devices (cuda:0 to cuda:{})",
+                    k - 1
+                ),
+            }));
+        }
+    }
+    Ok(())
+}
+
 /// A device's name as the coordinator sees it.
 pub fn device_name(device: Device) -> String {
     match device {
@@ -101,5 +130,27 @@ mod tests {
         );
         assert!(!parse_devices("all").expect("all").is_empty());
         assert_eq!(device_name(Device::Cuda(2)), "cuda:2");
+    }
+
+    #[test]
+    fn a_cuda_device_the_host_lacks_is_refused_in_one_line() {
+        let e = check_devices_against(&[Device::Cpu, Device::Cuda(3)], 0).expect_err("no cuda");
+        assert_eq!(
+            e.to_string(),
+            "cuda:3 requested but no CUDA device is visible (torch sees 0)"
+        );
+        let e = check_devices_against(&[Device::Cuda(2)], 2).expect_err("two devices");
+        assert_eq!(
+            e.to_string(),
+            "cuda:2 requested but torch sees only 2 CUDA devices (cuda:0 to cuda:1)"
+        );
+        check_devices_against(&[Device::Cuda(0), Device::Cuda(1), Device::Cpu], 2).expect("fits");
+        check_devices_against(&[Device::Cpu], 0).expect("cpu always");
+        // On this host: what torch sees decides, never a panic.
+        let visible = tch::Cuda::device_count() as usize;
+        assert!(
+            check_devices(&[Device::Cuda(visible)]).is_err(),
+            "cuda:{visible} is one past the last device"
+        );
     }
 }

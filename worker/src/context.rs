@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
+use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::DataType;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
@@ -13,6 +13,8 @@ use stoke_core::spec::{ErrorPolicy, JobSpec};
 use stoke_core::{StoreUri, Stores};
 use tch::{CModule, Device, Tensor};
 
+use crate::batch::Batch;
+use crate::columns::Column;
 use crate::error::{BoxError, WorkerError};
 
 /// The shard a processor is working on.
@@ -82,7 +84,11 @@ impl ProcessorContext {
     pub fn to_device(&self, tensor: &Tensor) -> Tensor {
         if tensor.device() == self.device {
             tensor.shallow_clone()
-        } else if self.device.is_cuda() && tensor.is_pinned(self.device) {
+        } else if self.device.is_cuda() && tensor.device() == Device::Cpu {
+            // Asynchronous from pinned memory; from pageable memory CUDA
+            // copies before it returns, so this is always safe. (Asking
+            // `is_pinned(device)` first would print libtorch's deprecation
+            // warning on every worker's terminal.)
             tensor.to_device_(self.device, tensor.kind(), true, false)
         } else {
             tensor.to_device(self.device)
@@ -174,6 +180,48 @@ impl ProcessorContext {
             self.rows.push(rows);
         }
         Ok(())
+    }
+
+    /// Writes one row per record of `batch`: its record id (column `id`)
+    /// and the given columns, in order, each a tensor (`[B]` or `[B, N]`,
+    /// on any device), a vector or an Arrow array (see [`Column`]):
+    ///
+    /// ```ignore
+    /// ctx.write_columns(&batch, [("prediction", &pred), ("scores", &scores)])?;
+    /// // columns of different types:
+    /// ctx.write_columns(&batch, [("label", Column::from(labels)), ("norm", Column::from(&norms))])?;
+    /// ```
+    ///
+    /// Written at the next checkpoint, like [`Self::write_rows`]. Call it
+    /// with the batch the values were computed from (after
+    /// [`Batch::retain`], the retained one).
+    pub fn write_columns<'a, C: Into<Column>>(
+        &mut self,
+        batch: &Batch,
+        columns: impl IntoIterator<Item = (&'a str, C)>,
+    ) -> Result<(), WorkerError> {
+        let rows = batch.len();
+        let mut arrays: Vec<(String, ArrayRef)> = vec![(ID_COLUMN.to_string(), batch.ids_array())];
+        for (name, column) in columns {
+            let fail = |message: String| WorkerError::Encode {
+                shard: self.shard_id(),
+                message: format!("output column {name:?}: {message}"),
+            };
+            if arrays.iter().any(|(n, _)| n == name) {
+                return Err(fail(if name == ID_COLUMN {
+                    "`id` holds the record ids and is written for you".to_string()
+                } else {
+                    "given twice".to_string()
+                }));
+            }
+            let array = column.into().into_array(rows).map_err(fail)?;
+            arrays.push((name.to_string(), array));
+        }
+        let out = RecordBatch::try_from_iter(arrays).map_err(|e| WorkerError::Encode {
+            shard: self.shard_id(),
+            message: format!("building output rows: {e}"),
+        })?;
+        self.write_rows(out)
     }
 
     pub(crate) fn take_rows(&mut self) -> Vec<RecordBatch> {

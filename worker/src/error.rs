@@ -59,6 +59,10 @@ pub enum WorkerError {
     Link(#[from] LinkError),
     #[error("invalid worker configuration: {0}")]
     Config(String),
+    /// A device this worker was given that it cannot use (`cuda:3` on a
+    /// host where torch sees no CUDA device).
+    #[error("{0}")]
+    Device(String),
     #[error("the processor thread stopped unexpectedly")]
     ProcessorThread,
 }
@@ -74,6 +78,66 @@ impl WorkerError {
             _ => false,
         }
     }
+}
+
+/// `message` without the C++ stack frames libtorch appends to its errors
+/// (`Exception raised from ... (most recent call first):` and the `frame
+/// #N:` lines after it): what a user needs is the first line, and 30 lines
+/// of frames bury it. The full text goes to the debug log.
+pub fn without_cpp_frames(message: &str) -> String {
+    // A TorchScript interpreter error: the code it ran, twice over, then
+    // the error itself on the last line. The error is what a user needs.
+    const INTERPRETER: &str = "The following operation failed in the TorchScript interpreter.";
+    if let Some((before, traceback)) = message.split_once(INTERPRETER)
+        && traceback.contains("Traceback of TorchScript")
+        && let Some(last) = traceback.lines().rev().find(|l| !l.trim().is_empty())
+    {
+        let last = without_cpp_frames(last.trim());
+        return format!(
+            "{}{last} (TorchScript traceback in the worker's debug log)",
+            before.trim_start()
+        );
+    }
+    let mut kept: Vec<&str> = Vec::new();
+    for line in message.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("Exception raised from ") {
+            // What follows are frames (and at times a repeat of the message).
+            break;
+        }
+        if is_frame_line(trimmed) {
+            continue;
+        }
+        kept.push(line);
+    }
+    // A message that was only frames keeps its first line.
+    if kept.iter().all(|l| l.trim().is_empty()) {
+        return message
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim_end()
+            .to_string();
+    }
+    kept.join("\n").trim_end().to_string()
+}
+
+/// `frame #12: c10::Error::Error(...) + 0x9c (0x7f... in /.../libc10.so)`.
+fn is_frame_line(line: &str) -> bool {
+    line.strip_prefix("frame #")
+        .and_then(|rest| rest.split_once(':'))
+        .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// A processor's error as the job records it: without C++ frames (logged
+/// in full at debug level).
+pub(crate) fn processor_message(error: &dyn std::fmt::Display) -> String {
+    let full = error.to_string();
+    let short = without_cpp_frames(&full);
+    if short.len() != full.len() {
+        tracing::debug!(error = %full, "processor error (with libtorch's C++ frames)");
+    }
+    short
 }
 
 /// How a call to the coordinator failed.
@@ -157,5 +221,42 @@ impl From<tonic::transport::Error> for LinkError {
             source = cause.source();
         }
         Self::new(LinkErrorKind::Transient, message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpp_frames_are_cut_from_messages() {
+        let torch = "loading model file:///m.pt: not a TorchScript file: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed a driver from http://www.nvidia.com/Download/index.aspx\n\
+Exception raised from _lazy_init at /pytorch/torch/csrc/cuda/Module.cpp:123 (most recent call first):\n\
+frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x9c (0x7f00 in /venv/torch/lib/libc10.so)\n\
+frame #1: <unknown function> + 0x1234 (0x7f01 in /venv/torch/lib/libtorch_cuda.so)\n\
+frame #2: torch::jit::load(...) + 0x56 (0x7f02 in /venv/torch/lib/libtorch_cpu.so)\n";
+        let short = without_cpp_frames(torch);
+        assert_eq!(short.lines().count(), 1, "{short}");
+        assert!(short.ends_with("Download/index.aspx"), "{short}");
+        assert!(!short.contains("frame #"), "{short}");
+
+        // Frames without the header line go too; other lines stay.
+        let mixed = "bad input\nframe #0: a + 0x1 (0x2 in lib)\nframe #12: b\nsee the docs";
+        assert_eq!(without_cpp_frames(mixed), "bad input\nsee the docs");
+        // A message with no frames is left as it is.
+        assert_eq!(without_cpp_frames("plain: error"), "plain: error");
+        // A TorchScript interpreter error keeps its last line, the error.
+        let interpreter = "processor \"torchscript\" failed on batch 0: Internal torch error: The following operation failed in the TorchScript interpreter.\n\
+Traceback of TorchScript, serialized code (most recent call last):\n\
+  File \"code/__torch__/torch/nn/modules/linear.py\", line 14, in forward\n\
+    return torch.linear(input, weight, bias)\n\
+           ~~~~~~~~~~~~ <--- HERE\n\
+\n\
+RuntimeError: mat1 and mat2 shapes cannot be multiplied (64x64 and 16x32)\n";
+        assert_eq!(
+            without_cpp_frames(interpreter),
+            "processor \"torchscript\" failed on batch 0: Internal torch error: RuntimeError: mat1 and mat2 shapes cannot be multiplied (64x64 and 16x32) (TorchScript traceback in the worker's debug log)"
+        );
+        assert!(!is_frame_line("frame #x: not a frame"));
     }
 }

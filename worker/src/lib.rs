@@ -15,6 +15,7 @@
 pub mod aoti;
 pub mod batch;
 pub mod cli;
+pub mod columns;
 pub mod config;
 pub mod context;
 pub mod error;
@@ -30,6 +31,7 @@ pub mod torchscript;
 
 pub use batch::Batch;
 pub use batch::Collated;
+pub use columns::Column;
 pub use config::WorkerConfig;
 pub use context::{ProcessorContext, ShardInfo, SkippedRecord};
 pub use error::{BoxError, LinkError, ProcessorResult, WorkerError};

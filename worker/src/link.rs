@@ -51,6 +51,8 @@ pub trait CoordinatorLink: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct GrpcLink {
     channel: AuthChannel,
+    /// The coordinator's address as given, for errors that name it.
+    addr: String,
 }
 
 /// Largest gRPC message accepted from the coordinator.
@@ -79,7 +81,18 @@ impl GrpcLink {
             .map_err(|e| invalid_address(e.to_string()))?;
         Ok(Self {
             channel: InterceptedService::new(endpoint.connect_lazy(), interceptor),
+            addr: uri.to_string(),
         })
+    }
+
+    /// A call's failure; an HTTP answer where gRPC was expected (the
+    /// coordinator's HTTP port given as `--coordinator`) says so, and is
+    /// not retried.
+    fn status_error(&self, status: tonic::Status) -> LinkError {
+        match stoke_core::hints::http_port_hint(&self.addr, status.message()) {
+            Some(hint) => LinkError::new(LinkErrorKind::Invalid, hint),
+            None => status.into(),
+        }
     }
 
     fn client(&self) -> WorkerServiceClient<AuthChannel> {
@@ -110,14 +123,19 @@ impl CoordinatorLink for GrpcLink {
         let mut inbound = self
             .client()
             .session(ReceiverStream::new(out_rx))
-            .await?
+            .await
+            .map_err(|s| self.status_error(s))?
             .into_inner();
-        let first = inbound.message().await?.ok_or_else(|| {
-            LinkError::new(
-                LinkErrorKind::Transient,
-                "session closed before `registered`",
-            )
-        })?;
+        let first = inbound
+            .message()
+            .await
+            .map_err(|s| self.status_error(s))?
+            .ok_or_else(|| {
+                LinkError::new(
+                    LinkErrorKind::Transient,
+                    "session closed before `registered`",
+                )
+            })?;
         let Some(pb::session_event::Event::Registered(registered)) = first.event else {
             return Err(invalid("the first session event was not `registered`"));
         };
@@ -189,7 +207,8 @@ impl CoordinatorLink for GrpcLink {
             .acquire_lease(pb::AcquireLeaseRequest {
                 session_id: session_id.to_string(),
             })
-            .await?
+            .await
+            .map_err(|s| self.status_error(s))?
             .into_inner();
         AcquireOutcome::try_from(resp).map_err(|e| invalid(e.to_string()))
     }
@@ -198,7 +217,8 @@ impl CoordinatorLink for GrpcLink {
         let resp = self
             .client()
             .commit(pb::CommitRequest::from(commit))
-            .await?
+            .await
+            .map_err(|s| self.status_error(s))?
             .into_inner();
         Ok(resp.duplicate)
     }
@@ -206,7 +226,8 @@ impl CoordinatorLink for GrpcLink {
     async fn release(&self, release: Release) -> Result<(), LinkError> {
         self.client()
             .release(pb::ReleaseRequest::from(release))
-            .await?;
+            .await
+            .map_err(|s| self.status_error(s))?;
         Ok(())
     }
 }

@@ -51,6 +51,9 @@ pub async fn run<L: CoordinatorLink>(
     if config.devices.is_empty() {
         return Err(WorkerError::Config("no device to run on".to_string()));
     }
+    // Before a session or a model: a device this host lacks is a
+    // configuration error, said at once.
+    crate::config::check_devices(&config.devices)?;
     // Our own child: a slot that fails for good stops the other slots
     // without cancelling the caller's token.
     let shutdown = shutdown.child_token();

@@ -8,13 +8,13 @@
 //!
 //! Run it like the stock worker: `stoke-example-worker --coordinator URL`.
 
-use std::sync::Arc;
-
+use stoke::arrow_array::RecordBatch;
 use stoke::arrow_array::cast::AsArray;
 use stoke::arrow_array::types::Float64Type;
-use stoke::arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch};
 use stoke::tch::{Kind, Tensor};
-use stoke::{Batch, Loader, ProcessorContext, ProcessorResult, Registry, TorchBatchProcessor};
+use stoke::{
+    Batch, Column, Loader, ProcessorContext, ProcessorResult, Registry, TorchBatchProcessor,
+};
 
 struct FeatureStats {
     column: String,
@@ -38,22 +38,11 @@ impl TorchBatchProcessor for FeatureStats {
         ctx: &mut ProcessorContext,
     ) -> ProcessorResult<()> {
         let x = ctx.to_device(&batch.tensor(&self.column)?);
-        let norms = x
-            .square()
-            .sum_dim_intlist(1, false, Kind::Float)
-            .sqrt()
-            .to_device(stoke::tch::Device::Cpu);
-        let means = x
-            .mean_dim(1, false, Kind::Float)
-            .to_device(stoke::tch::Device::Cpu);
-        let norms: Vec<f32> = Vec::try_from(&norms)?;
-        let means: Vec<f32> = Vec::try_from(&means)?;
-        let rows = RecordBatch::try_from_iter(vec![
-            ("id", batch.ids_array()),
-            ("norm", Arc::new(Float32Array::from(norms)) as ArrayRef),
-            ("mean", Arc::new(Float32Array::from(means)) as ArrayRef),
-        ])?;
-        ctx.write_rows(rows)?;
+        let norms = x.square().sum_dim_intlist(1, false, Kind::Float).sqrt();
+        let means = x.mean_dim(1, false, Kind::Float);
+        // One row per record: its id, then these columns ([B] tensors, on
+        // whatever device).
+        ctx.write_columns(&batch, [("norm", &norms), ("mean", &means)])?;
         self.records_since_checkpoint += batch.len() as u64;
         Ok(())
     }
@@ -121,21 +110,20 @@ impl TorchBatchProcessor for RaggedMean {
         let lengths = inputs.lengths.as_ref().ok_or("no lengths")?;
         let x = ctx.to_device(&inputs.data);
         let sums = (x * ctx.to_device(&mask)).sum_dim_intlist(1, false, Kind::Float);
-        let means = (sums / ctx.to_device(lengths).to_kind(Kind::Float).clamp_min(1.0))
-            .to_device(stoke::tch::Device::Cpu);
-        let means: Vec<f32> = Vec::try_from(&means)?;
-        let lengths: Vec<i64> = Vec::try_from(lengths)?;
+        let means = sums / ctx.to_device(lengths).to_kind(Kind::Float).clamp_min(1.0);
         let _ = &self.column;
-        let rows = RecordBatch::try_from_iter(vec![
-            ("id", batch.ids_array()),
-            ("mean", Arc::new(Float32Array::from(means)) as ArrayRef),
-            ("length", Arc::new(Int64Array::from(lengths)) as ArrayRef),
-            (
-                "padded_to",
-                Arc::new(Int64Array::from(vec![inputs.data.size()[1]; batch.len()])) as ArrayRef,
-            ),
-        ])?;
-        ctx.write_rows(rows)?;
+        // Columns of different types: tensors and a vector, as `Column`s.
+        ctx.write_columns(
+            &batch,
+            [
+                ("mean", Column::from(&means)),
+                ("length", Column::from(lengths)),
+                (
+                    "padded_to",
+                    Column::from(vec![inputs.data.size()[1]; batch.len()]),
+                ),
+            ],
+        )?;
         Ok(())
     }
 }

@@ -34,7 +34,15 @@ struct Args {
     job_id: Option<String>,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    if let Err(e) = run() {
+        // The message and its causes; the debug form only with STOKE_DEBUG.
+        stoke_core::logging::print_fatal("stoke", &*e, &e);
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     stoke_worker::cli::ensure_openmp_wait();
     stoke_worker::cli::keep_freed_memory();
     let args = Args::parse();

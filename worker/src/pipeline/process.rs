@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::batch::Batch;
 use crate::context::{ProcessorContext, ShardInfo};
-use crate::error::WorkerError;
+use crate::error::{WorkerError, processor_message};
 use crate::pipeline::commit::Checkpoint;
 use crate::pipeline::prep::spawn_prep;
 use crate::processor::{DynProcessor, Loader, Registry};
@@ -177,11 +177,11 @@ impl ProcessorThread {
                     Ok(w) if w.is_transient() => *w,
                     Ok(w) => WorkerError::ProcessorStart {
                         processor: name.clone(),
-                        message: w.to_string(),
+                        message: processor_message(&w),
                     },
                     Err(e) => WorkerError::ProcessorStart {
                         processor: name.clone(),
-                        message: e.to_string(),
+                        message: processor_message(&e),
                     },
                 });
             }
@@ -203,7 +203,7 @@ fn finish(loaded: Option<Loaded>) {
         l.ctx.set_shard(None);
         let _guard = tch::no_grad_guard();
         if let Err(e) = l.processor.on_finish(&mut l.ctx) {
-            warn!(job = %l.job_id, error = %e, "processor on_finish failed");
+            warn!(job = %l.job_id, error = %processor_message(&e), "processor on_finish failed");
         }
         let dropped = l.ctx.take_rows();
         if !dropped.is_empty() {
@@ -308,7 +308,7 @@ impl ShardLoop<'_> {
             WorkerError::ProcessorCheckpoint {
                 processor: self.processor_name.clone(),
                 shard: self.shard_id.clone(),
-                message: e.to_string(),
+                message: processor_message(&e),
             }
         })?;
         let rows = l.ctx.take_rows();
@@ -366,7 +366,7 @@ impl ShardLoop<'_> {
                 processor: self.processor_name.clone(),
                 shard: self.shard_id.clone(),
                 batch_idx: idx,
-                message: e.to_string(),
+                message: processor_message(&e),
             })?;
         let took = started.elapsed();
         self.times.model += took;

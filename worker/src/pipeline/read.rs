@@ -76,6 +76,7 @@ pub(crate) async fn read_shard(read: ShardRead, tx: BatchTx) {
             }),
         shard_id: read.shard.id.clone(),
         id_column,
+        schema: None,
     };
     let result = match &read.shard.source {
         ShardSource::Range { start, end } => read_range(&mut emitter, *start, *end).await,
@@ -88,7 +89,17 @@ pub(crate) async fn read_shard(read: ShardRead, tx: BatchTx) {
             uri,
             byte_start,
             byte_end,
-        } => read_jsonl(&read, &mut emitter, uri, *byte_start..*byte_end).await,
+            first_line,
+        } => {
+            read_jsonl(
+                &read,
+                &mut emitter,
+                uri,
+                *byte_start..*byte_end,
+                *first_line,
+            )
+            .await
+        }
         ShardSource::Files { uris } => read_files(&read, &mut emitter, uris).await,
     };
     let result = match result {
@@ -127,6 +138,9 @@ struct Emitter {
     shard_id: String,
     id_column: Option<String>,
     budget: Option<Budget>,
+    /// The rows' schema when known before any row (JSON Lines): a batch
+    /// of bad records only still has the columns a processor looks for.
+    schema: Option<SchemaRef>,
 }
 
 /// Adaptive batching: a batch's padded size (records × longest record)
@@ -223,6 +237,7 @@ impl Emitter {
                 .pending
                 .first()
                 .map(|b| b.schema())
+                .or_else(|| self.schema.clone())
                 .unwrap_or_else(|| Arc::new(Schema::empty()));
             let end = self.tail_offset;
             return self.emit(RecordBatch::new_empty(schema), &[], end).await;
@@ -232,8 +247,15 @@ impl Emitter {
 
     fn take_pending(&mut self) -> Result<RecordBatch, WorkerError> {
         let parts = std::mem::take(&mut self.pending);
+        let empty = || {
+            RecordBatch::new_empty(
+                self.schema
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(Schema::empty())),
+            )
+        };
         match parts.len() {
-            0 => Ok(RecordBatch::new_empty(Arc::new(Schema::empty()))),
+            0 => Ok(empty()),
             1 => Ok(parts
                 .into_iter()
                 .next()
@@ -725,6 +747,7 @@ async fn read_jsonl(
     emitter: &mut Emitter,
     uri: &str,
     bytes: std::ops::Range<u64>,
+    first_line: Option<u64>,
 ) -> Result<Flow, WorkerError> {
     let err = |m: String| source_error(&read.shard.id, uri, m);
     let schema = Arc::new(
@@ -732,23 +755,49 @@ async fn read_jsonl(
             .clone()
             .ok_or_else(|| err("the lease carries no JSON Lines schema".to_string()))?,
     );
-    let data = read.stores.get_range(&StoreUri::parse(uri)?, bytes).await?;
-    // Record offsets count non-blank lines, so ids and batches stay the same
-    // whatever the error policy.
-    let lines: Vec<&[u8]> = data
+    emitter.schema = Some(Arc::clone(&schema));
+    let object = StoreUri::parse(uri)?;
+    let data = read.stores.get_range(&object, bytes.clone()).await?;
+    // Record offsets count non-blank lines, so ids and batches stay the
+    // same whatever the error policy. Each keeps its line's index in the
+    // range (blank lines included), to name a bad one by file and line.
+    let lines: Vec<(u64, &[u8])> = data
         .split(|&b| b == b'\n')
-        .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+        .enumerate()
+        .filter(|(_, l)| stoke_core::plan::is_record_line(l))
+        .map(|(i, l)| (i as u64, l))
         .collect();
+    let mut lines_before = first_line;
     let first = (emitter.tail_offset as usize).min(lines.len());
     for (chunk_no, chunk) in lines[first..].chunks(emitter.batch_size.max(1)).enumerate() {
         let offset = (first + chunk_no * emitter.batch_size) as u64;
-        let (rows, offsets, skipped) = decode_lines(&schema, chunk, offset, &read.shard.id)
+        let raw: Vec<&[u8]> = chunk.iter().map(|(_, l)| *l).collect();
+        let (rows, offsets, mut skipped) = decode_lines(&schema, &raw, offset, &read.shard.id)
             .map_err(|m| {
                 err(format!(
                     "records {offset}..{}: {m}",
                     offset + chunk.len() as u64
                 ))
             })?;
+        if !skipped.is_empty() {
+            // Counted only now, and once per attempt: a bad record is rare.
+            if lines_before.is_none() {
+                lines_before = count_lines_before(&read.stores, &object, bytes.start).await;
+            }
+            for (record, bad) in &mut skipped {
+                let index = chunk[(*record - offset) as usize].0;
+                let at = match lines_before {
+                    Some(before) => format!("{}:{}", object.file_name(), before + index + 1),
+                    None => format!(
+                        "{} (line {} from byte {})",
+                        object.file_name(),
+                        index + 1,
+                        bytes.start
+                    ),
+                };
+                bad.reason = format!("{at}: {}", bad.reason);
+            }
+        }
         if emitter.push_at(rows, offsets, skipped).await? == Flow::Stop {
             return Ok(Flow::Stop);
         }
@@ -756,12 +805,27 @@ async fn read_jsonl(
     Ok(Flow::Continue)
 }
 
+/// Lines of `object` before byte `end`; `None` if the store fails.
+async fn count_lines_before(stores: &Stores, object: &StoreUri, end: u64) -> Option<u64> {
+    const WINDOW: u64 = 8 << 20;
+    let mut lines = 0u64;
+    let mut from = 0u64;
+    while from < end {
+        let to = (from + WINDOW).min(end);
+        let bytes = stores.get_range(object, from..to).await.ok()?;
+        lines += bytes.iter().filter(|&&b| b == b'\n').count() as u64;
+        from = to;
+    }
+    Some(lines)
+}
+
 /// Decoded rows, their record offsets, and the bad lines with theirs.
 type DecodedLines = (RecordBatch, Vec<u64>, Vec<(u64, SkippedRecord)>);
 
 /// Decodes a chunk of JSON lines. When the chunk as a whole does not
-/// decode, decodes line by line and reports the lines that fail as skipped
-/// records (`<shard>:<offset>`, with the decoder's message).
+/// decode, decodes line by line and reports the lines that fail as bad
+/// records (`<shard>:<offset>`, with why: not JSON, or not the job's
+/// schema), for the job's error policy.
 fn decode_lines(
     schema: &Arc<Schema>,
     lines: &[&[u8]],
@@ -784,23 +848,28 @@ fn decode_lines(
     let mut skipped = Vec::new();
     for (i, line) in lines.iter().enumerate() {
         let offset = first_offset + i as u64;
+        let bad = |reason: String| {
+            (
+                offset,
+                SkippedRecord {
+                    id: format!("{shard_id}:{offset}"),
+                    reason,
+                },
+            )
+        };
         match decode_jsonl(schema, line, 1) {
             Ok(row) if row.num_rows() == 1 => {
                 good.push(row);
                 offsets.push(offset);
             }
-            Ok(row) => skipped.push((
-                offset,
-                SkippedRecord {
-                    id: format!("{shard_id}:{offset}"),
-                    reason: format!("line decoded to {} records", row.num_rows()),
-                },
-            )),
-            Err(e) => skipped.push((
-                offset,
-                SkippedRecord {
-                    id: format!("{shard_id}:{offset}"),
-                    reason: format!("undecodable JSON line: {e}"),
+            Ok(row) => skipped.push(bad(format!("line decoded to {} records", row.num_rows()))),
+            Err(e) => skipped.push(bad(
+                match serde_json::from_slice::<serde::de::IgnoredAny>(line) {
+                    Err(json) => format!("undecodable JSON: {json}"),
+                    Ok(_) => format!(
+                        "does not match the job's schema (inferred at plan time from most lines): {}",
+                        e.trim_start_matches("Json error: ")
+                    ),
                 },
             )),
         }
@@ -1139,5 +1208,140 @@ mod tests {
         assert_eq!(sizes, vec![3, 1]);
         assert_eq!(batches[0].ids().value(0), "s00000:3");
         assert_eq!(batches[0].tensor("x").expect("tensor").size(), vec![3, 2]);
+    }
+
+    /// Reads every shard of a JSON Lines dataset planned from `text`.
+    async fn read_jsonl_text(
+        name: &str,
+        text: String,
+        bytes: &str,
+        batch_size: u64,
+        counted: bool,
+    ) -> Vec<(String, Batch)> {
+        let stores = Stores::new();
+        let uri = StoreUri::parse(&format!("memory:///bad/{name}")).expect("uri");
+        stores
+            .put(&uri, bytes::Bytes::from(text))
+            .await
+            .expect("put");
+        let spec = JobSpec::from_toml(&format!(
+            "[dataset]\nformat = \"jsonl\"\nuri = \"{uri}\"\nid_column = \"id\"\n[processor]\nname = \"p\"\n\
+             [batching]\nbatch_size = {batch_size}\n[sharding]\nbytes = \"{bytes}\"\n[errors]\npolicy = \"skip\"\n"
+        ))
+        .expect("spec");
+        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
+            .await
+            .expect("plan");
+        let spec = Arc::new(spec);
+        let mut out = Vec::new();
+        for shard in &plan.shards {
+            let mut shard = shard.clone();
+            if !counted {
+                // As planned for a dataset too large to count at plan time.
+                if let ShardSource::Jsonl { first_line, .. } = &mut shard.source {
+                    *first_line = None;
+                }
+            }
+            let read = ShardRead {
+                stores: stores.clone(),
+                spec: Arc::clone(&spec),
+                shard: shard.clone(),
+                input_schema: plan.jsonl_schema.clone(),
+                start_batch: 0,
+                start_record: 0,
+            };
+            for batch in collect(read).await {
+                out.push((shard.id.clone(), batch));
+            }
+        }
+        out
+    }
+
+    fn features_line(i: usize, bad: bool) -> String {
+        let x = if bad {
+            "[0.5, \"abc\"]".to_string()
+        } else {
+            format!("[{i}.5, 0.25]")
+        };
+        format!("{{\"id\": \"r{i}\", \"features\": {x}}}\n")
+    }
+
+    #[tokio::test]
+    async fn a_record_off_the_schema_is_a_bad_record_named_by_file_and_line() {
+        // 200 records, the one on line 101 with a string among its floats,
+        // and a blank line before it (lines count it, records do not).
+        let mut text = String::new();
+        for i in 0..200 {
+            if i == 50 {
+                text.push('\n');
+            }
+            text.push_str(&features_line(i, i == 99));
+        }
+        let batches = read_jsonl_text("part-003.jsonl", text.clone(), "2KiB", 16, true).await;
+        let shards: std::collections::BTreeSet<&String> = batches.iter().map(|(s, _)| s).collect();
+        assert!(shards.len() > 2, "several shards: {shards:?}");
+        let mut good = 0;
+        let mut bad = Vec::new();
+        for (shard, mut batch) in batches {
+            good += batch.len();
+            // Every batch still has the columns, bad records or not.
+            let _ = batch.tensor("features").expect("features decode as floats");
+            for s in batch.take_skipped() {
+                bad.push((shard.clone(), s));
+            }
+        }
+        assert_eq!(good, 199);
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        let (shard, record) = &bad[0];
+        assert!(record.id.starts_with(&format!("{shard}:")), "{record:?}");
+        assert!(
+            record
+                .reason
+                .starts_with("part-003.jsonl:101: does not match the job's schema"),
+            "{record:?}"
+        );
+        assert!(record.reason.contains("abc"), "{record:?}");
+
+        // Not counted at plan time: counted when the bad record shows up.
+        let batches = read_jsonl_text("part-003.jsonl", text, "2KiB", 16, false).await;
+        let reasons: Vec<String> = batches
+            .into_iter()
+            .flat_map(|(_, mut b)| b.take_skipped())
+            .map(|s| s.reason)
+            .collect();
+        assert_eq!(reasons.len(), 1);
+        assert!(
+            reasons[0].starts_with("part-003.jsonl:101: "),
+            "{reasons:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_bad_records_only_keeps_the_schemas_columns() {
+        let mut text = String::new();
+        for i in 0..10 {
+            text.push_str(&features_line(i, i >= 6));
+        }
+        text.push_str("not json at all\n");
+        let mut batches = read_jsonl_text("x.jsonl", text, "1MiB", 3, true).await;
+        let mut reasons = Vec::new();
+        for (_, batch) in &mut batches {
+            reasons.extend(batch.take_skipped().into_iter().map(|s| s.reason));
+        }
+        assert_eq!(reasons.len(), 5, "{reasons:?}");
+        let last = &batches.last().expect("batches").1;
+        assert_eq!(last.len(), 0, "the last batch holds only bad records");
+        assert_eq!(
+            last.row_widths("features")
+                .expect("the column is there")
+                .len(),
+            0
+        );
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.starts_with("x.jsonl:11: undecodable JSON")),
+            "{reasons:?}"
+        );
     }
 }

@@ -1,0 +1,106 @@
+//! What the CLI prints: tables, the idle-workers note, the pace line.
+
+use stoke_core::records::{JobInfo, JobState};
+use stoke_core::spec::JobSpec;
+
+use super::*;
+
+fn job(id: &str, shards: u64, records: Option<u64>) -> JobInfo {
+    JobInfo {
+        job_id: id.to_string(),
+        name: String::new(),
+        state: JobState::Running,
+        reason: None,
+        shards_total: shards,
+        shards_done: 0,
+        shards_leased: 0,
+        records_done: 1_000,
+        records_total: records,
+        output_uri: "file:///out".to_string(),
+        manifest_uri: None,
+        processor: "torchscript".to_string(),
+        records_skipped: 0,
+        records_per_s: None,
+    }
+}
+
+#[test]
+fn jobs_columns_line_up_with_long_ids() {
+    let jobs = [
+        job(
+            "a-very-long-job-name-for-a-new-user-3f2a9c1e",
+            12,
+            Some(120_000),
+        ),
+        job("short-1", 1, None),
+    ];
+    let text = jobs_table(&jobs);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    // Every column starts (or, for numbers, ends) at the same place.
+    let state_at = lines[0].find("STATE").expect("STATE");
+    assert_eq!(lines[1].find("running"), Some(state_at), "{text}");
+    assert_eq!(lines[2].find("running"), Some(state_at), "{text}");
+    let shards_end = lines[0].find("SHARDS").expect("SHARDS") + "SHARDS".len();
+    assert_eq!(
+        lines[1].find("0/12").map(|i| i + 4),
+        Some(shards_end),
+        "{text}"
+    );
+    assert_eq!(
+        lines[2].find("0/1 ").map(|i| i + 3),
+        Some(shards_end),
+        "{text}"
+    );
+    assert!(lines[2].ends_with("1000/?"), "{text}");
+    assert_eq!(lines[1].len(), lines[0].len(), "{text}");
+}
+
+fn spec(text: &str) -> JobSpec {
+    JobSpec::from_toml(text).expect("spec")
+}
+
+#[test]
+fn fewer_shards_than_workers_is_said_with_how_to_get_more() {
+    let parquet = spec(
+        "[dataset]\nformat = \"parquet\"\nuri = \"file:///d/\"\n[processor]\nname = \"torchscript\"\n",
+    );
+    let note = idle_workers_note(&parquet, &job("j", 1, Some(5_000)), 2).expect("a note");
+    assert!(
+        note.starts_with("note: the job has 1 shard for 2 workers, so 1 worker will idle"),
+        "{note}"
+    );
+    assert!(
+        note.contains("[sharding] records = 2500 (now 10000)"),
+        "{note}"
+    );
+    assert!(note.contains("row group"), "{note}");
+    assert_eq!(
+        idle_workers_note(&parquet, &job("j", 2, Some(5_000)), 2),
+        None
+    );
+    assert_eq!(
+        idle_workers_note(&parquet, &job("j", 8, Some(5_000)), 2),
+        None
+    );
+
+    let jsonl = spec(
+        "[dataset]\nformat = \"jsonl\"\nuri = \"file:///d/\"\n[processor]\nname = \"torchscript\"\n",
+    );
+    let note = idle_workers_note(&jsonl, &job("j", 1, None), 4).expect("a note");
+    assert!(note.contains("3 workers will idle"), "{note}");
+    assert!(note.contains("[sharding] bytes below 64.0 MiB"), "{note}");
+}
+
+#[test]
+fn plain_status_shows_the_rate_and_the_time_left() {
+    let mut running = job("j", 4, Some(3_000));
+    assert_eq!(
+        progress_line(&running),
+        "rate: ? records/s (not measured yet), ETA ?\n"
+    );
+    running.records_per_s = Some(100.0);
+    assert_eq!(progress_line(&running), "rate: 100 records/s, ETA 20s\n");
+    running.state = JobState::Succeeded;
+    assert_eq!(progress_line(&running), "");
+}

@@ -1,0 +1,390 @@
+//! `run --local`'s worker processes, watched. A worker that exits while
+//! its job runs is named, with its exit status and the last lines it
+//! wrote; it is started again when the job moved forward during its life
+//! (a crash mid-job), and not when it did not (a configuration error such
+//! as `--device gpu9` or a `--worker-bin` that is not a worker, which would
+//! only fail again). Once no worker is left, the run stops instead of
+//! waiting on a fleet that cannot make progress.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use stoke_core::records::JobInfo;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Lines of a worker's log kept to show when it exits.
+const TAIL_LINES: usize = 12;
+/// Restarts of one worker slot, at most: a worker that crashes again and
+/// again while others carry the job is not restarted for ever.
+const MAX_RESTARTS: u32 = 10;
+
+/// How to start one worker process.
+#[derive(Debug, Clone)]
+pub struct WorkerCommand {
+    pub bin: PathBuf,
+    pub coordinator: String,
+    pub device: String,
+    pub threads: usize,
+}
+
+/// A job's progress at one moment: what "the job moved" is measured by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Progress {
+    records: u64,
+    shards: u64,
+}
+
+impl Progress {
+    pub fn of(job: &JobInfo) -> Self {
+        Self {
+            records: job.records_done,
+            shards: job.shards_done,
+        }
+    }
+
+    fn beyond(self, earlier: Progress) -> bool {
+        self.records > earlier.records || self.shards > earlier.shards
+    }
+
+    /// Nothing committed at all.
+    pub fn is_none(self) -> bool {
+        self.records == 0 && self.shards == 0
+    }
+}
+
+/// One worker process that ended.
+#[derive(Debug)]
+pub struct Exited {
+    slot: usize,
+    status: std::io::Result<ExitStatus>,
+}
+
+/// What the run does after a worker exited.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Go on: the others carry the job, or it was restarted.
+    Continue,
+    /// No worker is left: stop the run. The text says why.
+    Stop(String),
+}
+
+struct Slot {
+    name: String,
+    pid: Option<u32>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    alive: bool,
+    /// The job's progress when this process started.
+    started_at: Progress,
+    restarts: u32,
+    waiter: JoinHandle<()>,
+}
+
+/// The worker processes of one `run --local`.
+pub struct Fleet {
+    command: WorkerCommand,
+    slots: Vec<Slot>,
+    exits_tx: mpsc::UnboundedSender<Exited>,
+    exits_rx: mpsc::UnboundedReceiver<Exited>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("workers", &self.slots.len())
+            .field("alive", &self.alive())
+            .finish()
+    }
+}
+
+impl Fleet {
+    /// Starts `n` workers, `local-0` to `local-<n-1>`.
+    pub fn start(command: WorkerCommand, n: usize, progress: Progress) -> anyhow::Result<Self> {
+        let (exits_tx, exits_rx) = mpsc::unbounded_channel();
+        let mut fleet = Self {
+            command,
+            slots: Vec::with_capacity(n),
+            exits_tx,
+            exits_rx,
+        };
+        for i in 0..n {
+            let slot = spawn(&fleet.command, &fleet.exits_tx, i, progress, 0)?;
+            fleet.slots.push(slot);
+        }
+        Ok(fleet)
+    }
+
+    /// Workers running now.
+    pub fn alive(&self) -> usize {
+        self.slots.iter().filter(|s| s.alive).count()
+    }
+}
+
+/// Starts worker `local-<i>`; its exit is reported on `exits`.
+fn spawn(
+    c: &WorkerCommand,
+    exits: &mpsc::UnboundedSender<Exited>,
+    i: usize,
+    progress: Progress,
+    restarts: u32,
+) -> anyhow::Result<Slot> {
+    let name = format!("local-{i}");
+    let mut cmd = std::process::Command::new(&c.bin);
+    crate::openmp_wait(&mut cmd);
+    let mut child = Command::from(cmd)
+        .arg("--coordinator")
+        .arg(&c.coordinator)
+        .arg("--worker-id")
+        .arg(&name)
+        .arg("--device")
+        .arg(&c.device)
+        .arg("--threads")
+        .arg(c.threads.to_string())
+        .arg("--exit-when-idle")
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_string()),
+        )
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting worker {}", c.bin.display()))?;
+    let pid = child.id();
+    let tail: Arc<Mutex<VecDeque<String>>> = Arc::default();
+    let stderr = child.stderr.take();
+    let lines = {
+        let tail = Arc::clone(&tail);
+        let name = name.clone();
+        tokio::spawn(async move {
+            let Some(stderr) = stderr else { return };
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                // Passed on as the worker wrote it (warnings, failed
+                // attempts), marked with the worker's name.
+                eprintln!("[{name}] {line}");
+                let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+                if tail.len() == TAIL_LINES {
+                    tail.pop_front();
+                }
+                tail.push_back(line);
+            }
+        })
+    };
+    let exits = exits.clone();
+    let waiter = tokio::spawn(async move {
+        let status = child.wait().await;
+        // Every line it wrote is read before its exit is reported.
+        let _ = tokio::time::timeout(Duration::from_secs(2), lines).await;
+        let _ = exits.send(Exited { slot: i, status });
+    });
+    Ok(Slot {
+        name,
+        pid,
+        tail,
+        alive: true,
+        started_at: progress,
+        restarts,
+        waiter,
+    })
+}
+
+impl Fleet {
+    /// The next worker to exit. Pending for ever when none runs.
+    pub async fn next_exit(&mut self) -> Exited {
+        match self.exits_rx.recv().await {
+            Some(exited) => exited,
+            // Never: the fleet holds a sender itself.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Says which worker exited and how, and decides: restart it, go on
+    /// without it, or stop the run. `job` is the job as it is now.
+    pub fn on_exit(&mut self, exited: Exited, job: &JobInfo) -> anyhow::Result<Next> {
+        let now = Progress::of(job);
+        let slot = &mut self.slots[exited.slot];
+        slot.alive = false;
+        let status = match &exited.status {
+            Ok(status) => describe(status),
+            Err(e) => format!("an unknown status ({e})"),
+        };
+        let clean = exited.status.as_ref().is_ok_and(ExitStatus::success);
+        if job.state.is_terminal() {
+            // The job ended: workers leave. Only a failing one is news.
+            if !clean {
+                eprintln!(
+                    "worker {} exited with {status} after the job ended",
+                    slot.name
+                );
+            }
+            return Ok(Next::Continue);
+        }
+        let pid = slot.pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
+        let tail: Vec<String> = slot
+            .tail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        let mut report = format!(
+            "worker {}{pid} exited with {status} while job {} is {}",
+            slot.name, job.job_id, job.state
+        );
+        if tail.is_empty() {
+            report.push_str("; it wrote nothing");
+        } else {
+            report.push_str("; the last lines it wrote:");
+            for line in &tail {
+                report.push_str("\n  | ");
+                report.push_str(line);
+            }
+        }
+        eprintln!("{report}");
+        let progressed = now.beyond(slot.started_at);
+        if !clean && progressed && slot.restarts < MAX_RESTARTS {
+            let (name, restarts) = (slot.name.clone(), slot.restarts + 1);
+            eprintln!(
+                "restarting {name} (the job moved forward while it ran; restart {restarts} of at most {MAX_RESTARTS})"
+            );
+            let fresh = spawn(&self.command, &self.exits_tx, exited.slot, now, restarts)?;
+            self.slots[exited.slot] = fresh;
+            return Ok(Next::Continue);
+        }
+        let why = if clean {
+            "it left on its own"
+        } else if progressed {
+            "it was restarted too often"
+        } else {
+            "the job made no progress while it ran"
+        };
+        let alive = self.alive();
+        if alive > 0 {
+            eprintln!(
+                "not restarting {}: {why}; {alive} worker(s) go on",
+                self.slots[exited.slot].name
+            );
+            return Ok(Next::Continue);
+        }
+        let last = format!(
+            "{}: {status}{}",
+            self.slots[exited.slot].name,
+            tail.last().map(|l| format!(": {l}")).unwrap_or_default()
+        );
+        Ok(Next::Stop(if clean {
+            format!("every worker has exited (the last, {last})")
+        } else if progressed {
+            format!("every worker has exited, the last one restarted too often ({last})")
+        } else {
+            format!("every worker exited without the job making progress ({last})")
+        }))
+    }
+
+    /// Waits up to `grace` for each worker to exit on its own (they leave
+    /// once no job is left), then stops those still running.
+    pub async fn finish(mut self, grace: Duration) {
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.alive() > 0 {
+            match tokio::time::timeout_at(deadline, self.exits_rx.recv()).await {
+                Ok(Some(exited)) => {
+                    let slot = &mut self.slots[exited.slot];
+                    slot.alive = false;
+                    match &exited.status {
+                        Ok(status) if !status.success() => {
+                            eprintln!("worker {} exited with {}", slot.name, describe(status))
+                        }
+                        Ok(_) => {}
+                        Err(e) => eprintln!("worker {}: {e}", slot.name),
+                    }
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    for slot in self.slots.iter().filter(|s| s.alive) {
+                        eprintln!(
+                            "worker {} did not exit within {}s; stopping it",
+                            slot.name,
+                            grace.as_secs()
+                        );
+                    }
+                    break;
+                }
+            }
+        }
+        // Dropping the waiters kills whatever still runs (kill_on_drop).
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for slot in &self.slots {
+            slot.waiter.abort();
+        }
+    }
+}
+
+/// `exit status 2`, or `signal 9 (SIGKILL)`.
+fn describe(status: &ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return format!("exit status {code}");
+    }
+    match status.signal() {
+        Some(sig) => {
+            let name = match sig {
+                6 => " (SIGABRT: an abort, or a crash in native code)",
+                9 => " (SIGKILL: killed, perhaps for memory)",
+                11 => " (SIGSEGV: a crash in native code)",
+                15 => " (SIGTERM)",
+                _ => "",
+            };
+            format!("signal {sig}{name}")
+        }
+        None => status.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn exit_statuses_read_as_words() {
+        assert_eq!(describe(&ExitStatus::from_raw(2 << 8)), "exit status 2");
+        assert_eq!(
+            describe(&ExitStatus::from_raw(9)),
+            "signal 9 (SIGKILL: killed, perhaps for memory)"
+        );
+    }
+
+    #[test]
+    fn progress_counts_records_and_shards() {
+        let before = Progress {
+            records: 10,
+            shards: 0,
+        };
+        assert!(!before.beyond(before));
+        assert!(
+            Progress {
+                records: 11,
+                shards: 0
+            }
+            .beyond(before)
+        );
+        assert!(
+            Progress {
+                records: 10,
+                shards: 1
+            }
+            .beyond(before)
+        );
+        assert!(Progress::default().is_none());
+    }
+}

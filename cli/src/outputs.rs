@@ -1,0 +1,124 @@
+//! `stoke outputs JOB`: the objects a job has committed so far, from its
+//! shards' progress records. Once a job succeeded its output folder holds
+//! exactly these (uncommitted attempts are deleted, and the manifest lists
+//! the same objects); after a cancel or a failure the folder may also
+//! hold what attempts wrote and never committed, and this list is what
+//! counts.
+
+use stoke_client::Client;
+use stoke_client::summary::local_path;
+use stoke_core::records::{JobState, ManifestEntry};
+
+/// Prints the job's committed outputs: a table, or JSON with `--json`.
+pub async fn print(client: &Client, job_id: &str, json: bool) -> anyhow::Result<i32> {
+    let job = client.get_job(job_id).await?;
+    let outputs = client.job_outputs(job_id).await?;
+    let records: u64 = outputs.iter().map(|o| o.records).sum();
+    let bytes: u64 = outputs.iter().map(|o| o.bytes).sum();
+    let complete = job.state == JobState::Succeeded;
+    if json {
+        let objects: Vec<_> = outputs.iter().map(object_json).collect();
+        let value = serde_json::json!({
+            "job_id": job.job_id,
+            "state": job.state.as_str(),
+            "complete": complete,
+            "output_uri": job.output_uri,
+            "manifest_uri": job.manifest_uri,
+            "records": records,
+            "bytes": bytes,
+            "objects": objects,
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(0);
+    }
+    print!("{}", table(&outputs));
+    let shards = {
+        let mut ids: Vec<&str> = outputs.iter().map(|o| o.shard_id.as_str()).collect();
+        ids.dedup();
+        ids.len()
+    };
+    println!(
+        "{records} records in {} objects from {shards} of {} shards; job {} is {}",
+        outputs.len(),
+        job.shards_total,
+        job.job_id,
+        job.state
+    );
+    if complete {
+        println!(
+            "every committed object is under {} (read the folder with any Parquet reader)",
+            local_path(&job.output_uri)
+        );
+    } else {
+        println!(
+            "the job is {}: read these objects, not the whole folder (it may hold uncommitted attempts)",
+            job.state
+        );
+    }
+    Ok(0)
+}
+
+fn object_json(o: &ManifestEntry) -> serde_json::Value {
+    serde_json::json!({
+        "shard_id": o.shard_id,
+        "uri": o.uri,
+        "path": o.uri.starts_with("file://").then(|| local_path(&o.uri)),
+        "records": o.records,
+        "bytes": o.bytes,
+        "sha256": o.sha256,
+    })
+}
+
+/// One line per object, columns as wide as their longest value.
+fn table(outputs: &[ManifestEntry]) -> String {
+    let rows: Vec<[String; 4]> = outputs
+        .iter()
+        .map(|o| {
+            [
+                o.shard_id.clone(),
+                o.records.to_string(),
+                o.bytes.to_string(),
+                local_path(&o.uri),
+            ]
+        })
+        .collect();
+    crate::columns(
+        &["SHARD", "RECORDS", "BYTES", "OBJECT"],
+        &[false, true, true, false],
+        &rows,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_aligns_whatever_the_lengths() {
+        let outputs = vec![
+            ManifestEntry {
+                shard_id: "s00000".into(),
+                uri: "file:///r/jobs/j/outputs/s00000/a1/part-00000000.parquet".into(),
+                records: 400,
+                bytes: 12_345,
+                sha256: "ab".into(),
+            },
+            ManifestEntry {
+                shard_id: "s00001".into(),
+                uri: "s3://b/o/s00001/a2/part-00000000.parquet".into(),
+                records: 7,
+                bytes: 999,
+                sha256: "cd".into(),
+            },
+        ];
+        let text = table(&outputs);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[1].ends_with("/r/jobs/j/outputs/s00000/a1/part-00000000.parquet"));
+        assert!(lines[2].ends_with("s3://b/o/s00001/a2/part-00000000.parquet"));
+        // The objects start in one column.
+        let at = |l: &str, s: &str| l.find(s).expect("column");
+        assert_eq!(at(lines[0], "OBJECT"), at(lines[1], "/r/"));
+        assert_eq!(at(lines[0], "OBJECT"), at(lines[2], "s3://"));
+    }
+}
