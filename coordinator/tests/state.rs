@@ -1595,7 +1595,7 @@ async fn an_uncounted_job_knows_its_total_once_done_and_lists_its_outputs() {
         let commit = last_checkpoint(&a, &lease, 0);
         for object in &commit.outputs {
             write_object(&stores, &object.uri).await;
-            committed.push((lease.shard.id.clone(), object.uri.clone()));
+            committed.push((lease.shard.id.clone(), crate::committed(object).uri));
         }
         state.commit(commit).await.expect("commit");
         let listed: Vec<(String, String)> = state

