@@ -97,28 +97,18 @@ pub fn fixture() -> &'static Path {
 /// The model's output for every fixture record, computed directly.
 pub fn reference() -> &'static HashMap<String, Prediction> {
     static REF: OnceLock<HashMap<String, Prediction>> = OnceLock::new();
-    REF.get_or_init(|| {
-        let text =
-            std::fs::read_to_string(fixture().join("reference.json")).expect("reference.json");
-        let raw: HashMap<String, serde_json::Value> =
-            serde_json::from_str(&text).expect("reference json");
-        raw.into_iter()
-            .map(|(id, v)| {
-                let argmax = v["argmax"].as_i64().expect("argmax");
-                let scores = v["scores"]
-                    .as_array()
-                    .expect("scores")
-                    .iter()
-                    .map(|x| x.as_f64().expect("score") as f32)
-                    .collect();
-                (id, Prediction { argmax, scores })
-            })
-            .collect()
-    })
+    REF.get_or_init(|| read_json(&fixture().join("reference.json")))
 }
 
-/// One record's prediction.
-#[derive(Debug, Clone, PartialEq)]
+/// A JSON file the fixture scripts wrote, decoded.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> T {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("decoding {}: {e}", path.display()))
+}
+
+/// One record's prediction (as the fixtures' `reference.json` hold it).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 pub struct Prediction {
     pub argmax: i64,
     pub scores: Vec<f32>,

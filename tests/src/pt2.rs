@@ -49,30 +49,7 @@ pub fn fixture() -> &'static Path {
 /// (`mlp.pt2`, `cnn.pt2`, `mlp.pt`) and record id.
 pub fn reference(model: &str) -> &'static HashMap<String, Prediction> {
     static REF: OnceLock<HashMap<String, HashMap<String, Prediction>>> = OnceLock::new();
-    let all = REF.get_or_init(|| {
-        let text =
-            std::fs::read_to_string(fixture().join("reference.json")).expect("pt2 reference.json");
-        let raw: HashMap<String, HashMap<String, serde_json::Value>> =
-            serde_json::from_str(&text).expect("reference json");
-        raw.into_iter()
-            .map(|(model, rows)| {
-                let rows = rows
-                    .into_iter()
-                    .map(|(id, v)| {
-                        let argmax = v["argmax"].as_i64().expect("argmax");
-                        let scores = v["scores"]
-                            .as_array()
-                            .expect("scores")
-                            .iter()
-                            .map(|x| x.as_f64().expect("score") as f32)
-                            .collect();
-                        (id, Prediction { argmax, scores })
-                    })
-                    .collect();
-                (model, rows)
-            })
-            .collect()
-    });
+    let all = REF.get_or_init(|| crate::read_json(&fixture().join("reference.json")));
     all.get(model)
         .unwrap_or_else(|| panic!("no reference for {model}"))
 }
