@@ -16,6 +16,8 @@ pub enum CoordinatorError {
     JobNotFound { job_id: String },
     #[error("job {job_id} already exists with a different spec")]
     JobExists { job_id: String },
+    #[error("storing job {job_id} failed: {reason}; submit it again")]
+    JobCreateFailed { job_id: String, reason: String },
     #[error("invalid job id {job_id:?}: {reason}")]
     BadJobId {
         job_id: String,
@@ -141,6 +143,7 @@ impl From<CoordinatorError> for Status {
             | Serve(_)
             | Ready(_)
             | CommitInFlight { .. }
+            | JobCreateFailed { .. }
             | RootHeld { .. }
             | RootLost
             | EpochRace { .. } => Status::unavailable(msg),

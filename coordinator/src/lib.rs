@@ -2,8 +2,10 @@
 //! the commit protocol and durable state in object storage. It never links
 //! libtorch.
 //!
-//! - [`state`]: the job/lease state machine (sequential, testable alone);
-//! - [`owner`]: the single task that owns the state, and its [`Handle`];
+//! - [`state`]: the job/lease state machine: sequential, no I/O; it
+//!   answers commands and returns the store writes to make as effects;
+//! - [`owner`]: the single task that owns the state and runs its writes off
+//!   its loop, and its [`Handle`];
 //! - [`grpc`]: thin tonic adapters for clients and workers;
 //! - [`run`]: serves both services on a bound listener until shutdown.
 //!
@@ -35,7 +37,7 @@ use tracing::info;
 
 pub use config::CoordinatorConfig;
 pub use error::{CoordinatorError, Result};
-pub use owner::{Handle, start};
+pub use owner::{Handle, Inline, start};
 
 /// Serves the coordinator's gRPC on an already bound listener until
 /// `shutdown` is cancelled.

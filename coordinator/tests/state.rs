@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use bytes::Bytes;
-use stoke_coordinator::state::State;
+use stoke_coordinator::Inline;
 use stoke_coordinator::{CoordinatorConfig, CoordinatorError};
 use stoke_core::layout::{RootLayout, part_name};
 use stoke_core::lease::{
@@ -48,14 +48,14 @@ fn lease_timeout() -> Duration {
     config().lease_timeout
 }
 
-async fn recover(stores: &Stores) -> State {
-    State::recover(config(), stores.clone())
+async fn recover(stores: &Stores) -> Inline {
+    Inline::recover(config(), stores.clone())
         .await
         .expect("recover state")
 }
 
 /// Submits a `range` job of `count` records (`count / 10` shards).
-async fn submit(state: &mut State, stores: &Stores, job_id: &str, count: u64) -> JobInfo {
+async fn submit(state: &mut Inline, stores: &Stores, job_id: &str, count: u64) -> JobInfo {
     let spec = spec(count);
     let plan = plan_dataset(&spec, stores).await.expect("plan");
     state
@@ -64,7 +64,7 @@ async fn submit(state: &mut State, stores: &Stores, job_id: &str, count: u64) ->
         .expect("create job")
 }
 
-fn register(state: &mut State, worker_id: &str) -> (String, mpsc::Receiver<SessionEvent>) {
+fn register(state: &mut Inline, worker_id: &str) -> (String, mpsc::Receiver<SessionEvent>) {
     let (events_tx, events_rx) = mpsc::channel(16);
     let registration = Registration {
         worker_id: worker_id.to_string(),
@@ -201,7 +201,7 @@ async fn stored_status(stores: &Stores, job_id: &str) -> StatusRecord {
 
 /// Moves the clock just past the lease timeout and lets the state machine
 /// take back expired leases.
-async fn expire_leases(state: &mut State) {
+async fn expire_leases(state: &mut Inline) {
     advance(lease_timeout() + Duration::from_millis(1)).await;
     state.tick().await;
 }
@@ -1043,7 +1043,7 @@ async fn owner_task_takes_back_expired_leases_on_its_own() {
 }
 
 fn register_holding(
-    state: &mut State,
+    state: &mut Inline,
     worker_id: &str,
     held: Vec<LeaseKey>,
 ) -> (String, mpsc::Receiver<SessionEvent>) {
@@ -1292,8 +1292,8 @@ async fn a_commit_being_written_keeps_its_lease_until_stored() {
     // the committed batch.
     let group = vec![*pending];
     let write = stoke_coordinator::state::GroupWrite::of(&group).expect("group");
-    let written = write.write(state.stores()).await;
-    let mut answers = state.finish_group(&write, group, written).await;
+    let written = stoke_coordinator::owner::io::write_group(&write, &stores).await;
+    let mut answers = state.finish_group(&write, group, written, tokio::time::Instant::now());
     let dup = answers.pop().expect("one answer").expect("finish");
     assert!(!dup);
     let again = leased(state.acquire(&b));

@@ -101,6 +101,10 @@ impl JobLayout {
     pub fn errors_dir(&self, shard_id: &str) -> StoreUri {
         self.dir.join(&format!("errors/{shard_id}/"))
     }
+    /// The folder of every shard's error objects (`errors_dir` of each).
+    pub fn errors_root(&self) -> StoreUri {
+        self.dir.join("errors/")
+    }
     /// Default output location when the spec names none.
     pub fn default_output(&self) -> StoreUri {
         self.dir.join("outputs")

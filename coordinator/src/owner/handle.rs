@@ -1,0 +1,296 @@
+//! [`Handle`]: how everything else (gRPC handlers, the HTTP server, the
+//! embedded runner, tests) talks to the state owner: one command per call,
+//! answered on a oneshot channel.
+
+use stoke_core::lease::{
+    AcquireOutcome, Commit, Heartbeat, Registration, Release, SessionEvent, SessionGrant,
+};
+use stoke_core::plan::plan_dataset;
+use stoke_core::records::{JobErrors, JobInfo, ManifestEntry, SkippedRecord};
+use stoke_core::spec::JobSpec;
+use stoke_core::{StoreError, Stores};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{CoordinatorError, Result};
+use crate::metrics::Snapshot;
+use crate::progress::StatusReport;
+use crate::state::ErrorSources;
+
+pub(super) type Reply<T> = oneshot::Sender<Result<T>>;
+
+pub(super) enum Command {
+    CreateJob {
+        job_id: String,
+        spec: Box<JobSpec>,
+        plan: Box<stoke_core::plan::Plan>,
+        reply: Reply<JobInfo>,
+    },
+    GetJob {
+        job_id: String,
+        reply: Reply<JobInfo>,
+    },
+    ListJobs {
+        reply: Reply<Vec<JobInfo>>,
+    },
+    Snapshot {
+        reply: Reply<Snapshot>,
+    },
+    Status {
+        reply: Reply<StatusReport>,
+    },
+    JobErrors {
+        job_id: String,
+        reply: Reply<ErrorSources>,
+    },
+    JobOutputs {
+        job_id: String,
+        reply: Reply<Vec<ManifestEntry>>,
+    },
+    Cancel {
+        job_id: String,
+        reason: String,
+        reply: Reply<JobInfo>,
+    },
+    Pause {
+        job_id: String,
+        reason: String,
+        reply: Reply<JobInfo>,
+    },
+    Resume {
+        job_id: String,
+        reply: Reply<JobInfo>,
+    },
+    Register {
+        registration: Registration,
+        events_tx: mpsc::Sender<SessionEvent>,
+        reply: Reply<SessionGrant>,
+    },
+    SessionClosed {
+        session_id: String,
+    },
+    Heartbeat {
+        session_id: String,
+        heartbeat: Heartbeat,
+        reply: Reply<()>,
+    },
+    Acquire {
+        session_id: String,
+        reply: Reply<AcquireOutcome>,
+    },
+    Commit {
+        commit: Commit,
+        reply: Reply<bool>,
+    },
+    Release {
+        release: Release,
+        reply: Reply<()>,
+    },
+}
+
+/// A cheap, cloneable way to talk to the coordinator's state owner.
+#[derive(Clone, Debug)]
+pub struct Handle {
+    pub(super) tx: mpsc::Sender<Command>,
+    pub(super) stores: Stores,
+}
+
+const MAX_JOB_ID_LEN: usize = 128;
+
+fn check_job_id(job_id: &str) -> Result<()> {
+    let bad = |reason| CoordinatorError::BadJobId {
+        job_id: job_id.to_string(),
+        reason,
+    };
+    if job_id.is_empty() || job_id.len() > MAX_JOB_ID_LEN {
+        return Err(bad("must be 1 to 128 characters"));
+    }
+    if !job_id
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(bad("may hold only letters, digits, '-' and '_'"));
+    }
+    Ok(())
+}
+
+impl Handle {
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| CoordinatorError::ShuttingDown)?;
+        rx.await.map_err(|_| CoordinatorError::ShuttingDown)?
+    }
+
+    /// Validates and plans the spec (outside the owner task: planning reads
+    /// the dataset), then stores and adds the job.
+    pub async fn submit(&self, spec: JobSpec, job_id: Option<String>) -> Result<JobInfo> {
+        spec.validate()?;
+        let job_id = match job_id {
+            Some(id) => {
+                check_job_id(&id)?;
+                id
+            }
+            None => {
+                let name = spec.name.as_deref().unwrap_or("job");
+                let suffix = uuid::Uuid::new_v4().simple().to_string();
+                format!("{name}-{}", &suffix[..8])
+            }
+        };
+        let plan = plan_dataset(&spec, &self.stores).await?;
+        self.call(|reply| Command::CreateJob {
+            job_id,
+            spec: Box::new(spec),
+            plan: Box::new(plan),
+            reply,
+        })
+        .await
+    }
+
+    /// The stores the coordinator reads and writes its state through.
+    pub fn stores(&self) -> &Stores {
+        &self.stores
+    }
+
+    pub async fn get_job(&self, job_id: &str) -> Result<JobInfo> {
+        let job_id = job_id.to_string();
+        self.call(|reply| Command::GetJob { job_id, reply }).await
+    }
+
+    pub async fn list_jobs(&self) -> Result<Vec<JobInfo>> {
+        self.call(|reply| Command::ListJobs { reply }).await
+    }
+
+    /// Counters and connected workers.
+    pub async fn snapshot(&self) -> Result<Snapshot> {
+        self.call(|reply| Command::Snapshot { reply }).await
+    }
+
+    /// Every job's progress (shards by state, records/s, ETA) and the
+    /// connected workers, at one moment: what the status page shows.
+    pub async fn status(&self) -> Result<StatusReport> {
+        self.call(|reply| Command::Status { reply }).await
+    }
+
+    /// A job's failed attempts per shard, and up to `max_skipped` of the
+    /// bad records it skipped (read from the objects that list them, off
+    /// the state owner).
+    pub async fn job_errors(&self, job_id: &str, max_skipped: usize) -> Result<JobErrors> {
+        let job_id = job_id.to_string();
+        let ErrorSources { shards, objects } = self
+            .call(|reply| Command::JobErrors { job_id, reply })
+            .await?;
+        let mut skipped = Vec::new();
+        for (shard_id, uri) in objects {
+            if skipped.len() >= max_skipped {
+                break;
+            }
+            let bytes = self.stores.get(&uri).await?;
+            for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                if skipped.len() >= max_skipped {
+                    break;
+                }
+                let value: serde_json::Value =
+                    serde_json::from_slice(line).map_err(|source| StoreError::Decode {
+                        uri: uri.to_string(),
+                        source,
+                    })?;
+                skipped.push(SkippedRecord {
+                    shard_id: shard_id.clone(),
+                    id: value["id"].as_str().unwrap_or_default().to_string(),
+                    reason: value["reason"].as_str().unwrap_or_default().to_string(),
+                });
+            }
+        }
+        let skipped_total = shards.iter().map(|s| s.skipped).sum();
+        Ok(JobErrors {
+            shards,
+            skipped,
+            skipped_total,
+        })
+    }
+
+    /// The output objects a job has committed so far (`stoke outputs`).
+    pub async fn job_outputs(&self, job_id: &str) -> Result<Vec<ManifestEntry>> {
+        let job_id = job_id.to_string();
+        self.call(|reply| Command::JobOutputs { job_id, reply })
+            .await
+    }
+
+    pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<JobInfo> {
+        let job_id = job_id.to_string();
+        let reason = reason.to_string();
+        self.call(|reply| Command::Cancel {
+            job_id,
+            reason,
+            reply,
+        })
+        .await
+    }
+
+    /// Workers checkpoint and release the job's leases; the job waits.
+    pub async fn pause(&self, job_id: &str, reason: &str) -> Result<JobInfo> {
+        let job_id = job_id.to_string();
+        let reason = reason.to_string();
+        self.call(|reply| Command::Pause {
+            job_id,
+            reason,
+            reply,
+        })
+        .await
+    }
+
+    /// A paused job continues from its checkpoints.
+    pub async fn resume(&self, job_id: &str) -> Result<JobInfo> {
+        let job_id = job_id.to_string();
+        self.call(|reply| Command::Resume { job_id, reply }).await
+    }
+
+    /// Opens a worker session; events for it arrive on the returned channel.
+    pub async fn register(
+        &self,
+        registration: Registration,
+    ) -> Result<(SessionGrant, mpsc::Receiver<SessionEvent>)> {
+        let (events_tx, events_rx) = mpsc::channel(64);
+        let grant = self
+            .call(|reply| Command::Register {
+                registration,
+                events_tx,
+                reply,
+            })
+            .await?;
+        Ok((grant, events_rx))
+    }
+
+    /// The session's connection is gone: its leases return to the queue.
+    pub async fn session_closed(&self, session_id: &str) {
+        let session_id = session_id.to_string();
+        let _ = self.tx.send(Command::SessionClosed { session_id }).await;
+    }
+
+    pub async fn heartbeat(&self, session_id: &str, heartbeat: Heartbeat) -> Result<()> {
+        let session_id = session_id.to_string();
+        self.call(|reply| Command::Heartbeat {
+            session_id,
+            heartbeat,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn acquire(&self, session_id: &str) -> Result<AcquireOutcome> {
+        let session_id = session_id.to_string();
+        self.call(|reply| Command::Acquire { session_id, reply })
+            .await
+    }
+
+    /// `Ok(true)` when the commit had already been applied.
+    pub async fn commit(&self, commit: Commit) -> Result<bool> {
+        self.call(|reply| Command::Commit { commit, reply }).await
+    }
+
+    pub async fn release(&self, release: Release) -> Result<()> {
+        self.call(|reply| Command::Release { release, reply }).await
+    }
+}

@@ -1,0 +1,194 @@
+//! [`Inline`]: the state machine with its writes run one at a time, in the
+//! caller's task, through the same `io.rs` the owner uses. The state tests
+//! drive the coordinator with it on a `memory:///` store and a paused
+//! clock: each call returns once everything it caused is stored and
+//! applied, so a test reads like the sequence of events it checks.
+
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+
+use stoke_core::lease::{
+    AcquireOutcome, Commit, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
+};
+use stoke_core::plan::Plan;
+use stoke_core::records::JobInfo;
+use stoke_core::spec::JobSpec;
+use stoke_core::{StoreUri, Stores};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::io;
+use crate::config::CoordinatorConfig;
+use crate::error::{CoordinatorError, Result};
+use crate::progress::StatusReport;
+use crate::state::{Answer, CommitStep, Effect, GroupWrite, ReqId, State};
+
+pub struct Inline {
+    state: State,
+    stores: Stores,
+    next_req: ReqId,
+    answers: HashMap<ReqId, Answer>,
+    sweeps: Vec<StoreUri>,
+}
+
+impl Deref for Inline {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl DerefMut for Inline {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Inline {
+    /// Loads the durable state from `stores` (see [`State::recover`]).
+    pub async fn recover(config: CoordinatorConfig, stores: Stores) -> Result<Self> {
+        let state = State::recover(config, stores.clone()).await?;
+        let mut inline = Self {
+            state,
+            stores,
+            next_req: 0,
+            answers: HashMap::new(),
+            sweeps: Vec::new(),
+        };
+        inline.settle().await;
+        Ok(inline)
+    }
+
+    /// Runs every write the machine asked for, feeding each result back,
+    /// until it asks for none.
+    async fn settle(&mut self) {
+        loop {
+            let effects = self.state.take_effects();
+            if effects.is_empty() {
+                return;
+            }
+            for effect in effects {
+                match effect {
+                    Effect::Io(id, io) => {
+                        let result = io::perform(io, &self.stores).await;
+                        self.state.written(id, result);
+                    }
+                    Effect::Reply(req, answer) => {
+                        self.answers.insert(req, answer);
+                    }
+                    Effect::Sweep(prefix) => self.sweeps.push(prefix),
+                }
+            }
+        }
+    }
+
+    fn req(&mut self) -> ReqId {
+        self.next_req += 1;
+        self.next_req
+    }
+
+    async fn answer(&mut self, req: ReqId) -> Answer {
+        self.settle().await;
+        self.answers
+            .remove(&req)
+            .unwrap_or(Answer::Done(Err(CoordinatorError::ShuttingDown)))
+    }
+
+    async fn job_answer(&mut self, req: ReqId) -> Result<JobInfo> {
+        match self.answer(req).await {
+            Answer::Job(answer) => answer,
+            Answer::Done(answer) => answer.and(Err(CoordinatorError::ShuttingDown)),
+        }
+    }
+
+    /// The staging folders the machine asked to sweep since the last call.
+    pub fn take_sweeps(&mut self) -> Vec<StoreUri> {
+        std::mem::take(&mut self.sweeps)
+    }
+
+    pub async fn create_job(
+        &mut self,
+        job_id: String,
+        spec: JobSpec,
+        plan: Plan,
+    ) -> Result<JobInfo> {
+        let req = self.req();
+        self.state.create_job(req, job_id, spec, plan);
+        self.job_answer(req).await
+    }
+
+    pub async fn cancel(&mut self, job_id: &str, reason: String) -> Result<JobInfo> {
+        let req = self.req();
+        self.state.cancel(req, job_id, reason);
+        self.job_answer(req).await
+    }
+
+    pub async fn pause(&mut self, job_id: &str, reason: String) -> Result<JobInfo> {
+        let req = self.req();
+        self.state.pause(req, job_id, reason);
+        self.job_answer(req).await
+    }
+
+    pub async fn resume(&mut self, job_id: &str) -> Result<JobInfo> {
+        let req = self.req();
+        self.state.resume(req, job_id);
+        self.job_answer(req).await
+    }
+
+    pub async fn release(&mut self, release: Release) -> Result<()> {
+        let req = self.req();
+        self.state.release(req, release, Instant::now());
+        match self.answer(req).await {
+            Answer::Done(answer) => answer,
+            Answer::Job(answer) => answer.map(|_| ()),
+        }
+    }
+
+    /// Checks the fencing token, stores the new progress record (a group of
+    /// one), and only then applies it. `Ok(true)` for a commit already
+    /// applied (a retry).
+    pub async fn commit(&mut self, commit: Commit) -> Result<bool> {
+        let step = self.state.begin_commit(commit);
+        self.settle().await;
+        match step? {
+            CommitStep::Duplicate => Ok(true),
+            CommitStep::Write(pending) => {
+                let group = vec![*pending];
+                let Some(write) = GroupWrite::of(&group) else {
+                    return Ok(false);
+                };
+                let written = io::write_group(&write, &self.stores).await;
+                let mut answers = self
+                    .state
+                    .finish_group(&write, group, written, Instant::now());
+                self.settle().await;
+                answers.pop().unwrap_or(Ok(false))
+            }
+        }
+    }
+
+    pub async fn tick(&mut self) {
+        self.state.tick(Instant::now());
+        self.settle().await;
+    }
+
+    pub fn acquire(&mut self, session_id: &str) -> Result<AcquireOutcome> {
+        self.state.acquire(session_id, Instant::now())
+    }
+
+    pub fn register(
+        &mut self,
+        registration: Registration,
+        events_tx: mpsc::Sender<SessionEvent>,
+    ) -> SessionGrant {
+        self.state.register(registration, events_tx, Instant::now())
+    }
+
+    pub fn heartbeat(&mut self, session_id: &str, leases: &[LeaseKey]) -> Result<()> {
+        self.state.heartbeat(session_id, leases, Instant::now())
+    }
+
+    pub fn status(&mut self) -> StatusReport {
+        self.state.status(Instant::now())
+    }
+}

@@ -1,0 +1,270 @@
+//! Every store write the coordinator makes once it runs: the state
+//! machine decides them (`state::Io`, group commits, snapshots) and the
+//! owner runs them here, off its loop.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use stoke_core::records::{
+    JobState, Manifest, ManifestEntry, OutputObject, ProgressRecord, StatusRecord, now_ms,
+};
+use stoke_core::spec::JobSpec;
+use stoke_core::{StoreError, StoreUri, Stores};
+use tracing::{info, warn};
+
+use crate::error::{CoordinatorError, Result};
+use crate::state::{
+    CreateJob, FinishJob, GroupWrite, GroupWritten, Io, SnapshotWrite, progress_log,
+};
+
+/// How many objects one group commit copies into the output folder at once.
+const COPY_CONCURRENCY: usize = 16;
+/// How many orphans one finishing job deletes at once.
+const DELETE_CONCURRENCY: usize = 16;
+
+/// Runs one write the state machine asked for.
+pub async fn perform(io: Io, stores: &Stores) -> Result<()> {
+    match io {
+        Io::CreateJob(create) => {
+            let CreateJob {
+                job_id,
+                spec_uri,
+                spec,
+                plan_uri,
+                plan,
+                status_uri,
+                status,
+            } = *create;
+            match stores.put_json_new(&spec_uri, &*spec).await {
+                Ok(()) => {}
+                Err(StoreError::AlreadyExists { .. }) => {
+                    // A job with this id was stored before (perhaps by a
+                    // crashed submit); accept only the same spec.
+                    let stored: Option<JobSpec> = stores.get_json(&spec_uri).await?;
+                    if stored.as_ref() != Some(&*spec) {
+                        return Err(CoordinatorError::JobExists { job_id });
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+            stores.put_json(&plan_uri, &*plan).await?;
+            stores.put_json(&status_uri, &status).await?;
+            Ok(())
+        }
+        Io::Put { uri, bytes } => Ok(stores.put(&uri, bytes).await?),
+        Io::Finish(finish) => finish_job(*finish, stores).await,
+    }
+}
+
+/// Copies one staged object of the `i`th commit of a group.
+async fn copy_staged(
+    stores: Stores,
+    i: usize,
+    from: StoreUri,
+    to: StoreUri,
+) -> (usize, StoreUri, std::result::Result<(), StoreError>) {
+    let copied = stores.copy(&from, &to).await;
+    (i, from, copied)
+}
+
+/// Copies every commit's staged objects into the output folder, then
+/// stores the records of the commits whose copies all succeeded. Copying
+/// again is harmless, so a retried commit simply copies again.
+pub async fn write_group(write: &GroupWrite, stores: &Stores) -> GroupWritten {
+    let mut copies: Vec<(usize, StoreUri, StoreUri)> = Vec::new();
+    for (i, commit_copies) in write.copies.iter().enumerate() {
+        for (from, to) in commit_copies {
+            copies.push((i, from.clone(), to.clone()));
+        }
+    }
+    let mut copied = futures::stream::iter(copies)
+        .map(|(i, from, to)| copy_staged(stores.clone(), i, from, to))
+        .buffer_unordered(COPY_CONCURRENCY);
+    let mut results: Vec<std::result::Result<(), StoreError>> =
+        write.records.iter().map(|_| Ok(())).collect();
+    while let Some((i, from, result)) = copied.next().await {
+        if let Err(e) = result
+            && results[i].is_ok()
+        {
+            warn!(object = %from, error = %e, "copying a staged output into the output folder failed");
+            results[i] = Err(e);
+        }
+    }
+    let records: Vec<&ProgressRecord> = write
+        .records
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.is_ok())
+        .map(|(p, _)| p)
+        .collect();
+    if records.is_empty() {
+        return GroupWritten {
+            stored: false,
+            results,
+        };
+    }
+    match stores
+        .put(&write.uri, progress_log(records.into_iter()))
+        .await
+    {
+        Ok(()) => GroupWritten {
+            stored: true,
+            results,
+        },
+        Err(e) => GroupWritten {
+            stored: false,
+            results: write.records.iter().map(|_| Err(e.share())).collect(),
+        },
+    }
+}
+
+/// Stores the snapshot, then deletes what it replaces; returns the objects
+/// deleted (a failed delete is tried again at the next one).
+pub async fn write_snapshot(
+    snapshot: &SnapshotWrite,
+    stores: &Stores,
+) -> (std::result::Result<(), StoreError>, Vec<StoreUri>) {
+    if let Err(e) = stores.put(&snapshot.uri, snapshot.bytes.clone()).await {
+        return (Err(e), Vec::new());
+    }
+    let mut deleted = Vec::with_capacity(snapshot.replaces.len());
+    for uri in &snapshot.replaces {
+        match stores.delete(uri).await {
+            Ok(()) | Err(StoreError::NotFound { .. }) => deleted.push(uri.clone()),
+            Err(e) => {
+                warn!(object = %uri, error = %e, "deleting a progress object a snapshot replaced failed; will retry");
+            }
+        }
+    }
+    (Ok(()), deleted)
+}
+
+fn entry(shard_id: &str, o: &OutputObject) -> ManifestEntry {
+    ManifestEntry {
+        shard_id: shard_id.to_string(),
+        uri: o.uri.clone(),
+        records: o.records,
+        bytes: o.bytes,
+        sha256: o.sha256.clone(),
+    }
+}
+
+/// Deletes the objects under `folder` that sit in a shard's subfolder
+/// (`<folder>/<shard id>/...`, for a shard of the job) and that no commit
+/// names: what attempts left that were never committed. One listing of
+/// the folder, then a bounded number of deletes at once.
+async fn delete_uncommitted(
+    stores: &Stores,
+    folder: &StoreUri,
+    shard_ids: &HashSet<&str>,
+    committed: &HashSet<&str>,
+) -> Result<usize> {
+    let base = folder.as_str();
+    let orphans: Vec<StoreUri> = stores
+        .list(folder)
+        .await?
+        .into_iter()
+        .filter(|listed| {
+            let uri = listed.uri.as_str();
+            let in_shard = uri
+                .strip_prefix(base)
+                .and_then(|rest| rest.split_once('/'))
+                .is_some_and(|(shard, _)| shard_ids.contains(shard));
+            in_shard && !committed.contains(uri)
+        })
+        .map(|listed| listed.uri)
+        .collect();
+    let n = orphans.len();
+    let mut deletes = futures::stream::iter(orphans)
+        .map(|uri| {
+            let stores = stores.clone();
+            async move {
+                match stores.delete(&uri).await {
+                    Ok(()) | Err(StoreError::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .buffer_unordered(DELETE_CONCURRENCY);
+    while let Some(deleted) = deletes.next().await {
+        deleted?;
+    }
+    Ok(n)
+}
+
+/// Every shard is committed: remove what uncommitted attempts wrote (so
+/// the output folder holds exactly what the manifest lists when the job
+/// says it succeeded), write the manifest, then the `succeeded` status.
+async fn finish_job(finish: FinishJob, stores: &Stores) -> Result<()> {
+    let FinishJob {
+        job_id,
+        layout,
+        output,
+        plan,
+        progress,
+    } = finish;
+    let shard_ids: HashSet<&str> = plan.shards.iter().map(|s| s.id.as_str()).collect();
+    let committed: HashSet<&str> = progress
+        .iter()
+        .flat_map(|p| p.outputs.iter().map(|o| o.uri.as_str()))
+        .collect();
+    let committed_errors: HashSet<&str> = progress
+        .iter()
+        .flat_map(|p| p.errors.iter().map(|o| o.uri.as_str()))
+        .collect();
+    let orphans = delete_uncommitted(stores, &output.join("/"), &shard_ids, &committed).await?
+        + delete_uncommitted(stores, &layout.errors_root(), &shard_ids, &committed_errors).await?;
+    if orphans > 0 {
+        info!(job = %job_id, orphans, "deleted objects no commit names");
+    }
+    fail::fail_point!("coordinator::before_manifest", |_| std::process::abort());
+    let outputs: Vec<ManifestEntry> = progress
+        .iter()
+        .flat_map(|p| p.outputs.iter().map(|o| entry(&p.shard_id, o)))
+        .collect();
+    let manifest = Manifest {
+        job_id: job_id.clone(),
+        records_in: progress.iter().map(|p| p.records).sum(),
+        records_out: outputs.iter().map(|o| o.records).sum(),
+        shards: progress.len() as u64,
+        outputs,
+        records_skipped: progress.iter().map(|p| p.skipped).sum(),
+        errors: progress
+            .iter()
+            .flat_map(|p| p.errors.iter().map(|o| entry(&p.shard_id, o)))
+            .collect(),
+        created_ms: now_ms(),
+    };
+    let bytes = Bytes::from(serde_json::to_vec_pretty(&manifest).unwrap_or_default());
+    // Create-only: a manifest is never overwritten. One already there was
+    // written by a coordinator that stopped before marking the job done;
+    // it must list the same objects.
+    match stores.put_new(&layout.manifest(), bytes).await {
+        Ok(()) => {}
+        Err(StoreError::AlreadyExists { .. }) => {
+            let existing: Option<Manifest> = stores.get_json(&layout.manifest()).await?;
+            let same = existing.is_some_and(|m| {
+                Manifest {
+                    created_ms: manifest.created_ms,
+                    ..m
+                } == manifest
+            });
+            if !same {
+                return Err(CoordinatorError::Recovery(format!(
+                    "{} exists and lists other objects than the committed progress; not overwriting it",
+                    layout.manifest()
+                )));
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
+    fail::fail_point!("coordinator::after_manifest", |_| std::process::abort());
+    let status = StatusRecord {
+        state: JobState::Succeeded,
+        reason: None,
+        updated_ms: now_ms(),
+    };
+    stores.put_json(&layout.status(), &status).await?;
+    Ok(())
+}

@@ -1,0 +1,392 @@
+//! The single owner of the coordinator's [`State`]: one task receives
+//! commands and runs them one at a time, and runs the state machine's
+//! effects: every store write goes off the loop (`io.rs`) and comes back
+//! as a result the machine applies. [`Handle`] (`handle.rs`) is how
+//! everything else talks to it; [`Inline`] (`inline.rs`) runs the same
+//! machine and writes one at a time in the caller's task, for tests.
+
+mod handle;
+mod inline;
+pub mod io;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use stoke_core::records::JobInfo;
+use stoke_core::{StoreError, StoreUri, Stores};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::config::CoordinatorConfig;
+use crate::error::{CoordinatorError, Result};
+use crate::root_lock;
+use crate::state::{
+    Answer, CommitStep, Effect, GroupWrite, GroupWritten, IoId, MAX_GROUP, PendingCommit, ReqId,
+    SnapshotWrite, State,
+};
+use crate::sweep::Sweeper;
+
+pub use handle::Handle;
+use handle::{Command, Reply};
+pub use inline::Inline;
+
+/// Takes the state root (refused if another coordinator holds it), loads
+/// durable state from it and starts the owner task. The task ends when
+/// `shutdown` is cancelled or every handle is dropped; it cancels
+/// `shutdown` itself, and ends with [`CoordinatorError::RootLost`], if
+/// another coordinator takes the root over.
+pub async fn start(
+    config: CoordinatorConfig,
+    stores: Stores,
+    shutdown: CancellationToken,
+) -> Result<(Handle, tokio::task::JoinHandle<Result<()>>)> {
+    let tick = config.tick();
+    let lock = root_lock::acquire(
+        &stores,
+        &config.root,
+        config.root_lock_ttl,
+        &config.description,
+        shutdown.clone(),
+    )
+    .await?;
+    // Every write of the state goes through the lock's fence.
+    let stores = stores.fenced(lock.fence());
+    let state = match State::recover(config, stores.clone()).await {
+        Ok(state) => state,
+        Err(e) => {
+            lock.release().await;
+            return Err(e);
+        }
+    };
+    let (tx, rx) = mpsc::channel(1024);
+    let owner_stores = stores.clone();
+    let task = tokio::spawn(async move {
+        Owner::new(state, owner_stores)
+            .run(rx, tick, shutdown)
+            .await;
+        let lost = lock.was_lost();
+        lock.release().await;
+        if lost {
+            return Err(CoordinatorError::RootLost);
+        }
+        Ok(())
+    });
+    Ok((Handle { tx, stores }, task))
+}
+
+/// A commit waiting for its group to be stored, and who waits for it.
+type Queued = (PendingCommit, Reply<bool>);
+
+/// A store write running off the owner loop.
+enum Done {
+    /// A group commit: the records of `pendings`, in one object.
+    Group {
+        write: GroupWrite,
+        pendings: Vec<PendingCommit>,
+        replies: Vec<Reply<bool>>,
+        written: GroupWritten,
+    },
+    /// A snapshot that replaces a job's older progress objects.
+    Snapshot {
+        snapshot: SnapshotWrite,
+        written: std::result::Result<(), StoreError>,
+        deleted: Vec<StoreUri>,
+    },
+    /// Any other write the state machine asked for.
+    Io(IoId, Result<()>),
+}
+
+type Write = Pin<Box<dyn Future<Output = Done> + Send>>;
+
+/// Who waits for an answer that needs a write first.
+enum Waiter {
+    Job(Reply<JobInfo>),
+    Done(Reply<()>),
+}
+
+/// The owner task's state: the machine, and the writes it runs for it.
+struct Owner {
+    state: State,
+    stores: Stores,
+    running: FuturesUnordered<Write>,
+    /// Group commit: jobs with a group or snapshot being written, and the
+    /// commits waiting for the next group.
+    busy: HashMap<String, Vec<Queued>>,
+    waiters: HashMap<ReqId, Waiter>,
+    next_req: ReqId,
+    sweeper: Sweeper,
+}
+
+impl Owner {
+    fn new(state: State, stores: Stores) -> Self {
+        Self {
+            state,
+            sweeper: Sweeper::new(stores.clone()),
+            stores,
+            running: FuturesUnordered::new(),
+            busy: HashMap::new(),
+            waiters: HashMap::new(),
+            next_req: 0,
+        }
+    }
+
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Command>,
+        tick: Duration,
+        shutdown: CancellationToken,
+    ) {
+        let mut ticker = tokio::time::interval(tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            self.effects();
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => self.apply(cmd),
+                    None => break,
+                },
+                Some(done) = self.running.next(), if !self.running.is_empty() => {
+                    self.finish(done);
+                }
+                Some((prefix, swept)) = self.sweeper.running.next(), if !self.sweeper.running.is_empty() => {
+                    self.sweeper.finished(&prefix, swept);
+                }
+                _ = ticker.tick() => self.state.tick(Instant::now()),
+            }
+        }
+        debug!("coordinator state owner stopped");
+    }
+
+    /// Runs what the state machine asked for since the last call.
+    fn effects(&mut self) {
+        let mut sweeps = Vec::new();
+        for effect in self.state.take_effects() {
+            match effect {
+                Effect::Io(id, io) => {
+                    let stores = self.stores.clone();
+                    self.running.push(Box::pin(async move {
+                        Done::Io(id, io::perform(io, &stores).await)
+                    }));
+                }
+                Effect::Reply(req, answer) => {
+                    // A caller that gave up no longer listens: the change
+                    // stands, as it would after a crash.
+                    match (self.waiters.remove(&req), answer) {
+                        (Some(Waiter::Job(reply)), Answer::Job(answer)) => {
+                            let _ = reply.send(answer);
+                        }
+                        (Some(Waiter::Done(reply)), Answer::Done(answer)) => {
+                            let _ = reply.send(answer);
+                        }
+                        (waiter, answer) => {
+                            debug!(
+                                req,
+                                known = waiter.is_some(),
+                                ?answer,
+                                "answer for no matching caller"
+                            );
+                        }
+                    }
+                }
+                Effect::Sweep(prefix) => sweeps.push(prefix),
+            }
+        }
+        self.sweeper.add(sweeps);
+    }
+
+    fn wait(&mut self, waiter: Waiter) -> ReqId {
+        self.next_req += 1;
+        self.waiters.insert(self.next_req, waiter);
+        self.next_req
+    }
+
+    fn apply(&mut self, cmd: Command) {
+        // A caller that gave up (timeout, dropped connection) no longer
+        // listens: its reply is dropped, and the change stands, as it would
+        // after a crash.
+        let state = &mut self.state;
+        match cmd {
+            Command::CreateJob {
+                job_id,
+                spec,
+                plan,
+                reply,
+            } => {
+                let req = self.wait(Waiter::Job(reply));
+                self.state.create_job(req, job_id, *spec, *plan);
+            }
+            Command::GetJob { job_id, reply } => {
+                let _ = reply.send(state.get_job(&job_id));
+            }
+            Command::ListJobs { reply } => {
+                let _ = reply.send(Ok(state.list_jobs()));
+            }
+            Command::Snapshot { reply } => {
+                let _ = reply.send(Ok(state.snapshot()));
+            }
+            Command::Status { reply } => {
+                let _ = reply.send(Ok(state.status(Instant::now())));
+            }
+            Command::JobErrors { job_id, reply } => {
+                let _ = reply.send(state.job_errors(&job_id));
+            }
+            Command::JobOutputs { job_id, reply } => {
+                let _ = reply.send(state.job_outputs(&job_id));
+            }
+            Command::Cancel {
+                job_id,
+                reason,
+                reply,
+            } => {
+                let req = self.wait(Waiter::Job(reply));
+                self.state.cancel(req, &job_id, reason);
+            }
+            Command::Pause {
+                job_id,
+                reason,
+                reply,
+            } => {
+                let req = self.wait(Waiter::Job(reply));
+                self.state.pause(req, &job_id, reason);
+            }
+            Command::Resume { job_id, reply } => {
+                let req = self.wait(Waiter::Job(reply));
+                self.state.resume(req, &job_id);
+            }
+            Command::Register {
+                registration,
+                events_tx,
+                reply,
+            } => {
+                let _ = reply.send(Ok(state.register(registration, events_tx, Instant::now())));
+            }
+            Command::SessionClosed { session_id } => state.session_closed(&session_id),
+            Command::Heartbeat {
+                session_id,
+                heartbeat,
+                reply,
+            } => {
+                let renewed = state.heartbeat(&session_id, &heartbeat.leases, Instant::now());
+                if renewed.is_ok() {
+                    state.report_stages(&session_id, heartbeat.stages);
+                }
+                let _ = reply.send(renewed);
+            }
+            Command::Acquire { session_id, reply } => {
+                let _ = reply.send(state.acquire(&session_id, Instant::now()));
+            }
+            Command::Commit { commit, reply } => match state.begin_commit(commit) {
+                Ok(CommitStep::Duplicate) => {
+                    let _ = reply.send(Ok(true));
+                }
+                Ok(CommitStep::Write(pending)) => self.enqueue(*pending, reply),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Command::Release { release, reply } => {
+                let req = self.wait(Waiter::Done(reply));
+                self.state.release(req, release, Instant::now());
+            }
+        }
+    }
+
+    // -- group commit -------------------------------------------------------
+    //
+    // Commits are validated and applied in order; their progress records
+    // are stored one group per job at a time: while a group (or a snapshot)
+    // of a job is written, the commits that arrive queue up and go out
+    // together in the next one. Under load, many commits share one store
+    // write; alone, a commit is written at once.
+
+    fn enqueue(&mut self, pending: PendingCommit, reply: Reply<bool>) {
+        match self.busy.get_mut(pending.job_id()) {
+            Some(queued) => queued.push((pending, reply)),
+            None => {
+                self.busy.insert(pending.job_id().to_string(), Vec::new());
+                self.write_group(vec![(pending, reply)]);
+            }
+        }
+    }
+
+    fn write_group(&mut self, queued: Vec<Queued>) {
+        let (pendings, replies): (Vec<PendingCommit>, Vec<Reply<bool>>) =
+            queued.into_iter().unzip();
+        let Some(write) = GroupWrite::of(&pendings) else {
+            return;
+        };
+        let stores = self.stores.clone();
+        self.running.push(Box::pin(async move {
+            let written = io::write_group(&write, &stores).await;
+            Done::Group {
+                write,
+                pendings,
+                replies,
+                written,
+            }
+        }));
+    }
+
+    /// After a write of `job_id`: the next group, if commits wait, else the
+    /// job is no longer busy.
+    fn next_group(&mut self, job_id: &str) {
+        let Some(queued) = self.busy.get_mut(job_id) else {
+            return;
+        };
+        if queued.is_empty() {
+            self.busy.remove(job_id);
+            return;
+        }
+        let rest = queued.split_off(queued.len().min(MAX_GROUP));
+        let group = std::mem::replace(queued, rest);
+        self.write_group(group);
+    }
+
+    fn finish(&mut self, done: Done) {
+        match done {
+            Done::Group {
+                write,
+                pendings,
+                replies,
+                written,
+            } => {
+                let answers = self
+                    .state
+                    .finish_group(&write, pendings, written, Instant::now());
+                for (reply, answer) in replies.into_iter().zip(answers) {
+                    let _ = reply.send(answer);
+                }
+                // A snapshot, when one is due, goes before the next group.
+                if let Some(snapshot) = self.state.snapshot_due(&write.job_id) {
+                    let stores = self.stores.clone();
+                    self.running.push(Box::pin(async move {
+                        let (written, deleted) = io::write_snapshot(&snapshot, &stores).await;
+                        Done::Snapshot {
+                            snapshot,
+                            written,
+                            deleted,
+                        }
+                    }));
+                } else {
+                    self.next_group(&write.job_id);
+                }
+            }
+            Done::Snapshot {
+                snapshot,
+                written,
+                deleted,
+            } => {
+                self.state.finish_snapshot(&snapshot, written, &deleted);
+                self.next_group(&snapshot.job_id);
+            }
+            Done::Io(id, result) => self.state.written(id, result),
+        }
+    }
+}

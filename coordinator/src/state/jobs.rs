@@ -1,0 +1,391 @@
+//! Jobs: submitting one, and every change of a job's state (pause,
+//! resume, cancel, fail). Each change is stored before it applies; while
+//! one is being stored, the job's next ones wait in order
+//! (`Job::deferred`), so they apply exactly as if they ran one after the
+//! other, and no lease of the job goes out.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use stoke_core::lease::{LeaseKey, SessionEvent};
+use stoke_core::plan::Plan;
+use stoke_core::records::{JobState, StatusRecord, now_ms};
+use stoke_core::spec::JobSpec;
+use tracing::{info, warn};
+
+use super::effects::Then;
+use super::{Answer, CreateJob, Effect, Io, Job, ReqId, State};
+use crate::error::{CoordinatorError, Result};
+
+/// A job being stored, and who else asked for it with the same spec.
+pub(super) struct Creating {
+    spec: Arc<JobSpec>,
+    waiters: Vec<ReqId>,
+}
+
+/// A change of a job's state.
+#[derive(Debug, Clone)]
+pub(super) enum JobCmd {
+    Cancel(String),
+    Pause(String),
+    Resume,
+    /// The job failed (an attempt limit, the skip limit).
+    Fail(String),
+}
+
+impl JobCmd {
+    /// The state this change stores, and its reason.
+    fn target(&self) -> (JobState, Option<String>) {
+        match self {
+            JobCmd::Cancel(reason) => (JobState::Cancelled, Some(reason.clone())),
+            JobCmd::Pause(reason) => (JobState::Paused, Some(reason.clone())),
+            JobCmd::Resume => (JobState::Running, None),
+            JobCmd::Fail(reason) => (JobState::Failed, Some(reason.clone())),
+        }
+    }
+}
+
+impl State {
+    /// Stores spec, plan and status, then adds the job (answered on `req`).
+    /// Submitting the same spec under an existing id returns that job.
+    pub fn create_job(&mut self, req: ReqId, job_id: String, spec: JobSpec, plan: Plan) {
+        if let Some(existing) = self.jobs.get(&job_id) {
+            let answer = if *existing.spec == spec {
+                Ok(self.info_of(existing))
+            } else {
+                Err(CoordinatorError::JobExists { job_id })
+            };
+            self.reply(Some(req), Answer::Job(answer));
+            return;
+        }
+        if let Some(creating) = self.creating.get_mut(&job_id) {
+            if *creating.spec == spec {
+                creating.waiters.push(req);
+            } else {
+                self.reply(
+                    Some(req),
+                    Answer::Job(Err(CoordinatorError::JobExists { job_id })),
+                );
+            }
+            return;
+        }
+        let unfinished = self
+            .jobs
+            .values()
+            .filter(|j| !j.state.is_terminal())
+            .count()
+            + self.creating.len();
+        if unfinished >= self.config.max_jobs {
+            let max = self.config.max_jobs;
+            self.reply(
+                Some(req),
+                Answer::Job(Err(CoordinatorError::TooManyJobs { unfinished, max })),
+            );
+            return;
+        }
+        let layout = self.root_layout().job(&job_id);
+        let spec = Arc::new(spec);
+        let plan = Arc::new(plan);
+        let job = Job::new(job_id.clone(), spec.clone(), plan.clone(), layout.clone());
+        self.creating.insert(
+            job_id.clone(),
+            Creating {
+                spec: spec.clone(),
+                waiters: vec![req],
+            },
+        );
+        let io = Io::CreateJob(Box::new(CreateJob {
+            job_id,
+            spec_uri: layout.spec(),
+            spec,
+            plan_uri: layout.plan(),
+            plan,
+            status_uri: layout.status(),
+            status: StatusRecord {
+                state: JobState::Running,
+                reason: None,
+                updated_ms: now_ms(),
+            },
+        }));
+        self.start_io(io, Then::Created { job: Box::new(job) });
+    }
+
+    pub(super) fn job_created(&mut self, job: Job, result: Result<()>) {
+        let job_id = job.id.clone();
+        let waiters = self
+            .creating
+            .remove(&job_id)
+            .map(|c| c.waiters)
+            .unwrap_or_default();
+        if let Err(e) = result {
+            let reason = e.to_string();
+            let mut first = Some(e);
+            for req in waiters {
+                let error = first
+                    .take()
+                    .unwrap_or_else(|| CoordinatorError::JobCreateFailed {
+                        job_id: job_id.clone(),
+                        reason: reason.clone(),
+                    });
+                self.reply(Some(req), Answer::Job(Err(error)));
+            }
+            return;
+        }
+        info!(job = %job_id, shards = job.shards.len(), "job submitted");
+        self.order.push(job_id.clone());
+        self.jobs.insert(job_id.clone(), job);
+        self.wake_all();
+        // A job with no shards is done at once.
+        self.finish_if_done(&job_id);
+        for req in waiters {
+            let info = self.job(&job_id).map(|j| self.info_of(j));
+            self.reply(Some(req), Answer::Job(info));
+        }
+    }
+
+    pub fn cancel(&mut self, req: ReqId, job_id: &str, reason: String) {
+        let reason = if reason.is_empty() {
+            "cancelled by user".to_string()
+        } else {
+            reason
+        };
+        self.job_cmd(Some(req), job_id, JobCmd::Cancel(reason));
+    }
+
+    /// Pauses a running job: stores the state, then asks the workers
+    /// holding its leases to checkpoint and release them. Nothing new is
+    /// leased until it resumes.
+    pub fn pause(&mut self, req: ReqId, job_id: &str, reason: String) {
+        let reason = if reason.is_empty() {
+            "paused by user".to_string()
+        } else {
+            reason
+        };
+        self.job_cmd(Some(req), job_id, JobCmd::Pause(reason));
+    }
+
+    /// Resumes a paused job from its checkpoints.
+    pub fn resume(&mut self, req: ReqId, job_id: &str) {
+        self.job_cmd(Some(req), job_id, JobCmd::Resume);
+    }
+
+    /// Fails a job (no one waits for the answer; a failed write is tried
+    /// again at the next tick).
+    pub(super) fn fail_job(&mut self, job_id: &str, reason: String) {
+        self.job_cmd(None, job_id, JobCmd::Fail(reason));
+    }
+
+    /// Runs a change of the job's state now, or after the one in flight.
+    fn job_cmd(&mut self, req: Option<ReqId>, job_id: &str, cmd: JobCmd) {
+        let job = match self.job_mut(job_id) {
+            Ok(job) => job,
+            Err(e) => return self.reply(req, Answer::Job(Err(e))),
+        };
+        if job.busy {
+            job.deferred.push_back((req, cmd));
+            return;
+        }
+        // What the change means in the job's state now: nothing to do,
+        // refused, or a status to store.
+        let noop = match (&cmd, job.state) {
+            (_, s) if s.is_terminal() => {
+                if let JobCmd::Pause(_) | JobCmd::Resume = cmd {
+                    Some(Err(CoordinatorError::JobNotRunning {
+                        job_id: job_id.to_string(),
+                        state: s.to_string(),
+                    }))
+                } else {
+                    Some(Ok(()))
+                }
+            }
+            (JobCmd::Pause(_), JobState::Paused) | (JobCmd::Resume, JobState::Running) => {
+                Some(Ok(()))
+            }
+            _ => None,
+        };
+        if let JobCmd::Fail(_) = cmd {
+            job.must_fail = None;
+        }
+        if let Some(answer) = noop {
+            let answer = answer.and_then(|()| self.get_job(job_id));
+            return self.reply(req, Answer::Job(answer));
+        }
+        job.busy = true;
+        let (state, reason) = cmd.target();
+        let io = Io::Put {
+            uri: job.layout.status(),
+            bytes: stoke_core::store::to_json_bytes(&StatusRecord {
+                state,
+                reason,
+                updated_ms: now_ms(),
+            })
+            .into(),
+        };
+        self.start_io(
+            io,
+            Then::Status {
+                job_id: job_id.to_string(),
+                req,
+                cmd,
+            },
+        );
+    }
+
+    pub(super) fn status_written(
+        &mut self,
+        job_id: &str,
+        req: Option<ReqId>,
+        cmd: JobCmd,
+        result: Result<()>,
+    ) {
+        let Ok(job) = self.job_mut(job_id) else {
+            return;
+        };
+        job.busy = false;
+        match result {
+            Ok(()) => {
+                self.apply_job_cmd(job_id, cmd);
+                let answer = self.get_job(job_id);
+                self.reply(req, Answer::Job(answer));
+                self.run_deferred(job_id);
+                // A resumed job may have had every shard done.
+                self.finish_if_done(job_id);
+                return;
+            }
+            Err(e) => {
+                warn!(job = %job_id, error = %e, "storing the job's status failed");
+                if let JobCmd::Fail(reason) = cmd
+                    && let Ok(job) = self.job_mut(job_id)
+                {
+                    job.must_fail = Some(reason);
+                }
+                self.reply(req, Answer::Job(Err(e)));
+            }
+        }
+        self.run_deferred(job_id);
+    }
+
+    /// Runs the job's waiting changes until one has to be stored.
+    pub(super) fn run_deferred(&mut self, job_id: &str) {
+        loop {
+            let Ok(job) = self.job_mut(job_id) else {
+                return;
+            };
+            if job.busy {
+                return;
+            }
+            let Some((req, cmd)) = job.deferred.pop_front() else {
+                return;
+            };
+            self.job_cmd(req, job_id, cmd);
+        }
+    }
+
+    /// A stored change of the job's state, applied in memory.
+    fn apply_job_cmd(&mut self, job_id: &str, cmd: JobCmd) {
+        match cmd {
+            JobCmd::Pause(reason) => self.paused(job_id, reason),
+            JobCmd::Resume => self.resumed(job_id),
+            JobCmd::Cancel(reason) => self.ended(job_id, JobState::Cancelled, reason),
+            JobCmd::Fail(reason) => self.ended(job_id, JobState::Failed, reason),
+        }
+    }
+
+    fn paused(&mut self, job_id: &str, reason: String) {
+        let Ok(job) = self.job_mut(job_id) else {
+            return;
+        };
+        job.state = JobState::Paused;
+        job.reason = Some(reason.clone());
+        let mut draining: HashMap<String, Vec<LeaseKey>> = HashMap::new();
+        for (i, shard) in job.shards.iter().enumerate() {
+            if let Some(lease) = &shard.lease {
+                draining
+                    .entry(lease.session_id.clone())
+                    .or_default()
+                    .push(LeaseKey {
+                        job_id: job_id.to_string(),
+                        shard_id: job.plan.shards[i].id.clone(),
+                        token: lease.token,
+                    });
+            }
+        }
+        for (session_id, leases) in draining {
+            if let Some(session) = self.sessions.get(&session_id) {
+                // Best effort: a worker that misses this keeps its lease until
+                // its shard ends or the lease times out; no new leases go out.
+                let _ = session.events_tx.try_send(SessionEvent::Drain {
+                    leases,
+                    reason: reason.clone(),
+                });
+            }
+        }
+        info!(job = %job_id, %reason, "job paused");
+    }
+
+    fn resumed(&mut self, job_id: &str) {
+        let Ok(job) = self.job_mut(job_id) else {
+            return;
+        };
+        job.state = JobState::Running;
+        job.reason = None;
+        job.pending = (0..job.shards.len())
+            .filter(|&i| !job.shards[i].progress.done && job.shards[i].lease.is_none())
+            .collect();
+        info!(job = %job_id, "job resumed");
+        self.wake_all();
+    }
+
+    /// Moves a job to a terminal state: drops its leases, tells the workers
+    /// holding them, and sweeps its staging folder.
+    fn ended(&mut self, job_id: &str, state: JobState, reason: String) {
+        let Ok(job) = self.job_mut(job_id) else {
+            return;
+        };
+        job.state = state;
+        job.reason = Some(reason.clone());
+        job.pending.clear();
+        job.must_fail = None;
+        let staging = job.staging_dir();
+        let mut revoked: HashMap<String, Vec<LeaseKey>> = HashMap::new();
+        for (i, shard) in job.shards.iter_mut().enumerate() {
+            if let Some(lease) = shard.lease.take() {
+                revoked.entry(lease.session_id).or_default().push(LeaseKey {
+                    job_id: job_id.to_string(),
+                    shard_id: job.plan.shards[i].id.clone(),
+                    token: lease.token,
+                });
+            }
+        }
+        self.effects.push(Effect::Sweep(staging));
+        for (session_id, leases) in revoked {
+            if let Some(session) = self.sessions.get_mut(&session_id) {
+                session.leases.retain(|(j, _)| j != job_id);
+                // Best effort: a worker that misses this learns at its next commit.
+                let _ = session.events_tx.try_send(SessionEvent::Revoke {
+                    leases,
+                    reason: reason.clone(),
+                });
+            }
+        }
+        info!(job = %job_id, %state, %reason, "job ended");
+        self.wake_all();
+    }
+
+    /// Fails the job once it skipped more bad records than its spec allows.
+    pub(super) fn check_skip_limit(&mut self, job_id: &str, last_reason: Option<&str>) {
+        let Ok(job) = self.job(job_id) else {
+            return;
+        };
+        let skipped = job.totals.skipped;
+        let limit = job.spec.errors.max_skipped;
+        if skipped <= limit || job.state.is_terminal() {
+            return;
+        }
+        let reason = format!(
+            "{skipped} bad records skipped, more than errors.max_skipped = {limit}; last: {}",
+            last_reason.unwrap_or("no reason given")
+        );
+        self.fail_job(job_id, reason);
+    }
+}

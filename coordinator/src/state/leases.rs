@@ -1,0 +1,309 @@
+//! Leases: granting a shard to a session, a lease given back (cleanly, or
+//! with the attempt's error), and leases that expire because their holder
+//! stopped renewing them.
+
+use std::sync::Arc;
+
+use stoke_core::layout::attempt_prefix;
+use stoke_core::lease::{AcquireOutcome, Lease, Release};
+use stoke_core::records::{JobState, ProgressLogRef};
+use stoke_core::store::to_json_bytes;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::effects::{AttemptFailed, Then};
+use super::{ActiveLease, Answer, Io, ReqId, State};
+use crate::error::{CoordinatorError, Result};
+
+/// Attempts of one shard that may fail on the store before they count
+/// against `max_attempts` (a store that never recovers still ends the job).
+const MAX_STORE_FAILURES: u32 = 100;
+
+impl State {
+    pub fn acquire(&mut self, session_id: &str, now: Instant) -> Result<AcquireOutcome> {
+        let Some(session) = self.sessions.get(session_id) else {
+            return Err(CoordinatorError::UnknownSession {
+                session_id: session_id.to_string(),
+            });
+        };
+        let worker_id = session.worker_id.clone();
+        // A shard whose last attempt failed on this worker goes to another
+        // one while others are connected.
+        let others_connected = self.sessions.values().any(|s| s.worker_id != worker_id);
+        let mut any_unfinished = false;
+        let mut chosen = None;
+        for job_id in &self.order {
+            let Some(job) = self.jobs.get(job_id) else {
+                continue;
+            };
+            if job.state.is_terminal() {
+                continue;
+            }
+            any_unfinished = true;
+            // A job whose status change is being stored leases nothing
+            // until it is.
+            if job.state != JobState::Running || job.busy {
+                continue;
+            }
+            let pick = job.pending.iter().position(|&i| {
+                !others_connected
+                    || job.shards[i].progress.last_failed_worker.as_deref() != Some(&worker_id)
+            });
+            if let Some(pos) = pick {
+                chosen = Some((job_id.clone(), pos));
+                break;
+            }
+        }
+        let Some((job_id, pos)) = chosen else {
+            if !self.waiting.iter().any(|s| s == session_id) {
+                self.waiting.push_back(session_id.to_string());
+            }
+            return Ok(if any_unfinished {
+                AcquireOutcome::Wait(self.config.wait_retry)
+            } else {
+                AcquireOutcome::Idle
+            });
+        };
+        let token = self.next_token();
+        let deadline = now + self.config.lease_timeout;
+        let job = self.job_mut(&job_id)?;
+        let Some(idx) = job.pending.remove(pos) else {
+            return Ok(AcquireOutcome::Wait(self.config.wait_retry));
+        };
+        let shard = &mut job.shards[idx];
+        let attempt = {
+            let progress = Arc::make_mut(&mut shard.progress);
+            progress.attempts += 1;
+            progress.attempts
+        };
+        shard.lease = Some(ActiveLease {
+            session_id: session_id.to_string(),
+            token,
+            deadline,
+        });
+        let plan_shard = job.plan.shards[idx].clone();
+        let lease = Lease {
+            job_id: job_id.clone(),
+            token,
+            attempt,
+            spec: (*job.spec).clone(),
+            output_prefix: attempt_prefix(&job.staging, &plan_shard.id, token).to_string(),
+            next_batch: shard.progress.next_batch,
+            records_done: shard.progress.records,
+            input_schema: job.plan.jsonl_schema.clone(),
+            errors_prefix: job.layout.errors_prefix(&plan_shard.id, token).to_string(),
+            shard: plan_shard,
+            outputs_staged: true,
+        };
+        if let Some(session) = self.sessions.get_mut(session_id) {
+            session.leases.insert((job_id.clone(), idx));
+        }
+        self.waiting.retain(|s| s != session_id);
+        info!(job = %job_id, shard = %lease.shard.id, token, worker = %worker_id, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, "lease granted");
+        self.counters.leases_granted += 1;
+        Ok(AcquireOutcome::Lease(Box::new(lease)))
+    }
+
+    /// A lease given back. Without an error the shard simply goes back to
+    /// the queue; with one, the failed attempt is stored first (answered on
+    /// `req` once it is).
+    pub fn release(&mut self, req: ReqId, release: Release, now: Instant) {
+        if let Err(e) = self.try_release(req, release, now) {
+            self.reply(Some(req), Answer::Done(Err(e)));
+        }
+    }
+
+    fn try_release(&mut self, req: ReqId, release: Release, now: Instant) -> Result<()> {
+        let key = &release.key;
+        let job = self.job(&key.job_id)?;
+        let idx = job.shard(&key.shard_id)?;
+        let holds = job.shards[idx]
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.token == key.token && l.session_id == release.session_id);
+        if !holds {
+            // Stale or repeated: nothing to do (releases are idempotent).
+            self.reply(Some(req), Answer::Done(Ok(())));
+            return Ok(());
+        }
+        if job.shards[idx].writing {
+            // A record of this lease is being stored: let the lease lapse
+            // once it is, rather than move the shard under it.
+            if let Some(lease) = self.job_mut(&key.job_id)?.shards[idx].lease.as_mut() {
+                lease.deadline = now;
+            }
+            self.reply(Some(req), Answer::Done(Ok(())));
+            return Ok(());
+        }
+        let mut progress = (*job.shards[idx].progress).clone();
+        let worker = self.worker_of(&release.session_id);
+        let Some(error) = release.error.clone() else {
+            if let Some(session) = self.sessions.get_mut(&release.session_id) {
+                session.leases.remove(&(key.job_id.clone(), idx));
+            }
+            let job = self.job_mut(&key.job_id)?;
+            job.shards[idx].lease = None;
+            if job.state == JobState::Running {
+                job.pending.push_front(idx);
+                self.wake(1);
+            }
+            info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %worker, "lease released");
+            self.counters.leases_released += 1;
+            self.reply(Some(req), Answer::Done(Ok(())));
+            return Ok(());
+        };
+        // A store outage is not the data's fault: retry without using up an
+        // attempt, up to a bound so a store that never recovers still ends
+        // the job.
+        let counts_as_failure = !release.transient || progress.store_failures >= MAX_STORE_FAILURES;
+        if counts_as_failure {
+            progress.failed_attempts += 1;
+        } else {
+            progress.store_failures += 1;
+        }
+        progress.last_error = Some(error.clone());
+        progress.last_failed_worker = self
+            .sessions
+            .get(&release.session_id)
+            .map(|s| s.worker_id.clone());
+        progress.seq = self.next_seq();
+        let job = self.job_mut(&key.job_id)?;
+        let log_uri = job.layout.progress_log(progress.seq);
+        job.shards[idx].writing = true;
+        let bytes = to_json_bytes(&ProgressLogRef {
+            records: vec![&progress],
+        })
+        .into();
+        let io = Io::Put {
+            uri: log_uri.clone(),
+            bytes,
+        };
+        let failed = AttemptFailed {
+            req,
+            release,
+            idx,
+            progress,
+            log_uri,
+            counts_as_failure,
+            error,
+        };
+        self.start_io(io, Then::AttemptFailed(Box::new(failed)));
+        Ok(())
+    }
+
+    /// A failed attempt's progress record is stored (or not): apply it.
+    pub(super) fn attempt_failed(&mut self, failed: AttemptFailed, result: Result<()>) {
+        let AttemptFailed {
+            req,
+            release,
+            idx,
+            progress,
+            log_uri,
+            counts_as_failure,
+            error,
+        } = failed;
+        let key = &release.key;
+        let worker = self.worker_of(&release.session_id);
+        let session_gone = !self.sessions.contains_key(&release.session_id);
+        let Ok(job) = self.job_mut(&key.job_id) else {
+            return self.reply(Some(req), Answer::Done(result));
+        };
+        job.shards[idx].writing = false;
+        if let Err(e) = result {
+            // Nothing changed. The holder retries its release; one that is
+            // gone gets its shard requeued, as when it went.
+            if session_gone
+                && job.shards[idx].lease.take().is_some()
+                && job.state == JobState::Running
+            {
+                job.pending.push_front(idx);
+                self.wake(1);
+            }
+            return self.reply(Some(req), Answer::Done(Err(e)));
+        }
+        let max_attempts = job.spec.max_attempts;
+        let failed = progress.failed_attempts;
+        job.progress_objects.push(log_uri);
+        job.totals.logged += 1;
+        job.set_progress(idx, progress);
+        job.shards[idx].lease = None;
+        let running = job.state == JobState::Running;
+        if let Some(session) = self.sessions.get_mut(&release.session_id) {
+            session.leases.remove(&(key.job_id.clone(), idx));
+        }
+        if counts_as_failure {
+            self.counters.attempts_failed += 1;
+        } else {
+            self.counters.store_failures += 1;
+        }
+        warn!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %worker, failed, max_attempts, transient = release.transient, %error, "attempt failed");
+        if counts_as_failure && failed >= max_attempts {
+            let reason = format!(
+                "shard {} failed {failed} of {max_attempts} attempts; last error: {error}",
+                key.shard_id
+            );
+            self.fail_job(&key.job_id, reason);
+        } else if running {
+            if let Ok(job) = self.job_mut(&key.job_id) {
+                job.pending.push_back(idx);
+            }
+            self.wake(1);
+        }
+        self.reply(Some(req), Answer::Done(Ok(())));
+    }
+
+    /// Takes back leases whose holders stopped renewing them, and retries
+    /// what failed on the store: finishing jobs, failing jobs.
+    pub fn tick(&mut self, now: Instant) {
+        self.sample_rates(now);
+        // Only leased shards can expire: walk the sessions' leases (one per
+        // busy processor), not every shard of every job.
+        let mut expired: Vec<(String, String, usize)> = Vec::new();
+        for (session_id, session) in &self.sessions {
+            for (job_id, idx) in &session.leases {
+                let Some(job) = self.jobs.get(job_id) else {
+                    continue;
+                };
+                let shard = &job.shards[*idx];
+                if !shard.writing && shard.lease.as_ref().is_some_and(|l| l.deadline <= now) {
+                    expired.push((session_id.clone(), job_id.clone(), *idx));
+                }
+            }
+        }
+        let mut requeued = 0;
+        for (session_id, job_id, idx) in expired {
+            let worker = self.worker_of(&session_id);
+            if let Some(session) = self.sessions.get_mut(&session_id) {
+                session.leases.remove(&(job_id.clone(), idx));
+            }
+            let Some(job) = self.jobs.get_mut(&job_id) else {
+                continue;
+            };
+            if let Some(lease) = job.shards[idx].lease.take() {
+                warn!(job = %job.id, shard = %job.plan.shards[idx].id, token = lease.token, worker = %worker, "lease expired; shard requeued");
+                self.counters.leases_expired += 1;
+            }
+            // At the front, as for a worker whose connection broke: the
+            // shard has waited a whole lease timeout already, and it holds
+            // the job's oldest unfinished work.
+            if job.state == JobState::Running {
+                job.pending.push_front(idx);
+                requeued += 1;
+            }
+        }
+        self.wake(requeued);
+        let retry: Vec<(String, Option<String>)> = self
+            .jobs
+            .values()
+            .filter(|j| !j.busy && !j.state.is_terminal())
+            .filter(|j| j.must_fail.is_some() || (j.state == JobState::Running && j.all_done()))
+            .map(|j| (j.id.clone(), j.must_fail.clone()))
+            .collect();
+        for (job_id, must_fail) in retry {
+            match must_fail {
+                Some(reason) => self.fail_job(&job_id, reason),
+                None => self.finish_if_done(&job_id),
+            }
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! The job/lease state machine, without I/O. One task owns a [`State`]
+//! (see `owner/`); everything here runs sequentially, which keeps leases
+//! and fencing simple to reason about and to test without gRPC or a store.
+//!
+//! A method takes a command and the time, changes the state and answers at
+//! once where it can. What must touch the store comes out as [`Effect`]s
+//! (collected with [`State::take_effects`]): the owner runs each [`Io`] off
+//! its loop and hands the result back with [`State::written`], which
+//! finishes what the command started and answers its caller (an
+//! [`Effect::Reply`]). So a slow store never stalls the loop: while one
+//! job's status or manifest is written, every other job's leases and
+//! commits go on.
+//!
+//! Durability rule: a change that must survive a crash (job created,
+//! progress committed, attempt failed, job finished) is written to the
+//! object store *before* the in-memory state changes and before the caller
+//! hears "ok". While such a write of a job is in flight, the job's other
+//! status changes wait their turn (see `jobs.rs`).
+//!
+//! The files, by what they own:
+//! - `effects.rs`: what the machine asks of the owner, and the answers;
+//! - `recover.rs`: loading the durable state at start (the one place that
+//!   reads the store);
+//! - `jobs.rs`: submitting, cancelling, pausing, resuming, failing jobs;
+//! - `sessions.rs`: workers' sessions, heartbeats, wake-ups;
+//! - `leases.rs`: granting, releasing and expiring leases;
+//! - `commit.rs`: the commit protocol, group commits and snapshots;
+//! - `finish.rs`: a job whose every shard is done: manifest and success;
+//! - `view.rs`: what clients, the status page and `/metrics` read.
+
+mod commit;
+mod effects;
+mod finish;
+mod jobs;
+mod leases;
+mod recover;
+mod sessions;
+mod view;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use stoke_core::layout::{JobLayout, RootLayout};
+use stoke_core::lease::{SessionEvent, StageTotals};
+use stoke_core::plan::Plan;
+use stoke_core::records::{JobState, ProgressRecord};
+use stoke_core::spec::JobSpec;
+use stoke_core::{StoreUri, Stores};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::config::CoordinatorConfig;
+use crate::error::{CoordinatorError, Result};
+use crate::metrics::Counters;
+use crate::progress::RateWindow;
+
+pub use commit::{
+    CommitStep, GroupWrite, GroupWritten, MAX_GROUP, PendingCommit, SnapshotWrite, progress_log,
+};
+pub use effects::{Answer, CreateJob, Effect, FinishJob, Io, IoId, ReqId};
+pub use view::ErrorSources;
+
+/// Fencing tokens: the coordinator's epoch in the high 32 bits, a counter in
+/// the low 32. Epochs grow at every start, so tokens grow across restarts.
+const TOKEN_EPOCH_SHIFT: u32 = 32;
+
+struct ActiveLease {
+    session_id: String,
+    token: u64,
+    deadline: Instant,
+}
+
+struct ShardState {
+    /// Shared, so a finishing job hands every record to the writer of its
+    /// manifest without copying them.
+    progress: Arc<ProgressRecord>,
+    lease: Option<ActiveLease>,
+    /// A progress record of this shard (a commit's, or a failed
+    /// attempt's) is being written: the lease stays put until it is.
+    writing: bool,
+}
+
+struct Job {
+    id: String,
+    spec: Arc<JobSpec>,
+    plan: Arc<Plan>,
+    layout: JobLayout,
+    output: StoreUri,
+    /// Where attempts upload (see `stoke_core::layout`).
+    staging: StoreUri,
+    state: JobState,
+    reason: Option<String>,
+    shards: Vec<ShardState>,
+    /// Indices of shards waiting for a worker.
+    pending: VecDeque<usize>,
+    shard_index: HashMap<String, usize>,
+    manifest_written: bool,
+    /// Running totals over the shards' progress, kept by `set_progress`
+    /// so status calls and commits never walk every shard.
+    totals: Totals,
+    /// Committed records sampled over time, for the status page's rate.
+    rate: RateWindow,
+    /// The job's progress objects (logs, snapshots) the next snapshot
+    /// replaces, oldest first.
+    progress_objects: Vec<StoreUri>,
+    /// A write of the job's status (or its finish) is in flight: its
+    /// other status changes wait in `deferred`, and no lease goes out.
+    busy: bool,
+    deferred: VecDeque<(Option<ReqId>, jobs::JobCmd)>,
+    /// The job must fail, but storing that failed; tried again each tick.
+    must_fail: Option<String>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Totals {
+    shards_done: u64,
+    records: u64,
+    skipped: u64,
+    failed_attempts: u64,
+    store_failures: u64,
+    /// Shards not done that had a failed attempt or a store failure.
+    failed_unfinished: u64,
+    /// Shards with a stored record (what a snapshot writes).
+    recorded: u64,
+    /// Records written to progress logs since the last snapshot.
+    logged: u64,
+}
+
+/// A shard not done yet whose earlier attempts failed.
+fn failed_unfinished(p: &ProgressRecord) -> bool {
+    !p.done && (p.failed_attempts > 0 || p.store_failures > 0)
+}
+
+/// `uri` as a folder (a prefix ending in `/`), for listing.
+fn folder(uri: &StoreUri) -> StoreUri {
+    uri.join("/")
+}
+
+impl Job {
+    fn new(id: String, spec: Arc<JobSpec>, plan: Arc<Plan>, layout: JobLayout) -> Self {
+        let output = spec
+            .output
+            .uri
+            .as_deref()
+            .and_then(|u| StoreUri::parse(u).ok())
+            .unwrap_or_else(|| layout.default_output());
+        let staging = layout.staging_for(&output);
+        let shards: Vec<ShardState> = plan
+            .shards
+            .iter()
+            .map(|s| ShardState {
+                progress: Arc::new(ProgressRecord {
+                    shard_id: s.id.clone(),
+                    ..Default::default()
+                }),
+                lease: None,
+                writing: false,
+            })
+            .collect();
+        let shard_index = plan
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.id.clone(), i))
+            .collect();
+        Self {
+            id,
+            pending: (0..shards.len()).collect(),
+            spec,
+            plan,
+            layout,
+            output,
+            staging,
+            state: JobState::Running,
+            reason: None,
+            shards,
+            shard_index,
+            manifest_written: false,
+            totals: Totals::default(),
+            rate: RateWindow::default(),
+            progress_objects: Vec::new(),
+            busy: false,
+            deferred: VecDeque::new(),
+            must_fail: None,
+        }
+    }
+
+    /// Replaces a shard's progress, keeping the totals.
+    fn set_progress(&mut self, idx: usize, progress: ProgressRecord) {
+        let old = &self.shards[idx].progress;
+        let t = &mut self.totals;
+        // `old` is part of the totals, so the subtractions cannot go below 0.
+        t.shards_done =
+            t.shards_done.saturating_sub(u64::from(old.done)) + u64::from(progress.done);
+        t.records = t.records.saturating_sub(old.records) + progress.records;
+        t.skipped = t.skipped.saturating_sub(old.skipped) + progress.skipped;
+        t.failed_attempts = t
+            .failed_attempts
+            .saturating_sub(u64::from(old.failed_attempts))
+            + u64::from(progress.failed_attempts);
+        t.store_failures = t
+            .store_failures
+            .saturating_sub(u64::from(old.store_failures))
+            + u64::from(progress.store_failures);
+        t.failed_unfinished = t
+            .failed_unfinished
+            .saturating_sub(u64::from(failed_unfinished(old)))
+            + u64::from(failed_unfinished(&progress));
+        if old.seq == 0 && progress.seq > 0 {
+            t.recorded += 1;
+        }
+        self.shards[idx].progress = Arc::new(progress);
+    }
+
+    /// The folder every attempt of this job uploads under.
+    fn staging_dir(&self) -> StoreUri {
+        folder(&self.staging)
+    }
+
+    fn all_done(&self) -> bool {
+        self.totals.shards_done == self.shards.len() as u64
+    }
+
+    fn shard(&self, shard_id: &str) -> Result<usize> {
+        self.shard_index
+            .get(shard_id)
+            .copied()
+            .ok_or_else(|| CoordinatorError::ShardNotFound {
+                job_id: self.id.clone(),
+                shard_id: shard_id.to_string(),
+            })
+    }
+}
+
+struct Session {
+    worker_id: String,
+    hostname: String,
+    devices: Vec<String>,
+    /// Its processor threads' time, as last reported.
+    stages: StageTotals,
+    events_tx: mpsc::Sender<SessionEvent>,
+    /// (job id, shard index) of every lease this session holds.
+    leases: HashSet<(String, usize)>,
+}
+
+/// The coordinator's whole in-memory state.
+pub struct State {
+    config: CoordinatorConfig,
+    epoch: u64,
+    token_seq: u64,
+    /// Orders progress records (see `ProgressRecord::seq`).
+    record_seq: u64,
+    /// Jobs by id; `order` keeps submission order for fair leasing.
+    jobs: BTreeMap<String, Job>,
+    order: Vec<String>,
+    /// Jobs whose spec, plan and status are being stored, and who waits.
+    creating: HashMap<String, jobs::Creating>,
+    sessions: HashMap<String, Session>,
+    /// Sessions answered `Wait` or `Idle` since their last lease, oldest
+    /// first: they get a `Wake` when work may be there for them.
+    waiting: VecDeque<String>,
+    counters: Counters,
+    /// What the owner is to do, in order (see [`State::take_effects`]).
+    effects: Vec<Effect>,
+    /// Writes in flight, and what to do when each is done.
+    in_flight: HashMap<IoId, effects::Then>,
+    io_seq: IoId,
+}
+
+impl State {
+    /// An empty state for `config` at fencing epoch `epoch`, with no jobs
+    /// (`recover` loads the durable one; tests start here).
+    pub fn new(config: CoordinatorConfig, epoch: u64) -> Self {
+        Self {
+            config,
+            epoch,
+            token_seq: 0,
+            record_seq: 0,
+            jobs: BTreeMap::new(),
+            order: Vec::new(),
+            creating: HashMap::new(),
+            sessions: HashMap::new(),
+            waiting: VecDeque::new(),
+            counters: Counters::default(),
+            effects: Vec::new(),
+            in_flight: HashMap::new(),
+            io_seq: 0,
+        }
+    }
+
+    /// Loads every job under the root and takes a new fencing epoch.
+    pub async fn recover(config: CoordinatorConfig, stores: Stores) -> Result<Self> {
+        recover::recover(config, &stores).await
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// What the owner is to do since the last call: store writes to run
+    /// (hand each result to [`State::written`]), answers to send, staging
+    /// folders to sweep.
+    pub fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// Asks the owner to run `io`; `then` says what to do with its result.
+    fn start_io(&mut self, io: Io, then: effects::Then) {
+        self.io_seq += 1;
+        let id = self.io_seq;
+        self.in_flight.insert(id, then);
+        self.effects.push(Effect::Io(id, io));
+    }
+
+    fn reply(&mut self, req: Option<ReqId>, answer: Answer) {
+        if let Some(req) = req {
+            self.effects.push(Effect::Reply(req, answer));
+        }
+    }
+
+    /// The result of the write `id`: finishes what started it.
+    pub fn written(&mut self, id: IoId, result: Result<()>) {
+        let Some(then) = self.in_flight.remove(&id) else {
+            return;
+        };
+        match then {
+            effects::Then::Created { job } => self.job_created(*job, result),
+            effects::Then::Status { job_id, req, cmd } => {
+                self.status_written(&job_id, req, cmd, result);
+            }
+            effects::Then::AttemptFailed(failed) => self.attempt_failed(*failed, result),
+            effects::Then::Finished { job_id } => self.job_finished(&job_id, result),
+        }
+    }
+
+    fn root_layout(&self) -> RootLayout {
+        RootLayout::new(self.config.root.clone())
+    }
+
+    /// The worker id of a session, for log lines (empty once it is gone).
+    fn worker_of(&self, session_id: &str) -> String {
+        self.sessions
+            .get(session_id)
+            .map(|s| s.worker_id.clone())
+            .unwrap_or_default()
+    }
+
+    fn job(&self, job_id: &str) -> Result<&Job> {
+        self.jobs
+            .get(job_id)
+            .ok_or_else(|| CoordinatorError::JobNotFound {
+                job_id: job_id.to_string(),
+            })
+    }
+
+    fn job_mut(&mut self, job_id: &str) -> Result<&mut Job> {
+        self.jobs
+            .get_mut(job_id)
+            .ok_or_else(|| CoordinatorError::JobNotFound {
+                job_id: job_id.to_string(),
+            })
+    }
+
+    fn next_token(&mut self) -> u64 {
+        self.token_seq += 1;
+        (self.epoch << TOKEN_EPOCH_SHIFT) | self.token_seq
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.record_seq += 1;
+        (self.epoch << TOKEN_EPOCH_SHIFT) | self.record_seq
+    }
+}

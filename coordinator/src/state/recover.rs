@@ -1,0 +1,98 @@
+//! Loading the durable state at start: a new fencing epoch, then every
+//! job's spec, plan, status and progress. The only place the state machine
+//! reads the store; it runs before the owner serves anyone.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use stoke_core::layout::RootLayout;
+use stoke_core::plan::Plan;
+use stoke_core::records::{EpochRecord, JobState, StatusRecord};
+use stoke_core::spec::JobSpec;
+use stoke_core::{StoreError, StoreUri, Stores};
+use tracing::info;
+
+use super::{Effect, Job, State};
+use crate::config::CoordinatorConfig;
+use crate::error::{CoordinatorError, Result};
+
+/// Bumps the stored epoch with a conditional write (create-only the first
+/// time, compare-and-swap after), so two coordinators racing on one root
+/// can never both start with the same epoch.
+async fn next_epoch(stores: &Stores, uri: &StoreUri) -> Result<u64> {
+    let race = || CoordinatorError::EpochRace {
+        uri: uri.to_string(),
+    };
+    let written = match stores.get_versioned(uri).await? {
+        None => {
+            let bytes = Bytes::from(stoke_core::store::to_json_bytes(&EpochRecord { epoch: 1 }));
+            stores.put_new_versioned(uri, bytes).await.map(|_| 1)
+        }
+        Some((bytes, version)) => {
+            let previous: EpochRecord =
+                serde_json::from_slice(&bytes).map_err(|source| StoreError::Decode {
+                    uri: uri.to_string(),
+                    source,
+                })?;
+            let epoch = previous.epoch + 1;
+            let bytes = Bytes::from(stoke_core::store::to_json_bytes(&EpochRecord { epoch }));
+            stores.put_if(uri, bytes, &version).await.map(|_| epoch)
+        }
+    };
+    match written {
+        Ok(epoch) => Ok(epoch),
+        Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => Err(race()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Result<State> {
+    let layout = RootLayout::new(config.root.clone());
+    let epoch = next_epoch(stores, &layout.epoch()).await?;
+    let mut state = State::new(config, epoch);
+    let mut dirs = stores.list_dirs(&layout.jobs()).await?;
+    dirs.sort();
+    for job_id in dirs {
+        let job_layout = layout.job(&job_id);
+        let Some(status) = stores
+            .get_json::<StatusRecord>(&job_layout.status())
+            .await?
+        else {
+            // Spec written but the job never finished being created.
+            continue;
+        };
+        let spec: JobSpec = stores
+            .get_json(&job_layout.spec())
+            .await?
+            .ok_or_else(|| CoordinatorError::Recovery(format!("{} missing", job_layout.spec())))?;
+        let plan: Plan = stores
+            .get_json(&job_layout.plan())
+            .await?
+            .ok_or_else(|| CoordinatorError::Recovery(format!("{} missing", job_layout.plan())))?;
+        let stored = stoke_core::progress::load(stores, &job_layout).await?;
+        let mut progress = stored.records;
+        let mut job = Job::new(job_id.clone(), Arc::new(spec), Arc::new(plan), job_layout);
+        job.state = status.state;
+        job.reason = status.reason;
+        job.manifest_written = status.state == JobState::Succeeded;
+        job.progress_objects = stored.objects;
+        for i in 0..job.shards.len() {
+            if let Some(p) = progress.remove(&job.plan.shards[i].id) {
+                job.set_progress(i, p);
+            }
+        }
+        job.pending = (0..job.shards.len())
+            .filter(|&i| !job.shards[i].progress.done)
+            .collect();
+        if job.state.is_terminal() {
+            job.pending.clear();
+            // A zombie may have uploaded into an ended job's staging
+            // folder after its last sweep.
+            state.effects.push(Effect::Sweep(job.staging_dir()));
+        }
+        state.order.push(job_id.clone());
+        state.jobs.insert(job_id, job);
+    }
+    info!(epoch, jobs = state.jobs.len(), "coordinator state loaded");
+    Ok(state)
+}

@@ -1,0 +1,177 @@
+//! Workers' sessions: registering (and adopting the leases a worker held
+//! before the coordinator restarted), heartbeats, a session that closes,
+//! and waking the sessions that wait for work.
+
+use std::collections::HashSet;
+
+use stoke_core::lease::{LeaseKey, Registration, SessionEvent, SessionGrant, StageTotals};
+use stoke_core::records::JobState;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::{ActiveLease, Session, State, TOKEN_EPOCH_SHIFT};
+use crate::error::{CoordinatorError, Result};
+
+impl State {
+    pub fn register(
+        &mut self,
+        registration: Registration,
+        events_tx: mpsc::Sender<SessionEvent>,
+        now: Instant,
+    ) -> SessionGrant {
+        let session_id = format!(
+            "{}-{}",
+            registration.worker_id,
+            uuid::Uuid::new_v4().simple()
+        );
+        info!(worker = %registration.worker_id, session = %session_id, host = %registration.hostname, devices = ?registration.devices, held = registration.held.len(), "worker registered");
+        self.counters.sessions_registered += 1;
+        self.sessions.insert(
+            session_id.clone(),
+            Session {
+                worker_id: registration.worker_id,
+                hostname: registration.hostname,
+                devices: registration.devices,
+                stages: StageTotals::default(),
+                events_tx: events_tx.clone(),
+                leases: HashSet::new(),
+            },
+        );
+        let refused: Vec<LeaseKey> = registration
+            .held
+            .into_iter()
+            .filter(|key| !self.adopt(&session_id, key, now))
+            .collect();
+        if !refused.is_empty() {
+            let _ = events_tx.try_send(SessionEvent::Revoke {
+                leases: refused,
+                reason: "lease not valid after the coordinator restarted".to_string(),
+            });
+        }
+        SessionGrant {
+            session_id,
+            lease_timeout: self.config.lease_timeout,
+            heartbeat_interval: self.config.heartbeat_interval(),
+        }
+    }
+
+    /// Takes over a lease a worker held before the coordinator restarted,
+    /// if it is still the freshest claim on its shard: issued by an earlier
+    /// epoch, not older than the last committed attempt, and the shard is
+    /// neither done nor leased again since.
+    fn adopt(&mut self, session_id: &str, key: &LeaseKey, now: Instant) -> bool {
+        let epoch = self.epoch;
+        let deadline = now + self.config.lease_timeout;
+        let Some(job) = self.jobs.get_mut(&key.job_id) else {
+            return false;
+        };
+        if job.state != JobState::Running {
+            return false;
+        }
+        let Some(&idx) = job.shard_index.get(&key.shard_id) else {
+            return false;
+        };
+        let shard = &mut job.shards[idx];
+        let valid = (key.token >> TOKEN_EPOCH_SHIFT) < epoch
+            && key.token >= shard.progress.token
+            && !shard.progress.done
+            && shard.lease.is_none();
+        if !valid {
+            return false;
+        }
+        shard.lease = Some(ActiveLease {
+            session_id: session_id.to_string(),
+            token: key.token,
+            deadline,
+        });
+        job.pending.retain(|&i| i != idx);
+        if let Some(session) = self.sessions.get_mut(session_id) {
+            session.leases.insert((key.job_id.clone(), idx));
+        }
+        let worker = self.worker_of(session_id);
+        info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %worker, session = %session_id, "lease adopted after restart");
+        true
+    }
+
+    /// The session's connection dropped: its shards go back to the queue at
+    /// once.
+    pub fn session_closed(&mut self, session_id: &str) {
+        let Some(session) = self.sessions.remove(session_id) else {
+            return;
+        };
+        self.counters.sessions_closed += 1;
+        self.waiting.retain(|s| s != session_id);
+        let mut requeued = 0;
+        for (job_id, idx) in session.leases {
+            if let Some(job) = self.jobs.get_mut(&job_id) {
+                let shard = &mut job.shards[idx];
+                if shard.writing {
+                    // A record of this lease is being written; the shard is
+                    // requeued once it is stored.
+                    continue;
+                }
+                if let Some(lease) = shard.lease.take_if(|l| l.session_id == session_id) {
+                    if job.state == JobState::Running {
+                        job.pending.push_front(idx);
+                        requeued += 1;
+                    }
+                    warn!(job = %job_id, shard = %job.plan.shards[idx].id, token = lease.token, worker = %session.worker_id, "worker gone; shard requeued");
+                }
+            }
+        }
+        self.wake(requeued);
+        info!(session = %session_id, worker = %session.worker_id, "session closed");
+    }
+
+    pub fn heartbeat(&mut self, session_id: &str, leases: &[LeaseKey], now: Instant) -> Result<()> {
+        if !self.sessions.contains_key(session_id) {
+            return Err(CoordinatorError::UnknownSession {
+                session_id: session_id.to_string(),
+            });
+        }
+        let deadline = now + self.config.lease_timeout;
+        for key in leases {
+            if let Some(job) = self.jobs.get_mut(&key.job_id)
+                && let Some(&idx) = job.shard_index.get(&key.shard_id)
+                && let Some(lease) = job.shards[idx].lease.as_mut()
+                && lease.token == key.token
+                && lease.session_id == session_id
+                // An expired lease stays expired, even before the next tick.
+                && lease.deadline > now
+            {
+                lease.deadline = deadline;
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps what a worker reported of its stage times (for `/metrics`).
+    pub fn report_stages(&mut self, session_id: &str, stages: StageTotals) {
+        if let Some(session) = self.sessions.get_mut(session_id) {
+            session.stages = stages;
+        }
+    }
+
+    /// Tells up to `n` waiting sessions (oldest first) to ask for a lease
+    /// now: `n` shards went back to the queue.
+    pub(super) fn wake(&mut self, n: usize) {
+        let mut woken = 0;
+        while woken < n {
+            let Some(session_id) = self.waiting.pop_front() else {
+                break;
+            };
+            if let Some(session) = self.sessions.get(&session_id) {
+                // Best effort: a worker that misses it asks again after its pause.
+                let _ = session.events_tx.try_send(SessionEvent::Wake);
+                woken += 1;
+            }
+        }
+    }
+
+    /// Tells every waiting session to ask again: a job arrived, resumed or
+    /// ended.
+    pub(super) fn wake_all(&mut self) {
+        self.wake(usize::MAX);
+    }
+}

@@ -1,0 +1,231 @@
+//! What clients, the status page and `/metrics` read: jobs as clients
+//! see them, progress by shard state, errors, committed outputs, the
+//! connected workers.
+
+use std::collections::HashMap;
+
+use stoke_core::StoreUri;
+use stoke_core::records::{JobInfo, JobState, ManifestEntry, ShardErrors};
+use tokio::time::Instant;
+
+use super::{Job, State, failed_unfinished};
+use crate::error::Result;
+use crate::metrics::{Snapshot, WorkerInfo};
+use crate::progress::{JobProgress, ShardCounts, StatusReport, eta};
+
+/// A job's shards with errors, and (shard id, object) for every object
+/// that lists skipped records.
+#[derive(Debug, Clone)]
+pub struct ErrorSources {
+    pub shards: Vec<ShardErrors>,
+    pub objects: Vec<(String, StoreUri)>,
+}
+
+impl Job {
+    pub(super) fn info(&self, shards_leased: u64) -> JobInfo {
+        JobInfo {
+            job_id: self.id.clone(),
+            name: self.spec.name.clone().unwrap_or_default(),
+            state: self.state,
+            reason: self.reason.clone(),
+            shards_total: self.shards.len() as u64,
+            shards_done: self.totals.shards_done,
+            shards_leased,
+            records_done: self.totals.records,
+            // Not counted up front (a large JSON Lines dataset): known once
+            // every shard is committed, as the manifest counts it.
+            records_total: self
+                .plan
+                .records_total
+                .or_else(|| (self.state == JobState::Succeeded).then_some(self.totals.records)),
+            output_uri: self.output.to_string(),
+            manifest_uri: self
+                .manifest_written
+                .then(|| self.layout.manifest().to_string()),
+            processor: self.spec.processor.name.clone(),
+            records_skipped: self.totals.skipped,
+            records_per_s: if self.state == JobState::Running {
+                self.rate.rate()
+            } else {
+                None
+            },
+        }
+    }
+}
+
+impl State {
+    /// A job as clients see it; counting its leases walks the sessions'
+    /// leases (one per busy processor), never the job's shards.
+    pub(super) fn info_of(&self, job: &Job) -> JobInfo {
+        let leased = self
+            .sessions
+            .values()
+            .map(|s| s.leases.iter().filter(|(j, _)| *j == job.id).count() as u64)
+            .sum();
+        job.info(leased)
+    }
+
+    pub fn get_job(&self, job_id: &str) -> Result<JobInfo> {
+        self.job(job_id).map(|j| self.info_of(j))
+    }
+
+    /// The counters and the connected workers, for `/metrics` and the CLI.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut workers: Vec<WorkerInfo> = self
+            .sessions
+            .iter()
+            .map(|(session_id, s)| {
+                let mut leases: Vec<(String, String)> = s
+                    .leases
+                    .iter()
+                    .filter_map(|(job_id, idx)| {
+                        let job = self.jobs.get(job_id)?;
+                        Some((job_id.clone(), job.plan.shards.get(*idx)?.id.clone()))
+                    })
+                    .collect();
+                leases.sort();
+                WorkerInfo {
+                    worker_id: s.worker_id.clone(),
+                    session_id: session_id.clone(),
+                    hostname: s.hostname.clone(),
+                    devices: s.devices.clone(),
+                    leases,
+                    stages: s.stages,
+                }
+            })
+            .collect();
+        workers.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
+        Snapshot {
+            counters: self.counters.clone(),
+            workers,
+        }
+    }
+
+    /// Every job's progress (shards by state, records/s, ETA) and the
+    /// connected workers, for the status page. Samples the running jobs'
+    /// records first, so the rate reaches up to now. Walks the sessions'
+    /// leases, never the jobs' shards.
+    pub fn status(&mut self, now: Instant) -> StatusReport {
+        self.sample_rates(now);
+        // (leased, of those with failed attempts behind them) per job.
+        let mut leased: HashMap<&str, (u64, u64)> = HashMap::new();
+        for session in self.sessions.values() {
+            for (job_id, idx) in &session.leases {
+                let Some(job) = self.jobs.get(job_id) else {
+                    continue;
+                };
+                let entry = leased.entry(job_id.as_str()).or_default();
+                entry.0 += 1;
+                if job
+                    .shards
+                    .get(*idx)
+                    .is_some_and(|s| failed_unfinished(&s.progress))
+                {
+                    entry.1 += 1;
+                }
+            }
+        }
+        let jobs = self
+            .order
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .map(|job| {
+                let (shards_leased, failed_leased) =
+                    leased.get(job.id.as_str()).copied().unwrap_or_default();
+                let info = job.info(shards_leased);
+                let records_per_s = job.rate.rate();
+                let remaining = info
+                    .records_total
+                    .map(|total| total.saturating_sub(info.records_done));
+                JobProgress {
+                    shards: ShardCounts::split(
+                        info.shards_total,
+                        info.shards_done,
+                        shards_leased,
+                        job.totals.failed_unfinished,
+                        failed_leased,
+                    ),
+                    records_per_s,
+                    eta: remaining.and_then(|r| eta(r, records_per_s)),
+                    attempts_failed: job.totals.failed_attempts,
+                    store_failures: job.totals.store_failures,
+                    info,
+                }
+            })
+            .collect();
+        StatusReport {
+            jobs,
+            snapshot: self.snapshot(),
+        }
+    }
+
+    /// Samples every running job's committed records for its rate; a job
+    /// that is not running has none (a resumed one starts afresh).
+    pub(super) fn sample_rates(&mut self, now: Instant) {
+        for job in self.jobs.values_mut() {
+            if job.state == JobState::Running {
+                job.rate.record(now, job.totals.records);
+            } else {
+                job.rate.clear();
+            }
+        }
+    }
+
+    /// Every shard of a job with a failed attempt, a store failure or a
+    /// skipped record, and the objects that list its skipped records.
+    pub fn job_errors(&self, job_id: &str) -> Result<ErrorSources> {
+        let job = self.job(job_id)?;
+        let mut shards = Vec::new();
+        let mut objects = Vec::new();
+        for (idx, shard) in job.shards.iter().enumerate() {
+            let p = &shard.progress;
+            if p.failed_attempts == 0 && p.store_failures == 0 && p.skipped == 0 {
+                continue;
+            }
+            let shard_id = job.plan.shards[idx].id.clone();
+            for object in &p.errors {
+                if let Ok(uri) = StoreUri::parse(&object.uri) {
+                    objects.push((shard_id.clone(), uri));
+                }
+            }
+            shards.push(ShardErrors {
+                shard_id,
+                attempts: p.attempts,
+                failed_attempts: p.failed_attempts,
+                store_failures: p.store_failures,
+                last_error: p.last_error.clone(),
+                last_failed_worker: p.last_failed_worker.clone(),
+                skipped: p.skipped,
+            });
+        }
+        Ok(ErrorSources { shards, objects })
+    }
+
+    /// The output objects a job has committed so far, from its shards'
+    /// progress records: shard order, then commit order.
+    pub fn job_outputs(&self, job_id: &str) -> Result<Vec<ManifestEntry>> {
+        let job = self.job(job_id)?;
+        Ok(job
+            .shards
+            .iter()
+            .zip(&job.plan.shards)
+            .flat_map(|(shard, planned)| {
+                shard.progress.outputs.iter().map(|o| ManifestEntry {
+                    shard_id: planned.id.clone(),
+                    uri: o.uri.clone(),
+                    records: o.records,
+                    bytes: o.bytes,
+                    sha256: o.sha256.clone(),
+                })
+            })
+            .collect())
+    }
+
+    pub fn list_jobs(&self) -> Vec<JobInfo> {
+        self.order
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .map(|j| self.info_of(j))
+            .collect()
+    }
+}
