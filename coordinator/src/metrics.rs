@@ -1,6 +1,17 @@
 //! What the coordinator counts for operators: leases, attempts, commits and
-//! sessions since it started, and the workers connected now. The state
-//! owner keeps the counters; `/metrics` renders a [`Snapshot`].
+//! sessions since it started, the workers connected now, and histograms of
+//! commit latency, lease wait and batch time. The state owner keeps them;
+//! `/metrics` renders a [`Snapshot`] with `prometheus-client` ([`render`]):
+//! typed metrics in one registry per scrape, in the OpenMetrics text
+//! format. The names are documented in `deploy/README.md`; keep them.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use stoke_core::records::{JobInfo, JobState};
 
 /// Counters since this coordinator process started.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -24,11 +35,317 @@ pub struct Counters {
     pub sessions_closed: u64,
 }
 
+/// Distributions since this coordinator process started. Cloning shares
+/// them (each is an `Arc` inside), so the owner observes and `/metrics`
+/// reads the same ones.
+#[derive(Debug, Clone)]
+pub struct Histograms {
+    /// From a commit's arrival at the owner to its answer: validation,
+    /// the copy of its staged outputs and the group write of its record.
+    pub commit: Histogram,
+    /// From a session's first `wait`/`idle` answer to its next lease.
+    pub lease_wait: Histogram,
+    /// Model time per batch, a worker's mean over each heartbeat interval.
+    pub batch: Histogram,
+}
+
+impl Default for Histograms {
+    fn default() -> Self {
+        Self {
+            // 0.5 ms to about 16 s.
+            commit: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            // 1 ms to about 9 minutes.
+            lease_wait: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
+            // 1 ms to about 33 s.
+            batch: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+        }
+    }
+}
+
 pub use stoke_core::records::WorkerInfo;
 
-/// The counters and the connected workers, at one moment.
+/// The counters, histograms and connected workers, at one moment.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     pub counters: Counters,
+    pub histograms: Histograms,
     pub workers: Vec<WorkerInfo>,
+}
+
+/// The content type of [`render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+type Labels = Vec<(String, String)>;
+
+fn labels<const N: usize>(pairs: [(&str, &str); N]) -> Labels {
+    pairs
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn gauge(value: u64) -> Gauge {
+    let g = Gauge::default();
+    g.set(i64::try_from(value).unwrap_or(i64::MAX));
+    g
+}
+
+fn counter(value: u64) -> Counter {
+    let c = Counter::default();
+    c.inc_by(value);
+    c
+}
+
+/// Every metric of `/metrics`, for the jobs and snapshot given.
+/// (Counters get their `_total` suffix from the library.)
+pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::default();
+    let c = &snapshot.counters;
+    for (name, help, value) in [
+        (
+            "stoke_leases_granted",
+            "Shard leases granted",
+            c.leases_granted,
+        ),
+        (
+            "stoke_leases_expired",
+            "Leases taken back from holders that stopped renewing them",
+            c.leases_expired,
+        ),
+        (
+            "stoke_leases_released",
+            "Leases given back cleanly (preemption, pause)",
+            c.leases_released,
+        ),
+        (
+            "stoke_attempts_failed",
+            "Attempts failed on the data or the processor",
+            c.attempts_failed,
+        ),
+        (
+            "stoke_attempts_store_failed",
+            "Attempts failed on the object store (retried without counting)",
+            c.store_failures,
+        ),
+        (
+            "stoke_sessions_registered",
+            "Worker sessions opened",
+            c.sessions_registered,
+        ),
+        (
+            "stoke_sessions_closed",
+            "Worker sessions closed",
+            c.sessions_closed,
+        ),
+    ] {
+        registry.register(name, help, counter(value));
+    }
+    let commits = Family::<Labels, Counter>::default();
+    for (result, n) in [
+        ("accepted", c.commits_accepted),
+        ("refused", c.commits_refused),
+        ("duplicate", c.commits_duplicate),
+    ] {
+        commits
+            .get_or_create(&labels([("result", result)]))
+            .inc_by(n);
+    }
+    registry.register("stoke_commits", "Checkpoint commits, by result", commits);
+
+    let h = &snapshot.histograms;
+    registry.register(
+        "stoke_commit_seconds",
+        "Commit latency at the coordinator: validation, copying the staged outputs, storing the record",
+        h.commit.clone(),
+    );
+    registry.register(
+        "stoke_lease_wait_seconds",
+        "How long a worker asking for work waited for its next lease",
+        h.lease_wait.clone(),
+    );
+    registry.register(
+        "stoke_batch_seconds",
+        "Model time per batch, each worker's mean over a heartbeat interval",
+        h.batch.clone(),
+    );
+
+    registry.register(
+        "stoke_workers",
+        "Worker sessions connected now",
+        gauge(snapshot.workers.len() as u64),
+    );
+    let worker_leases = Family::<Labels, Gauge>::default();
+    let stage_seconds = Family::<Labels, Counter<f64>>::default();
+    let batches = Family::<Labels, Counter>::default();
+    for w in &snapshot.workers {
+        worker_leases
+            .get_or_create(&labels([("worker", &w.worker_id), ("host", &w.hostname)]))
+            .set(i64::try_from(w.leases.len()).unwrap_or(i64::MAX));
+        for (stage, ms) in [
+            ("input_wait", w.stages.input_wait_ms),
+            ("model", w.stages.model_ms),
+            ("checkpoint", w.stages.checkpoint_ms),
+        ] {
+            stage_seconds
+                .get_or_create(&labels([("worker", &w.worker_id), ("stage", stage)]))
+                .inc_by(ms as f64 / 1000.0);
+        }
+        batches
+            .get_or_create(&labels([("worker", &w.worker_id)]))
+            .inc_by(w.stages.batches);
+    }
+    registry.register(
+        "stoke_worker_leases",
+        "Leases each connected worker holds",
+        worker_leases,
+    );
+    registry.register(
+        "stoke_worker_stage_seconds",
+        "Processor-thread time per worker: waiting for input, in the model, checkpointing (output and commit)",
+        stage_seconds,
+    );
+    registry.register(
+        "stoke_worker_batches",
+        "Batches processed per worker",
+        batches,
+    );
+
+    let by_state = Family::<Labels, Gauge>::default();
+    for state in [
+        JobState::Running,
+        JobState::Paused,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ] {
+        let n = jobs.iter().filter(|j| j.state == state).count() as u64;
+        by_state
+            .get_or_create(&labels([("state", &state.to_string())]))
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    registry.register(
+        "stoke_jobs",
+        "Jobs known to the coordinator, by state",
+        by_state,
+    );
+    // Records are gauges so their names stay as documented (a counter
+    // would gain `_total`); they only grow while the job runs, so `rate()`
+    // of them is the job's records/s.
+    let records_done = Family::<Labels, Gauge>::default();
+    let records_skipped = Family::<Labels, Gauge>::default();
+    let shards = Family::<Labels, Gauge>::default();
+    for job in jobs {
+        let id = job.job_id.as_str();
+        records_done
+            .get_or_create(&labels([("job", id)]))
+            .set(i64::try_from(job.records_done).unwrap_or(i64::MAX));
+        records_skipped
+            .get_or_create(&labels([("job", id)]))
+            .set(i64::try_from(job.records_skipped).unwrap_or(i64::MAX));
+        let pending = job
+            .shards_total
+            .saturating_sub(job.shards_done + job.shards_leased);
+        for (state, n) in [
+            ("done", job.shards_done),
+            ("leased", job.shards_leased),
+            ("pending", pending),
+        ] {
+            shards
+                .get_or_create(&labels([("job", id), ("state", state)]))
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+    registry.register(
+        "stoke_job_records_done",
+        "Input records committed, per job",
+        records_done,
+    );
+    registry.register(
+        "stoke_job_records_skipped",
+        "Bad records skipped, per job",
+        records_skipped,
+    );
+    registry.register("stoke_job_shards", "Shards per job, by state", shards);
+    let mut out = String::new();
+    encode(&mut out, &registry)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stoke_core::lease::StageTotals;
+
+    fn line<'a>(body: &'a str, series: &str) -> Option<&'a str> {
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+    }
+
+    #[test]
+    fn renders_the_documented_names_with_escaped_labels() {
+        let snapshot = Snapshot {
+            counters: Counters {
+                leases_granted: 7,
+                commits_accepted: 5,
+                ..Counters::default()
+            },
+            histograms: Histograms::default(),
+            workers: vec![WorkerInfo {
+                worker_id: "w\"1".to_string(),
+                session_id: "s".to_string(),
+                hostname: "h".to_string(),
+                devices: vec!["cpu".to_string()],
+                leases: vec![("j".to_string(), "s00000".to_string())],
+                stages: StageTotals {
+                    model_ms: 1500,
+                    batches: 3,
+                    ..StageTotals::default()
+                },
+            }],
+        };
+        snapshot.histograms.commit.observe(0.002);
+        let job = JobInfo {
+            job_id: "j".to_string(),
+            state: JobState::Running,
+            shards_total: 4,
+            shards_done: 1,
+            shards_leased: 1,
+            records_done: 42,
+            name: String::new(),
+            reason: None,
+            records_total: None,
+            output_uri: String::new(),
+            manifest_uri: None,
+            processor: "p".to_string(),
+            records_skipped: 0,
+            records_per_s: None,
+        };
+        let body = render(&[job], &snapshot).expect("render");
+        assert_eq!(line(&body, "stoke_leases_granted_total"), Some("7"));
+        assert_eq!(
+            line(&body, "stoke_commits_total{result=\"accepted\"}"),
+            Some("5")
+        );
+        assert_eq!(line(&body, "stoke_workers"), Some("1"));
+        assert_eq!(
+            line(&body, "stoke_worker_leases{worker=\"w\\\"1\",host=\"h\"}"),
+            Some("1")
+        );
+        assert_eq!(
+            line(
+                &body,
+                "stoke_worker_stage_seconds_total{worker=\"w\\\"1\",stage=\"model\"}"
+            ),
+            Some("1.5")
+        );
+        assert_eq!(line(&body, "stoke_job_records_done{job=\"j\"}"), Some("42"));
+        assert_eq!(
+            line(&body, "stoke_job_shards{job=\"j\",state=\"pending\"}"),
+            Some("2")
+        );
+        assert_eq!(line(&body, "stoke_jobs{state=\"running\"}"), Some("1"));
+        assert_eq!(line(&body, "stoke_commit_seconds_count"), Some("1"));
+        assert!(body.contains("# TYPE stoke_batch_seconds histogram"));
+        assert!(body.ends_with("# EOF\n"));
+    }
 }

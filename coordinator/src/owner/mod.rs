@@ -81,7 +81,7 @@ pub async fn start(
 }
 
 /// A commit waiting for its group to be stored, and who waits for it.
-type Queued = (PendingCommit, Reply<bool>);
+type Queued = (PendingCommit, Reply<bool>, Instant);
 
 /// A store write running off the owner loop.
 enum Done {
@@ -89,7 +89,8 @@ enum Done {
     Group {
         write: GroupWrite,
         pendings: Vec<PendingCommit>,
-        replies: Vec<Reply<bool>>,
+        /// Who waits for each commit, and when it arrived.
+        replies: Vec<(Reply<bool>, Instant)>,
         written: GroupWritten,
     },
     /// A snapshot that replaces a job's older progress objects.
@@ -286,7 +287,7 @@ impl Owner {
                 Ok(CommitStep::Duplicate) => {
                     let _ = reply.send(Ok(true));
                 }
-                Ok(CommitStep::Write(pending)) => self.enqueue(*pending, reply),
+                Ok(CommitStep::Write(pending)) => self.enqueue(*pending, reply, Instant::now()),
                 Err(e) => {
                     let _ = reply.send(Err(e));
                 }
@@ -306,19 +307,23 @@ impl Owner {
     // together in the next one. Under load, many commits share one store
     // write; alone, a commit is written at once.
 
-    fn enqueue(&mut self, pending: PendingCommit, reply: Reply<bool>) {
+    fn enqueue(&mut self, pending: PendingCommit, reply: Reply<bool>, arrived: Instant) {
         match self.busy.get_mut(pending.job_id()) {
-            Some(queued) => queued.push((pending, reply)),
+            Some(queued) => queued.push((pending, reply, arrived)),
             None => {
                 self.busy.insert(pending.job_id().to_string(), Vec::new());
-                self.write_group(vec![(pending, reply)]);
+                self.write_group(vec![(pending, reply, arrived)]);
             }
         }
     }
 
     fn write_group(&mut self, queued: Vec<Queued>) {
-        let (pendings, replies): (Vec<PendingCommit>, Vec<Reply<bool>>) =
-            queued.into_iter().unzip();
+        let mut pendings = Vec::with_capacity(queued.len());
+        let mut replies = Vec::with_capacity(queued.len());
+        for (pending, reply, arrived) in queued {
+            pendings.push(pending);
+            replies.push((reply, arrived));
+        }
         let Some(write) = GroupWrite::of(&pendings) else {
             return;
         };
@@ -360,7 +365,10 @@ impl Owner {
                 let answers = self
                     .state
                     .finish_group(&write, pendings, written, Instant::now());
-                for (reply, answer) in replies.into_iter().zip(answers) {
+                let commit_seconds = &self.state.histograms().commit;
+                let now = Instant::now();
+                for ((reply, arrived), answer) in replies.into_iter().zip(answers) {
+                    commit_seconds.observe(now.saturating_duration_since(arrived).as_secs_f64());
                     let _ = reply.send(answer);
                 }
                 // A snapshot, when one is due, goes before the next group.

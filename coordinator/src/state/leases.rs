@@ -58,6 +58,9 @@ impl State {
             if !self.waiting.iter().any(|s| s == session_id) {
                 self.waiting.push_back(session_id.to_string());
             }
+            if let Some(session) = self.sessions.get_mut(session_id) {
+                session.waiting_since.get_or_insert(now);
+            }
             return Ok(if any_unfinished {
                 AcquireOutcome::Wait(self.config.wait_retry)
             } else {
@@ -97,6 +100,11 @@ impl State {
         };
         if let Some(session) = self.sessions.get_mut(session_id) {
             session.leases.insert((job_id.clone(), idx));
+            if let Some(since) = session.waiting_since.take() {
+                self.histograms
+                    .lease_wait
+                    .observe(now.saturating_duration_since(since).as_secs_f64());
+            }
         }
         self.waiting.retain(|s| s != session_id);
         info!(job = %job_id, shard = %lease.shard.id, token, worker = %worker_id, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, "lease granted");

@@ -51,7 +51,7 @@ use tokio::time::Instant;
 
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
-use crate::metrics::Counters;
+use crate::metrics::{Counters, Histograms};
 use crate::progress::RateWindow;
 
 pub use commit::{
@@ -241,6 +241,9 @@ struct Session {
     events_tx: mpsc::Sender<SessionEvent>,
     /// (job id, shard index) of every lease this session holds.
     leases: HashSet<(String, usize)>,
+    /// Since when it has asked for work and got none (for the lease-wait
+    /// histogram).
+    waiting_since: Option<Instant>,
 }
 
 /// The coordinator's whole in-memory state.
@@ -260,6 +263,7 @@ pub struct State {
     /// first: they get a `Wake` when work may be there for them.
     waiting: VecDeque<String>,
     counters: Counters,
+    histograms: Histograms,
     /// What the owner is to do, in order (see [`State::take_effects`]).
     effects: Vec<Effect>,
     /// Writes in flight, and what to do when each is done.
@@ -282,6 +286,7 @@ impl State {
             sessions: HashMap::new(),
             waiting: VecDeque::new(),
             counters: Counters::default(),
+            histograms: Histograms::default(),
             effects: Vec::new(),
             in_flight: HashMap::new(),
             io_seq: 0,
@@ -295,6 +300,12 @@ impl State {
 
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// The histograms `/metrics` shows (shared: the owner observes commit
+    /// latency into the same ones).
+    pub fn histograms(&self) -> &Histograms {
+        &self.histograms
     }
 
     /// What the owner is to do since the last call: store writes to run

@@ -11,6 +11,9 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::{ActiveLease, Session, State, TOKEN_EPOCH_SHIFT};
+
+/// At most this many batch-time observations per heartbeat.
+const MAX_BATCH_OBSERVATIONS: u64 = 10_000;
 use crate::error::{CoordinatorError, Result};
 
 impl State {
@@ -36,6 +39,7 @@ impl State {
                 stages: StageTotals::default(),
                 events_tx: events_tx.clone(),
                 leases: HashSet::new(),
+                waiting_since: None,
             },
         );
         let refused: Vec<LeaseKey> = registration
@@ -147,8 +151,19 @@ impl State {
     }
 
     /// Keeps what a worker reported of its stage times (for `/metrics`).
+    /// Observes the batches since the last report in the batch-time
+    /// histogram (at their mean: workers report totals).
     pub fn report_stages(&mut self, session_id: &str, stages: StageTotals) {
         if let Some(session) = self.sessions.get_mut(session_id) {
+            let batches = stages.batches.saturating_sub(session.stages.batches);
+            let model_ms = stages.model_ms.saturating_sub(session.stages.model_ms);
+            if batches > 0 {
+                let mean = model_ms as f64 / 1000.0 / batches as f64;
+                // Bounded work per heartbeat, however many batches it covers.
+                for _ in 0..batches.min(MAX_BATCH_OBSERVATIONS) {
+                    self.histograms.batch.observe(mean);
+                }
+            }
             session.stages = stages;
         }
     }

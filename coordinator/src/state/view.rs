@@ -97,6 +97,7 @@ impl State {
         workers.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
         Snapshot {
             counters: self.counters.clone(),
+            histograms: self.histograms.clone(),
             workers,
         }
     }
