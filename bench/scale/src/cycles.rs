@@ -61,7 +61,7 @@ impl CyclesReport {
 }
 
 /// The p-quantile of sorted microseconds, in milliseconds.
-fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
+pub(crate) fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
     if sorted_us.is_empty() {
         return 0.0;
     }
@@ -108,9 +108,9 @@ impl fmt::Display for CyclesReport {
 /// A registered simulated worker. The session's request sender and response
 /// stream are held for the worker's life: dropping either ends the session,
 /// and the coordinator takes its leases back.
-struct SimWorker {
-    client: WorkerServiceClient<Channel>,
-    session_id: String,
+pub(crate) struct SimWorker {
+    pub(crate) client: WorkerServiceClient<Channel>,
+    pub(crate) session_id: String,
     _session_tx: mpsc::Sender<pb::SessionRequest>,
     _events: Streaming<pb::SessionEvent>,
 }
@@ -215,7 +215,7 @@ pub async fn run(
     })
 }
 
-async fn register(channel: Channel, worker_id: String) -> anyhow::Result<SimWorker> {
+pub(crate) async fn register(channel: Channel, worker_id: String) -> anyhow::Result<SimWorker> {
     let mut client = WorkerServiceClient::new(channel);
     let (session_tx, session_rx) = mpsc::channel(4);
     session_tx

@@ -9,10 +9,15 @@
 //! - `plan`: submits a `range` job with 1,000,000 shards and reports how long
 //!   the submit took and the coordinator's memory afterwards.
 //!
+//! - `finish`: commit latency of a running job while another job with
+//!   many shards finishes (manifest, orphans), against the same job's
+//!   latency once the other is done.
+//!
 //! Every result is one line starting with `scale ` so scripts can grep it.
 
 mod coordinator;
 mod cycles;
+mod finish;
 mod plan;
 
 use std::path::PathBuf;
@@ -58,6 +63,22 @@ enum Cmd {
         /// runs out and the job never completes during the measurement.
         #[arg(long, default_value_t = 400_000)]
         shards: u64,
+    },
+    /// Commit latency of a running job while a job with many shards
+    /// finishes.
+    Finish {
+        /// Shards of the job that finishes.
+        #[arg(long, default_value_t = 100_000)]
+        shards: u64,
+        /// Simulated workers driving it to its end.
+        #[arg(long, default_value_t = 64)]
+        workers: usize,
+        /// Simulated workers committing to the running job.
+        #[arg(long, default_value_t = 8)]
+        steady_workers: usize,
+        /// Seconds the running job goes on after the other succeeded.
+        #[arg(long, default_value_t = 3.0)]
+        after: f64,
     },
     /// Submit time and coordinator memory for a job with many shards.
     Plan {
@@ -112,6 +133,25 @@ fn main() -> anyhow::Result<()> {
                             .with_context(|| format!("cycles with {w} workers"))?;
                     println!("{report}");
                 }
+                Ok(())
+            }
+            Cmd::Finish {
+                shards,
+                workers,
+                steady_workers,
+                after,
+            } => {
+                let options = finish::Options {
+                    shards,
+                    workers,
+                    steady_workers: steady_workers.max(1),
+                    after: Duration::from_secs_f64(after),
+                };
+                let dir = work_dir.join("finish");
+                let report = finish::run(&coordinator_bin, &dir, &cli.coordinator_log, &options)
+                    .await
+                    .context("finish")?;
+                println!("{report}");
                 Ok(())
             }
             Cmd::Plan { shards } => {
