@@ -144,21 +144,23 @@ pub async fn run(
         drivers.spawn(async move {
             let run = async {
                 let worker = cycles::register(channel, format!("big-{i:04}")).await?;
-                drive(worker, &big_id).await
+                drive(worker, &big_id, started).await
             };
-            if let Err(e) = run.await {
-                errors.lock().await.push(format!("{e:#}"));
+            match run.await {
+                Ok(last) => last,
+                Err(e) => {
+                    errors.lock().await.push(format!("{e:#}"));
+                    None
+                }
             }
         });
     }
-    // Watch `big`: when its last shard is done, and when it succeeded.
-    let mut all_done = None;
+    // Wait for `big` to succeed. Its finishing starts with the last shard's
+    // commit: a coordinator that finishes inside that commit answers it
+    // only once the job is done, so it is timed from when it was sent.
     let succeeded = loop {
         let (info, _) = coordinator.get_job(&big.job_id).await?;
         let now = started.elapsed();
-        if all_done.is_none() && info.shards_done == info.shards_total {
-            all_done = Some(now);
-        }
         if info.state == pb::JobState::Succeeded as i32 {
             break now;
         }
@@ -174,9 +176,13 @@ pub async fn run(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    // A job finished between two polls counts as finished at the earlier.
-    let all_done = all_done.unwrap_or(succeeded);
-    while drivers.join_next().await.is_some() {}
+    let mut last_commit = Duration::ZERO;
+    while let Some(joined) = drivers.join_next().await {
+        if let Ok(Some(last)) = joined {
+            last_commit = last_commit.max(last);
+        }
+    }
+    let all_done = last_commit.min(succeeded);
     tokio::time::sleep(options.after).await;
     stop.cancel();
     while steady_tasks.join_next().await.is_some() {}
@@ -257,8 +263,13 @@ async fn commit_steadily(
 }
 
 /// Takes `big`'s shards and commits each as done with one staged object,
-/// until none is left to lease.
-async fn drive(mut worker: SimWorker, big_id: &str) -> anyhow::Result<()> {
+/// until none is left to lease; returns when it sent its last commit.
+async fn drive(
+    mut worker: SimWorker,
+    big_id: &str,
+    started: Instant,
+) -> anyhow::Result<Option<Duration>> {
+    let mut last = None;
     while let Some(lease) = acquire(&mut worker).await? {
         anyhow::ensure!(lease.job_id == big_id, "driver leased {}", lease.job_id);
         let prefix = lease.output_prefix.trim_end_matches('/');
@@ -270,6 +281,7 @@ async fn drive(mut worker: SimWorker, big_id: &str) -> anyhow::Result<()> {
             tokio::fs::create_dir_all(dir).await?;
         }
         tokio::fs::write(&path, STAGED_BYTES).await?;
+        last = Some(started.elapsed());
         worker
             .client
             .commit(pb::CommitRequest {
@@ -292,5 +304,5 @@ async fn drive(mut worker: SimWorker, big_id: &str) -> anyhow::Result<()> {
             .await
             .context("commit")?;
     }
-    Ok(())
+    Ok(last)
 }

@@ -10,6 +10,7 @@ use stoke_core::records::{
     JobState, Manifest, ManifestEntry, OutputObject, ProgressRecord, StatusRecord, now_ms,
 };
 use stoke_core::spec::JobSpec;
+use stoke_core::store::Listed;
 use stoke_core::{StoreError, StoreUri, Stores};
 use tracing::{info, warn};
 
@@ -150,20 +151,17 @@ fn entry(shard_id: &str, o: &OutputObject) -> ManifestEntry {
     }
 }
 
-/// Deletes the objects under `folder` that sit in a shard's subfolder
-/// (`<folder>/<shard id>/...`, for a shard of the job) and that no commit
-/// names: what attempts left that were never committed. One listing of
-/// the folder, then a bounded number of deletes at once.
-async fn delete_uncommitted(
-    stores: &Stores,
+/// The objects of `listed` (under `folder`) that sit in a shard's
+/// subfolder (`<folder>/<shard id>/...`, for a shard of the job) and that
+/// no commit names: what attempts left that were never committed.
+fn uncommitted(
+    listed: Vec<Listed>,
     folder: &StoreUri,
     shard_ids: &HashSet<&str>,
     committed: &HashSet<&str>,
-) -> Result<usize> {
+) -> Vec<StoreUri> {
     let base = folder.as_str();
-    let orphans: Vec<StoreUri> = stores
-        .list(folder)
-        .await?
+    listed
         .into_iter()
         .filter(|listed| {
             let uri = listed.uri.as_str();
@@ -174,7 +172,76 @@ async fn delete_uncommitted(
             in_shard && !committed.contains(uri)
         })
         .map(|listed| listed.uri)
+        .collect()
+}
+
+/// The manifest of a job whose shards committed `progress`, and the
+/// objects to delete among those listed in its output and errors folders.
+fn plan_finish(
+    finish: &FinishJob,
+    outputs_listed: Vec<Listed>,
+    errors_listed: Vec<Listed>,
+) -> (Manifest, Vec<StoreUri>) {
+    let progress = &finish.progress;
+    let shard_ids: HashSet<&str> = finish.plan.shards.iter().map(|s| s.id.as_str()).collect();
+    let committed: HashSet<&str> = progress
+        .iter()
+        .flat_map(|p| p.outputs.iter().map(|o| o.uri.as_str()))
         .collect();
+    let committed_errors: HashSet<&str> = progress
+        .iter()
+        .flat_map(|p| p.errors.iter().map(|o| o.uri.as_str()))
+        .collect();
+    let mut orphans = uncommitted(
+        outputs_listed,
+        &finish.output.join("/"),
+        &shard_ids,
+        &committed,
+    );
+    orphans.extend(uncommitted(
+        errors_listed,
+        &finish.layout.errors_root(),
+        &shard_ids,
+        &committed_errors,
+    ));
+    let outputs: Vec<ManifestEntry> = progress
+        .iter()
+        .flat_map(|p| p.outputs.iter().map(|o| entry(&p.shard_id, o)))
+        .collect();
+    let manifest = Manifest {
+        job_id: finish.job_id.clone(),
+        records_in: progress.iter().map(|p| p.records).sum(),
+        records_out: outputs.iter().map(|o| o.records).sum(),
+        shards: progress.len() as u64,
+        outputs,
+        records_skipped: progress.iter().map(|p| p.skipped).sum(),
+        errors: progress
+            .iter()
+            .flat_map(|p| p.errors.iter().map(|o| entry(&p.shard_id, o)))
+            .collect(),
+        created_ms: now_ms(),
+    };
+    (manifest, orphans)
+}
+
+/// Every shard is committed: remove what uncommitted attempts wrote (so
+/// the output folder holds exactly what the manifest lists when the job
+/// says it succeeded), write the manifest, then the `succeeded` status.
+/// The CPU-heavy part (a big job's sets of committed objects and its
+/// manifest) runs on a blocking thread, off the runtime's workers.
+async fn finish_job(finish: FinishJob, stores: &Stores) -> Result<()> {
+    let outputs_listed = stores.list(&finish.output.join("/")).await?;
+    let errors_listed = stores.list(&finish.layout.errors_root()).await?;
+    let (job_id, layout) = (finish.job_id.clone(), finish.layout.clone());
+    let (manifest, bytes, orphans) = tokio::task::spawn_blocking(move || {
+        let (manifest, orphans) = plan_finish(&finish, outputs_listed, errors_listed);
+        let bytes = Bytes::from(serde_json::to_vec_pretty(&manifest).unwrap_or_default());
+        (manifest, bytes, orphans)
+    })
+    .await
+    .map_err(|e| {
+        CoordinatorError::Recovery(format!("building the manifest of job {job_id}: {e}"))
+    })?;
     let n = orphans.len();
     let mut deletes = futures::stream::iter(orphans)
         .map(|uri| {
@@ -190,53 +257,10 @@ async fn delete_uncommitted(
     while let Some(deleted) = deletes.next().await {
         deleted?;
     }
-    Ok(n)
-}
-
-/// Every shard is committed: remove what uncommitted attempts wrote (so
-/// the output folder holds exactly what the manifest lists when the job
-/// says it succeeded), write the manifest, then the `succeeded` status.
-async fn finish_job(finish: FinishJob, stores: &Stores) -> Result<()> {
-    let FinishJob {
-        job_id,
-        layout,
-        output,
-        plan,
-        progress,
-    } = finish;
-    let shard_ids: HashSet<&str> = plan.shards.iter().map(|s| s.id.as_str()).collect();
-    let committed: HashSet<&str> = progress
-        .iter()
-        .flat_map(|p| p.outputs.iter().map(|o| o.uri.as_str()))
-        .collect();
-    let committed_errors: HashSet<&str> = progress
-        .iter()
-        .flat_map(|p| p.errors.iter().map(|o| o.uri.as_str()))
-        .collect();
-    let orphans = delete_uncommitted(stores, &output.join("/"), &shard_ids, &committed).await?
-        + delete_uncommitted(stores, &layout.errors_root(), &shard_ids, &committed_errors).await?;
-    if orphans > 0 {
-        info!(job = %job_id, orphans, "deleted objects no commit names");
+    if n > 0 {
+        info!(job = %job_id, orphans = n, "deleted objects no commit names");
     }
     fail::fail_point!("coordinator::before_manifest", |_| std::process::abort());
-    let outputs: Vec<ManifestEntry> = progress
-        .iter()
-        .flat_map(|p| p.outputs.iter().map(|o| entry(&p.shard_id, o)))
-        .collect();
-    let manifest = Manifest {
-        job_id: job_id.clone(),
-        records_in: progress.iter().map(|p| p.records).sum(),
-        records_out: outputs.iter().map(|o| o.records).sum(),
-        shards: progress.len() as u64,
-        outputs,
-        records_skipped: progress.iter().map(|p| p.skipped).sum(),
-        errors: progress
-            .iter()
-            .flat_map(|p| p.errors.iter().map(|o| entry(&p.shard_id, o)))
-            .collect(),
-        created_ms: now_ms(),
-    };
-    let bytes = Bytes::from(serde_json::to_vec_pretty(&manifest).unwrap_or_default());
     // Create-only: a manifest is never overwritten. One already there was
     // written by a coordinator that stopped before marking the job done;
     // it must list the same objects.

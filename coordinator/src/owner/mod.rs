@@ -21,6 +21,7 @@ use stoke_core::{StoreError, StoreUri, Stores};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::debug;
 
 use crate::config::CoordinatorConfig;
@@ -171,9 +172,21 @@ impl Owner {
         for effect in self.state.take_effects() {
             match effect {
                 Effect::Io(id, io) => {
+                    // A task of its own, not just a future of this loop: a
+                    // finishing job's manifest is seconds of CPU for a big
+                    // job, which must not run on the owner's thread. Its
+                    // handle aborts the write if the owner stops first.
                     let stores = self.stores.clone();
+                    let task = AbortOnDropHandle::new(tokio::spawn(async move {
+                        io::perform(io, &stores).await
+                    }));
                     self.running.push(Box::pin(async move {
-                        Done::Io(id, io::perform(io, &stores).await)
+                        let result = task.await.unwrap_or_else(|e| {
+                            Err(CoordinatorError::Recovery(format!(
+                                "a store write stopped: {e}"
+                            )))
+                        });
+                        Done::Io(id, result)
                     }));
                 }
                 Effect::Reply(req, answer) => {
