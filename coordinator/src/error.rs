@@ -2,6 +2,7 @@
 //! a client can tell "retry" (`Unavailable`) from "you are wrong"
 //! (`InvalidArgument`, `FailedPrecondition`, `NotFound`).
 
+use stoke_core::refusal::Refusal;
 use stoke_core::{ConvError, PlanError, SpecError, StoreError};
 use thiserror::Error;
 use tonic::Status;
@@ -124,9 +125,12 @@ impl From<CoordinatorError> for Status {
                 transient: true, ..
             }) => Status::unavailable(msg),
             Plan(_) => Status::invalid_argument(msg),
-            JobNotFound { .. } | ShardNotFound { .. } | UnknownSession { .. } => {
-                Status::not_found(msg)
+            UnknownSession { .. } => {
+                let mut status = Status::not_found(msg);
+                Refusal::UnknownSession.attach(&mut status);
+                status
             }
+            JobNotFound { .. } | ShardNotFound { .. } => Status::not_found(msg),
             JobExists { .. } => Status::already_exists(msg),
             StaleToken { .. }
             | JobNotRunning { .. }

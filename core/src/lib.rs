@@ -9,7 +9,8 @@
 //! - [`records`]: the durable JSON records (status, progress, manifest);
 //! - [`lease`]: leases, commits and releases as domain values;
 //! - [`security`]: tokens and TLS settings, and the client side of both;
-//! - [`conv`]: conversions to and from the wire types of `stoke-proto`.
+//! - [`conv`]: conversions to and from the wire types of `stoke-proto`;
+//! - [`refusal`]: refusals a peer matches on, carried on gRPC statuses.
 //!
 //! Tested by unit tests next to the code, against `memory://` and temporary
 //! `file://` stores.
@@ -24,6 +25,7 @@ pub mod parquet_source;
 pub mod plan;
 pub mod progress;
 pub mod records;
+pub mod refusal;
 pub mod security;
 pub mod spec;
 pub mod store;

@@ -6,7 +6,8 @@
 //!
 //! Main types: [`TorchBatchProcessor`] (the user's logic),
 //! [`ProcessorContext`], [`Batch`], [`Registry`] (processors by name),
-//! [`CoordinatorLink`] with [`GrpcLink`] and [`LocalLink`] (embedded mode),
+//! [`CoordinatorLink`] with [`GrpcLink`] (embedded mode's in-memory link is
+//! the SDK's: the worker does not depend on the coordinator),
 //! and [`run`], which drives a worker until there is no work or shutdown.
 //!
 //! Tested by unit tests here (reading, batching, encoding) and by the
@@ -35,6 +36,6 @@ pub use columns::Column;
 pub use config::WorkerConfig;
 pub use context::{ProcessorContext, ShardInfo, SkippedRecord};
 pub use error::{BoxError, LinkError, ProcessorResult, WorkerError};
-pub use link::{CoordinatorLink, GrpcLink, LocalLink};
+pub use link::{CoordinatorLink, GrpcLink};
 pub use processor::{Collate, LoadFn, Loader, Registry, TorchBatchProcessor};
 pub use runner::{WorkerExit, run};
