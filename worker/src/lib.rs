@@ -15,6 +15,7 @@
 
 pub mod aoti;
 pub mod batch;
+mod builtins;
 pub mod cli;
 pub mod columns;
 pub mod config;
@@ -30,11 +31,11 @@ mod session;
 pub mod signals;
 pub mod torchscript;
 
-pub use batch::Batch;
 pub use batch::Collated;
+pub use batch::{Batch, SkippedRecord};
 pub use columns::Column;
 pub use config::WorkerConfig;
-pub use context::{ProcessorContext, ShardInfo, SkippedRecord};
+pub use context::{ProcessorContext, ShardInfo};
 pub use error::{BoxError, LinkError, ProcessorResult, WorkerError};
 pub use link::{CoordinatorLink, GrpcLink};
 pub use processor::{Collate, LoadFn, Loader, Registry, TorchBatchProcessor};

@@ -2,8 +2,10 @@
 //! its own thread, encode and upload outputs, commit.
 
 pub(crate) mod commit;
+pub(crate) mod control;
 pub(crate) mod float_list;
 pub(crate) mod output;
 pub(crate) mod prep;
 pub(crate) mod process;
 pub(crate) mod read;
+pub(crate) mod stages;

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use crate::batch::Batch;
-use crate::context::SkippedRecord;
+use crate::batch::SkippedRecord;
 use crate::error::WorkerError;
 use crate::pipeline::float_list::{ChunkSource, FloatListColumn, FloatListField, NotFast};
 
