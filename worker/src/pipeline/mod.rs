@@ -1,6 +1,7 @@
 //! The worker's data path: read a shard into batches, run the processor on
 //! its own thread, encode and upload outputs, commit.
 
+pub(crate) mod batcher;
 pub(crate) mod commit;
 pub(crate) mod control;
 pub(crate) mod float_list;
