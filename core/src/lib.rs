@@ -5,6 +5,8 @@
 //! - [`plan`]: cutting a dataset into shards (Parquet row groups, JSON Lines
 //!   byte ranges, `files` objects, synthetic `range`);
 //! - [`store`]: store URIs and the one place that opens an `object_store`;
+//! - [`float_list`]: the worker's fast Parquet decoder for fixed-size float
+//!   lists, here (libtorch-free) so that it is fuzzed;
 //! - [`layout`]: where every durable object lives under the state root;
 //! - [`records`]: the durable JSON records (status, progress, manifest);
 //! - [`lease`]: leases, commits and releases as domain values;
@@ -17,6 +19,7 @@
 
 pub mod conv;
 pub mod error;
+pub mod float_list;
 pub mod hints;
 pub mod layout;
 pub mod lease;

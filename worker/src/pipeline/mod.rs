@@ -4,7 +4,6 @@
 pub(crate) mod batcher;
 pub(crate) mod commit;
 pub(crate) mod control;
-pub(crate) mod float_list;
 pub(crate) mod output;
 pub(crate) mod prep;
 pub(crate) mod process;

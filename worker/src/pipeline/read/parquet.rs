@@ -1,5 +1,5 @@
 //! Parquet datasets: a shard's row groups in order, each through the fast
-//! path for fixed-size float lists (`pipeline/float_list.rs`) when it has
+//! path for fixed-size float lists (`stoke_core::float_list`) when it has
 //! such columns, else through Arrow's generic reader.
 
 use std::sync::Arc;
@@ -12,13 +12,13 @@ use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
 };
 use parquet::arrow::async_reader::{ParquetRecordBatchStream, ParquetRecordBatchStreamBuilder};
+use stoke_core::float_list::{ChunkSource, FloatListColumn, FloatListField, NotFast};
 use stoke_core::parquet_source::ParquetSource;
 use stoke_core::{StoreError, StoreUri};
 use tracing::debug;
 
 use crate::error::WorkerError;
 use crate::pipeline::batcher::{Emitter, Flow};
-use crate::pipeline::float_list::{ChunkSource, FloatListColumn, FloatListField, NotFast};
 use crate::pipeline::read::shard::{ShardRead, source_error};
 
 /// A Parquet error; a failed store read inside it stays a store error, so
@@ -37,7 +37,7 @@ fn parquet_error(shard: &str, uri: &str, e: parquet::errors::ParquetError) -> Wo
 
 /// A Parquet shard: its row groups in order, each through the fast path
 /// for fixed-size float lists when it has such columns (see
-/// [`float_list`](crate::pipeline::float_list)), else (or from the first record the
+/// [`float_list`](stoke_core::float_list)), else (or from the first record the
 /// fast path refuses) through Arrow's generic reader.
 pub(crate) async fn read_parquet(
     read: &ShardRead,

@@ -14,6 +14,12 @@
 //! with a [`NotFast`] reason; the reader then carries on with Arrow's generic
 //! reader from the first record not yet sent, which also reports real
 //! corruption with its own error.
+//!
+//! The worker's Parquet reader (`worker/src/pipeline/read/parquet.rs`) is
+//! its one user. It lives in this libtorch-free crate so that it can be
+//! fuzzed: it parses untrusted pages by hand, and the `float_list` fuzz
+//! target (`fuzz/`, run by `scripts/fuzz.sh`) checks it against Arrow's
+//! reader as the oracle.
 
 use std::sync::Arc;
 
@@ -30,7 +36,7 @@ use parquet::schema::types::SchemaDescriptor;
 /// Why a column (or a page of it) cannot take the fast path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub(crate) struct NotFast(pub String);
+pub struct NotFast(pub String);
 
 fn not_fast(message: impl Into<String>) -> NotFast {
     NotFast(message.into())
@@ -38,7 +44,7 @@ fn not_fast(message: impl Into<String>) -> NotFast {
 
 /// A root field that may take the fast path: a fixed-size list of float32.
 #[derive(Debug, Clone)]
-pub(crate) struct FloatListField {
+pub struct FloatListField {
     /// Index of the field among the file's root fields.
     pub root: usize,
     /// Index of its one leaf column in the Parquet schema.
@@ -138,7 +144,7 @@ impl ChunkReader for ChunkBytes {
 
 /// Where a column chunk's pages come from.
 #[derive(Debug)]
-pub(crate) enum ChunkSource {
+pub enum ChunkSource {
     /// The chunk's bytes, read whole from a store; they start at this file
     /// offset.
     Bytes { start: u64, bytes: Bytes },
@@ -148,7 +154,7 @@ pub(crate) enum ChunkSource {
 
 /// Decodes one column chunk of a fixed-size float32 list, a batch of
 /// records at a time.
-pub(crate) struct FloatListColumn {
+pub struct FloatListColumn {
     pages: Box<dyn PageReader>,
     field: FloatListField,
     max_def: i16,
