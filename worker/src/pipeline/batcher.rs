@@ -29,31 +29,31 @@ pub(crate) enum Flow {
 /// batch's record range, and sends them. Every row and bad record carries
 /// its record offset in the shard, so batches stay the same on a resume.
 pub(crate) struct Emitter {
-    pub tx: BatchTx,
-    pub batch_size: usize,
-    pub pending: Vec<RecordBatch>,
+    tx: BatchTx,
+    batch_size: usize,
+    pending: Vec<RecordBatch>,
     /// Record offset of each pending row.
-    pub pending_offsets: VecDeque<u64>,
+    pending_offsets: VecDeque<u64>,
     /// Bad records not yet attached to a batch, in offset order.
-    pub skipped: VecDeque<(u64, SkippedRecord)>,
-    pub next_index: u64,
+    skipped: VecDeque<(u64, SkippedRecord)>,
+    next_index: u64,
     /// First record offset not yet covered by an emitted batch.
-    pub next_offset: u64,
+    next_offset: u64,
     /// The offset after the last record pushed.
-    pub tail_offset: u64,
-    pub shard_id: String,
-    pub id_column: Option<String>,
-    pub budget: Option<Budget>,
+    tail_offset: u64,
+    shard_id: String,
+    id_column: Option<String>,
+    budget: Option<Budget>,
     /// The rows' schema when known before any row (JSON Lines): a batch
     /// of bad records only still has the columns a processor looks for.
-    pub schema: Option<SchemaRef>,
+    schema: Option<SchemaRef>,
 }
 
 /// Adaptive batching: a batch's padded size (records × longest record)
 /// stays within `max_elements`.
-pub(crate) struct Budget {
-    pub column: String,
-    pub max_elements: u64,
+struct Budget {
+    column: String,
+    max_elements: u64,
 }
 
 /// Records per batch for a run of record lengths: as many as fit the budget
@@ -75,6 +75,54 @@ pub(crate) fn budget_cut(lengths: &[u64], batch_size: usize, max_elements: u64) 
 }
 
 impl Emitter {
+    /// A batcher that numbers its first batch `start_batch` and counts
+    /// records from `start_record` (those before are committed); `budget`
+    /// is `(max_elements, length column)` for adaptive batching; without
+    /// an `id_column`, ids are `<shard>:<offset>`.
+    pub fn new(
+        tx: BatchTx,
+        batch_size: usize,
+        start_batch: u64,
+        start_record: u64,
+        budget: Option<(u64, String)>,
+        shard_id: String,
+        id_column: Option<String>,
+    ) -> Self {
+        Self {
+            tx,
+            batch_size,
+            pending: Vec::new(),
+            pending_offsets: VecDeque::new(),
+            skipped: VecDeque::new(),
+            next_index: start_batch,
+            next_offset: start_record,
+            tail_offset: start_record,
+            budget: budget.map(|(max_elements, column)| Budget {
+                column,
+                max_elements,
+            }),
+            shard_id,
+            id_column,
+            schema: None,
+        }
+    }
+
+    /// Records per batch, at most.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// The shard offset after the last record pushed (or committed): where
+    /// a reader goes on from.
+    pub fn tail_offset(&self) -> u64 {
+        self.tail_offset
+    }
+
+    /// The rows' schema, when a reader knows it before any row.
+    pub fn set_schema(&mut self, schema: SchemaRef) {
+        self.schema = Some(schema);
+    }
+
     /// Queues rows at consecutive offsets after the last record pushed.
     pub async fn push(&mut self, rows: RecordBatch) -> Result<Flow, WorkerError> {
         let n = rows.num_rows() as u64;

@@ -20,8 +20,8 @@ pub(crate) async fn read_files(
         Field::new("uri", DataType::Utf8, false),
         Field::new("bytes", DataType::Binary, false),
     ]));
-    let remaining = uris.get(emitter.tail_offset as usize..).unwrap_or(&[]);
-    for chunk in remaining.chunks(emitter.batch_size.max(1)) {
+    let remaining = uris.get(emitter.tail_offset() as usize..).unwrap_or(&[]);
+    for chunk in remaining.chunks(emitter.batch_size().max(1)) {
         let mut parsed = Vec::with_capacity(chunk.len());
         for uri in chunk {
             parsed.push(StoreUri::parse(uri)?);

@@ -27,7 +27,7 @@ pub(crate) async fn read_jsonl(
             .clone()
             .ok_or_else(|| err("the lease carries no JSON Lines schema".to_string()))?,
     );
-    emitter.schema = Some(Arc::clone(&schema));
+    emitter.set_schema(Arc::clone(&schema));
     let object = StoreUri::parse(uri)?;
     let data = read.stores.get_range(&object, bytes.clone()).await?;
     // Record offsets count non-blank lines, so ids and batches stay the
@@ -40,9 +40,12 @@ pub(crate) async fn read_jsonl(
         .map(|(i, l)| (i as u64, l))
         .collect();
     let mut lines_before = first_line;
-    let first = (emitter.tail_offset as usize).min(lines.len());
-    for (chunk_no, chunk) in lines[first..].chunks(emitter.batch_size.max(1)).enumerate() {
-        let offset = (first + chunk_no * emitter.batch_size) as u64;
+    let first = (emitter.tail_offset() as usize).min(lines.len());
+    for (chunk_no, chunk) in lines[first..]
+        .chunks(emitter.batch_size().max(1))
+        .enumerate()
+    {
+        let offset = (first + chunk_no * emitter.batch_size()) as u64;
         let raw: Vec<&[u8]> = chunk.iter().map(|(_, l)| *l).collect();
         let (rows, offsets, mut skipped) = decode_lines(&schema, &raw, offset, &read.shard.id)
             .map_err(|m| {

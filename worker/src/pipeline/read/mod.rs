@@ -8,8 +8,6 @@ mod parquet;
 mod range;
 mod shard;
 
-use std::collections::VecDeque;
-
 use stoke_core::plan::ShardSource;
 
 use self::files::read_files;
@@ -17,7 +15,7 @@ use self::jsonl::read_jsonl;
 use self::parquet::read_parquet;
 use self::range::read_range;
 pub(crate) use self::shard::ShardRead;
-use crate::pipeline::batcher::{BatchTx, Budget, Emitter, Flow};
+use crate::pipeline::batcher::{BatchTx, Emitter, Flow};
 
 /// Reads the shard and sends its batches; stops early when the receiver is
 /// gone (the attempt was aborted). Errors are sent as the last item.
@@ -33,28 +31,20 @@ pub(crate) async fn read_shard(read: ShardRead, tx: BatchTx) {
             ShardSource::Files { .. } => Some("uri".to_string()),
             _ => None,
         });
-    let mut emitter = Emitter {
-        tx: tx.clone(),
-        batch_size: bs as usize,
-        pending: Vec::new(),
-        pending_offsets: VecDeque::new(),
-        skipped: VecDeque::new(),
-        next_index: read.start_batch,
-        next_offset: read.start_record,
-        tail_offset: read.start_record,
-        budget: read
-            .spec
-            .batching
-            .max_elements
-            .zip(read.spec.batching.length_column.clone())
-            .map(|(max_elements, column)| Budget {
-                column,
-                max_elements,
-            }),
-        shard_id: read.shard.id.clone(),
+    let budget = read
+        .spec
+        .batching
+        .max_elements
+        .zip(read.spec.batching.length_column.clone());
+    let mut emitter = Emitter::new(
+        tx.clone(),
+        bs as usize,
+        read.start_batch,
+        read.start_record,
+        budget,
+        read.shard.id.clone(),
         id_column,
-        schema: None,
-    };
+    );
     let result = match &read.shard.source {
         ShardSource::Range { start, end } => read_range(&mut emitter, *start, *end).await,
         ShardSource::Parquet {

@@ -98,7 +98,7 @@ pub(crate) async fn read_parquet(
             rows,
         };
         first_record += rows;
-        if emitter.tail_offset >= group.first_record + rows {
+        if emitter.tail_offset() >= group.first_record + rows {
             continue;
         }
         if !shape.fast.is_empty() {
@@ -184,9 +184,13 @@ async fn read_row_group(
     group: &RowGroupRead<'_>,
 ) -> Result<Flow, WorkerError> {
     let perr = |e: parquet::errors::ParquetError| parquet_error(&read.shard.id, uri, e);
-    let skip = emitter.tail_offset.saturating_sub(group.first_record) as usize;
+    let skip = emitter.tail_offset().saturating_sub(group.first_record) as usize;
     let mut stream = group
-        .stream(emitter.batch_size.max(1024), shape.projection.clone(), skip)
+        .stream(
+            emitter.batch_size().max(1024),
+            shape.projection.clone(),
+            skip,
+        )
         .map_err(perr)?;
     while let Some(rows) = stream.next().await {
         let rows = rows.map_err(perr)?;
@@ -323,7 +327,7 @@ async fn read_row_group_fast(
     let uri = store_uri.to_string();
     let perr = |e: parquet::errors::ParquetError| parquet_error(&read.shard.id, &uri, e);
     let rows = group.rows as usize;
-    let skip = emitter.tail_offset.saturating_sub(group.first_record) as usize;
+    let skip = emitter.tail_offset().saturating_sub(group.first_record) as usize;
     let mut fast = match FastColumns::open(read, store_uri, shape, group).await? {
         Ok(fast) => fast,
         Err(reason) => return Ok(Err(reason)),
@@ -337,7 +341,7 @@ async fn read_row_group_fast(
         .copied()
         .filter(|r| !shape.fast.iter().any(|f| f.root == *r))
         .collect();
-    let batch_rows = emitter.batch_size.max(1024);
+    let batch_rows = emitter.batch_size().max(1024);
     if others.is_empty() {
         let mut at = skip;
         while at < rows {

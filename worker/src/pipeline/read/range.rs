@@ -14,9 +14,9 @@ pub(crate) async fn read_range(
     end: u64,
 ) -> Result<Flow, WorkerError> {
     let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
-    let mut from = start + emitter.tail_offset;
+    let mut from = start + emitter.tail_offset();
     while from < end {
-        let to = (from + emitter.batch_size as u64).min(end);
+        let to = (from + emitter.batch_size() as u64).min(end);
         let values: ArrayRef = Arc::new(Int64Array::from_iter_values(from as i64..to as i64));
         let rows = RecordBatch::try_new(Arc::clone(&schema), vec![values])
             .map_err(|e| emitter.read_error(e.to_string()))?;
