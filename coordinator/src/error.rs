@@ -151,3 +151,24 @@ impl From<CoordinatorError> for Status {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use stoke_core::refusal::Refusal;
+
+    use super::*;
+
+    #[test]
+    fn an_unknown_session_is_a_typed_refusal() {
+        let status = Status::from(CoordinatorError::UnknownSession {
+            session_id: "s1".to_string(),
+        });
+        assert_eq!(status.code(), tonic::Code::NotFound);
+        assert_eq!(Refusal::of(&status), Some(Refusal::UnknownSession));
+        let other = Status::from(CoordinatorError::JobNotFound {
+            job_id: "j".to_string(),
+        });
+        assert_eq!(other.code(), tonic::Code::NotFound);
+        assert_eq!(Refusal::of(&other), None);
+    }
+}
