@@ -230,6 +230,12 @@ fn fast_records(
 
 /// Arrow's records of one root column in row group `g`, up to its first
 /// error: `None` for a record that is null or holds a null.
+///
+/// Arrow's reader panics on some corrupt pages (parquet 60.1: a DATA_PAGE
+/// header without its `data_page_header`, `column/page.rs:365`); the
+/// worker turns a reader's panic into a read error, and here it ends what
+/// Arrow read, like an error. The panic hook is silenced meanwhile: under
+/// libFuzzer it would abort.
 fn arrow_records(
     file: &Bytes,
     g: usize,
@@ -237,8 +243,24 @@ fn arrow_records(
     root: usize,
 ) -> Vec<Option<Vec<f32>>> {
     let mut out = Vec::new();
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        arrow_records_into(file, g, descr, root, &mut out)
+    }));
+    std::panic::set_hook(hook);
+    out
+}
+
+fn arrow_records_into(
+    file: &Bytes,
+    g: usize,
+    descr: &parquet::schema::types::SchemaDescriptor,
+    root: usize,
+    out: &mut Vec<Option<Vec<f32>>>,
+) {
     let Ok(builder) = ParquetRecordBatchReaderBuilder::try_new(file.clone()) else {
-        return out;
+        return;
     };
     let Ok(reader) = builder
         .with_row_groups(vec![g])
@@ -246,7 +268,7 @@ fn arrow_records(
         .with_batch_size(1024)
         .build()
     else {
-        return out;
+        return;
     };
     for batch in reader {
         let Ok(batch) = batch else {
@@ -261,7 +283,6 @@ fn arrow_records(
             out.push(whole.then(|| values.values()[at..at + width].to_vec()));
         }
     }
-    out
 }
 
 /// A Parquet file of one fixed-size float32 list column written as the

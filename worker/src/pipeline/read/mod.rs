@@ -8,6 +8,10 @@ mod parquet;
 mod range;
 mod shard;
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
 use stoke_core::plan::ShardSource;
 
 use self::files::read_files;
@@ -15,6 +19,8 @@ use self::jsonl::read_jsonl;
 use self::parquet::read_parquet;
 use self::range::read_range;
 pub(crate) use self::shard::ShardRead;
+use self::shard::source_error;
+use crate::error::WorkerError;
 use crate::pipeline::batcher::{BatchTx, Emitter, Flow};
 
 /// Reads the shard and sends its batches; stops early when the receiver is
@@ -45,29 +51,38 @@ pub(crate) async fn read_shard(read: ShardRead, tx: BatchTx) {
         read.shard.id.clone(),
         id_column,
     );
-    let result = match &read.shard.source {
-        ShardSource::Range { start, end } => read_range(&mut emitter, *start, *end).await,
-        ShardSource::Parquet {
-            uri,
-            row_group_start,
-            row_group_end,
-        } => read_parquet(&read, &mut emitter, uri, *row_group_start..*row_group_end).await,
-        ShardSource::Jsonl {
-            uri,
-            byte_start,
-            byte_end,
-            first_line,
-        } => {
-            read_jsonl(
-                &read,
-                &mut emitter,
+    let reading = async {
+        match &read.shard.source {
+            ShardSource::Range { start, end } => read_range(&mut emitter, *start, *end).await,
+            ShardSource::Parquet {
                 uri,
-                *byte_start..*byte_end,
-                *first_line,
-            )
-            .await
+                row_group_start,
+                row_group_end,
+            } => read_parquet(&read, &mut emitter, uri, *row_group_start..*row_group_end).await,
+            ShardSource::Jsonl {
+                uri,
+                byte_start,
+                byte_end,
+                first_line,
+            } => {
+                read_jsonl(
+                    &read,
+                    &mut emitter,
+                    uri,
+                    *byte_start..*byte_end,
+                    *first_line,
+                )
+                .await
+            }
+            ShardSource::Files { uris } => read_files(&read, &mut emitter, uris).await,
         }
-        ShardSource::Files { uris } => read_files(&read, &mut emitter, uris).await,
+    };
+    // A panic in a reader (the `parquet` crate panics on some corrupt page
+    // headers) is a read error: left alone, it would end the batch channel
+    // as if the shard had ended, and the attempt would commit it short.
+    let result = match AssertUnwindSafe(reading).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => Err(reader_panicked(&read.shard.id, panic.as_ref())),
     };
     let result = match result {
         Ok(Flow::Continue) => emitter.finish().await.map(|_| ()),
@@ -77,6 +92,16 @@ pub(crate) async fn read_shard(read: ShardRead, tx: BatchTx) {
     if let Err(e) = result {
         let _ = tx.send(Err(e)).await;
     }
+}
+
+/// The error a reader's panic becomes, with the panic's message.
+fn reader_panicked(shard: &str, panic: &(dyn Any + Send)) -> WorkerError {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_string());
+    source_error(shard, "", format!("the reader panicked: {message}"))
 }
 
 #[cfg(test)]
@@ -306,6 +331,57 @@ mod tests {
         // Only this test reads float lists through `read_shard`.
         let fast = FAST_ROW_GROUPS.load(std::sync::atomic::Ordering::Relaxed) - fast_before;
         assert_eq!(fast, 2 * (7 + 4));
+    }
+
+    /// A Parquet file whose pages the `float_list` fuzzer corrupted so that
+    /// the `parquet` crate panics reading it (a DATA_PAGE header without its
+    /// `data_page_header`): the shard ends in a read error, never early as
+    /// if it had no more records.
+    #[tokio::test]
+    async fn a_reader_that_panics_ends_the_shard_in_an_error() {
+        let file = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/corrupt-page-header.parquet"
+        ))
+        .expect("test file");
+        let stores = Stores::new();
+        let uri = StoreUri::parse("memory:///d/corrupt.parquet").expect("uri");
+        stores
+            .put(&uri, bytes::Bytes::from(file))
+            .await
+            .expect("put");
+        let spec = JobSpec::from_toml(&format!(
+            "[dataset]\nformat = \"parquet\"\nuri = \"{uri}\"\n\
+             [processor]\nname = \"p\"\n[batching]\nbatch_size = 16\n[sharding]\nrecords = 100000\n"
+        ))
+        .expect("spec");
+        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
+            .await
+            .expect("plan");
+        let total: u64 = plan.shards.iter().filter_map(|s| s.records).sum();
+        let (tx, mut rx) = mpsc::channel(4);
+        tokio::spawn(read_shard(
+            ShardRead {
+                stores,
+                spec: Arc::new(spec),
+                shard: plan.shards[0].clone(),
+                input_schema: None,
+                start_batch: 0,
+                start_record: 0,
+            },
+            tx,
+        ));
+        let mut records = 0u64;
+        let mut error = None;
+        while let Some(item) = rx.recv().await {
+            match item {
+                Ok(batch) => records += batch.consumed(),
+                Err(e) => error = Some(e.to_string()),
+            }
+        }
+        let error = error.expect("a read error, not a short shard");
+        assert!(error.contains("panicked"), "{error}");
+        assert!(records < total, "{records} of {total}");
     }
 
     #[tokio::test]
