@@ -6,11 +6,14 @@
 #                          records and logs,
 #                          status, manifest, epoch, lock)
 #   plan                   a stored plan.json
+#   float_list             Parquet files through the worker's fast path for
+#                          fixed-size float lists (stoke_core::float_list),
+#                          checked against Arrow's reader
 # The checks live in fuzz/src/lib.rs; core/tests/fuzz_regressions.rs replays
 # the inputs kept in core/tests/fuzz-regressions/<target>/ in every test run.
 # Not part of scripts/test.sh: it takes minutes.
 #
-# Usage: scripts/fuzz.sh [target...]        (all four by default)
+# Usage: scripts/fuzz.sh [target...]        (all five by default)
 #   FUZZ_SECONDS    seconds per target (default 60)
 #   FUZZ_SANITIZER  address (default) or none
 #
@@ -31,7 +34,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$STOKE_REPO"
 
-TARGETS=(spec_toml spec_json progress_record plan)
+TARGETS=(spec_toml spec_json progress_record plan float_list)
 FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
 FUZZ_SANITIZER="${FUZZ_SANITIZER:-address}"
 TOOLS="$STOKE_CACHE/tools"
@@ -89,6 +92,7 @@ seed_corpora() {
 dict_for() {
   case "$1" in
     spec_*) echo "$STOKE_REPO/fuzz/dicts/spec.dict" ;;
+    float_list) echo "$STOKE_REPO/fuzz/dicts/parquet.dict" ;;
     *) echo "$STOKE_REPO/fuzz/dicts/records.dict" ;;
   esac
 }

@@ -2,6 +2,7 @@
 //! a client can tell "retry" (`Unavailable`) from "you are wrong"
 //! (`InvalidArgument`, `FailedPrecondition`, `NotFound`).
 
+use stoke_core::refusal::Refusal;
 use stoke_core::{ConvError, PlanError, SpecError, StoreError};
 use thiserror::Error;
 use tonic::Status;
@@ -126,9 +127,12 @@ impl From<CoordinatorError> for Status {
                 transient: true, ..
             }) => Status::unavailable(msg),
             Plan(_) => Status::invalid_argument(msg),
-            JobNotFound { .. } | ShardNotFound { .. } | UnknownSession { .. } => {
-                Status::not_found(msg)
+            UnknownSession { .. } => {
+                let mut status = Status::not_found(msg);
+                Refusal::UnknownSession.attach(&mut status);
+                status
             }
+            JobNotFound { .. } | ShardNotFound { .. } => Status::not_found(msg),
             JobExists { .. } => Status::already_exists(msg),
             StaleToken { .. }
             | JobNotRunning { .. }
@@ -148,5 +152,26 @@ impl From<CoordinatorError> for Status {
             | RootLost
             | EpochRace { .. } => Status::unavailable(msg),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use stoke_core::refusal::Refusal;
+
+    use super::*;
+
+    #[test]
+    fn an_unknown_session_is_a_typed_refusal() {
+        let status = Status::from(CoordinatorError::UnknownSession {
+            session_id: "s1".to_string(),
+        });
+        assert_eq!(status.code(), tonic::Code::NotFound);
+        assert_eq!(Refusal::of(&status), Some(Refusal::UnknownSession));
+        let other = Status::from(CoordinatorError::JobNotFound {
+            job_id: "j".to_string(),
+        });
+        assert_eq!(other.code(), tonic::Code::NotFound);
+        assert_eq!(Refusal::of(&other), None);
     }
 }

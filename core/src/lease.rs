@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::plan::Shard;
 use crate::records::OutputObject;
+pub use crate::records::StageTotals;
 use crate::spec::JobSpec;
 
 /// Identifies one attempt at one shard.
@@ -82,20 +83,6 @@ pub struct Release {
     /// The attempt failed on the infrastructure (the store), not on the
     /// data: retried without using up one of the job's attempts.
     pub transient: bool,
-}
-
-/// Where a worker's processor threads spent their time since it started
-/// (summed over its devices); reported with every heartbeat.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct StageTotals {
-    pub batches: u64,
-    pub records: u64,
-    /// Waiting for input: the pipeline did not keep up with the model.
-    pub input_wait_ms: u64,
-    /// Inside `process_batch`.
-    pub model_ms: u64,
-    /// `on_checkpoint_start` and waiting for the commit.
-    pub checkpoint_ms: u64,
 }
 
 /// What a worker sends on its session every heartbeat interval.

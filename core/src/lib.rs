@@ -5,17 +5,21 @@
 //! - [`plan`]: cutting a dataset into shards (Parquet row groups, JSON Lines
 //!   byte ranges, `files` objects, synthetic `range`);
 //! - [`store`]: store URIs and the one place that opens an `object_store`;
+//! - [`float_list`]: the worker's fast Parquet decoder for fixed-size float
+//!   lists, here (libtorch-free) so that it is fuzzed;
 //! - [`layout`]: where every durable object lives under the state root;
 //! - [`records`]: the durable JSON records (status, progress, manifest);
 //! - [`lease`]: leases, commits and releases as domain values;
 //! - [`security`]: tokens and TLS settings, and the client side of both;
-//! - [`conv`]: conversions to and from the wire types of `stoke-proto`.
+//! - [`conv`]: conversions to and from the wire types of `stoke-proto`;
+//! - [`refusal`]: refusals a peer matches on, carried on gRPC statuses.
 //!
 //! Tested by unit tests next to the code, against `memory://` and temporary
 //! `file://` stores.
 
 pub mod conv;
 pub mod error;
+pub mod float_list;
 pub mod hints;
 pub mod layout;
 pub mod lease;
@@ -24,6 +28,7 @@ pub mod parquet_source;
 pub mod plan;
 pub mod progress;
 pub mod records;
+pub mod refusal;
 pub mod security;
 pub mod spec;
 pub mod store;

@@ -201,7 +201,21 @@ pub struct WorkerInfo {
     /// (job id, shard id) of each lease.
     pub leases: Vec<(String, String)>,
     /// Where its processor threads spent their time, as last reported.
-    pub stages: crate::lease::StageTotals,
+    pub stages: StageTotals,
+}
+
+/// Where a worker's processor threads spent their time since it started
+/// (summed over its devices); reported with every heartbeat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageTotals {
+    pub batches: u64,
+    pub records: u64,
+    /// Waiting for input: the pipeline did not keep up with the model.
+    pub input_wait_ms: u64,
+    /// Inside `process_batch`.
+    pub model_ms: u64,
+    /// `on_checkpoint_start` and waiting for the commit.
+    pub checkpoint_ms: u64,
 }
 
 /// What went wrong in one shard of a job.

@@ -1,7 +1,9 @@
 //! Replays the inputs kept in `tests/fuzz-regressions/<target>/` through the
 //! checks the fuzz targets run, without libFuzzer, so every CI run covers
 //! them: the fuzzers' seeds, hand-written hard cases, and each input a
-//! fuzzer found a bug with (minimised, named `crash-*`). No input may panic.
+//! fuzzer found a bug with (minimised, named `crash-*`). No input may panic
+//! (for `float_list`: nor may the fast Parquet path disagree with Arrow's
+//! reader).
 //!
 //! The checks live in `fuzz/src/lib.rs` (the fuzz crate is outside the
 //! workspace: it needs libFuzzer); this file includes them as a module so
@@ -62,6 +64,29 @@ fn progress_record() {
 #[test]
 fn plan() {
     replay("plan", checks::plan);
+}
+
+#[test]
+fn float_list() {
+    replay("float_list", checks::float_list);
+}
+
+/// The seeds without nulls reach the fast path, and it agrees with Arrow
+/// on their records: a check that compared nothing would prove nothing.
+#[test]
+fn float_list_seeds_reach_the_fast_path() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-regressions/float_list");
+    for entry in std::fs::read_dir(&dir).expect("regression folder") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().map(|n| n.to_string_lossy().to_string());
+        let name = name.unwrap_or_default();
+        if !name.starts_with("seed-") || name.contains("null") || name.contains("flipped") {
+            continue;
+        }
+        let data = std::fs::read(&path).expect("seed");
+        let compared = checks::float_list_compared(&data);
+        assert!(compared > 0, "{name}: the fast path decoded no record");
+    }
 }
 
 /// The seeds are valid examples: a check that silently refused them all

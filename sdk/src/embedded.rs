@@ -7,11 +7,12 @@ use stoke_core::layout::RootLayout;
 use stoke_core::records::{JobInfo, JobState, Manifest};
 use stoke_core::spec::JobSpec;
 use stoke_core::{StoreUri, Stores};
-use stoke_worker::{LocalLink, Registry, TorchBatchProcessor, WorkerConfig};
+use stoke_worker::{Registry, TorchBatchProcessor, WorkerConfig};
 use tch::Device;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::EmbeddedError;
+use crate::link::LocalLink;
 
 /// Where and how an embedded job runs.
 #[derive(Debug, Clone)]

@@ -6,7 +6,8 @@
 //! - job specs: [`JobSpec`] (TOML or JSON, strictly validated);
 //! - [`Client`]: submit, get, list, cancel and wait on jobs;
 //! - embedded mode: [`torch_batch_process`] runs a job in one process with
-//!   the same coordinator state machine and worker pipeline as a cluster.
+//!   the same coordinator state machine and worker pipeline as a cluster,
+//!   connected by [`LocalLink`] (here because this crate composes both).
 //!
 //! The `stoke` CLI (crate `stoke-cli`) is built on the client part, which
 //! does not link libtorch; `stoke run --embedded` runs `stoke-embedded`
@@ -15,9 +16,11 @@
 
 pub mod embedded;
 pub mod error;
+pub mod link;
 
 pub use embedded::{EmbeddedOptions, JobReport, run_embedded, torch_batch_process};
 pub use error::EmbeddedError;
+pub use link::LocalLink;
 pub use stoke_client::{Client, ClientError, client};
 pub use stoke_core::records::{
     JobErrors, JobInfo, JobState, Manifest, ManifestEntry, ShardErrors, SkippedRecord, WorkerInfo,

@@ -10,8 +10,14 @@ use arrow_schema::DataType;
 use arrow_select::filter::{filter, filter_record_batch};
 use tch::Tensor;
 
-use crate::context::SkippedRecord;
 use crate::error::WorkerError;
+
+/// A bad record left out under the job's error policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedRecord {
+    pub id: String,
+    pub reason: String,
+}
 
 /// One batch of a shard.
 #[derive(Debug, Clone)]

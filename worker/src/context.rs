@@ -13,6 +13,8 @@ use stoke_core::spec::{ErrorPolicy, JobSpec};
 use stoke_core::{StoreUri, Stores};
 use tch::{CModule, Device, Tensor};
 
+pub use crate::batch::SkippedRecord;
+
 use crate::batch::Batch;
 use crate::columns::Column;
 use crate::error::{BoxError, WorkerError};
@@ -25,13 +27,6 @@ pub struct ShardInfo {
     pub token: u64,
     /// 1 for the first attempt at this shard.
     pub attempt: u32,
-}
-
-/// A bad record left out under the job's error policy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkippedRecord {
-    pub id: String,
-    pub reason: String,
 }
 
 /// Handed to every processor call.

@@ -1,5 +1,6 @@
 //! The worker's errors.
 
+use stoke_core::refusal::Refusal;
 use stoke_core::{StoreError, UriError};
 use thiserror::Error;
 
@@ -184,7 +185,7 @@ impl From<tonic::Status> for LinkError {
             | Code::Cancelled
             | Code::Unknown
             | Code::Internal => LinkErrorKind::Transient,
-            Code::NotFound if s.message().contains("unknown session") => {
+            Code::NotFound if Refusal::of(&s) == Some(Refusal::UnknownSession) => {
                 LinkErrorKind::UnknownSession
             }
             Code::FailedPrecondition | Code::NotFound | Code::AlreadyExists => {
@@ -201,12 +202,6 @@ impl From<tonic::Status> for LinkError {
             source = cause.source();
         }
         Self::new(kind, message)
-    }
-}
-
-impl From<stoke_coordinator::CoordinatorError> for LinkError {
-    fn from(e: stoke_coordinator::CoordinatorError) -> Self {
-        tonic::Status::from(e).into()
     }
 }
 
@@ -258,5 +253,13 @@ RuntimeError: mat1 and mat2 shapes cannot be multiplied (64x64 and 16x32)\n";
             "processor \"torchscript\" failed on batch 0: Internal torch error: RuntimeError: mat1 and mat2 shapes cannot be multiplied (64x64 and 16x32) (TorchScript traceback in the worker's debug log)"
         );
         assert!(!is_frame_line("frame #x: not a frame"));
+    }
+
+    #[test]
+    fn an_unknown_session_is_told_by_its_refusal_not_its_message() {
+        let mut status = tonic::Status::not_found("unknown session s1; register again");
+        assert_eq!(LinkError::from(status.clone()).kind, LinkErrorKind::Refused);
+        Refusal::UnknownSession.attach(&mut status);
+        assert_eq!(LinkError::from(status).kind, LinkErrorKind::UnknownSession);
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! Main types: [`TorchBatchProcessor`] (the user's logic),
 //! [`ProcessorContext`], [`Batch`], [`Registry`] (processors by name),
-//! [`CoordinatorLink`] with [`GrpcLink`] and [`LocalLink`] (embedded mode),
+//! [`CoordinatorLink`] with [`GrpcLink`] (embedded mode's in-memory link is
+//! the SDK's: the worker does not depend on the coordinator),
 //! and [`run`], which drives a worker until there is no work or shutdown.
 //!
 //! Tested by unit tests here (reading, batching, encoding) and by the
@@ -14,6 +15,7 @@
 
 pub mod aoti;
 pub mod batch;
+mod builtins;
 pub mod cli;
 pub mod columns;
 pub mod config;
@@ -29,12 +31,12 @@ mod session;
 pub mod signals;
 pub mod torchscript;
 
-pub use batch::Batch;
 pub use batch::Collated;
+pub use batch::{Batch, SkippedRecord};
 pub use columns::Column;
 pub use config::WorkerConfig;
-pub use context::{ProcessorContext, ShardInfo, SkippedRecord};
+pub use context::{ProcessorContext, ShardInfo};
 pub use error::{BoxError, LinkError, ProcessorResult, WorkerError};
-pub use link::{CoordinatorLink, GrpcLink, LocalLink};
+pub use link::{CoordinatorLink, GrpcLink};
 pub use processor::{Collate, LoadFn, Loader, Registry, TorchBatchProcessor};
 pub use runner::{WorkerExit, run};

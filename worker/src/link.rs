@@ -1,11 +1,11 @@
 //! How a worker talks to the coordinator: over gRPC ([`GrpcLink`]) or, in
-//! embedded mode, in memory to the same state machine ([`LocalLink`]). The
-//! worker's lease loop is written once against [`CoordinatorLink`].
+//! embedded mode, in memory to the same state machine (`stoke::link::LocalLink`,
+//! in the SDK, which composes the worker and the coordinator). The worker's
+//! lease loop is written once against [`CoordinatorLink`].
 
 use std::future::Future;
 use std::time::Duration;
 
-use stoke_coordinator::Handle;
 use stoke_core::PROTOCOL_VERSION;
 use stoke_core::lease::{
     AcquireOutcome, Commit, Heartbeat, Registration, Release, SessionEvent, SessionGrant,
@@ -229,56 +229,5 @@ impl CoordinatorLink for GrpcLink {
             .await
             .map_err(|s| self.status_error(s))?;
         Ok(())
-    }
-}
-
-/// A link to a coordinator state machine in the same process (embedded
-/// mode): the same calls, no network.
-#[derive(Debug, Clone)]
-pub struct LocalLink {
-    handle: Handle,
-}
-
-impl LocalLink {
-    pub fn new(handle: Handle) -> Self {
-        Self { handle }
-    }
-}
-
-impl CoordinatorLink for LocalLink {
-    async fn open_session(&self, registration: Registration) -> Result<Session, LinkError> {
-        let (grant, events) = self.handle.register(registration).await?;
-        let (hb_tx, mut hb_rx) = mpsc::channel::<Heartbeat>(4);
-        let lost = CancellationToken::new();
-        let lost_signal = lost.clone();
-        let handle = self.handle.clone();
-        let session_id = grant.session_id.clone();
-        tokio::spawn(async move {
-            while let Some(heartbeat) = hb_rx.recv().await {
-                if handle.heartbeat(&session_id, heartbeat).await.is_err() {
-                    lost_signal.cancel();
-                    break;
-                }
-            }
-            handle.session_closed(&session_id).await;
-        });
-        Ok(Session {
-            grant,
-            events,
-            heartbeats: hb_tx,
-            lost,
-        })
-    }
-
-    async fn acquire(&self, session_id: &str) -> Result<AcquireOutcome, LinkError> {
-        Ok(self.handle.acquire(session_id).await?)
-    }
-
-    async fn commit(&self, commit: Commit) -> Result<bool, LinkError> {
-        Ok(self.handle.commit(commit).await?)
-    }
-
-    async fn release(&self, release: Release) -> Result<(), LinkError> {
-        Ok(self.handle.release(release).await?)
     }
 }

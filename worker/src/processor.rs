@@ -1,5 +1,7 @@
 //! The processor API (after Determined's `TorchBatchProcessor`) and the
-//! registry that maps processor names in job specs to implementations.
+//! registry that maps processor names in job specs to implementations. The
+//! built-in processors are registered by `builtins.rs`, which depends on
+//! them and on this module, never the reverse.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -152,15 +154,6 @@ impl Registry {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// The stock worker's processors: `pytorch` (TorchScript files and
-    /// `.pt2` packages) and its alias `torchscript`.
-    pub fn with_builtins() -> Self {
-        let mut r = Self::new();
-        r.register::<crate::pytorch::PyTorchProcessor>(crate::pytorch::NAME);
-        r.register::<crate::pytorch::PyTorchProcessor>(crate::pytorch::ALIAS);
-        r
     }
 
     /// Adds (or replaces) a processor under `name`.

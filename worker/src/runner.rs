@@ -18,8 +18,10 @@ use crate::context::ShardInfo;
 use crate::error::{LinkErrorKind, WorkerError};
 use crate::link::CoordinatorLink;
 use crate::pipeline::commit::Committer;
-use crate::pipeline::process::{ProcMsg, ProcessorThread, ShardControl, ShardOutcome, ShardRun};
+use crate::pipeline::control::ShardControl;
+use crate::pipeline::process::{ProcMsg, ProcessorThread, ShardOutcome, ShardRun};
 use crate::pipeline::read::{ShardRead, read_shard};
+use crate::pipeline::stages::StageCounters;
 use crate::processor::Registry;
 use crate::session::{self, Active, SessionState};
 
@@ -84,6 +86,9 @@ pub async fn run<L: CoordinatorLink>(
     let (session_tx, session_rx) = watch::channel(SessionState::Connecting);
     // Bumped on each `Wake` from the coordinator.
     let (wake_tx, wake_rx) = watch::channel(0u64);
+    // Where this process's processor threads spend their time: added to by
+    // each, reported by the session keeper.
+    let stages = Arc::new(StageCounters::default());
     let session_stop = CancellationToken::new();
     let keeper = tokio::spawn(session::maintain(
         Arc::clone(&link),
@@ -94,6 +99,7 @@ pub async fn run<L: CoordinatorLink>(
             held: Vec::new(),
         },
         Arc::clone(&active),
+        Arc::clone(&stages),
         session::Signals {
             state: session_tx,
             wake: wake_tx,
@@ -108,6 +114,7 @@ pub async fn run<L: CoordinatorLink>(
             stores: stores.clone(),
             runtime: tokio::runtime::Handle::current(),
             scratch_root: scratch_root.join(format!("slot{i}")),
+            stages: Arc::clone(&stages),
         }
         .spawn()
         .map_err(|e| WorkerError::Config(format!("starting the processor thread: {e}")))?;
@@ -307,7 +314,7 @@ impl<L: CoordinatorLink> Worker<L> {
         );
         info!(parent: &span, next_batch = lease.next_batch, "lease taken");
         let key = lease.key();
-        let control = Arc::new(ShardControl::default());
+        let control = Arc::new(ShardControl::new(&self.shutdown));
         self.active
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -362,14 +369,6 @@ impl<L: CoordinatorLink> Worker<L> {
             reply: reply_tx,
             span: span.clone(),
         };
-        let stop_on_shutdown = {
-            let control = Arc::clone(&control);
-            let shutdown = self.shutdown.clone();
-            tokio::spawn(async move {
-                shutdown.cancelled().await;
-                control.stop();
-            })
-        };
         let proc_tx = self.proc_tx.clone();
         // Queue the attempt on the processor thread without waiting here:
         // the thread takes it once the running attempt is done.
@@ -381,7 +380,6 @@ impl<L: CoordinatorLink> Worker<L> {
             committer,
             reply: reply_rx,
             queued,
-            stop_on_shutdown,
         })
     }
 
@@ -394,13 +392,11 @@ impl<L: CoordinatorLink> Worker<L> {
             committer,
             reply,
             queued,
-            stop_on_shutdown,
         } = started;
         let outcome = match queued.await {
             Ok(true) => reply.await.map_err(|_| WorkerError::ProcessorThread),
             _ => Err(WorkerError::ProcessorThread),
         };
-        stop_on_shutdown.abort();
         reader.abort();
         let outcome = match committer.await {
             Ok(Err(e)) => Err(e),
@@ -482,7 +478,6 @@ struct Started {
     committer: tokio::task::JoinHandle<Result<u64, WorkerError>>,
     reply: oneshot::Receiver<ShardOutcome>,
     queued: tokio::task::JoinHandle<bool>,
-    stop_on_shutdown: tokio::task::JoinHandle<()>,
 }
 
 fn hostname() -> String {

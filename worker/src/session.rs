@@ -15,7 +15,8 @@ use tracing::{info, warn};
 
 use crate::error::{LinkError, LinkErrorKind};
 use crate::link::{CoordinatorLink, Session};
-use crate::pipeline::process::{STAGE_TOTALS, ShardControl};
+use crate::pipeline::control::ShardControl;
+use crate::pipeline::stages::StageCounters;
 
 /// The leases this worker works on, and how to steer each attempt.
 pub(crate) type Active = Arc<Mutex<HashMap<LeaseKey, Arc<ShardControl>>>>;
@@ -48,11 +49,12 @@ pub(crate) struct Signals {
     pub wake: watch::Sender<u64>,
 }
 
-/// Runs until `stop` is cancelled.
+/// Runs until `stop` is cancelled; reports `stages` with every heartbeat.
 pub(crate) async fn maintain<L: CoordinatorLink>(
     link: Arc<L>,
     registration: Registration,
     active: Active,
+    stages: Arc<StageCounters>,
     signals: Signals,
     stop: CancellationToken,
 ) {
@@ -73,7 +75,7 @@ pub(crate) async fn maintain<L: CoordinatorLink>(
                 backoff = Duration::from_millis(100);
                 info!(session = %session.grant.session_id, "session open");
                 let _ = state_tx.send(SessionState::Open(session.grant.session_id.clone()));
-                keep(session, &active, &wake, &stop).await;
+                keep(session, &active, &stages, &wake, &stop).await;
                 let _ = state_tx.send(SessionState::Connecting);
                 if !stop.is_cancelled() {
                     warn!("session lost; registering again");
@@ -101,6 +103,7 @@ pub(crate) async fn maintain<L: CoordinatorLink>(
 async fn keep(
     session: Session,
     active: &Active,
+    stages: &StageCounters,
     wake: &watch::Sender<u64>,
     stop: &CancellationToken,
 ) {
@@ -118,7 +121,7 @@ async fn keep(
             _ = ticker.tick() => {
                 let heartbeat = Heartbeat {
                     leases: active_keys(active),
-                    stages: STAGE_TOTALS.snapshot(),
+                    stages: stages.snapshot(),
                 };
                 if heartbeats.send(heartbeat).await.is_err() {
                     break;

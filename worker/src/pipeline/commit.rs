@@ -7,11 +7,9 @@
 //! before it stores the commit. Once a commit is answered, accepted or
 //! refused, its staged objects are garbage and the committer deletes them.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow_array::RecordBatch;
 use bytes::Bytes;
 use stoke_core::layout::part_name;
 use stoke_core::lease::{Commit, LeaseKey};
@@ -21,29 +19,11 @@ use stoke_core::{StoreUri, Stores, sha256_hex};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn};
 
-use crate::context::SkippedRecord;
 use crate::error::{LinkError, LinkErrorKind, WorkerError};
 use crate::link::CoordinatorLink;
+use crate::pipeline::control::{Checkpoint, ShardControl};
 use crate::pipeline::output::encode;
-use crate::pipeline::process::ShardControl;
 use crate::session::{self, SessionState};
-
-/// One checkpoint's worth of results, handed over by the processor thread.
-#[derive(Debug)]
-pub(crate) struct Checkpoint {
-    pub from_batch: u64,
-    pub next_batch: u64,
-    /// Input records processed since the previous checkpoint.
-    pub records: u64,
-    pub rows: Vec<RecordBatch>,
-    /// Scratch files moved aside for this checkpoint.
-    pub files: Vec<PathBuf>,
-    /// Bad records skipped since the previous checkpoint.
-    pub skipped: Vec<SkippedRecord>,
-    pub done: bool,
-    /// Told `true` once the coordinator acknowledged the commit.
-    pub ack: oneshot::Sender<bool>,
-}
 
 pub(crate) struct Committer<L> {
     pub link: Arc<L>,

@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use stoke_core::Stores;
@@ -16,33 +15,10 @@ use tracing::{info, warn};
 use crate::batch::Batch;
 use crate::context::{ProcessorContext, ShardInfo};
 use crate::error::{WorkerError, processor_message};
-use crate::pipeline::commit::Checkpoint;
+use crate::pipeline::control::{Checkpoint, ShardControl};
 use crate::pipeline::prep::spawn_prep;
+use crate::pipeline::stages::{StageCounters, StageTimes};
 use crate::processor::{DynProcessor, Loader, Registry};
-
-/// Flags the async side sets to steer a running attempt.
-#[derive(Debug, Default)]
-pub(crate) struct ShardControl {
-    /// Drop the attempt now: a commit was refused or the lease revoked.
-    aborted: AtomicBool,
-    /// Preemption: checkpoint after the current batch and stop.
-    stop: AtomicBool,
-}
-
-impl ShardControl {
-    pub fn abort(&self) {
-        self.aborted.store(true, Ordering::SeqCst);
-    }
-    pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-    }
-    fn is_aborted(&self) -> bool {
-        self.aborted.load(Ordering::SeqCst)
-    }
-    fn is_stopped(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
-    }
-}
 
 /// How an attempt ended on the processor thread.
 #[derive(Debug)]
@@ -90,6 +66,8 @@ pub(crate) struct ProcessorThread {
     pub stores: Stores,
     pub runtime: tokio::runtime::Handle,
     pub scratch_root: PathBuf,
+    /// The worker's stage totals, which every attempt adds to.
+    pub stages: Arc<StageCounters>,
 }
 
 impl ProcessorThread {
@@ -126,7 +104,7 @@ impl ProcessorThread {
                         }
                     }
                     if let Some(l) = loaded.as_mut() {
-                        let reply = run_shard(l, run);
+                        let reply = run_shard(l, run, Arc::clone(&self.stages));
                         // A processor error may leave the model in a bad
                         // state: load it afresh for the next attempt.
                         if matches!(reply.0, ShardOutcome::Failed(_)) {
@@ -233,58 +211,6 @@ fn stage_scratch(scratch: &Path, from_batch: u64) -> Result<Vec<PathBuf>, std::i
     Ok(moved)
 }
 
-/// Where this process's processor threads spent their time since it
-/// started, summed over devices and attempts; sent with every heartbeat.
-pub(crate) static STAGE_TOTALS: StageCounters = StageCounters::new();
-
-#[derive(Debug)]
-pub(crate) struct StageCounters {
-    batches: AtomicU64,
-    records: AtomicU64,
-    input_wait_us: AtomicU64,
-    model_us: AtomicU64,
-    checkpoint_us: AtomicU64,
-}
-
-impl StageCounters {
-    const fn new() -> Self {
-        Self {
-            batches: AtomicU64::new(0),
-            records: AtomicU64::new(0),
-            input_wait_us: AtomicU64::new(0),
-            model_us: AtomicU64::new(0),
-            checkpoint_us: AtomicU64::new(0),
-        }
-    }
-
-    fn add_time(counter: &AtomicU64, d: Duration) {
-        counter.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    pub fn snapshot(&self) -> stoke_core::lease::StageTotals {
-        stoke_core::lease::StageTotals {
-            batches: self.batches.load(Ordering::Relaxed),
-            records: self.records.load(Ordering::Relaxed),
-            input_wait_ms: self.input_wait_us.load(Ordering::Relaxed) / 1000,
-            model_ms: self.model_us.load(Ordering::Relaxed) / 1000,
-            checkpoint_ms: self.checkpoint_us.load(Ordering::Relaxed) / 1000,
-        }
-    }
-}
-
-/// Where an attempt's time went on the processor thread.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct StageTimes {
-    /// Waiting for the next batch (the pipeline did not keep up).
-    pub input_wait: Duration,
-    /// Inside `process_batch`.
-    pub model: Duration,
-    /// `on_checkpoint_start` and waiting for the commit.
-    pub checkpoint: Duration,
-    pub batches: u64,
-    pub records: u64,
-}
-
 /// One attempt at one shard on the processor thread.
 struct ShardLoop<'a> {
     l: &'a mut Loaded,
@@ -296,6 +222,7 @@ struct ShardLoop<'a> {
     next_batch: u64,
     records_since: u64,
     times: StageTimes,
+    stages: Arc<StageCounters>,
 }
 
 impl ShardLoop<'_> {
@@ -341,7 +268,7 @@ impl ShardLoop<'_> {
         self.records_since = 0;
         let took = started.elapsed();
         self.times.checkpoint += took;
-        StageCounters::add_time(&STAGE_TOTALS.checkpoint_us, took);
+        self.stages.add_checkpoint(took);
         Ok(committed)
     }
 
@@ -372,9 +299,7 @@ impl ShardLoop<'_> {
         self.times.model += took;
         self.times.batches += 1;
         self.times.records += consumed;
-        StageCounters::add_time(&STAGE_TOTALS.model_us, took);
-        STAGE_TOTALS.batches.fetch_add(1, Ordering::Relaxed);
-        STAGE_TOTALS.records.fetch_add(consumed, Ordering::Relaxed);
+        self.stages.add_batch(took, consumed);
         self.next_batch = idx + 1;
         self.records_since += consumed;
         tracing::trace!(shard = %self.shard_id, batch = idx, "batch processed");
@@ -407,7 +332,7 @@ impl ShardLoop<'_> {
             };
             let took = waited.elapsed();
             self.times.input_wait += took;
-            StageCounters::add_time(&STAGE_TOTALS.input_wait_us, took);
+            self.stages.add_input_wait(took);
             self.process(item?)?;
             since_checkpoint += 1;
             if since_checkpoint >= interval || every.is_some_and(|d| last_checkpoint.elapsed() >= d)
@@ -430,7 +355,11 @@ impl ShardLoop<'_> {
     }
 }
 
-fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<ShardOutcome>) {
+fn run_shard(
+    l: &mut Loaded,
+    run: ShardRun,
+    stages: Arc<StageCounters>,
+) -> (ShardOutcome, oneshot::Sender<ShardOutcome>) {
     let ShardRun {
         spec,
         info,
@@ -455,6 +384,7 @@ fn run_shard(l: &mut Loaded, run: ShardRun) -> (ShardOutcome, oneshot::Sender<Sh
         next_batch: start_batch,
         records_since: 0,
         times: StageTimes::default(),
+        stages,
     };
     // With a load stage, batches go through the load pool first; it runs
     // ahead of the model on its own threads.

@@ -1,0 +1,17 @@
+//! The stock worker's built-in processors, by the names job specs use.
+//! This module depends on the processors and the registry; neither depends
+//! on it, so a processor module never needs the registry that lists it.
+
+use crate::processor::Registry;
+use crate::pytorch::{self, PyTorchProcessor};
+
+impl Registry {
+    /// The stock worker's processors: `pytorch` (TorchScript files and
+    /// `.pt2` packages) and its alias `torchscript`.
+    pub fn with_builtins() -> Self {
+        let mut r = Self::new();
+        r.register::<PyTorchProcessor>(pytorch::NAME);
+        r.register::<PyTorchProcessor>(pytorch::ALIAS);
+        r
+    }
+}

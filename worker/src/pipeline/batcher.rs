@@ -1,0 +1,345 @@
+//! The batcher: cuts the rows a reader pushes into batches of exactly
+//! `batch_size` records (the last one may be shorter), or fewer under an
+//! element budget, starting at a batch index, so a resumed shard cuts the
+//! same batches with the same numbers.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Schema, SchemaRef};
+use arrow_select::concat::concat_batches;
+use tokio::sync::mpsc;
+
+use crate::batch::{Batch, SkippedRecord};
+use crate::error::WorkerError;
+
+pub(crate) type BatchTx = mpsc::Sender<Result<Batch, WorkerError>>;
+
+/// Whether a reader goes on: `Stop` once the receiver is gone.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Continue,
+    Stop,
+}
+
+/// Cuts incoming rows into batches (`batch_size` rows, or fewer under an
+/// element budget), attaches ids and the bad records that fall inside each
+/// batch's record range, and sends them. Every row and bad record carries
+/// its record offset in the shard, so batches stay the same on a resume.
+pub(crate) struct Emitter {
+    tx: BatchTx,
+    batch_size: usize,
+    pending: Vec<RecordBatch>,
+    /// Record offset of each pending row.
+    pending_offsets: VecDeque<u64>,
+    /// Bad records not yet attached to a batch, in offset order.
+    skipped: VecDeque<(u64, SkippedRecord)>,
+    next_index: u64,
+    /// First record offset not yet covered by an emitted batch.
+    next_offset: u64,
+    /// The offset after the last record pushed.
+    tail_offset: u64,
+    shard_id: String,
+    id_column: Option<String>,
+    budget: Option<Budget>,
+    /// The rows' schema when known before any row (JSON Lines): a batch
+    /// of bad records only still has the columns a processor looks for.
+    schema: Option<SchemaRef>,
+}
+
+/// Adaptive batching: a batch's padded size (records × longest record)
+/// stays within `max_elements`.
+struct Budget {
+    column: String,
+    max_elements: u64,
+}
+
+/// Records per batch for a run of record lengths: as many as fit the budget
+/// (at least one) and at most `batch_size`. `None` when the run ends before
+/// a limit is reached (more records may still fit).
+pub(crate) fn budget_cut(lengths: &[u64], batch_size: usize, max_elements: u64) -> Option<usize> {
+    let mut longest = 0u64;
+    for (n, &len) in lengths.iter().enumerate() {
+        if n == batch_size {
+            return Some(n);
+        }
+        let candidate = longest.max(len);
+        if n > 0 && (n as u64 + 1) * candidate > max_elements {
+            return Some(n);
+        }
+        longest = candidate;
+    }
+    (lengths.len() == batch_size).then_some(batch_size)
+}
+
+impl Emitter {
+    /// A batcher that numbers its first batch `start_batch` and counts
+    /// records from `start_record` (those before are committed); `budget`
+    /// is `(max_elements, length column)` for adaptive batching; without
+    /// an `id_column`, ids are `<shard>:<offset>`.
+    pub fn new(
+        tx: BatchTx,
+        batch_size: usize,
+        start_batch: u64,
+        start_record: u64,
+        budget: Option<(u64, String)>,
+        shard_id: String,
+        id_column: Option<String>,
+    ) -> Self {
+        Self {
+            tx,
+            batch_size,
+            pending: Vec::new(),
+            pending_offsets: VecDeque::new(),
+            skipped: VecDeque::new(),
+            next_index: start_batch,
+            next_offset: start_record,
+            tail_offset: start_record,
+            budget: budget.map(|(max_elements, column)| Budget {
+                column,
+                max_elements,
+            }),
+            shard_id,
+            id_column,
+            schema: None,
+        }
+    }
+
+    /// Records per batch, at most.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// The shard offset after the last record pushed (or committed): where
+    /// a reader goes on from.
+    pub fn tail_offset(&self) -> u64 {
+        self.tail_offset
+    }
+
+    /// The rows' schema, when a reader knows it before any row.
+    pub fn set_schema(&mut self, schema: SchemaRef) {
+        self.schema = Some(schema);
+    }
+
+    /// Queues rows at consecutive offsets after the last record pushed.
+    pub async fn push(&mut self, rows: RecordBatch) -> Result<Flow, WorkerError> {
+        let n = rows.num_rows() as u64;
+        let offsets = (self.tail_offset..self.tail_offset + n).collect();
+        self.push_at(rows, offsets, Vec::new()).await
+    }
+
+    /// Queues rows at the given offsets, and bad records at theirs.
+    pub async fn push_at(
+        &mut self,
+        rows: RecordBatch,
+        offsets: Vec<u64>,
+        skipped: Vec<(u64, SkippedRecord)>,
+    ) -> Result<Flow, WorkerError> {
+        let last = offsets
+            .last()
+            .copied()
+            .into_iter()
+            .chain(skipped.iter().map(|(o, _)| *o))
+            .max();
+        if let Some(last) = last {
+            self.tail_offset = self.tail_offset.max(last + 1);
+        }
+        self.pending_offsets.extend(offsets);
+        self.skipped.extend(skipped);
+        if rows.num_rows() > 0 {
+            self.pending.push(rows);
+        }
+        self.drain(false).await
+    }
+
+    /// Emits every batch the pending rows complete (at the end, the rest,
+    /// and a last batch for bad records after the last row).
+    async fn drain(&mut self, at_end: bool) -> Result<Flow, WorkerError> {
+        while !self.pending_offsets.is_empty() {
+            let all = self.take_pending()?;
+            let cut = match &self.budget {
+                None if all.num_rows() >= self.batch_size => Some(self.batch_size),
+                None => None,
+                Some(budget) => {
+                    let lengths = self.lengths(&all, &budget.column)?;
+                    budget_cut(&lengths, self.batch_size, budget.max_elements)
+                }
+            };
+            let cut = match cut {
+                Some(k) => k,
+                None if at_end => all.num_rows(),
+                None => {
+                    self.pending.push(all);
+                    return Ok(Flow::Continue);
+                }
+            };
+            let head = all.slice(0, cut);
+            let rest = all.slice(cut, all.num_rows() - cut);
+            if rest.num_rows() > 0 {
+                self.pending.push(rest);
+            }
+            let offsets: Vec<u64> = self.pending_offsets.drain(..cut).collect();
+            let end = offsets.last().map_or(self.next_offset, |o| o + 1);
+            if self.emit(head, &offsets, end).await? == Flow::Stop {
+                return Ok(Flow::Stop);
+            }
+        }
+        if at_end && !self.skipped.is_empty() {
+            let schema = self
+                .pending
+                .first()
+                .map(|b| b.schema())
+                .or_else(|| self.schema.clone())
+                .unwrap_or_else(|| Arc::new(Schema::empty()));
+            let end = self.tail_offset;
+            return self.emit(RecordBatch::new_empty(schema), &[], end).await;
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn take_pending(&mut self) -> Result<RecordBatch, WorkerError> {
+        let parts = std::mem::take(&mut self.pending);
+        let empty = || {
+            RecordBatch::new_empty(
+                self.schema
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(Schema::empty())),
+            )
+        };
+        match parts.len() {
+            0 => Ok(empty()),
+            1 => Ok(parts
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| RecordBatch::new_empty(Arc::new(Schema::empty())))),
+            _ => {
+                let schema = parts[0].schema();
+                concat_batches(&schema, &parts)
+                    .map_err(|e| self.read_error(format!("joining rows: {e}")))
+            }
+        }
+    }
+
+    /// Sends `rows` (at `offsets`) as the batch covering records up to
+    /// `end`, with the bad records inside that range.
+    async fn emit(
+        &mut self,
+        rows: RecordBatch,
+        offsets: &[u64],
+        end: u64,
+    ) -> Result<Flow, WorkerError> {
+        let ids = self.ids(&rows, offsets)?;
+        let mut skipped = Vec::new();
+        while self.skipped.front().is_some_and(|(o, _)| *o < end) {
+            if let Some((_, s)) = self.skipped.pop_front() {
+                skipped.push(s);
+            }
+        }
+        let batch = Batch::new(ids, rows, self.next_index).with_skipped(skipped);
+        debug_assert_eq!(batch.consumed(), end - self.next_offset);
+        self.next_index += 1;
+        self.next_offset = end;
+        Ok(if self.tx.send(Ok(batch)).await.is_err() {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        })
+    }
+
+    fn ids(&self, rows: &RecordBatch, offsets: &[u64]) -> Result<StringArray, WorkerError> {
+        let Some(name) = &self.id_column else {
+            let shard = &self.shard_id;
+            return Ok(offsets
+                .iter()
+                .map(|o| Some(format!("{shard}:{o}")))
+                .collect());
+        };
+        if rows.num_rows() == 0 {
+            return Ok(StringArray::from(Vec::<String>::new()));
+        }
+        let column = rows
+            .column_by_name(name)
+            .ok_or_else(|| self.read_error(format!("id column {name:?} is missing")))?;
+        let cast = arrow_cast::cast(column, &DataType::Utf8)
+            .map_err(|e| self.read_error(format!("id column {name:?}: {e}")))?;
+        let ids = cast
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .cloned()
+            .ok_or_else(|| self.read_error(format!("id column {name:?} is not text")))?;
+        if ids.null_count() > 0 {
+            return Err(self.read_error(format!(
+                "id column {name:?} has {} null ids",
+                ids.null_count()
+            )));
+        }
+        Ok(ids)
+    }
+
+    fn lengths(&self, rows: &RecordBatch, column: &str) -> Result<Vec<u64>, WorkerError> {
+        let col = rows
+            .column_by_name(column)
+            .ok_or_else(|| self.read_error(format!("length column {column:?} is missing")))?;
+        let len_of = |valid: bool, n: usize| if valid { n as u64 } else { 0 };
+        let lengths = match col.data_type() {
+            DataType::List(_) => {
+                let l = col.as_list::<i32>();
+                (0..l.len())
+                    .map(|i| len_of(l.is_valid(i), l.value_length(i) as usize))
+                    .collect()
+            }
+            DataType::LargeList(_) => {
+                let l = col.as_list::<i64>();
+                (0..l.len())
+                    .map(|i| len_of(l.is_valid(i), l.value_length(i) as usize))
+                    .collect()
+            }
+            DataType::FixedSizeList(_, w) => vec![*w as u64; col.len()],
+            DataType::Utf8 => {
+                let s = col.as_string::<i32>();
+                (0..s.len())
+                    .map(|i| len_of(s.is_valid(i), s.value(i).len()))
+                    .collect()
+            }
+            other => {
+                return Err(self.read_error(format!(
+                    "length column {column:?} is {other}; use a list or string column"
+                )));
+            }
+        };
+        Ok(lengths)
+    }
+
+    pub fn read_error(&self, message: String) -> WorkerError {
+        WorkerError::Read {
+            shard: self.shard_id.clone(),
+            source_uri: String::new(),
+            message,
+        }
+    }
+
+    pub async fn finish(mut self) -> Result<Flow, WorkerError> {
+        self.drain(true).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_cuts_fair_batches() {
+        // Budget 12: [2,2,2,2,2,2] fits 6 records of length 2.
+        assert_eq!(budget_cut(&[2, 2, 2, 2, 2, 2], 10, 12), None);
+        assert_eq!(budget_cut(&[2, 2, 2, 2, 2, 2, 2], 10, 12), Some(6));
+        // A long record shrinks the batch: 3 x 4 = 12.
+        assert_eq!(budget_cut(&[1, 4, 1, 1], 10, 12), Some(3));
+        // A record longer than the budget goes alone.
+        assert_eq!(budget_cut(&[50, 1], 10, 12), Some(1));
+        // batch_size still caps it.
+        assert_eq!(budget_cut(&[1, 1, 1, 1], 3, 100), Some(3));
+        assert_eq!(budget_cut(&[1, 1, 1], 3, 100), Some(3));
+    }
+}

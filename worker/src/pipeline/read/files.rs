@@ -1,0 +1,46 @@
+//! `files` datasets: each object under a prefix is one record (`uri`,
+//! `bytes`).
+
+use std::sync::Arc;
+
+use arrow_array::{BinaryArray, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+use stoke_core::StoreUri;
+
+use crate::error::WorkerError;
+use crate::pipeline::batcher::{Emitter, Flow};
+use crate::pipeline::read::shard::{ShardRead, source_error};
+
+pub(crate) async fn read_files(
+    read: &ShardRead,
+    emitter: &mut Emitter,
+    uris: &[String],
+) -> Result<Flow, WorkerError> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("uri", DataType::Utf8, false),
+        Field::new("bytes", DataType::Binary, false),
+    ]));
+    let remaining = uris.get(emitter.tail_offset() as usize..).unwrap_or(&[]);
+    for chunk in remaining.chunks(emitter.batch_size().max(1)) {
+        let mut parsed = Vec::with_capacity(chunk.len());
+        for uri in chunk {
+            parsed.push(StoreUri::parse(uri)?);
+        }
+        let bodies =
+            futures::future::try_join_all(parsed.iter().map(|u| read.stores.get(u))).await?;
+        let rows = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(StringArray::from_iter_values(chunk.iter())),
+                Arc::new(BinaryArray::from_iter_values(
+                    bodies.iter().map(|b| b.as_ref()),
+                )),
+            ],
+        )
+        .map_err(|e| source_error(&read.shard.id, "", e))?;
+        if emitter.push(rows).await? == Flow::Stop {
+            return Ok(Flow::Stop);
+        }
+    }
+    Ok(Flow::Continue)
+}

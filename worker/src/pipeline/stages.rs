@@ -1,0 +1,95 @@
+//! Where the processor threads' time goes: [`StageCounters`], one handle
+//! per worker process, summed over its devices and attempts and sent with
+//! every heartbeat; [`StageTimes`], one attempt's share, logged when it
+//! ends.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use stoke_core::records::StageTotals;
+
+/// Where this process's processor threads spent their time since it
+/// started. Shared (`Arc`) by the processor threads, which add to it, and
+/// the session keeper, which reports it.
+#[derive(Debug, Default)]
+pub(crate) struct StageCounters {
+    batches: AtomicU64,
+    records: AtomicU64,
+    input_wait_us: AtomicU64,
+    model_us: AtomicU64,
+    checkpoint_us: AtomicU64,
+}
+
+impl StageCounters {
+    fn add_time(counter: &AtomicU64, d: Duration) {
+        counter.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Time spent waiting for the next batch.
+    pub fn add_input_wait(&self, d: Duration) {
+        Self::add_time(&self.input_wait_us, d);
+    }
+
+    /// One batch of `records` records through `process_batch`, in `d`.
+    pub fn add_batch(&self, d: Duration, records: u64) {
+        Self::add_time(&self.model_us, d);
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.records.fetch_add(records, Ordering::Relaxed);
+    }
+
+    /// Time spent on a checkpoint.
+    pub fn add_checkpoint(&self, d: Duration) {
+        Self::add_time(&self.checkpoint_us, d);
+    }
+
+    pub fn snapshot(&self) -> StageTotals {
+        StageTotals {
+            batches: self.batches.load(Ordering::Relaxed),
+            records: self.records.load(Ordering::Relaxed),
+            input_wait_ms: self.input_wait_us.load(Ordering::Relaxed) / 1000,
+            model_ms: self.model_us.load(Ordering::Relaxed) / 1000,
+            checkpoint_ms: self.checkpoint_us.load(Ordering::Relaxed) / 1000,
+        }
+    }
+}
+
+/// Where an attempt's time went on the processor thread.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct StageTimes {
+    /// Waiting for the next batch (the pipeline did not keep up).
+    pub input_wait: Duration,
+    /// Inside `process_batch`.
+    pub model: Duration,
+    /// `on_checkpoint_start` and waiting for the commit.
+    pub checkpoint: Duration,
+    pub batches: u64,
+    pub records: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_add_up_per_handle() {
+        let a = StageCounters::default();
+        let b = StageCounters::default();
+        a.add_batch(Duration::from_millis(3), 10);
+        a.add_batch(Duration::from_millis(2), 5);
+        a.add_input_wait(Duration::from_micros(1500));
+        a.add_checkpoint(Duration::from_millis(7));
+        let totals = a.snapshot();
+        assert_eq!(
+            totals,
+            StageTotals {
+                batches: 2,
+                records: 15,
+                input_wait_ms: 1,
+                model_ms: 5,
+                checkpoint_ms: 7,
+            }
+        );
+        // Handles are independent: no process-wide state.
+        assert_eq!(b.snapshot(), StageTotals::default());
+    }
+}
