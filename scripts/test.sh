@@ -29,5 +29,8 @@ echo "== cargo test"
 "$STOKE_REPO/scripts/s3-server.sh" >/dev/null
 # The headless browser the status-page test renders the page in.
 "$STOKE_REPO/scripts/browser.sh" >/dev/null
+# The stoke Python package (maturin), installed into the venv; rebuilt only
+# when its sources change (cached in ~/.cache/stoke/wheels).
+"$STOKE_REPO/scripts/python-package.sh"
 cargo build -q --workspace --bins
 cargo test --workspace --no-fail-fast 2>&1 | tee "$STOKE_CACHE/last-test.log"

@@ -24,6 +24,8 @@ pub mod model_format;
 mod pipeline;
 pub mod processor;
 pub mod pytorch;
+#[cfg(feature = "python")]
+pub mod python;
 pub mod runner;
 mod session;
 pub mod signals;
