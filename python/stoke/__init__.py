@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._runtime import Batch, Context
 from .processor import BadRecord, TorchBatchProcessor
 
 __all__ = [
     "BadRecord",
+    "Batch",
+    "Context",
     "Client",
     "StokeError",
     "TorchBatchProcessor",

@@ -10,6 +10,7 @@ use arrow_array::types::{
 };
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
+use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use tch::Tensor;
@@ -166,7 +167,7 @@ fn to_list<'py>(py: Python<'py>, column: &ArrayRef) -> PyResult<Bound<'py, PyLis
 fn opt<'py, T: IntoPyObject<'py>>(py: Python<'py>, v: Option<T>) -> PyResult<Bound<'py, PyAny>> {
     match v {
         None => Ok(py.None().into_bound(py)),
-        Some(v) => v.into_pyobject(py).map(|b| b.into_any()).map_err(Into::into),
+        Some(v) => v.into_bound_py_any(py),
     }
 }
 
