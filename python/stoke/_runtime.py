@@ -294,12 +294,13 @@ def bad_record(exc: BaseException):
     return None
 
 
-def describe(exc: BaseException) -> str:
+def describe(exc: BaseException, tb: Any = None) -> str:
     """The exception as the worker reports it: the traceback, or the
     message alone for the worker's own load errors."""
     if isinstance(exc, _LoadError):
         return str(exc)
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    tb = tb if tb is not None else exc.__traceback__
+    return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
 
 
 # Classes handed to stoke.torch_batch_process in this process, by the

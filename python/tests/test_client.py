@@ -46,7 +46,7 @@ def test_cancel_pause_resume(cluster, fixture_dir):
 
 def test_errors_are_stoke_errors_with_the_clis_messages(cluster, fixture_dir, tmp_path):
     client = stoke.Client(cluster.address)
-    with pytest.raises(stoke.StokeError, match="no job"):
+    with pytest.raises(stoke.StokeError, match="no-such-job"):
         client.status("no-such-job")
     bad = fixture_spec(fixture_dir)
     bad["processor"]["python"] = "m:C"

@@ -187,7 +187,7 @@ struct PythonProcessor {
 /// The Python error as the job records it: the traceback.
 fn describe(py: Python<'_>, runtime: &Bound<'_, PyModule>, err: &PyErr) -> String {
     runtime
-        .call_method1("describe", (err.value(py),))
+        .call_method1("describe", (err.value(py), err.traceback(py)))
         .and_then(|s| s.extract::<String>())
         .unwrap_or_else(|_| err.to_string())
 }
