@@ -54,11 +54,19 @@ print('LIBDIR:', sysconfig.get_config_var('LIBDIR') or '')\n";
     let torch = get("TORCH:");
     println!(
         "cargo:rustc-env=STOKE_BUILD_PYTHON={}",
-        if exe.is_empty() { "python3".to_string() } else { exe }
+        if exe.is_empty() {
+            "python3".to_string()
+        } else {
+            exe
+        }
     );
     println!(
         "cargo:rustc-env=STOKE_TORCH_VERSION={}",
-        if torch.is_empty() { "unknown".to_string() } else { torch }
+        if torch.is_empty() {
+            "unknown".to_string()
+        } else {
+            torch
+        }
     );
     let libdir = get("LIBDIR:");
     if !libdir.is_empty() && std::env::var_os("PYO3_BUILD_EXTENSION_MODULE").is_none() {

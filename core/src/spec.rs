@@ -600,9 +600,7 @@ impl JobSpec {
                 let ok = target.split_once(':').is_some_and(|(module, class)| {
                     !module.is_empty()
                         && !class.is_empty()
-                        && module
-                            .split('.')
-                            .all(|part| is_python_identifier(part))
+                        && module.split('.').all(is_python_identifier)
                         && is_python_identifier(class)
                 });
                 if !ok {
@@ -912,19 +910,31 @@ bytes = "16MiB"
             ok.processor.python_target(),
             Some(("pkg.my_processor", "InferenceProcessor"))
         );
-        assert_eq!(ok.processor.label(), "python:pkg.my_processor:InferenceProcessor");
+        assert_eq!(
+            ok.processor.label(),
+            "python:pkg.my_processor:InferenceProcessor"
+        );
         // Round trip through the JSON workers get.
         assert_eq!(JobSpec::from_json(&ok.to_json()).expect("json"), ok);
 
         let both = err(&spec("name = \"pytorch\"\npython = \"m:C\""));
-        assert!(both.contains("`name`") && both.contains("`python`"), "{both}");
+        assert!(
+            both.contains("`name`") && both.contains("`python`"),
+            "{both}"
+        );
         assert!(both.contains("mutually exclusive"), "{both}");
         for bad in ["m", "m:", ":C", "m:C:D", "1m:C", "m-x:C", "m:C.x"] {
             let e = err(&spec(&format!("python = \"{bad}\"")));
-            assert!(e.contains("processor.python") && e.contains("module:Class"), "{bad}: {e}");
+            assert!(
+                e.contains("processor.python") && e.contains("module:Class"),
+                "{bad}: {e}"
+            );
         }
         let neither = err(&spec("threads = 1"));
-        assert!(neither.contains("processor.name") && neither.contains("python"), "{neither}");
+        assert!(
+            neither.contains("processor.name") && neither.contains("python"),
+            "{neither}"
+        );
         let path_only = err(&spec("name = \"pytorch\"\npython_path = [\".\"]"));
         assert!(path_only.contains("processor.python_path"), "{path_only}");
     }

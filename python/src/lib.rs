@@ -58,7 +58,11 @@ fn job_json(job: &JobInfo) -> String {
 
 /// A spec from a file path, or from JSON text whose relative paths are
 /// relative to `base`.
-fn load_spec(path: Option<String>, json: Option<String>, base: Option<String>) -> PyResult<JobSpec> {
+fn load_spec(
+    path: Option<String>,
+    json: Option<String>,
+    base: Option<String>,
+) -> PyResult<JobSpec> {
     match (path, json) {
         (Some(path), _) => JobSpec::from_file(&PathBuf::from(path)).map_err(err),
         (None, Some(json)) => {
@@ -173,8 +177,9 @@ fn run_embedded(
     job_id: Option<String>,
 ) -> PyResult<String> {
     let spec = load_spec(None, Some(spec_json), Some(base))?;
-    let root = StoreUri::parse(&StoreUri::resolve_path_or_uri(&root, &PathBuf::from(".")).map_err(err)?)
-        .map_err(err)?;
+    let root =
+        StoreUri::parse(&StoreUri::resolve_path_or_uri(&root, &PathBuf::from(".")).map_err(err)?)
+            .map_err(err)?;
     let device = stoke_worker::config::parse_device(&device).map_err(err)?;
     let mut options = EmbeddedOptions::new(root);
     options.device = device;

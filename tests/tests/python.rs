@@ -63,7 +63,11 @@ fn a_python_processor_gives_the_built_in_runners_outputs() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().join("root");
     let coordinator = Coordinator::start(&root, tmp.path(), &[]);
-    let py_job = coordinator.submit(&write_spec(tmp.path(), "py.toml", &python_spec("Runner", "", "")));
+    let py_job = coordinator.submit(&write_spec(
+        tmp.path(),
+        "py.toml",
+        &python_spec("Runner", "", ""),
+    ));
     let rs_job = coordinator.submit(&write_spec(
         tmp.path(),
         "builtin.toml",
@@ -76,7 +80,11 @@ fn a_python_processor_gives_the_built_in_runners_outputs() {
     let py_rows = committed_rows(&manifest(&root, &py_job));
     assert_matches_reference(&py_rows);
     let rs_rows = committed_rows(&manifest(&root, &rs_job));
-    assert_eq!(by_id(&py_rows), by_id(&rs_rows), "Python and built-in outputs differ");
+    assert_eq!(
+        by_id(&py_rows),
+        by_id(&rs_rows),
+        "Python and built-in outputs differ"
+    );
     assert_eq!(
         coordinator.status(&py_job)["processor"],
         "python:processors:Runner"
@@ -109,8 +117,17 @@ fn batch_tensors_cross_to_python_without_a_copy_and_one_libtorch_is_loaded() {
                 python.as_primitive::<UInt64Type>().values().to_vec(),
             ),
             _ => (
-                rust.as_primitive::<Int64Type>().values().iter().map(|v| *v as u64).collect(),
-                python.as_primitive::<Int64Type>().values().iter().map(|v| *v as u64).collect(),
+                rust.as_primitive::<Int64Type>()
+                    .values()
+                    .iter()
+                    .map(|v| *v as u64)
+                    .collect(),
+                python
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .iter()
+                    .map(|v| *v as u64)
+                    .collect(),
             ),
         };
         for (r, p) in rust.iter().zip(&python) {
@@ -118,7 +135,10 @@ fn batch_tensors_cross_to_python_without_a_copy_and_one_libtorch_is_loaded() {
             assert_eq!(r, p, "the tensor Python sees is not the one Rust made");
         }
         let copies = col("libtorch_cpu").as_primitive::<Int64Type>();
-        assert!(copies.values().iter().all(|c| *c == 1), "libtorch_cpu.so copies: {copies:?}");
+        assert!(
+            copies.values().iter().all(|c| *c == 1),
+            "libtorch_cpu.so copies: {copies:?}"
+        );
         for flag in ["is_tensor", "group_is_tensor"] {
             assert_eq!(col(flag).as_boolean().true_count(), b.num_rows(), "{flag}");
         }
@@ -133,12 +153,25 @@ fn two_cpu_devices_in_one_worker_each_run_a_processor() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().join("root");
     let coordinator = Coordinator::start(&root, tmp.path(), &[]);
-    let job = coordinator.submit(&write_spec(tmp.path(), "job.toml", &python_spec("Runner", "", "")));
-    let w = coordinator.worker_with("stoke-worker", "w1", tmp.path(), &["--device", "cpu,cpu"], &[]);
+    let job = coordinator.submit(&write_spec(
+        tmp.path(),
+        "job.toml",
+        &python_spec("Runner", "", ""),
+    ));
+    let w = coordinator.worker_with(
+        "stoke-worker",
+        "w1",
+        tmp.path(),
+        &["--device", "cpu,cpu"],
+        &[],
+    );
     coordinator.wait_success(&job);
     assert_matches_reference(&committed_rows(&manifest(&root, &job)));
     let log = w.log_text();
-    let loaded = log.lines().filter(|l| l.contains("processor loaded")).count();
+    let loaded = log
+        .lines()
+        .filter(|l| l.contains("processor loaded"))
+        .count();
     assert!(loaded >= 2, "processors loaded: {loaded}\n{log}");
 }
 
@@ -215,7 +248,13 @@ fn an_exception_is_retried_then_fails_the_job_naming_shard_batch_and_traceback()
     let status = coordinator.wait_job(&job);
     assert_eq!(status["state"], "failed", "{status}");
     let reason = status["reason"].as_str().unwrap_or_default().to_string();
-    for want in ["s00001", "batch 2", "ValueError: boom on purpose in s00001/2", "Traceback", "processors.py"] {
+    for want in [
+        "s00001",
+        "batch 2",
+        "ValueError: boom on purpose in s00001/2",
+        "Traceback",
+        "processors.py",
+    ] {
         assert!(reason.contains(want), "{want:?} not in {reason}");
     }
     // Retried: max_attempts = 2 attempts at the shard.
@@ -299,7 +338,10 @@ fn a_missing_module_fails_clearly() {
 fn a_class_that_is_not_a_torch_batch_processor_fails_clearly() {
     assert_start_failure(
         "processors:NotAProcessor",
-        &["processors:NotAProcessor", "not a subclass of stoke.TorchBatchProcessor"],
+        &[
+            "processors:NotAProcessor",
+            "not a subclass of stoke.TorchBatchProcessor",
+        ],
     );
 }
 
@@ -307,7 +349,10 @@ fn a_class_that_is_not_a_torch_batch_processor_fails_clearly() {
 fn an_init_that_raises_fails_clearly() {
     assert_start_failure(
         "processors:InitRaises",
-        &["RuntimeError: cannot load the model on purpose", "Traceback"],
+        &[
+            "RuntimeError: cannot load the model on purpose",
+            "Traceback",
+        ],
     );
 }
 
@@ -342,7 +387,10 @@ fn a_python_whose_torch_differs_is_refused_at_start() {
     );
     assert!(!out.status.success());
     let err = text(&out.stderr);
-    assert!(err.contains("torch 2.10.0") && err.contains("2.11.0"), "{err}");
+    assert!(
+        err.contains("torch 2.10.0") && err.contains("2.11.0"),
+        "{err}"
+    );
     assert!(err.contains(&py), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }

@@ -20,10 +20,7 @@ fn the_python_packages_tests_pass() {
         "the stoke package (or pytest) is not installed in the venv: run scripts/python-package.sh\n{}",
         text(&check.stderr)
     );
-    let bin_dir = bin("stoke-worker")
-        .parent()
-        .expect("bin dir")
-        .to_path_buf();
+    let bin_dir = bin("stoke-worker").parent().expect("bin dir").to_path_buf();
     let mut cmd = Command::new(python());
     cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(repo_root().join("python/tests"))
@@ -33,5 +30,9 @@ fn the_python_packages_tests_pass() {
     let out = output_within(cmd, Duration::from_secs(600));
     let stdout = text(&out.stdout);
     println!("{stdout}");
-    assert!(out.status.success(), "pytest failed:\n{stdout}\n{}", text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "pytest failed:\n{stdout}\n{}",
+        text(&out.stderr)
+    );
 }

@@ -273,7 +273,8 @@ fn run_worker(registry: Registry) -> Result<WorkerExit, WorkerError> {
     #[cfg(feature = "python")]
     if let Some(python) = args.python.as_deref().filter(|p| !p.trim().is_empty()) {
         crate::python::use_python(python);
-        let checked = crate::python::check_python().map_err(|e| WorkerError::Config(e.to_string()))?;
+        let checked =
+            crate::python::check_python().map_err(|e| WorkerError::Config(e.to_string()))?;
         tracing::info!(python = %checked, "Python for Python processors");
     }
     let stores = Stores::from_env().map_err(|e| WorkerError::Config(e.to_string()))?;

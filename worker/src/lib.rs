@@ -23,9 +23,9 @@ pub mod link;
 pub mod model_format;
 mod pipeline;
 pub mod processor;
-pub mod pytorch;
 #[cfg(feature = "python")]
 pub mod python;
+pub mod pytorch;
 pub mod runner;
 mod session;
 pub mod signals;

@@ -112,9 +112,8 @@ pub(crate) fn probe(python: &str, what: &str) -> Result<Probe, String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    let probe: Probe = serde_json::from_slice(&out.stdout).map_err(|e| {
-        format!("the Python for processors ({what}: {python}) answered oddly: {e}")
-    })?;
+    let probe: Probe = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("the Python for processors ({what}: {python}) answered oddly: {e}"))?;
     match &probe.torch {
         None => Err(format!(
             "the Python for processors ({what}: {python}) has no torch; install torch=={WORKER_TORCH} there (the worker's libtorch)"
@@ -153,9 +152,9 @@ fn init() -> Result<Interp, String> {
             sys.setattr("path", path).map_err(py_err)?;
             sys.setattr("executable", &p.executable).map_err(py_err)?;
         }
-        let torch = py.import("torch").map_err(|e| {
-            format!("import torch in the Python for processors ({python}): {e}")
-        })?;
+        let torch = py
+            .import("torch")
+            .map_err(|e| format!("import torch in the Python for processors ({python}): {e}"))?;
         let version: String = torch
             .getattr("__version__")
             .and_then(|v| v.str())

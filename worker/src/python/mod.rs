@@ -119,7 +119,11 @@ impl NativeContext {
     }
     #[getter]
     fn shard(&self) -> Option<String> {
-        self.shared.state().shard.as_ref().map(|s| s.shard_id.clone())
+        self.shared
+            .state()
+            .shard
+            .as_ref()
+            .map(|s| s.shard_id.clone())
     }
     #[getter]
     fn attempt(&self) -> Option<u32> {
@@ -148,7 +152,11 @@ impl NativeContext {
         let batches = convert::read_ipc(data).map_err(PyValueError::new_err)?;
         let mut state = self.shared.state();
         for rows in batches {
-            match rows.schema().field_with_name(ID_COLUMN).map(|f| f.data_type().clone()) {
+            match rows
+                .schema()
+                .field_with_name(ID_COLUMN)
+                .map(|f| f.data_type().clone())
+            {
                 Ok(DataType::Utf8) => {}
                 Ok(other) => {
                     return Err(PyValueError::new_err(format!(
@@ -300,7 +308,8 @@ impl PythonProcessor {
         Python::attach(|py| {
             let runtime = self.runtime.bind(py);
             let raised = |e: PyErr| PythonError::Raised(describe(py, runtime, &e));
-            let (columns, ids, ptrs) = convert::batch_to_py(py, self.interp, batch).map_err(raised)?;
+            let (columns, ids, ptrs) =
+                convert::batch_to_py(py, self.interp, batch).map_err(raised)?;
             let py_batch = runtime
                 .call_method1("make_batch", (columns, ids, ptrs))
                 .map_err(raised)?;
@@ -343,7 +352,8 @@ impl DynProcessor for PythonProcessor {
                     // again without the record (under `skip`), or the
                     // attempt fails naming it (under `fail`).
                     self.discard();
-                    let keep: Vec<bool> = batch.ids().iter().map(|i| i != Some(id.as_str())).collect();
+                    let keep: Vec<bool> =
+                        batch.ids().iter().map(|i| i != Some(id.as_str())).collect();
                     if keep.iter().all(|k| *k) {
                         return Err(PythonError::Raised(format!(
                             "stoke.BadRecord({id:?}, {reason:?}) names a record that is not in batch {batch_idx}"
