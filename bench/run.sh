@@ -179,6 +179,12 @@ contender() {
       run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
         "$BIN/stoke" run "$SPEC_PY" --local 2 --device cpu --threads 1 --root "$work/root"
       ;;
+    stoke-local-1-python)
+      # One worker process, two Python processors (cpu,cpu) sharing its
+      # GIL: against stoke-local-1, what the shared GIL costs.
+      run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
+        "$BIN/stoke" run "$SPEC_PY" --local 1 --device cpu,cpu --threads 1 --root "$work/root"
+      ;;
     stoke-local-2-pt2)
       # The same job with W1's model exported as a .pt2 package.
       run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
@@ -230,7 +236,7 @@ run_python() {
   rm -f "$RESULTS"
   echo "not run (bench/run.sh python)." >"$BENCH_DIR/ray-status.txt"
   "$STOKE_REPO/scripts/python-package.sh"
-  run_rounds python stoke-local-2 stoke-local-2-python
+  run_rounds python stoke-local-2 stoke-local-2-python stoke-local-1 stoke-local-1-python
 }
 
 run_w1() {

@@ -12,10 +12,10 @@ cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -q -- -D warnings
 
-echo "== the coordinator and the stoke CLI do not link libtorch"
+echo "== the coordinator and the stoke CLI do not link libtorch (nor Python)"
 for pkg in stoke-coordinator stoke-cli; do
-  if cargo tree -p "$pkg" -e normal,build --prefix none | grep -Eq '^(tch|torch-sys) '; then
-    echo "$pkg depends on tch/torch-sys" >&2
+  if cargo tree -p "$pkg" -e normal,build --prefix none | grep -Eq '^(tch|torch-sys|pyo3|pyo3-ffi) '; then
+    echo "$pkg depends on tch/torch-sys/pyo3" >&2
     exit 1
   fi
 done

@@ -1,6 +1,5 @@
 """Python processors the process tests run (tests/tests/python.rs)."""
 
-import io
 import os
 import signal
 
@@ -14,7 +13,8 @@ class Runner(TorchBatchProcessor):
 
     def __init__(self, context):
         self.context = context
-        model = torch.jit.load(io.BytesIO(context.fetch(context.params["model"])))
+        # fetch's bytes read as a file, as torch.jit.load wants.
+        model = torch.jit.load(context.fetch(context.params["model"]))
         self.model = context.prepare_model_for_inference(model)
         self.fail = context.params.get("fail_batch")
         self.bad = set(context.params.get("bad", []))
