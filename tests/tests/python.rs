@@ -153,12 +153,17 @@ fn two_cpu_devices_in_one_worker_each_run_a_processor() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().join("root");
     let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let finish_log = tmp.path().join("finished.txt");
     let job = coordinator.submit(&write_spec(
         tmp.path(),
         "job.toml",
-        &python_spec("Runner", "", ""),
+        &python_spec(
+            "Runner",
+            &format!("finish_log = \"{}\"", finish_log.display()),
+            "",
+        ),
     ));
-    let w = coordinator.worker_with(
+    let mut w = coordinator.worker_with(
         "stoke-worker",
         "w1",
         tmp.path(),
@@ -167,12 +172,16 @@ fn two_cpu_devices_in_one_worker_each_run_a_processor() {
     );
     coordinator.wait_success(&job);
     assert_matches_reference(&committed_rows(&manifest(&root, &job)));
+    assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
     let log = w.log_text();
     let loaded = log
         .lines()
         .filter(|l| l.contains("processor loaded"))
         .count();
-    assert!(loaded >= 2, "processors loaded: {loaded}\n{log}");
+    assert_eq!(loaded, 2, "processors loaded: {loaded}\n{log}");
+    // on_finish: once per processor instance, when no work was left.
+    let finished = std::fs::read_to_string(&finish_log).unwrap_or_default();
+    assert_eq!(finished.lines().count(), 2, "{finished}");
 }
 
 /// One shard of 300 batches of 10 records, checkpoints every 5 batches,
