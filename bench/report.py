@@ -28,6 +28,8 @@ ORDER = [
     ("stoke-local-1-t2", "(e) stoke run --local 1 --threads 2 (1 processor, 2 threads)"),
     ("stoke-local-2", "(e) stoke run --local 2 --threads 1 (per worker)"),
     ("stoke-local-2-pt2", "(f) as (e) --local 2, the model as a .pt2 package (AOTInductor)"),
+    ("stoke-local-2-python", "(g) as (e) --local 2, through a Python processor (bench/w1_python_processor.py)"),
+    ("stoke-local-1-python", "(g) as (e) --local 1 --device cpu,cpu, Python processors sharing one GIL"),
 ]
 
 
@@ -93,6 +95,22 @@ def w1_section(bench_dir):
             f"The model as a .pt2 package vs as TorchScript (f) / (e) --local 2: "
             f"{med['stoke-local-2-pt2'] / med['stoke-local-2']:.2f}x records/s (median, whole "
             f"command), {job_ratio} in the job phase.",
+            "",
+        ]
+    if med.get("stoke-local-2") and med.get("stoke-local-2-python"):
+        ratio = med["stoke-local-2-python"] / med["stoke-local-2"]
+        vs_py = med["stoke-local-2-python"] / med["python"] if med.get("python") else None
+        out += [
+            f"Python processor (g) / built-in runner (e) --local 2: {ratio:.2f}x records/s "
+            f"(target >= 0.9x: {'met' if ratio >= 0.9 else 'missed'})"
+            + (f"; (g) / plain Python (b): {vs_py:.2f}x (target >= 1.5x: {'met' if vs_py >= 1.5 else 'missed'})" if vs_py else "")
+            + ".",
+            "",
+        ]
+    if med.get("stoke-local-1") and med.get("stoke-local-1-python"):
+        out += [
+            f"Two Python processors in one worker (one GIL) vs two Rust ones: "
+            f"{med['stoke-local-1-python'] / med['stoke-local-1']:.2f}x records/s.",
             "",
         ]
     out.append(

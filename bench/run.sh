@@ -8,6 +8,9 @@
 #   bench/run.sh ragged    # only the ragged workload (fixed batches vs a budget)
 #   bench/run.sh pt2       # W1 with --local 2, the model as TorchScript vs as a
 #                          #   .pt2 package (AOTInductor), interleaved
+#   bench/run.sh python    # W1 with --local 2 through a Python processor
+#                          #   (bench/w1_python_processor.py) vs the built-in
+#                          #   runner vs plain Python, interleaved
 #   bench/run.sh s3        # W1 with --local 2 on file:// vs the local S3 server,
 #                          #   and store requests per checkpoint (a counting proxy)
 #
@@ -25,9 +28,9 @@ set -euo pipefail
 
 what="${1:-all}"
 case "$what" in
-  all | w1 | scale | ragged | s3 | pt2) ;;
+  all | w1 | scale | ragged | s3 | pt2 | python) ;;
   *)
-    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2]" >&2
+    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python]" >&2
     exit 2
     ;;
 esac
@@ -171,6 +174,17 @@ contender() {
       run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
         "$BIN/stoke" run "$SPEC" --local 2 --device cpu --threads 1 --root "$work/root"
       ;;
+    stoke-local-2-python)
+      # The same job through a Python processor (bench/w1_python_processor.py).
+      run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
+        "$BIN/stoke" run "$SPEC_PY" --local 2 --device cpu --threads 1 --root "$work/root"
+      ;;
+    stoke-local-1-python)
+      # One worker process, two Python processors (cpu,cpu) sharing its
+      # GIL: against stoke-local-1, what the shared GIL costs.
+      run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
+        "$BIN/stoke" run "$SPEC_PY" --local 1 --device cpu,cpu --threads 1 --root "$work/root"
+      ;;
     stoke-local-2-pt2)
       # The same job with W1's model exported as a .pt2 package.
       run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
@@ -192,6 +206,9 @@ prepare_w1() {
   "$BPY" "$BENCH_SRC/w1_pt2.py" "$W1"
   sed "s|@W1_DIR@|$W1|g" "$BENCH_SRC/w1.toml" >"$SPEC"
   sed -e 's|^name = "torchscript"|name = "pytorch"|' -e 's|/model.pt"|/model.pt2"|' "$SPEC" >"$SPEC_PT2"
+  SPEC_PY="$W1/job-python.toml"
+  sed -e "s|^name = \"torchscript\"|python = \"w1_python_processor:W1Processor\"\npython_path = [\"$BENCH_SRC\"]|" \
+    "$SPEC" >"$SPEC_PY"
 }
 
 # Runs contenders interleaved, rotating the order every round so drift
@@ -214,6 +231,14 @@ run_pt2() {
   run_rounds stoke-local-2 stoke-local-2-pt2
 }
 
+run_python() {
+  prepare_w1
+  rm -f "$RESULTS"
+  echo "not run (bench/run.sh python)." >"$BENCH_DIR/ray-status.txt"
+  "$STOKE_REPO/scripts/python-package.sh"
+  run_rounds python stoke-local-2 stoke-local-2-python stoke-local-1 stoke-local-1-python
+}
+
 run_w1() {
   prepare_w1
   rm -f "$RESULTS" "$BENCH_DIR/ray-status.txt"
@@ -227,7 +252,9 @@ run_w1() {
   else
     contenders+=(ray-c1 ray-c2)
   fi
-  contenders+=(stoke-embedded stoke-local-1 stoke-local-1-t2 stoke-local-2 stoke-local-2-pt2)
+  # The Python processor's worker imports the stoke package from the venv.
+  "$STOKE_REPO/scripts/python-package.sh"
+  contenders+=(stoke-embedded stoke-local-1 stoke-local-1-t2 stoke-local-2 stoke-local-2-pt2 stoke-local-2-python)
   run_rounds "${contenders[@]}"
 }
 
@@ -277,6 +304,10 @@ case "$what" in
   pt2)
     rm -f "$BENCH_DIR/scale-results.txt"
     run_pt2
+    ;;
+  python)
+    rm -f "$BENCH_DIR/scale-results.txt"
+    run_python
     ;;
   ragged)
     "$BENCH_SRC/ragged.sh"

@@ -12,10 +12,10 @@ cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -q -- -D warnings
 
-echo "== the coordinator and the stoke CLI do not link libtorch"
+echo "== the coordinator and the stoke CLI do not link libtorch (nor Python)"
 for pkg in stoke-coordinator stoke-cli; do
-  if cargo tree -p "$pkg" -e normal,build --prefix none | grep -Eq '^(tch|torch-sys) '; then
-    echo "$pkg depends on tch/torch-sys" >&2
+  if cargo tree -p "$pkg" -e normal,build --prefix none | grep -Eq '^(tch|torch-sys|pyo3|pyo3-ffi) '; then
+    echo "$pkg depends on tch/torch-sys/pyo3" >&2
     exit 1
   fi
 done
@@ -29,5 +29,8 @@ echo "== cargo test"
 "$STOKE_REPO/scripts/s3-server.sh" >/dev/null
 # The headless browser the status-page test renders the page in.
 "$STOKE_REPO/scripts/browser.sh" >/dev/null
+# The stoke Python package (maturin), installed into the venv; rebuilt only
+# when its sources change (cached in ~/.cache/stoke/wheels).
+"$STOKE_REPO/scripts/python-package.sh"
 cargo build -q --workspace --bins
 cargo test --workspace --no-fail-fast 2>&1 | tee "$STOKE_CACHE/last-test.log"

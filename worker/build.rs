@@ -20,6 +20,58 @@ fn main() {
         }
     }
     compile_shim(lib_dir.as_deref());
+    python_facts();
+}
+
+/// For Python processors: the interpreter whose torch this build links
+/// (the default Python of a worker), its torch version (a Python's torch
+/// must equal it), and an rpath to libpython's folder.
+fn python_facts() {
+    println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
+    println!("cargo:rerun-if-env-changed=VIRTUAL_ENV");
+    const FACTS: &str = "import sys, sysconfig\n\
+try:\n    import importlib.metadata as md; t = md.version('torch')\n\
+except Exception:\n    t = 'unknown'\n\
+print('PYTHON:', sys.executable)\nprint('TORCH:', t)\n\
+print('LIBDIR:', sysconfig.get_config_var('LIBDIR') or '')\n";
+    let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| {
+        if std::env::var_os("VIRTUAL_ENV").is_some() {
+            "python".to_string()
+        } else {
+            "python3".to_string()
+        }
+    });
+    let out = Command::new(&python).arg("-c").arg(FACTS).output();
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    let get = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()))
+            .unwrap_or_default()
+    };
+    let exe = get("PYTHON:");
+    let torch = get("TORCH:");
+    println!(
+        "cargo:rustc-env=STOKE_BUILD_PYTHON={}",
+        if exe.is_empty() {
+            "python3".to_string()
+        } else {
+            exe
+        }
+    );
+    println!(
+        "cargo:rustc-env=STOKE_TORCH_VERSION={}",
+        if torch.is_empty() {
+            "unknown".to_string()
+        } else {
+            torch
+        }
+    );
+    let libdir = get("LIBDIR:");
+    if !libdir.is_empty() && std::env::var_os("PYO3_BUILD_EXTENSION_MODULE").is_none() {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{libdir}");
+    }
 }
 
 /// What torch-sys's build asks Python for under LIBTORCH_USE_PYTORCH.

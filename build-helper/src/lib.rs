@@ -63,7 +63,41 @@ pub fn link_libtorch() -> Option<PathBuf> {
     for line in link_args(&dir, dir.join("libtorch_cuda.so").exists()) {
         println!("{line}");
     }
+    link_libpython(&dir);
     Some(dir)
+}
+
+/// The stock worker embeds CPython for Python processors and links
+/// libpython: an rpath to its folder too, asked of the Python whose torch
+/// gives libtorch (`<venv>/lib/python3.X/site-packages/torch/lib` ->
+/// `<venv>/bin/python`), or `PYO3_PYTHON`. Not for extension modules
+/// (maturin sets `PYO3_BUILD_EXTENSION_MODULE`), which must not link it.
+fn link_libpython(libtorch: &Path) {
+    println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
+    println!("cargo:rerun-if-env-changed=PYO3_BUILD_EXTENSION_MODULE");
+    if std::env::var_os("PYO3_BUILD_EXTENSION_MODULE").is_some() {
+        return;
+    }
+    let python = std::env::var_os("PYO3_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| {
+            libtorch
+                .ancestors()
+                .nth(5)
+                .map(|venv| venv.join("bin/python"))
+                .filter(|p| p.exists())
+        })
+        .unwrap_or_else(|| PathBuf::from("python3"));
+    let out = std::process::Command::new(&python)
+        .arg("-c")
+        .arg("import sysconfig; print(sysconfig.get_config_var('LIBDIR') or '')")
+        .output();
+    if let Ok(out) = out {
+        let libdir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !libdir.is_empty() {
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{libdir}");
+        }
+    }
 }
 
 /// The build-script lines for libtorch in `dir`.

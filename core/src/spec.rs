@@ -116,7 +116,19 @@ impl DatasetFormat {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessorSpec {
+    /// A processor registered in the worker by name (`pytorch`, or one of
+    /// a custom worker binary's). Exclusive with `python`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
+    /// A Python processor, `module:Class` (a subclass of
+    /// `stoke.TorchBatchProcessor`), imported in the worker. Exclusive
+    /// with `name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
+    /// `sys.path` entries for `python`, searched before the environment's;
+    /// in a spec file, relative ones are relative to the file's folder.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub python_path: Vec<String>,
     #[serde(default)]
     pub params: serde_json::Map<String, serde_json::Value>,
     /// libtorch intra-op threads for this job, overriding the worker's.
@@ -236,6 +248,15 @@ fn uri_params_of(name: &str) -> &'static [&'static str] {
     }
 }
 
+/// A Python identifier, as far as a spec needs to check one (ASCII).
+fn is_python_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 fn default_max_attempts() -> u32 {
     3
 }
@@ -250,6 +271,21 @@ fn default_shard_records() -> u64 {
 }
 fn default_shard_bytes() -> ByteSize {
     ByteSize::mib(64)
+}
+
+impl ProcessorSpec {
+    /// What runs the records, for people: the name, or `python:module:Class`.
+    pub fn label(&self) -> String {
+        match &self.python {
+            Some(target) => format!("python:{target}"),
+            None => self.name.clone(),
+        }
+    }
+
+    /// `python = "module:Class"` split in two, when it is set.
+    pub fn python_target(&self) -> Option<(&str, &str)> {
+        self.python.as_deref().and_then(|t| t.split_once(':'))
+    }
 }
 
 /// The names the stock worker's built-in runner answers to in
@@ -340,6 +376,19 @@ impl JobSpec {
         Self::from_value(Self::resolve_relative(value, base)?, format)
     }
 
+    /// Parses a JSON spec whose relative paths (dataset, output, the
+    /// built-in runner's model, `python_path`) are relative to `base`, as
+    /// for a spec file in that folder.
+    pub fn from_json_in(text: &str, base: &FsPath) -> Result<Self, SpecError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| SpecError::Parse {
+                format: "json",
+                path: String::new(),
+                message: e.to_string(),
+            })?;
+        Self::from_value(Self::resolve_relative(value, base)?, "json")
+    }
+
     fn from_value(value: serde_json::Value, format: &'static str) -> Result<Self, SpecError> {
         let spec: JobSpec =
             serde_path_to_error::deserialize(value).map_err(|e| SpecError::Parse {
@@ -361,6 +410,23 @@ impl JobSpec {
             {
                 *s = StoreUri::resolve_path_or_uri(s, base)
                     .map_err(|message| SpecError::invalid(format!("{section}.{key}"), message))?;
+            }
+        }
+        // A Python processor's sys.path entries, like paths above.
+        if let Some(entries) = value
+            .get_mut("processor")
+            .and_then(|p| p.get_mut("python_path"))
+            .and_then(|p| p.as_array_mut())
+        {
+            for entry in entries {
+                if let serde_json::Value::String(s) = entry
+                    && !s.is_empty()
+                    && FsPath::new(s.as_str()).is_relative()
+                {
+                    let joined = base.join(s.as_str());
+                    let joined = std::path::absolute(&joined).unwrap_or(joined);
+                    *s = joined.display().to_string();
+                }
             }
         }
         // The URIs among the processor's params, for processors that
@@ -430,9 +496,7 @@ impl JobSpec {
             }
         }
         self.validate_dataset()?;
-        if self.processor.name.trim().is_empty() {
-            return Err(SpecError::invalid("processor.name", "must not be empty"));
-        }
+        self.validate_processor()?;
         if let Some(threads) = self.processor.threads
             && (threads == 0 || threads > MAX_THREADS)
         {
@@ -516,6 +580,58 @@ impl JobSpec {
         }
         if let Some(uri) = &self.output.uri {
             StoreUri::parse(uri).map_err(|e| SpecError::invalid("output.uri", e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn validate_processor(&self) -> Result<(), SpecError> {
+        let p = &self.processor;
+        match &p.python {
+            Some(target) => {
+                if !p.name.is_empty() {
+                    return Err(SpecError::invalid(
+                        "processor",
+                        format!(
+                            "`name` ({:?}) and `python` ({target:?}) are mutually exclusive: a processor is either registered in the worker by name or a Python class",
+                            p.name
+                        ),
+                    ));
+                }
+                let ok = target.split_once(':').is_some_and(|(module, class)| {
+                    !module.is_empty()
+                        && !class.is_empty()
+                        && module.split('.').all(is_python_identifier)
+                        && is_python_identifier(class)
+                });
+                if !ok {
+                    return Err(SpecError::invalid(
+                        "processor.python",
+                        format!(
+                            "must be \"module:Class\" (for example \"my_processor:InferenceProcessor\"), got {target:?}"
+                        ),
+                    ));
+                }
+                if let Some(empty) = p.python_path.iter().position(|e| e.trim().is_empty()) {
+                    return Err(SpecError::invalid(
+                        format!("processor.python_path[{empty}]"),
+                        "must not be empty",
+                    ));
+                }
+            }
+            None => {
+                if !p.python_path.is_empty() {
+                    return Err(SpecError::invalid(
+                        "processor.python_path",
+                        "only for a Python processor (`python = \"module:Class\"`)",
+                    ));
+                }
+                if p.name.trim().is_empty() {
+                    return Err(SpecError::invalid(
+                        "processor.name",
+                        "missing or empty (give `name` for a processor registered in the worker, or `python = \"module:Class\"`)",
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -779,6 +895,71 @@ bytes = "16MiB"
         let uri = spec.dataset.uri.expect("uri");
         assert!(uri.starts_with("file:///"), "{uri}");
         assert!(uri.ends_with("/data/in.jsonl"), "{uri}");
+    }
+
+    #[test]
+    fn a_python_processor_is_module_colon_class_and_excludes_name() {
+        let spec = |processor: &str| {
+            format!("[dataset]\nformat = \"range\"\ncount = 1\n[processor]\n{processor}\n")
+        };
+        let ok = JobSpec::from_toml(&spec(
+            "python = \"pkg.my_processor:InferenceProcessor\"\npython_path = [\"/code\"]",
+        ))
+        .expect("python spec");
+        assert_eq!(
+            ok.processor.python_target(),
+            Some(("pkg.my_processor", "InferenceProcessor"))
+        );
+        assert_eq!(
+            ok.processor.label(),
+            "python:pkg.my_processor:InferenceProcessor"
+        );
+        // Round trip through the JSON workers get.
+        assert_eq!(JobSpec::from_json(&ok.to_json()).expect("json"), ok);
+
+        let both = err(&spec("name = \"pytorch\"\npython = \"m:C\""));
+        assert!(
+            both.contains("`name`") && both.contains("`python`"),
+            "{both}"
+        );
+        assert!(both.contains("mutually exclusive"), "{both}");
+        for bad in ["m", "m:", ":C", "m:C:D", "1m:C", "m-x:C", "m:C.x"] {
+            let e = err(&spec(&format!("python = \"{bad}\"")));
+            assert!(
+                e.contains("processor.python") && e.contains("module:Class"),
+                "{bad}: {e}"
+            );
+        }
+        let neither = err(&spec("threads = 1"));
+        assert!(
+            neither.contains("processor.name") && neither.contains("python"),
+            "{neither}"
+        );
+        let path_only = err(&spec("name = \"pytorch\"\npython_path = [\".\"]"));
+        assert!(path_only.contains("processor.python_path"), "{path_only}");
+    }
+
+    #[test]
+    fn python_path_entries_resolve_against_the_spec_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("job.toml");
+        std::fs::write(
+            &path,
+            "[dataset]\nformat = \"range\"\ncount = 1\n[processor]\npython = \"m:C\"\n\
+             python_path = [\".\", \"lib\", \"/abs\"]\n",
+        )
+        .expect("write");
+        let spec = JobSpec::from_file(&path).expect("spec");
+        let abs = |p: &str| {
+            std::path::absolute(dir.path().join(p))
+                .expect("absolute")
+                .display()
+                .to_string()
+        };
+        assert_eq!(
+            spec.processor.python_path,
+            vec![abs("."), abs("lib"), "/abs".to_string()]
+        );
     }
 
     #[test]

@@ -20,8 +20,11 @@
 # LD_LIBRARY_PATH: both rpaths hold as built, nothing else on the system can
 # shadow those libraries, and no variable leaks into other processes. (An
 # LD_LIBRARY_PATH would have to list torch/lib and every nvidia/*/lib.)
-# The rest of the venv (Python, triton) is not needed to run and is left
-# behind.
+# The venv itself is kept whole: Python processors (`[processor] python =
+# "module:Class"`, docs/adr/004) run in the worker's embedded CPython with
+# this venv's torch, numpy, pyarrow and the stoke package. Add your code as a
+# layer (COPY to /opt/stoke/code, pip install your dependencies into
+# /opt/stoke/venv) or mount it there; see the README.
 
 ARG RUST_VERSION=1.95
 ARG DEBIAN=bookworm
@@ -29,11 +32,11 @@ ARG DEBIAN=bookworm
 FROM rust:${RUST_VERSION}-${DEBIAN} AS toolchain
 # Debian 12's python3 is 3.11, as the venv path below says.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3-venv \
+ && apt-get install -y --no-install-recommends python3-venv libpython3.11-dev \
  && rm -rf /var/lib/apt/lists/*
 ENV STOKE_VENV=/opt/stoke/venv
 RUN python3 -m venv "$STOKE_VENV" \
- && "$STOKE_VENV/bin/pip" install --no-cache-dir --disable-pip-version-check torch==2.11.0 \
+ && "$STOKE_VENV/bin/pip" install --no-cache-dir --disable-pip-version-check torch==2.11.0 numpy pyarrow maturin==1.16.0 \
  && test -d "$STOKE_VENV/lib/python3.11/site-packages/torch/lib"
 # tch's build takes libtorch from this Python's torch.
 ENV PATH="/opt/stoke/venv/bin:${PATH}" \
@@ -63,22 +66,24 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
  && mkdir -p /out \
  && cp "target/$host/release/stoke-worker" "target/$host/release/stoke" "target/$host/release/stoke-embedded" /out/ \
  && readelf -d /out/stoke-worker | grep -q 'NEEDED.*\[libtorch_cuda.so\]' \
- && readelf -d /out/stoke-worker | grep -q "R.*PATH.*$STOKE_VENV/lib/python3.11/site-packages/torch/lib"
+ && readelf -d /out/stoke-worker | grep -q "R.*PATH.*$STOKE_VENV/lib/python3.11/site-packages/torch/lib" \
+ && maturin build --release --locked -m python/Cargo.toml --interpreter "$STOKE_VENV/bin/python" --out /out/wheels \
+ && "$STOKE_VENV/bin/pip" install --no-cache-dir --no-deps /out/wheels/stoke-*.whl \
+ && "$STOKE_VENV/bin/pip" uninstall -y maturin
 
 FROM debian:${DEBIAN}-slim AS runtime
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates \
+ && apt-get install -y --no-install-recommends ca-certificates python3.11 libpython3.11 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 10001 stoke \
  && useradd --uid 10001 --gid 10001 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin stoke
-ARG SITE=/opt/stoke/venv/lib/python3.11/site-packages
-COPY --from=builder ${SITE}/torch/lib ${SITE}/torch/lib
-COPY --from=builder ${SITE}/nvidia ${SITE}/nvidia
+COPY --from=builder /opt/stoke/venv /opt/stoke/venv
 COPY --from=builder /out/stoke-worker /out/stoke /out/stoke-embedded /usr/local/bin/
 # Every library resolves (the driver's libcuda.so comes from the host at
 # run time, through the NVIDIA container runtime, and is loaded lazily).
 RUN ! ldd /usr/local/bin/stoke-worker | grep 'not found' \
- && ! ldd /usr/local/bin/stoke | grep 'not found'
+ && ! ldd /usr/local/bin/stoke | grep 'not found' \
+ && /opt/stoke/venv/bin/python -c "import stoke, torch; assert torch.__version__.startswith('2.11.0')"
 # How libtorch's OpenMP threads wait (stoke_core::OPENMP_WAIT: spin about
 # 0.1 ms, then sleep; the binaries would otherwise re-run themselves once
 # to set this); the NVIDIA runtime mounts the

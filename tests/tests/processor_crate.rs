@@ -135,11 +135,26 @@ opt-level = 1
         .nth(1)
         .and_then(|r| r.split(']').next())
         .expect("rpath value");
+    // The rpath lists libtorch's folder, and libpython's (the worker
+    // embeds CPython for Python processors).
     assert!(
-        Path::new(lib).join("libtorch_cpu.so").exists(),
+        lib.split(':')
+            .any(|dir| Path::new(dir).join("libtorch_cpu.so").exists()),
         "the rpath {lib} holds no libtorch"
     );
-    if Path::new(lib).join("libtorch_cuda.so").exists() {
+    assert!(
+        lib.split(':')
+            .any(
+                |dir| std::fs::read_dir(dir)
+                    .is_ok_and(|mut entries| entries.any(|e| e
+                        .is_ok_and(|e| e.file_name().to_string_lossy().starts_with("libpython3"))))
+            ),
+        "the rpath {lib} holds no libpython"
+    );
+    if lib
+        .split(':')
+        .any(|dir| Path::new(dir).join("libtorch_cuda.so").exists())
+    {
         assert!(
             dynamic.contains("[libtorch_cuda.so]"),
             "libtorch_cuda was dropped: {dynamic}"

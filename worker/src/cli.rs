@@ -51,6 +51,11 @@ pub struct WorkerArgs {
     /// Log lines as text or json (one object per line, for log collectors).
     #[arg(long, env = "STOKE_LOG_FORMAT", default_value = "text")]
     pub log_format: stoke_core::logging::LogFormat,
+    /// The Python for Python processors (an interpreter, such as a venv's
+    /// bin/python); default: the stoke venv the worker was built with. Its
+    /// torch must be the worker's libtorch version; checked at start.
+    #[arg(long, env = "STOKE_PYTHON")]
+    pub python: Option<String>,
     /// Check the flags and environment (unknown STOKE_* variables
     /// included), print the resolved configuration as JSON and exit: 0 when
     /// valid, 2 otherwise.
@@ -265,6 +270,13 @@ fn run_worker(registry: Registry) -> Result<WorkerExit, WorkerError> {
     let config = args.to_config()?;
     // At once and in one line, before connecting or loading anything.
     crate::config::check_devices(&config.devices)?;
+    #[cfg(feature = "python")]
+    if let Some(python) = args.python.as_deref().filter(|p| !p.trim().is_empty()) {
+        crate::python::use_python(python);
+        let checked =
+            crate::python::check_python().map_err(|e| WorkerError::Config(e.to_string()))?;
+        tracing::info!(python = %checked, "Python for Python processors");
+    }
     let stores = Stores::from_env().map_err(|e| WorkerError::Config(e.to_string()))?;
     for var in unknown_env_vars() {
         tracing::warn!(var, "unknown STOKE_ environment variable; ignored");

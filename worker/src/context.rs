@@ -264,6 +264,12 @@ impl ProcessorContext {
             .block_on(async move { stores.get(&uri).await })?)
     }
 
+    /// The stores and the runtime to reach them from a blocking thread.
+    #[cfg_attr(not(feature = "python"), allow(dead_code))]
+    pub(crate) fn stores_and_runtime(&self) -> (Stores, tokio::runtime::Handle) {
+        (self.stores.clone(), self.runtime.clone())
+    }
+
     fn shard_id(&self) -> String {
         self.shard
             .as_ref()

@@ -25,6 +25,8 @@ pub mod link;
 pub mod model_format;
 mod pipeline;
 pub mod processor;
+#[cfg(feature = "python")]
+pub mod python;
 pub mod pytorch;
 pub mod runner;
 mod session;

@@ -42,7 +42,7 @@ impl Job {
             manifest_uri: self
                 .manifest_written
                 .then(|| self.layout.manifest().to_string()),
-            processor: self.spec.processor.name.clone(),
+            processor: self.spec.processor.label(),
             records_skipped: self.totals.skipped,
             records_per_s: if self.state == JobState::Running {
                 self.rate.rate()

@@ -119,7 +119,7 @@ impl ProcessorThread {
     }
 
     fn load(&self, run: &ShardRun) -> Result<Loaded, WorkerError> {
-        let name = &run.spec.processor.name;
+        let name = &run.spec.processor.label();
         let scratch = self.scratch_root.join(&run.job_id).join("upload");
         std::fs::create_dir_all(&scratch).map_err(|e| {
             WorkerError::Config(format!(
@@ -140,7 +140,12 @@ impl ProcessorThread {
         }
         let _guard = tch::no_grad_guard();
         let started = Instant::now();
-        let processor = match self.registry.create(name, &mut ctx) {
+        let created = if run.spec.processor.python.is_some() {
+            python_processor(&mut ctx)
+        } else {
+            self.registry.create(name, &mut ctx)
+        };
+        let processor = match created {
             None => {
                 return Err(WorkerError::UnknownProcessor {
                     name: name.clone(),
@@ -174,6 +179,23 @@ impl ProcessorThread {
             ctx,
         })
     }
+}
+
+/// A Python processor (`processor.python`), when the worker has Python.
+#[cfg(feature = "python")]
+fn python_processor(
+    ctx: &mut ProcessorContext,
+) -> Option<crate::error::ProcessorResult<crate::processor::Created>> {
+    Some(crate::python::create(ctx))
+}
+
+#[cfg(not(feature = "python"))]
+fn python_processor(
+    _ctx: &mut ProcessorContext,
+) -> Option<crate::error::ProcessorResult<crate::processor::Created>> {
+    Some(Err(
+        "this worker was built without Python support (stoke-worker's `python` feature)".into(),
+    ))
 }
 
 fn finish(loaded: Option<Loaded>) {
@@ -376,7 +398,7 @@ fn run_shard(
     let _ = l.ctx.take_skipped();
     let mut shard = ShardLoop {
         l,
-        processor_name: spec.processor.name.clone(),
+        processor_name: spec.processor.label(),
         shard_id: shard_id.clone(),
         checkpoints,
         control,

@@ -1,0 +1,228 @@
+//! `stoke._native`: the compiled half of the `stoke` Python package. It
+//! wraps the Rust client (`Client`) and embedded mode
+//! (`torch_batch_process`: the same coordinator state machine and worker
+//! pipeline as `stoke run --embedded`, in the calling Python process, with
+//! the processor running in this interpreter). The Python-facing API and
+//! its documentation are in `stoke/_api.py` and `stoke/__init__.pyi`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use stoke::{EmbeddedOptions, JobInfo, Registry, StoreUri};
+use stoke_client::Client;
+use stoke_core::security::{ClientSecurity, Role, Token};
+use stoke_core::spec::JobSpec;
+
+create_exception!(
+    _native,
+    StokeError,
+    PyException,
+    "An error from stoke, with the same message the CLI prints."
+);
+
+fn err(e: impl std::fmt::Display) -> PyErr {
+    StokeError::new_err(e.to_string())
+}
+
+fn runtime() -> PyResult<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(err)
+}
+
+/// A job as JSON (read into a dict by `stoke._api`).
+fn job_json(job: &JobInfo) -> String {
+    serde_json::json!({
+        "job_id": job.job_id,
+        "name": job.name,
+        "state": job.state.as_str(),
+        "reason": job.reason,
+        "shards_total": job.shards_total,
+        "shards_done": job.shards_done,
+        "shards_leased": job.shards_leased,
+        "records_done": job.records_done,
+        "records_total": job.records_total,
+        "records_skipped": job.records_skipped,
+        "records_per_s": job.records_per_s,
+        "output_uri": job.output_uri,
+        "manifest_uri": job.manifest_uri,
+        "processor": job.processor,
+    })
+    .to_string()
+}
+
+/// A spec from a file path, or from JSON text whose relative paths are
+/// relative to `base`.
+fn load_spec(
+    path: Option<String>,
+    json: Option<String>,
+    base: Option<String>,
+) -> PyResult<JobSpec> {
+    match (path, json) {
+        (Some(path), _) => JobSpec::from_file(&PathBuf::from(path)).map_err(err),
+        (None, Some(json)) => {
+            let base = PathBuf::from(base.unwrap_or_else(|| ".".to_string()));
+            JobSpec::from_json_in(&json, &base).map_err(err)
+        }
+        (None, None) => Err(err("no job spec given")),
+    }
+}
+
+/// A connection to a coordinator.
+#[pyclass(module = "stoke._native", name = "NativeClient", frozen)]
+struct NativeClient {
+    client: Client,
+    runtime: tokio::runtime::Runtime,
+}
+
+#[pymethods]
+impl NativeClient {
+    #[new]
+    #[pyo3(signature = (address, token=None))]
+    fn new(py: Python<'_>, address: String, token: Option<String>) -> PyResult<Self> {
+        let runtime = runtime()?;
+        let mut security = ClientSecurity::from_env(Role::Client).map_err(err)?;
+        if let Some(t) = token {
+            security.token = Some(Token::new(t, "the token argument").map_err(err)?);
+        }
+        let client = py.detach(|| {
+            runtime
+                .block_on(Client::connect_with(&address, &security))
+                .map_err(err)
+        })?;
+        Ok(Self { client, runtime })
+    }
+
+    #[pyo3(signature = (path=None, json=None, base=None, job_id=None))]
+    fn submit(
+        &self,
+        py: Python<'_>,
+        path: Option<String>,
+        json: Option<String>,
+        base: Option<String>,
+        job_id: Option<String>,
+    ) -> PyResult<String> {
+        let spec = load_spec(path, json, base)?;
+        py.detach(|| {
+            self.runtime
+                .block_on(self.client.submit(&spec, job_id.as_deref()))
+                .map(|j| job_json(&j))
+                .map_err(err)
+        })
+    }
+
+    fn status(&self, py: Python<'_>, job: String) -> PyResult<String> {
+        py.detach(|| {
+            self.runtime
+                .block_on(self.client.get_job(&job))
+                .map(|j| job_json(&j))
+                .map_err(err)
+        })
+    }
+
+    fn jobs(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        py.detach(|| {
+            self.runtime
+                .block_on(self.client.list_jobs())
+                .map(|js| js.iter().map(job_json).collect())
+                .map_err(err)
+        })
+    }
+
+    #[pyo3(signature = (job, reason=String::from("cancelled from Python")))]
+    fn cancel(&self, py: Python<'_>, job: String, reason: String) -> PyResult<String> {
+        py.detach(|| {
+            self.runtime
+                .block_on(self.client.cancel(&job, &reason))
+                .map(|j| job_json(&j))
+                .map_err(err)
+        })
+    }
+
+    #[pyo3(signature = (job, reason=String::from("paused from Python")))]
+    fn pause(&self, py: Python<'_>, job: String, reason: String) -> PyResult<String> {
+        py.detach(|| {
+            self.runtime
+                .block_on(self.client.pause(&job, &reason))
+                .map(|j| job_json(&j))
+                .map_err(err)
+        })
+    }
+
+    fn resume(&self, py: Python<'_>, job: String) -> PyResult<String> {
+        py.detach(|| {
+            self.runtime
+                .block_on(self.client.resume(&job))
+                .map(|j| job_json(&j))
+                .map_err(err)
+        })
+    }
+}
+
+/// Runs a job in this process; returns the report as JSON.
+#[pyfunction]
+#[pyo3(signature = (spec_json, base, root, device, threads=None, job_id=None))]
+fn run_embedded(
+    py: Python<'_>,
+    spec_json: String,
+    base: String,
+    root: String,
+    device: String,
+    threads: Option<usize>,
+    job_id: Option<String>,
+) -> PyResult<String> {
+    let spec = load_spec(None, Some(spec_json), Some(base))?;
+    let root =
+        StoreUri::parse(&StoreUri::resolve_path_or_uri(&root, &PathBuf::from(".")).map_err(err)?)
+            .map_err(err)?;
+    let device = stoke_worker::config::parse_device(&device).map_err(err)?;
+    let mut options = EmbeddedOptions::new(root);
+    options.device = device;
+    options.threads = threads;
+    options.job_id = job_id;
+    // The job runs on Rust threads; the processor thread takes the GIL
+    // for each call into Python, so this thread must not hold it.
+    py.detach(|| {
+        let rt = runtime()?;
+        let report = rt
+            .block_on(stoke::run_embedded(spec, Registry::with_builtins(), options))
+            .map_err(err)?;
+        rt.shutdown_timeout(Duration::from_secs(5));
+        let m = &report.manifest;
+        let outputs: Vec<serde_json::Value> = m
+            .outputs
+            .iter()
+            .map(|o| serde_json::json!({"uri": o.uri, "records": o.records}))
+            .collect();
+        Ok(serde_json::json!({
+            "job": serde_json::from_str::<serde_json::Value>(&job_json(&report.job)).unwrap_or_default(),
+            "job_id": report.job.job_id,
+            "records": m.records_in,
+            "records_out": m.records_out,
+            "records_skipped": m.records_skipped,
+            "manifest_uri": report.manifest_uri,
+            "outputs": outputs,
+        })
+        .to_string())
+    })
+}
+
+/// The torch version of the libtorch this module links.
+#[pyfunction]
+fn worker_torch_version() -> &'static str {
+    stoke_worker::python::worker_torch_version()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("StokeError", m.py().get_type::<StokeError>())?;
+    m.add_class::<NativeClient>()?;
+    m.add_function(wrap_pyfunction!(run_embedded, m)?)?;
+    m.add_function(wrap_pyfunction!(worker_torch_version, m)?)?;
+    Ok(())
+}

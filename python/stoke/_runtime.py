@@ -1,0 +1,318 @@
+"""What a worker calls into: the context and batch a processor sees.
+
+The worker (Rust, embedding CPython) hands in a native handle with the
+job's facts and sinks; everything a processor touches is defined here.
+Not a public module: use ``context`` and ``batch`` as handed to you.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import pathlib
+import traceback
+from collections.abc import Mapping
+from typing import Any, Iterator
+
+from .processor import BadRecord, TorchBatchProcessor
+
+# The worker checks this: a package of another protocol is refused with a
+# message saying which versions differ.
+PROTOCOL = 1
+
+
+class Batch(Mapping):
+    """One batch: column name -> values. Numeric and fixed-size numeric
+    list columns are ``torch.Tensor`` on CPU (``[B]`` or ``[B, N]``, their
+    Arrow type's dtype); strings, binary and ragged lists are Python
+    lists. ``batch[0]``, ``batch[1]``... give the columns in order, like the
+    tuple a DataLoader yields."""
+
+    __slots__ = ("_columns", "_names", "ids", "_native_ptrs")
+
+    def __init__(self, columns: dict, ids: list, native_ptrs: dict | None = None) -> None:
+        self._columns = columns
+        self._names = list(columns)
+        #: The records' ids, as strings (the dataset's id column, or
+        #: ``<shard>:<offset>``).
+        self.ids = ids
+        self._native_ptrs = native_ptrs or {}
+
+    @property
+    def columns(self) -> list:
+        """Column names, in the dataset's order."""
+        return list(self._names)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, int) and not isinstance(key, bool):
+            try:
+                return self._columns[self._names[key]]
+            except IndexError:
+                raise IndexError(f"batch has {len(self._names)} columns ({', '.join(self._names)}), no column {key}") from None
+        try:
+            return self._columns[key]
+        except KeyError:
+            raise KeyError(f"no column {key!r} (columns: {', '.join(self._names)})") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        # The number of records (not of columns), as for a DataLoader batch.
+        return len(self.ids)
+
+    def keys(self):  # noqa: D401 - Mapping's, kept explicit for the len() twist
+        return self._columns.keys()
+
+    def __repr__(self) -> str:
+        return f"<stoke.Batch {len(self.ids)} records, columns {self._names}>"
+
+    def __reduce__(self):
+        # torch.save / pickle: a plain dict of the columns plus the ids, so
+        # a saved batch loads without stoke.
+        data = dict(self._columns)
+        data.setdefault("ids", self.ids)
+        return (dict, (data,))
+
+
+def _to_arrow(rows: Any):
+    import pyarrow as pa
+
+    if isinstance(rows, pa.RecordBatch):
+        return pa.Table.from_batches([rows])
+    if isinstance(rows, pa.Table):
+        return rows
+    if not isinstance(rows, Mapping):
+        raise TypeError(f"write_rows takes a dict of columns or a pyarrow Table, not {type(rows).__name__}")
+    arrays = {}
+    for name, value in rows.items():
+        arrays[str(name)] = _column(str(name), value, pa)
+    lengths = {name: len(a) for name, a in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"write_rows: columns of different lengths: {lengths}")
+    return pa.table(arrays)
+
+
+def _column(name: str, value: Any, pa: Any):
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a requirement
+        torch = None
+    if torch is not None and isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dim() == 0 or t.dim() > 2:
+            raise ValueError(f"output column {name!r}: a tensor must be 1-D [B] or 2-D [B, N], got shape {list(t.shape)}")
+        if t.dtype in (torch.bfloat16, torch.float16):
+            t = t.float()
+        arr = t.contiguous().numpy()
+        if arr.ndim == 2:
+            width = arr.shape[1]
+            return pa.FixedSizeListArray.from_arrays(pa.array(arr.reshape(-1)), width)
+        return pa.array(arr)
+    if isinstance(value, (pa.Array, pa.ChunkedArray)):
+        return value
+    try:
+        import numpy as np
+
+        if isinstance(value, np.ndarray):
+            if value.ndim == 2:
+                return pa.FixedSizeListArray.from_arrays(pa.array(value.reshape(-1)), value.shape[1])
+            if value.ndim != 1:
+                raise ValueError(f"output column {name!r}: an array must be 1-D or 2-D, got shape {list(value.shape)}")
+            return pa.array(value)
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(value, (list, tuple)):
+        return pa.array(list(value))
+    raise TypeError(
+        f"output column {name!r}: {type(value).__name__} is not a column; use a list, a numpy array, a 1-D or 2-D tensor, or a pyarrow array"
+    )
+
+
+class Fetched(bytes):
+    """The bytes of a fetched object, also readable as a file (``read``,
+    ``seek``, ``tell``), so ``torch.jit.load(context.fetch(uri))`` and
+    ``torch.load(context.fetch(uri))`` work as they do with a path."""
+
+    def __new__(cls, data: bytes) -> "Fetched":
+        obj = super().__new__(cls, data)
+        obj._pos = 0
+        return obj
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self) if n is None or n < 0 else min(len(self), self._pos + n)
+        out = bytes(self[self._pos:end])
+        self._pos = end
+        return out
+
+    def readinto(self, buf) -> int:
+        data = self.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: len(self)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+
+class _UploadPath:
+    def __init__(self, path: str) -> None:
+        self._path = pathlib.Path(path)
+
+    def __enter__(self) -> pathlib.Path:
+        self._path.mkdir(parents=True, exist_ok=True)
+        return self._path
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class Context:
+    """What a processor can reach (Determined's ``TorchBatchProcessorContext``)."""
+
+    def __init__(self, native: Any) -> None:
+        import torch
+
+        self._native = native
+        self._device = torch.device(native.device)
+        self._params = json.loads(native.params_json)
+
+    @property
+    def device(self):
+        """The ``torch.device`` this processor runs on."""
+        return self._device
+
+    @property
+    def params(self) -> dict:
+        """The spec's ``[processor.params]`` table."""
+        return self._params
+
+    @property
+    def job_id(self) -> str:
+        return self._native.job_id
+
+    @property
+    def shard(self) -> str | None:
+        """The shard being processed (``None`` in ``__init__`` and ``on_finish``)."""
+        return self._native.shard
+
+    @property
+    def attempt(self) -> int | None:
+        """This shard's attempt number (1 for the first)."""
+        return self._native.attempt
+
+    def to_device(self, tensor: Any) -> Any:
+        """The tensor on this processor's device (the same tensor when it is there)."""
+        if getattr(tensor, "device", None) == self._device:
+            return tensor
+        return tensor.to(self._device, non_blocking=self._device.type == "cuda")
+
+    def prepare_model_for_inference(self, model: Any) -> Any:
+        """Eval mode, on this processor's device; returns the model."""
+        model.eval()
+        return model.to(self._device)
+
+    def fetch(self, uri: str) -> bytes:
+        """A whole object (a model, a vocabulary) from any store URI
+        (``file://``, ``s3://``, ``gs://``, ``az://``) or local path."""
+        return Fetched(self._native.fetch(str(uri)))
+
+    def upload_path(self) -> contextlib.AbstractContextManager:
+        """``with context.upload_path() as path:``: a ``pathlib.Path``
+        folder; files left there are uploaded with the next checkpoint."""
+        return _UploadPath(self._native.upload_dir)
+
+    def write_rows(self, rows: Any) -> None:
+        """Output rows, written with the next checkpoint: a dict of
+        columns (lists, numpy arrays, 1-D or 2-D tensors, pyarrow arrays)
+        or a pyarrow Table. A string column ``id`` must hold the record ids
+        (``batch.ids``)."""
+        import pyarrow as pa
+
+        table = _to_arrow(rows)
+        if table.num_rows == 0:
+            return
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        self._native.write_ipc(sink.getvalue().to_pybytes())
+
+    # Determined's spellings.
+    def get_distributed_rank(self) -> int:
+        return 0
+
+    def get_distributed_size(self) -> int:
+        return 1
+
+
+def load(module: str, class_name: str, native: Any) -> Any:
+    """Imports ``module``, checks ``class_name`` is a TorchBatchProcessor,
+    and makes an instance with a fresh context."""
+    if module == _LOCAL_MODULE:
+        cls = _LOCAL.get(class_name)
+        if cls is None:
+            raise _LoadError(f"no class registered as {module}:{class_name} in this process")
+        return cls(Context(native))
+    mod = importlib.import_module(module)
+    cls = getattr(mod, class_name, None)
+    if cls is None:
+        raise _LoadError(f"module {module!r} ({getattr(mod, '__file__', '?')}) has no attribute {class_name!r}")
+    if not isinstance(cls, type) or not issubclass(cls, TorchBatchProcessor):
+        kind = "class" if isinstance(cls, type) else type(cls).__name__
+        raise _LoadError(
+            f"{module}:{class_name} is a {kind} that is not a subclass of stoke.TorchBatchProcessor "
+            f"(write `class {class_name}(TorchBatchProcessor)` with `from stoke import TorchBatchProcessor`)"
+        )
+    return cls(Context(native))
+
+
+class _LoadError(Exception):
+    pass
+
+
+def make_batch(columns: dict, ids: list, native_ptrs: dict) -> Batch:
+    return Batch(columns, ids, native_ptrs)
+
+
+def bad_record(exc: BaseException):
+    """``(record_id, reason)`` when ``exc`` is a ``BadRecord``."""
+    if isinstance(exc, BadRecord):
+        return (exc.record_id, exc.reason)
+    return None
+
+
+def describe(exc: BaseException, tb: Any = None) -> str:
+    """The exception as the worker reports it: the traceback, or the
+    message alone for the worker's own load errors."""
+    if isinstance(exc, _LoadError):
+        return str(exc)
+    tb = tb if tb is not None else exc.__traceback__
+    return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+
+
+# Classes handed to stoke.torch_batch_process in this process, by the
+# name the job spec gives them (`__stoke_local__:C<n>`).
+_LOCAL_MODULE = "__stoke_local__"
+_LOCAL: dict[str, type] = {}
+
+
+def register_local(cls: type) -> str:
+    for key, known in _LOCAL.items():
+        if known is cls:
+            return f"{_LOCAL_MODULE}:{key}"
+    key = f"C{len(_LOCAL)}"
+    _LOCAL[key] = cls
+    return f"{_LOCAL_MODULE}:{key}"

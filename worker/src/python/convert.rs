@@ -1,0 +1,211 @@
+//! Arrow <-> Python: a batch's columns as tensors (numeric, fixed-size
+//! numeric lists) or Python lists (everything else), and rows back from an
+//! Arrow IPC stream.
+
+use std::io::Cursor;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type,
+};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::DataType;
+use pyo3::IntoPyObjectExt;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use tch::Tensor;
+
+use super::interp::{Interp, wrap_tensor};
+use crate::batch::Batch;
+
+/// Rows written by Python.
+pub(super) fn read_ipc(data: &[u8]) -> Result<Vec<RecordBatch>, String> {
+    let reader = arrow_ipc::reader::StreamReader::try_new(Cursor::new(data), None)
+        .map_err(|e| format!("write_rows: reading the rows: {e}"))?;
+    reader
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("write_rows: reading the rows: {e}"))
+}
+
+/// A numeric array without nulls as a 1-D tensor of its own dtype
+/// (unsigned wider than 8 bits and half floats are widened).
+fn primitive_tensor(values: &ArrayRef) -> Option<Tensor> {
+    if values.null_count() > 0 {
+        return None;
+    }
+    Some(match values.data_type() {
+        DataType::Float32 => Tensor::from_slice(values.as_primitive::<Float32Type>().values()),
+        DataType::Float64 => Tensor::from_slice(values.as_primitive::<Float64Type>().values()),
+        DataType::Int64 => Tensor::from_slice(values.as_primitive::<Int64Type>().values()),
+        DataType::Int32 => Tensor::from_slice(values.as_primitive::<Int32Type>().values()),
+        DataType::Int16 => Tensor::from_slice(values.as_primitive::<Int16Type>().values()),
+        DataType::Int8 => Tensor::from_slice(values.as_primitive::<Int8Type>().values()),
+        DataType::UInt8 => Tensor::from_slice(values.as_primitive::<UInt8Type>().values()),
+        DataType::Boolean => {
+            let b = values.as_boolean();
+            let v: Vec<bool> = (0..b.len()).map(|i| b.value(i)).collect();
+            Tensor::from_slice(&v)
+        }
+        DataType::UInt16 | DataType::UInt32 | DataType::UInt64 => {
+            let cast = arrow_cast::cast(values, &DataType::Int64).ok()?;
+            Tensor::from_slice(cast.as_primitive::<Int64Type>().values())
+        }
+        DataType::Float16 => {
+            let cast = arrow_cast::cast(values, &DataType::Float32).ok()?;
+            Tensor::from_slice(cast.as_primitive::<Float32Type>().values())
+        }
+        _ => return None,
+    })
+}
+
+/// A column as a tensor when it is numeric or a fixed-size numeric list
+/// without nulls: `[B]` or `[B, N]`.
+pub(super) fn column_tensor(column: &ArrayRef) -> Option<Tensor> {
+    match column.data_type() {
+        DataType::FixedSizeList(_, width) => {
+            if column.null_count() > 0 {
+                return None;
+            }
+            let list = column.as_fixed_size_list();
+            let width = *width as usize;
+            let values = list
+                .values()
+                .slice(list.offset() * width, column.len() * width);
+            primitive_tensor(&values).map(|t| t.reshape([column.len() as i64, width as i64]))
+        }
+        _ => primitive_tensor(column),
+    }
+}
+
+/// Any column as a Python list (nulls as None).
+fn to_list<'py>(py: Python<'py>, column: &ArrayRef) -> PyResult<Bound<'py, PyList>> {
+    let n = column.len();
+    let items: Vec<Bound<'py, PyAny>> = match column.data_type() {
+        DataType::Utf8 => {
+            let a = column.as_string::<i32>();
+            (0..n)
+                .map(|i| opt(py, a.is_valid(i).then(|| a.value(i))))
+                .collect::<PyResult<_>>()?
+        }
+        DataType::LargeUtf8 => {
+            let a = column.as_string::<i64>();
+            (0..n)
+                .map(|i| opt(py, a.is_valid(i).then(|| a.value(i))))
+                .collect::<PyResult<_>>()?
+        }
+        DataType::Utf8View => {
+            let a = column.as_string_view();
+            (0..n)
+                .map(|i| opt(py, a.is_valid(i).then(|| a.value(i))))
+                .collect::<PyResult<_>>()?
+        }
+        DataType::Binary => {
+            let a = column.as_binary::<i32>();
+            (0..n)
+                .map(|i| bytes(py, a.is_valid(i).then(|| a.value(i))))
+                .collect()
+        }
+        DataType::LargeBinary => {
+            let a = column.as_binary::<i64>();
+            (0..n)
+                .map(|i| bytes(py, a.is_valid(i).then(|| a.value(i))))
+                .collect()
+        }
+        DataType::List(_) => {
+            let a = column.as_list::<i32>();
+            (0..n)
+                .map(|i| list_item(py, a.is_valid(i).then(|| a.value(i))))
+                .collect::<PyResult<_>>()?
+        }
+        DataType::LargeList(_) => {
+            let a = column.as_list::<i64>();
+            (0..n)
+                .map(|i| list_item(py, a.is_valid(i).then(|| a.value(i))))
+                .collect::<PyResult<_>>()?
+        }
+        DataType::FixedSizeList(_, _) => {
+            let a = column.as_fixed_size_list();
+            (0..n)
+                .map(|i| list_item(py, a.is_valid(i).then(|| a.value(i))))
+                .collect::<PyResult<_>>()?
+        }
+        DataType::Boolean => {
+            let a = column.as_boolean();
+            (0..n)
+                .map(|i| opt(py, a.is_valid(i).then(|| a.value(i))))
+                .collect::<PyResult<_>>()?
+        }
+        dt if dt.is_integer() => {
+            let cast = arrow_cast::cast(column, &DataType::Int64)
+                .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+            let a = cast.as_primitive::<Int64Type>();
+            (0..n)
+                .map(|i| opt(py, a.is_valid(i).then(|| a.value(i))))
+                .collect::<PyResult<_>>()?
+        }
+        dt if dt.is_floating() => {
+            let cast = arrow_cast::cast(column, &DataType::Float64)
+                .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+            let a = cast.as_primitive::<Float64Type>();
+            (0..n)
+                .map(|i| opt(py, a.is_valid(i).then(|| a.value(i))))
+                .collect::<PyResult<_>>()?
+        }
+        _ => {
+            // Dates, decimals, structs...: their Arrow text form.
+            let options = arrow_cast::display::FormatOptions::default();
+            let f = arrow_cast::display::ArrayFormatter::try_new(column.as_ref(), &options)
+                .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+            (0..n)
+                .map(|i| opt(py, column.is_valid(i).then(|| f.value(i).to_string())))
+                .collect::<PyResult<_>>()?
+        }
+    };
+    PyList::new(py, items)
+}
+
+fn opt<'py, T: IntoPyObject<'py>>(py: Python<'py>, v: Option<T>) -> PyResult<Bound<'py, PyAny>> {
+    match v {
+        None => Ok(py.None().into_bound(py)),
+        Some(v) => v.into_bound_py_any(py),
+    }
+}
+
+fn bytes<'py>(py: Python<'py>, v: Option<&[u8]>) -> Bound<'py, PyAny> {
+    match v {
+        None => py.None().into_bound(py),
+        Some(b) => PyBytes::new(py, b).into_any(),
+    }
+}
+
+fn list_item<'py>(py: Python<'py>, v: Option<ArrayRef>) -> PyResult<Bound<'py, PyAny>> {
+    match v {
+        None => Ok(py.None().into_bound(py)),
+        Some(values) => to_list(py, &values).map(Bound::into_any),
+    }
+}
+
+/// The batch's columns (tensors or lists), its ids, and each tensor's data
+/// pointer as Rust made it (what the zero-copy test compares).
+pub(super) fn batch_to_py<'py>(
+    py: Python<'py>,
+    interp: &Interp,
+    batch: &Batch,
+) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyList>, Bound<'py, PyDict>)> {
+    let rows = batch.rows();
+    let columns = PyDict::new(py);
+    let ptrs = PyDict::new(py);
+    for (field, column) in rows.schema().fields().iter().zip(rows.columns()) {
+        let name = field.name();
+        match column_tensor(column) {
+            Some(tensor) => {
+                ptrs.set_item(name, tensor.data_ptr() as usize)?;
+                columns.set_item(name, wrap_tensor(py, interp, &tensor)?)?;
+            }
+            None => columns.set_item(name, to_list(py, column)?)?,
+        }
+    }
+    let ids_array = batch.ids();
+    let ids: Vec<&str> = (0..ids_array.len()).map(|i| ids_array.value(i)).collect();
+    Ok((columns, PyList::new(py, ids)?, ptrs))
+}

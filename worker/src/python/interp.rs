@@ -1,0 +1,246 @@
+//! The embedded interpreter: which Python, checked once per process, and
+//! the one hop that needs `unsafe`: handing a libtorch tensor to Python
+//! without a copy, through torch's own `THPVariable_Wrap` (what pyo3-tch
+//! does, looked up at run time so the worker does not link
+//! `libtorch_python.so`).
+//!
+//! Which Python: in a worker binary, `STOKE_PYTHON` (an interpreter, for
+//! example a venv's `bin/python`), else the one whose torch the worker was
+//! built against (the stoke venv). It is asked for its version, `sys.path`
+//! and torch version in a subprocess first, so a Python whose torch differs
+//! from the worker's libtorch is refused before its torch is ever imported
+//! into this process. Inside a Python process (`stoke.torch_batch_process`)
+//! the interpreter is the caller's, and its torch must be the same.
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use serde::Deserialize;
+use tch::Tensor;
+
+use super::PythonError;
+
+/// torch's `THPVariable_Wrap(const at::TensorBase&)`: a new reference to
+/// the Python tensor that shares the C++ tensor's storage.
+type WrapFn = unsafe extern "C" fn(*const c_void) -> *mut pyo3::ffi::PyObject;
+
+/// The mangled name of `THPVariable_Wrap(const at::TensorBase&)` in
+/// `libtorch_python.so` (checked against torch 2.11.0).
+const WRAP_SYMBOL: &std::ffi::CStr = c"_Z16THPVariable_WrapRKN2at10TensorBaseE";
+
+/// The torch version the worker's libtorch comes from (build.rs).
+pub(crate) const WORKER_TORCH: &str = env!("STOKE_TORCH_VERSION");
+/// The interpreter whose torch the worker was built against.
+const BUILD_PYTHON: &str = env!("STOKE_BUILD_PYTHON");
+
+#[derive(Debug)]
+pub(crate) struct Interp {
+    wrap: WrapFn,
+    /// The interpreter, for messages.
+    pub python: String,
+}
+
+static INTERP: OnceLock<Result<Interp, String>> = OnceLock::new();
+
+/// The interpreter, started and checked on first use.
+pub(crate) fn interp() -> Result<&'static Interp, PythonError> {
+    INTERP
+        .get_or_init(init)
+        .as_ref()
+        .map_err(|e| PythonError::Setup(e.clone()))
+}
+
+/// What a Python says of itself.
+#[derive(Debug, Deserialize)]
+pub(crate) struct Probe {
+    pub executable: String,
+    pub version: (u32, u32),
+    pub path: Vec<String>,
+    pub torch: Option<String>,
+}
+
+const PROBE: &str = r#"
+import json, sys, importlib.metadata as md
+try:
+    torch = md.version("torch")
+except md.PackageNotFoundError:
+    torch = None
+print(json.dumps({"executable": sys.executable, "version": list(sys.version_info[:2]),
+                  "path": [p for p in sys.path if p], "torch": torch}))
+"#;
+
+static CHOSEN: OnceLock<String> = OnceLock::new();
+
+/// Sets the Python for processors (`--python`), before any is started.
+pub(crate) fn use_python(python: &str) {
+    let _ = CHOSEN.set(python.to_string());
+}
+
+/// The Python a worker binary uses: `--python`, `STOKE_PYTHON`, else the
+/// build's.
+pub(crate) fn chosen_python() -> (String, &'static str) {
+    if let Some(p) = CHOSEN.get() {
+        return (p.clone(), "--python");
+    }
+    match std::env::var("STOKE_PYTHON") {
+        Ok(p) if !p.trim().is_empty() => (p, "STOKE_PYTHON"),
+        _ => (BUILD_PYTHON.to_string(), "the stoke venv"),
+    }
+}
+
+/// `1.2.3+cu130` -> `1.2.3`.
+fn release(version: &str) -> &str {
+    version.split('+').next().unwrap_or(version)
+}
+
+/// Asks `python` about itself and checks its torch against the worker's.
+pub(crate) fn probe(python: &str, what: &str) -> Result<Probe, String> {
+    let out = Command::new(python)
+        .arg("-I")
+        .arg("-c")
+        .arg(PROBE)
+        .output()
+        .map_err(|e| format!("cannot run the Python for processors ({what}: {python}): {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the Python for processors ({what}: {python}) failed to start: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let probe: Probe = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("the Python for processors ({what}: {python}) answered oddly: {e}"))?;
+    match &probe.torch {
+        None => Err(format!(
+            "the Python for processors ({what}: {python}) has no torch; install torch=={WORKER_TORCH} there (the worker's libtorch)"
+        )),
+        Some(v) if release(v) != release(WORKER_TORCH) => Err(format!(
+            "the Python for processors ({what}: {python}) has torch {v}, but this worker's libtorch is torch {WORKER_TORCH}: they must be the same (one libtorch in the process); install torch=={} there or use the stoke venv",
+            release(WORKER_TORCH)
+        )),
+        Some(_) => Ok(probe),
+    }
+}
+
+fn init() -> Result<Interp, String> {
+    // SAFETY: Py_IsInitialized may be called at any time.
+    let embedded_in_python = unsafe { pyo3::ffi::Py_IsInitialized() } != 0;
+    let (python, probed) = if embedded_in_python {
+        ("this Python process".to_string(), None)
+    } else {
+        let (python, what) = chosen_python();
+        let probed = probe(&python, what)?;
+        Python::initialize();
+        (python, Some(probed))
+    };
+    Python::attach(|py| -> Result<Interp, String> {
+        let py_err = |e: PyErr| e.to_string();
+        let sys = py.import("sys").map_err(py_err)?;
+        if let Some(p) = &probed {
+            let info = py.version_info();
+            if (info.major as u32, info.minor as u32) != p.version {
+                return Err(format!(
+                    "the Python for processors ({python}) is Python {}.{}, but this worker embeds Python {}.{}: use a Python {}.{} environment",
+                    p.version.0, p.version.1, info.major, info.minor, info.major, info.minor
+                ));
+            }
+            let path = PyList::new(py, &p.path).map_err(py_err)?;
+            sys.setattr("path", path).map_err(py_err)?;
+            sys.setattr("executable", &p.executable).map_err(py_err)?;
+        }
+        let torch = py
+            .import("torch")
+            .map_err(|e| format!("import torch in the Python for processors ({python}): {e}"))?;
+        let version: String = torch
+            .getattr("__version__")
+            .and_then(|v| v.str())
+            .map(|s| s.to_string())
+            .map_err(py_err)?;
+        if release(&version) != release(WORKER_TORCH) {
+            return Err(format!(
+                "this Python's torch is {version}, but stoke's libtorch is torch {WORKER_TORCH}: they must be the same"
+            ));
+        }
+        let copies = libtorch_cpu_copies();
+        if copies.len() > 1 {
+            return Err(format!(
+                "two copies of libtorch_cpu.so are loaded ({}): the Python's torch must be the worker's",
+                copies.join(", ")
+            ));
+        }
+        let wrap = find_wrap()?;
+        Ok(Interp { wrap, python })
+    })
+}
+
+/// The distinct `libtorch_cpu.so` files mapped into this process.
+pub fn libtorch_cpu_copies() -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut found: Vec<String> = Vec::new();
+    for line in maps.lines() {
+        if let Some(path) = line.split_whitespace().nth(5)
+            && path.ends_with("/libtorch_cpu.so")
+        {
+            let real = std::fs::canonicalize(path)
+                .unwrap_or_else(|_| PathBuf::from(path))
+                .display()
+                .to_string();
+            if !found.contains(&real) {
+                found.push(real);
+            }
+        }
+    }
+    found
+}
+
+fn find_wrap() -> Result<WrapFn, String> {
+    // SAFETY: dlopen with RTLD_NOLOAD only returns a handle to a library
+    // `import torch` already loaded (matched by its soname); dlsym reads
+    // its symbol table. The symbol is a C++ function taking a reference
+    // (a pointer in the ABI) and returning a PyObject*, which WrapFn
+    // describes.
+    unsafe {
+        let handle = libc::dlopen(
+            c"libtorch_python.so".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_NOLOAD,
+        );
+        if handle.is_null() {
+            return Err(
+                "libtorch_python.so is not loaded after `import torch`: is torch installed in the Python for processors?"
+                    .to_string(),
+            );
+        }
+        let sym = libc::dlsym(handle, WRAP_SYMBOL.as_ptr());
+        if sym.is_null() {
+            return Err(format!(
+                "libtorch_python.so has no THPVariable_Wrap({}); torch {WORKER_TORCH} is required",
+                WRAP_SYMBOL.to_string_lossy()
+            ));
+        }
+        Ok(std::mem::transmute::<*mut c_void, WrapFn>(sym))
+    }
+}
+
+/// `tensor` as a Python `torch.Tensor` sharing its storage (no copy).
+pub(crate) fn wrap_tensor<'py>(
+    py: Python<'py>,
+    interp: &Interp,
+    tensor: &Tensor,
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: `as_ptr` is a live `torch::Tensor*` for the duration of the
+    // call (we hold the GIL and `tensor`); THPVariable_Wrap copies the
+    // tensor handle (a refcount on its TensorImpl) into a new Python
+    // object and returns a new reference, or NULL with a Python error set.
+    let raw = unsafe { (interp.wrap)(tensor.as_ptr() as *const c_void) };
+    if raw.is_null() {
+        return Err(PyErr::take(py).unwrap_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err("THPVariable_Wrap returned NULL")
+        }));
+    }
+    // SAFETY: `raw` is a new, non-null reference we now own.
+    Ok(unsafe { Bound::from_owned_ptr(py, raw) })
+}

@@ -1,0 +1,404 @@
+//! Python processors (`[processor] python = "module:Class"`): the worker
+//! embeds CPython (PyO3) and runs a subclass of `stoke.TorchBatchProcessor`
+//! on its processor thread, with the GIL held only inside the processor's
+//! calls. Reading, decoding, output encoding, uploads and commits stay on
+//! Rust threads that never take the GIL.
+//!
+//! Batches cross without a copy: numeric and fixed-size list columns
+//! become libtorch tensors (as for Rust processors) and are handed to
+//! Python as `torch.Tensor`s sharing their storage (see [`interp`]). Rows a
+//! processor writes come back as Arrow (IPC bytes from pyarrow).
+//!
+//! The Python side of the API (the context and batch classes) is the
+//! `stoke` package's `stoke._runtime`; this module gives it a native handle.
+
+mod convert;
+mod interp;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arrow_array::RecordBatch;
+use arrow_schema::DataType;
+use bytes::Bytes;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use stoke_core::{StoreUri, Stores};
+
+use crate::batch::Batch;
+use crate::config::device_name;
+use crate::context::{ID_COLUMN, ProcessorContext, ShardInfo};
+use crate::error::ProcessorResult;
+use crate::processor::{Created, DynProcessor};
+
+pub use interp::libtorch_cpu_copies;
+
+/// The protocol of `stoke._runtime` this worker speaks.
+const RUNTIME_PROTOCOL: u32 = 1;
+
+/// What went wrong with a Python processor.
+#[derive(Debug, thiserror::Error)]
+pub enum PythonError {
+    /// The interpreter or the `stoke` package could not be set up.
+    #[error("{0}")]
+    Setup(String),
+    /// The processor raised: its traceback.
+    #[error("{0}")]
+    Raised(String),
+}
+
+/// Checks the Python a worker binary would use (`STOKE_PYTHON`, else the
+/// stoke venv) without starting it: its torch must be the worker's.
+pub fn check_python() -> Result<String, PythonError> {
+    let (python, what) = interp::chosen_python();
+    interp::probe(&python, what)
+        .map(|p| p.executable)
+        .map_err(PythonError::Setup)
+}
+
+/// Uses `python` (an interpreter) for Python processors in this process;
+/// call before the first Python processor starts.
+pub fn use_python(python: &str) {
+    interp::use_python(python);
+}
+
+/// The torch version of this worker's libtorch.
+pub fn worker_torch_version() -> &'static str {
+    interp::WORKER_TORCH
+}
+
+/// The job's facts a Python context reads, and what it writes, shared by
+/// the native handle and the processor.
+struct Shared {
+    device: String,
+    job_id: String,
+    params_json: String,
+    upload_dir: String,
+    stores: Stores,
+    runtime: tokio::runtime::Handle,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    shard: Option<ShardInfo>,
+    rows: Vec<RecordBatch>,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The native half of a Python processor's context (`stoke._runtime.Context`
+/// wraps it).
+#[pyclass(module = "stoke._worker", name = "NativeContext", frozen)]
+struct NativeContext {
+    shared: Arc<Shared>,
+}
+
+#[pymethods]
+impl NativeContext {
+    #[getter]
+    fn device(&self) -> String {
+        self.shared.device.clone()
+    }
+    #[getter]
+    fn job_id(&self) -> String {
+        self.shared.job_id.clone()
+    }
+    #[getter]
+    fn params_json(&self) -> String {
+        self.shared.params_json.clone()
+    }
+    #[getter]
+    fn upload_dir(&self) -> String {
+        self.shared.upload_dir.clone()
+    }
+    #[getter]
+    fn shard(&self) -> Option<String> {
+        self.shared
+            .state()
+            .shard
+            .as_ref()
+            .map(|s| s.shard_id.clone())
+    }
+    #[getter]
+    fn attempt(&self) -> Option<u32> {
+        self.shared.state().shard.as_ref().map(|s| s.attempt)
+    }
+
+    /// A whole object from any store URI or local path (off the GIL).
+    fn fetch<'py>(&self, py: Python<'py>, uri: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let cwd = std::env::current_dir().unwrap_or_else(|_| Path::new("/").to_path_buf());
+        let uri = StoreUri::resolve_path_or_uri(uri, &cwd)
+            .and_then(|u| StoreUri::parse(&u).map_err(|e| e.to_string()))
+            .map_err(|e| PyValueError::new_err(format!("fetch({uri:?}): {e}")))?;
+        let stores = self.shared.stores.clone();
+        let runtime = self.shared.runtime.clone();
+        let fetched: Result<Bytes, String> = py.detach(|| {
+            runtime
+                .block_on(async move { stores.get(&uri).await })
+                .map_err(|e| e.to_string())
+        });
+        let bytes = fetched.map_err(|e| PyRuntimeError::new_err(format!("fetch: {e}")))?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// Rows as an Arrow IPC stream (from `Context.write_rows`).
+    fn write_ipc(&self, data: &[u8]) -> PyResult<()> {
+        let batches = convert::read_ipc(data).map_err(PyValueError::new_err)?;
+        let mut state = self.shared.state();
+        for rows in batches {
+            match rows
+                .schema()
+                .field_with_name(ID_COLUMN)
+                .map(|f| f.data_type().clone())
+            {
+                Ok(DataType::Utf8) => {}
+                Ok(other) => {
+                    return Err(PyValueError::new_err(format!(
+                        "write_rows: column `id` must hold the record ids as strings (batch.ids), not {other}"
+                    )));
+                }
+                Err(_) => {
+                    return Err(PyValueError::new_err(
+                        "write_rows: the rows need a column `id` with the record ids (batch.ids)",
+                    ));
+                }
+            }
+            if let Some(first) = state.rows.first()
+                && first.schema() != rows.schema()
+            {
+                return Err(PyValueError::new_err(format!(
+                    "write_rows: the columns changed within a checkpoint: {} then {}",
+                    first.schema(),
+                    rows.schema()
+                )));
+            }
+            state.rows.push(rows);
+        }
+        Ok(())
+    }
+}
+
+/// A Python processor instance on one device.
+struct PythonProcessor {
+    instance: Py<PyAny>,
+    runtime: Py<PyModule>,
+    shared: Arc<Shared>,
+    interp: &'static interp::Interp,
+}
+
+/// The Python error as the job records it: the traceback.
+fn describe(py: Python<'_>, runtime: &Bound<'_, PyModule>, err: &PyErr) -> String {
+    runtime
+        .call_method1("describe", (err.value(py), err.traceback(py)))
+        .and_then(|s| s.extract::<String>())
+        .unwrap_or_else(|_| err.to_string())
+}
+
+/// Makes the processor named by `spec.processor.python` on `ctx`'s device.
+pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
+    let spec = ctx.spec().processor.clone();
+    let Some((module, class)) = spec.python_target() else {
+        return Err(PythonError::Setup("processor.python is not module:Class".into()).into());
+    };
+    let interp = interp::interp()?;
+    let (stores, runtime) = ctx.stores_and_runtime();
+    let shared = Arc::new(Shared {
+        device: device_name(ctx.device()),
+        job_id: ctx.job_id().to_string(),
+        params_json: serde_json::Value::Object(spec.params.clone()).to_string(),
+        upload_dir: ctx.upload_path().display().to_string(),
+        stores,
+        runtime,
+        state: Mutex::new(State::default()),
+    });
+    let created = Python::attach(|py| -> Result<PythonProcessor, PythonError> {
+        let setup = |e: PyErr| PythonError::Setup(e.to_string());
+        let sys_path = py
+            .import("sys")
+            .and_then(|s| s.getattr("path"))
+            .map_err(setup)?;
+        for entry in spec.python_path.iter().rev() {
+            let present: bool = sys_path.contains(entry).map_err(setup)?;
+            if !present {
+                sys_path.call_method1("insert", (0, entry)).map_err(setup)?;
+            }
+        }
+        let runtime = py.import("stoke._runtime").map_err(|e| {
+            PythonError::Setup(format!(
+                "the stoke Python package is not importable in {} ({e}); install it there (scripts/python-package.sh, or pip install the stoke wheel)",
+                interp.python
+            ))
+        })?;
+        let protocol: u32 = runtime
+            .getattr("PROTOCOL")
+            .and_then(|p| p.extract())
+            .unwrap_or(0);
+        if protocol != RUNTIME_PROTOCOL {
+            return Err(PythonError::Setup(format!(
+                "the stoke Python package in {} speaks protocol {protocol}, this worker {RUNTIME_PROTOCOL}: install the package built with this worker",
+                interp.python
+            )));
+        }
+        let native = Py::new(
+            py,
+            NativeContext {
+                shared: Arc::clone(&shared),
+            },
+        )
+        .map_err(setup)?;
+        let instance = runtime
+            .call_method1("load", (module, class, native))
+            .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
+        Ok(PythonProcessor {
+            instance: instance.unbind(),
+            runtime: runtime.unbind(),
+            shared,
+            interp,
+        })
+    })?;
+    let mut processor = created;
+    processor.drain(ctx)?;
+    Ok((Box::new(processor), None))
+}
+
+/// What one call into Python gave.
+enum Called {
+    Done,
+    /// `stoke.BadRecord(record_id, reason)` was raised.
+    BadRecord(String, String),
+}
+
+impl PythonProcessor {
+    /// Moves the rows Python wrote into the context.
+    fn drain(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()> {
+        let rows = std::mem::take(&mut self.shared.state().rows);
+        for r in rows {
+            ctx.write_rows(r)?;
+        }
+        Ok(())
+    }
+
+    fn discard(&self) {
+        self.shared.state().rows.clear();
+    }
+
+    fn set_shard(&self, shard: Option<&ShardInfo>) {
+        self.shared.state().shard = shard.cloned();
+    }
+
+    /// Calls `method(*args)` on the instance with the GIL held.
+    fn call_method(&self, method: &str) -> Result<(), PythonError> {
+        Python::attach(|py| {
+            let runtime = self.runtime.bind(py);
+            self.instance
+                .bind(py)
+                .call_method0(method)
+                .map(|_| ())
+                .map_err(|e| PythonError::Raised(describe(py, runtime, &e)))
+        })
+    }
+
+    fn call_batch(&self, batch: &Batch, batch_idx: u64) -> Result<Called, PythonError> {
+        Python::attach(|py| {
+            let runtime = self.runtime.bind(py);
+            let raised = |e: PyErr| PythonError::Raised(describe(py, runtime, &e));
+            let (columns, ids, ptrs) =
+                convert::batch_to_py(py, self.interp, batch).map_err(raised)?;
+            let py_batch = runtime
+                .call_method1("make_batch", (columns, ids, ptrs))
+                .map_err(raised)?;
+            match self
+                .instance
+                .bind(py)
+                .call_method1("process_batch", (py_batch, batch_idx))
+            {
+                Ok(_) => Ok(Called::Done),
+                Err(e) => {
+                    let bad = runtime
+                        .call_method1("bad_record", (e.value(py),))
+                        .and_then(|b| b.extract::<Option<(String, String)>>())
+                        .ok()
+                        .flatten();
+                    match bad {
+                        Some((id, reason)) => Ok(Called::BadRecord(id, reason)),
+                        None => Err(raised(e)),
+                    }
+                }
+            }
+        })
+    }
+}
+
+impl DynProcessor for PythonProcessor {
+    fn process_batch(
+        &mut self,
+        batch: Batch,
+        batch_idx: u64,
+        ctx: &mut ProcessorContext,
+    ) -> ProcessorResult<()> {
+        self.set_shard(ctx.shard());
+        let mut batch = batch;
+        loop {
+            match self.call_batch(&batch, batch_idx) {
+                Ok(Called::Done) => return self.drain(ctx),
+                Ok(Called::BadRecord(id, reason)) => {
+                    // Rows of the failed call are dropped; the batch runs
+                    // again without the record (under `skip`), or the
+                    // attempt fails naming it (under `fail`).
+                    self.discard();
+                    let keep: Vec<bool> =
+                        batch.ids().iter().map(|i| i != Some(id.as_str())).collect();
+                    if keep.iter().all(|k| *k) {
+                        return Err(PythonError::Raised(format!(
+                            "stoke.BadRecord({id:?}, {reason:?}) names a record that is not in batch {batch_idx}"
+                        ))
+                        .into());
+                    }
+                    ctx.skip_record(&id, reason)?;
+                    batch = batch.retain(&keep)?;
+                    if batch.is_empty() {
+                        return Ok(());
+                    }
+                }
+                Err(e) => {
+                    self.discard();
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+
+    fn on_checkpoint_start(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()> {
+        self.set_shard(ctx.shard());
+        match self.call_method("on_checkpoint_start") {
+            Ok(()) => self.drain(ctx),
+            Err(e) => {
+                self.discard();
+                Err(e.into())
+            }
+        }
+    }
+
+    fn on_finish(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()> {
+        self.set_shard(None);
+        let result = self.call_method("on_finish");
+        // Rows written here belong to no checkpoint; the caller warns.
+        self.drain(ctx)?;
+        result.map_err(Into::into)
+    }
+}
+
+impl Drop for PythonProcessor {
+    fn drop(&mut self) {
+        // Release the instance (and the model it holds) with the GIL.
+        Python::attach(|py| {
+            let _ = std::mem::replace(&mut self.instance, py.None());
+        });
+    }
+}
