@@ -1,8 +1,9 @@
 //! Python processors (`[processor] python = "module:Class"`) with real
 //! processes: the worker embeds CPython and runs classes from
 //! `tests/python/processors.py`. They give the built-in runner's outputs,
-//! cross tensors without a copy, keep exactly-once through kill -9 and
-//! SIGTERM, fail an attempt on an exception (naming shard, batch and the
+//! cross tensors without a copy, keep exactly-once through kill -9,
+//! SIGTERM, pause/resume and a coordinator restart, stop on cancel, fail an
+//! attempt on an exception (naming shard, batch and the
 //! Python traceback), skip `BadRecord`s under `skip`, and refuse bad
 //! setups with clear errors.
 
@@ -467,4 +468,64 @@ print(json.dumps(seen))
     let seen: HashMap<String, u64> = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(seen.len(), 1797);
     assert!(seen.values().all(|n| *n == 1), "ids seen more than once");
+}
+
+#[test]
+fn pause_resume_a_coordinator_restart_and_cancel_behave_as_for_rust_processors() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let mut coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "300s"]);
+    let job = coordinator.submit(&write_spec(tmp.path(), "job.toml", &long_python_spec()));
+    let mut worker = coordinator.worker("stoke-worker", "w", tmp.path());
+    wait_until("a first checkpoint", DEADLINE, || {
+        progress(&root, &job, "s00000").filter(|p| p.next_batch >= 10)
+    });
+    // Pause: the Python processor's worker checkpoints and releases.
+    let out = coordinator.cli(&["pause", &job]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_until("the worker to release its lease", DEADLINE, || {
+        (coordinator.status(&job)["shards_leased"] == 0).then_some(())
+    });
+    assert_eq!(coordinator.status(&job)["state"], "paused");
+    let held = progress(&root, &job, "s00000").expect("progress");
+    assert!(!held.done);
+    // Resume, then kill -9 the coordinator mid-shard: the worker keeps its
+    // lease across the restart and the job ends exactly once.
+    let out = coordinator.cli(&["resume", &job]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_until("progress past the pause", DEADLINE, || {
+        progress(&root, &job, "s00000").filter(|p| p.next_batch >= held.next_batch + 5)
+    });
+    coordinator.restart(&[]);
+    coordinator.wait_success(&job);
+    assert_matches_reference(&committed_rows(&manifest(&root, &job)));
+    assert!(
+        worker.wait_exit(DEADLINE).success(),
+        "{}",
+        worker.log_text()
+    );
+    assert_no_panic(&worker);
+    // Cancel a second job mid-shard: it ends cancelled, no manifest is
+    // written, and its worker (revoked mid-shard) leaves cleanly.
+    let second = coordinator.submit(&write_spec(tmp.path(), "second.toml", &long_python_spec()));
+    let mut worker = coordinator.worker("stoke-worker", "w2", tmp.path());
+    wait_until("the second job's first checkpoint", DEADLINE, || {
+        progress(&root, &second, "s00000").filter(|p| p.next_batch >= 5)
+    });
+    let out = coordinator.cli(&["cancel", &second]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(coordinator.wait_job(&second)["state"], "cancelled");
+    assert!(
+        !root
+            .join("jobs")
+            .join(&second)
+            .join("manifest.json")
+            .exists()
+    );
+    assert!(
+        worker.wait_exit(DEADLINE).success(),
+        "{}",
+        worker.log_text()
+    );
+    assert_no_panic(&worker);
 }
