@@ -1,0 +1,566 @@
+//! Jobs: the manifest, zombies after the end, restart, cancel, resubmit,
+//! pause and resume, and what status and outputs report.
+
+use crate::support::*;
+
+#[tokio::test(start_paused = true)]
+async fn completed_job_has_a_manifest_of_committed_outputs_only() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 30).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let mut committed_objects: Vec<(String, OutputObject)> = Vec::new();
+
+    // An attempt writes an object and gives its lease back without
+    // committing it.
+    let abandoned = leased(state.acquire(&a));
+    let orphan = output(&abandoned, 0, BATCH).uri;
+    write_object(&stores, &orphan).await;
+    state
+        .release(release(&a, &abandoned, None))
+        .await
+        .expect("release");
+
+    for shard in 0..3 {
+        let lease = leased(state.acquire(&a));
+        // Written by a committing attempt but never committed: not part of
+        // the result either, in staging or (copied there by a coordinator
+        // that crashed before storing the record) in the output folder.
+        let stray = output(&lease, 99, 0);
+        write_object(&stores, &stray.uri).await;
+        write_object(&stores, &committed(&stray).uri).await;
+        let commits = if shard == 0 {
+            vec![checkpoint(&a, &lease, 0, 3), last_checkpoint(&a, &lease, 3)]
+        } else {
+            vec![last_checkpoint(&a, &lease, 0)]
+        };
+        for commit in commits {
+            for object in &commit.outputs {
+                write_object(&stores, &object.uri).await;
+                committed_objects.push((lease.shard.id.clone(), committed(object)));
+            }
+            state.commit(commit).await.expect("commit");
+        }
+        if shard < 2 {
+            assert_eq!(state.get_job("j").expect("job").state, JobState::Running);
+            assert!(
+                stores
+                    .get_json::<Manifest>(&job_layout("j").manifest())
+                    .await
+                    .expect("read")
+                    .is_none()
+            );
+        }
+    }
+
+    let job = state.get_job("j").expect("job");
+    assert_eq!(job.state, JobState::Succeeded);
+    assert_eq!(job.shards_done, 3);
+    assert_eq!(
+        job.manifest_uri.as_deref(),
+        Some(job_layout("j").manifest().as_str())
+    );
+    assert_eq!(stored_status(&stores, "j").await.state, JobState::Succeeded);
+
+    let manifest: Manifest = stores
+        .get_json(&job_layout("j").manifest())
+        .await
+        .expect("read manifest")
+        .expect("manifest exists");
+    let expected: Vec<ManifestEntry> = committed_objects
+        .iter()
+        .map(|(shard_id, o)| ManifestEntry {
+            shard_id: shard_id.clone(),
+            uri: o.uri.clone(),
+            records: o.records,
+            bytes: o.bytes,
+            sha256: o.sha256.clone(),
+        })
+        .collect();
+    assert_eq!(manifest.job_id, "j");
+    assert_eq!(manifest.shards, 3);
+    assert_eq!(manifest.records_in, 30);
+    assert_eq!(manifest.records_out, 30);
+    assert_eq!(manifest.outputs, expected);
+
+    // Only committed objects are left under the output prefix.
+    let left: BTreeSet<String> = stores
+        .list(&job_layout("j").default_output())
+        .await
+        .expect("list outputs")
+        .into_iter()
+        .map(|l| l.uri.to_string())
+        .collect();
+    let kept: BTreeSet<String> = committed_objects
+        .iter()
+        .map(|(_, o)| o.uri.clone())
+        .collect();
+    assert_eq!(left, kept);
+    assert!(!left.contains(&committed(&output(&abandoned, 0, BATCH)).uri));
+
+    // The staging folder, where attempts uploaded, is swept off the loop.
+    let staging = job_layout("j").staging().join("/");
+    assert!(
+        !stores
+            .list(&staging)
+            .await
+            .expect("list staging")
+            .is_empty()
+    );
+    assert_eq!(state.take_sweeps(), vec![staging.clone()]);
+    stoke_coordinator::sweep::sweep(&stores, &staging)
+        .await
+        .expect("sweep");
+    assert!(
+        stores
+            .list(&staging)
+            .await
+            .expect("list staging")
+            .is_empty()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_zombie_commit_after_the_end_is_refused_and_its_staging_swept() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", SHARD_RECORDS).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let zombie = leased(state.acquire(&a));
+    advance(lease_timeout() + Duration::from_millis(1)).await;
+    state.heartbeat(&b, &[]).expect("b heartbeat");
+    state.tick().await;
+    let live = leased(state.acquire(&b));
+    assert!(
+        !state
+            .commit(staged(&stores, last_checkpoint(&b, &live, 0)).await)
+            .await
+            .expect("live commit")
+    );
+    assert_eq!(state.get_job("j").expect("job").state, JobState::Succeeded);
+    let staging = job_layout("j").staging().join("/");
+    assert_eq!(state.take_sweeps(), vec![staging]);
+
+    // The zombie wakes, uploads, and commits: refused, and what it staged
+    // is garbage to sweep; the output folder holds the live commit only.
+    let late = staged(&stores, last_checkpoint(&a, &zombie, 0)).await;
+    let err = state.commit(late.clone()).await.expect_err("job ended");
+    assert!(
+        matches!(err, CoordinatorError::JobNotRunning { .. }),
+        "{err}"
+    );
+    let attempt = StoreUri::parse(&zombie.output_prefix)
+        .expect("uri")
+        .join("/");
+    assert_eq!(state.take_sweeps(), vec![attempt.clone()]);
+    stoke_coordinator::sweep::sweep(&stores, &attempt)
+        .await
+        .expect("sweep");
+    assert!(stores.list(&attempt).await.expect("list").is_empty());
+    let outputs: Vec<String> = stores
+        .list(&job_layout("j").default_output().join("/"))
+        .await
+        .expect("list outputs")
+        .into_iter()
+        .map(|l| l.uri.to_string())
+        .collect();
+    assert_eq!(
+        outputs,
+        vec![committed(&last_checkpoint(&b, &live, 0).outputs[0]).uri]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn restart_reloads_progress_and_fences_old_tokens() {
+    let stores = Stores::new();
+    let mut before = recover(&stores).await;
+    submit(&mut before, &stores, "j", 30).await;
+    let (a, _a_events) = register(&mut before, "a");
+    let partial = leased(before.acquire(&a));
+    before
+        .commit(staged(&stores, checkpoint(&a, &partial, 0, 2)).await)
+        .await
+        .expect("commit");
+    let done = leased(before.acquire(&a));
+    before
+        .commit(staged(&stores, last_checkpoint(&a, &done, 0)).await)
+        .await
+        .expect("finish shard");
+    let untouched = leased(before.acquire(&a));
+    let old_tokens = [partial.token, done.token, untouched.token];
+    let old_epoch = before.epoch();
+    drop(before);
+
+    let mut after = recover(&stores).await;
+    assert!(
+        after.epoch() > old_epoch,
+        "epoch {} after {old_epoch}",
+        after.epoch()
+    );
+    let job = after.get_job("j").expect("job reloaded");
+    assert_eq!(job.state, JobState::Running);
+    assert_eq!(job.shards_done, 1);
+    assert_eq!(job.shards_leased, 0);
+    assert_eq!(job.records_done, 4 + SHARD_RECORDS);
+
+    let (b, _b_events) = register(&mut after, "b");
+    let resumed = leased(after.acquire(&b));
+    assert_eq!(resumed.shard.id, partial.shard.id);
+    assert_eq!(resumed.next_batch, 2);
+    assert_eq!(resumed.records_done, 4);
+    let fresh = leased(after.acquire(&b));
+    assert_eq!(fresh.shard.id, untouched.shard.id);
+    assert_eq!(fresh.next_batch, 0);
+    assert!(
+        matches!(after.acquire(&b).expect("acquire"), AcquireOutcome::Wait(_)),
+        "the shard done before the restart is not leased again"
+    );
+    let max_old = old_tokens.into_iter().max().expect("tokens");
+    for token in [resumed.token, fresh.token] {
+        assert!(
+            token > max_old,
+            "token {token} after restart must exceed {max_old}"
+        );
+    }
+
+    let err = after
+        .commit(staged(&stores, checkpoint(&a, &partial, 2, 3)).await)
+        .await
+        .expect_err("commit with a token from before the restart");
+    assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
+    after
+        .commit(staged(&stores, last_checkpoint(&b, &resumed, 2)).await)
+        .await
+        .expect("resumed commit");
+    let progress = stored_progress(&stores, "j", &resumed.shard.id).await;
+    assert_eq!(progress.next_batch, SHARD_BATCHES);
+    assert_eq!(progress.records, SHARD_RECORDS);
+    assert_eq!(progress.outputs.len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_revokes_leases_and_refuses_their_commits() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 100).await;
+    let (a, mut a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    state
+        .commit(staged(&stores, checkpoint(&a, &lease, 0, 1)).await)
+        .await
+        .expect("commit");
+
+    let job = state.cancel("j", String::new()).await.expect("cancel");
+    assert_eq!(job.state, JobState::Cancelled);
+    assert_eq!(job.shards_leased, 0);
+    assert_eq!(stored_status(&stores, "j").await.state, JobState::Cancelled);
+    match a_events.try_recv().expect("revoke event") {
+        SessionEvent::Revoke { leases, .. } => assert_eq!(leases, vec![lease.key()]),
+        other => panic!("expected a revoke, got {other:?}"),
+    }
+
+    let err = state
+        .commit(staged(&stores, checkpoint(&a, &lease, 1, 2)).await)
+        .await
+        .expect_err("commit after cancel");
+    assert!(
+        matches!(
+            err,
+            CoordinatorError::JobNotRunning { .. } | CoordinatorError::StaleToken { .. }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        stored_progress(&stores, "j", &lease.shard.id)
+            .await
+            .next_batch,
+        1
+    );
+    assert_eq!(state.acquire(&a).expect("acquire"), AcquireOutcome::Idle);
+    let again = state
+        .cancel("j", "again".to_string())
+        .await
+        .expect("cancel again");
+    assert_eq!(again.reason, job.reason, "a finished job keeps its reason");
+
+    // The cancellation is durable.
+    let mut state = recover(&stores).await;
+    assert_eq!(state.get_job("j").expect("job").state, JobState::Cancelled);
+    let (b, _b_events) = register(&mut state, "b");
+    assert_eq!(state.acquire(&b).expect("acquire"), AcquireOutcome::Idle);
+}
+
+#[tokio::test(start_paused = true)]
+async fn resubmitting_a_job_id_needs_the_same_spec() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 100).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    state
+        .commit(staged(&stores, checkpoint(&a, &lease, 0, 2)).await)
+        .await
+        .expect("commit");
+
+    let again = submit(&mut state, &stores, "j", 100).await;
+    assert_eq!(again.job_id, "j");
+    assert_eq!(
+        again.records_done, 4,
+        "the existing job is returned, not a new one"
+    );
+    assert_eq!(again, state.get_job("j").expect("job"));
+    assert_eq!(state.list_jobs().len(), 1);
+
+    let other = spec(50);
+    let plan = plan_dataset(&other, &stores).await.expect("plan");
+    let err = state
+        .create_job("j".to_string(), other.clone(), plan.clone())
+        .await
+        .expect_err("different spec");
+    assert!(
+        matches!(err, CoordinatorError::JobExists { ref job_id } if job_id == "j"),
+        "{err}"
+    );
+
+    // The same holds after a restart, and the stored spec is untouched.
+    let mut state = recover(&stores).await;
+    let err = state
+        .create_job("j".to_string(), other, plan)
+        .await
+        .expect_err("different spec after restart");
+    assert!(matches!(err, CoordinatorError::JobExists { .. }), "{err}");
+    assert_eq!(submit(&mut state, &stores, "j", 100).await.records_done, 4);
+    let stored: JobSpec = stores
+        .get_json(&job_layout("j").spec())
+        .await
+        .expect("read spec")
+        .expect("spec exists");
+    assert_eq!(stored, spec(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn pause_drains_leases_and_resume_continues_from_checkpoints() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 20).await;
+    let (a, mut a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    state
+        .commit(staged(&stores, checkpoint(&a, &lease, 0, 2)).await)
+        .await
+        .expect("commit");
+
+    let job = state
+        .pause("j", "maintenance".to_string())
+        .await
+        .expect("pause");
+    assert_eq!(job.state, JobState::Paused);
+    assert_eq!(stored_status(&stores, "j").await.state, JobState::Paused);
+    match a_events.try_recv().expect("drain event") {
+        SessionEvent::Drain { leases, reason } => {
+            assert_eq!(leases, vec![lease.key()]);
+            assert_eq!(reason, "maintenance");
+        }
+        other => panic!("expected a drain, got {other:?}"),
+    }
+    // The holder may still checkpoint, then releases; nothing new is leased,
+    // and workers are told to wait, not that there is no work.
+    state
+        .commit(staged(&stores, checkpoint(&a, &lease, 2, 3)).await)
+        .await
+        .expect("checkpoint while draining");
+    state
+        .release(release(&a, &lease, None))
+        .await
+        .expect("release");
+    assert!(matches!(state.acquire(&a), Ok(AcquireOutcome::Wait(_))));
+
+    // Paused survives a restart.
+    let mut state = recover(&stores).await;
+    assert_eq!(state.get_job("j").expect("job").state, JobState::Paused);
+    let (b, _b_events) = register(&mut state, "b");
+    assert!(matches!(state.acquire(&b), Ok(AcquireOutcome::Wait(_))));
+
+    let job = state.resume("j").await.expect("resume");
+    assert_eq!(job.state, JobState::Running);
+    let mut next_batches = BTreeSet::new();
+    for _ in 0..2 {
+        let l = leased(state.acquire(&b));
+        next_batches.insert((l.shard.id.clone(), l.next_batch));
+    }
+    assert!(
+        next_batches.contains(&(lease.shard.id.clone(), 3)),
+        "{next_batches:?}"
+    );
+    assert!(matches!(state.acquire(&b), Ok(AcquireOutcome::Wait(_))));
+    // Resuming a running job changes nothing; a cancelled one cannot resume.
+    assert_eq!(
+        state.resume("j").await.expect("resume").state,
+        JobState::Running
+    );
+    state.cancel("j", String::new()).await.expect("cancel");
+    assert!(matches!(
+        state.resume("j").await,
+        Err(CoordinatorError::JobNotRunning { .. })
+    ));
+    assert!(matches!(
+        state.pause("j", String::new()).await,
+        Err(CoordinatorError::JobNotRunning { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn status_reports_shards_by_state_and_a_rate_from_samples_over_time() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 4 * SHARD_RECORDS).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let report = state.status();
+    let job = &report.jobs[0];
+    assert_eq!(job.info.job_id, "j");
+    assert_eq!(
+        (
+            job.shards.done,
+            job.shards.leased,
+            job.shards.retrying,
+            job.shards.pending
+        ),
+        (0, 0, 0, 4)
+    );
+    assert_eq!((job.records_per_s, job.eta), (None, None));
+
+    // One shard done, one half done and still leased, ten seconds on.
+    let first = leased(state.acquire(&a));
+    write_object(&stores, &output(&first, 0, SHARD_RECORDS).uri).await;
+    state
+        .commit(staged(&stores, last_checkpoint(&a, &first, 0)).await)
+        .await
+        .expect("commit");
+    let second = leased(state.acquire(&a));
+    write_object(&stores, &output(&second, 0, 4).uri).await;
+    state
+        .commit(staged(&stores, checkpoint(&a, &second, 0, 2)).await)
+        .await
+        .expect("commit");
+    advance(Duration::from_secs(10)).await;
+    let report = state.status();
+    let job = &report.jobs[0];
+    assert_eq!(job.info.records_done, SHARD_RECORDS + 4);
+    assert_eq!(
+        (
+            job.shards.done,
+            job.shards.leased,
+            job.shards.retrying,
+            job.shards.pending
+        ),
+        (1, 1, 0, 2)
+    );
+    // 14 records in 10 s; 26 left.
+    assert_eq!(job.records_per_s, Some(1.4));
+    let eta = job.eta.expect("eta").as_secs_f64();
+    assert!((eta - 26.0 / 1.4).abs() < 1e-9, "{eta}");
+    let worker = &report.snapshot.workers[0];
+    assert_eq!(
+        worker.leases,
+        vec![("j".to_string(), second.shard.id.clone())]
+    );
+
+    // A failed attempt: that shard waits as retrying, and is counted.
+    state
+        .release(release(&a, &second, Some("bad tensor shape")))
+        .await
+        .expect("release");
+    let job = &state.status().jobs[0];
+    assert_eq!(
+        (
+            job.shards.done,
+            job.shards.leased,
+            job.shards.retrying,
+            job.shards.pending
+        ),
+        (1, 0, 1, 2)
+    );
+    assert_eq!(job.attempts_failed, 1);
+    // Leased again (with the rest, by another worker), it is leased.
+    let (b, _b_events) = register(&mut state, "b");
+    let mut ids: Vec<String> = (0..3).map(|_| leased(state.acquire(&b)).shard.id).collect();
+    ids.sort();
+    assert!(ids.contains(&second.shard.id), "{ids:?}");
+    let job = &state.status().jobs[0];
+    assert_eq!(
+        (
+            job.shards.done,
+            job.shards.leased,
+            job.shards.retrying,
+            job.shards.pending
+        ),
+        (1, 3, 0, 0)
+    );
+
+    // Nothing moves for a whole window: no rate, no ETA.
+    advance(Duration::from_secs(31)).await;
+    state.tick().await;
+    advance(Duration::from_secs(5)).await;
+    let job = &state.status().jobs[0];
+    assert_eq!(job.records_per_s, Some(0.0));
+    assert_eq!(job.eta, None);
+
+    // A paused job has no rate.
+    state.pause("j", String::new()).await.expect("pause");
+    let job = &state.status().jobs[0];
+    assert_eq!((job.records_per_s, job.eta), (None, None));
+}
+
+/// A job whose plan could not count its records (a JSON Lines dataset too
+/// large to count at submit): its total is known once it succeeded, and
+/// `stoke outputs` lists what it committed so far.
+#[tokio::test(start_paused = true)]
+async fn an_uncounted_job_knows_its_total_once_done_and_lists_its_outputs() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    let spec = spec(20);
+    let mut plan = plan_dataset(&spec, &stores).await.expect("plan");
+    plan.records_total = None;
+    for shard in &mut plan.shards {
+        shard.records = None;
+    }
+    state
+        .create_job("j".to_string(), spec, plan)
+        .await
+        .expect("create job");
+    assert_eq!(state.get_job("j").expect("job").records_total, None);
+    assert!(state.job_outputs("j").expect("outputs").is_empty());
+    let (a, _events) = register(&mut state, "a");
+    let mut committed = Vec::new();
+    for _ in 0..2 {
+        let lease = leased(state.acquire(&a));
+        let commit = last_checkpoint(&a, &lease, 0);
+        for object in &commit.outputs {
+            write_object(&stores, &object.uri).await;
+            committed.push((
+                lease.shard.id.clone(),
+                crate::support::committed(object).uri,
+            ));
+        }
+        state.commit(commit).await.expect("commit");
+        let listed: Vec<(String, String)> = state
+            .job_outputs("j")
+            .expect("outputs")
+            .into_iter()
+            .map(|o| (o.shard_id, o.uri))
+            .collect();
+        assert_eq!(listed, committed);
+        let job = state.get_job("j").expect("job");
+        if job.state == JobState::Running {
+            assert_eq!(job.records_total, None, "unknown until the end");
+        }
+    }
+    let job = state.get_job("j").expect("job");
+    assert_eq!(job.state, JobState::Succeeded);
+    assert_eq!(job.records_total, Some(20));
+    assert!(matches!(
+        state.job_outputs("nope"),
+        Err(CoordinatorError::JobNotFound { .. })
+    ));
+}

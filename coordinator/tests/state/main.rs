@@ -1,0 +1,9 @@
+//! State-machine tests (layer 2): the coordinator's single-owner state
+//! machine driven directly, without gRPC, on a `memory:///` root with a
+//! paused tokio clock. Lease expiry is reached with `tokio::time::advance`,
+//! never by sleeping.
+
+mod commits;
+mod jobs;
+mod leases;
+mod support;
