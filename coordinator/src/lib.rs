@@ -9,7 +9,8 @@
 //! - [`grpc`]: thin tonic adapters for clients and workers;
 //! - [`run`]: serves both services on a bound listener until shutdown.
 //!
-//! Tested by state-machine tests with a paused clock (`tests/state.rs`) and
+//! Tested by state-machine tests with no store (`tests/effects.rs`), with a
+//! paused clock through the owner's write path (`tests/state/`), and
 //! by the process tests in `stoke-tests`.
 
 pub mod config;
