@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use stoke_client::Client;
-use stoke_client::summary::{summary, total};
+use stoke_client::summary::{job_json, summary, total};
 use stoke_coordinator::CoordinatorConfig;
 use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::JobSpec;
@@ -749,22 +749,4 @@ fn progress_line(job: &JobInfo) -> String {
         humantime::format_duration(Duration::from_secs(d.as_secs_f64().ceil() as u64)).to_string()
     });
     format!("rate: {rate}, ETA {eta}\n")
-}
-
-fn job_json(job: &JobInfo) -> serde_json::Value {
-    serde_json::json!({
-        "job_id": job.job_id,
-        "name": job.name,
-        "state": job.state.as_str(),
-        "reason": job.reason,
-        "shards_total": job.shards_total,
-        "shards_done": job.shards_done,
-        "shards_leased": job.shards_leased,
-        "records_done": job.records_done,
-        "records_total": job.records_total,
-        "records_skipped": job.records_skipped,
-        "output_uri": job.output_uri,
-        "manifest_uri": job.manifest_uri,
-        "processor": job.processor,
-    })
 }

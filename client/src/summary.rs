@@ -1,4 +1,5 @@
-//! The job summary the CLIs print when a run ends.
+//! The job summary the CLIs print when a run ends, and a job as JSON
+//! (`stoke status --json`, the Python client).
 
 use std::fmt::Write;
 
@@ -39,4 +40,23 @@ pub fn summary(job: &JobInfo) -> String {
         let _ = writeln!(out, "manifest: {}", local_path(m));
     }
     out
+}
+
+/// A job as JSON, with the field names `stoke status --json` prints.
+pub fn job_json(job: &JobInfo) -> serde_json::Value {
+    serde_json::json!({
+        "job_id": job.job_id,
+        "name": job.name,
+        "state": job.state.as_str(),
+        "reason": job.reason,
+        "shards_total": job.shards_total,
+        "shards_done": job.shards_done,
+        "shards_leased": job.shards_leased,
+        "records_done": job.records_done,
+        "records_total": job.records_total,
+        "records_skipped": job.records_skipped,
+        "output_uri": job.output_uri,
+        "manifest_uri": job.manifest_uri,
+        "processor": job.processor,
+    })
 }

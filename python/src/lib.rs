@@ -35,25 +35,12 @@ fn runtime() -> PyResult<tokio::runtime::Runtime> {
         .map_err(err)
 }
 
-/// A job as JSON (read into a dict by `stoke._api`).
+/// A job as JSON (read into a dict by `stoke._api`): the CLI's fields and
+/// the job's current records/s.
 fn job_json(job: &JobInfo) -> String {
-    serde_json::json!({
-        "job_id": job.job_id,
-        "name": job.name,
-        "state": job.state.as_str(),
-        "reason": job.reason,
-        "shards_total": job.shards_total,
-        "shards_done": job.shards_done,
-        "shards_leased": job.shards_leased,
-        "records_done": job.records_done,
-        "records_total": job.records_total,
-        "records_skipped": job.records_skipped,
-        "records_per_s": job.records_per_s,
-        "output_uri": job.output_uri,
-        "manifest_uri": job.manifest_uri,
-        "processor": job.processor,
-    })
-    .to_string()
+    let mut value = stoke_client::summary::job_json(job);
+    value["records_per_s"] = serde_json::json!(job.records_per_s);
+    value.to_string()
 }
 
 /// A spec from a file path, or from JSON text whose relative paths are

@@ -139,38 +139,10 @@ impl ProcessorContext {
     /// object per checkpoint (Parquet or JSON Lines, as the spec says). The
     /// batch must have a string column `id` holding record ids.
     pub fn write_rows(&mut self, rows: RecordBatch) -> Result<(), WorkerError> {
-        match rows
-            .schema()
-            .field_with_name(ID_COLUMN)
-            .map(|f| f.data_type().clone())
-        {
-            Ok(DataType::Utf8) => {}
-            Ok(other) => {
-                return Err(WorkerError::Encode {
-                    shard: self.shard_id(),
-                    message: format!("output column `id` must be a string column, not {other}"),
-                });
-            }
-            Err(_) => {
-                return Err(WorkerError::Encode {
-                    shard: self.shard_id(),
-                    message: "output rows need a string column `id` with the record ids"
-                        .to_string(),
-                });
-            }
-        }
-        if let Some(first) = self.rows.first()
-            && first.schema() != rows.schema()
-        {
-            return Err(WorkerError::Encode {
-                shard: self.shard_id(),
-                message: format!(
-                    "output rows changed schema within a checkpoint: {:?} then {:?}",
-                    first.schema(),
-                    rows.schema()
-                ),
-            });
-        }
+        check_output_rows(self.rows.first(), &rows).map_err(|message| WorkerError::Encode {
+            shard: self.shard_id(),
+            message,
+        })?;
         if rows.num_rows() > 0 {
             self.rows.push(rows);
         }
@@ -275,4 +247,38 @@ impl ProcessorContext {
             .as_ref()
             .map_or_else(|| "-".to_string(), |s| s.shard_id.clone())
     }
+}
+
+/// Why `rows` cannot join the output rows of a checkpoint that already
+/// holds `queued` (its first batch), if they cannot: they need a string
+/// column `id` with the record ids, and one schema per checkpoint.
+pub(crate) fn check_output_rows(
+    queued: Option<&RecordBatch>,
+    rows: &RecordBatch,
+) -> Result<(), String> {
+    match rows
+        .schema()
+        .field_with_name(ID_COLUMN)
+        .map(|f| f.data_type().clone())
+    {
+        Ok(DataType::Utf8) => {}
+        Ok(other) => {
+            return Err(format!(
+                "output column `id` must be a string column with the record ids, not {other}"
+            ));
+        }
+        Err(_) => {
+            return Err("output rows need a string column `id` with the record ids".to_string());
+        }
+    }
+    if let Some(first) = queued
+        && first.schema() != rows.schema()
+    {
+        return Err(format!(
+            "output rows changed schema within a checkpoint: {:?} then {:?}",
+            first.schema(),
+            rows.schema()
+        ));
+    }
+    Ok(())
 }

@@ -21,11 +21,11 @@ use tonic::transport::Channel;
 
 use crate::coordinator::{CoordinatorProcess, own_cpu_seconds, range_spec};
 
-const RECORDS_PER_SHARD: u64 = 10;
-/// Any 64 hex digits: the coordinator records checksums, it does not check
-/// them against the (not written) objects.
+pub(crate) const RECORDS_PER_SHARD: u64 = 10;
 /// What a simulated worker uploads for each checkpoint.
 const STAGED_BYTES: &[u8] = &[0u8; 1024];
+/// Any 64 hex digits: the coordinator records checksums, it does not check
+/// them against the objects.
 const FAKE_SHA256: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 pub struct Options {
@@ -301,35 +301,8 @@ async fn cycles(
             }
         };
         let leased = Instant::now();
-        let prefix = lease.output_prefix.trim_end_matches('/');
-        let staged = format!("{prefix}/part-{:08}.parquet", lease.next_batch);
-        // A real worker uploads its checkpoint to staging before it
-        // commits, and the coordinator copies it into the output folder:
-        // the simulated one writes a small object, so the copy is measured.
-        let path = stoke_core::StoreUri::parse(&staged)?
-            .local_path()
-            .with_context(|| format!("{staged}: the bench runs on a file:// root"))?;
-        if let Some(dir) = path.parent() {
-            tokio::fs::create_dir_all(dir).await?;
-        }
-        tokio::fs::write(&path, STAGED_BYTES).await?;
-        let commit = pb::CommitRequest {
-            session_id: worker.session_id.clone(),
-            job_id: lease.job_id.clone(),
-            shard_id: lease.shard_id.clone(),
-            token: lease.token,
-            from_batch: lease.next_batch,
-            next_batch: lease.next_batch + 1,
-            records: RECORDS_PER_SHARD,
-            outputs: vec![pb::OutputObject {
-                uri: staged,
-                records: RECORDS_PER_SHARD,
-                bytes: STAGED_BYTES.len() as u64,
-                sha256: FAKE_SHA256.to_string(),
-            }],
-            shard_done: true,
-            ..Default::default()
-        };
+        let output = stage_object(&lease).await?;
+        let commit = shard_done_commit(&worker.session_id, &lease, output);
         worker.client.commit(commit).await.context("commit")?;
         let end = Instant::now();
         if end <= deadline {
@@ -342,6 +315,50 @@ async fn cycles(
                 *n += 1;
             }
         }
+    }
+}
+
+/// Writes the object a simulated worker uploads for its checkpoint into
+/// the staging folder its lease names (the bench's root is `file://`), and
+/// returns it as the commit lists it. A real worker uploads its checkpoint
+/// there before it commits, and the coordinator copies it into the output
+/// folder: the simulated one writes a small object, so the copy is
+/// measured.
+pub(crate) async fn stage_object(lease: &pb::Lease) -> anyhow::Result<pb::OutputObject> {
+    let prefix = lease.output_prefix.trim_end_matches('/');
+    let staged = format!("{prefix}/part-{:08}.parquet", lease.next_batch);
+    let path = stoke_core::StoreUri::parse(&staged)?
+        .local_path()
+        .with_context(|| format!("{staged}: the bench runs on a file:// root"))?;
+    if let Some(dir) = path.parent() {
+        tokio::fs::create_dir_all(dir).await?;
+    }
+    tokio::fs::write(&path, STAGED_BYTES).await?;
+    Ok(pb::OutputObject {
+        uri: staged,
+        records: RECORDS_PER_SHARD,
+        bytes: STAGED_BYTES.len() as u64,
+        sha256: FAKE_SHA256.to_string(),
+    })
+}
+
+/// The commit of a lease's whole shard (one batch) with its one output.
+pub(crate) fn shard_done_commit(
+    session_id: &str,
+    lease: &pb::Lease,
+    output: pb::OutputObject,
+) -> pb::CommitRequest {
+    pb::CommitRequest {
+        session_id: session_id.to_string(),
+        job_id: lease.job_id.clone(),
+        shard_id: lease.shard_id.clone(),
+        token: lease.token,
+        from_batch: lease.next_batch,
+        next_batch: lease.next_batch + 1,
+        records: RECORDS_PER_SHARD,
+        outputs: vec![output],
+        shard_done: true,
+        ..Default::default()
     }
 }
 

@@ -19,11 +19,7 @@ use tokio::sync::Mutex;
 use tokio::task::JoinSet;
 
 use crate::coordinator::{CoordinatorProcess, range_spec};
-use crate::cycles::{self, SimWorker, percentile_ms};
-
-const RECORDS_PER_SHARD: u64 = 10;
-const STAGED_BYTES: &[u8] = &[0u8; 1024];
-const FAKE_SHA256: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+use crate::cycles::{self, RECORDS_PER_SHARD, SimWorker, percentile_ms};
 
 pub struct Options {
     /// Shards of the job that finishes.
@@ -272,35 +268,15 @@ async fn drive(
     let mut last = None;
     while let Some(lease) = acquire(&mut worker).await? {
         anyhow::ensure!(lease.job_id == big_id, "driver leased {}", lease.job_id);
-        let prefix = lease.output_prefix.trim_end_matches('/');
-        let staged = format!("{prefix}/part-{:08}.parquet", lease.next_batch);
-        let path = stoke_core::StoreUri::parse(&staged)?
-            .local_path()
-            .with_context(|| format!("{staged}: the bench runs on a file:// root"))?;
-        if let Some(dir) = path.parent() {
-            tokio::fs::create_dir_all(dir).await?;
-        }
-        tokio::fs::write(&path, STAGED_BYTES).await?;
+        let output = cycles::stage_object(&lease).await?;
         last = Some(started.elapsed());
         worker
             .client
-            .commit(pb::CommitRequest {
-                session_id: worker.session_id.clone(),
-                job_id: lease.job_id.clone(),
-                shard_id: lease.shard_id.clone(),
-                token: lease.token,
-                from_batch: lease.next_batch,
-                next_batch: lease.next_batch + 1,
-                records: RECORDS_PER_SHARD,
-                outputs: vec![pb::OutputObject {
-                    uri: staged,
-                    records: RECORDS_PER_SHARD,
-                    bytes: STAGED_BYTES.len() as u64,
-                    sha256: FAKE_SHA256.to_string(),
-                }],
-                shard_done: true,
-                ..Default::default()
-            })
+            .commit(cycles::shard_done_commit(
+                &worker.session_id,
+                &lease,
+                output,
+            ))
             .await
             .context("commit")?;
     }

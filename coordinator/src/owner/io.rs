@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::error::{CoordinatorError, Result};
 use crate::state::{
-    CreateJob, FinishJob, GroupWrite, GroupWritten, Io, SnapshotWrite, progress_log,
+    CreateJob, FinishJob, GroupWrite, GroupWritten, Io, SnapshotWrite, folder, progress_log,
 };
 
 /// How many objects one group commit copies into the output folder at once.
@@ -194,7 +194,7 @@ fn plan_finish(
         .collect();
     let mut orphans = uncommitted(
         outputs_listed,
-        &finish.output.join("/"),
+        &folder(&finish.output),
         &shard_ids,
         &committed,
     );
@@ -230,7 +230,7 @@ fn plan_finish(
 /// The CPU-heavy part (a big job's sets of committed objects and its
 /// manifest) runs on a blocking thread, off the runtime's workers.
 async fn finish_job(finish: FinishJob, stores: &Stores) -> Result<()> {
-    let outputs_listed = stores.list(&finish.output.join("/")).await?;
+    let outputs_listed = stores.list(&folder(&finish.output)).await?;
     let errors_listed = stores.list(&finish.layout.errors_root()).await?;
     let (job_id, layout) = (finish.job_id.clone(), finish.layout.clone());
     let (manifest, bytes, orphans) = tokio::task::spawn_blocking(move || {

@@ -108,5 +108,4 @@ pub(super) struct AttemptFailed {
     pub progress: ProgressRecord,
     pub log_uri: StoreUri,
     pub counts_as_failure: bool,
-    pub error: String,
 }

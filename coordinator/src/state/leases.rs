@@ -6,13 +6,12 @@ use std::sync::Arc;
 
 use stoke_core::layout::attempt_prefix;
 use stoke_core::lease::{AcquireOutcome, Lease, Release};
-use stoke_core::records::{JobState, ProgressLogRef};
-use stoke_core::store::to_json_bytes;
+use stoke_core::records::JobState;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::effects::{AttemptFailed, Then};
-use super::{ActiveLease, Answer, Io, ReqId, State};
+use super::{ActiveLease, Answer, Io, ReqId, State, progress_log};
 use crate::error::{CoordinatorError, Result};
 
 /// Attempts of one shard that may fail on the store before they count
@@ -178,13 +177,9 @@ impl State {
         let job = self.job_mut(&key.job_id)?;
         let log_uri = job.layout.progress_log(progress.seq);
         job.shards[idx].writing = true;
-        let bytes = to_json_bytes(&ProgressLogRef {
-            records: vec![&progress],
-        })
-        .into();
         let io = Io::Put {
             uri: log_uri.clone(),
-            bytes,
+            bytes: progress_log(std::iter::once(&progress)),
         };
         let failed = AttemptFailed {
             req,
@@ -193,7 +188,6 @@ impl State {
             progress,
             log_uri,
             counts_as_failure,
-            error,
         };
         self.start_io(io, Then::AttemptFailed(Box::new(failed)));
         Ok(())
@@ -208,8 +202,9 @@ impl State {
             progress,
             log_uri,
             counts_as_failure,
-            error,
         } = failed;
+        // The stored record holds the attempt's error.
+        let error = progress.last_error.clone().unwrap_or_default();
         let key = &release.key;
         let worker = self.worker_of(&release.session_id);
         let session_gone = !self.sessions.contains_key(&release.session_id);

@@ -132,7 +132,7 @@ fn failed_unfinished(p: &ProgressRecord) -> bool {
 }
 
 /// `uri` as a folder (a prefix ending in `/`), for listing.
-fn folder(uri: &StoreUri) -> StoreUri {
+pub fn folder(uri: &StoreUri) -> StoreUri {
     uri.join("/")
 }
 

@@ -19,7 +19,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow_array::RecordBatch;
-use arrow_schema::DataType;
 use bytes::Bytes;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -28,7 +27,7 @@ use stoke_core::{StoreUri, Stores};
 
 use crate::batch::Batch;
 use crate::config::device_name;
-use crate::context::{ID_COLUMN, ProcessorContext, ShardInfo};
+use crate::context::{ProcessorContext, ShardInfo, check_output_rows};
 use crate::error::ProcessorResult;
 use crate::processor::{Created, DynProcessor};
 
@@ -152,32 +151,8 @@ impl NativeContext {
         let batches = convert::read_ipc(data).map_err(PyValueError::new_err)?;
         let mut state = self.shared.state();
         for rows in batches {
-            match rows
-                .schema()
-                .field_with_name(ID_COLUMN)
-                .map(|f| f.data_type().clone())
-            {
-                Ok(DataType::Utf8) => {}
-                Ok(other) => {
-                    return Err(PyValueError::new_err(format!(
-                        "write_rows: column `id` must hold the record ids as strings (batch.ids), not {other}"
-                    )));
-                }
-                Err(_) => {
-                    return Err(PyValueError::new_err(
-                        "write_rows: the rows need a column `id` with the record ids (batch.ids)",
-                    ));
-                }
-            }
-            if let Some(first) = state.rows.first()
-                && first.schema() != rows.schema()
-            {
-                return Err(PyValueError::new_err(format!(
-                    "write_rows: the columns changed within a checkpoint: {} then {}",
-                    first.schema(),
-                    rows.schema()
-                )));
-            }
+            check_output_rows(state.rows.first(), &rows)
+                .map_err(|message| PyValueError::new_err(format!("write_rows: {message}")))?;
             state.rows.push(rows);
         }
         Ok(())
