@@ -21,6 +21,7 @@ fn job(id: &str, shards: u64, records: Option<u64>) -> JobInfo {
         processor: "torchscript".to_string(),
         records_skipped: 0,
         records_per_s: None,
+        schedule: Default::default(),
     }
 }
 
@@ -54,6 +55,41 @@ fn jobs_columns_line_up_with_long_ids() {
     );
     assert!(lines[2].ends_with("1000/?"), "{text}");
     assert_eq!(lines[1].len(), lines[0].len(), "{text}");
+}
+
+#[test]
+fn jobs_show_priority_queue_weight_leases_and_why_they_wait() {
+    let mut waiting = job("queued", 8, Some(80));
+    waiting.shards_leased = 2;
+    waiting.schedule = stoke_core::records::JobScheduling {
+        priority: 5,
+        weight: 2.5,
+        max_workers: Some(2),
+        queue: "team-a".to_string(),
+        waiting: Some("max_workers".to_string()),
+    };
+    let text = jobs_table(&[waiting, job("plain", 1, None)]);
+    let lines: Vec<&str> = text.lines().collect();
+    for header in ["PRIO", "QUEUE", "WEIGHT", "LEASES", "WAITING"] {
+        assert!(lines[0].contains(header), "{text}");
+    }
+    let cells: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(
+        cells[..8],
+        [
+            "queued",
+            "running",
+            "5",
+            "team-a",
+            "2.5",
+            "2/2",
+            "max_workers",
+            "0/8"
+        ],
+        "{text}"
+    );
+    let cells: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(cells[2..7], ["0", "default", "1", "0", "-"], "{text}");
 }
 
 fn spec(text: &str) -> JobSpec {

@@ -105,6 +105,20 @@ enum Cmd {
     },
     /// Resume a paused job from its checkpoints.
     Resume { job: String },
+    /// Change a running or paused job's priority, weight or lease cap;
+    /// stored by the coordinator, so it survives restarts.
+    Set {
+        job: String,
+        /// Higher goes first; lower-priority leases may be preempted.
+        #[arg(long, allow_hyphen_values = true)]
+        priority: Option<i64>,
+        /// Share among running jobs of the same priority (positive).
+        #[arg(long)]
+        weight: Option<f64>,
+        /// Most leases the job holds at once; 0 removes the cap.
+        #[arg(long)]
+        max_workers: Option<u64>,
+    },
     /// Cancel a job.
     Cancel {
         job: String,
@@ -349,6 +363,27 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             let client = Client::connect(&cli.coordinator).await?;
             let job = client.resume(&job).await?;
             println!("job {} is {}", job.job_id, job.state);
+            Ok(0)
+        }
+        Cmd::Set {
+            job,
+            priority,
+            weight,
+            max_workers,
+        } => {
+            if priority.is_none() && weight.is_none() && max_workers.is_none() {
+                bail!("stoke set: give --priority, --weight or --max-workers");
+            }
+            let client = Client::connect(&cli.coordinator).await?;
+            let job = client
+                .set_schedule(&job, priority, weight, max_workers)
+                .await?;
+            let s = &job.schedule;
+            let cap = s.max_workers.map_or("none".to_string(), |m| m.to_string());
+            println!(
+                "job {}: priority {}, weight {}, max_workers {cap}, queue {}",
+                job.job_id, s.priority, s.weight, s.queue
+            );
             Ok(0)
         }
         Cmd::Cancel { job, reason } => {
@@ -682,20 +717,33 @@ fn print_status(job: &JobInfo, json: bool) {
 /// `stoke jobs`: one line per job, columns as wide as their longest
 /// value (job ids grow with their names).
 fn jobs_table(jobs: &[JobInfo]) -> String {
-    let rows: Vec<[String; 4]> = jobs
+    let rows: Vec<[String; 9]> = jobs
         .iter()
         .map(|j| {
+            let s = &j.schedule;
             [
                 j.job_id.clone(),
                 j.state.to_string(),
+                s.priority.to_string(),
+                s.queue.clone(),
+                s.weight.to_string(),
+                match s.max_workers {
+                    Some(max) => format!("{}/{max}", j.shards_leased),
+                    None => j.shards_leased.to_string(),
+                },
+                s.waiting.clone().unwrap_or_else(|| "-".to_string()),
                 format!("{}/{}", j.shards_done, j.shards_total),
                 format!("{}/{}", j.records_done, total(j)),
             ]
         })
         .collect();
+    // LEASES: held now (of max_workers); WAITING: why a job with pending
+    // shards gets no worker.
     columns(
-        &["JOB", "STATE", "SHARDS", "RECORDS"],
-        &[false, false, true, true],
+        &[
+            "JOB", "STATE", "PRIO", "QUEUE", "WEIGHT", "LEASES", "WAITING", "SHARDS", "RECORDS",
+        ],
+        &[false, false, true, false, true, true, false, true, true],
         &rows,
     )
 }

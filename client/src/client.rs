@@ -238,6 +238,30 @@ impl Client {
         info("resume", Some(resp.into_inner()))
     }
 
+    /// Changes a job's priority, weight or lease cap (`max_workers` 0
+    /// removes the cap); only what is given changes. Durable: the
+    /// coordinator stores it before it answers.
+    pub async fn set_schedule(
+        &self,
+        job_id: &str,
+        priority: Option<i64>,
+        weight: Option<f64>,
+        max_workers: Option<u64>,
+    ) -> Result<JobInfo, ClientError> {
+        let resp = self
+            .inner
+            .clone()
+            .set_job(pb::SetJobRequest {
+                job_id: job_id.to_string(),
+                priority,
+                weight,
+                max_workers,
+            })
+            .await
+            .map_err(|s| ClientError::rpc("set", &self.addr, s))?;
+        info("set", Some(resp.into_inner()))
+    }
+
     /// Polls until the job reaches a terminal state; `on_progress` sees each
     /// poll's answer.
     pub async fn wait(

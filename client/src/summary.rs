@@ -58,5 +58,10 @@ pub fn job_json(job: &JobInfo) -> serde_json::Value {
         "output_uri": job.output_uri,
         "manifest_uri": job.manifest_uri,
         "processor": job.processor,
+        "priority": job.schedule.priority,
+        "weight": job.schedule.weight,
+        "max_workers": job.schedule.max_workers,
+        "queue": job.schedule.queue,
+        "waiting": job.schedule.waiting,
     })
 }

@@ -1,5 +1,6 @@
 //! Coordinator configuration.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use stoke_core::StoreUri;
@@ -29,12 +30,30 @@ pub struct CoordinatorConfig {
     /// Most unfinished (running or paused) jobs at once; a submit beyond
     /// it is refused.
     pub max_jobs: usize,
+    /// Queues and the most leases each may hold at once (`--queue
+    /// NAME=MAX_LEASES`). A queue not named here has no cap; a job naming
+    /// a queue that is not configured is refused at submit, unless no queue
+    /// is configured at all.
+    pub queues: BTreeMap<String, u64>,
+    /// A queue at its cap may still lease to workers nobody else wants
+    /// (`--queue-borrow`); those leases are preempted when a job of a
+    /// queue under its cap has work again.
+    pub queue_borrow: bool,
+    /// Most leases preempted per second (0: no preemption).
+    pub preempt_per_s: u32,
+    /// A lease younger than this is not preempted.
+    pub preempt_min_age: Duration,
 }
 
 /// Defaults for the limits.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 pub const DEFAULT_MAX_SPEC_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_MAX_JOBS: usize = 1000;
+pub const DEFAULT_PREEMPT_PER_S: u32 = 10;
+pub const DEFAULT_PREEMPT_MIN_AGE: Duration = Duration::from_secs(10);
+/// How often preemption is considered, at most: a high-priority job waits
+/// at most this long (plus a batch and the drain) for its first worker.
+const PREEMPT_CHECK: Duration = Duration::from_millis(100);
 
 impl CoordinatorConfig {
     pub fn new(root: StoreUri) -> Self {
@@ -48,7 +67,16 @@ impl CoordinatorConfig {
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             max_spec_bytes: DEFAULT_MAX_SPEC_BYTES,
             max_jobs: DEFAULT_MAX_JOBS,
+            queues: BTreeMap::new(),
+            queue_borrow: false,
+            preempt_per_s: DEFAULT_PREEMPT_PER_S,
+            preempt_min_age: DEFAULT_PREEMPT_MIN_AGE,
         }
+    }
+
+    /// The cap of `queue`, if it has one.
+    pub fn queue_cap(&self, queue: &str) -> Option<u64> {
+        self.queues.get(queue).copied()
     }
 
     /// Workers renew three times per lease timeout.
@@ -61,6 +89,11 @@ impl CoordinatorConfig {
     }
 
     pub(crate) fn tick(&self) -> Duration {
-        self.expiry_check_interval()
+        let expiry = self.expiry_check_interval();
+        if self.preempt_per_s > 0 {
+            expiry.min(PREEMPT_CHECK)
+        } else {
+            expiry
+        }
     }
 }

@@ -95,6 +95,10 @@ pub enum CoordinatorError {
         "the coordinator already has {unfinished} unfinished jobs, its limit (--max-jobs {max}); wait for some to finish or cancel some"
     )]
     TooManyJobs { unfinished: usize, max: usize },
+    #[error(
+        "job spec: queue: {queue:?} is not configured on this coordinator (its queues: default, {known}; see --queue)"
+    )]
+    UnknownQueue { queue: String, known: String },
     #[error("job spec is {size} bytes; the limit is {max} bytes (--max-spec-bytes)")]
     SpecTooLarge { size: usize, max: usize },
     #[error("invalid request: {0}")]
@@ -117,9 +121,12 @@ impl From<CoordinatorError> for Status {
         let msg = e.to_string();
         match e {
             TooManyJobs { .. } => Status::resource_exhausted(msg),
-            Spec(_) | BadJobId { .. } | Request(_) | InvalidRequest(_) | SpecTooLarge { .. } => {
-                Status::invalid_argument(msg)
-            }
+            Spec(_)
+            | BadJobId { .. }
+            | Request(_)
+            | InvalidRequest(_)
+            | SpecTooLarge { .. }
+            | UnknownQueue { .. } => Status::invalid_argument(msg),
             Plan(PlanError::Store { ref source, .. }) if source.is_transient() => {
                 Status::unavailable(msg)
             }

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use futures::Stream;
 use stoke_core::PROTOCOL_VERSION;
 use stoke_core::lease::{Commit, Registration, Release};
+use stoke_core::schedule::ScheduleChange;
 use stoke_core::spec::JobSpec;
 use stoke_proto::v1 as pb;
 use stoke_proto::v1::job_service_server::JobService;
@@ -173,6 +174,29 @@ impl JobService for JobApi {
             return Err(Status::invalid_argument("missing field `job_id`"));
         }
         Ok(Response::new(self.handle.resume(&req.job_id).await?.into()))
+    }
+
+    async fn set_job(
+        &self,
+        req: Request<pb::SetJobRequest>,
+    ) -> Result<Response<pb::JobInfo>, Status> {
+        let req = req.into_inner();
+        if req.job_id.is_empty() {
+            return Err(Status::invalid_argument("missing field `job_id`"));
+        }
+        let change = ScheduleChange {
+            priority: req.priority,
+            weight: req.weight,
+            max_workers: req.max_workers,
+        };
+        if change.is_empty() {
+            return Err(Status::invalid_argument(
+                "nothing to change: give priority, weight or max_workers",
+            ));
+        }
+        Ok(Response::new(
+            self.handle.set_schedule(&req.job_id, change).await?.into(),
+        ))
     }
 }
 

@@ -20,6 +20,7 @@ pub mod http;
 pub mod metrics;
 pub mod owner;
 pub mod progress;
+pub mod queues;
 pub mod root_lock;
 pub mod security;
 pub mod state;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use stoke_coordinator::CoordinatorConfig;
+use stoke_coordinator::queues::QueueConfig;
 use stoke_coordinator::security::{ServerSecurity, ServerTls};
 use stoke_core::security::{
     CLIENT_TOKEN_FILE_VAR, CLIENT_TOKEN_VAR, SECURITY_ENV_VARS, Token, WORKER_TOKEN_FILE_VAR,
@@ -65,6 +66,27 @@ struct Args {
     /// Most unfinished (running or paused) jobs at once.
     #[arg(long, env = "STOKE_MAX_JOBS", default_value_t = stoke_coordinator::config::DEFAULT_MAX_JOBS)]
     max_jobs: usize,
+    /// A queue and the most leases its jobs hold at once, as NAME=MAX_LEASES
+    /// (repeatable; wins over --queues-file). Jobs name their queue in the
+    /// spec's `queue` key.
+    #[arg(long = "queue", env = "STOKE_QUEUES", value_delimiter = ',')]
+    queue: Vec<String>,
+    /// Queues from a TOML file: `borrow = true` and a `[queues]` table of
+    /// NAME = MAX_LEASES.
+    #[arg(long, env = "STOKE_QUEUES_FILE")]
+    queues_file: Option<PathBuf>,
+    /// A queue at its cap may lease to idle workers; those leases are
+    /// preempted when a queue under its cap has work again.
+    #[arg(long, env = "STOKE_QUEUE_BORROW")]
+    queue_borrow: bool,
+    /// Most leases preempted per second for higher-priority jobs or a
+    /// lending queue (0: never preempt).
+    #[arg(long, env = "STOKE_PREEMPT_PER_S", default_value_t = stoke_coordinator::config::DEFAULT_PREEMPT_PER_S)]
+    preempt_per_s: u32,
+    /// A lease younger than this is not preempted ("10s"), so jobs do not
+    /// thrash.
+    #[arg(long, env = "STOKE_PREEMPT_MIN_AGE", default_value = "10s", value_parser = humantime::parse_duration)]
+    preempt_min_age: Duration,
     /// Check the flags and environment (unknown STOKE_* variables
     /// included), print the resolved configuration as JSON and exit: 0 when
     /// valid, 2 otherwise.
@@ -88,6 +110,11 @@ struct Resolved {
     max_request_bytes: usize,
     max_spec_bytes: usize,
     max_jobs: usize,
+    queues: std::collections::BTreeMap<String, u64>,
+    queue_borrow: bool,
+    preempt_per_s: u32,
+    #[serde(with = "humantime_serde")]
+    preempt_min_age: Duration,
 }
 
 impl Args {
@@ -134,7 +161,16 @@ impl Args {
         if self.max_jobs == 0 {
             anyhow::bail!("--max-jobs 0: at least 1");
         }
+        let queues = match &self.queues_file {
+            Some(path) => QueueConfig::from_file(path)?,
+            None => QueueConfig::default(),
+        }
+        .with_flags(&self.queue)?;
         Ok(Resolved {
+            queue_borrow: self.queue_borrow || queues.borrow,
+            queues: queues.queues,
+            preempt_per_s: self.preempt_per_s,
+            preempt_min_age: self.preempt_min_age,
             security,
             max_request_bytes,
             max_spec_bytes,
@@ -233,6 +269,10 @@ fn run() -> anyhow::Result<()> {
     config.max_request_bytes = resolved.max_request_bytes;
     config.max_spec_bytes = resolved.max_spec_bytes;
     config.max_jobs = resolved.max_jobs;
+    config.queues = resolved.queues.clone();
+    config.queue_borrow = resolved.queue_borrow;
+    config.preempt_per_s = resolved.preempt_per_s;
+    config.preempt_min_age = resolved.preempt_min_age;
     let stores = Stores::with_config(resolved.store.clone());
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {

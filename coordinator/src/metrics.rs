@@ -21,6 +21,10 @@ pub struct Counters {
     pub leases_expired: u64,
     /// Leases given back cleanly (preemption, pause, drain).
     pub leases_released: u64,
+    /// Leases whose holders were asked to checkpoint and release them for
+    /// a more deserving job (priority, or a queue taking back what another
+    /// borrowed).
+    pub leases_preempted: u64,
     /// Attempts that failed on the data or the processor.
     pub attempts_failed: u64,
     /// Attempts that failed on the store (retried without counting).
@@ -70,6 +74,26 @@ pub struct Snapshot {
     pub counters: Counters,
     pub histograms: Histograms,
     pub workers: Vec<WorkerInfo>,
+    /// What each queue's running jobs ask of the fleet, by queue name.
+    pub queues: Vec<QueueDemand>,
+}
+
+/// What an autoscaler reads for one queue: the work waiting and running,
+/// and how many lease slots (one per processor; one per worker pod with
+/// one GPU) would be busy if there were enough of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueDemand {
+    pub queue: String,
+    /// Shards of running jobs waiting for a worker.
+    pub pending: u64,
+    /// Shards leased now.
+    pub leased: u64,
+    /// Records not yet committed, over the running jobs whose record count
+    /// is known up front.
+    pub records_left: u64,
+    /// Leased plus pending shards, each job capped by its `max_workers`,
+    /// the sum capped by the queue's cap (unless queues may borrow).
+    pub workers_wanted: u64,
 }
 
 /// The content type of [`render`]'s output.
@@ -116,6 +140,11 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
             "stoke_leases_released",
             "Leases given back cleanly (preemption, pause)",
             c.leases_released,
+        ),
+        (
+            "stoke_leases_preempted",
+            "Leases whose holders were asked to release them for a higher-priority job or a lending queue",
+            c.leases_preempted,
         ),
         (
             "stoke_attempts_failed",
@@ -266,9 +295,55 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         records_skipped,
     );
     registry.register("stoke_job_shards", "Shards per job, by state", shards);
+    register_demand(&mut registry, &snapshot.queues);
     let mut out = String::new();
     encode(&mut out, &registry)?;
     Ok(out)
+}
+
+/// The autoscaling signal, overall and per queue (see `deploy/README.md`).
+fn register_demand(registry: &mut Registry, queues: &[QueueDemand]) {
+    let total = queues
+        .iter()
+        .fold(QueueDemand::default(), |t, q| QueueDemand {
+            queue: String::new(),
+            pending: t.pending + q.pending,
+            leased: t.leased + q.leased,
+            records_left: t.records_left + q.records_left,
+            workers_wanted: t.workers_wanted + q.workers_wanted,
+        });
+    let fields: [(&str, &str, fn(&QueueDemand) -> u64); 4] = [
+        (
+            "workers_wanted",
+            "Workers that would be busy now: leased plus pending shards, capped by max_workers and queue caps",
+            |q| q.workers_wanted,
+        ),
+        (
+            "shards_pending",
+            "Shards of running jobs waiting for a worker",
+            |q| q.pending,
+        ),
+        ("shards_leased", "Shards leased now", |q| q.leased),
+        (
+            "records_left",
+            "Records not yet committed, over running jobs whose count is known",
+            |q| q.records_left,
+        ),
+    ];
+    for (name, help, value) in fields {
+        registry.register(format!("stoke_{name}"), help, gauge(value(&total)));
+        let family = Family::<Labels, Gauge>::default();
+        for q in queues {
+            family
+                .get_or_create(&labels([("queue", &q.queue)]))
+                .set(i64::try_from(value(q)).unwrap_or(i64::MAX));
+        }
+        registry.register(
+            format!("stoke_queue_{name}"),
+            format!("{help}, per queue"),
+            family,
+        );
+    }
 }
 
 #[cfg(test)]
@@ -302,6 +377,22 @@ mod tests {
                     ..StageTotals::default()
                 },
             }],
+            queues: vec![
+                QueueDemand {
+                    queue: "default".to_string(),
+                    pending: 2,
+                    leased: 1,
+                    records_left: 58,
+                    workers_wanted: 3,
+                },
+                QueueDemand {
+                    queue: "gpu".to_string(),
+                    pending: 10,
+                    leased: 4,
+                    records_left: 0,
+                    workers_wanted: 8,
+                },
+            ],
         };
         snapshot.histograms.commit.observe(0.002);
         let job = JobInfo {
@@ -319,6 +410,7 @@ mod tests {
             processor: "p".to_string(),
             records_skipped: 0,
             records_per_s: None,
+            schedule: Default::default(),
         };
         let body = render(&[job], &snapshot).expect("render");
         assert_eq!(line(&body, "stoke_leases_granted_total"), Some("7"));
@@ -346,6 +438,18 @@ mod tests {
         assert_eq!(line(&body, "stoke_jobs{state=\"running\"}"), Some("1"));
         assert_eq!(line(&body, "stoke_commit_seconds_count"), Some("1"));
         assert!(body.contains("# TYPE stoke_batch_seconds histogram"));
+        assert_eq!(line(&body, "stoke_workers_wanted"), Some("11"));
+        assert_eq!(
+            line(&body, "stoke_queue_workers_wanted{queue=\"gpu\"}"),
+            Some("8")
+        );
+        assert_eq!(line(&body, "stoke_shards_pending"), Some("12"));
+        assert_eq!(line(&body, "stoke_shards_leased"), Some("5"));
+        assert_eq!(line(&body, "stoke_records_left"), Some("58"));
+        assert_eq!(
+            line(&body, "stoke_queue_records_left{queue=\"default\"}"),
+            Some("58")
+        );
         assert!(body.ends_with("# EOF\n"));
     }
 }

@@ -187,6 +187,8 @@
     const records = int(job.records_done) + " / " + (total === null ? "?" : int(total));
     const meta = [job.name && job.name !== job.id ? job.name : null, job.processor, int(job.shards_total) + (job.shards_total === 1 ? " shard" : " shards")]
       .filter(Boolean).join(" · ");
+    const sched = job.schedule;
+    const leases = int(job.shards.leased) + (sched.max_workers === null ? "" : " / " + int(sched.max_workers));
     return el("article", {
       class: "job",
       "data-job-id": job.id,
@@ -196,6 +198,10 @@
       "data-shards-done": job.shards.done,
       "data-shards-total": job.shards_total,
       "data-percent": p === null ? "" : pctFixed(p),
+      "data-priority": sched.priority,
+      "data-queue": sched.queue,
+      "data-weight": sched.weight,
+      "data-waiting": sched.waiting || "",
     },
       el("div", { class: "job-head" },
         el("div", { class: "job-title" }, el("span", { class: "job-id" }, job.id), el("span", { class: "job-meta" }, meta)),
@@ -207,7 +213,12 @@
         stat("Rate", running ? rate(job.records_per_s) : "—", null, { "data-role": "rate" }),
         stat("ETA", eta, null, { "data-role": "eta" }),
         stat("Skipped", int(job.records_skipped), job.records_skipped ? "warn" : null),
-        stat("Failed attempts", int(job.attempts_failed), job.attempts_failed ? "warn" : null)),
+        stat("Failed attempts", int(job.attempts_failed), job.attempts_failed ? "warn" : null),
+        stat("Priority", String(sched.priority), null, { "data-role": "priority" }),
+        stat("Queue", sched.queue, null, { "data-role": "queue" }),
+        stat("Weight", String(sched.weight), null, { "data-role": "weight" }),
+        stat("Leases", leases, null, { "data-role": "leases" }),
+        stat("Waiting", sched.waiting || "—", sched.waiting ? "warn" : null, { "data-role": "waiting" })),
       el("div", { class: "shards" }, segments, legend),
       job.reason ? el("p", { class: "reason" }, job.reason) : null,
       renderErrors(job));

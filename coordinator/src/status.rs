@@ -206,6 +206,18 @@ pub struct JobView {
     pub store_failures: u64,
     /// `null` when the job has had no failed attempt and no skipped record.
     pub errors: Option<ErrorsView>,
+    pub schedule: ScheduleView,
+}
+
+/// A job's priority, queue, weight, lease cap and why it waits.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScheduleView {
+    pub priority: i64,
+    pub queue: String,
+    pub weight: f64,
+    pub max_workers: Option<u64>,
+    /// `queue full`, `lower priority`, `max_workers`, or `null`.
+    pub waiting: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -347,7 +359,15 @@ impl JobView {
             attempts_failed,
             store_failures,
         } = job;
+        let schedule = ScheduleView {
+            priority: info.schedule.priority,
+            queue: info.schedule.queue,
+            weight: info.schedule.weight,
+            max_workers: info.schedule.max_workers,
+            waiting: info.schedule.waiting,
+        };
         Self {
+            schedule,
             id: info.job_id,
             name: info.name,
             state: info.state,
@@ -520,6 +540,7 @@ mod tests {
                 processor: "torchscript".to_string(),
                 records_skipped: 1,
                 records_per_s: Some(100.0),
+                schedule: Default::default(),
             },
             shards: ShardCounts::split(8, 3, 2, 1, 0),
             records_per_s: Some(100.0),
@@ -577,6 +598,9 @@ mod tests {
         assert_eq!(first["shards"]["pending"], 2);
         assert_eq!(first["records_per_s"], 100.0);
         assert_eq!(first["eta_s"], 18.0);
+        assert_eq!(first["schedule"]["queue"], "default");
+        assert_eq!(first["schedule"]["weight"], 1.0);
+        assert!(first["schedule"]["waiting"].is_null());
         assert_eq!(first["errors"]["failed_shards_total"], 1);
         assert_eq!(first["errors"]["skipped"][0]["id"], "<b>rec</b>");
         assert!(json["jobs"][1]["errors"].is_null());

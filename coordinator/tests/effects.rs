@@ -58,7 +58,10 @@ fn job_answer(answer: &Answer) -> &Result<JobInfo, CoordinatorError> {
 /// Submits a job of `count` records (one batch per shard) and reports its
 /// records stored.
 fn submit(state: &mut State, req: u64, job_id: &str, count: u64) {
-    let spec = spec(count);
+    submit_spec(state, req, job_id, spec(count), count);
+}
+
+fn submit_spec(state: &mut State, req: u64, job_id: &str, spec: JobSpec, count: u64) {
     let plan = plan_range(count, spec.sharding.records);
     state.create_job(req, job_id.to_string(), spec, plan);
     let fx = effects(state);
@@ -124,7 +127,12 @@ fn commit_done(state: &mut State, session: &str, lease: &Lease) {
 #[tokio::test(start_paused = true)]
 async fn a_finishing_job_is_one_write_off_the_loop_and_others_go_on() {
     let mut state = State::new(config(), 1);
-    submit(&mut state, 1, "big", 30);
+    // `big` goes first (jobs of one priority would share the worker).
+    let first = JobSpec {
+        priority: 1,
+        ..spec(30)
+    };
+    submit_spec(&mut state, 1, "big", first, 30);
     submit(&mut state, 2, "other", 100);
     let (w, _events) = register(&mut state, "w");
     for _ in 0..3 {

@@ -11,8 +11,8 @@ use crate::lease::{
 };
 use crate::plan::{Shard, ShardSource};
 use crate::records::{
-    JobErrors, JobInfo, JobState, ManifestEntry, OutputObject, ShardErrors, SkippedRecord,
-    WorkerInfo,
+    JobErrors, JobInfo, JobScheduling, JobState, ManifestEntry, OutputObject, ShardErrors,
+    SkippedRecord, WorkerInfo,
 };
 use crate::spec::JobSpec;
 
@@ -59,6 +59,13 @@ impl From<JobInfo> for pb::JobInfo {
             processor: j.processor,
             records_skipped: j.records_skipped,
             records_per_s: j.records_per_s,
+            schedule: Some(pb::JobSchedule {
+                priority: j.schedule.priority,
+                weight: j.schedule.weight,
+                max_workers: j.schedule.max_workers.unwrap_or(0),
+                queue: j.schedule.queue,
+                waiting: j.schedule.waiting.unwrap_or_default(),
+            }),
         }
     }
 }
@@ -85,6 +92,17 @@ impl TryFrom<pb::JobInfo> for JobInfo {
             processor: j.processor,
             records_skipped: j.records_skipped,
             records_per_s: j.records_per_s.filter(|r| r.is_finite() && *r >= 0.0),
+            // A coordinator from before scheduling sends none: the defaults.
+            schedule: j
+                .schedule
+                .map(|s| JobScheduling {
+                    priority: s.priority,
+                    weight: s.weight,
+                    max_workers: (s.max_workers > 0).then_some(s.max_workers),
+                    queue: s.queue,
+                    waiting: non_empty(s.waiting),
+                })
+                .unwrap_or_default(),
         })
     }
 }
@@ -622,6 +640,13 @@ mod tests {
             processor: "p".into(),
             records_skipped: 0,
             records_per_s: Some(250.0),
+            schedule: JobScheduling {
+                priority: 7,
+                weight: 2.5,
+                max_workers: Some(3),
+                queue: "team-a".into(),
+                waiting: Some("queue full".into()),
+            },
         };
         let back = JobInfo::try_from(pb::JobInfo::from(job.clone())).expect("convert");
         assert_eq!(back, job);

@@ -80,6 +80,11 @@ impl JobLayout {
     pub fn status(&self) -> StoreUri {
         self.dir.join("status.json")
     }
+    /// What `stoke set` changed of the spec's priority, weight and
+    /// `max_workers` (absent until the first change).
+    pub fn schedule(&self) -> StoreUri {
+        self.dir.join("schedule.json")
+    }
     pub fn progress_dir(&self) -> StoreUri {
         self.dir.join("progress/")
     }

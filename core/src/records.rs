@@ -178,6 +178,32 @@ pub struct JobInfo {
     /// Records/s over the coordinator's recent samples; `None` unless the
     /// job runs and was sampled long enough.
     pub records_per_s: Option<f64>,
+    pub schedule: JobScheduling,
+}
+
+/// How a job shares the fleet now, and why it waits (see
+/// `stoke_core::schedule`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobScheduling {
+    pub priority: i64,
+    pub weight: f64,
+    pub max_workers: Option<u64>,
+    pub queue: String,
+    /// `queue full`, `lower priority` or `max_workers` while the job has
+    /// pending shards it cannot lease.
+    pub waiting: Option<String>,
+}
+
+impl Default for JobScheduling {
+    fn default() -> Self {
+        Self {
+            priority: 0,
+            weight: 1.0,
+            max_workers: None,
+            queue: crate::schedule::DEFAULT_QUEUE.to_string(),
+            waiting: None,
+        }
+    }
 }
 
 impl JobInfo {

@@ -33,6 +33,52 @@ pub struct JobSpec {
     pub max_attempts: u32,
     #[serde(default)]
     pub errors: ErrorsSpec,
+    /// Higher goes first; a job of a lower priority may be preempted for
+    /// it (see `stoke_core::schedule`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: i64,
+    /// Share of leases among running jobs of the same priority.
+    #[serde(default = "default_weight", skip_serializing_if = "is_default_weight")]
+    pub weight: f64,
+    /// Most leases the job holds at once (no cap when left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_workers: Option<u64>,
+    /// The queue whose cap the job's leases count against (`"default"`
+    /// when left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+// Exact on purpose: only the default itself is left out of `spec.json`.
+#[allow(clippy::float_cmp)]
+fn is_default_weight(w: &f64) -> bool {
+    *w == 1.0
+}
+
+impl JobSpec {
+    /// The scheduling settings the spec asks for.
+    pub fn schedule(&self) -> crate::schedule::Schedule {
+        crate::schedule::Schedule {
+            priority: self.priority,
+            weight: self.weight,
+            max_workers: self.max_workers,
+        }
+    }
+
+    /// The queue the job belongs to.
+    pub fn queue_name(&self) -> &str {
+        self.queue
+            .as_deref()
+            .unwrap_or(crate::schedule::DEFAULT_QUEUE)
+    }
 }
 
 /// What to do with a bad record (undecodable, wrong shape).
@@ -580,6 +626,10 @@ impl JobSpec {
         }
         if let Some(uri) = &self.output.uri {
             StoreUri::parse(uri).map_err(|e| SpecError::invalid("output.uri", e.to_string()))?;
+        }
+        self.schedule().validate()?;
+        if let Some(queue) = &self.queue {
+            crate::schedule::validate_queue(queue)?;
         }
         Ok(())
     }

@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -33,7 +34,16 @@ pub struct Options {
     pub duration: Duration,
     pub workers_per_channel: usize,
     pub shards: u64,
+    /// Concurrent jobs sharing the shards, of mixed priorities (0, 1, 2)
+    /// and weights (1 to 4): every acquire chooses among them.
+    pub jobs: usize,
 }
+
+/// A job of priority 10 submitted half-way through a run with several
+/// jobs: its shards, and the time from its submit's answer to a worker's
+/// first lease of it.
+const URGENT_SHARDS: u64 = 100;
+const URGENT_PRIORITY: i64 = 10;
 
 pub struct CyclesReport {
     workers: usize,
@@ -52,6 +62,9 @@ pub struct CyclesReport {
     coordinator_cpu_s: f64,
     client_cpu_s: f64,
     coordinator_rss_mib: f64,
+    jobs: usize,
+    /// Submit answered -> first lease of the urgent job (runs with jobs > 1).
+    urgent_first_lease: Option<Duration>,
 }
 
 impl CyclesReport {
@@ -98,6 +111,10 @@ impl fmt::Display for CyclesReport {
                 .collect::<Vec<_>>()
                 .join(","),
         )?;
+        write!(f, " jobs={}", self.jobs)?;
+        if let Some(d) = self.urgent_first_lease {
+            write!(f, " urgent_first_lease_ms={:.2}", d.as_secs_f64() * 1e3)?;
+        }
         if let Some(e) = &self.first_error {
             write!(f, " first_error={e:?}")?;
         }
@@ -134,13 +151,29 @@ pub async fn run(
     options: &Options,
 ) -> anyhow::Result<CyclesReport> {
     let coordinator = CoordinatorProcess::start(coordinator_bin, dir, log).await?;
-    let spec = range_spec("bench-cycles", options.shards, RECORDS_PER_SHARD);
-    let (job, _) = coordinator.submit(&spec).await?;
-    anyhow::ensure!(
-        job.shards_total == options.shards,
-        "planned {} shards",
-        job.shards_total
-    );
+    let jobs = options.jobs.max(1);
+    let per_job = options.shards / jobs as u64;
+    for i in 0..jobs {
+        let spec = if jobs == 1 {
+            range_spec("bench-cycles", options.shards, RECORDS_PER_SHARD)
+        } else {
+            // Top-level keys go before the spec's tables.
+            format!(
+                "priority = {}\nweight = {}\n{}",
+                i % 3,
+                1 + i % 4,
+                range_spec(&format!("bench-cycles-{i}"), per_job, RECORDS_PER_SHARD)
+            )
+        };
+        let (job, _) = coordinator.submit(&spec).await?;
+        let want = if jobs == 1 { options.shards } else { per_job };
+        anyhow::ensure!(
+            job.shards_total == want,
+            "planned {} shards",
+            job.shards_total
+        );
+    }
+    let urgent = Arc::new(Urgent::default());
 
     let channels_n = options.workers.div_ceil(options.workers_per_channel);
     let mut channels = Vec::with_capacity(channels_n);
@@ -166,12 +199,35 @@ pub async fn run(
     let seconds = options.duration.as_secs_f64().ceil() as usize;
     let mut loops = JoinSet::new();
     for worker in workers {
-        loops.spawn(cycle_loop(worker, started, deadline, seconds));
+        loops.spawn(cycle_loop(
+            worker,
+            started,
+            deadline,
+            seconds,
+            urgent.clone(),
+        ));
+    }
+    if jobs > 1 {
+        // Half-way, an urgent job arrives while every worker cycles.
+        tokio::time::sleep(options.duration / 2).await;
+        let spec = format!(
+            "priority = {URGENT_PRIORITY}\n{}",
+            range_spec("bench-urgent", URGENT_SHARDS, RECORDS_PER_SHARD)
+        );
+        let (job, _) = coordinator.submit(&spec).await?;
+        // Set before the answer is looked at: a lease seen before this
+        // is not counted (the clock starts at the answer).
+        let answered = Instant::now();
+        let _ = urgent.job.set((job.job_id, answered));
     }
     let mut tallies = Vec::with_capacity(options.workers);
     while let Some(joined) = loops.join_next().await {
         tallies.push(joined.context("worker task")?);
     }
+    let urgent_first_lease = match (urgent.job.get(), urgent.first.get()) {
+        (Some((_, answered)), Some(first)) => Some(first.saturating_duration_since(*answered)),
+        _ => None,
+    };
     let cpu_used = coordinator.cpu_seconds()? - cpu_before;
     let client_cpu_used = own_cpu_seconds()? - client_cpu_before;
     let rss = coordinator.memory()?.rss_mib();
@@ -212,7 +268,17 @@ pub async fn run(
         coordinator_cpu_s: cpu_used,
         client_cpu_s: client_cpu_used,
         coordinator_rss_mib: rss,
+        jobs,
+        urgent_first_lease,
     })
+}
+
+/// The urgent job once submitted (id, when its submit answered), and when
+/// a worker first leased one of its shards.
+#[derive(Default)]
+struct Urgent {
+    job: OnceLock<(String, Instant)>,
+    first: OnceLock<Instant>,
 }
 
 pub(crate) async fn register(channel: Channel, worker_id: String) -> anyhow::Result<SimWorker> {
@@ -256,12 +322,13 @@ async fn cycle_loop(
     started: Instant,
     deadline: Instant,
     seconds: usize,
+    urgent: Arc<Urgent>,
 ) -> WorkerTally {
     let mut tally = WorkerTally {
         per_second: vec![0; seconds],
         ..WorkerTally::default()
     };
-    if let Err(e) = cycles(&mut worker, started, deadline, &mut tally).await {
+    if let Err(e) = cycles(&mut worker, started, deadline, &mut tally, &urgent).await {
         tally.error = Some(format!("{e:#}"));
     }
     tally
@@ -272,6 +339,7 @@ async fn cycles(
     started: Instant,
     deadline: Instant,
     tally: &mut WorkerTally,
+    urgent: &Urgent,
 ) -> anyhow::Result<()> {
     loop {
         let begin = Instant::now();
@@ -301,6 +369,9 @@ async fn cycles(
             }
         };
         let leased = Instant::now();
+        if urgent.job.get().is_some_and(|(id, _)| *id == lease.job_id) {
+            let _ = urgent.first.set(leased);
+        }
         let output = stage_object(&lease).await?;
         let commit = shard_done_commit(&worker.session_id, &lease, output);
         worker.client.commit(commit).await.context("commit")?;

@@ -6,6 +6,9 @@
 //!   workers of one node would), each looping AcquireLease -> Commit with no
 //!   model. Reports completed lease -> commit cycles per second and the
 //!   cycle latency.
+//!   With `--jobs N`, N jobs of mixed priorities and weights share the
+//!   shards, and a priority-10 job arrives half-way: the time from its
+//!   submit to its first lease is reported too.
 //! - `plan`: submits a `range` job with 1,000,000 shards and reports how long
 //!   the submit took and the coordinator's memory afterwards.
 //!
@@ -63,6 +66,11 @@ enum Cmd {
         /// runs out and the job never completes during the measurement.
         #[arg(long, default_value_t = 400_000)]
         shards: u64,
+        /// Concurrent jobs sharing those shards, of mixed priorities and
+        /// weights; with more than one, a priority-10 job arrives half-way
+        /// and the time to its first lease is reported.
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
     },
     /// Commit latency of a running job while a job with many shards
     /// finishes.
@@ -118,6 +126,7 @@ fn main() -> anyhow::Result<()> {
                 seconds,
                 workers_per_channel,
                 shards,
+                jobs,
             } => {
                 for w in workers {
                     let options = cycles::Options {
@@ -125,6 +134,7 @@ fn main() -> anyhow::Result<()> {
                         duration: Duration::from_secs_f64(seconds),
                         workers_per_channel: workers_per_channel.max(1),
                         shards,
+                        jobs,
                     };
                     let dir = work_dir.join(format!("cycles-{w}"));
                     let report =

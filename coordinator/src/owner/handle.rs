@@ -7,6 +7,7 @@ use stoke_core::lease::{
 };
 use stoke_core::plan::plan_dataset;
 use stoke_core::records::{JobErrors, JobInfo, ManifestEntry, SkippedRecord};
+use stoke_core::schedule::ScheduleChange;
 use stoke_core::spec::JobSpec;
 use stoke_core::{StoreError, Stores};
 use tokio::sync::{mpsc, oneshot};
@@ -58,6 +59,11 @@ pub(super) enum Command {
     },
     Resume {
         job_id: String,
+        reply: Reply<JobInfo>,
+    },
+    SetSchedule {
+        job_id: String,
+        change: ScheduleChange,
         reply: Reply<JobInfo>,
     },
     Register {
@@ -245,6 +251,17 @@ impl Handle {
     pub async fn resume(&self, job_id: &str) -> Result<JobInfo> {
         let job_id = job_id.to_string();
         self.call(|reply| Command::Resume { job_id, reply }).await
+    }
+
+    /// `stoke set`: a new priority, weight or lease cap, stored first.
+    pub async fn set_schedule(&self, job_id: &str, change: ScheduleChange) -> Result<JobInfo> {
+        let job_id = job_id.to_string();
+        self.call(|reply| Command::SetSchedule {
+            job_id,
+            change,
+            reply,
+        })
+        .await
     }
 
     /// Opens a worker session; events for it arrive on the returned channel.

@@ -135,6 +135,16 @@ impl Inline {
         self.job_answer(req).await
     }
 
+    pub async fn set_schedule(
+        &mut self,
+        job_id: &str,
+        change: stoke_core::schedule::ScheduleChange,
+    ) -> Result<JobInfo> {
+        let req = self.req();
+        self.state.set_schedule(req, job_id, change);
+        self.job_answer(req).await
+    }
+
     pub async fn release(&mut self, release: Release) -> Result<()> {
         let req = self.req();
         self.state.release(req, release, Instant::now());

@@ -274,6 +274,14 @@ impl Owner {
                 let req = self.wait(Waiter::Job(reply));
                 self.state.resume(req, &job_id);
             }
+            Command::SetSchedule {
+                job_id,
+                change,
+                reply,
+            } => {
+                let req = self.wait(Waiter::Job(reply));
+                self.state.set_schedule(req, &job_id, change);
+            }
             Command::Register {
                 registration,
                 events_tx,

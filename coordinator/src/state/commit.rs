@@ -361,15 +361,14 @@ impl State {
         });
         let running = job.state == JobState::Running;
         job.set_progress(idx, progress);
-        let shard = &mut job.shards[idx];
         // The holder went away while its commit was being written: the
         // commit stands, and the shard goes back to the queue now.
-        let orphaned = shard
+        let orphaned = job.shards[idx]
             .lease
             .as_ref()
             .is_some_and(|l| !sessions.contains_key(&l.session_id));
         if commit.shard_done || orphaned {
-            shard.lease = None;
+            job.take_lease(idx);
             if let Some(session) = sessions.get_mut(&commit.session_id) {
                 session.leases.remove(&(key.job_id.clone(), idx));
             }
@@ -379,7 +378,7 @@ impl State {
                 job.pending.push_front(idx);
                 self.wake(1);
             }
-        } else if let Some(lease) = shard.lease.as_mut() {
+        } else if let Some(lease) = job.shards[idx].lease.as_mut() {
             lease.deadline = lease.deadline.max(deadline);
         }
         if commit.skipped > 0 {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use stoke_core::lease::{LeaseKey, SessionEvent};
 use stoke_core::plan::Plan;
 use stoke_core::records::{JobState, StatusRecord, now_ms};
+use stoke_core::schedule::{ScheduleChange, ScheduleRecord};
 use stoke_core::spec::JobSpec;
 use tracing::{info, warn};
 
@@ -31,16 +32,20 @@ pub(super) enum JobCmd {
     Resume,
     /// The job failed (an attempt limit, the skip limit).
     Fail(String),
+    /// `stoke set`: new priority, weight or lease cap.
+    Set(ScheduleChange),
 }
 
 impl JobCmd {
-    /// The state this change stores, and its reason.
-    fn target(&self) -> (JobState, Option<String>) {
+    /// The state this change stores, and its reason (`None`: the change
+    /// stores no state).
+    fn target(&self) -> Option<(JobState, Option<String>)> {
         match self {
-            JobCmd::Cancel(reason) => (JobState::Cancelled, Some(reason.clone())),
-            JobCmd::Pause(reason) => (JobState::Paused, Some(reason.clone())),
-            JobCmd::Resume => (JobState::Running, None),
-            JobCmd::Fail(reason) => (JobState::Failed, Some(reason.clone())),
+            JobCmd::Cancel(reason) => Some((JobState::Cancelled, Some(reason.clone()))),
+            JobCmd::Pause(reason) => Some((JobState::Paused, Some(reason.clone()))),
+            JobCmd::Resume => Some((JobState::Running, None)),
+            JobCmd::Fail(reason) => Some((JobState::Failed, Some(reason.clone()))),
+            JobCmd::Set(_) => None,
         }
     }
 }
@@ -83,6 +88,24 @@ impl State {
             );
             return;
         }
+        let queue = spec.queue_name();
+        if !self.config.queues.is_empty()
+            && queue != stoke_core::schedule::DEFAULT_QUEUE
+            && !self.config.queues.contains_key(queue)
+        {
+            let error = CoordinatorError::UnknownQueue {
+                queue: queue.to_string(),
+                known: self
+                    .config
+                    .queues
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            };
+            self.reply(Some(req), Answer::Job(Err(error)));
+            return;
+        }
         let layout = self.root_layout().job(&job_id);
         let spec = Arc::new(spec);
         let plan = Arc::new(plan);
@@ -110,7 +133,7 @@ impl State {
         self.start_io(io, Then::Created { job: Box::new(job) });
     }
 
-    pub(super) fn job_created(&mut self, job: Job, result: Result<()>) {
+    pub(super) fn job_created(&mut self, mut job: Job, result: Result<()>) {
         let job_id = job.id.clone();
         let waiters = self
             .creating
@@ -131,7 +154,9 @@ impl State {
             }
             return;
         }
-        info!(job = %job_id, shards = job.shards.len(), "job submitted");
+        info!(job = %job_id, shards = job.shards.len(), priority = job.schedule.priority, queue = job.spec.queue_name(), "job submitted");
+        // Its turn starts now, not from the beginning of time.
+        job.pass = self.vtime;
         self.order.push(job_id.clone());
         self.jobs.insert(job_id.clone(), job);
         self.wake_all();
@@ -169,6 +194,13 @@ impl State {
         self.job_cmd(Some(req), job_id, JobCmd::Resume);
     }
 
+    /// Changes a job's priority, weight or lease cap (`stoke set`):
+    /// stored in `schedule.json` first, so it survives a restart; applies
+    /// to the next leases and preemptions.
+    pub fn set_schedule(&mut self, req: ReqId, job_id: &str, change: ScheduleChange) {
+        self.job_cmd(Some(req), job_id, JobCmd::Set(change));
+    }
+
     /// Fails a job (no one waits for the answer; a failed write is tried
     /// again at the next tick).
     pub(super) fn fail_job(&mut self, job_id: &str, reason: String) {
@@ -189,7 +221,7 @@ impl State {
         // refused, or a status to store.
         let noop = match (&cmd, job.state) {
             (_, s) if s.is_terminal() => {
-                if let JobCmd::Pause(_) | JobCmd::Resume = cmd {
+                if let JobCmd::Pause(_) | JobCmd::Resume | JobCmd::Set(_) = cmd {
                     Some(Err(CoordinatorError::JobNotRunning {
                         job_id: job_id.to_string(),
                         state: s.to_string(),
@@ -210,17 +242,35 @@ impl State {
             let answer = answer.and_then(|()| self.get_job(job_id));
             return self.reply(req, Answer::Job(answer));
         }
-        job.busy = true;
-        let (state, reason) = cmd.target();
-        let io = Io::Put {
-            uri: job.layout.status(),
-            bytes: stoke_core::store::to_json_bytes(&StatusRecord {
-                state,
-                reason,
-                updated_ms: now_ms(),
-            })
-            .into(),
+        let io = match (cmd.target(), &cmd) {
+            (Some((state, reason)), _) => Io::Put {
+                uri: job.layout.status(),
+                bytes: stoke_core::store::to_json_bytes(&StatusRecord {
+                    state,
+                    reason,
+                    updated_ms: now_ms(),
+                })
+                .into(),
+            },
+            (None, JobCmd::Set(change)) => match change.apply(&job.schedule) {
+                Ok(next) => Io::Put {
+                    uri: job.layout.schedule(),
+                    bytes: stoke_core::store::to_json_bytes(&ScheduleRecord {
+                        priority: next.priority,
+                        weight: next.weight,
+                        max_workers: next.max_workers,
+                        updated_ms: now_ms(),
+                    })
+                    .into(),
+                },
+                Err(e) => {
+                    self.reply(req, Answer::Job(Err(e.into())));
+                    return self.run_deferred(job_id);
+                }
+            },
+            (None, _) => return,
         };
+        job.busy = true;
         self.start_io(
             io,
             Then::Status {
@@ -288,7 +338,22 @@ impl State {
             JobCmd::Resume => self.resumed(job_id),
             JobCmd::Cancel(reason) => self.ended(job_id, JobState::Cancelled, reason),
             JobCmd::Fail(reason) => self.ended(job_id, JobState::Failed, reason),
+            JobCmd::Set(change) => self.schedule_set(job_id, &change),
         }
+    }
+
+    fn schedule_set(&mut self, job_id: &str, change: &ScheduleChange) {
+        let Ok(job) = self.job_mut(job_id) else {
+            return;
+        };
+        // Validated when it was stored, against the same schedule (the
+        // job was busy since, so nothing else changed it).
+        if let Ok(next) = change.apply(&job.schedule) {
+            info!(job = %job_id, priority = next.priority, weight = next.weight, max_workers = ?next.max_workers, "job schedule changed");
+            job.schedule = next;
+        }
+        // A raised cap or priority may give waiting workers something.
+        self.wake_all();
     }
 
     fn paused(&mut self, job_id: &str, reason: String) {
@@ -348,6 +413,7 @@ impl State {
         job.must_fail = None;
         let staging = job.staging_dir();
         let mut revoked: HashMap<String, Vec<LeaseKey>> = HashMap::new();
+        job.leased = 0;
         for (i, shard) in job.shards.iter_mut().enumerate() {
             if let Some(lease) = shard.lease.take() {
                 revoked.entry(lease.session_id).or_default().push(LeaseKey {

@@ -26,34 +26,9 @@ impl State {
             });
         };
         let worker_id = session.worker_id.clone();
-        // A shard whose last attempt failed on this worker goes to another
-        // one while others are connected.
-        let others_connected = self.sessions.values().any(|s| s.worker_id != worker_id);
-        let mut any_unfinished = false;
-        let mut chosen = None;
-        for job_id in &self.order {
-            let Some(job) = self.jobs.get(job_id) else {
-                continue;
-            };
-            if job.state.is_terminal() {
-                continue;
-            }
-            any_unfinished = true;
-            // A job whose status change is being stored leases nothing
-            // until it is.
-            if job.state != JobState::Running || job.busy {
-                continue;
-            }
-            let pick = job.pending.iter().position(|&i| {
-                !others_connected
-                    || job.shards[i].progress.last_failed_worker.as_deref() != Some(&worker_id)
-            });
-            if let Some(pos) = pick {
-                chosen = Some((job_id.clone(), pos));
-                break;
-            }
-        }
-        let Some((job_id, pos)) = chosen else {
+        // Which job goes first: `schedule.rs`.
+        let (chosen, any_unfinished) = self.choose(&worker_id);
+        let Some(super::schedule::Choice { job_id, pos }) = chosen else {
             if !self.waiting.iter().any(|s| s == session_id) {
                 self.waiting.push_back(session_id.to_string());
             }
@@ -72,17 +47,22 @@ impl State {
         let Some(idx) = job.pending.remove(pos) else {
             return Ok(AcquireOutcome::Wait(self.config.wait_retry));
         };
-        let shard = &mut job.shards[idx];
         let attempt = {
-            let progress = Arc::make_mut(&mut shard.progress);
+            let progress = Arc::make_mut(&mut job.shards[idx].progress);
             progress.attempts += 1;
             progress.attempts
         };
-        shard.lease = Some(ActiveLease {
-            session_id: session_id.to_string(),
-            token,
-            deadline,
-        });
+        job.put_lease(
+            idx,
+            ActiveLease {
+                session_id: session_id.to_string(),
+                token,
+                deadline,
+                granted: now,
+                preempted: false,
+            },
+        );
+        let shard = &job.shards[idx];
         let plan_shard = job.plan.shards[idx].clone();
         let lease = Lease {
             job_id: job_id.clone(),
@@ -106,6 +86,7 @@ impl State {
             }
         }
         self.waiting.retain(|s| s != session_id);
+        self.charge(&job_id);
         info!(job = %job_id, shard = %lease.shard.id, token, worker = %worker_id, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, "lease granted");
         self.counters.leases_granted += 1;
         Ok(AcquireOutcome::Lease(Box::new(lease)))
@@ -149,7 +130,7 @@ impl State {
                 session.leases.remove(&(key.job_id.clone(), idx));
             }
             let job = self.job_mut(&key.job_id)?;
-            job.shards[idx].lease = None;
+            job.take_lease(idx);
             if job.state == JobState::Running {
                 job.pending.push_front(idx);
                 self.wake(1);
@@ -215,10 +196,7 @@ impl State {
         if let Err(e) = result {
             // Nothing changed. The holder retries its release; one that is
             // gone gets its shard requeued, as when it went.
-            if session_gone
-                && job.shards[idx].lease.take().is_some()
-                && job.state == JobState::Running
-            {
+            if session_gone && job.take_lease(idx).is_some() && job.state == JobState::Running {
                 job.pending.push_front(idx);
                 self.wake(1);
             }
@@ -229,7 +207,7 @@ impl State {
         job.progress_objects.push(log_uri);
         job.totals.logged += 1;
         job.set_progress(idx, progress);
-        job.shards[idx].lease = None;
+        job.take_lease(idx);
         let running = job.state == JobState::Running;
         if let Some(session) = self.sessions.get_mut(&release.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
@@ -282,7 +260,7 @@ impl State {
             let Some(job) = self.jobs.get_mut(&job_id) else {
                 continue;
             };
-            if let Some(lease) = job.shards[idx].lease.take() {
+            if let Some(lease) = job.take_lease(idx) {
                 warn!(job = %job.id, shard = %job.plan.shards[idx].id, token = lease.token, worker = %worker, "lease expired; shard requeued");
                 self.counters.leases_expired += 1;
             }
@@ -308,5 +286,6 @@ impl State {
                 None => self.finish_if_done(&job_id),
             }
         }
+        self.preempt(now);
     }
 }

@@ -34,6 +34,7 @@ mod finish;
 mod jobs;
 mod leases;
 mod recover;
+mod schedule;
 mod sessions;
 mod view;
 
@@ -44,6 +45,7 @@ use stoke_core::layout::{JobLayout, RootLayout};
 use stoke_core::lease::{SessionEvent, StageTotals};
 use stoke_core::plan::Plan;
 use stoke_core::records::{JobState, ProgressRecord};
+use stoke_core::schedule::Schedule;
 use stoke_core::spec::JobSpec;
 use stoke_core::{StoreUri, Stores};
 use tokio::sync::mpsc;
@@ -58,6 +60,7 @@ pub use commit::{
     CommitStep, GroupWrite, GroupWritten, MAX_GROUP, PendingCommit, SnapshotWrite, progress_log,
 };
 pub use effects::{Answer, CreateJob, Effect, FinishJob, Io, IoId, ReqId};
+pub use schedule::WaitReason;
 pub use view::ErrorSources;
 
 /// Fencing tokens: the coordinator's epoch in the high 32 bits, a counter in
@@ -68,6 +71,11 @@ struct ActiveLease {
     session_id: String,
     token: u64,
     deadline: Instant,
+    /// When it was granted (or adopted): a lease younger than the minimum
+    /// age is not preempted.
+    granted: Instant,
+    /// Its holder was asked to checkpoint and release it for other work.
+    preempted: bool,
 }
 
 struct ShardState {
@@ -109,6 +117,15 @@ struct Job {
     deferred: VecDeque<(Option<ReqId>, jobs::JobCmd)>,
     /// The job must fail, but storing that failed; tried again each tick.
     must_fail: Option<String>,
+    /// Priority, weight and lease cap as they apply now (the spec's, or
+    /// what `stoke set` stored since).
+    schedule: Schedule,
+    /// Shards leased now (kept by `put_lease`/`take_lease`), for fair
+    /// share and caps without walking the shards.
+    leased: u64,
+    /// Stride scheduling's pass: grows by 1/weight with every lease, so
+    /// among jobs holding equal shares the one served least goes next.
+    pass: f64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -166,7 +183,6 @@ impl Job {
         Self {
             id,
             pending: (0..shards.len()).collect(),
-            spec,
             plan,
             layout,
             output,
@@ -182,7 +198,27 @@ impl Job {
             busy: false,
             deferred: VecDeque::new(),
             must_fail: None,
+            schedule: spec.schedule(),
+            leased: 0,
+            pass: 0.0,
+            spec,
         }
+    }
+
+    /// Gives shard `idx` a lease, keeping the count of leases held.
+    fn put_lease(&mut self, idx: usize, lease: ActiveLease) {
+        if self.shards[idx].lease.replace(lease).is_none() {
+            self.leased += 1;
+        }
+    }
+
+    /// Takes shard `idx`'s lease away, keeping the count of leases held.
+    fn take_lease(&mut self, idx: usize) -> Option<ActiveLease> {
+        let lease = self.shards[idx].lease.take();
+        if lease.is_some() {
+            self.leased = self.leased.saturating_sub(1);
+        }
+        lease
     }
 
     /// Replaces a shard's progress, keeping the totals.
@@ -269,6 +305,10 @@ pub struct State {
     /// Writes in flight, and what to do when each is done.
     in_flight: HashMap<IoId, effects::Then>,
     io_seq: IoId,
+    /// Stride scheduling's virtual time: the pass of the job served last.
+    vtime: f64,
+    /// When leases were preempted in the last second (the rate limit).
+    preempted_at: schedule::PreemptTimes,
 }
 
 impl State {
@@ -290,6 +330,8 @@ impl State {
             effects: Vec::new(),
             in_flight: HashMap::new(),
             io_seq: 0,
+            vtime: 0.0,
+            preempted_at: schedule::PreemptTimes::new(),
         }
     }
 

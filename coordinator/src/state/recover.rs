@@ -8,6 +8,7 @@ use bytes::Bytes;
 use stoke_core::layout::RootLayout;
 use stoke_core::plan::Plan;
 use stoke_core::records::{EpochRecord, JobState, StatusRecord};
+use stoke_core::schedule::{Schedule, ScheduleRecord};
 use stoke_core::spec::JobSpec;
 use stoke_core::{StoreError, StoreUri, Stores};
 use tracing::info;
@@ -72,6 +73,17 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
         let stored = stoke_core::progress::load(stores, &job_layout).await?;
         let mut progress = stored.records;
         let mut job = Job::new(job_id.clone(), Arc::new(spec), Arc::new(plan), job_layout);
+        // `stoke set` overrides the spec's priority, weight and cap.
+        if let Some(record) = stores
+            .get_json::<ScheduleRecord>(&job.layout.schedule())
+            .await?
+        {
+            job.schedule = Schedule {
+                priority: record.priority,
+                weight: record.weight,
+                max_workers: record.max_workers,
+            };
+        }
         job.state = status.state;
         job.reason = status.reason;
         job.manifest_written = status.state == JobState::Succeeded;

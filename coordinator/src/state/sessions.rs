@@ -76,7 +76,7 @@ impl State {
         let Some(&idx) = job.shard_index.get(&key.shard_id) else {
             return false;
         };
-        let shard = &mut job.shards[idx];
+        let shard = &job.shards[idx];
         let valid = (key.token >> TOKEN_EPOCH_SHIFT) < epoch
             && key.token >= shard.progress.token
             && !shard.progress.done
@@ -84,11 +84,16 @@ impl State {
         if !valid {
             return false;
         }
-        shard.lease = Some(ActiveLease {
-            session_id: session_id.to_string(),
-            token: key.token,
-            deadline,
-        });
+        job.put_lease(
+            idx,
+            ActiveLease {
+                session_id: session_id.to_string(),
+                token: key.token,
+                deadline,
+                granted: now,
+                preempted: false,
+            },
+        );
         job.pending.retain(|&i| i != idx);
         if let Some(session) = self.sessions.get_mut(session_id) {
             session.leases.insert((key.job_id.clone(), idx));
@@ -109,13 +114,17 @@ impl State {
         let mut requeued = 0;
         for (job_id, idx) in session.leases {
             if let Some(job) = self.jobs.get_mut(&job_id) {
-                let shard = &mut job.shards[idx];
+                let shard = &job.shards[idx];
                 if shard.writing {
                     // A record of this lease is being written; the shard is
                     // requeued once it is stored.
                     continue;
                 }
-                if let Some(lease) = shard.lease.take_if(|l| l.session_id == session_id) {
+                let held_here = shard
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.session_id == session_id);
+                if let Some(lease) = held_here.then(|| job.take_lease(idx)).flatten() {
                     if job.state == JobState::Running {
                         job.pending.push_front(idx);
                         requeued += 1;

@@ -5,10 +5,10 @@
 use std::collections::HashMap;
 
 use stoke_core::StoreUri;
-use stoke_core::records::{JobInfo, JobState, ManifestEntry, ShardErrors};
+use stoke_core::records::{JobInfo, JobScheduling, JobState, ManifestEntry, ShardErrors};
 use tokio::time::Instant;
 
-use super::{Job, State, failed_unfinished};
+use super::{Job, State, WaitReason, failed_unfinished};
 use crate::error::Result;
 use crate::metrics::{Snapshot, WorkerInfo};
 use crate::progress::{JobProgress, ShardCounts, StatusReport, eta};
@@ -22,7 +22,7 @@ pub struct ErrorSources {
 }
 
 impl Job {
-    pub(super) fn info(&self, shards_leased: u64) -> JobInfo {
+    pub(super) fn info(&self, shards_leased: u64, waiting: Option<WaitReason>) -> JobInfo {
         JobInfo {
             job_id: self.id.clone(),
             name: self.spec.name.clone().unwrap_or_default(),
@@ -49,20 +49,23 @@ impl Job {
             } else {
                 None
             },
+            schedule: JobScheduling {
+                priority: self.schedule.priority,
+                weight: self.schedule.weight,
+                max_workers: self.schedule.max_workers,
+                queue: self.spec.queue_name().to_string(),
+                waiting: waiting.map(|w| w.as_str().to_string()),
+            },
         }
     }
 }
 
 impl State {
-    /// A job as clients see it; counting its leases walks the sessions'
-    /// leases (one per busy processor), never the job's shards.
+    /// A job as clients see it: its leases are counted as they change;
+    /// why it waits takes a walk over the jobs.
     pub(super) fn info_of(&self, job: &Job) -> JobInfo {
-        let leased = self
-            .sessions
-            .values()
-            .map(|s| s.leases.iter().filter(|(j, _)| *j == job.id).count() as u64)
-            .sum();
-        job.info(leased)
+        let waiting = self.wait_reasons().get(job.id.as_str()).copied();
+        job.info(job.leased, waiting)
     }
 
     pub fn get_job(&self, job_id: &str) -> Result<JobInfo> {
@@ -99,6 +102,7 @@ impl State {
             counters: self.counters.clone(),
             histograms: self.histograms.clone(),
             workers,
+            queues: self.demand(),
         }
     }
 
@@ -126,6 +130,7 @@ impl State {
                 }
             }
         }
+        let waiting = self.wait_reasons();
         let jobs = self
             .order
             .iter()
@@ -133,7 +138,7 @@ impl State {
             .map(|job| {
                 let (shards_leased, failed_leased) =
                     leased.get(job.id.as_str()).copied().unwrap_or_default();
-                let info = job.info(shards_leased);
+                let info = job.info(shards_leased, waiting.get(job.id.as_str()).copied());
                 let records_per_s = job.rate.rate();
                 let remaining = info
                     .records_total
@@ -223,10 +228,11 @@ impl State {
     }
 
     pub fn list_jobs(&self) -> Vec<JobInfo> {
+        let waiting = self.wait_reasons();
         self.order
             .iter()
             .filter_map(|id| self.jobs.get(id))
-            .map(|j| self.info_of(j))
+            .map(|j| j.info(j.leased, waiting.get(j.id.as_str()).copied()))
             .collect()
     }
 }

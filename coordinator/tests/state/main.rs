@@ -6,4 +6,5 @@
 mod commits;
 mod jobs;
 mod leases;
+mod schedule;
 mod support;

@@ -1,0 +1,452 @@
+//! Scheduling across jobs: which job's shard a free worker gets, why a job
+//! waits, and which leases are preempted for more deserving work.
+//!
+//! The order, deterministic for a given state:
+//! 1. a job whose queue is under its cap goes before one that could only
+//!    borrow idle capacity (`--queue-borrow`); a job at its own
+//!    `max_workers`, or (without borrowing) in a queue at its cap, gets
+//!    nothing;
+//! 2. the highest priority;
+//! 3. the lowest share, leases held / weight (weighted fair share by
+//!    leases held now);
+//! 4. the lowest stride pass (a job's pass grows by 1/weight with each
+//!    lease, so jobs holding equal shares take turns in the ratio of their
+//!    weights, also when leases are short and shares are all 0);
+//! 5. submission order.
+//!
+//! Each acquire walks the jobs twice (queue usage, then the choice): O(jobs),
+//! with no per-shard work beyond the chosen job's pending queue.
+//!
+//! Preemption runs at the tick (every 100 ms at most): when no worker is
+//! free and a job within its caps has pending shards, the holders of the
+//! least deserving leases (borrowed ones first, then the lowest priority)
+//! are asked to checkpoint and release them: the drain that pause uses.
+//! At most `preempt_per_s` per second, never a lease younger than
+//! `preempt_min_age`, never more than the waiting job can use.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use stoke_core::lease::{LeaseKey, SessionEvent};
+use stoke_core::records::JobState;
+use tokio::time::{Duration, Instant};
+use tracing::info;
+
+use super::{Job, State};
+use crate::metrics::QueueDemand;
+
+/// Why a running job with pending shards gets no worker, as `stoke jobs`
+/// and the status page say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitReason {
+    /// Its queue holds as many leases as its cap allows.
+    QueueFull,
+    /// A job of a higher priority has work.
+    LowerPriority,
+    /// It holds as many leases as its `max_workers`.
+    MaxWorkers,
+}
+
+impl WaitReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::QueueFull => "queue full",
+            WaitReason::LowerPriority => "lower priority",
+            WaitReason::MaxWorkers => "max_workers",
+        }
+    }
+}
+
+/// The job a free worker should get a shard of, and where in its pending
+/// queue that shard is.
+pub(super) struct Choice {
+    pub job_id: String,
+    pub pos: usize,
+}
+
+/// How a candidate ranks; smaller is better (see the module docs).
+struct Rank {
+    borrowing: bool,
+    priority: i64,
+    leased: u64,
+    weight: f64,
+    pass: f64,
+    order: usize,
+}
+
+impl Rank {
+    fn better_than(&self, other: &Rank) -> bool {
+        if self.borrowing != other.borrowing {
+            return !self.borrowing;
+        }
+        if self.priority != other.priority {
+            return self.priority > other.priority;
+        }
+        // leased/weight compared without dividing.
+        let mine = self.leased as f64 * other.weight;
+        let theirs = other.leased as f64 * self.weight;
+        if mine != theirs {
+            return mine < theirs;
+        }
+        if self.pass != other.pass {
+            return self.pass < other.pass;
+        }
+        self.order < other.order
+    }
+}
+
+/// Leases held per queue, over the jobs that are not finished.
+fn queue_usage<'a>(jobs: impl Iterator<Item = &'a Job>) -> HashMap<&'a str, u64> {
+    let mut usage: HashMap<&str, u64> = HashMap::new();
+    for job in jobs {
+        if job.leased > 0 {
+            *usage.entry(job.spec.queue_name()).or_default() += job.leased;
+        }
+    }
+    usage
+}
+
+impl State {
+    /// The shard a worker should get now, if any; and whether any job is
+    /// unfinished (so the worker waits rather than idles).
+    pub(super) fn choose(&self, worker_id: &str) -> (Option<Choice>, bool) {
+        // A shard whose last attempt failed on this worker goes to another
+        // one while others are connected.
+        let others_connected = self.sessions.values().any(|s| s.worker_id != worker_id);
+        let usage = queue_usage(self.jobs.values());
+        let mut any_unfinished = false;
+        let mut best: Option<(Rank, Choice)> = None;
+        for (order, job_id) in self.order.iter().enumerate() {
+            let Some(job) = self.jobs.get(job_id) else {
+                continue;
+            };
+            if job.state.is_terminal() {
+                continue;
+            }
+            any_unfinished = true;
+            // A job whose status change is being stored leases nothing
+            // until it is.
+            if job.state != JobState::Running || job.busy || job.pending.is_empty() {
+                continue;
+            }
+            if job.schedule.max_workers.is_some_and(|m| job.leased >= m) {
+                continue;
+            }
+            let queue = job.spec.queue_name();
+            let full = self
+                .config
+                .queue_cap(queue)
+                .is_some_and(|cap| usage.get(queue).copied().unwrap_or(0) >= cap);
+            if full && !self.config.queue_borrow {
+                continue;
+            }
+            let rank = Rank {
+                borrowing: full,
+                priority: job.schedule.priority,
+                leased: job.leased,
+                weight: job.schedule.weight,
+                pass: job.pass,
+                order,
+            };
+            if best.as_ref().is_some_and(|(b, _)| !rank.better_than(b)) {
+                continue;
+            }
+            let pick = job.pending.iter().position(|&i| {
+                !others_connected
+                    || job.shards[i].progress.last_failed_worker.as_deref() != Some(worker_id)
+            });
+            if let Some(pos) = pick {
+                let choice = Choice {
+                    job_id: job_id.clone(),
+                    pos,
+                };
+                best = Some((rank, choice));
+            }
+        }
+        (best.map(|(_, c)| c), any_unfinished)
+    }
+
+    /// A lease of `job_id` went out: advance its stride pass, from no
+    /// earlier than the pass of the job served last, so a job that was
+    /// idle (or is new) takes its turn without a burst of catching up.
+    pub(super) fn charge(&mut self, job_id: &str) {
+        let vtime = self.vtime;
+        if let Some(job) = self.jobs.get_mut(job_id) {
+            let start = job.pass.max(vtime);
+            self.vtime = start;
+            job.pass = start + 1.0 / job.schedule.weight;
+        }
+    }
+
+    /// Why a job gets no worker now, if it has pending shards it cannot
+    /// lease; `top` is the highest priority among jobs that could lease.
+    fn wait_reason(
+        &self,
+        job: &Job,
+        usage: &HashMap<&str, u64>,
+        top: Option<i64>,
+    ) -> Option<WaitReason> {
+        if job.state != JobState::Running || job.pending.is_empty() {
+            return None;
+        }
+        if job.schedule.max_workers.is_some_and(|m| job.leased >= m) {
+            return Some(WaitReason::MaxWorkers);
+        }
+        let queue = job.spec.queue_name();
+        if self
+            .config
+            .queue_cap(queue)
+            .is_some_and(|cap| usage.get(queue).copied().unwrap_or(0) >= cap)
+        {
+            return Some(WaitReason::QueueFull);
+        }
+        if top.is_some_and(|p| p > job.schedule.priority) {
+            return Some(WaitReason::LowerPriority);
+        }
+        None
+    }
+
+    /// Why each job waits (see [`WaitReason`]), by job id: O(jobs).
+    pub(super) fn wait_reasons(&self) -> HashMap<&str, WaitReason> {
+        let usage = queue_usage(self.jobs.values());
+        let eligible = |job: &&Job| {
+            job.state == JobState::Running
+                && !job.pending.is_empty()
+                && !job.schedule.max_workers.is_some_and(|m| job.leased >= m)
+        };
+        // The highest priority among jobs that want more workers, or hold
+        // some (a job holding workers at a higher priority keeps them).
+        let top = self
+            .jobs
+            .values()
+            .filter(|j| eligible(j) || (j.state == JobState::Running && j.leased > 0))
+            .map(|j| j.schedule.priority)
+            .max();
+        self.jobs
+            .values()
+            .filter_map(|job| {
+                self.wait_reason(job, &usage, top)
+                    .map(|r| (job.id.as_str(), r))
+            })
+            .collect()
+    }
+
+    /// Asks the holders of the least deserving leases to checkpoint and
+    /// release them when a more deserving job waits and no worker is free
+    /// (see the module docs). Called at each tick.
+    pub(super) fn preempt(&mut self, now: Instant) {
+        let per_s = self.config.preempt_per_s;
+        if per_s == 0 {
+            return;
+        }
+        let window = Duration::from_secs(1);
+        while self
+            .preempted_at
+            .front()
+            .is_some_and(|&at| now.saturating_duration_since(at) >= window)
+        {
+            self.preempted_at.pop_front();
+        }
+        let budget = (per_s as usize).saturating_sub(self.preempted_at.len());
+        // A free worker takes the waiting work itself.
+        let free = !self.waiting.is_empty() || self.sessions.values().any(|s| s.leases.is_empty());
+        if budget == 0 || free || self.sessions.is_empty() {
+            return;
+        }
+        // Owned: the leases picked below are marked in place.
+        let usage: HashMap<String, u64> = queue_usage(self.jobs.values())
+            .into_iter()
+            .map(|(q, n)| (q.to_string(), n))
+            .collect();
+        let Some((claimant, demand)) = self.claimant(&usage) else {
+            return;
+        };
+        let Some(job) = self.jobs.get(&claimant) else {
+            return;
+        };
+        let priority = job.schedule.priority;
+        let claimant_queue = job.spec.queue_name().to_string();
+        // Victims: (borrowed first, then lowest priority, largest share,
+        // youngest lease, token) with the lease's session and key.
+        let mut in_flight = 0u64;
+        // Leases asked back per queue and not released yet: a borrowing
+        // queue gives back no more than it borrowed.
+        let mut given: HashMap<String, u64> = HashMap::new();
+        let mut victims = Vec::new();
+        for (session_id, session) in &self.sessions {
+            for (job_id, idx) in &session.leases {
+                let Some(job) = self.jobs.get(job_id) else {
+                    continue;
+                };
+                let shard = &job.shards[*idx];
+                let Some(lease) = shard.lease.as_ref() else {
+                    continue;
+                };
+                if lease.preempted {
+                    in_flight += 1;
+                    *given.entry(job.spec.queue_name().to_string()).or_default() += 1;
+                    continue;
+                }
+                if shard.writing
+                    || now.saturating_duration_since(lease.granted) < self.config.preempt_min_age
+                {
+                    continue;
+                }
+                let queue = job.spec.queue_name();
+                let borrowed = queue != claimant_queue
+                    && self
+                        .config
+                        .queue_cap(queue)
+                        .is_some_and(|cap| usage.get(queue).copied().unwrap_or(0) > cap);
+                if !borrowed && job.schedule.priority >= priority {
+                    continue;
+                }
+                let share = job.leased as f64 / job.schedule.weight;
+                victims.push((
+                    !borrowed,
+                    job.schedule.priority,
+                    -share,
+                    std::cmp::Reverse(lease.granted),
+                    lease.token,
+                    session_id.clone(),
+                    job_id.clone(),
+                    *idx,
+                ));
+            }
+        }
+        let need = demand.saturating_sub(in_flight) as usize;
+        if need == 0 || victims.is_empty() {
+            return;
+        }
+        victims.sort_by(|a, b| {
+            (a.0, a.1)
+                .cmp(&(b.0, b.1))
+                .then(a.2.total_cmp(&b.2))
+                .then(a.3.cmp(&b.3))
+                .then(a.4.cmp(&b.4))
+        });
+        let mut drains: HashMap<String, Vec<LeaseKey>> = HashMap::new();
+        let mut taken = 0;
+        for (not_borrowed, _, _, _, token, session_id, job_id, idx) in victims {
+            if taken == need.min(budget) {
+                break;
+            }
+            let Some(job) = self.jobs.get_mut(&job_id) else {
+                continue;
+            };
+            if !not_borrowed {
+                let queue = job.spec.queue_name();
+                let cap = self.config.queue_cap(queue).unwrap_or(u64::MAX);
+                let used = usage.get(queue).copied().unwrap_or(0);
+                let given = given.entry(queue.to_string()).or_default();
+                if used.saturating_sub(*given) <= cap && job.schedule.priority >= priority {
+                    continue;
+                }
+                *given += 1;
+            }
+            if let Some(lease) = job.shards[idx].lease.as_mut() {
+                lease.preempted = true;
+            }
+            info!(job = %job_id, shard = %job.plan.shards[idx].id, token, for_job = %claimant, priority, "lease preempted");
+            drains.entry(session_id).or_default().push(LeaseKey {
+                job_id: job_id.clone(),
+                shard_id: job.plan.shards[idx].id.clone(),
+                token,
+            });
+            self.preempted_at.push_back(now);
+            self.counters.leases_preempted += 1;
+            taken += 1;
+        }
+        let reason = format!("preempted for job {claimant} (priority {priority})");
+        for (session_id, leases) in drains {
+            if let Some(session) = self.sessions.get(&session_id) {
+                // Best effort, as for pause: a worker that misses it keeps
+                // its lease until the shard ends or the lease times out.
+                let _ = session.events_tx.try_send(SessionEvent::Drain {
+                    leases,
+                    reason: reason.clone(),
+                });
+            }
+        }
+    }
+
+    /// The job most deserving of a worker that could take one within its
+    /// own caps (not by borrowing), and how many more leases it could use.
+    fn claimant(&self, usage: &HashMap<String, u64>) -> Option<(String, u64)> {
+        let mut best: Option<(Rank, String, u64)> = None;
+        for (order, job_id) in self.order.iter().enumerate() {
+            let Some(job) = self.jobs.get(job_id) else {
+                continue;
+            };
+            if job.state != JobState::Running || job.busy || job.pending.is_empty() {
+                continue;
+            }
+            let mut room = job.pending.len() as u64;
+            if let Some(max) = job.schedule.max_workers {
+                room = room.min(max.saturating_sub(job.leased));
+            }
+            let queue = job.spec.queue_name();
+            if let Some(cap) = self.config.queue_cap(queue) {
+                room = room.min(cap.saturating_sub(usage.get(queue).copied().unwrap_or(0)));
+            }
+            if room == 0 {
+                continue;
+            }
+            let rank = Rank {
+                borrowing: false,
+                priority: job.schedule.priority,
+                leased: job.leased,
+                weight: job.schedule.weight,
+                pass: job.pass,
+                order,
+            };
+            if best.as_ref().is_none_or(|(b, _, _)| rank.better_than(b)) {
+                best = Some((rank, job_id.clone(), room));
+            }
+        }
+        best.map(|(_, id, room)| (id, room))
+    }
+}
+
+impl State {
+    /// What each queue's running jobs ask of the fleet (for `/metrics` and
+    /// autoscalers): O(jobs). Paused jobs want nothing; their leases drain.
+    pub(super) fn demand(&self) -> Vec<QueueDemand> {
+        let mut queues: BTreeMap<&str, QueueDemand> = BTreeMap::new();
+        // Configured queues always appear, so a scaler sees their zeros.
+        for name in self.config.queues.keys() {
+            queues.entry(name.as_str()).or_default();
+        }
+        for job in self.jobs.values() {
+            if job.state != JobState::Running {
+                continue;
+            }
+            let q = queues.entry(job.spec.queue_name()).or_default();
+            let pending = job.pending.len() as u64;
+            q.pending += pending;
+            q.leased += job.leased;
+            if let Some(total) = job.plan.records_total {
+                q.records_left += total.saturating_sub(job.totals.records);
+            }
+            let mut wanted = pending + job.leased;
+            if let Some(max) = job.schedule.max_workers {
+                wanted = wanted.min(max);
+            }
+            q.workers_wanted += wanted;
+        }
+        queues
+            .into_iter()
+            .map(|(name, mut q)| {
+                if !self.config.queue_borrow
+                    && let Some(cap) = self.config.queue_cap(name)
+                {
+                    q.workers_wanted = q.workers_wanted.min(cap);
+                }
+                q.queue = name.to_string();
+                q
+            })
+            .collect()
+    }
+}
+
+/// Preemption times within the last second, oldest first (the rate limit).
+pub(super) type PreemptTimes = VecDeque<Instant>;
