@@ -9,7 +9,10 @@
 #      (kubernetes-validate, strict: unknown fields fail) for the oldest and
 #      newest Kubernetes versions we support;
 #   4. the rules in scripts/deploy_check.py on each render (grace periods,
-#      probes and ports, one coordinator, one GPU worker per node, ...);
+#      probes and ports, one coordinator, one GPU worker per node, tokens
+#      and TLS, autoscalers, ...); custom resources (KEDA, cert-manager)
+#      against the strict schemas in deploy/schemas/ and, where node and npm
+#      are, the typed models of their CRDs (scripts/validate_custom.mjs);
 #   5. where kubectl is installed, the same kustomizations rendered with
 #      `kubectl kustomize` too, which must give the same objects (so the
 #      manifests work with the kustomize users have, not only ours).
@@ -17,6 +20,7 @@
 # Other uses (tests/tests/deploy.rs calls the second):
 #   scripts/check-deploy.sh --render DIR        DIR's rendered YAML on stdout
 #   scripts/check-deploy.sh --render-json DIR   the same as one JSON array
+#   scripts/check-deploy.sh --policy NAME FILE  step 4's rules on one render
 # DIR is a kustomization folder, relative to the repository or absolute.
 #
 # Tools, installed once into ~/.cache/stoke/deploy-venv (a marker file
@@ -98,6 +102,34 @@ pinned_kustomize() {
   echo "$bin"
 }
 
+# The typed models of KEDA's and cert-manager's CRDs (npm, pinned): prints
+# their node_modules folder, or nothing (and says why) without npm or node.
+CRD_MODELS="@kubernetes-models/keda@2.0.0 @kubernetes-models/cert-manager@6.0.0"
+crd_models() {
+  local prefix="$DEPLOY_VENV/crd-models" marker
+  marker="$prefix/.stoke-installed"
+  if ! command -v node >/dev/null; then
+    log "stoke: node is not installed; custom resources are checked against deploy/schemas only"
+    return 0
+  fi
+  if [ -f "$marker" ] && [ "$(cat "$marker")" = "$CRD_MODELS" ]; then
+    echo "$prefix/node_modules"
+    return 0
+  fi
+  if ! command -v npm >/dev/null; then
+    log "stoke: npm is not installed; custom resources are checked against deploy/schemas only"
+    return 0
+  fi
+  log "stoke: installing $CRD_MODELS from npm into $prefix (first time only)"
+  # shellcheck disable=SC2086
+  if ! npm install --prefix "$prefix" --no-audit --no-fund --ignore-scripts --loglevel=error $CRD_MODELS >&2; then
+    log "stoke: npm install $CRD_MODELS failed"
+    return 0
+  fi
+  echo "$CRD_MODELS" >"$marker"
+  echo "$prefix/node_modules"
+}
+
 kubectl_kustomize_ok() {
   command -v kubectl >/dev/null && kubectl kustomize --help >/dev/null 2>&1
 }
@@ -136,6 +168,7 @@ exec 9>"$CACHE/deploy-venv.lock"
 flock 9
 python_tools
 choose_renderer
+MODELS="$(crd_models)"
 flock -u 9
 PY="$DEPLOY_VENV/bin/python"
 
@@ -151,18 +184,23 @@ case "${1:-}" in
     "$PY" "$REPO/scripts/deploy_check.py" json "$tmp"
     exit 0
     ;;
+  --policy)
+    # The rules of scripts/deploy_check.py on one rendered file (NAME is
+    # the overlay it stands for): for tests that check a rule refuses.
+    "$PY" "$REPO/scripts/deploy_check.py" policy "$2" "$3"
+    exit $?
+    ;;
   "") ;;
   *)
-    log "usage: $0 [--render DIR | --render-json DIR]"
+    log "usage: $0 [--render DIR | --render-json DIR | --policy NAME FILE]"
     exit 2
     ;;
 esac
 
 start=$(date +%s)
 cd "$REPO"
-out="$CACHE/deploy-rendered"
-rm -rf "$out"
-mkdir -p "$out"
+# A folder of this run's own: several checkouts may check at once.
+out="$(mktemp -d "${TMPDIR:-/tmp}/stoke-deploy-rendered.XXXXXX")"
 
 echo "== deploy: yamllint"
 "$DEPLOY_VENV/bin/yamllint" -s -c deploy/.yamllint.yaml deploy/
@@ -198,6 +236,12 @@ for t in "${targets[@]}"; do
   rendered+=("$file")
   if ! "$PY" scripts/deploy_check.py policy "$t" "$file"; then
     failed=1
+  fi
+  if [ -n "$MODELS" ] && grep -qE '^apiVersion: (keda\.sh|cert-manager\.io)/' "$file"; then
+    "$PY" scripts/deploy_check.py json "$file" >"$file.json"
+    if ! node scripts/validate_custom.mjs "$MODELS" "$file.json" "$t"; then
+      failed=1
+    fi
   fi
   if [ -n "$cross" ]; then
     if ! kubectl kustomize "deploy/k8s/overlays/$t" >"$file.kubectl" ||

@@ -28,9 +28,26 @@ import yaml
 # terminationGracePeriodSeconds ends and the kubelet sends SIGKILL.
 GRACE_MARGIN_S = 5
 HEALTH_PATHS = {"readinessProbe": "/readyz", "livenessProbe": "/healthz"}
-# Secrets the user creates (deploy/README.md); references to them are
-# optional in the manifests.
-EXTERNAL_SECRETS = {"stoke-store-credentials"}
+# Secrets the user creates (deploy/README.md): the store credentials may be
+# absent (workload identity), so references to them are optional; tokens
+# and TLS must be there, so references to them are not.
+EXTERNAL_SECRETS = {"stoke-store-credentials": True, "stoke-tokens": False, "stoke-tls": False}
+# Overlays that may run without tokens and TLS: their name says so.
+INSECURE_NAMES = ("insecure", "dev")
+# Kinds kubernetes-validate has schemas for (it only warns on others), and
+# custom kinds with a schema vendored under deploy/schemas/: any other kind
+# in a render fails, since nothing would validate it.
+BUILTIN_KINDS = {
+    "Namespace", "ServiceAccount", "ConfigMap", "Secret", "Service", "Deployment",
+    "PodDisruptionBudget", "Job", "HorizontalPodAutoscaler",
+}
+SCHEMAS = Path(__file__).resolve().parent.parent / "deploy" / "schemas"
+VENDORED = {
+    ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_v1alpha1_scaledobject.json",
+    ("cert-manager.io/v1", "Certificate"): "cert-manager.io_v1_certificate.json",
+}
+# What autoscalers of the workers must read: the coordinator's signal.
+WANTED_METRIC = "stoke_workers_wanted"
 
 
 def load(path):
@@ -151,7 +168,11 @@ def check_refs(r, where, c, pod):
         name = ref["name"]
         obj = r.named(kind, name)
         if obj is None:
-            if kind == "Secret" and name in EXTERNAL_SECRETS and ref.get("optional") is True:
+            if kind == "Secret" and name in EXTERNAL_SECRETS:
+                if (ref.get("optional") is True) == EXTERNAL_SECRETS[name]:
+                    continue
+                r.fail(f"{where}: the Secret {name} must be referenced with optional: "
+                       f"{str(EXTERNAL_SECRETS[name]).lower()}")
                 continue
             r.fail(f"{where}: {kind} {name} is not in this render")
             continue
@@ -267,7 +288,8 @@ def check_worker(r, overlay):
     url = env.get("STOKE_COORDINATOR")
     if coord is not None:
         grpc = next(p["port"] for p in coord["spec"]["ports"] if p["name"] == "grpc")
-        want = f"http://{coord['metadata']['name']}:{grpc}"
+        scheme = "https" if env.get("STOKE_TLS_CA") else "http"
+        want = f"{scheme}://{coord['metadata']['name']}:{grpc}"
         if url != want:
             r.fail(f"{where}: STOKE_COORDINATOR is {url!r}, the Service is at {want}")
     pdb = [p for p in r.of_kind("PodDisruptionBudget")
@@ -304,10 +326,144 @@ def check_submit(r):
         if not cmd or Path(cmd[0]).name != "stoke" or "submit" not in cmd:
             continue
         url = flag_value(cmd, "--coordinator") or container_env(r, c).get("STOKE_COORDINATOR")
-        if not url or not re.fullmatch(r"http://stoke-coordinator:7070", url):
-            r.fail(f"{ident(job)}: submits to {url!r}, not the coordinator's Service http://stoke-coordinator:7070")
+        if not url or not re.fullmatch(r"https?://stoke-coordinator:7070", url):
+            r.fail(f"{ident(job)}: submits to {url!r}, not the coordinator's Service stoke-coordinator:7070")
         if not flag_value(cmd, "--job-id"):
             r.fail(f"{ident(job)}: pass --job-id so a retried pod resubmits the same job")
+
+
+def check_kinds(r):
+    """Every object has a schema: built in, or vendored and checked here."""
+    import jsonschema
+
+    for d in r.docs:
+        key = (d.get("apiVersion"), d.get("kind"))
+        if key in VENDORED:
+            schema = json.loads((SCHEMAS / VENDORED[key]).read_text())
+            errors = sorted(
+                jsonschema.Draft202012Validator(schema).iter_errors(d), key=lambda e: list(e.path)
+            )
+            for e in errors:
+                path = ".".join(str(p) for p in e.path)
+                r.fail(f"{ident(d)}: {path}: {e.message} (schema deploy/schemas/{VENDORED[key]})")
+        elif d.get("kind") not in BUILTIN_KINDS:
+            r.fail(f"{ident(d)}: no schema validates {key[0]} {key[1]}; vendor one in deploy/schemas/")
+
+
+def check_autoscaling(r):
+    """A ScaledObject or HPA scales the worker Deployment on the wanted
+    workers, and removes pods no faster than the PDB lets drains do, each
+    given its whole grace period."""
+    dep = r.component("Deployment", "worker")
+    scalers = r.of_kind("ScaledObject") + r.of_kind("HorizontalPodAutoscaler")
+    if not scalers:
+        return
+    if dep is None:
+        r.fail("an autoscaler but no worker Deployment")
+        return
+    pod = dep["spec"]["template"]["spec"]
+    pod_grace = pod.get("terminationGracePeriodSeconds", 30)
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    pdbs = [p for p in r.of_kind("PodDisruptionBudget")
+            if p["spec"]["selector"].get("matchLabels", {}).items() <= labels.items()]
+    max_unavailable = min((p["spec"].get("maxUnavailable", 1) for p in pdbs), default=1)
+    for s in scalers:
+        where = ident(s)
+        spec = s["spec"]
+        if spec["scaleTargetRef"].get("name") != dep["metadata"]["name"]:
+            r.fail(f"{where}: must scale {ident(dep)}, not {spec['scaleTargetRef'].get('name')}")
+        if s["kind"] == "ScaledObject":
+            behavior = spec.get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior", {})
+            queries = [t["metadata"].get("query", "") for t in spec["triggers"] if t["type"] == "prometheus"]
+            if not any(WANTED_METRIC in q for q in queries):
+                r.fail(f"{where}: needs a prometheus trigger on {WANTED_METRIC}")
+            if spec.get("minReplicaCount", 0) != 0:
+                r.fail(f"{where}: minReplicaCount must be 0 (no workers while nothing is pending)")
+        else:
+            behavior = spec.get("behavior", {})
+            names = [m["external"]["metric"]["name"] for m in spec.get("metrics", []) if m["type"] == "External"]
+            if WANTED_METRIC not in names:
+                r.fail(f"{where}: needs an External metric {WANTED_METRIC}")
+        policies = behavior.get("scaleDown", {}).get("policies", [])
+        if not policies:
+            r.fail(f"{where}: set a scaleDown policy (the default removes many busy workers at once)")
+        for p in policies:
+            if p["type"] != "Pods" or p["value"] > max_unavailable:
+                r.fail(f"{where}: scaleDown may remove at most {max_unavailable} pod(s) per period "
+                       f"(the PodDisruptionBudget's maxUnavailable), got {p['type']} {p['value']}")
+            if p["periodSeconds"] < pod_grace:
+                r.fail(f"{where}: scaleDown periodSeconds {p['periodSeconds']} is shorter than the "
+                       f"workers' terminationGracePeriodSeconds {pod_grace}: a removed worker may not "
+                       f"have checkpointed before the next goes")
+
+
+def secret_file(pod, c, path):
+    """Whether `path` is a file of a Secret mounted in the container."""
+    if not path:
+        return False
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for m in c.get("volumeMounts", []):
+        root = m["mountPath"].rstrip("/") + "/"
+        secret = volumes.get(m["name"], {}).get("secret")
+        if secret is None or not path.startswith(root):
+            continue
+        rel = path[len(root):]
+        items = secret.get("items")
+        return items is None or any(i["path"] == rel for i in items)
+    return False
+
+
+def check_certificates(r):
+    """A cert-manager Certificate must write the Secret the coordinator
+    mounts for TLS, for names the workers use (the Service's)."""
+    svc = r.component("Service", "coordinator")
+    for cert in r.of_kind("Certificate"):
+        if cert["spec"]["secretName"] != "stoke-tls":
+            r.fail(f"{ident(cert)}: secretName must be stoke-tls (what the coordinator mounts)")
+        if svc is not None and svc["metadata"]["name"] not in cert["spec"].get("dnsNames", []):
+            r.fail(f"{ident(cert)}: dnsNames must hold the Service name {svc['metadata']['name']} "
+                   f"(workers reach https://{svc['metadata']['name']}:7070)")
+
+
+def check_security(r, overlay):
+    """Tokens and TLS on, from Secrets mounted as files, unless the
+    overlay's name says it is insecure or for development."""
+    if any(word in overlay for word in INSECURE_NAMES):
+        return
+    for obj, pod in r.workloads():
+        for c in pod.get("containers", []):
+            for e in c.get("env", []):
+                if e["name"] in ("STOKE_CLIENT_TOKEN", "STOKE_WORKER_TOKEN") and "value" in e:
+                    r.fail(f"{ident(obj)}: {e['name']} as a literal puts the token in the manifest; "
+                           f"use {e['name']}_FILE and a Secret")
+    want = {
+        "coordinator": ("STOKE_CLIENT_TOKEN_FILE", "STOKE_WORKER_TOKEN_FILE", "STOKE_TLS_CERT", "STOKE_TLS_KEY"),
+        "worker": ("STOKE_WORKER_TOKEN_FILE", "STOKE_TLS_CA"),
+        "submit": ("STOKE_CLIENT_TOKEN_FILE", "STOKE_TLS_CA"),
+    }
+    for component, variables in want.items():
+        kind = "Job" if component == "submit" else "Deployment"
+        for obj in r.of_kind(kind):
+            if obj["metadata"].get("labels", {}).get("app.kubernetes.io/component") != component:
+                continue
+            pod = obj["spec"]["template"]["spec"]
+            c = pod["containers"][0]
+            env = container_env(r, c)
+            for var in variables:
+                if not secret_file(pod, c, env.get(var)):
+                    r.fail(f"{ident(obj)}: {var} must name a file of a mounted Secret "
+                           f"(tokens and TLS are on unless the overlay is named insecure or dev)")
+            if component == "worker" and env.get("STOKE_CLIENT_TOKEN_FILE"):
+                r.fail(f"{ident(obj)}: workers must not hold the client token")
+            if component == "coordinator":
+                for probe in HEALTH_PATHS:
+                    if c.get(probe, {}).get("httpGet", {}).get("scheme") != "HTTPS":
+                        r.fail(f"{ident(obj)}: {probe} must use scheme HTTPS (the HTTP port is TLS)")
+            if component == "submit":
+                cmd = c.get("command", []) + c.get("args", [])
+                url = flag_value(cmd, "--coordinator") or env.get("STOKE_COORDINATOR") or ""
+                if not url.startswith("https://"):
+                    r.fail(f"{ident(obj)}: submits over {url!r}, not https")
 
 
 def policy(name, path):
@@ -315,8 +471,12 @@ def policy(name, path):
     overlay = name.split("/")[0]
     check_pods(r)
     check_coordinator(r)
-    check_worker(r, overlay)
+    check_worker(r, overlay.split("-")[0])
     check_submit(r)
+    check_kinds(r)
+    check_autoscaling(r)
+    check_security(r, overlay)
+    check_certificates(r)
     for e in r.errors:
         print(f"deploy: {name}: {e}", file=sys.stderr)
     return 1 if r.errors else 0

@@ -3,7 +3,10 @@
 //!
 //! - `GET /healthz`: 200 while the process serves;
 //! - `GET /readyz`: 200 once the state is loaded, its owner answers and the
-//!   state root's store answers; 503 naming what failed otherwise;
+//!   state root's store answers; 503 otherwise, naming what failed to a
+//!   caller with the client token. It needs no token, so the kubelet's
+//!   readiness probe works with tokens on; without one it says only
+//!   `ready` or `not ready`;
 //! - `GET /metrics`: leases, attempts, commits and sessions counted since
 //!   start, connected workers and their leases, jobs by state and each
 //!   job's records and shards (records/s is `rate()` of the records done).
@@ -15,7 +18,7 @@ use std::net::SocketAddr;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State as AxumState;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use stoke_core::StoreUri;
@@ -42,6 +45,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(5);
 struct Http {
     handle: Handle,
     root: StoreUri,
+    /// Who may read why the coordinator is not ready.
+    token: Option<Token>,
 }
 
 /// Where HTTP is served: plain TCP, or TLS (see [`crate::security`]).
@@ -61,7 +66,7 @@ impl Listener {
 }
 
 /// Serves HTTP on `listener` until `shutdown`. With a client token, every
-/// route but `/healthz` needs it.
+/// route but `/healthz` and `/readyz` needs it.
 pub async fn serve(
     listener: Listener,
     handle: Handle,
@@ -69,17 +74,22 @@ pub async fn serve(
     token: Option<Token>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    let http = Http {
+        handle: handle.clone(),
+        root,
+        token: token.clone(),
+    };
     let protected = Router::new()
-        .route(READY_PATH, get(ready))
         .route(METRICS_PATH, get(metrics))
-        .merge(crate::status::routes(handle.clone()))
-        .with_state(Http { handle, root });
+        .merge(crate::status::routes(handle))
+        .with_state(http.clone());
     let app = protected
         .layer(axum::middleware::from_fn_with_state(
             token,
             security::http_auth,
         ))
         .route(HEALTH_PATH, get(|| async { "ok\n" }))
+        .merge(Router::new().route(READY_PATH, get(ready)).with_state(http))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .into_make_service_with_connect_info::<security::Peer>();
     match listener {
@@ -96,7 +106,22 @@ pub async fn serve(
     }
 }
 
-async fn ready(AxumState(http): AxumState<Http>) -> impl IntoResponse {
+async fn ready(AxumState(http): AxumState<Http>, headers: HeaderMap) -> impl IntoResponse {
+    let (code, detail) = readiness(&http).await;
+    // What failed (a store error) is for operators: the caller must show
+    // the client token to read it.
+    let trusted = http
+        .token
+        .as_ref()
+        .is_none_or(|t| security::http_problem(&headers, t).is_none());
+    match (code, trusted) {
+        (_, true) => (code, detail),
+        (StatusCode::OK, false) => (code, "ready\n".to_string()),
+        (_, false) => (code, "not ready\n".to_string()),
+    }
+}
+
+async fn readiness(http: &Http) -> (StatusCode, String) {
     let owner = tokio::time::timeout(READY_TIMEOUT, http.handle.list_jobs()).await;
     if !matches!(owner, Ok(Ok(_))) {
         return (

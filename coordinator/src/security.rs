@@ -371,7 +371,8 @@ pub async fn http_auth(State(token): State<Option<Token>>, req: Request, next: N
     }
 }
 
-fn http_problem(headers: &HeaderMap, token: &Token) -> Option<&'static str> {
+/// Why a request does not carry the client token, if it does not.
+pub(crate) fn http_problem(headers: &HeaderMap, token: &Token) -> Option<&'static str> {
     let value = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
     let Some(value) = value else {
         return Some("no token");

@@ -457,13 +457,6 @@ fn spawn_coordinator(
     let http_addr = wait_until("the coordinator's HTTP to listen", DEADLINE, || {
         std::fs::read_to_string(&http_addr_file).ok()
     });
-    // With TLS (--tls-cert) both addresses are https://, and readiness is
-    // asked with the client token and CA the cluster's processes get.
-    let scheme = if extra.iter().any(|a| a == "--tls-cert") {
-        "https"
-    } else {
-        "http"
-    };
     let setting = |name: &str| {
         store_env
             .iter()
@@ -472,6 +465,14 @@ fn spawn_coordinator(
             .rev()
             .find(|(k, _)| *k == name)
             .map(|(_, v)| v.to_string())
+    };
+    // With TLS (--tls-cert, or STOKE_TLS_CERT as a manifest sets it) both
+    // addresses are https://, and readiness is asked with the client token
+    // and CA the cluster's processes get.
+    let scheme = if extra.iter().any(|a| a == "--tls-cert") || setting("STOKE_TLS_CERT").is_some() {
+        "https"
+    } else {
+        "http"
     };
     let auth = setting(stoke_core::security::CLIENT_TOKEN_VAR).map(|t| format!("Bearer {t}"));
     let ca = setting(stoke_core::security::TLS_CA_VAR).map(PathBuf::from);

@@ -13,12 +13,18 @@
 //!   after its first commits; it must checkpoint and exit 0 within its
 //!   configured grace, and a replacement pod's worker finishes the job with
 //!   every record exactly once.
+//!
+//! The gpu overlay runs with tokens and TLS (components/secure): the
+//! Secrets it mounts (stoke-tokens, stoke-tls) are made here, tokens and a
+//! throwaway CA with a certificate for 127.0.0.1, and each file path under
+//! a Secret's mount is pointed at them, as the kubelet's mount would.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -85,6 +91,43 @@ fn str_list(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The Secrets the user creates for the secure overlays, as files: one
+/// folder per Secret, one file per key (what a mount of it holds).
+fn user_secrets() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("stoke-deploy-secrets-")
+            .tempdir()
+            .expect("tempdir")
+            .keep();
+        let tokens = dir.join("stoke-tokens");
+        let tls = dir.join("stoke-tls");
+        std::fs::create_dir_all(&tokens).expect("tokens dir");
+        std::fs::create_dir_all(&tls).expect("tls dir");
+        std::fs::write(
+            tokens.join("client.token"),
+            "deploy-test-client-token-5f1c9a\n",
+        )
+        .expect("client token");
+        std::fs::write(
+            tokens.join("worker.token"),
+            "deploy-test-worker-token-8e2b4d\n",
+        )
+        .expect("worker token");
+        let ca = stoke_tests::tls::TestCa::new(&dir, "deploy");
+        let server = ca.server();
+        for (from, to) in [
+            (&server.cert, "tls.crt"),
+            (&server.key, "tls.key"),
+            (&ca.cert, "ca.crt"),
+        ] {
+            std::fs::copy(from, tls.join(to)).expect("copying TLS material");
+        }
+        dir
+    })
+}
+
 /// The pod name the downward API gives a worker (metadata.name).
 const POD_NAME: &str = "stoke-worker-5d8f7c9b6-x2x7k";
 const NODE_NAME: &str = "gpu-node-1";
@@ -135,6 +178,24 @@ impl Launch {
                 panic!("{}: env {name}: {e} is not simulated", r.name)
             };
             env.insert(name, value);
+        }
+        // A file under a Secret's mount is that Secret's key, made here.
+        let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
+        for m in c["volumeMounts"].as_array().into_iter().flatten() {
+            let Some(secret) = volumes
+                .iter()
+                .find(|v| v["name"] == m["name"])
+                .and_then(|v| v["secret"]["secretName"].as_str())
+            else {
+                continue;
+            };
+            let mount = format!("{}/", m["mountPath"].as_str().expect("mountPath"));
+            let local = user_secrets().join(secret);
+            for value in env.values_mut() {
+                if let Some(file) = value.strip_prefix(&mount) {
+                    *value = local.join(file).display().to_string();
+                }
+            }
         }
         let command = str_list(&c["command"]);
         let args = str_list(&c["args"]);
@@ -412,9 +473,15 @@ fn check_worker(r: &Rendered) -> (Launch, Duration, Duration) {
         .find(|p| p["name"] == "grpc")
         .and_then(|p| p["port"].as_u64())
         .expect("grpc port");
+    // https when the overlay turns TLS on (the worker trusts a CA).
+    let scheme = if launch.env.contains_key("STOKE_TLS_CA") {
+        "https"
+    } else {
+        "http"
+    };
     assert_eq!(
         launch.var("STOKE_COORDINATOR"),
-        format!("http://stoke-coordinator:{grpc}"),
+        format!("{scheme}://stoke-coordinator:{grpc}"),
         "{}: workers must reach the coordinator's Service",
         r.name
     );
@@ -427,9 +494,14 @@ fn check_submit(r: &Rendered) -> (Launch, String) {
     let launch = Launch::of(r, job, "submit", "stoke-submit-digits-q8x2d");
     assert_eq!(launch.command, ["stoke"], "{}", r.name);
     assert_eq!(launch.args.iter().filter(|a| *a == "submit").count(), 1);
+    let scheme = if launch.env.contains_key("STOKE_TLS_CA") {
+        "https"
+    } else {
+        "http"
+    };
     assert_eq!(
-        launch.flag("--coordinator").as_deref(),
-        Some("http://stoke-coordinator:7070"),
+        launch.flag("--coordinator"),
+        Some(format!("{scheme}://stoke-coordinator:7070")),
         "{}",
         r.name
     );
@@ -533,7 +605,28 @@ fn the_manifests_configure_the_binaries_with_flags_and_variables_they_accept() {
     let dev = render("overlays/cpu-dev/submit");
     let (a, _) = check_submit(&gpu);
     let (b, _) = check_submit(&dev);
-    assert_eq!(a.args, b.args, "both overlays submit the same way");
+    // The same way, over https with the client token in gpu (secure),
+    // plain in cpu-dev (a dev overlay).
+    assert_eq!(
+        a.args_without(&["--coordinator"]),
+        b.args_without(&["--coordinator"]),
+        "both overlays submit the same way"
+    );
+    assert!(a.env.contains_key("STOKE_CLIENT_TOKEN_FILE"), "{:?}", a.env);
+    assert!(
+        !b.env.contains_key("STOKE_CLIENT_TOKEN_FILE"),
+        "{:?}",
+        b.env
+    );
+}
+
+/// Whether a plain-text GET to a TLS address gets no HTTP answer.
+fn plain_refused(https_addr: &str) -> bool {
+    let addr = https_addr
+        .strip_prefix("https://")
+        .unwrap_or_else(|| panic!("{https_addr} is not https"));
+    assert!(addr.parse::<std::net::SocketAddr>().is_ok(), "{addr}");
+    http_status(addr, "/healthz").is_none()
 }
 
 /// GET over plain HTTP/1.1; the status code, if anything answered.
@@ -619,20 +712,57 @@ fn an_evicted_worker_checkpoints_within_its_grace_and_a_replacement_finishes_the
         .filter(|(k, _)| k.as_str() != "STOKE_ROOT")
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let mut coordinator = Coordinator::start_with_env(&root, tmp.path(), &extra, &env);
+    // What this test's own calls (the CLI, /readyz) need with tokens and
+    // TLS on: the client token and the CA, as the submit Job has them.
+    let client_env: Vec<(String, String)> = ["STOKE_CLIENT_TOKEN_FILE", "STOKE_TLS_CA"]
+        .iter()
+        .filter_map(|k| Some((k.to_string(), submit_launch.env.get(*k)?.clone())))
+        .collect();
+    assert_eq!(
+        client_env.len(),
+        2,
+        "the gpu overlay runs with a client token and TLS"
+    );
+    let mut coordinator = Coordinator::start_on(
+        &root.display().to_string(),
+        tmp.path(),
+        &extra,
+        &env,
+        client_env.clone(),
+    );
+    assert!(
+        coordinator.addr.starts_with("https://"),
+        "{}",
+        coordinator.addr
+    );
 
-    let http = coordinator
-        .http_addr
-        .trim_start_matches("http://")
-        .to_string();
-    // The probes the kubelet would send.
+    // The probes the kubelet would send: no token, no certificate check
+    // (the CA here only lets this client speak TLS).
+    let ca = PathBuf::from(&client_env[1].1);
+    let probe = |path: &str, auth: Option<&str>| {
+        stoke_tests::tls::http_request(
+            &coordinator.http_addr,
+            path,
+            auth,
+            Some(&ca),
+            Duration::from_secs(5),
+        )
+        .map(|(code, _)| code)
+    };
     wait_until("/healthz to answer 200", DEADLINE, || {
-        (http_status(&http, "/healthz") == Some(200)).then_some(())
+        (probe("/healthz", None) == Some(200)).then_some(())
     });
-    wait_until("/readyz to answer 200", DEADLINE, || {
-        (http_status(&http, "/readyz") == Some(200)).then_some(())
+    wait_until("/readyz to answer 200 without a token", DEADLINE, || {
+        (probe("/readyz", None) == Some(200)).then_some(())
     });
-    assert_eq!(http_status(&http, "/metrics"), Some(200));
+    assert_eq!(probe("/metrics", None), Some(401), "metrics need the token");
+    let token = std::fs::read_to_string(&client_env[0].1).expect("client token");
+    let bearer = format!("Bearer {}", token.trim());
+    assert_eq!(probe("/metrics", Some(&bearer)), Some(200));
+    assert!(
+        plain_refused(&coordinator.http_addr),
+        "the HTTP port must not answer plain text"
+    );
 
     // The submit Job's command line, with this test's spec and address.
     let spec = tmp.path().join("job.toml");

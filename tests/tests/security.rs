@@ -139,8 +139,9 @@ fn tokens_keep_clients_and_workers_apart_on_grpc_and_http() {
     assert_eq!(committed.records_in, 3000);
     assert_matches_reference(&committed_rows(&committed));
 
-    // HTTP: /healthz is open; every other route wants the client token, as
-    // a bearer token or a basic-auth password.
+    // HTTP: /healthz and /readyz are open (the kubelet's probes send no
+    // token; /readyz then says only "ready"); every other route wants the
+    // client token, as a bearer token or a basic-auth password.
     let http = coordinator.http_addr.as_str();
     let get = |path: &str, auth: Option<String>| {
         http_request(http, path, auth.as_deref(), None, Duration::from_secs(5))
@@ -154,7 +155,14 @@ fn tokens_keep_clients_and_workers_apart_on_grpc_and_http() {
         )
     };
     assert_eq!(get("/healthz", None), Some(200));
-    for path in ["/metrics", "/readyz", "/"] {
+    let ready = http_request(http, "/readyz", None, None, Duration::from_secs(5));
+    assert!(
+        ready
+            .as_ref()
+            .is_some_and(|(code, body)| *code == 200 && body.trim_end() == "ready"),
+        "/readyz without a token: {ready:?}"
+    );
+    for path in ["/metrics", "/"] {
         assert_eq!(get(path, None), Some(401), "{path} without a token");
         assert_eq!(
             get(path, Some(format!("Bearer {worker}"))),

@@ -180,6 +180,19 @@ fn assert_card_matches(dom: &str, status: &serde_json::Value) {
         ),
         ("data-shards-done", field("shards_done").to_string()),
         ("data-shards-total", field("shards_total").to_string()),
+        // How it shares the fleet (issue 20).
+        (
+            "data-priority",
+            status["priority"].as_i64().expect("priority").to_string(),
+        ),
+        (
+            "data-queue",
+            status["queue"].as_str().expect("queue").to_string(),
+        ),
+        (
+            "data-waiting",
+            status["waiting"].as_str().unwrap_or_default().to_string(),
+        ),
     ] {
         assert_eq!(
             card.get(attr).map(String::as_str),

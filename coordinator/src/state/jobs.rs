@@ -268,7 +268,8 @@ impl State {
                     return self.run_deferred(job_id);
                 }
             },
-            (None, _) => return,
+            // Only `Set` stores no status, and it is matched above.
+            (None, _) => return self.run_deferred(job_id),
         };
         job.busy = true;
         self.start_io(
