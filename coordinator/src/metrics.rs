@@ -301,6 +301,9 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
     Ok(out)
 }
 
+/// One number of a [`QueueDemand`].
+type DemandField = fn(&QueueDemand) -> u64;
+
 /// The autoscaling signal, overall and per queue (see `deploy/README.md`).
 fn register_demand(registry: &mut Registry, queues: &[QueueDemand]) {
     let total = queues
@@ -312,7 +315,7 @@ fn register_demand(registry: &mut Registry, queues: &[QueueDemand]) {
             records_left: t.records_left + q.records_left,
             workers_wanted: t.workers_wanted + q.workers_wanted,
         });
-    let fields: [(&str, &str, fn(&QueueDemand) -> u64); 4] = [
+    let fields: [(&str, &str, DemandField); 4] = [
         (
             "workers_wanted",
             "Workers that would be busy now: leased plus pending shards, capped by max_workers and queue caps",

@@ -211,7 +211,7 @@ impl State {
         let eligible = |job: &&Job| {
             job.state == JobState::Running
                 && !job.pending.is_empty()
-                && !job.schedule.max_workers.is_some_and(|m| job.leased >= m)
+                && job.schedule.max_workers.is_none_or(|m| job.leased < m)
         };
         // The highest priority among jobs that want more workers, or hold
         // some (a job holding workers at a higher priority keeps them).
