@@ -264,6 +264,11 @@ run_scale() {
   log "coordinator scale: lease -> commit cycles at ${BENCH_SCALE_WORKERS:-10,100,1000} workers"
   "$BIN/stoke-bench-scale" cycles --workers "${BENCH_SCALE_WORKERS:-10,100,1000}" \
     --seconds "${BENCH_SCALE_SECONDS:-10}" --work-dir "$BENCH_DIR/scale" | tee -a "$out"
+  log "coordinator scale: 100 jobs of mixed priorities at 1000 workers, an urgent job half-way"
+  "$BIN/stoke-bench-scale" cycles --workers 1000 --jobs 100 \
+    --seconds "${BENCH_SCALE_SECONDS:-10}" --work-dir "$BENCH_DIR/scale" | tee -a "$out"
+  log "coordinator scale: the acquire path alone, 1 to 1000 jobs"
+  "$BIN/stoke-bench-scale" acquire --jobs 1,10,100,1000 --workers 1000 | tee -a "$out"
   log "coordinator scale: plan ${BENCH_PLAN_SHARDS:-1000000} shards"
   "$BIN/stoke-bench-scale" plan --shards "${BENCH_PLAN_SHARDS:-1000000}" \
     --work-dir "$BENCH_DIR/scale" | tee -a "$out"

@@ -9,6 +9,8 @@
 //!   With `--jobs N`, N jobs of mixed priorities and weights share the
 //!   shards, and a priority-10 job arrives half-way: the time from its
 //!   submit to its first lease is reported too.
+//! - `acquire`: the state machine's acquire path alone, in process, with N
+//!   jobs and W sessions holding leases (no gRPC, no store).
 //! - `plan`: submits a `range` job with 1,000,000 shards and reports how long
 //!   the submit took and the coordinator's memory afterwards.
 //!
@@ -18,6 +20,7 @@
 //!
 //! Every result is one line starting with `scale ` so scripts can grep it.
 
+mod acquire;
 mod coordinator;
 mod cycles;
 mod finish;
@@ -71,6 +74,16 @@ enum Cmd {
         /// and the time to its first lease is reported.
         #[arg(long, default_value_t = 1)]
         jobs: usize,
+    },
+    /// The acquire path alone, in process: release -> acquire per second
+    /// with N jobs of mixed priorities and W sessions holding leases.
+    Acquire {
+        #[arg(long, value_delimiter = ',', default_value = "1,100")]
+        jobs: Vec<usize>,
+        #[arg(long, default_value_t = 1000)]
+        workers: usize,
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
     },
     /// Commit latency of a running job while a job with many shards
     /// finishes.
@@ -162,6 +175,24 @@ fn main() -> anyhow::Result<()> {
                     .await
                     .context("finish")?;
                 println!("{report}");
+                Ok(())
+            }
+            Cmd::Acquire {
+                jobs,
+                workers,
+                seconds,
+            } => {
+                for j in jobs {
+                    let options = acquire::Options {
+                        jobs: j,
+                        workers: workers.max(1),
+                        duration: Duration::from_secs_f64(seconds),
+                    };
+                    let report = acquire::run(&options)
+                        .await
+                        .with_context(|| format!("acquire with {j} jobs"))?;
+                    println!("{report}");
+                }
                 Ok(())
             }
             Cmd::Plan { shards } => {
