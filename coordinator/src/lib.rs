@@ -7,6 +7,7 @@
 //! - [`owner`]: the single task that owns the state and runs its writes off
 //!   its loop, and its [`Handle`];
 //! - [`grpc`]: thin tonic adapters for clients and workers;
+//! - [`queues`]: queues and their lease caps, from flags or a TOML file;
 //! - [`run`]: serves both services on a bound listener until shutdown.
 //!
 //! Tested by state-machine tests with no store (`tests/effects.rs`), with a

@@ -129,12 +129,12 @@ fn weights_share_the_workers_and_set_changes_them() {
     let one = coordinator.submit(&spec_file(
         tmp.path(),
         "one.toml",
-        small_shards(job_spec("jsonl", "one", "weight = 1", 25)),
+        small_shards(job_spec("jsonl", "one", "weight = 1", 10)),
     ));
     let three = coordinator.submit(&spec_file(
         tmp.path(),
         "three.toml",
-        small_shards(job_spec("jsonl", "three", "weight = 3", 25)),
+        small_shards(job_spec("jsonl", "three", "weight = 3", 10)),
     ));
     let _workers: Vec<Proc> = (0..4)
         .map(|i| {
@@ -147,18 +147,35 @@ fn weights_share_the_workers_and_set_changes_them() {
             )
         })
         .collect();
-    // Whenever all four workers hold leases, they split 1 to 3.
-    let leased = |jobs: &serde_json::Map<String, serde_json::Value>, id: &str| {
-        jobs[id]["shards_leased"].as_u64().unwrap_or(0)
+    // While both have pending shards, leases go to them about 1 to 3 (the
+    // state tests check the exact shares; here a worker also takes its
+    // next lease while it finishes the last shard, which blurs the counts
+    // of leases held, so the grants are counted, in the coordinator's log).
+    let field = |jobs: &serde_json::Map<String, serde_json::Value>, id: &str, f: &str| {
+        jobs[id][f].as_u64().unwrap_or(0)
     };
-    for _ in 0..3 {
-        let (a, b) = wait_until("all four workers busy", DEADLINE, || {
-            let listed = jobs(&coordinator);
-            let (a, b) = (leased(&listed, &one), leased(&listed, &three));
-            (a + b == 4).then_some((a, b))
-        });
-        assert_eq!((a, b), (1, 3));
-    }
+    let pending = |jobs: &serde_json::Map<String, serde_json::Value>, id: &str| {
+        field(jobs, id, "shards_total")
+            .saturating_sub(field(jobs, id, "shards_done") + field(jobs, id, "shards_leased"))
+    };
+    let grants = |log: &str, id: &str| {
+        log.lines()
+            .filter(|l| l.contains("lease granted") && l.contains(&format!("job={id} ")))
+            .count()
+    };
+    // A log prefix in which both jobs had pending shards all along (their
+    // pending only shrinks while nothing is released) and 40+ grants.
+    let log = wait_until("40 grants while both jobs have work", DEADLINE, || {
+        let log = coordinator.proc.log_text();
+        let listed = jobs(&coordinator);
+        let both = pending(&listed, &one) > 0 && pending(&listed, &three) > 0;
+        assert!(both, "a job ran out of shards before 40 grants: {listed:?}");
+        (grants(&log, &one) + grants(&log, &three) >= 40).then_some(log)
+    });
+    let (a, b) = (grants(&log, &one), grants(&log, &three));
+    let ratio = b as f64 / a.max(1) as f64;
+    println!("leases granted to weights 1 and 3: {a} and {b}, ratio {ratio:.2}");
+    assert!((2.0..=4.5).contains(&ratio), "{a} and {b}: ratio {ratio}");
     // `stoke set` turns it around while the jobs run.
     let out = coordinator.cli(&["set", &one, "--weight", "3", "--priority", "1"]);
     assert!(out.status.success(), "stoke set: {}", text(&out.stderr));
@@ -184,7 +201,7 @@ fn weights_share_the_workers_and_set_changes_them() {
         || {
             let listed = jobs(&coordinator);
             let done = listed[&one]["state"] == "succeeded";
-            (done || leased(&listed, &one) == 4).then_some(())
+            (done || field(&listed, &one, "shards_leased") == 4).then_some(())
         },
     );
     coordinator.wait_success(&one);

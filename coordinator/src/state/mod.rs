@@ -24,6 +24,8 @@
 //! - `jobs.rs`: submitting, cancelling, pausing, resuming, failing jobs;
 //! - `sessions.rs`: workers' sessions, heartbeats, wake-ups;
 //! - `leases.rs`: granting, releasing and expiring leases;
+//! - `schedule.rs`: which job a free worker gets (priority, weighted fair
+//!   share, caps, queues), why a job waits, preemption, autoscaling demand;
 //! - `commit.rs`: the commit protocol, group commits and snapshots;
 //! - `finish.rs`: a job whose every shard is done: manifest and success;
 //! - `view.rs`: what clients, the status page and `/metrics` read.

@@ -63,6 +63,34 @@ pub(super) struct Choice {
     pub pos: usize,
 }
 
+/// A lease that may be preempted, and what orders it among the others.
+struct Victim {
+    /// Held beyond its queue's cap (borrowed idle capacity).
+    borrowed: bool,
+    priority: i64,
+    /// Its job's leases held per unit of weight.
+    share: f64,
+    granted: Instant,
+    token: u64,
+    session_id: String,
+    job_id: String,
+    idx: usize,
+}
+
+impl Victim {
+    /// Borrowed leases first, then the lowest priority, the largest share,
+    /// the youngest lease (least done since it started), then the token
+    /// (deterministic).
+    fn order(a: &Victim, b: &Victim) -> std::cmp::Ordering {
+        b.borrowed
+            .cmp(&a.borrowed)
+            .then(a.priority.cmp(&b.priority))
+            .then(b.share.total_cmp(&a.share))
+            .then(b.granted.cmp(&a.granted))
+            .then(a.token.cmp(&b.token))
+    }
+}
+
 /// How a candidate ranks; smaller is better (see the module docs).
 struct Rank {
     borrowing: bool,
@@ -265,8 +293,6 @@ impl State {
         };
         let priority = job.schedule.priority;
         let claimant_queue = job.spec.queue_name().to_string();
-        // Victims: (borrowed first, then lowest priority, largest share,
-        // youngest lease, token) with the lease's session and key.
         let mut in_flight = 0u64;
         // Leases asked back per queue and not released yet: a borrowing
         // queue gives back no more than it borrowed.
@@ -300,40 +326,41 @@ impl State {
                 if !borrowed && job.schedule.priority >= priority {
                     continue;
                 }
-                let share = job.leased as f64 / job.schedule.weight;
-                victims.push((
-                    !borrowed,
-                    job.schedule.priority,
-                    -share,
-                    std::cmp::Reverse(lease.granted),
-                    lease.token,
-                    session_id.clone(),
-                    job_id.clone(),
-                    *idx,
-                ));
+                victims.push(Victim {
+                    borrowed,
+                    priority: job.schedule.priority,
+                    share: job.leased as f64 / job.schedule.weight,
+                    granted: lease.granted,
+                    token: lease.token,
+                    session_id: session_id.clone(),
+                    job_id: job_id.clone(),
+                    idx: *idx,
+                });
             }
         }
         let need = demand.saturating_sub(in_flight) as usize;
         if need == 0 || victims.is_empty() {
             return;
         }
-        victims.sort_by(|a, b| {
-            (a.0, a.1)
-                .cmp(&(b.0, b.1))
-                .then(a.2.total_cmp(&b.2))
-                .then(a.3.cmp(&b.3))
-                .then(a.4.cmp(&b.4))
-        });
+        victims.sort_by(Victim::order);
         let mut drains: HashMap<String, Vec<LeaseKey>> = HashMap::new();
         let mut taken = 0;
-        for (not_borrowed, _, _, _, token, session_id, job_id, idx) in victims {
+        for victim in victims {
             if taken == need.min(budget) {
                 break;
             }
+            let Victim {
+                borrowed,
+                token,
+                session_id,
+                job_id,
+                idx,
+                ..
+            } = victim;
             let Some(job) = self.jobs.get_mut(&job_id) else {
                 continue;
             };
-            if !not_borrowed {
+            if borrowed {
                 let queue = job.spec.queue_name();
                 let cap = self.config.queue_cap(queue).unwrap_or(u64::MAX);
                 let used = usage.get(queue).copied().unwrap_or(0);
