@@ -275,8 +275,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     "WORKER", "HOST", "DEVICES", "LEASES"
                 );
                 for w in &workers {
-                    let holds: Vec<String> =
-                        w.leases.iter().map(|(j, s)| format!("{j}/{s}")).collect();
+                    let holds: Vec<String> = w
+                        .leases
+                        .iter()
+                        .map(|(j, s, _)| format!("{j}/{s}"))
+                        .collect();
                     println!(
                         "{:<24} {:<20} {:<16} {:>6}  {}",
                         w.worker_id,

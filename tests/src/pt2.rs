@@ -58,29 +58,17 @@ pub fn reference(model: &str) -> &'static HashMap<String, Prediction> {
 /// model at `model` (a URI); `params` and `extra` add processor params and
 /// top-level sections.
 pub fn spec(processor: &str, data: &str, model: &str, params: &str, extra: &str) -> String {
-    format!(
-        r#"name = "pt2"
-max_attempts = 2
-{extra}
-[dataset]
-format = "parquet"
-uri = "{data}/"
-id_column = "id"
-[processor]
-name = "{processor}"
-[processor.params]
-model = "{model}"
-input_column = "pixels"
-outputs = ["argmax", "scores"]
-{params}
-[batching]
-batch_size = 64
-[checkpoint]
-interval = 2
-[sharding]
-records = 300
-"#
-    )
+    crate::ModelSpec {
+        processor: processor.to_string(),
+        input_column: "pixels".to_string(),
+        params: params.to_string(),
+        batch_size: 64,
+        interval: 2,
+        records: 300,
+        extra: extra.to_string(),
+        ..crate::ModelSpec::torchscript("pt2", format!("{data}/"), model.to_string())
+    }
+    .toml()
 }
 
 /// Checks that every record appears exactly once and equals `model`'s
