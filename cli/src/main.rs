@@ -518,6 +518,7 @@ impl LocalRun {
             coordinator: addr.to_string(),
             device: self.device.clone(),
             threads,
+            python_prewarm: spec.processor.python.is_some(),
         };
         let mut workers = fleet::Fleet::start(command, self.workers, fleet::Progress::of(&job))?;
         let started = Instant::now();
