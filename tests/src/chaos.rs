@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use stoke_core::records::JobState;
 
 use crate::{
-    Cluster, DEADLINE, ModelSpec, build_fixture, cache_dir, committed_rows, field, file_uri,
-    manifest, poll_until, try_signal, wait_until,
+    Cluster, DEADLINE, ModelSpec, committed_rows, field, file_uri, manifest, poll_until,
+    try_signal, wait_until,
 };
 
 /// The lease timeout the chaos and partition coordinators run with.
@@ -106,15 +106,11 @@ pub fn seed_from_env_or_clock() -> u64 {
 
 /// The chaos fixture (`scripts/chaos_fixture.py`): 30,000 records as
 /// Parquet in 6 files and a TorchScript model heavy enough for a job to run
-/// tens of seconds. Built once into the stoke cache folder (idempotent; safe
-/// for concurrent test processes).
+/// tens of seconds. Built once per machine and script version into the
+/// stoke cache folder.
 pub fn fixture() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = cache_dir().join("chaos-fixture");
-        build_fixture("chaos_fixture.py", &dir);
-        dir
-    })
+    DIR.get_or_init(|| crate::cached_fixture("chaos_fixture.py", "chaos-fixture"))
 }
 
 /// A torchscript job spec over the chaos fixture. `dataset` is the data

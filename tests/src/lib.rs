@@ -31,9 +31,29 @@ use arrow_array::types::{Float32Type, Int64Type};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use stoke_core::records::Manifest;
 
+/// The folder a fixture script (`scripts/<script>`) fills, built if needed:
+/// `~/.cache/stoke/<name>-<hash>`, keyed by the script's content, so it is
+/// built once per machine and script version (and again when the script
+/// changes), under a file lock so test processes running side by side
+/// build it once.
+pub fn cached_fixture(script: &str, name: &str) -> PathBuf {
+    let source = std::fs::read(repo_root().join("scripts").join(script))
+        .unwrap_or_else(|e| panic!("reading scripts/{script}: {e}"));
+    let hash = stoke_core::sha256_hex(&source);
+    let cache = cache_dir();
+    std::fs::create_dir_all(&cache).expect("the stoke cache folder");
+    let dir = cache.join(format!("{name}-{}", &hash[..16]));
+    let lock = std::fs::File::create(cache.join(format!("{name}.lock"))).expect("lock file");
+    lock.lock()
+        .unwrap_or_else(|e| panic!("locking the {name} fixture: {e}"));
+    build_fixture(script, &dir);
+    dir
+}
+
 /// Runs a fixture script (`scripts/<script>`) that writes its data into
-/// `dir`; panics with its output when it fails. The scripts are idempotent,
-/// so a cached folder is only filled once.
+/// `dir`; panics with its output when it fails. The scripts are idempotent
+/// (a marker file records a complete build), so a cached folder is only
+/// filled once.
 pub fn build_fixture(script: &str, dir: &Path) {
     let mut cmd = Command::new(python());
     cmd.arg(repo_root().join("scripts").join(script)).arg(dir);
@@ -48,18 +68,11 @@ pub fn build_fixture(script: &str, dir: &Path) {
 
 /// The shared test data: 3,000 records as Parquet (5 files, uneven row
 /// groups) and JSON Lines, a TorchScript model, and the model's outputs
-/// computed directly in Python. Built once per test binary.
+/// computed directly in Python. Built once per machine and version of
+/// `scripts/test_fixture.py`; tests only read it.
 pub fn fixture() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = tempfile::Builder::new()
-            .prefix("stoke-fixture-")
-            .tempdir()
-            .expect("tempdir")
-            .keep();
-        build_fixture("test_fixture.py", &dir);
-        dir
-    })
+    DIR.get_or_init(|| cached_fixture("test_fixture.py", "test-fixture"))
 }
 
 /// The model's output for every fixture record, computed directly.
