@@ -46,6 +46,16 @@ def fmt_rate(x):
     return f"{x:,.0f}"
 
 
+def python_ratios(med, builtin, py, what):
+    """The Python processor's targets: >= 0.9x the built-in runner, >= 1.5x plain Python."""
+    ratio = med[py] / med[builtin]
+    line = f"{what}: {ratio:.2f}x records/s (target >= 0.9x: {'met' if ratio >= 0.9 else 'missed'})"
+    if med.get("python"):
+        vs_py = med[py] / med["python"]
+        line += f"; / plain Python (b): {vs_py:.2f}x (target >= 1.5x: {'met' if vs_py >= 1.5 else 'missed'})"
+    return line + "."
+
+
 def w1_section(bench_dir):
     rows = load_jsonl(os.path.join(bench_dir, "w1-results.jsonl"))
     if not rows:
@@ -99,26 +109,12 @@ def w1_section(bench_dir):
             f"command), {job_ratio} in the job phase.",
             "",
         ]
-    if med.get("stoke-local-2") and med.get("stoke-local-2-python"):
-        ratio = med["stoke-local-2-python"] / med["stoke-local-2"]
-        vs_py = med["stoke-local-2-python"] / med["python"] if med.get("python") else None
-        out += [
-            f"Python processor (g) / built-in runner (e) --local 2: {ratio:.2f}x records/s "
-            f"(target >= 0.9x: {'met' if ratio >= 0.9 else 'missed'})"
-            + (f"; (g) / plain Python (b): {vs_py:.2f}x (target >= 1.5x: {'met' if vs_py >= 1.5 else 'missed'})" if vs_py else "")
-            + ".",
-            "",
-        ]
-    if med.get("stoke-fleet-2") and med.get("stoke-fleet-2-python"):
-        ratio = med["stoke-fleet-2-python"] / med["stoke-fleet-2"]
-        vs_py = med["stoke-fleet-2-python"] / med["python"] if med.get("python") else None
-        out += [
-            f"On a fleet already up (h): Python processor / built-in runner: {ratio:.2f}x "
-            f"records/s (target >= 0.9x: {'met' if ratio >= 0.9 else 'missed'})"
-            + (f"; / plain Python (b): {vs_py:.2f}x (target >= 1.5x: {'met' if vs_py >= 1.5 else 'missed'})" if vs_py else "")
-            + ".",
-            "",
-        ]
+    for builtin, py, what in [
+        ("stoke-local-2", "stoke-local-2-python", "Python processor (g) / built-in runner (e) --local 2"),
+        ("stoke-fleet-2", "stoke-fleet-2-python", "On a fleet already up (h): Python processor / built-in runner"),
+    ]:
+        if med.get(builtin) and med.get(py):
+            out += [python_ratios(med, builtin, py, what), ""]
     if med.get("stoke-local-1") and med.get("stoke-local-1-python"):
         out += [
             f"Two Python processors in one worker (one GIL) vs two Rust ones: "
