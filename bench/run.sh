@@ -10,7 +10,8 @@
 #                          #   .pt2 package (AOTInductor), interleaved
 #   bench/run.sh python    # W1 with --local 2 through a Python processor
 #                          #   (bench/w1_python_processor.py) vs the built-in
-#                          #   runner vs plain Python, interleaved
+#                          #   runner vs plain Python, interleaved; and both
+#                          #   submitted to a fleet that is already up
 #   bench/run.sh s3        # W1 with --local 2 on file:// vs the local S3 server,
 #                          #   and store requests per checkpoint (a counting proxy)
 #
@@ -185,6 +186,14 @@ contender() {
       run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
         "$BIN/stoke" run "$SPEC_PY" --local 1 --device cpu,cpu --threads 1 --root "$work/root"
       ;;
+    stoke-fleet-2 | stoke-fleet-2-python)
+      # A job submitted to a fleet that is already up (fleet_start): what
+      # a cluster's users see, with no process start-up in the job.
+      local spec="$SPEC"
+      [ "$name" = stoke-fleet-2-python ] && spec="$SPEC_PY"
+      run_one "$name" stoke "$round" "" -- \
+        "$BIN/stoke" --coordinator "$FLEET_ADDR" submit "$spec" --wait
+      ;;
     stoke-local-2-pt2)
       # The same job with W1's model exported as a .pt2 package.
       run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
@@ -231,12 +240,57 @@ run_pt2() {
   run_rounds stoke-local-2 stoke-local-2-pt2
 }
 
+# A fleet that stays up between jobs, as a cluster's does: a coordinator
+# and 2 workers (1 thread each, Python prewarmed), for stoke-fleet-2*.
+fleet_start() {
+  FLEET="$BENCH_DIR/fleet"
+  fleet_stop
+  rm -rf "$FLEET"
+  mkdir -p "$FLEET"
+  RUST_LOG=warn "$BIN/stoke-coordinator" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
+    --root "$FLEET/root" --addr-file "$FLEET/addr" >"$FLEET/coordinator.log" 2>&1 &
+  FLEET_PIDS=("$!")
+  trap fleet_stop EXIT
+  local waited=0
+  until [ -s "$FLEET/addr" ]; do
+    sleep 0.1
+    waited=$((waited + 1))
+    [ "$waited" -lt 300 ] || { log "the fleet's coordinator did not start: $FLEET/coordinator.log"; exit 1; }
+  done
+  FLEET_ADDR="http://$(cat "$FLEET/addr")"
+  for i in 1 2; do
+    RUST_LOG=warn,stoke_worker=info "$BIN/stoke-worker" --coordinator "$FLEET_ADDR" \
+      --worker-id "fleet-$i" --device cpu --threads 1 --python-prewarm >"$FLEET/worker-$i.log" 2>&1 &
+    FLEET_PIDS+=("$!")
+  done
+  waited=0
+  until [ "$(cat "$FLEET"/worker-*.log | grep -c 'Python ready for processors')" -ge 2 ]; do
+    sleep 0.1
+    waited=$((waited + 1))
+    [ "$waited" -lt 1200 ] || { log "the fleet's workers did not start Python: $FLEET/worker-*.log"; exit 1; }
+  done
+  log "fleet up at $FLEET_ADDR (2 workers, Python prewarmed)"
+}
+
+fleet_stop() {
+  if [ "${#FLEET_PIDS[@]}" -gt 0 ]; then
+    kill "${FLEET_PIDS[@]}" 2>/dev/null || true
+    wait "${FLEET_PIDS[@]}" 2>/dev/null || true
+  fi
+  FLEET_PIDS=()
+}
+FLEET_PIDS=()
+
 run_python() {
   prepare_w1
   rm -f "$RESULTS"
   echo "not run (bench/run.sh python)." >"$BENCH_DIR/ray-status.txt"
   "$STOKE_REPO/scripts/python-package.sh"
-  run_rounds python stoke-local-2 stoke-local-2-python stoke-local-1 stoke-local-1-python
+  fleet_start
+  run_rounds python stoke-local-2 stoke-local-2-python stoke-local-1 stoke-local-1-python \
+    stoke-fleet-2 stoke-fleet-2-python
+  fleet_stop
+  rm -rf "$FLEET"
 }
 
 run_w1() {

@@ -32,6 +32,9 @@ pub struct WorkerCommand {
     pub coordinator: String,
     pub device: String,
     pub threads: usize,
+    /// The job runs a Python processor: the workers start Python at once
+    /// (`--python-prewarm`), while they connect and take their first lease.
+    pub python_prewarm: bool,
 }
 
 /// A job's progress at one moment: what "the job moved" is measured by.
@@ -147,6 +150,7 @@ fn spawn(
         .arg("--threads")
         .arg(c.threads.to_string())
         .arg("--exit-when-idle")
+        .args(c.python_prewarm.then_some("--python-prewarm"))
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_string()),

@@ -289,8 +289,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     "WORKER", "HOST", "DEVICES", "LEASES"
                 );
                 for w in &workers {
-                    let holds: Vec<String> =
-                        w.leases.iter().map(|(j, s)| format!("{j}/{s}")).collect();
+                    let holds: Vec<String> = w
+                        .leases
+                        .iter()
+                        .map(|(j, s, _)| format!("{j}/{s}"))
+                        .collect();
                     println!(
                         "{:<24} {:<20} {:<16} {:>6}  {}",
                         w.worker_id,
@@ -550,6 +553,7 @@ impl LocalRun {
             coordinator: addr.to_string(),
             device: self.device.clone(),
             threads,
+            python_prewarm: spec.processor.python.is_some(),
         };
         let mut workers = fleet::Fleet::start(command, self.workers, fleet::Progress::of(&job))?;
         let started = Instant::now();

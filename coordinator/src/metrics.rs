@@ -373,7 +373,7 @@ mod tests {
                 session_id: "s".to_string(),
                 hostname: "h".to_string(),
                 devices: vec!["cpu".to_string()],
-                leases: vec![("j".to_string(), "s00000".to_string())],
+                leases: vec![("j".to_string(), "s00000".to_string(), 1)],
                 stages: StageTotals {
                     model_ms: 1500,
                     batches: 3,

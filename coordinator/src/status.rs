@@ -270,6 +270,8 @@ pub struct WorkerView {
 pub struct LeaseView {
     pub job: String,
     pub shard: String,
+    /// Its fencing token: a later lease on the shard has a larger one.
+    pub token: u64,
 }
 
 /// Where a worker's processor threads spent their time since it started.
@@ -320,7 +322,7 @@ impl StatusView {
                 leases: w
                     .leases
                     .into_iter()
-                    .map(|(job, shard)| LeaseView { job, shard })
+                    .map(|(job, shard, token)| LeaseView { job, shard, token })
                     .collect(),
                 stages: StagesView {
                     batches: w.stages.batches,
@@ -560,7 +562,7 @@ mod tests {
                     session_id: "w1-SESSION".to_string(),
                     hostname: "gpu-node-1".to_string(),
                     devices: vec!["cuda:0".to_string()],
-                    leases: vec![("fixture-1".to_string(), "s00003".to_string())],
+                    leases: vec![("fixture-1".to_string(), "s00003".to_string(), 4)],
                     stages: Default::default(),
                 }],
                 ..Default::default()

@@ -159,7 +159,11 @@ impl From<WorkerInfo> for pb::WorkerInfo {
             leases: w
                 .leases
                 .into_iter()
-                .map(|(job_id, shard_id)| pb::LeaseRef { job_id, shard_id })
+                .map(|(job_id, shard_id, token)| pb::LeaseRef {
+                    job_id,
+                    shard_id,
+                    token,
+                })
                 .collect(),
             stages: Some(w.stages.into()),
         }
@@ -176,7 +180,7 @@ impl From<pb::WorkerInfo> for WorkerInfo {
             leases: w
                 .leases
                 .into_iter()
-                .map(|l| (l.job_id, l.shard_id))
+                .map(|l| (l.job_id, l.shard_id, l.token))
                 .collect(),
             stages: w.stages.map(Into::into).unwrap_or_default(),
         }

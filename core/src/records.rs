@@ -224,8 +224,8 @@ pub struct WorkerInfo {
     pub session_id: String,
     pub hostname: String,
     pub devices: Vec<String>,
-    /// (job id, shard id) of each lease.
-    pub leases: Vec<(String, String)>,
+    /// (job id, shard id, fencing token) of each lease.
+    pub leases: Vec<(String, String, u64)>,
     /// Where its processor threads spent their time, as last reported.
     pub stages: StageTotals,
 }

@@ -14,7 +14,7 @@ use stoke_core::records::{Manifest, ProgressRecord};
 use stoke_core::{StoreConfig, StoreUri, Stores};
 
 use crate::s3::{ACCESS_KEY, S3Server, SECRET_KEY};
-use crate::{Coordinator, file_uri, fixture, stoke_cli_env, uri_path};
+use crate::{Coordinator, file_uri, fixture, stoke_cli_env, summary_field, text, uri_path};
 
 /// Which storage a [`TestEnv`] uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,15 +206,13 @@ impl TestEnv {
     }
 
     pub fn spec_in(&self, format: &str, folder: &str, extra: &str) -> String {
-        crate::fixture_spec_in(format, folder, extra)
-            .replace(
-                &file_uri(&fixture().join("model.pt")),
-                &self.fixture_uri("model.pt"),
-            )
-            .replace(
-                &file_uri(&fixture().join(folder)),
-                &self.fixture_uri(folder),
-            )
+        crate::fixture_model_spec(
+            format,
+            format!("{}/", self.fixture_uri(folder)),
+            self.fixture_uri("model.pt"),
+            extra,
+        )
+        .toml()
     }
 
     /// Writes a spec file into the test folder; returns its path.
@@ -236,6 +234,28 @@ impl TestEnv {
             flags.extend(["--root-lock-ttl", "2s"]);
         }
         Coordinator::start_on(&self.root(), self.dir(), &flags, env, self.store_env())
+    }
+
+    /// `stoke run SPEC <mode> --device DEVICE --threads 1 --root ROOT` with
+    /// this storage's settings (`mode`: `--embedded`, `--local N`).
+    pub fn stoke_run(&self, spec: &str, mode: &[&str], device: &str, root: &str) -> Output {
+        let mut args = vec!["run", spec];
+        args.extend_from_slice(mode);
+        args.extend(["--device", device, "--threads", "1", "--root", root]);
+        self.cli(&args)
+    }
+
+    /// [`Self::stoke_run`] on the CPU, which must succeed; returns the job
+    /// id from its summary.
+    pub fn stoke_run_ok(&self, spec: &str, mode: &[&str], root: &str) -> String {
+        let out = self.stoke_run(spec, mode, "cpu", root);
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "stoke run {spec}: {stdout}\n{}",
+            text(&out.stderr)
+        );
+        summary_field(&stdout, "job").unwrap_or_else(|| panic!("no job id in {stdout}"))
     }
 
     /// Runs the CLI (not bound to a coordinator) with this storage's settings.

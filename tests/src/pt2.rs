@@ -9,12 +9,10 @@
 //! under a file lock so test processes running side by side build it once.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
-use crate::{Prediction, python, repo_root};
+use crate::Prediction;
 
 /// Records in the digits data.
 pub const RECORDS: usize = 1797;
@@ -22,27 +20,7 @@ pub const RECORDS: usize = 1797;
 /// The fixture folder, built if needed.
 pub fn fixture() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let script = repo_root().join("scripts/pt2_fixture.py");
-        let source = std::fs::read(&script).expect("scripts/pt2_fixture.py");
-        let hash = stoke_core::sha256_hex(&source);
-        let home = std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_default();
-        let cache = home.join(".cache/stoke");
-        std::fs::create_dir_all(&cache).expect("~/.cache/stoke");
-        let dir = cache.join(format!("pt2-fixture-{}", &hash[..16]));
-        let lock = File::create(cache.join("pt2-fixture.lock")).expect("lock file");
-        lock.lock().expect("locking the pt2 fixture");
-        let status = Command::new(python())
-            .arg(&script)
-            .arg(&dir)
-            .status()
-            .expect("running scripts/pt2_fixture.py");
-        assert!(status.success(), "scripts/pt2_fixture.py failed");
-        drop(lock);
-        dir
-    })
+    DIR.get_or_init(|| crate::cached_fixture("pt2_fixture.py", "pt2-fixture"))
 }
 
 /// Each model's outputs, computed in Python, by model file name
@@ -58,29 +36,17 @@ pub fn reference(model: &str) -> &'static HashMap<String, Prediction> {
 /// model at `model` (a URI); `params` and `extra` add processor params and
 /// top-level sections.
 pub fn spec(processor: &str, data: &str, model: &str, params: &str, extra: &str) -> String {
-    format!(
-        r#"name = "pt2"
-max_attempts = 2
-{extra}
-[dataset]
-format = "parquet"
-uri = "{data}/"
-id_column = "id"
-[processor]
-name = "{processor}"
-[processor.params]
-model = "{model}"
-input_column = "pixels"
-outputs = ["argmax", "scores"]
-{params}
-[batching]
-batch_size = 64
-[checkpoint]
-interval = 2
-[sharding]
-records = 300
-"#
-    )
+    crate::ModelSpec {
+        processor: processor.to_string(),
+        input_column: "pixels".to_string(),
+        params: params.to_string(),
+        batch_size: 64,
+        interval: 2,
+        records: 300,
+        extra: extra.to_string(),
+        ..crate::ModelSpec::torchscript("pt2", format!("{data}/"), model.to_string())
+    }
+    .toml()
 }
 
 /// Checks that every record appears exactly once and equals `model`'s

@@ -79,20 +79,7 @@ fn two_workers_process_parquet_exactly_once_and_match_the_model(env) {
 
     // Embedded mode runs the same job in one process: identical outputs.
     let embedded_root = env.uri("embedded");
-    let out = env.cli(&[
-        "run",
-        &spec,
-        "--embedded",
-        "--device",
-        "cpu",
-        "--threads",
-        "1",
-        "--root",
-        &embedded_root,
-    ]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
-    let embedded_job = summary_field(&stdout, "job").expect("job id");
+    let embedded_job = env.stoke_run_ok(&spec, &["--embedded"], &embedded_root);
     let embedded = env.manifest_in(&embedded_root, &embedded_job);
     let embedded_rows = committed_rows(&embedded);
     assert_matches_reference(&embedded_rows);

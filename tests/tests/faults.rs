@@ -116,7 +116,7 @@ fn a_zombie_upload_after_the_end_never_reaches_the_output_folder() {
     assert_dataset_matches_manifest(&job_dir.join("outputs"), &m);
     // Every coordinator line about a lease names job, shard, token and
     // worker, so one grep tells an attempt's story (its expiry included).
-    let log = stoke_tests::chaos::strip_ansi(&coordinator.proc.log_text());
+    let log = stoke_tests::strip_ansi(&coordinator.proc.log_text());
     let lease_lines: Vec<&str> = log.lines().filter(|l| l.contains(" shard=")).collect();
     assert!(
         lease_lines.iter().any(|l| l.contains("lease expired")),

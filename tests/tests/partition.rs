@@ -19,8 +19,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use stoke_core::records::ProgressRecord;
-use stoke_tests::chaos::{self, JobWatch, LEASE_TIMEOUT};
-use stoke_tests::{Coordinator, DEADLINE, committed_rows, manifest, wait_until};
+use stoke_tests::chaos::{self, LEASE_TIMEOUT};
+use stoke_tests::{
+    Coordinator, DEADLINE, committed_rows, lines_with, manifest, wait_until, worker_at,
+};
 
 /// Open: bytes flow. Closed: every pump holds what it read and waits.
 #[derive(Default)]
@@ -159,6 +161,38 @@ fn progress(root: &Path, job_id: &str, shard_id: &str) -> Option<ProgressRecord>
     stoke_tests::progress(root, job_id, shard_id)
 }
 
+/// A lease as `/api/status` shows it.
+#[derive(Debug, Clone, PartialEq)]
+struct Held {
+    shard: String,
+    token: u64,
+}
+
+/// The leases worker `id` holds, by the coordinator's `/api/status`
+/// (`None` while it does not answer).
+fn held_by(coordinator: &Coordinator, id: &str) -> Option<Vec<Held>> {
+    let status = coordinator.api_status()?;
+    let worker = status["workers"]
+        .as_array()?
+        .iter()
+        .find(|w| w["worker_id"] == id);
+    let Some(worker) = worker else {
+        return Some(Vec::new());
+    };
+    Some(
+        worker["leases"]
+            .as_array()?
+            .iter()
+            .filter_map(|l| {
+                Some(Held {
+                    shard: l["shard"].as_str()?.to_string(),
+                    token: l["token"].as_u64()?,
+                })
+            })
+            .collect(),
+    )
+}
+
 #[test]
 fn a_partitioned_worker_loses_its_shard_and_its_late_commits_are_refused() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -177,45 +211,37 @@ fn a_partitioned_worker_loses_its_shard_and_its_late_commits_are_refused() {
         .parse()
         .expect("coordinator address");
     let proxy = Proxy::start(upstream);
-    let mut a = chaos::spawn_worker(&format!("http://{}", proxy.addr), "a", tmp.path());
-    let mut b = chaos::spawn_worker(&coordinator.addr, "b", tmp.path());
-    let mut watch = JobWatch::new(&coordinator.addr);
-    let coordinator_log = || chaos::strip_ansi(&coordinator.proc.log_text());
+    let mut a = worker_at(&format!("http://{}", proxy.addr), "a", tmp.path());
+    let mut b = worker_at(&coordinator.addr, "b", tmp.path());
+    let mut watch = coordinator.watch();
 
     // Black-hole A right after it takes a lease, and wait for the
     // coordinator to take that lease back. If A's last commit of the shard
     // got through just before the cut, nothing is taken back: heal and try
     // again on A's next lease.
-    let mut seen = 0;
+    let mut last_token = 0;
     let mut tries = 0;
     let (lease, done_at_cut) = loop {
         tries += 1;
         assert!(tries <= 5, "A finished its shard before every cut");
         let lease = wait_until("A to take a lease", DEADLINE, || {
-            let taken = chaos::leases_taken(&a.log_text());
-            (taken.len() > seen).then(|| (taken.len(), taken[taken.len() - 1].clone()))
+            held_by(&coordinator, "a")?
+                .into_iter()
+                .find(|l| l.token > last_token)
         });
-        seen = lease.0;
-        let lease = lease.1;
+        last_token = lease.token;
         proxy.cut();
         let done_at_cut =
             wait_until("the job's status", DEADLINE, || watch.info(&job_id)).records_done;
-        let taken_back = wait_until(
-            &format!("the coordinator to take back {lease:?} (or see it done)"),
+        wait_until(
+            &format!("the coordinator to no longer count A as holding {lease:?}"),
             DEADLINE,
-            || {
-                let log = coordinator_log();
-                if !chaos::lines_with(&log, "lease expired", Some(&lease.shard), Some(lease.token))
-                    .is_empty()
-                {
-                    return Some(true);
-                }
-                (!chaos::lines_with(&log, "shard done", Some(&lease.shard), Some(lease.token))
-                    .is_empty())
-                .then_some(false)
-            },
+            || (!held_by(&coordinator, "a")?.contains(&lease)).then_some(()),
         );
-        if taken_back {
+        // Done with A's token: A's last commit got through before the cut.
+        let finished = progress(&root, &job_id, &lease.shard)
+            .is_some_and(|p| p.done && p.token == lease.token);
+        if !finished {
             println!("partition: A cut off holding {lease:?}; the coordinator took it back");
             break (lease, done_at_cut);
         }
@@ -233,7 +259,7 @@ fn a_partitioned_worker_loses_its_shard_and_its_late_commits_are_refused() {
         &format!("B to take shard {} (log: {})", lease.shard, b.log.display()),
         DEADLINE,
         || {
-            chaos::leases_taken(&b.log_text())
+            held_by(&coordinator, "b")?
                 .into_iter()
                 .find(|l| l.shard == lease.shard && l.token > lease.token)
         },
@@ -254,21 +280,26 @@ fn a_partitioned_worker_loses_its_shard_and_its_late_commits_are_refused() {
         done_at_cut,
         info.records_done
     );
-    let a_log = chaos::strip_ansi(&a.log_text());
+    let a_log = a.log_text();
     assert!(
         !a_log.contains("commit refused"),
         "A heard from the coordinator through the black hole:\n{a_log}"
     );
 
     println!("partition: B took the shard ({b_lease:?}) and committed on it; healing");
-    // Heal: A's held commit reaches the coordinator and is refused.
+    // Heal: A's held commit reaches the coordinator and is refused. The
+    // coordinator counts it; what it told A is in A's own log.
+    let refused_before = refused_commits(&coordinator);
     proxy.heal();
+    wait_until("the coordinator to refuse a commit", DEADLINE, || {
+        (refused_commits(&coordinator)? > refused_before?).then_some(())
+    });
     let refused = wait_until(
-        &format!("A's late commit to be refused (log: {})", a.log.display()),
+        &format!("A to log its refused commit (log: {})", a.log.display()),
         DEADLINE,
         || {
-            let log = chaos::strip_ansi(&a.log_text());
-            chaos::lines_with(&log, "commit refused", Some(&lease.shard), None)
+            let log = a.log_text();
+            lines_with(&log, "commit refused", Some(&lease.shard), None)
                 .first()
                 .map(|l| l.to_string())
         },
@@ -302,4 +333,9 @@ fn a_partitioned_worker_loses_its_shard_and_its_late_commits_are_refused() {
     let comparison = chaos::compare(&rows, &committed_rows(&embedded));
     assert!(comparison.ok(), "{comparison:#?}");
     assert_eq!(comparison.checked, 5000);
+}
+
+/// The coordinator's count of refused commits since it started.
+fn refused_commits(coordinator: &Coordinator) -> Option<u64> {
+    coordinator.api_status()?["counters"]["commits_refused"].as_u64()
 }

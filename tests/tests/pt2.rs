@@ -67,17 +67,7 @@ fn run_manifest(
 ) -> stoke_core::records::Manifest {
     let path = env.write_spec(&format!("{tag}.toml"), spec);
     let root = env.uri(&format!("state-{tag}"));
-    let mut args = vec!["run", path.as_str()];
-    args.extend_from_slice(mode);
-    args.extend(["--device", "cpu", "--threads", "1", "--root", root.as_str()]);
-    let out = env.cli(&args);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{tag}: {stdout}\n{}",
-        text(&out.stderr)
-    );
-    let job_id = summary_field(&stdout, "job").expect("job id");
+    let job_id = env.stoke_run_ok(&path, mode, &root);
     let manifest = env.manifest_in(&root, &job_id);
     assert_eq!(manifest.records_in, RECORDS as u64, "{tag}");
     manifest
@@ -88,17 +78,7 @@ fn run_manifest(
 fn failing_run(env: &TestEnv, spec: &str, tag: &str, device: &str) -> String {
     let path = env.write_spec(&format!("{tag}.toml"), spec);
     let root = env.uri(&format!("state-{tag}"));
-    let out = env.cli(&[
-        "run",
-        &path,
-        "--embedded",
-        "--device",
-        device,
-        "--threads",
-        "1",
-        "--root",
-        &root,
-    ]);
+    let out = env.stoke_run(&path, &["--embedded"], device, &root);
     let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
     assert!(!out.status.success(), "{tag}: the job should fail: {all}");
     assert!(!all.contains("panicked"), "{tag}: a panic: {all}");
@@ -244,24 +224,7 @@ fn argmax_refuses_an_output_that_is_not_batch_by_classes() {
         "input_column = \"pixels\"\nflatten_outputs = true",
     );
     let path = env.write_spec("flattened.toml", &flattened);
-    let root = env.uri("state-flattened");
-    let out = env.cli(&[
-        "run",
-        &path,
-        "--embedded",
-        "--device",
-        "cpu",
-        "--threads",
-        "1",
-        "--root",
-        &root,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    env.stoke_run_ok(&path, &["--embedded"], &env.uri("state-flattened"));
 }
 
 #[test]

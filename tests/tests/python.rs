@@ -529,3 +529,51 @@ fn pause_resume_a_coordinator_restart_and_cancel_behave_as_for_rust_processors()
     );
     assert_no_panic(&worker);
 }
+
+#[test]
+fn a_prewarmed_worker_starts_python_before_any_job_and_serves_jobs_one_after_another() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    // A worker of a fleet: it stays up between jobs (no --exit-when-idle),
+    // and starts Python while there is no job at all.
+    let mut cmd = Command::new(bin("stoke-worker"));
+    cmd.args(["--coordinator", &coordinator.addr, "--worker-id", "warm"])
+        .args(["--device", "cpu", "--threads", "1", "--python-prewarm"]);
+    let mut worker = Proc::spawn("worker-warm", cmd, tmp.path());
+    wait_until("the worker to start Python", DEADLINE, || {
+        worker
+            .log_text()
+            .contains("Python ready for processors (prewarmed)")
+            .then_some(())
+    });
+    let registered = wait_until("the worker to register", DEADLINE, || {
+        let status = coordinator.api_status()?;
+        let workers = status["workers"].as_array()?.clone();
+        workers.into_iter().find(|w| w["worker_id"] == "warm")
+    });
+    assert_eq!(registered["leases"], serde_json::json!([]), "{registered}");
+    // Two Python jobs, one after the other, on the one interpreter.
+    for name in ["first", "second"] {
+        let job = coordinator.submit(&write_spec(
+            tmp.path(),
+            &format!("{name}.toml"),
+            &python_spec("Runner", "", ""),
+        ));
+        coordinator.wait_success(&job);
+        assert_matches_reference(&committed_rows(&manifest(&root, &job)));
+    }
+    let log = worker.log_text();
+    assert_eq!(
+        log.matches("Python ready for processors").count(),
+        1,
+        "{log}"
+    );
+    try_signal(worker.pid(), libc::SIGTERM);
+    assert!(
+        worker.wait_exit(DEADLINE).success(),
+        "{}",
+        worker.log_text()
+    );
+    assert_no_panic(&worker);
+}

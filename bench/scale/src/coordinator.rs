@@ -1,94 +1,44 @@
-//! A real `stoke-coordinator` process on a file store, and what the
-//! benchmark reads about it from /proc.
+//! The coordinator process of the benchmark: the sandbox's coordinator
+//! (`stoke-sandbox`, the one the process tests use) on a fresh file root,
+//! plus the RPCs the benchmark times.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use stoke_core::PROTOCOL_VERSION;
 use stoke_proto::v1 as pb;
 use stoke_proto::v1::job_service_client::JobServiceClient;
-use tokio::process::{Child, Command};
+use stoke_sandbox::{Coordinator, Launch};
 use tonic::transport::Channel;
 
+pub use stoke_sandbox::Memory;
+
 pub struct CoordinatorProcess {
-    child: Child,
-    pid: u32,
-    url: String,
+    inner: Coordinator,
     root: PathBuf,
-}
-
-/// Resident memory of a process, from /proc/<pid>/status.
-#[derive(Debug, Clone, Copy)]
-pub struct Memory {
-    pub rss_kib: u64,
-    pub peak_kib: u64,
-}
-
-impl Memory {
-    pub fn rss_mib(&self) -> f64 {
-        self.rss_kib as f64 / 1024.0
-    }
-    pub fn peak_mib(&self) -> f64 {
-        self.peak_kib as f64 / 1024.0
-    }
 }
 
 impl CoordinatorProcess {
     /// Starts the coordinator on 127.0.0.1 (a free port) with a fresh file
-    /// root under `dir`, and waits until it listens.
+    /// root under `dir`, and waits until it is ready.
     pub async fn start(bin: &Path, dir: &Path, log: &str) -> anyhow::Result<Self> {
         if dir.exists() {
             std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
         }
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let root = dir.join("state");
-        let addr_file = dir.join("addr");
-        let log_path = dir.join("coordinator.log");
-        let log_file = std::fs::File::create(&log_path)
-            .with_context(|| format!("creating {}", log_path.display()))?;
-        let mut child = Command::new(bin)
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--root")
-            .arg(&root)
-            .arg("--addr-file")
-            .arg(&addr_file)
+        let launch = Launch::new(root.display().to_string(), dir)
+            .binary(bin)
             // Commits with shard_done end every lease within milliseconds;
             // the default timeout (30s) only matters for the expiry scan.
-            .arg("--lease-timeout")
-            .arg("30s")
-            .env("RUST_LOG", log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let pid = child.id().context("coordinator pid")?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let addr = loop {
-            if let Ok(addr) = std::fs::read_to_string(&addr_file) {
-                break addr.trim().to_string();
-            }
-            if let Some(status) = child.try_wait()? {
-                bail!(
-                    "the coordinator exited with {status} before listening (see {})",
-                    log_path.display()
-                );
-            }
-            if Instant::now() > deadline {
-                bail!("the coordinator did not listen within 30s");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        Ok(Self {
-            child,
-            pid,
-            url: format!("http://{addr}"),
-            root,
-        })
+            .args(&["--lease-timeout", "30s"])
+            .env(&[("RUST_LOG", log)]);
+        // The sandbox waits on the process with blocking polls.
+        let inner = tokio::task::spawn_blocking(move || launch.start())
+            .await
+            .context("starting the coordinator")?;
+        Ok(Self { inner, root })
     }
 
     pub fn root(&self) -> &Path {
@@ -96,10 +46,10 @@ impl CoordinatorProcess {
     }
 
     pub async fn channel(&self) -> anyhow::Result<Channel> {
-        Channel::from_shared(self.url.clone())?
+        Channel::from_shared(self.inner.addr.clone())?
             .connect()
             .await
-            .with_context(|| format!("connecting to {}", self.url))
+            .with_context(|| format!("connecting to {}", self.inner.addr))
     }
 
     /// Submits a TOML spec; returns the job and how long the RPC took.
@@ -138,69 +88,26 @@ impl CoordinatorProcess {
     }
 
     pub fn memory(&self) -> anyhow::Result<Memory> {
-        let path = format!("/proc/{}/status", self.pid);
-        let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        let field = |name: &str| -> anyhow::Result<u64> {
-            let line = status
-                .lines()
-                .find(|l| l.starts_with(name))
-                .with_context(|| format!("no {name} in {path}"))?;
-            let kib = line
-                .trim_start_matches(name)
-                .trim()
-                .trim_end_matches("kB")
-                .trim();
-            kib.parse::<u64>()
-                .with_context(|| format!("parsing {name} in {path}: {line:?}"))
-        };
-        Ok(Memory {
-            rss_kib: field("VmRSS:")?,
-            peak_kib: field("VmHWM:")?,
-        })
+        self.inner
+            .memory()
+            .context("reading the coordinator's memory from /proc")
     }
 
     /// User + system CPU seconds the coordinator used so far.
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        cpu_seconds(&format!("/proc/{}/stat", self.pid))
+        self.inner
+            .cpu_seconds()
+            .context("reading the coordinator's CPU time from /proc")
     }
 
-    pub async fn stop(mut self) {
-        let _ = self.child.kill().await;
+    pub async fn stop(self) {
+        drop(self.inner);
     }
 }
 
 /// User + system CPU seconds this process (the simulated workers) used so far.
 pub fn own_cpu_seconds() -> anyhow::Result<f64> {
-    cpu_seconds("/proc/self/stat")
-}
-
-fn cpu_seconds(path: &str) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-    // The command name may hold spaces; the fields after it do not.
-    let after_name = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .with_context(|| format!("parsing {path}"))?;
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    // Fields 14 and 15 of stat(5) (utime, stime); field 3 is fields[0].
-    let ticks = |i: usize| -> anyhow::Result<u64> {
-        fields
-            .get(i)
-            .with_context(|| format!("short {path}"))?
-            .parse::<u64>()
-            .with_context(|| format!("parsing {path}"))
-    };
-    Ok((ticks(11)? + ticks(12)?) as f64 / clock_ticks_per_second())
-}
-
-fn clock_ticks_per_second() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse::<f64>().ok())
-        .unwrap_or(100.0)
+    stoke_sandbox::own_cpu_seconds().context("reading /proc/self/stat")
 }
 
 /// A synthetic job the coordinator plans without reading anything.

@@ -78,12 +78,13 @@ impl State {
             .sessions
             .iter()
             .map(|(session_id, s)| {
-                let mut leases: Vec<(String, String)> = s
+                let mut leases: Vec<(String, String, u64)> = s
                     .leases
                     .iter()
                     .filter_map(|(job_id, idx)| {
                         let job = self.jobs.get(job_id)?;
-                        Some((job_id.clone(), job.plan.shards.get(*idx)?.id.clone()))
+                        let token = job.shards.get(*idx)?.lease.as_ref()?.token;
+                        Some((job_id.clone(), job.plan.shards.get(*idx)?.id.clone(), token))
                     })
                     .collect();
                 leases.sort();

@@ -463,7 +463,7 @@ async fn status_reports_shards_by_state_and_a_rate_from_samples_over_time() {
     let worker = &report.snapshot.workers[0];
     assert_eq!(
         worker.leases,
-        vec![("j".to_string(), second.shard.id.clone())]
+        vec![("j".to_string(), second.shard.id.clone(), second.token)]
     );
 
     // A failed attempt: that shard waits as retrying, and is counted.

@@ -62,6 +62,34 @@ pub fn use_python(python: &str) {
     interp::use_python(python);
 }
 
+/// Starts the interpreter and imports torch and the `stoke` package on a
+/// thread of its own, at once (`--python-prewarm`): a worker that will run
+/// Python processors then pays that start-up (about a second: `import
+/// torch`) while it connects and waits for work, not after its first
+/// lease. The first processor waits for it if it is not done yet. A
+/// failure is logged here and is the first Python processor's error too.
+pub fn prewarm() {
+    let spawned = std::thread::Builder::new()
+        .name("python-prewarm".to_string())
+        .spawn(|| {
+            let started = std::time::Instant::now();
+            let ready = interp::interp().and_then(|_| {
+                Python::attach(|py| py.import("stoke._runtime").map(|_| ()))
+                    .map_err(|e| PythonError::Setup(format!("import stoke: {e}")))
+            });
+            match ready {
+                Ok(()) => tracing::info!(
+                    seconds = started.elapsed().as_secs_f64(),
+                    "Python ready for processors (prewarmed)"
+                ),
+                Err(e) => tracing::warn!(error = %e, "could not prewarm Python"),
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "could not start the thread that prewarms Python");
+    }
+}
+
 /// The torch version of this worker's libtorch.
 pub fn worker_torch_version() -> &'static str {
     interp::WORKER_TORCH

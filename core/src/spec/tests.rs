@@ -1,0 +1,314 @@
+use super::*;
+
+const GOOD: &str = r#"
+name = "digits"
+[dataset]
+format = "parquet"
+uri = "file:///data/digits/"
+[processor]
+name = "torchscript"
+params = { model = "file:///m.pt", input_column = "pixels" }
+[batching]
+batch_size = 128
+[checkpoint]
+interval = 10
+every = "30s"
+[sharding]
+records = 500
+bytes = "16MiB"
+"#;
+
+fn err(text: &str) -> String {
+    match JobSpec::from_toml(text) {
+        Ok(spec) => panic!("spec was accepted: {spec:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn parses_a_full_spec_with_human_units() {
+    let spec = JobSpec::from_toml(GOOD).expect("valid spec");
+    assert_eq!(spec.batching.batch_size, 128);
+    assert_eq!(spec.checkpoint.every, Some(Duration::from_secs(30)));
+    assert_eq!(spec.sharding.bytes, ByteSize::mib(16));
+    assert_eq!(spec.max_attempts, 3);
+    assert_eq!(
+        spec.processor.params.get("input_column"),
+        Some(&serde_json::json!("pixels"))
+    );
+    // JSON round trip gives the same spec, also for sizes that have no
+    // exact human form.
+    assert_eq!(JobSpec::from_json(&spec.to_json()).expect("json"), spec);
+    let odd = JobSpec::from_toml(&GOOD.replace("\"16MiB\"", "\"1000001B\"")).expect("spec");
+    assert_eq!(JobSpec::from_json(&odd.to_json()).expect("json"), odd);
+}
+
+#[test]
+fn float_params_reach_workers_unchanged() {
+    // Parsed with serde_json's default (not correctly rounded) float
+    // parser, 1.797693133157e308 came back one ulp off from spec.json.
+    for x in [
+        "1.797693133157e308",
+        "2.2250738585072011e-308",
+        "5e-324",
+        "0.1",
+        "-0.0",
+        "1.7976931348623157e308",
+    ] {
+        let json = format!(
+            r#"{{"dataset":{{"format":"range","count":1}},"processor":{{"name":"p","params":{{"x":{x}}}}}}}"#
+        );
+        let spec = JobSpec::from_json(&json).expect("json spec");
+        let again = JobSpec::from_json(&spec.to_json()).expect("stored spec");
+        assert_eq!(again, spec, "{x}");
+        let toml = format!(
+            "[dataset]\nformat = \"range\"\ncount = 1\n[processor]\nname = \"p\"\nparams = {{ x = {x} }}\n"
+        );
+        let spec = JobSpec::from_toml(&toml).expect("toml spec");
+        assert_eq!(
+            JobSpec::from_json(&spec.to_json()).expect("stored"),
+            spec,
+            "{x}"
+        );
+        let want: f64 = x.parse().expect("f64");
+        assert_eq!(spec.processor.params["x"].as_f64(), Some(want), "{x}");
+    }
+}
+
+#[test]
+fn unknown_key_names_the_key_and_its_section() {
+    let e = err(&GOOD.replace("batch_size = 128", "batch_sise = 128"));
+    assert!(e.contains("batching"), "{e}");
+    assert!(e.contains("batch_sise"), "{e}");
+    assert!(e.contains("batch_size"), "should list the allowed key: {e}");
+    let e = err(&format!("{GOOD}\nworkers = 3\n"));
+    assert!(e.contains("workers"), "{e}");
+}
+
+#[test]
+fn missing_dataset_is_refused() {
+    let e = err("[processor]\nname = \"x\"\n");
+    assert!(e.contains("dataset"), "{e}");
+}
+
+#[test]
+fn missing_uri_names_the_field() {
+    let e = err(&GOOD.replace("uri = \"file:///data/digits/\"", ""));
+    assert!(e.contains("dataset.uri") && e.contains("missing"), "{e}");
+}
+
+#[test]
+fn bad_uri_names_the_field_and_value() {
+    let e = err(&GOOD.replace("file:///data/digits/", "ftp://host/x"));
+    assert!(e.contains("dataset.uri") && e.contains("ftp"), "{e}");
+    let e = err(&GOOD.replace("file:///data/digits/", "not a uri"));
+    assert!(e.contains("dataset.uri"), "{e}");
+}
+
+#[test]
+fn impossible_numbers_each_name_their_field() {
+    for (from, to, field) in [
+        ("batch_size = 128", "batch_size = 0", "batching.batch_size"),
+        ("interval = 10", "interval = 0", "checkpoint.interval"),
+        ("records = 500", "records = 0", "sharding.records"),
+        ("bytes = \"16MiB\"", "bytes = \"10B\"", "sharding.bytes"),
+        ("every = \"30s\"", "every = \"0s\"", "checkpoint.every"),
+    ] {
+        let e = err(&GOOD.replace(from, to));
+        assert!(e.contains(field), "{field}: {e}");
+    }
+    let e = err(&format!("max_attempts = 0\n{GOOD}"));
+    assert!(e.contains("max_attempts"), "{e}");
+    let e = err(&GOOD.replace("interval = 10", "interval = -1"));
+    assert!(e.contains("checkpoint.interval"), "{e}");
+}
+
+#[test]
+fn bad_duration_and_size_are_refused() {
+    let e = err(&GOOD.replace("\"30s\"", "\"thirty\""));
+    assert!(e.contains("checkpoint.every"), "{e}");
+    let e = err(&GOOD.replace("\"16MiB\"", "\"lots\""));
+    assert!(e.contains("sharding.bytes"), "{e}");
+}
+
+#[test]
+fn range_rules() {
+    let range = "[dataset]\nformat = \"range\"\ncount = 10\n[processor]\nname = \"p\"\n";
+    JobSpec::from_toml(range).expect("range spec");
+    let e = err(&range.replace("count = 10", ""));
+    assert!(e.contains("dataset.count"), "{e}");
+    let e = err(&range.replace("count = 10", "count = 10\nuri = \"file:///x\""));
+    assert!(e.contains("dataset.uri"), "{e}");
+    let e = err(&GOOD.replace("format = \"parquet\"", "format = \"parquet\"\ncount = 3"));
+    assert!(e.contains("dataset.count"), "{e}");
+    let e = err(&range.replace("\"range\"", "\"csv\""));
+    assert!(e.contains("dataset.format") && e.contains("csv"), "{e}");
+}
+
+#[test]
+fn range_beyond_max_shards_and_too_many_threads_are_refused() {
+    let range = |count: u64, records: u64| {
+        format!(
+            "[dataset]\nformat = \"range\"\ncount = {count}\n[processor]\nname = \"p\"\n[sharding]\nrecords = {records}\n"
+        )
+    };
+    JobSpec::from_toml(&range(MAX_SHARDS * 10, 10)).expect("exactly the most shards");
+    let e = err(&range(MAX_SHARDS * 10 + 1, 10));
+    assert!(
+        e.contains("sharding.records") && e.contains("at least 11"),
+        "{e}"
+    );
+    let e = err(&range(i64::MAX as u64, 1));
+    assert!(e.contains("sharding.records"), "{e}");
+    let e = err(&GOOD.replace(
+        "name = \"torchscript\"",
+        "name = \"t\"\nthreads = 4294967297",
+    ));
+    assert!(e.contains("processor.threads"), "{e}");
+}
+
+#[test]
+fn bad_name_and_empty_processor() {
+    let e = err(&GOOD.replace("name = \"digits\"", "name = \"a b\""));
+    assert!(e.starts_with("job spec: name"), "{e}");
+    let e = err(&GOOD.replace("name = \"torchscript\"", "name = \"\""));
+    assert!(e.contains("processor.name"), "{e}");
+}
+
+#[test]
+fn json_errors_name_the_path() {
+    let e = JobSpec::from_json(
+        r#"{"dataset":{"format":"range","count":"ten"},"processor":{"name":"p"}}"#,
+    )
+    .expect_err("bad count");
+    assert!(e.to_string().contains("dataset.count"), "{e}");
+}
+
+#[test]
+fn relative_paths_resolve_against_the_spec_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("job.toml");
+    std::fs::write(
+        &path,
+        "[dataset]\nformat = \"jsonl\"\nuri = \"data/in.jsonl\"\n[processor]\nname = \"p\"\n",
+    )
+    .expect("write");
+    let spec = JobSpec::from_file(&path).expect("spec");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[dataset]\nformat = \"range\"\ncount = 1\nextra = 1\n[processor]\nname = \"p\"\n",
+    )
+    .expect("write");
+    let e = JobSpec::from_file(&bad)
+        .expect_err("unknown key")
+        .to_string();
+    assert!(e.contains("dataset") && e.contains("extra"), "{e}");
+    let uri = spec.dataset.uri.expect("uri");
+    assert!(uri.starts_with("file:///"), "{uri}");
+    assert!(uri.ends_with("/data/in.jsonl"), "{uri}");
+}
+
+#[test]
+fn a_python_processor_is_module_colon_class_and_excludes_name() {
+    let spec = |processor: &str| {
+        format!("[dataset]\nformat = \"range\"\ncount = 1\n[processor]\n{processor}\n")
+    };
+    let ok = JobSpec::from_toml(&spec(
+        "python = \"pkg.my_processor:InferenceProcessor\"\npython_path = [\"/code\"]",
+    ))
+    .expect("python spec");
+    assert_eq!(
+        ok.processor.python_target(),
+        Some(("pkg.my_processor", "InferenceProcessor"))
+    );
+    assert_eq!(
+        ok.processor.label(),
+        "python:pkg.my_processor:InferenceProcessor"
+    );
+    // Round trip through the JSON workers get.
+    assert_eq!(JobSpec::from_json(&ok.to_json()).expect("json"), ok);
+
+    let both = err(&spec("name = \"pytorch\"\npython = \"m:C\""));
+    assert!(
+        both.contains("`name`") && both.contains("`python`"),
+        "{both}"
+    );
+    assert!(both.contains("mutually exclusive"), "{both}");
+    for bad in ["m", "m:", ":C", "m:C:D", "1m:C", "m-x:C", "m:C.x"] {
+        let e = err(&spec(&format!("python = \"{bad}\"")));
+        assert!(
+            e.contains("processor.python") && e.contains("module:Class"),
+            "{bad}: {e}"
+        );
+    }
+    let neither = err(&spec("threads = 1"));
+    assert!(
+        neither.contains("processor.name") && neither.contains("python"),
+        "{neither}"
+    );
+    let path_only = err(&spec("name = \"pytorch\"\npython_path = [\".\"]"));
+    assert!(path_only.contains("processor.python_path"), "{path_only}");
+}
+
+#[test]
+fn python_path_entries_resolve_against_the_spec_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("job.toml");
+    std::fs::write(
+        &path,
+        "[dataset]\nformat = \"range\"\ncount = 1\n[processor]\npython = \"m:C\"\n\
+             python_path = [\".\", \"lib\", \"/abs\"]\n",
+    )
+    .expect("write");
+    let spec = JobSpec::from_file(&path).expect("spec");
+    let abs = |p: &str| {
+        std::path::absolute(dir.path().join(p))
+            .expect("absolute")
+            .display()
+            .to_string()
+    };
+    assert_eq!(
+        spec.processor.python_path,
+        vec![abs("."), abs("lib"), "/abs".to_string()]
+    );
+}
+
+#[test]
+fn the_built_in_runners_model_path_resolves_against_the_spec_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = dir.path().canonicalize().expect("canonical");
+    let job = |processor: &str, model: &str| {
+        let path = base.join(format!("{processor}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "[dataset]\nformat = \"range\"\ncount = 1\n[processor]\nname = \"{processor}\"\n\
+                     [processor.params]\nmodel = \"{model}\"\ninput_column = \"x\"\n"
+            ),
+        )
+        .expect("write");
+        JobSpec::from_file(&path).expect("spec")
+    };
+    for name in BUILTIN_RUNNER_NAMES {
+        let spec = job(name, "models/m.pt");
+        let model = spec.processor.params["model"].as_str().expect("model");
+        assert_eq!(
+            model,
+            StoreUri::from_local_path(&base.join("models/m.pt"))
+                .expect("uri")
+                .as_str(),
+            "{name}"
+        );
+        assert_eq!(spec.uri_params(), vec![("model", model)]);
+        // Other params are left alone.
+        assert_eq!(spec.processor.params["input_column"], "x");
+        // URIs stay as they are.
+        let spec = job(name, "s3://bucket/m.pt");
+        assert_eq!(spec.processor.params["model"], "s3://bucket/m.pt");
+    }
+    // A processor of the user's: its params are its own.
+    let spec = job("my-model", "models/m.pt");
+    assert_eq!(spec.processor.params["model"], "models/m.pt");
+    assert!(spec.uri_params().is_empty());
+}

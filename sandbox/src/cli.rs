@@ -1,0 +1,135 @@
+//! Where the binaries are, and running short commands (the `stoke` CLI)
+//! to completion within a deadline.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::wait::DEADLINE;
+
+/// The workspace root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("sandbox/ has a parent")
+        .to_path_buf()
+}
+
+/// The folder of the workspace's binaries this process was built with:
+/// `target/<profile>` for a test (`target/<profile>/deps/<test>`) or for a
+/// binary of the workspace (the scale bench).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().expect("the executable's folder");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().expect("target dir").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+/// A binary of the workspace, from the target folder this process runs
+/// from.
+pub fn bin(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first (cargo build --workspace --bins, as scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// The project's Python (the venv with torch that scripts/env.sh sets up).
+pub fn python() -> PathBuf {
+    let venv = std::env::var_os("STOKE_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache_dir().join("venv"));
+    let py = venv.join("bin/python");
+    assert!(
+        py.exists(),
+        "{} is missing: run scripts/test.sh (it sets up the venv)",
+        py.display()
+    );
+    py
+}
+
+/// stoke's cache folder (`$STOKE_CACHE`, else `~/.cache/stoke`).
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("STOKE_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/stoke")))
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// Runs the `stoke` CLI and returns its output; fails the test if it runs
+/// past the deadline.
+pub fn stoke_cli(args: &[&str]) -> Output {
+    stoke_cli_env(args, &[])
+}
+
+/// Runs the `stoke` CLI with extra environment (store settings).
+pub fn stoke_cli_env(args: &[&str], env: &[(String, String)]) -> Output {
+    let mut cmd = Command::new(bin("stoke"));
+    cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
+    output_within(cmd, DEADLINE)
+}
+
+/// Runs a command to completion within `deadline` (killing it otherwise).
+pub fn output_within(mut cmd: Command, deadline: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stdout, &mut buf);
+        buf
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut buf);
+        buf
+    });
+    let end = Instant::now() + deadline;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} ran past {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out_reader.join().unwrap_or_default(),
+        stderr: err_reader.join().unwrap_or_default(),
+    }
+}
+
+/// Bytes as text (lossy).
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).to_string()
+}
+
+/// A `file://` URI for a local path.
+pub fn file_uri(path: &Path) -> String {
+    stoke_core::StoreUri::from_local_path(path)
+        .expect("uri")
+        .to_string()
+}
+
+/// A local path from a `file://` URI.
+pub fn uri_path(uri: &str) -> PathBuf {
+    url::Url::parse(uri)
+        .ok()
+        .and_then(|u| u.to_file_path().ok())
+        .unwrap_or_else(|| panic!("not a file URI: {uri}"))
+}
