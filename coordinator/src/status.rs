@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
+use stoke_core::report::EfficiencyReport;
 
 use axum::Router;
 use axum::extract::State;
@@ -206,6 +207,8 @@ pub struct JobView {
     pub store_failures: u64,
     /// `null` when the job has had no failed attempt and no skipped record.
     pub errors: Option<ErrorsView>,
+    /// Where its processors' time went (the same as `stoke report`).
+    pub report: EfficiencyReport,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -346,6 +349,7 @@ impl JobView {
             eta,
             attempts_failed,
             store_failures,
+            report,
         } = job;
         Self {
             id: info.job_id,
@@ -368,6 +372,7 @@ impl JobView {
             attempts_failed,
             store_failures,
             errors,
+            report,
         }
     }
 }
@@ -526,6 +531,17 @@ mod tests {
             eta: Some(Duration::from_secs(18)),
             attempts_failed: 1,
             store_failures: 0,
+            report: EfficiencyReport {
+                job_id: id.to_string(),
+                wall_s: 10.0,
+                seconds: stoke_core::report::CauseSeconds {
+                    model: 6.0,
+                    tail_idle: 2.0,
+                    ..Default::default()
+                },
+                processor_s: 8.0,
+                ..Default::default()
+            },
         }
     }
 

@@ -12,6 +12,7 @@
 //! - [`lease`]: leases, commits and releases as domain values;
 //! - [`security`]: tokens and TLS settings, and the client side of both;
 //! - [`conv`]: conversions to and from the wire types of `stoke-proto`;
+//! - [`report`]: a job's efficiency report (processor time by cause);
 //! - [`refusal`]: refusals a peer matches on, carried on gRPC statuses.
 //!
 //! Tested by unit tests next to the code, against `memory://` and temporary
@@ -29,6 +30,7 @@ pub mod plan;
 pub mod progress;
 pub mod records;
 pub mod refusal;
+pub mod report;
 pub mod security;
 pub mod spec;
 pub mod store;

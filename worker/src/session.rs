@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stoke_core::lease::{Heartbeat, LeaseKey, Registration, SessionEvent};
+use stoke_core::lease::{Heartbeat, LeaseKey, LeaseWork, Registration, SessionEvent};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::error::{LinkError, LinkErrorKind};
 use crate::link::{CoordinatorLink, Session};
@@ -38,6 +38,23 @@ pub(crate) fn active_keys(active: &Active) -> Vec<LeaseKey> {
         .unwrap_or_else(|p| p.into_inner())
         .keys()
         .cloned()
+        .collect()
+}
+
+/// Each active lease's work since its last committed checkpoint.
+fn active_work(active: &Active) -> Vec<LeaseWork> {
+    active
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(key, control)| {
+            let (batches, model_ms) = control.uncommitted();
+            LeaseWork {
+                lease: key.clone(),
+                batches,
+                model_ms,
+            }
+        })
         .collect()
 }
 
@@ -122,7 +139,12 @@ async fn keep(
                 let heartbeat = Heartbeat {
                     leases: active_keys(active),
                     stages: stages.snapshot(),
+                    jobs: stages.jobs_snapshot(),
+                    work: active_work(active),
                 };
+                for w in &heartbeat.work {
+                    debug!(shard = %w.lease.shard_id, batches = w.batches, "heartbeat: uncommitted work");
+                }
                 if heartbeats.send(heartbeat).await.is_err() {
                     break;
                 }
@@ -153,6 +175,15 @@ fn apply(event: SessionEvent, active: &Active) {
                     info!(job = %key.job_id, shard = %key.shard_id, %reason, "checkpointing and releasing lease");
                     control.stop();
                 }
+            }
+        }
+        SessionEvent::Split {
+            lease,
+            until_record,
+        } => {
+            if let Some(control) = active.get(&lease) {
+                info!(job = %lease.job_id, shard = %lease.shard_id, until_record, "shard split; stopping at its new end");
+                control.set_until(until_record);
             }
         }
         SessionEvent::Wake => {}

@@ -10,6 +10,7 @@ use stoke_core::records::JobState;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::account::Lost;
 use super::effects::{AttemptFailed, Then};
 use super::{ActiveLease, Answer, Io, ReqId, State, progress_log};
 use crate::error::{CoordinatorError, Result};
@@ -20,6 +21,7 @@ const MAX_STORE_FAILURES: u32 = 100;
 
 impl State {
     pub fn acquire(&mut self, session_id: &str, now: Instant) -> Result<AcquireOutcome> {
+        self.account_time(now);
         let Some(session) = self.sessions.get(session_id) else {
             return Err(CoordinatorError::UnknownSession {
                 session_id: session_id.to_string(),
@@ -57,6 +59,11 @@ impl State {
             if !self.waiting.iter().any(|s| s == session_id) {
                 self.waiting.push_back(session_id.to_string());
             }
+            // Nothing pending: split a leased shard's remainder for this
+            // worker (it is woken once the split is stored).
+            if any_unfinished {
+                self.try_split(session_id);
+            }
             if let Some(session) = self.sessions.get_mut(session_id) {
                 session.waiting_since.get_or_insert(now);
             }
@@ -82,6 +89,7 @@ impl State {
             session_id: session_id.to_string(),
             token,
             deadline,
+            work: Default::default(),
         });
         let plan_shard = job.plan.shards[idx].clone();
         let lease = Lease {
@@ -229,7 +237,14 @@ impl State {
         job.progress_objects.push(log_uri);
         job.totals.logged += 1;
         job.set_progress(idx, progress);
-        job.shards[idx].lease = None;
+        if let Some(lease) = job.shards[idx].lease.take() {
+            let why = if counts_as_failure {
+                Lost::Error
+            } else {
+                Lost::Store
+            };
+            job.account.lost(lease.work, why);
+        }
         let running = job.state == JobState::Running;
         if let Some(session) = self.sessions.get_mut(&release.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
@@ -258,6 +273,7 @@ impl State {
     /// Takes back leases whose holders stopped renewing them, and retries
     /// what failed on the store: finishing jobs, failing jobs.
     pub fn tick(&mut self, now: Instant) {
+        self.account_time(now);
         self.sample_rates(now);
         // Only leased shards can expire: walk the sessions' leases (one per
         // busy processor), not every shard of every job.
@@ -283,6 +299,7 @@ impl State {
                 continue;
             };
             if let Some(lease) = job.shards[idx].lease.take() {
+                job.account.lost(lease.work, Lost::Expired);
                 warn!(job = %job.id, shard = %job.plan.shards[idx].id, token = lease.token, worker = %worker, "lease expired; shard requeued");
                 self.counters.leases_expired += 1;
             }
@@ -308,5 +325,6 @@ impl State {
                 None => self.finish_if_done(&job_id),
             }
         }
+        self.write_reports(now);
     }
 }

@@ -25,9 +25,14 @@
 //! - `sessions.rs`: workers' sessions, heartbeats, wake-ups;
 //! - `leases.rs`: granting, releasing and expiring leases;
 //! - `commit.rs`: the commit protocol, group commits and snapshots;
+//! - `split.rs`: splitting a leased shard for an idle worker at a job's
+//!   tail;
 //! - `finish.rs`: a job whose every shard is done: manifest and success;
+//! - `account.rs`: each job's processor time by cause (its efficiency
+//!   report);
 //! - `view.rs`: what clients, the status page and `/metrics` read.
 
+mod account;
 mod commit;
 mod effects;
 mod finish;
@@ -35,6 +40,7 @@ mod jobs;
 mod leases;
 mod recover;
 mod sessions;
+mod split;
 mod view;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -58,6 +64,7 @@ pub use commit::{
     CommitStep, GroupWrite, GroupWritten, MAX_GROUP, PendingCommit, SnapshotWrite, progress_log,
 };
 pub use effects::{Answer, CreateJob, Effect, FinishJob, Io, IoId, ReqId};
+pub use split::{SPLIT_READ_AHEAD_BATCHES, SplitPoint, split_point};
 pub use view::ErrorSources;
 
 /// Fencing tokens: the coordinator's epoch in the high 32 bits, a counter in
@@ -68,6 +75,8 @@ struct ActiveLease {
     session_id: String,
     token: u64,
     deadline: Instant,
+    /// Batches since its last commit, as its worker last reported them.
+    work: account::Work,
 }
 
 struct ShardState {
@@ -109,6 +118,8 @@ struct Job {
     deferred: VecDeque<(Option<ReqId>, jobs::JobCmd)>,
     /// The job must fail, but storing that failed; tried again each tick.
     must_fail: Option<String>,
+    /// Its processor time by cause.
+    account: account::Account,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -137,7 +148,13 @@ pub fn folder(uri: &StoreUri) -> StoreUri {
 }
 
 impl Job {
-    fn new(id: String, spec: Arc<JobSpec>, plan: Arc<Plan>, layout: JobLayout) -> Self {
+    fn new(
+        id: String,
+        spec: Arc<JobSpec>,
+        plan: Arc<Plan>,
+        layout: JobLayout,
+        now: Instant,
+    ) -> Self {
         let output = spec
             .output
             .uri
@@ -182,6 +199,7 @@ impl Job {
             busy: false,
             deferred: VecDeque::new(),
             must_fail: None,
+            account: account::Account::new(now),
         }
     }
 
@@ -244,6 +262,8 @@ struct Session {
     /// Since when it has asked for work and got none (for the lease-wait
     /// histogram).
     waiting_since: Option<Instant>,
+    /// Its processor time per job, as last reported.
+    reported: HashMap<String, stoke_core::lease::JobStages>,
 }
 
 /// The coordinator's whole in-memory state.
@@ -269,6 +289,8 @@ pub struct State {
     /// Writes in flight, and what to do when each is done.
     in_flight: HashMap<IoId, effects::Then>,
     io_seq: IoId,
+    /// Until when the workers' time is given to jobs (see `account.rs`).
+    accounted_at: Option<Instant>,
 }
 
 impl State {
@@ -290,6 +312,7 @@ impl State {
             effects: Vec::new(),
             in_flight: HashMap::new(),
             io_seq: 0,
+            accounted_at: None,
         }
     }
 
@@ -341,6 +364,8 @@ impl State {
             }
             effects::Then::AttemptFailed(failed) => self.attempt_failed(*failed, result),
             effects::Then::Finished { job_id } => self.job_finished(&job_id, result),
+            effects::Then::Split(write) => self.split_written(*write, result),
+            effects::Then::Report { job_id } => self.report_written(&job_id, result),
         }
     }
 

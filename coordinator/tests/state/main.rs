@@ -6,4 +6,6 @@
 mod commits;
 mod jobs;
 mod leases;
+mod report;
+mod split;
 mod support;

@@ -1,0 +1,393 @@
+//! Splitting a leased shard at the tail of a job.
+//!
+//! When a worker asks for work and nothing is pending, the leased shard
+//! with the longest remainder is split: its holder keeps the records up to
+//! the split point, and a new shard holding the rest goes to the queue
+//! (and so to the worker that asked). Both halves keep the planned shard's
+//! source and record offsets (`plan::Cut`), so records keep their ids and
+//! the batches are cut where the unsplit shard would have cut them.
+//!
+//! The split point lies past everything the holder has committed plus what
+//! it may have in flight: a checkpoint interval of processed batches and a
+//! few batches read ahead. A holder that processed past it anyway (it read
+//! further ahead, or never heard of the split) has its commit refused
+//! (`CoordinatorError::PastSplit`) and its shard requeued: the data stays
+//! exactly once, at the cost of redoing those batches.
+//!
+//! Durability: both shards' progress records (each naming its shard as
+//! split) are stored in one progress log before anything changes; while
+//! that write is in flight the holder's shard is marked `writing`, so its
+//! commits wait (and are retried by the worker) and its lease neither
+//! expires nor moves. Only then does the new shard go to the queue and the
+//! holder hear its new end (`SessionEvent::Split`). A restarted
+//! coordinator rebuilds the split plan from those records
+//! ([`apply_stored`]); a holder adopted after a restart is told again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use stoke_core::StoreUri;
+use stoke_core::lease::{LeaseKey, SessionEvent};
+use stoke_core::plan::{Cut, Plan, Shard};
+use stoke_core::records::{JobState, ProgressRecord};
+use tracing::{info, warn};
+
+use super::effects::Then;
+use super::{Io, Job, ShardState, State, progress_log};
+use crate::error::Result;
+
+/// Batches a holder may have read ahead of what it processed (the reader's
+/// channel, the load pool, the batch being cut), on top of the checkpoint
+/// interval of processed batches not yet committed.
+pub const SPLIT_READ_AHEAD_BATCHES: u64 = 4;
+
+/// A split whose progress records are being stored.
+pub(super) struct SplitWrite {
+    job_id: String,
+    idx: usize,
+    holder: ProgressRecord,
+    child: ProgressRecord,
+    log_uri: StoreUri,
+}
+
+/// Where a shard could be split, if it is long enough.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitPoint {
+    /// The offset (in the origin) the holder stops before and the new
+    /// shard starts at.
+    pub at: u64,
+    /// The batch index of the new shard's first batch.
+    pub first_batch: u64,
+    /// Records the new shard gets.
+    pub records: u64,
+}
+
+/// The split point of a shard that covers origin offsets `from..until`,
+/// whose first `committed` records (and `next_batch` batches) are
+/// committed: past the holder's in-flight window of
+/// `interval + SPLIT_READ_AHEAD_BATCHES` batches, then half of what is
+/// left (the holder keeps the larger half), on a batch boundary. `None`
+/// when the new shard would be shorter than the floor (one checkpoint
+/// interval of batches).
+pub fn split_point(
+    from: u64,
+    until: u64,
+    committed: u64,
+    next_batch: u64,
+    batch_size: u64,
+    interval: u64,
+) -> Option<SplitPoint> {
+    let bs = batch_size.max(1);
+    let interval = interval.max(1);
+    let at_committed = from.checked_add(committed)?;
+    let left = until.checked_sub(at_committed)?;
+    let left_batches = left.div_ceil(bs);
+    let margin = interval + SPLIT_READ_AHEAD_BATCHES;
+    let spare = left_batches.checked_sub(margin)?;
+    let keep = margin + spare.div_ceil(2);
+    let at = at_committed.checked_add(keep.checked_mul(bs)?)?;
+    let records = until.checked_sub(at)?;
+    (records >= interval * bs).then_some(SplitPoint {
+        at,
+        first_batch: next_batch + keep,
+        records,
+    })
+}
+
+/// Rebuilds a job's plan as its splits left it: a stored progress record
+/// that names its shard replaces the planned shard (the holder of a split)
+/// or adds it (a shard a split made).
+pub(super) fn apply_stored(plan: &mut Plan, progress: &HashMap<String, ProgressRecord>) {
+    let index: HashMap<String, usize> = plan
+        .shards
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.id.clone(), i))
+        .collect();
+    let mut added: Vec<&Shard> = Vec::new();
+    for record in progress.values() {
+        let Some(shard) = &record.shard else {
+            continue;
+        };
+        match index.get(&shard.id) {
+            Some(&i) => plan.shards[i] = shard.clone(),
+            None => added.push(shard),
+        }
+    }
+    // Made shards in the order they were made (`s00003.1`, `s00003.2`, ...).
+    added.sort_by(|a, b| (a.origin(), a.from_record()).cmp(&(b.origin(), b.from_record())));
+    plan.shards.extend(added.into_iter().cloned());
+}
+
+impl Job {
+    /// Shards made by splits.
+    pub(super) fn shards_split(&self) -> u64 {
+        self.plan
+            .shards
+            .iter()
+            .filter(|s| s.cut.as_ref().is_some_and(|c| c.origin != s.id))
+            .count() as u64
+    }
+
+    /// Whether this job's shards may be split at all.
+    fn splittable(&self) -> bool {
+        let spec = &self.spec;
+        // Adaptive batches are cut by content: the coordinator cannot
+        // tell where a batch boundary falls.
+        self.state == JobState::Running
+            && !self.busy
+            && spec.sharding.split
+            && spec.batching.max_elements.is_none()
+    }
+
+    /// The split point of shard `idx`, if it is leased and long enough.
+    fn split_point_of(&self, idx: usize) -> Option<SplitPoint> {
+        let state = &self.shards[idx];
+        let shard = &self.plan.shards[idx];
+        if state.lease.is_none() || state.writing || state.progress.done {
+            return None;
+        }
+        let from = shard.from_record();
+        let until = shard
+            .until_record()
+            .or_else(|| shard.records.map(|n| from + n))?;
+        split_point(
+            from,
+            until,
+            state.progress.records,
+            state.progress.next_batch,
+            self.spec.batching.batch_size,
+            self.spec.checkpoint.interval,
+        )
+    }
+
+    /// The id of the next shard split off `origin`: `s00003.1`, `.2`, ...
+    fn next_split_id(&self, origin: &str) -> String {
+        let made = self
+            .plan
+            .shards
+            .iter()
+            .filter(|s| s.origin() == origin && s.id != origin)
+            .count();
+        let mut n = made + 1;
+        loop {
+            let id = format!("{origin}.{n}");
+            if !self.shard_index.contains_key(&id) {
+                return id;
+            }
+            n += 1;
+        }
+    }
+}
+
+impl State {
+    /// Nothing is pending for `session_id`: splits the leased shard (of
+    /// any running job) with the longest remainder. True when a split was
+    /// started; the asker is woken once it is stored.
+    pub(super) fn try_split(&mut self, session_id: &str) -> bool {
+        let mut best: Option<(String, usize, SplitPoint)> = None;
+        for (holder, session) in &self.sessions {
+            if holder == session_id {
+                continue;
+            }
+            for (job_id, idx) in &session.leases {
+                let Some(job) = self.jobs.get(job_id) else {
+                    continue;
+                };
+                if !job.splittable() {
+                    continue;
+                }
+                let Some(point) = job.split_point_of(*idx) else {
+                    continue;
+                };
+                if best
+                    .as_ref()
+                    .is_none_or(|(_, _, b)| point.records > b.records)
+                {
+                    best = Some((job_id.clone(), *idx, point));
+                }
+            }
+        }
+        let Some((job_id, idx, point)) = best else {
+            return false;
+        };
+        let holder_seq = self.next_seq();
+        let child_seq = self.next_seq();
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return false;
+        };
+        let shard = &job.plan.shards[idx];
+        let origin = shard.origin().to_string();
+        let from = shard.from_record();
+        let until = shard
+            .until_record()
+            .or_else(|| shard.records.map(|n| from + n))
+            .unwrap_or(point.at + point.records);
+        let child_id = job.next_split_id(&origin);
+        let holder_shard = Shard {
+            records: Some(point.at - from),
+            cut: Some(Cut {
+                origin: origin.clone(),
+                from_record: from,
+                until_record: point.at,
+                first_batch: shard.first_batch(),
+            }),
+            ..shard.clone()
+        };
+        let child_shard = Shard {
+            id: child_id.clone(),
+            records: Some(point.records),
+            source: shard.source.clone(),
+            cut: Some(Cut {
+                origin,
+                from_record: point.at,
+                until_record: until,
+                first_batch: point.first_batch,
+            }),
+        };
+        let mut holder = (*job.shards[idx].progress).clone();
+        holder.seq = holder_seq;
+        holder.shard = Some(holder_shard);
+        let child = ProgressRecord {
+            shard_id: child_id.clone(),
+            seq: child_seq,
+            next_batch: point.first_batch,
+            shard: Some(child_shard),
+            ..Default::default()
+        };
+        job.shards[idx].writing = true;
+        let log_uri = job.layout.progress_log(holder_seq);
+        let io = Io::Put {
+            uri: log_uri.clone(),
+            bytes: progress_log([&holder, &child].into_iter()),
+        };
+        info!(job = %job_id, shard = %holder.shard_id, new_shard = %child_id, at = point.at, records = point.records, "splitting a leased shard");
+        let write = SplitWrite {
+            job_id,
+            idx,
+            holder,
+            child,
+            log_uri,
+        };
+        self.start_io(io, Then::Split(Box::new(write)));
+        true
+    }
+
+    /// A split's records are stored (or not): apply it, queue the new
+    /// shard and tell the holder its new end.
+    pub(super) fn split_written(&mut self, write: SplitWrite, result: Result<()>) {
+        let SplitWrite {
+            job_id,
+            idx,
+            holder,
+            child,
+            log_uri,
+        } = write;
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return;
+        };
+        job.shards[idx].writing = false;
+        if let Err(e) = result {
+            // Nothing changed: the holder goes on to its old end, and the
+            // next idle ask tries again.
+            warn!(job = %job_id, shard = %holder.shard_id, error = %e, "storing a split failed");
+            return;
+        }
+        let (Some(holder_shard), Some(child_shard)) = (holder.shard.clone(), child.shard.clone())
+        else {
+            return;
+        };
+        let until = holder_shard.until_record().unwrap_or(u64::MAX);
+        job.progress_objects.push(log_uri);
+        job.totals.logged += 2;
+        let plan = Arc::make_mut(&mut job.plan);
+        plan.shards[idx] = holder_shard;
+        plan.shards.push(child_shard);
+        let child_idx = job.shards.len();
+        job.shards.push(ShardState {
+            progress: Arc::new(ProgressRecord {
+                shard_id: child.shard_id.clone(),
+                ..Default::default()
+            }),
+            lease: None,
+            writing: false,
+        });
+        job.shard_index.insert(child.shard_id.clone(), child_idx);
+        job.set_progress(idx, holder);
+        job.set_progress(child_idx, child);
+        let running = job.state == JobState::Running;
+        if running {
+            job.pending.push_front(child_idx);
+        }
+        let holder_lease = job.shards[idx].lease.as_ref().map(|l| {
+            (
+                l.session_id.clone(),
+                LeaseKey {
+                    job_id: job_id.clone(),
+                    shard_id: job.plan.shards[idx].id.clone(),
+                    token: l.token,
+                },
+            )
+        });
+        self.counters.shards_split += 1;
+        if let Some((session_id, key)) = holder_lease {
+            self.tell_split(&session_id, key, until);
+        }
+        if running {
+            self.wake(1);
+        }
+    }
+
+    /// Tells the holder of `key` that its shard now ends before `until`.
+    pub(super) fn tell_split(&self, session_id: &str, key: LeaseKey, until: u64) {
+        if let Some(session) = self.sessions.get(session_id) {
+            // A holder that misses it finds out when its commit past the
+            // split is refused.
+            let _ = session.events_tx.try_send(SessionEvent::Split {
+                lease: key,
+                until_record: until,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_split_point_leaves_the_in_flight_window_and_halves_the_rest() {
+        // 1000 records, batches of 10, interval 2: nothing committed, the
+        // holder may have 2 + 4 batches in flight; 94 batches are spare,
+        // it keeps 6 + 47 = 53 batches, the new shard gets 470 records.
+        let p = split_point(0, 1000, 0, 0, 10, 2).expect("split");
+        assert_eq!(
+            p,
+            SplitPoint {
+                at: 530,
+                first_batch: 53,
+                records: 470
+            }
+        );
+        // A shard made by a split, partly committed: offsets stay the
+        // origin's and batch numbers go on from the committed ones.
+        let p = split_point(530, 1000, 100, 63, 10, 2).expect("split");
+        // 37 batches left: 6 in flight, 16 of the 31 spare kept.
+        assert_eq!(p.at, 630 + 60 + 160);
+        assert_eq!(p.first_batch, 63 + 6 + 16);
+        assert_eq!(p.records, 1000 - p.at);
+        // A short last batch counts as a batch.
+        let p = split_point(0, 995, 0, 0, 10, 2).expect("split");
+        assert_eq!((p.at, p.records), (530, 465));
+    }
+
+    #[test]
+    fn no_split_below_the_floor() {
+        // 6 in-flight batches + 2 * 2 floor batches = 10 batches needed.
+        assert!(split_point(0, 100, 0, 0, 10, 2).is_some());
+        assert_eq!(split_point(0, 90, 0, 0, 10, 2), None);
+        assert_eq!(split_point(0, 1000, 990, 99, 10, 2), None);
+        // Committed past the end (a bad record count): no split.
+        assert_eq!(split_point(0, 100, 200, 20, 10, 2), None);
+    }
+}
