@@ -11,6 +11,9 @@
 #   bench/run.sh python    # W1 with --local 2 through a Python processor
 #                          #   (bench/w1_python_processor.py) vs the built-in
 #                          #   runner vs plain Python, interleaved
+#   bench/run.sh straggler # W1's data, a heavier model, 3 workers, one duty-cycled
+#                          #   to a quarter speed: splitting off vs on vs Ray Data,
+#                          #   against the ideal (bench/straggler.py)
 #   bench/run.sh s3        # W1 with --local 2 on file:// vs the local S3 server,
 #                          #   and store requests per checkpoint (a counting proxy)
 #
@@ -311,6 +314,34 @@ case "$what" in
     ;;
   ragged)
     "$BENCH_SRC/ragged.sh"
+    exit 0
+    ;;
+  straggler)
+    W1="$BENCH_DIR/w1"
+    "$BPY" "$BENCH_SRC/w1_data.py" "$W1"
+    model="$BENCH_DIR/straggler-model.pt"
+    [ -f "$model" ] || "$BPY" "$BENCH_SRC/straggler.py" model "$model"
+    results="$BENCH_DIR/straggler-results.jsonl"
+    rm -f "$results"
+    mkdir -p "$BENCH_DIR/runs"
+    log "straggler: 3 workers, one at a quarter speed, $RUNS rounds"
+    for round in $(seq 1 "$RUNS"); do
+      for c in solo-fast solo-slow split-off split-on ray; do
+        case "$c" in
+          solo-fast) args=(stoke "$BIN" "$W1/data" "$model" "$BENCH_DIR/runs" --workers 1 --slow 0) ;;
+          solo-slow) args=(stoke "$BIN" "$W1/data" "$model" "$BENCH_DIR/runs" --workers 1 --slow 1) ;;
+          split-off) args=(stoke "$BIN" "$W1/data" "$model" "$BENCH_DIR/runs" --split off) ;;
+          split-on) args=(stoke "$BIN" "$W1/data" "$model" "$BENCH_DIR/runs" --split on) ;;
+          ray)
+            [ "${BENCH_RAY:-1}" = 0 ] && continue
+            args=(ray "$W1/data" "$model" "$BENCH_DIR/runs")
+            ;;
+        esac
+        "$BPY" "$BENCH_SRC/straggler.py" "${args[@]}" | tee -a "$results" ||
+          log "straggler $c round $round failed"
+      done
+    done
+    "$BPY" "$BENCH_SRC/straggler.py" summary "$results"
     exit 0
     ;;
   s3)

@@ -7,6 +7,8 @@ each. Nothing inside stoke or Ray sleeps.
 
     python bench/straggler.py stoke BIN_DIR DATA_DIR MODEL WORK --workers 3 --slow 1 --split on
     python bench/straggler.py ray DATA_DIR MODEL WORK --workers 3 --slow 1
+    python bench/straggler.py model MODEL_PATH      # writes the heavier model
+    python bench/straggler.py summary RESULTS.jsonl # the markdown table
 
 `stoke` starts a coordinator and `--workers` worker processes (1 thread
 each), `--slow` of them duty-cycled, submits the job (shard splitting on or
@@ -241,7 +243,64 @@ def run_ray(args):
             "seconds": round(seconds, 3), "records": records}
 
 
+def make_model(path):
+    """W1's MLP made heavier (256 -> 1536 -> 1536 -> 10, about 7x W1's
+    multiply-adds per record), so the model, not start-up, fills the job."""
+    import torch
+
+    torch.manual_seed(20240611)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 1536), torch.nn.ReLU(),
+        torch.nn.Linear(1536, 1536), torch.nn.ReLU(),
+        torch.nn.Linear(1536, 10),
+    ).eval()
+    tmp = path + ".tmp"
+    torch.jit.script(model).save(tmp)
+    os.replace(tmp, path)
+
+
+def summarize(results_path):
+    """A markdown table: each contender's median seconds, and the fleet's
+    against the ideal, records / the sum of the workers' throughputs
+    measured alone (solo runs, start-up included as in the fleet's)."""
+    import statistics
+
+    rows = [json.loads(line) for line in open(results_path) if line.startswith("{")]
+    by = {}
+    for r in rows:
+        by.setdefault(r["contender"], []).append(r)
+    med = {k: statistics.median(r["seconds"] for r in v) for k, v in by.items()}
+    records = rows[0]["records"]
+    fast = records / med["stoke-solo-fast"]
+    slow = records / med["stoke-solo-slow"]
+    fleet = by.get("stoke-split-on", by.get("stoke-split-off"))[0]
+    n_slow, n = fleet["slow"], fleet["workers"]
+    ideal = records / ((n - n_slow) * fast + n_slow * slow)
+    print(f"Ideal for {n} workers ({n_slow} at duty {fleet['duty']}): {ideal:.2f} s "
+          f"(alone: {fast:,.0f} records/s at full speed, {slow:,.0f} slowed)")
+    print()
+    print("| contender | runs | median s | vs ideal | shards split | tail_idle s | causes / processor s |")
+    print("|---|---|---|---|---|---|---|")
+    for name in ["stoke-split-off", "stoke-split-on", "ray", "stoke-solo-fast", "stoke-solo-slow"]:
+        if name not in by:
+            continue
+        rs = by[name]
+        last = rs[-1]
+        split = last.get("shards_split", "")
+        tail = last.get("causes_s", {}).get("tail_idle", "")
+        cover = (f"{last['causes_sum_s']:.1f} / {last['processor_s']:.1f}"
+                 if "processor_s" in last else "")
+        ratio = f"{med[name] / ideal:.2f}x" if not name.startswith("stoke-solo") else ""
+        print(f"| {name} | {len(rs)} | {med[name]:.2f} | {ratio} | {split} | {tail} | {cover} |")
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "model":
+        make_model(sys.argv[2])
+        return
+    if len(sys.argv) == 3 and sys.argv[1] == "summary":
+        summarize(sys.argv[2])
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("kind", choices=["stoke", "ray"])
     parser.add_argument("rest", nargs="+")
