@@ -197,6 +197,14 @@ fn chaos_with_splitting_kill_sigterm_and_coordinator_restarts_lose_nothing() {
     // in the plan it recovered).
     let r = report(&coordinator, &job_id);
     assert!(r.shards_split >= 1, "{r:?}");
+    // For BENCHMARKS.md: how much of the processor time the causes explain.
+    println!(
+        "chaos report: causes {:.2} s of {:.2} processor s ({:.1}%): {}",
+        r.seconds.total(),
+        r.processor_s,
+        100.0 * r.share(r.seconds.total()),
+        serde_json::to_string(&r).unwrap_or_default()
+    );
 }
 
 /// How many "batch processed" lines a worker's log holds.

@@ -133,19 +133,22 @@ async fn keep(
     let mut ticker = tokio::time::interval(grant.heartbeat_interval.max(Duration::from_millis(10)));
     loop {
         tokio::select! {
-            _ = stop.cancelled() => break,
+            _ = stop.cancelled() => {
+                // The last times (a job's last checkpoint, say), so the
+                // job's report counts them: best effort.
+                let _ = heartbeats.send(heartbeat(active, stages)).await;
+                break;
+            }
             _ = lost.cancelled() => break,
-            _ = ticker.tick() => {
-                let heartbeat = Heartbeat {
-                    leases: active_keys(active),
-                    stages: stages.snapshot(),
-                    jobs: stages.jobs_snapshot(),
-                    work: active_work(active),
-                };
-                for w in &heartbeat.work {
-                    debug!(shard = %w.lease.shard_id, batches = w.batches, "heartbeat: uncommitted work");
+            // An attempt ended: its times now, not a heartbeat interval
+            // later (when its job may have ended).
+            _ = stages.flush_requested() => {
+                if heartbeats.send(heartbeat(active, stages)).await.is_err() {
+                    break;
                 }
-                if heartbeats.send(heartbeat).await.is_err() {
+            }
+            _ = ticker.tick() => {
+                if heartbeats.send(heartbeat(active, stages)).await.is_err() {
                     break;
                 }
             }
@@ -156,6 +159,20 @@ async fn keep(
             },
         }
     }
+}
+
+/// What the worker tells the coordinator on its session now.
+fn heartbeat(active: &Active, stages: &StageCounters) -> Heartbeat {
+    let heartbeat = Heartbeat {
+        leases: active_keys(active),
+        stages: stages.snapshot(),
+        jobs: stages.jobs_snapshot(),
+        work: active_work(active),
+    };
+    for w in &heartbeat.work {
+        debug!(shard = %w.lease.shard_id, batches = w.batches, "heartbeat: uncommitted work");
+    }
+    heartbeat
 }
 
 fn apply(event: SessionEvent, active: &Active) {

@@ -291,6 +291,8 @@ pub struct State {
     io_seq: IoId,
     /// Until when the workers' time is given to jobs (see `account.rs`).
     accounted_at: Option<Instant>,
+    /// Splits being stored (see `split.rs`).
+    splits_in_flight: usize,
 }
 
 impl State {
@@ -313,6 +315,7 @@ impl State {
             in_flight: HashMap::new(),
             io_seq: 0,
             accounted_at: None,
+            splits_in_flight: 0,
         }
     }
 

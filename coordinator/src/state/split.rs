@@ -32,6 +32,7 @@ use stoke_core::plan::{Cut, Plan, Shard};
 use stoke_core::records::{JobState, ProgressRecord};
 use tracing::{info, warn};
 
+use super::account::Lost;
 use super::effects::Then;
 use super::{Io, Job, ShardState, State, progress_log};
 use crate::error::Result;
@@ -185,6 +186,11 @@ impl State {
     /// any running job) with the longest remainder. True when a split was
     /// started; the asker is woken once it is stored.
     pub(super) fn try_split(&mut self, session_id: &str) -> bool {
+        // One split per waiting worker at a time: a worker that asks again
+        // before its split is stored must not split a second shard.
+        if self.splits_in_flight >= self.waiting.len() {
+            return false;
+        }
         let mut best: Option<(String, usize, SplitPoint)> = None;
         for (holder, session) in &self.sessions {
             if holder == session_id {
@@ -269,6 +275,7 @@ impl State {
             child,
             log_uri,
         };
+        self.splits_in_flight += 1;
         self.start_io(io, Then::Split(Box::new(write)));
         true
     }
@@ -283,6 +290,7 @@ impl State {
             child,
             log_uri,
         } = write;
+        self.splits_in_flight = self.splits_in_flight.saturating_sub(1);
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return;
         };
@@ -291,6 +299,7 @@ impl State {
             // Nothing changed: the holder goes on to its old end, and the
             // next idle ask tries again.
             warn!(job = %job_id, shard = %holder.shard_id, error = %e, "storing a split failed");
+            self.requeue_orphan(&job_id, idx);
             return;
         }
         let (Some(holder_shard), Some(child_shard)) = (holder.shard.clone(), child.shard.clone())
@@ -334,6 +343,28 @@ impl State {
             self.tell_split(&session_id, key, until);
         }
         if running {
+            self.wake(1);
+        }
+        self.requeue_orphan(&job_id, idx);
+    }
+
+    /// The holder of shard `idx` went away while a write of the shard was
+    /// in flight (its session's leases were skipped then): the shard goes
+    /// back to the queue now.
+    fn requeue_orphan(&mut self, job_id: &str, idx: usize) {
+        let sessions = &self.sessions;
+        let Some(job) = self.jobs.get_mut(job_id) else {
+            return;
+        };
+        let Some(lease) = job.shards[idx]
+            .lease
+            .take_if(|l| !sessions.contains_key(&l.session_id))
+        else {
+            return;
+        };
+        job.account.lost(lease.work, Lost::Disconnected);
+        if job.state == JobState::Running {
+            job.pending.push_front(idx);
             self.wake(1);
         }
     }

@@ -346,3 +346,34 @@ async fn every_record_is_committed_exactly_once_over_all_halves() {
         .collect();
     assert_eq!(listed.len(), 3, "each half lists its outputs");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_gone_while_its_split_is_stored_has_its_part_requeued() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_one_shard(&mut state, &stores, 200).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let _held = leased(state.acquire(&a));
+    assert!(matches!(
+        state.acquire(&b).expect("acquire"),
+        AcquireOutcome::Wait(_)
+    ));
+    // The holder's connection breaks before the split is stored: its
+    // shard is being written, so it is not requeued yet...
+    state.session_closed(&a);
+    state.run_writes().await;
+    // ...but once the split is stored, both parts wait for workers.
+    let first = leased(state.acquire(&b));
+    let (c, _c_events) = register(&mut state, "c");
+    let second = leased(state.acquire(&c));
+    let mut ids = [first.shard.id.clone(), second.shard.id.clone()];
+    ids.sort();
+    assert_eq!(ids, ["s00000".to_string(), "s00000.1".to_string()]);
+    let holder = if first.shard.id == "s00000" {
+        &first
+    } else {
+        &second
+    };
+    assert_eq!(holder.shard.until_record(), Some(106));
+}

@@ -453,6 +453,8 @@ fn run_shard(
             spec.checkpoint.every,
         )
         .unwrap_or_else(ShardOutcome::Failed);
+    // The attempt's last times reach the coordinator now.
+    shard.stages.request_flush();
     let t = shard.times;
     info!(
         shard = %shard_id,

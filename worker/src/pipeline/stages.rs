@@ -23,6 +23,8 @@ pub(crate) struct StageCounters {
     checkpoint_us: AtomicU64,
     /// The same per job (and start-up), for the jobs' efficiency reports.
     jobs: Mutex<HashMap<String, JobMicros>>,
+    /// Asks the session keeper to report now (an attempt ended).
+    flush: tokio::sync::Notify,
 }
 
 /// Where a job's processor time went on this worker, in microseconds.
@@ -44,6 +46,16 @@ pub(crate) enum JobCause {
 }
 
 impl StageCounters {
+    /// Asks for a report to the coordinator now (from any thread).
+    pub fn request_flush(&self) {
+        self.flush.notify_one();
+    }
+
+    /// Resolves once a report was asked for.
+    pub async fn flush_requested(&self) {
+        self.flush.notified().await;
+    }
+
     /// `d` of `job_id`'s processor time went to `cause`.
     pub fn add_job(&self, job_id: &str, cause: JobCause, d: Duration) {
         let us = d.as_micros() as u64;
