@@ -8,9 +8,12 @@
 //! the batches are cut where the unsplit shard would have cut them.
 //!
 //! The split point lies past everything the holder has committed plus what
-//! it may have in flight: a checkpoint interval of processed batches and a
-//! few batches read ahead. A holder that processed past it anyway (it read
-//! further ahead, or never heard of the split) has its commit refused
+//! it may have processed since: a checkpoint interval of batches and the
+//! one in `process_batch` (its processor waits for each commit before it
+//! goes on). Batches it merely read ahead need no room: the processor
+//! drops those at or past the new end, and the split point sits on a batch
+//! boundary, so none straddles it. A holder that processed past it anyway
+//! (it never heard of the split) has its commit refused
 //! (`CoordinatorError::PastSplit`) and its shard requeued: the data stays
 //! exactly once, at the cost of redoing those batches.
 //!
@@ -37,10 +40,9 @@ use super::effects::Then;
 use super::{Io, Job, ShardState, State, progress_log};
 use crate::error::Result;
 
-/// Batches a holder may have read ahead of what it processed (the reader's
-/// channel, the load pool, the batch being cut), on top of the checkpoint
-/// interval of processed batches not yet committed.
-pub const SPLIT_READ_AHEAD_BATCHES: u64 = 4;
+/// Batches a holder may have processed past its last commit on top of a
+/// checkpoint interval: the one in `process_batch` when the split lands.
+pub const SPLIT_IN_PROCESS_BATCHES: u64 = 1;
 
 /// A split whose progress records are being stored.
 pub(super) struct SplitWrite {
@@ -66,7 +68,7 @@ pub struct SplitPoint {
 /// The split point of a shard that covers origin offsets `from..until`,
 /// whose first `committed` records (and `next_batch` batches) are
 /// committed: past the holder's in-flight window of
-/// `interval + SPLIT_READ_AHEAD_BATCHES` batches, then half of what is
+/// `interval + SPLIT_IN_PROCESS_BATCHES` batches, then half of what is
 /// left (the holder keeps the larger half), on a batch boundary. `None`
 /// when the new shard would be shorter than the floor (one checkpoint
 /// interval of batches).
@@ -83,7 +85,7 @@ pub fn split_point(
     let at_committed = from.checked_add(committed)?;
     let left = until.checked_sub(at_committed)?;
     let left_batches = left.div_ceil(bs);
-    let margin = interval + SPLIT_READ_AHEAD_BATCHES;
+    let margin = interval + SPLIT_IN_PROCESS_BATCHES;
     let spare = left_batches.checked_sub(margin)?;
     let keep = margin + spare.div_ceil(2);
     let at = at_committed.checked_add(keep.checked_mul(bs)?)?;
@@ -389,34 +391,35 @@ mod tests {
     #[test]
     fn the_split_point_leaves_the_in_flight_window_and_halves_the_rest() {
         // 1000 records, batches of 10, interval 2: nothing committed, the
-        // holder may have 2 + 4 batches in flight; 94 batches are spare,
-        // it keeps 6 + 47 = 53 batches, the new shard gets 470 records.
+        // holder may have 2 + 1 batches processed; 97 batches are spare,
+        // it keeps 3 + 49 = 52 batches, the new shard gets 480 records.
         let p = split_point(0, 1000, 0, 0, 10, 2).expect("split");
         assert_eq!(
             p,
             SplitPoint {
-                at: 530,
-                first_batch: 53,
-                records: 470
+                at: 520,
+                first_batch: 52,
+                records: 480
             }
         );
         // A shard made by a split, partly committed: offsets stay the
         // origin's and batch numbers go on from the committed ones.
         let p = split_point(530, 1000, 100, 63, 10, 2).expect("split");
-        // 37 batches left: 6 in flight, 16 of the 31 spare kept.
-        assert_eq!(p.at, 630 + 60 + 160);
-        assert_eq!(p.first_batch, 63 + 6 + 16);
+        // 37 batches left: 3 in flight, 17 of the 34 spare kept.
+        assert_eq!(p.at, 630 + 30 + 170);
+        assert_eq!(p.first_batch, 63 + 3 + 17);
         assert_eq!(p.records, 1000 - p.at);
         // A short last batch counts as a batch.
         let p = split_point(0, 995, 0, 0, 10, 2).expect("split");
-        assert_eq!((p.at, p.records), (530, 465));
+        assert_eq!((p.at, p.records), (520, 475));
     }
 
     #[test]
     fn no_split_below_the_floor() {
-        // 6 in-flight batches + 2 * 2 floor batches = 10 batches needed.
-        assert!(split_point(0, 100, 0, 0, 10, 2).is_some());
-        assert_eq!(split_point(0, 90, 0, 0, 10, 2), None);
+        // 3 in-flight batches, then the new shard needs the floor (2
+        // batches) and the holder at least as much of the spare.
+        assert!(split_point(0, 70, 0, 0, 10, 2).is_some());
+        assert_eq!(split_point(0, 60, 0, 0, 10, 2), None);
         assert_eq!(split_point(0, 1000, 990, 99, 10, 2), None);
         // Committed past the end (a bad record count): no split.
         assert_eq!(split_point(0, 100, 200, 20, 10, 2), None);

@@ -6,7 +6,7 @@
 use crate::support::*;
 
 /// Batches of 2, one shard, checkpoints every batch: the holder's in-flight
-/// window is 1 + 4 batches, the floor 1 batch.
+/// window is 1 + 1 batches, the floor 1 batch.
 fn split_spec(count: u64) -> JobSpec {
     JobSpec::from_toml(&format!(
         "[dataset]\nformat = \"range\"\ncount = {count}\n[processor]\nname = \"p\"\n\
@@ -78,31 +78,31 @@ async fn an_idle_ask_splits_the_leased_shard_and_the_holder_is_told() {
     assert_eq!(held.shard.until_record(), None);
 
     let child = leased(Ok(ask_split(&mut state, &b).await));
-    // 100 batches: 5 in flight stay with the holder, then it keeps 48 of
-    // the other 95 (the larger half).
+    // 100 batches: 2 in flight stay with the holder, then it keeps 49 of
+    // the other 98 (half).
     assert_eq!(child.shard.id, "s00000.1");
     assert_eq!(child.shard.origin(), "s00000");
-    assert_eq!(child.shard.from_record(), 106);
+    assert_eq!(child.shard.from_record(), 102);
     assert_eq!(child.shard.until_record(), Some(200));
-    assert_eq!(child.shard.records, Some(94));
+    assert_eq!(child.shard.records, Some(98));
     assert_eq!(
-        child.next_batch, 53,
+        child.next_batch, 51,
         "batch numbers go on from the holder's"
     );
     assert_eq!(child.records_done, 0);
 
     let (key, until) = split_event(&mut a_events).expect("the holder is told");
-    assert_eq!((key, until), (held.key(), 106));
+    assert_eq!((key, until), (held.key(), 102));
 
     // Both records are stored, each naming its shard as split.
     let holder = stored_progress(&stores, "j", "s00000").await;
     assert_eq!(
         holder.shard.as_ref().and_then(|s| s.until_record()),
-        Some(106)
+        Some(102)
     );
     let made = stored_progress(&stores, "j", "s00000.1").await;
-    assert_eq!(made.next_batch, 53);
-    assert_eq!(made.shard.as_ref().map(|s| s.from_record()), Some(106));
+    assert_eq!(made.next_batch, 51);
+    assert_eq!(made.shard.as_ref().map(|s| s.from_record()), Some(102));
     let report = state.status();
     let job = report.jobs.first().expect("the job");
     assert_eq!(job.info.shards_total, 2);
@@ -137,7 +137,7 @@ async fn a_commit_past_the_split_is_refused_and_the_shard_requeued() {
             err,
             CoordinatorError::PastSplit {
                 reaches: 120,
-                until: 106,
+                until: 102,
                 ..
             }
         ),
@@ -149,16 +149,16 @@ async fn a_commit_past_the_split_is_refused_and_the_shard_requeued() {
     let again = leased(state.acquire(&c_session));
     assert_eq!(again.shard.id, "s00000");
     assert_eq!(again.next_batch, 50);
-    assert_eq!(again.shard.until_record(), Some(106));
+    assert_eq!(again.shard.until_record(), Some(102));
     // The old holder's retry is stale now.
-    let c = commit_records(&a, &held, 50, 53, 6, true);
+    let c = commit_records(&a, &held, 50, 51, 2, true);
     let err = state
         .commit(staged(&stores, c).await)
         .await
         .expect_err("stale");
     assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
     // The new holder finishes exactly at the split.
-    let c = commit_records(&c_session, &again, 50, 53, 6, true);
+    let c = commit_records(&c_session, &again, 50, 51, 2, true);
     assert!(
         !state
             .commit(staged(&stores, c).await)
@@ -202,13 +202,13 @@ async fn a_split_survives_a_coordinator_restart_and_the_holder_is_told_again() {
     );
     assert_eq!(
         split_event(&mut a_events),
-        Some((held.key(), 106)),
+        Some((held.key(), 102)),
         "an adopted holder is told its end"
     );
     let (b, _b_events) = register(&mut state, "b");
     let child = leased(state.acquire(&b));
     assert_eq!(child.shard.id, "s00000.1");
-    assert_eq!(child.next_batch, 53);
+    assert_eq!(child.next_batch, 51);
     let c = commit_records(&grant.session_id, &held, 0, 60, 120, false);
     let err = state
         .commit(staged(&stores, c).await)
@@ -266,8 +266,9 @@ async fn splits_repeat_down_to_the_floor_and_no_further() {
 async fn a_shard_whose_remainder_is_below_the_floor_is_not_split() {
     let stores = Stores::new();
     let mut state = recover(&stores).await;
-    // 6 batches: all of them within the holder's in-flight window.
-    submit_one_shard(&mut state, &stores, 12).await;
+    // 3 batches: 2 in the holder's in-flight window, 1 short of the floor
+    // for each part.
+    submit_one_shard(&mut state, &stores, 6).await;
     let (a, mut a_events) = register(&mut state, "a");
     let (b, _b_events) = register(&mut state, "b");
     let _held = leased(state.acquire(&a));
@@ -375,5 +376,5 @@ async fn a_holder_gone_while_its_split_is_stored_has_its_part_requeued() {
     } else {
         &second
     };
-    assert_eq!(holder.shard.until_record(), Some(106));
+    assert_eq!(holder.shard.until_record(), Some(102));
 }
