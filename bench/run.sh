@@ -329,7 +329,7 @@ case "$what" in
     results="$BENCH_DIR/straggler-results.jsonl"
     rm -f "$results"
     mkdir -p "$BENCH_DIR/runs"
-    log "straggler: 3 workers, one at a quarter speed, $RUNS rounds"
+    log "straggler: 3 workers, one at a quarter of the others' speed, $RUNS rounds"
     for round in $(seq 1 "$RUNS"); do
       for c in solo-fast solo-slow split-off split-on ray; do
         case "$c" in
@@ -342,7 +342,10 @@ case "$what" in
             args=(ray "$data" "$model" "$BENCH_DIR/runs")
             ;;
         esac
-        "$BPY" "$BENCH_SRC/straggler.py" "${args[@]}" | tee -a "$results" ||
+        # The fast workers run half the time and the slow one an eighth (a
+        # quarter of their speed): the fleet needs 1.1 of the 2 cores, so
+        # the ideal (from each alone) is reachable on this machine.
+        "$BPY" "$BENCH_SRC/straggler.py" "${args[@]}" --fast-duty 0.5 --duty 0.125 | tee -a "$results" ||
           log "straggler $c round $round failed"
       done
     done

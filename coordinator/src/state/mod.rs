@@ -64,7 +64,7 @@ pub use commit::{
     CommitStep, GroupWrite, GroupWritten, MAX_GROUP, PendingCommit, SnapshotWrite, progress_log,
 };
 pub use effects::{Answer, CreateJob, Effect, FinishJob, Io, IoId, ReqId};
-pub use split::{SPLIT_IN_PROCESS_BATCHES, SplitPoint, split_point};
+pub use split::{SPLIT_IN_PROCESS_BATCHES, Share, SplitPoint, split_point};
 pub use view::ErrorSources;
 
 /// Fencing tokens: the coordinator's epoch in the high 32 bits, a counter in

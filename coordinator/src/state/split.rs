@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use stoke_core::StoreUri;
-use stoke_core::lease::{LeaseKey, SessionEvent};
+use stoke_core::lease::{LeaseKey, SessionEvent, StageTotals};
 use stoke_core::plan::{Cut, Plan, Shard};
 use stoke_core::records::{JobState, ProgressRecord};
 use tracing::{info, warn};
@@ -68,10 +68,10 @@ pub struct SplitPoint {
 /// The split point of a shard that covers origin offsets `from..until`,
 /// whose first `committed` records (and `next_batch` batches) are
 /// committed: past the holder's in-flight window of
-/// `interval + SPLIT_IN_PROCESS_BATCHES` batches, then half of what is
-/// left (the holder keeps the larger half), on a batch boundary. `None`
-/// when the new shard would be shorter than the floor (one checkpoint
-/// interval of batches).
+/// `interval + SPLIT_IN_PROCESS_BATCHES` batches, then `share` of what is
+/// left goes to the new shard (rounded down to whole batches), on a batch
+/// boundary. `None` when the new shard would be shorter than the floor
+/// (one checkpoint interval of batches).
 pub fn split_point(
     from: u64,
     until: u64,
@@ -79,6 +79,7 @@ pub fn split_point(
     next_batch: u64,
     batch_size: u64,
     interval: u64,
+    share: Share,
 ) -> Option<SplitPoint> {
     let bs = batch_size.max(1);
     let interval = interval.max(1);
@@ -87,7 +88,8 @@ pub fn split_point(
     let left_batches = left.div_ceil(bs);
     let margin = interval + SPLIT_IN_PROCESS_BATCHES;
     let spare = left_batches.checked_sub(margin)?;
-    let keep = margin + spare.div_ceil(2);
+    let give = spare * u64::from(share.0) / u64::from(Share::WHOLE);
+    let keep = margin + (spare - give);
     let at = at_committed.checked_add(keep.checked_mul(bs)?)?;
     let records = until.checked_sub(at)?;
     (records >= interval * bs).then_some(SplitPoint {
@@ -95,6 +97,39 @@ pub fn split_point(
         first_batch: next_batch + keep,
         records,
     })
+}
+
+/// What part of a split shard's spare batches the new shard gets, in
+/// thousandths: the asker's share of the two workers' throughput, so that
+/// both parts end about together (a slow worker asking takes little, a
+/// fast one asking a slow holder takes most); half while either has no
+/// throughput to go by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share(pub u32);
+
+impl Share {
+    pub const WHOLE: u32 = 1000;
+    pub const HALF: Share = Share(500);
+
+    /// The asker's part, from the two workers' records per second.
+    pub fn of(asker: Option<f64>, holder: Option<f64>) -> Share {
+        match (asker, holder) {
+            (Some(a), Some(h)) if a > 0.0 && h > 0.0 && (a + h).is_finite() => {
+                // Never all of it: the holder keeps some spare batches, in
+                // case the throughputs were a moment's.
+                let part = (a / (a + h) * f64::from(Self::WHOLE)).round() as u32;
+                Share(part.clamp(50, 950))
+            }
+            _ => Self::HALF,
+        }
+    }
+}
+
+/// A worker's records per second of processor time, from what it
+/// reported with its heartbeats (`None` before it reported any).
+fn throughput(stages: &StageTotals) -> Option<f64> {
+    let busy_ms = stages.model_ms + stages.input_wait_ms + stages.checkpoint_ms;
+    (stages.records > 0 && busy_ms > 0).then(|| stages.records as f64 * 1000.0 / busy_ms as f64)
 }
 
 /// Rebuilds a job's plan as its splits left it: a stored progress record
@@ -144,7 +179,7 @@ impl Job {
     }
 
     /// The split point of shard `idx`, if it is leased and long enough.
-    fn split_point_of(&self, idx: usize) -> Option<SplitPoint> {
+    fn split_point_of(&self, idx: usize, share: Share) -> Option<SplitPoint> {
         let state = &self.shards[idx];
         let shard = &self.plan.shards[idx];
         if state.lease.is_none() || state.writing || state.progress.done {
@@ -161,6 +196,7 @@ impl Job {
             state.progress.next_batch,
             self.spec.batching.batch_size,
             self.spec.checkpoint.interval,
+            share,
         )
     }
 
@@ -193,11 +229,16 @@ impl State {
         if self.splits_in_flight >= self.waiting.len() {
             return false;
         }
+        let asker = self
+            .sessions
+            .get(session_id)
+            .and_then(|s| throughput(&s.stages));
         let mut best: Option<(String, usize, SplitPoint)> = None;
         for (holder, session) in &self.sessions {
             if holder == session_id {
                 continue;
             }
+            let share = Share::of(asker, throughput(&session.stages));
             for (job_id, idx) in &session.leases {
                 let Some(job) = self.jobs.get(job_id) else {
                     continue;
@@ -205,7 +246,7 @@ impl State {
                 if !job.splittable() {
                     continue;
                 }
-                let Some(point) = job.split_point_of(*idx) else {
+                let Some(point) = job.split_point_of(*idx, share) else {
                     continue;
                 };
                 if best
@@ -393,7 +434,7 @@ mod tests {
         // 1000 records, batches of 10, interval 2: nothing committed, the
         // holder may have 2 + 1 batches processed; 97 batches are spare,
         // it keeps 3 + 49 = 52 batches, the new shard gets 480 records.
-        let p = split_point(0, 1000, 0, 0, 10, 2).expect("split");
+        let p = split_point(0, 1000, 0, 0, 10, 2, Share::HALF).expect("split");
         assert_eq!(
             p,
             SplitPoint {
@@ -404,24 +445,52 @@ mod tests {
         );
         // A shard made by a split, partly committed: offsets stay the
         // origin's and batch numbers go on from the committed ones.
-        let p = split_point(530, 1000, 100, 63, 10, 2).expect("split");
+        let p = split_point(530, 1000, 100, 63, 10, 2, Share::HALF).expect("split");
         // 37 batches left: 3 in flight, 17 of the 34 spare kept.
         assert_eq!(p.at, 630 + 30 + 170);
         assert_eq!(p.first_batch, 63 + 3 + 17);
         assert_eq!(p.records, 1000 - p.at);
         // A short last batch counts as a batch.
-        let p = split_point(0, 995, 0, 0, 10, 2).expect("split");
+        let p = split_point(0, 995, 0, 0, 10, 2, Share::HALF).expect("split");
         assert_eq!((p.at, p.records), (520, 475));
+    }
+
+    #[test]
+    fn a_faster_asker_takes_more_and_a_slower_one_less() {
+        let fast = Share::of(Some(4000.0), Some(1000.0));
+        assert_eq!(fast, Share(800));
+        // 97 spare batches: the new shard gets 77 of them.
+        let p = split_point(0, 1000, 0, 0, 10, 2, fast).expect("split");
+        assert_eq!((p.at, p.records), (230, 770));
+        let slow = Share::of(Some(1000.0), Some(4000.0));
+        assert_eq!(slow, Share(200));
+        let p = split_point(0, 1000, 0, 0, 10, 2, slow).expect("split");
+        assert_eq!((p.at, p.records), (810, 190));
+        // Too little for the floor: a slow asker does not split a short
+        // remainder at all.
+        assert_eq!(split_point(0, 120, 0, 0, 10, 2, slow), None);
+        // Nothing to go by: half; never all.
+        assert_eq!(Share::of(None, Some(5.0)), Share::HALF);
+        assert_eq!(Share::of(Some(1e9), Some(1.0)), Share(950));
+        assert_eq!(throughput(&StageTotals::default()), None);
+        let t = StageTotals {
+            records: 3000,
+            model_ms: 1000,
+            input_wait_ms: 200,
+            checkpoint_ms: 300,
+            ..Default::default()
+        };
+        assert_eq!(throughput(&t), Some(2000.0));
     }
 
     #[test]
     fn no_split_below_the_floor() {
         // 3 in-flight batches, then the new shard needs the floor (2
         // batches) and the holder at least as much of the spare.
-        assert!(split_point(0, 70, 0, 0, 10, 2).is_some());
-        assert_eq!(split_point(0, 60, 0, 0, 10, 2), None);
-        assert_eq!(split_point(0, 1000, 990, 99, 10, 2), None);
+        assert!(split_point(0, 70, 0, 0, 10, 2, Share::HALF).is_some());
+        assert_eq!(split_point(0, 60, 0, 0, 10, 2, Share::HALF), None);
+        assert_eq!(split_point(0, 1000, 990, 99, 10, 2, Share::HALF), None);
         // Committed past the end (a bad record count): no split.
-        assert_eq!(split_point(0, 100, 200, 20, 10, 2), None);
+        assert_eq!(split_point(0, 100, 200, 20, 10, 2, Share::HALF), None);
     }
 }
