@@ -288,7 +288,7 @@ def summarize(results_path):
     ideal = records / ((n - n_slow) * fast + n_slow * slow)
     print(f"Ideal for {n} workers ({n_slow} running {fleet['duty']:.3g} of the time, the others "
           f"{fleet.get('fast_duty', 1.0):.3g}): {ideal:.2f} s "
-          f"(alone: {fast:,.0f} records/s at full speed, {slow:,.0f} slowed)")
+          f"(alone: {fast:,.0f} records/s a fast worker, {slow:,.0f} the slow one)")
     print()
     print("| contender | runs | median s | vs ideal | shards split | tail_idle s | causes / processor s |")
     print("|---|---|---|---|---|---|---|")
