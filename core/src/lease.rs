@@ -91,8 +91,8 @@ pub struct Heartbeat {
     /// Leases it still works on (the coordinator extends them).
     pub leases: Vec<LeaseKey>,
     pub stages: StageTotals,
-    /// Its processor time per job, since it started (for the jobs'
-    /// efficiency reports).
+    /// Its processor time per job, since this session opened (for the
+    /// jobs' efficiency reports).
     pub jobs: Vec<JobStages>,
     /// Per lease, the work done since its last committed checkpoint: lost
     /// (and counted as redone) if the attempt ends without committing it.

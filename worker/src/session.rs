@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stoke_core::lease::{Heartbeat, LeaseKey, LeaseWork, Registration, SessionEvent};
+use stoke_core::lease::{Heartbeat, JobStages, LeaseKey, LeaseWork, Registration, SessionEvent};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -131,24 +131,27 @@ async fn keep(
         lost,
     } = session;
     let mut ticker = tokio::time::interval(grant.heartbeat_interval.max(Duration::from_millis(10)));
+    // Per-job times are reported from this session's start: a coordinator
+    // that restarted (or a session opened again) counts only what it saw.
+    let base = stages.jobs_snapshot();
     loop {
         tokio::select! {
             _ = stop.cancelled() => {
                 // The last times (a job's last checkpoint, say), so the
                 // job's report counts them: best effort.
-                let _ = heartbeats.send(heartbeat(active, stages)).await;
+                let _ = heartbeats.send(heartbeat(active, stages, &base)).await;
                 break;
             }
             _ = lost.cancelled() => break,
             // An attempt ended: its times now, not a heartbeat interval
             // later (when its job may have ended).
             _ = stages.flush_requested() => {
-                if heartbeats.send(heartbeat(active, stages)).await.is_err() {
+                if heartbeats.send(heartbeat(active, stages, &base)).await.is_err() {
                     break;
                 }
             }
             _ = ticker.tick() => {
-                if heartbeats.send(heartbeat(active, stages)).await.is_err() {
+                if heartbeats.send(heartbeat(active, stages, &base)).await.is_err() {
                     break;
                 }
             }
@@ -161,12 +164,27 @@ async fn keep(
     }
 }
 
-/// What the worker tells the coordinator on its session now.
-fn heartbeat(active: &Active, stages: &StageCounters) -> Heartbeat {
+/// What the worker tells the coordinator on its session now: its per-job
+/// times since `base` (the session's start).
+fn heartbeat(active: &Active, stages: &StageCounters, base: &[JobStages]) -> Heartbeat {
+    let jobs = stages
+        .jobs_snapshot()
+        .into_iter()
+        .map(|now| match base.iter().find(|b| b.job_id == now.job_id) {
+            Some(b) => JobStages {
+                startup_ms: now.startup_ms.saturating_sub(b.startup_ms),
+                model_ms: now.model_ms.saturating_sub(b.model_ms),
+                input_wait_ms: now.input_wait_ms.saturating_sub(b.input_wait_ms),
+                checkpoint_ms: now.checkpoint_ms.saturating_sub(b.checkpoint_ms),
+                job_id: now.job_id,
+            },
+            None => now,
+        })
+        .collect();
     let heartbeat = Heartbeat {
         leases: active_keys(active),
         stages: stages.snapshot(),
-        jobs: stages.jobs_snapshot(),
+        jobs,
         work: active_work(active),
     };
     for w in &heartbeat.work {
