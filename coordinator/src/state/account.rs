@@ -32,6 +32,9 @@ use super::effects::Then;
 use super::{Io, State};
 use crate::error::Result;
 
+/// How often, at most, the workers' time is given to jobs.
+const ACCOUNT_EVERY: Duration = Duration::from_millis(50);
+
 /// An attempt's batches since its last committed checkpoint, as its
 /// worker last reported them.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -261,14 +264,18 @@ impl State {
     /// Gives the time since the last call to the jobs the connected
     /// workers worked or idled for (call before a change, with its time).
     pub(super) fn account_time(&mut self, now: Instant) {
-        let since = self.accounted_at.replace(now);
-        let Some(since) = since else {
+        let Some(since) = self.accounted_at else {
+            self.accounted_at = Some(now);
             return;
         };
         let dt = now.saturating_duration_since(since);
-        if dt.is_zero() {
+        // A walk over every session: at most every ACCOUNT_EVERY, however
+        // many workers ask or commit (a change between two walks is
+        // counted from the later one: off by at most this much).
+        if dt < ACCOUNT_EVERY {
             return;
         }
+        self.accounted_at = Some(now);
         let leased: HashSet<&str> = self
             .sessions
             .values()
