@@ -19,7 +19,7 @@
 //!
 //! In memory only: a restarted coordinator reports from its start.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use stoke_core::lease::{JobStages, LeaseWork};
@@ -29,11 +29,11 @@ use stoke_core::store::to_json_bytes;
 use tokio::time::Instant;
 
 use super::effects::Then;
-use super::{Io, State};
+use super::{Io, Session, State};
 use crate::error::Result;
 
 /// How often, at most, the workers' time is given to jobs.
-const ACCOUNT_EVERY: Duration = Duration::from_millis(50);
+const ACCOUNT_EVERY: Duration = Duration::from_millis(200);
 
 /// An attempt's batches since its last committed checkpoint, as its
 /// worker last reported them.
@@ -78,15 +78,6 @@ enum Idle {
     Tail,
 }
 
-/// A worker's time since the last accounting, for one job.
-struct Share {
-    job_id: String,
-    worker_id: String,
-    devices: Vec<String>,
-    time: Duration,
-    idle: Option<Idle>,
-}
-
 #[derive(Debug, Default, Clone)]
 struct WorkerShare {
     devices: Vec<String>,
@@ -109,7 +100,7 @@ pub(super) struct Account {
     tail_idle: Duration,
     processor: Duration,
     failed: BTreeMap<&'static str, u64>,
-    workers: BTreeMap<String, WorkerShare>,
+    workers: HashMap<String, WorkerShare>,
     /// `report.json` is stored (or the job ended before this coordinator
     /// started).
     pub report_written: bool,
@@ -130,7 +121,7 @@ impl Account {
             tail_idle: Duration::ZERO,
             processor: Duration::ZERO,
             failed: BTreeMap::new(),
-            workers: BTreeMap::new(),
+            workers: HashMap::new(),
             report_written: false,
         }
     }
@@ -142,12 +133,35 @@ impl Account {
         *self.failed.entry(why.name()).or_default() += 1;
     }
 
-    fn worker(&mut self, worker_id: &str, devices: &[String]) -> &mut WorkerShare {
-        let share = self.workers.entry(worker_id.to_string()).or_default();
-        if share.devices.is_empty() {
-            share.devices = devices.to_vec();
+    /// Applies `f` to a worker's share (made on its first use; looked up
+    /// first, so the common path copies no key).
+    fn with_worker(
+        &mut self,
+        worker_id: &str,
+        devices: &[String],
+        f: impl FnOnce(&mut WorkerShare),
+    ) {
+        if let Some(share) = self.workers.get_mut(worker_id) {
+            return f(share);
         }
-        share
+        let mut share = WorkerShare {
+            devices: devices.to_vec(),
+            ..Default::default()
+        };
+        f(&mut share);
+        self.workers.insert(worker_id.to_string(), share);
+    }
+
+    /// `time` of session `s`'s processors went to this job (idle for it,
+    /// when `idle` says why).
+    fn add_time(&mut self, s: &Session, time: Duration, idle: Option<Idle>) {
+        self.processor += time;
+        match idle {
+            Some(Idle::Paused) => self.paused += time,
+            Some(Idle::Tail) => self.tail_idle += time,
+            None => {}
+        }
+        self.with_worker(&s.worker_id, &s.devices, |w| w.processor += time);
     }
 
     /// The report at `now`.
@@ -170,6 +184,18 @@ impl Account {
                 0.0
             }
         };
+        let mut devices: Vec<DeviceReport> = self
+            .workers
+            .iter()
+            .map(|(worker, w)| DeviceReport {
+                worker: worker.clone(),
+                devices: w.devices.clone(),
+                model_s: secs(w.model_ms),
+                processor_s: w.processor.as_secs_f64(),
+                busy_fraction: fraction(secs(w.model_ms), w.processor.as_secs_f64()),
+            })
+            .collect();
+        devices.sort_by(|a, b| a.worker.cmp(&b.worker));
         EfficiencyReport {
             job_id: job_id.to_string(),
             wall_s,
@@ -197,17 +223,7 @@ impl Account {
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
             redone_batches: self.redone_batches,
-            devices: self
-                .workers
-                .iter()
-                .map(|(worker, w)| DeviceReport {
-                    worker: worker.clone(),
-                    devices: w.devices.clone(),
-                    model_s: secs(w.model_ms),
-                    processor_s: w.processor.as_secs_f64(),
-                    busy_fraction: fraction(secs(w.model_ms), w.processor.as_secs_f64()),
-                })
-                .collect(),
+            devices,
         }
     }
 }
@@ -244,7 +260,7 @@ impl State {
             a.model_ms += d.model_ms;
             a.input_wait_ms += d.input_wait_ms;
             a.checkpoint_ms += d.checkpoint_ms;
-            a.worker(&worker_id, &devices).model_ms += d.model_ms;
+            a.with_worker(&worker_id, &devices, |w| w.model_ms += d.model_ms);
         }
         for w in work {
             if let Some(job) = self.jobs.get_mut(&w.lease.job_id)
@@ -276,63 +292,55 @@ impl State {
             return;
         }
         self.accounted_at = Some(now);
-        let leased: HashSet<&str> = self
-            .sessions
-            .values()
-            .flat_map(|s| s.leases.iter().map(|(j, _)| j.as_str()))
-            .collect();
+        // Disjoint borrows: the walk reads the sessions and writes the
+        // jobs, with no copies (it runs on the owner's loop).
+        let State {
+            sessions,
+            jobs,
+            order,
+            ..
+        } = self;
         // The job an idle worker waits for: a paused one first, else one
-        // in its tail.
-        let idle_for = self
-            .order
+        // in its tail (shards leased, none waiting).
+        let has_leases = |id: &str| {
+            sessions
+                .values()
+                .any(|s| s.leases.iter().any(|(j, _)| j == id))
+        };
+        let idle_for = order
             .iter()
-            .filter_map(|id| self.jobs.get(id))
+            .filter_map(|id| jobs.get(id))
             .find(|j| j.state == JobState::Paused)
             .map(|j| (j.id.clone(), Idle::Paused))
             .or_else(|| {
-                self.order
+                order
                     .iter()
-                    .filter_map(|id| self.jobs.get(id))
+                    .filter_map(|id| jobs.get(id))
                     .find(|j| {
-                        j.state == JobState::Running
-                            && j.pending.is_empty()
-                            && leased.contains(j.id.as_str())
+                        j.state == JobState::Running && j.pending.is_empty() && has_leases(&j.id)
                     })
                     .map(|j| (j.id.clone(), Idle::Tail))
             });
-        let mut shares: Vec<Share> = Vec::new();
-        for s in self.sessions.values() {
+        let mut held: Vec<&str> = Vec::new();
+        for s in sessions.values() {
             let time = dt * s.devices.len().max(1) as u32;
-            let mut jobs: Vec<&str> = s.leases.iter().map(|(j, _)| j.as_str()).collect();
-            jobs.sort_unstable();
-            jobs.dedup();
-            let share = |job_id: &str, time, idle| Share {
-                job_id: job_id.to_string(),
-                worker_id: s.worker_id.clone(),
-                devices: s.devices.clone(),
-                time,
-                idle,
-            };
-            if jobs.is_empty() {
-                if let Some((job_id, idle)) = &idle_for {
-                    shares.push(share(job_id, time, Some(*idle)));
+            held.clear();
+            held.extend(s.leases.iter().map(|(j, _)| j.as_str()));
+            held.sort_unstable();
+            held.dedup();
+            if held.is_empty() {
+                if let Some((job_id, idle)) = &idle_for
+                    && let Some(job) = jobs.get_mut(job_id)
+                {
+                    job.account.add_time(s, time, Some(*idle));
                 }
                 continue;
             }
-            let each = time / jobs.len() as u32;
-            shares.extend(jobs.into_iter().map(|j| share(j, each, None)));
-        }
-        for share in shares {
-            let Some(job) = self.jobs.get_mut(&share.job_id) else {
-                continue;
-            };
-            let a = &mut job.account;
-            a.processor += share.time;
-            a.worker(&share.worker_id, &share.devices).processor += share.time;
-            match share.idle {
-                Some(Idle::Paused) => a.paused += share.time,
-                Some(Idle::Tail) => a.tail_idle += share.time,
-                None => {}
+            let each = time / held.len() as u32;
+            for job_id in &held {
+                if let Some(job) = jobs.get_mut(*job_id) {
+                    job.account.add_time(s, each, None);
+                }
             }
         }
     }
