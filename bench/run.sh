@@ -12,6 +12,9 @@
 #                          #   (bench/w1_python_processor.py) vs the built-in
 #                          #   runner vs plain Python, interleaved; and both
 #                          #   submitted to a fleet that is already up
+#   bench/run.sh straggler # W1's data, a heavier model, 3 workers, one duty-cycled
+#                          #   to a quarter speed: splitting off vs on vs Ray Data,
+#                          #   against the ideal (bench/straggler.py)
 #   bench/run.sh s3        # W1 with --local 2 on file:// vs the local S3 server,
 #                          #   and store requests per checkpoint (a counting proxy)
 #
@@ -29,9 +32,9 @@ set -euo pipefail
 
 what="${1:-all}"
 case "$what" in
-  all | w1 | scale | ragged | s3 | pt2 | python) ;;
+  all | w1 | scale | ragged | s3 | pt2 | python | straggler) ;;
   *)
-    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python]" >&2
+    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python|straggler]" >&2
     exit 2
     ;;
 esac
@@ -370,6 +373,42 @@ case "$what" in
     ;;
   ragged)
     "$BENCH_SRC/ragged.sh"
+    exit 0
+    ;;
+  straggler)
+    W1="$BENCH_DIR/w1"
+    "$BPY" "$BENCH_SRC/w1_data.py" "$W1"
+    model="$BENCH_DIR/straggler-model.pt"
+    [ -f "$model" ] || "$BPY" "$BENCH_SRC/straggler.py" model "$model"
+    # Half of W1 (4 files, 4 shards of 25,000): with the heavier model the
+    # slowed worker alone takes about a minute.
+    data="$BENCH_DIR/straggler-data"
+    mkdir -p "$data"
+    for i in 0 1 2 3; do ln -f "$W1/data/part-$i.parquet" "$data/part-$i.parquet"; done
+    results="$BENCH_DIR/straggler-results.jsonl"
+    rm -f "$results"
+    mkdir -p "$BENCH_DIR/runs"
+    log "straggler: 3 workers, one at a quarter of the others' speed, $RUNS rounds"
+    for round in $(seq 1 "$RUNS"); do
+      for c in solo-fast solo-slow split-off split-on ray; do
+        case "$c" in
+          solo-fast) args=(stoke "$BIN" "$data" "$model" "$BENCH_DIR/runs" --workers 1 --slow 0) ;;
+          solo-slow) args=(stoke "$BIN" "$data" "$model" "$BENCH_DIR/runs" --workers 1 --slow 1) ;;
+          split-off) args=(stoke "$BIN" "$data" "$model" "$BENCH_DIR/runs" --split off) ;;
+          split-on) args=(stoke "$BIN" "$data" "$model" "$BENCH_DIR/runs" --split on) ;;
+          ray)
+            [ "${BENCH_RAY:-1}" = 0 ] && continue
+            args=(ray "$data" "$model" "$BENCH_DIR/runs")
+            ;;
+        esac
+        # The fast workers run half the time and the slow one an eighth (a
+        # quarter of their speed): the fleet needs 1.1 of the 2 cores, so
+        # the ideal (from each alone) is reachable on this machine.
+        "$BPY" "$BENCH_SRC/straggler.py" "${args[@]}" --fast-duty 0.5 --duty 0.125 | tee -a "$results" ||
+          log "straggler $c round $round failed"
+      done
+    done
+    "$BPY" "$BENCH_SRC/straggler.py" summary "$results"
     exit 0
     ;;
   s3)

@@ -6,6 +6,7 @@
 mod display_tests;
 mod fleet;
 mod outputs;
+mod report;
 mod watch;
 
 use std::path::{Path, PathBuf};
@@ -93,6 +94,15 @@ enum Cmd {
     /// counts: all of them once it succeeded, and exactly what counts after
     /// a cancel or a failure (its folder may also hold uncommitted attempts).
     Outputs {
+        job: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Where a job's processor time went: wall time, records/s, how busy
+    /// the model was, the seconds by cause (start-up, model, input wait,
+    /// checkpoint, redone, paused, tail idle), shards split, failed
+    /// attempts by kind.
+    Report {
         job: String,
         #[arg(long)]
         json: bool,
@@ -351,6 +361,16 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 }
             }
             Ok(0)
+        }
+        Cmd::Report { job, json } => {
+            let client = Client::connect(&cli.coordinator).await?;
+            let report = client.job_report(&job).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report::render(&report));
+            }
+            Ok(exit::OK)
         }
         Cmd::Outputs { job, json } => {
             let client = Client::connect(&cli.coordinator).await?;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use stoke_core::PROTOCOL_VERSION;
 use stoke_core::records::{JobErrors, JobInfo, ManifestEntry, WorkerInfo};
+use stoke_core::report::EfficiencyReport;
 use stoke_core::security::{AuthChannel, ClientSecurity, Role};
 use stoke_core::spec::JobSpec;
 use stoke_proto::v1 as pb;
@@ -182,6 +183,22 @@ impl Client {
             .into_iter()
             .map(Into::into)
             .collect())
+    }
+
+    /// A job's efficiency report: its processors' time by cause.
+    pub async fn job_report(&self, job_id: &str) -> Result<EfficiencyReport, ClientError> {
+        let resp = self
+            .inner
+            .clone()
+            .get_job_report(pb::GetJobReportRequest {
+                job_id: job_id.to_string(),
+            })
+            .await
+            .map_err(|s| ClientError::rpc("get job report", &self.addr, s))?;
+        serde_json::from_str(&resp.into_inner().report_json).map_err(|e| ClientError::Reply {
+            call: "get job report",
+            message: e.to_string(),
+        })
     }
 
     pub async fn list_jobs(&self) -> Result<Vec<JobInfo>, ClientError> {

@@ -35,6 +35,15 @@ pub enum CoordinatorError {
         token: u64,
         current: String,
     },
+    #[error(
+        "commit for shard {shard_id} of job {job_id} reaches record {reaches}, past the end of the shard after a split ({until}); the shard goes to another attempt"
+    )]
+    PastSplit {
+        job_id: String,
+        shard_id: String,
+        reaches: u64,
+        until: u64,
+    },
     #[error("a commit for shard {shard_id} of job {job_id} is being stored; retry")]
     CommitInFlight { job_id: String, shard_id: String },
     #[error("shard {shard_id} not in job {job_id}")]
@@ -142,6 +151,7 @@ impl From<CoordinatorError> for Status {
             JobNotFound { .. } | ShardNotFound { .. } => Status::not_found(msg),
             JobExists { .. } => Status::already_exists(msg),
             StaleToken { .. }
+            | PastSplit { .. }
             | JobNotRunning { .. }
             | BatchMismatch { .. }
             | ForeignOutput { .. }

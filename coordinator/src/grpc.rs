@@ -93,6 +93,20 @@ impl JobService for JobApi {
         Ok(Response::new(self.handle.get_job(&job_id).await?.into()))
     }
 
+    async fn get_job_report(
+        &self,
+        req: Request<pb::GetJobReportRequest>,
+    ) -> Result<Response<pb::GetJobReportResponse>, Status> {
+        let job_id = req.into_inner().job_id;
+        if job_id.is_empty() {
+            return Err(Status::invalid_argument("missing field `job_id`"));
+        }
+        let report = self.handle.report(&job_id).await?;
+        let report_json = serde_json::to_string(&report)
+            .map_err(|e| Status::internal(format!("encoding the report: {e}")))?;
+        Ok(Response::new(pb::GetJobReportResponse { report_json }))
+    }
+
     async fn list_jobs(
         &self,
         _req: Request<pb::ListJobsRequest>,

@@ -37,6 +37,8 @@ pub struct Counters {
     pub commits_duplicate: u64,
     pub sessions_registered: u64,
     pub sessions_closed: u64,
+    /// Leased shards split for an idle worker.
+    pub shards_split: u64,
 }
 
 /// Distributions since this coordinator process started. Cloning shares
@@ -67,6 +69,7 @@ impl Default for Histograms {
 }
 
 pub use stoke_core::records::WorkerInfo;
+use stoke_core::report::EfficiencyReport;
 
 /// The counters, histograms and connected workers, at one moment.
 #[derive(Debug, Clone, Default)]
@@ -76,6 +79,8 @@ pub struct Snapshot {
     pub workers: Vec<WorkerInfo>,
     /// What each queue's running jobs ask of the fleet, by queue name.
     pub queues: Vec<QueueDemand>,
+    /// Every job's efficiency report.
+    pub reports: Vec<EfficiencyReport>,
 }
 
 /// What an autoscaler reads for one queue: the work waiting and running,
@@ -296,6 +301,29 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
     );
     registry.register("stoke_job_shards", "Shards per job, by state", shards);
     register_demand(&mut registry, &snapshot.queues);
+    let processor_seconds = Family::<Labels, Counter<f64>>::default();
+    let shards_split = Family::<Labels, Counter>::default();
+    for report in &snapshot.reports {
+        let id = report.job_id.as_str();
+        for (cause, seconds) in report.seconds.named() {
+            processor_seconds
+                .get_or_create(&labels([("job", id), ("cause", cause)]))
+                .inc_by(seconds);
+        }
+        shards_split
+            .get_or_create(&labels([("job", id)]))
+            .inc_by(report.shards_split);
+    }
+    registry.register(
+        "stoke_job_processor_seconds",
+        "Processor time per job, by cause: startup, model, input_wait, checkpoint, redone, paused, tail_idle",
+        processor_seconds,
+    );
+    registry.register(
+        "stoke_job_shards_split",
+        "Shards made by splitting leased shards at a job's tail, per job",
+        shards_split,
+    );
     let mut out = String::new();
     encode(&mut out, &registry)?;
     Ok(out)
@@ -396,6 +424,15 @@ mod tests {
                     workers_wanted: 8,
                 },
             ],
+            reports: vec![EfficiencyReport {
+                job_id: "j".to_string(),
+                seconds: stoke_core::report::CauseSeconds {
+                    tail_idle: 2.5,
+                    ..Default::default()
+                },
+                shards_split: 3,
+                ..Default::default()
+            }],
         };
         snapshot.histograms.commit.observe(0.002);
         let job = JobInfo {
@@ -439,6 +476,24 @@ mod tests {
             Some("2")
         );
         assert_eq!(line(&body, "stoke_jobs{state=\"running\"}"), Some("1"));
+        assert_eq!(
+            line(
+                &body,
+                "stoke_job_processor_seconds_total{job=\"j\",cause=\"tail_idle\"}"
+            ),
+            Some("2.5")
+        );
+        assert_eq!(
+            line(
+                &body,
+                "stoke_job_processor_seconds_total{job=\"j\",cause=\"redone\"}"
+            ),
+            Some("0.0")
+        );
+        assert_eq!(
+            line(&body, "stoke_job_shards_split_total{job=\"j\"}"),
+            Some("3")
+        );
         assert_eq!(line(&body, "stoke_commit_seconds_count"), Some("1"));
         assert!(body.contains("# TYPE stoke_batch_seconds histogram"));
         assert_eq!(line(&body, "stoke_workers_wanted"), Some("11"));

@@ -152,6 +152,8 @@ pub struct JobProgress {
     pub attempts_failed: u64,
     /// Attempts failed on the store (retried without counting).
     pub store_failures: u64,
+    /// Where its processors' time went.
+    pub report: stoke_core::report::EfficiencyReport,
 }
 
 /// Every job's progress and the connected workers, at one moment.

@@ -15,6 +15,17 @@
     ["checkpoint_ms", "checkpoint", "st-checkpoint"],
   ];
 
+  // The efficiency report's causes, in report order (`stoke report`).
+  const CAUSES = [
+    ["startup", "start-up", "cause-startup"],
+    ["model", "model", "cause-model"],
+    ["input_wait", "input wait", "cause-input"],
+    ["checkpoint", "checkpoint", "cause-checkpoint"],
+    ["redone", "redone", "cause-redone"],
+    ["paused", "paused", "cause-paused"],
+    ["tail_idle", "tail idle", "cause-tail"],
+  ];
+
   let lastData = null;
   let lastOkAt = null;
   // <details> the user opened or closed, kept so across re-renders.
@@ -220,8 +231,34 @@
         stat("Leases", leases, null, { "data-role": "leases" }),
         stat("Waiting", sched.waiting || "—", sched.waiting ? "warn" : null, { "data-role": "waiting" })),
       el("div", { class: "shards" }, segments, legend),
+      renderReport(job),
       job.reason ? el("p", { class: "reason" }, job.reason) : null,
       renderErrors(job));
+  }
+
+  // Where the job's processor time went: one stacked bar, a segment per
+  // cause, and the seconds and shares beside it.
+  function renderReport(job) {
+    const r = job.report;
+    if (!r) return null;
+    const total = CAUSES.reduce((n, [key]) => n + (r.seconds[key] || 0), 0);
+    if (!total) return el("p", { class: "note", "data-role": "report" }, "Processor time: not reported yet");
+    const bar = el("div", { class: "causebar", role: "img", "aria-label": "processor time by cause" });
+    for (const [key, label, cls] of CAUSES) {
+      const s = r.seconds[key] || 0;
+      if (!s) continue;
+      const seg = el("span", { class: cls, title: label + " " + s.toFixed(1) + " s", "data-cause": key });
+      seg.style.flexGrow = String(s);
+      bar.append(seg);
+    }
+    const legend = el("div", { class: "legend" }, ...CAUSES.filter(([key]) => r.seconds[key]).map(([key, label, cls]) =>
+      el("span", { "data-cause": key },
+        el("span", { class: "swatch " + cls }), el("b", {}, r.seconds[key].toFixed(1) + " s"),
+        " " + label + " (" + Math.round((100 * r.seconds[key]) / total) + "%)")));
+    const busy = "model busy " + Math.round(100 * r.busy_fraction) + "% · " + int(r.shards_split) + " shards split";
+    return el("div", { class: "report", "data-role": "report" },
+      el("div", { class: "report-head" }, "Processor time by cause", el("span", { class: "muted" }, " · " + busy)),
+      bar, legend);
   }
 
   function orderJobs(jobs) {

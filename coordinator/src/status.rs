@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
+use stoke_core::report::EfficiencyReport;
 
 use axum::Router;
 use axum::extract::State;
@@ -207,6 +208,8 @@ pub struct JobView {
     /// `null` when the job has had no failed attempt and no skipped record.
     pub errors: Option<ErrorsView>,
     pub schedule: ScheduleView,
+    /// Where its processors' time went (the same as `stoke report`).
+    pub report: EfficiencyReport,
 }
 
 /// A job's priority, queue, weight, lease cap and why it waits.
@@ -360,6 +363,7 @@ impl JobView {
             eta,
             attempts_failed,
             store_failures,
+            report,
         } = job;
         let schedule = ScheduleView {
             priority: info.schedule.priority,
@@ -390,6 +394,7 @@ impl JobView {
             attempts_failed,
             store_failures,
             errors,
+            report,
         }
     }
 }
@@ -549,6 +554,17 @@ mod tests {
             eta: Some(Duration::from_secs(18)),
             attempts_failed: 1,
             store_failures: 0,
+            report: EfficiencyReport {
+                job_id: id.to_string(),
+                wall_s: 10.0,
+                seconds: stoke_core::report::CauseSeconds {
+                    model: 6.0,
+                    tail_idle: 2.0,
+                    ..Default::default()
+                },
+                processor_s: 8.0,
+                ..Default::default()
+            },
         }
     }
 

@@ -7,9 +7,10 @@ use stoke_proto::v1 as pb;
 
 use crate::error::ConvError;
 use crate::lease::{
-    AcquireOutcome, Commit, Heartbeat, Lease, LeaseKey, Release, SessionEvent, StageTotals,
+    AcquireOutcome, Commit, Heartbeat, JobStages, Lease, LeaseKey, LeaseWork, Release,
+    SessionEvent, StageTotals,
 };
-use crate::plan::{Shard, ShardSource};
+use crate::plan::{Cut, Shard, ShardSource};
 use crate::records::{
     JobErrors, JobInfo, JobScheduling, JobState, ManifestEntry, OutputObject, ShardErrors,
     SkippedRecord, WorkerInfo,
@@ -136,6 +137,26 @@ impl From<Heartbeat> for pb::Heartbeat {
         Self {
             leases: h.leases.into_iter().map(Into::into).collect(),
             stages: Some(h.stages.into()),
+            jobs: h
+                .jobs
+                .into_iter()
+                .map(|j| pb::JobStages {
+                    job_id: j.job_id,
+                    startup_ms: j.startup_ms,
+                    model_ms: j.model_ms,
+                    input_wait_ms: j.input_wait_ms,
+                    checkpoint_ms: j.checkpoint_ms,
+                })
+                .collect(),
+            work: h
+                .work
+                .into_iter()
+                .map(|w| pb::LeaseWork {
+                    lease: Some(w.lease.into()),
+                    batches: w.batches,
+                    model_ms: w.model_ms,
+                })
+                .collect(),
         }
     }
 }
@@ -145,6 +166,29 @@ impl From<pb::Heartbeat> for Heartbeat {
         Self {
             leases: h.leases.into_iter().map(Into::into).collect(),
             stages: h.stages.map(Into::into).unwrap_or_default(),
+            jobs: h
+                .jobs
+                .into_iter()
+                .map(|j| JobStages {
+                    job_id: j.job_id,
+                    startup_ms: j.startup_ms,
+                    model_ms: j.model_ms,
+                    input_wait_ms: j.input_wait_ms,
+                    checkpoint_ms: j.checkpoint_ms,
+                })
+                .collect(),
+            // Work without its lease names nothing: dropped.
+            work: h
+                .work
+                .into_iter()
+                .filter_map(|w| {
+                    Some(LeaseWork {
+                        lease: w.lease?.into(),
+                        batches: w.batches,
+                        model_ms: w.model_ms,
+                    })
+                })
+                .collect(),
         }
     }
 }
@@ -306,6 +350,12 @@ impl From<Shard> for pb::Shard {
             shard_id: s.id,
             records: s.records.unwrap_or(0),
             source: Some(source),
+            cut: s.cut.map(|c| pb::ShardCut {
+                origin: c.origin,
+                from_record: c.from_record,
+                until_record: c.until_record,
+                first_batch: c.first_batch,
+            }),
         }
     }
 }
@@ -335,10 +385,21 @@ impl TryFrom<pb::Shard> for Shard {
         if s.shard_id.is_empty() {
             return Err(ConvError::Missing("shard.shard_id"));
         }
+        let cut = match s.cut {
+            Some(c) if c.origin.is_empty() => return Err(ConvError::Missing("shard.cut.origin")),
+            Some(c) => Some(Cut {
+                origin: c.origin,
+                from_record: c.from_record,
+                until_record: c.until_record,
+                first_batch: c.first_batch,
+            }),
+            None => None,
+        };
         Ok(Self {
             id: s.shard_id,
             records: (s.records > 0).then_some(s.records),
             source,
+            cut,
         })
     }
 }
@@ -567,6 +628,13 @@ impl From<SessionEvent> for pb::SessionEvent {
                 reason,
             }),
             SessionEvent::Wake => pb::session_event::Event::Wake(pb::Wake {}),
+            SessionEvent::Split {
+                lease,
+                until_record,
+            } => pb::session_event::Event::Split(pb::SplitLease {
+                lease: Some(lease.into()),
+                until_record,
+            }),
         };
         Self { event: Some(event) }
     }
@@ -625,6 +693,12 @@ mod tests {
                     byte_end: 99,
                     first_line,
                 },
+                cut: (first_line == Some(101)).then(|| Cut {
+                    origin: "s00001".into(),
+                    from_record: 64,
+                    until_record: 96,
+                    first_batch: 2,
+                }),
             };
             let back = Shard::try_from(pb::Shard::from(shard.clone())).expect("convert");
             assert_eq!(back, shard);

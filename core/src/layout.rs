@@ -99,6 +99,10 @@ impl JobLayout {
     pub fn manifest(&self) -> StoreUri {
         self.dir.join("manifest.json")
     }
+    /// The job's efficiency report, written when it ends.
+    pub fn report(&self) -> StoreUri {
+        self.dir.join("report.json")
+    }
     /// Where one attempt writes the bad records it skipped.
     pub fn errors_prefix(&self, shard_id: &str, token: u64) -> StoreUri {
         self.dir.join(&format!("errors/{shard_id}/a{token}"))

@@ -91,6 +91,32 @@ pub struct Heartbeat {
     /// Leases it still works on (the coordinator extends them).
     pub leases: Vec<LeaseKey>,
     pub stages: StageTotals,
+    /// Its processor time per job, since this session opened (for the
+    /// jobs' efficiency reports).
+    pub jobs: Vec<JobStages>,
+    /// Per lease, the work done since its last committed checkpoint: lost
+    /// (and counted as redone) if the attempt ends without committing it.
+    pub work: Vec<LeaseWork>,
+}
+
+/// One job's share of a worker's processor time, since the worker started.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobStages {
+    pub job_id: String,
+    /// Loading the processor for the job.
+    pub startup_ms: u64,
+    pub model_ms: u64,
+    pub input_wait_ms: u64,
+    pub checkpoint_ms: u64,
+}
+
+/// An attempt's batches since its last committed checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseWork {
+    pub lease: LeaseKey,
+    pub batches: u64,
+    /// Their time in `process_batch`.
+    pub model_ms: u64,
 }
 
 /// A worker's session registration.
@@ -129,4 +155,7 @@ pub enum SessionEvent {
     /// submitted or resumed, or every job ended. Sent to workers that were
     /// told to wait, so they need not wait out the whole pause.
     Wake,
+    /// The shard of this lease was split: stop before record
+    /// `until_record` (an offset in the shard's origin) and finish there.
+    Split { lease: LeaseKey, until_record: u64 },
 }

@@ -13,6 +13,7 @@
 //! - [`security`]: tokens and TLS settings, and the client side of both;
 //! - [`conv`]: conversions to and from the wire types of `stoke-proto`;
 //! - [`schedule`]: a job's priority, weight, lease cap and queue;
+//! - [`report`]: a job's efficiency report (processor time by cause);
 //! - [`refusal`]: refusals a peer matches on, carried on gRPC statuses.
 //!
 //! Tested by unit tests next to the code, against `memory://` and temporary
@@ -30,6 +31,7 @@ pub mod plan;
 pub mod progress;
 pub mod records;
 pub mod refusal;
+pub mod report;
 pub mod schedule;
 pub mod security;
 pub mod spec;

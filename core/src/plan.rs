@@ -37,6 +37,51 @@ pub struct Shard {
     /// Records in the shard when known.
     pub records: Option<u64>,
     pub source: ShardSource,
+    /// Set once the shard took part in a split (see [`Cut`]): which
+    /// records of its source it covers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<Cut>,
+}
+
+/// The part of a planned shard's records a shard covers after splits.
+///
+/// A split keeps the planned shard's source and record offsets, so the
+/// records keep their ids (`<origin>:<offset>`) and both halves cut the
+/// same batches the unsplit shard would have: the holder stops at
+/// `until_record`, and the new shard reads the same source from
+/// `from_record` on, numbering its first batch `first_batch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cut {
+    /// The planned shard whose source and record offsets this one shares.
+    pub origin: String,
+    /// The first record (offset in the origin) of this shard.
+    pub from_record: u64,
+    /// The record (offset in the origin) this shard stops before.
+    pub until_record: u64,
+    /// The batch index of its first batch.
+    pub first_batch: u64,
+}
+
+impl Shard {
+    /// The shard whose records' offsets (and generated ids) this one uses.
+    pub fn origin(&self) -> &str {
+        self.cut.as_ref().map_or(&self.id, |c| &c.origin)
+    }
+
+    /// The first record of this shard, as an offset in its origin.
+    pub fn from_record(&self) -> u64 {
+        self.cut.as_ref().map_or(0, |c| c.from_record)
+    }
+
+    /// The offset in its origin this shard stops before, when split.
+    pub fn until_record(&self) -> Option<u64> {
+        self.cut.as_ref().map(|c| c.until_record)
+    }
+
+    /// The batch index of its first batch.
+    pub fn first_batch(&self) -> u64 {
+        self.cut.as_ref().map_or(0, |c| c.first_batch)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,6 +158,7 @@ pub fn plan_range(count: u64, target: u64) -> Plan {
                 id: shard_id(i),
                 records: Some(end - start),
                 source: ShardSource::Range { start, end },
+                cut: None,
             }
         })
         .collect();
@@ -213,6 +259,7 @@ async fn plan_parquet(
             id: shard_id(i),
             records: Some(rows),
             source,
+            cut: None,
         })
         .collect();
     Ok(Plan {
@@ -455,6 +502,7 @@ async fn plan_jsonl(
                     byte_end: w[1],
                     first_line,
                 },
+                cut: None,
             });
         }
     }
@@ -623,6 +671,7 @@ fn plan_files(dataset: &str, listed: Vec<Listed>, target: u64) -> Result<Plan, P
             source: ShardSource::Files {
                 uris: chunk.to_vec(),
             },
+            cut: None,
         })
         .collect();
     Ok(Plan {

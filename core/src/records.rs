@@ -91,6 +91,11 @@ pub struct ProgressRecord {
     pub skipped: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<OutputObject>,
+    /// The shard as split (see `plan::Cut`): set on the shard that was
+    /// split and on the shard a split made, so a restarted coordinator
+    /// rebuilds the split plan from the progress records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<crate::plan::Shard>,
 }
 
 /// `jobs/<job>/progress/log-<seq>.json` (the records of commits stored

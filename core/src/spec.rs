@@ -270,6 +270,11 @@ pub struct ShardingSpec {
     /// byte count: the human form does not round-trip exactly.
     #[serde(default = "default_shard_bytes", serialize_with = "bytes_as_integer")]
     pub bytes: ByteSize,
+    /// Split a leased shard's remainder for a worker that has nothing
+    /// else to do (the tail of a job), so a slow worker's last shard does
+    /// not hold the job up. Needs fixed-size batches and known shard sizes.
+    #[serde(default = "default_split", skip_serializing_if = "is_true")]
+    pub split: bool,
 }
 
 impl Default for ShardingSpec {
@@ -277,8 +282,17 @@ impl Default for ShardingSpec {
         Self {
             records: default_shard_records(),
             bytes: default_shard_bytes(),
+            split: default_split(),
         }
     }
+}
+
+fn default_split() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 fn bytes_as_integer<S: serde::Serializer>(b: &ByteSize, s: S) -> Result<S::Ok, S::Error> {

@@ -89,7 +89,15 @@ fn two_workers_process_parquet_exactly_once_and_match_the_model(env) {
         "embedded and distributed outputs differ"
     );
     assert_eq!(embedded.records_in, committed.records_in);
-    assert_eq!(embedded.outputs.len(), committed.outputs.len());
+    // The same objects too, unless a shard was split at the tail (two
+    // workers, one process): each part of a split shard ends with its own
+    // checkpoint.
+    if committed.shards == embedded.shards {
+        assert_eq!(embedded.outputs.len(), committed.outputs.len());
+    } else {
+        assert!(committed.shards > embedded.shards);
+        assert!(embedded.outputs.len() <= committed.outputs.len());
+    }
 }
 
 

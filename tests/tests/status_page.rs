@@ -138,6 +138,17 @@ fn job_card(dom: &str, job_id: &str) -> (HashMap<String, String>, String) {
     (attrs, dom[at..end].to_string())
 }
 
+/// The job's efficiency report as `/api/status` has it.
+fn job_report(coordinator: &Coordinator, job_id: &str) -> serde_json::Value {
+    let (_, api) = http_get(&coordinator.http_addr, "/api/status").expect("/api/status");
+    let api: serde_json::Value = serde_json::from_str(&api).expect("status json");
+    api["jobs"]
+        .as_array()
+        .and_then(|jobs| jobs.iter().find(|j| j["id"] == job_id))
+        .map(|j| j["report"].clone())
+        .expect("the job's report in /api/status")
+}
+
 /// The text of the first element with `data-role="{role}"` in `html`.
 fn role_text(html: &str, role: &str) -> String {
     let marker = format!("data-role=\"{role}\"");
@@ -426,10 +437,32 @@ fn the_status_page_shows_a_job_in_progress_as_the_coordinator_sees_it() {
     coordinator.wait_success(&job_id);
     let status = coordinator.status(&job_id);
     assert_eq!(status["records_done"], total);
+    let before = job_report(&coordinator, &job_id);
     let dom = browser.dom(&page_url);
     assert_card_matches(&dom, &status);
-    let (card, _) = job_card(&dom, &job_id);
+    let (card, card_html) = job_card(&dom, &job_id);
     assert_eq!(card.get("data-percent").map(String::as_str), Some("100.0"));
+    // The job's processor time by cause, as the coordinator reports it
+    // before and after the page read it (a late heartbeat may add to it):
+    // a segment of the stacked bar for every cause with time.
+    let after = job_report(&coordinator, &job_id);
+    assert!(card_html.contains("data-role=\"report\""), "{card_html}");
+    for cause in [
+        "startup",
+        "model",
+        "input_wait",
+        "checkpoint",
+        "redone",
+        "paused",
+        "tail_idle",
+    ] {
+        let seconds = |r: &serde_json::Value| r["seconds"][cause].as_f64().expect("a cause");
+        let shown = card_html.contains(&format!("data-cause=\"{cause}\""));
+        assert!(
+            (seconds(&before) == 0.0 || shown) && (seconds(&after) > 0.0 || !shown),
+            "{cause}: {before} then {after}, page: {card_html}"
+        );
+    }
 
     // Saved, then opened where /api/status cannot be fetched: the page says
     // so instead of showing stale or empty data as if it were live.

@@ -25,6 +25,8 @@ pub struct Batch {
     ids: Arc<StringArray>,
     rows: RecordBatch,
     index: u64,
+    /// The record offset (in the shard's origin) of its first record.
+    offset: u64,
     /// Records of this batch the reader could not decode (they are not in
     /// `rows`); the worker applies the job's error policy to them.
     skipped: Vec<SkippedRecord>,
@@ -99,9 +101,20 @@ impl Batch {
             ids: Arc::new(ids),
             rows,
             index,
+            offset: 0,
             skipped: Vec::new(),
             inputs: None,
         }
+    }
+
+    pub(crate) fn at_offset(mut self, offset: u64) -> Self {
+        self.offset = offset;
+        self
+    }
+
+    /// The record offset (in the shard's origin) of its first record.
+    pub(crate) fn offset(&self) -> u64 {
+        self.offset
     }
 
     /// The collated samples of the processor's `load` stage (`None` when
@@ -168,7 +181,7 @@ impl Batch {
             message: e.to_string(),
         })?;
         let ids = ids.as_string::<i32>().clone();
-        Ok(Batch::new(ids, rows, self.index))
+        Ok(Batch::new(ids, rows, self.index).at_offset(self.offset))
     }
 
     /// For a list column: each row's length (`None` for a null row). For

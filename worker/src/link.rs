@@ -175,6 +175,13 @@ impl CoordinatorLink for GrpcLink {
                                     reason: d.reason,
                                 }),
                                 pb::session_event::Event::Wake(_) => Some(SessionEvent::Wake),
+                                // A split without its lease names nothing to stop.
+                                pb::session_event::Event::Split(s) => {
+                                    s.lease.map(|lease| SessionEvent::Split {
+                                        lease: lease.into(),
+                                        until_record: s.until_record,
+                                    })
+                                }
                                 pb::session_event::Event::Registered(_) => None,
                             };
                             if let Some(event) = event

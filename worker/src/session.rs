@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stoke_core::lease::{Heartbeat, LeaseKey, Registration, SessionEvent};
+use stoke_core::lease::{Heartbeat, JobStages, LeaseKey, LeaseWork, Registration, SessionEvent};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::error::{LinkError, LinkErrorKind};
 use crate::link::{CoordinatorLink, Session};
@@ -38,6 +38,23 @@ pub(crate) fn active_keys(active: &Active) -> Vec<LeaseKey> {
         .unwrap_or_else(|p| p.into_inner())
         .keys()
         .cloned()
+        .collect()
+}
+
+/// Each active lease's work since its last committed checkpoint.
+fn active_work(active: &Active) -> Vec<LeaseWork> {
+    active
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(key, control)| {
+            let (batches, model_ms) = control.uncommitted();
+            LeaseWork {
+                lease: key.clone(),
+                batches,
+                model_ms,
+            }
+        })
         .collect()
 }
 
@@ -114,16 +131,27 @@ async fn keep(
         lost,
     } = session;
     let mut ticker = tokio::time::interval(grant.heartbeat_interval.max(Duration::from_millis(10)));
+    // Per-job times are reported from this session's start: a coordinator
+    // that restarted (or a session opened again) counts only what it saw.
+    let base = stages.jobs_snapshot();
     loop {
         tokio::select! {
-            _ = stop.cancelled() => break,
+            _ = stop.cancelled() => {
+                // The last times (a job's last checkpoint, say), so the
+                // job's report counts them: best effort.
+                let _ = heartbeats.send(heartbeat(active, stages, &base)).await;
+                break;
+            }
             _ = lost.cancelled() => break,
+            // An attempt ended: its times now, not a heartbeat interval
+            // later (when its job may have ended).
+            _ = stages.flush_requested() => {
+                if heartbeats.send(heartbeat(active, stages, &base)).await.is_err() {
+                    break;
+                }
+            }
             _ = ticker.tick() => {
-                let heartbeat = Heartbeat {
-                    leases: active_keys(active),
-                    stages: stages.snapshot(),
-                };
-                if heartbeats.send(heartbeat).await.is_err() {
+                if heartbeats.send(heartbeat(active, stages, &base)).await.is_err() {
                     break;
                 }
             }
@@ -134,6 +162,35 @@ async fn keep(
             },
         }
     }
+}
+
+/// What the worker tells the coordinator on its session now: its per-job
+/// times since `base` (the session's start).
+fn heartbeat(active: &Active, stages: &StageCounters, base: &[JobStages]) -> Heartbeat {
+    let jobs = stages
+        .jobs_snapshot()
+        .into_iter()
+        .map(|now| match base.iter().find(|b| b.job_id == now.job_id) {
+            Some(b) => JobStages {
+                startup_ms: now.startup_ms.saturating_sub(b.startup_ms),
+                model_ms: now.model_ms.saturating_sub(b.model_ms),
+                input_wait_ms: now.input_wait_ms.saturating_sub(b.input_wait_ms),
+                checkpoint_ms: now.checkpoint_ms.saturating_sub(b.checkpoint_ms),
+                job_id: now.job_id,
+            },
+            None => now,
+        })
+        .collect();
+    let heartbeat = Heartbeat {
+        leases: active_keys(active),
+        stages: stages.snapshot(),
+        jobs,
+        work: active_work(active),
+    };
+    for w in &heartbeat.work {
+        debug!(shard = %w.lease.shard_id, batches = w.batches, "heartbeat: uncommitted work");
+    }
+    heartbeat
 }
 
 fn apply(event: SessionEvent, active: &Active) {
@@ -153,6 +210,15 @@ fn apply(event: SessionEvent, active: &Active) {
                     info!(job = %key.job_id, shard = %key.shard_id, %reason, "checkpointing and releasing lease");
                     control.stop();
                 }
+            }
+        }
+        SessionEvent::Split {
+            lease,
+            until_record,
+        } => {
+            if let Some(control) = active.get(&lease) {
+                info!(job = %lease.job_id, shard = %lease.shard_id, until_record, "shard split; stopping at its new end");
+                control.set_until(until_record);
             }
         }
         SessionEvent::Wake => {}

@@ -7,6 +7,7 @@ use stoke_core::lease::{
 };
 use stoke_core::plan::plan_dataset;
 use stoke_core::records::{JobErrors, JobInfo, ManifestEntry, SkippedRecord};
+use stoke_core::report::EfficiencyReport;
 use stoke_core::schedule::ScheduleChange;
 use stoke_core::spec::JobSpec;
 use stoke_core::{StoreError, Stores};
@@ -29,6 +30,10 @@ pub(super) enum Command {
     GetJob {
         job_id: String,
         reply: Reply<JobInfo>,
+    },
+    Report {
+        job_id: String,
+        reply: Reply<EfficiencyReport>,
     },
     ListJobs {
         reply: Reply<Vec<JobInfo>>,
@@ -162,6 +167,12 @@ impl Handle {
     pub async fn get_job(&self, job_id: &str) -> Result<JobInfo> {
         let job_id = job_id.to_string();
         self.call(|reply| Command::GetJob { job_id, reply }).await
+    }
+
+    /// A job's efficiency report.
+    pub async fn report(&self, job_id: &str) -> Result<EfficiencyReport> {
+        let job_id = job_id.to_string();
+        self.call(|reply| Command::Report { job_id, reply }).await
     }
 
     pub async fn list_jobs(&self) -> Result<Vec<JobInfo>> {

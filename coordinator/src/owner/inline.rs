@@ -82,6 +82,12 @@ impl Inline {
         }
     }
 
+    /// Runs the writes the machine asked for outside the calls that wait
+    /// for them (a split started by `acquire`).
+    pub async fn run_writes(&mut self) {
+        self.settle().await;
+    }
+
     fn req(&mut self) -> ReqId {
         self.next_req += 1;
         self.next_req

@@ -239,6 +239,9 @@ impl Owner {
             Command::GetJob { job_id, reply } => {
                 let _ = reply.send(state.get_job(&job_id));
             }
+            Command::Report { job_id, reply } => {
+                let _ = reply.send(state.report(&job_id, Instant::now()));
+            }
             Command::ListJobs { reply } => {
                 let _ = reply.send(Ok(state.list_jobs()));
             }
@@ -298,6 +301,7 @@ impl Owner {
                 let renewed = state.heartbeat(&session_id, &heartbeat.leases, Instant::now());
                 if renewed.is_ok() {
                     state.report_stages(&session_id, heartbeat.stages);
+                    state.report_work(&session_id, &heartbeat.jobs, &heartbeat.work);
                 }
                 let _ = reply.send(renewed);
             }

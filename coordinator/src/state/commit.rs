@@ -15,6 +15,7 @@ use stoke_core::{StoreError, StoreUri};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::account::Lost;
 use super::{Effect, Job, State, folder};
 use crate::error::{CoordinatorError, Result};
 
@@ -223,6 +224,20 @@ impl State {
                 committed: shard.progress.next_batch,
             });
         }
+        let plan_shard = &job.plan.shards[idx];
+        if let Some(until) = plan_shard.until_record() {
+            let reaches = plan_shard.from_record() + shard.progress.records + commit.records;
+            if reaches > until {
+                let error = CoordinatorError::PastSplit {
+                    job_id: key.job_id.clone(),
+                    shard_id: key.shard_id.clone(),
+                    reaches,
+                    until,
+                };
+                self.requeue_past_split(&commit, idx);
+                return Err(error);
+            }
+        }
         let (outputs, copies) = job.committed_outputs(&commit)?;
         let mut progress = (*shard.progress).clone();
         progress.token = key.token;
@@ -244,6 +259,28 @@ impl State {
         })))
     }
 
+    /// A holder went past its shard's split end (it read further ahead
+    /// than the split allowed for, or never heard): its attempt is over,
+    /// and the shard goes back to the queue at once rather than after its
+    /// lease times out.
+    fn requeue_past_split(&mut self, commit: &Commit, idx: usize) {
+        let key = &commit.key;
+        if let Some(session) = self.sessions.get_mut(&commit.session_id) {
+            session.leases.remove(&(key.job_id.clone(), idx));
+        }
+        let Some(job) = self.jobs.get_mut(&key.job_id) else {
+            return;
+        };
+        if let Some(lease) = job.take_lease(idx) {
+            job.account.lost(lease.work, Lost::Refused);
+        }
+        warn!(job = %key.job_id, shard = %key.shard_id, token = key.token, "commit past the split end refused; shard requeued");
+        if job.state == JobState::Running {
+            job.pending.push_front(idx);
+            self.wake(1);
+        }
+    }
+
     /// Applies the commits of a group once their object is stored (or
     /// refuses those whose copy or write failed); one answer per commit.
     pub fn finish_group(
@@ -253,6 +290,7 @@ impl State {
         written: GroupWritten,
         now: Instant,
     ) -> Vec<Result<bool>> {
+        self.account_time(now);
         if written.stored
             && let Some(job) = self.jobs.get_mut(&write.job_id)
         {
@@ -361,6 +399,10 @@ impl State {
         });
         let running = job.state == JobState::Running;
         job.set_progress(idx, progress);
+        // What the holder had at risk is committed now.
+        if let Some(lease) = job.shards[idx].lease.as_mut() {
+            lease.work = Default::default();
+        }
         // The holder went away while its commit was being written: the
         // commit stands, and the shard goes back to the queue now.
         let orphaned = job.shards[idx]

@@ -98,6 +98,10 @@ pub(super) enum Then {
     AttemptFailed(Box<AttemptFailed>),
     /// The job's manifest and status are stored: it succeeded.
     Finished { job_id: String },
+    /// A split's progress records are stored: apply it.
+    Split(Box<super::split::SplitWrite>),
+    /// An ended job's `report.json` is stored (or not).
+    Report { job_id: String },
 }
 
 /// A failed attempt whose progress record is being stored.

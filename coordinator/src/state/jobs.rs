@@ -12,6 +12,7 @@ use stoke_core::plan::Plan;
 use stoke_core::records::{JobState, StatusRecord, now_ms};
 use stoke_core::schedule::{ScheduleChange, ScheduleRecord};
 use stoke_core::spec::JobSpec;
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::effects::Then;
@@ -109,7 +110,14 @@ impl State {
         let layout = self.root_layout().job(&job_id);
         let spec = Arc::new(spec);
         let plan = Arc::new(plan);
-        let job = Job::new(job_id.clone(), spec.clone(), plan.clone(), layout.clone());
+        // The job's clock starts at submit (tokio's clock: paused in tests).
+        let job = Job::new(
+            job_id.clone(),
+            spec.clone(),
+            plan.clone(),
+            layout.clone(),
+            Instant::now(),
+        );
         self.creating.insert(
             job_id.clone(),
             Creating {

@@ -10,6 +10,7 @@ use stoke_core::records::JobState;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::account::Lost;
 use super::effects::{AttemptFailed, Then};
 use super::{ActiveLease, Answer, Io, ReqId, State, progress_log};
 use crate::error::{CoordinatorError, Result};
@@ -20,6 +21,7 @@ const MAX_STORE_FAILURES: u32 = 100;
 
 impl State {
     pub fn acquire(&mut self, session_id: &str, now: Instant) -> Result<AcquireOutcome> {
+        self.account_time(now);
         let Some(session) = self.sessions.get(session_id) else {
             return Err(CoordinatorError::UnknownSession {
                 session_id: session_id.to_string(),
@@ -31,6 +33,11 @@ impl State {
         let Some(super::schedule::Choice { job_id, pos }) = chosen else {
             if !self.waiting.iter().any(|s| s == session_id) {
                 self.waiting.push_back(session_id.to_string());
+            }
+            // Nothing pending: split a leased shard's remainder for this
+            // worker (it is woken once the split is stored).
+            if any_unfinished {
+                self.try_split(session_id);
             }
             if let Some(session) = self.sessions.get_mut(session_id) {
                 session.waiting_since.get_or_insert(now);
@@ -60,6 +67,7 @@ impl State {
                 deadline,
                 granted: now,
                 preempted: false,
+                work: Default::default(),
             },
         );
         let shard = &job.shards[idx];
@@ -207,7 +215,14 @@ impl State {
         job.progress_objects.push(log_uri);
         job.totals.logged += 1;
         job.set_progress(idx, progress);
-        job.take_lease(idx);
+        if let Some(lease) = job.take_lease(idx) {
+            let why = if counts_as_failure {
+                Lost::Error
+            } else {
+                Lost::Store
+            };
+            job.account.lost(lease.work, why);
+        }
         let running = job.state == JobState::Running;
         if let Some(session) = self.sessions.get_mut(&release.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
@@ -236,6 +251,7 @@ impl State {
     /// Takes back leases whose holders stopped renewing them, and retries
     /// what failed on the store: finishing jobs, failing jobs.
     pub fn tick(&mut self, now: Instant) {
+        self.account_time(now);
         self.sample_rates(now);
         // Only leased shards can expire: walk the sessions' leases (one per
         // busy processor), not every shard of every job.
@@ -261,6 +277,7 @@ impl State {
                 continue;
             };
             if let Some(lease) = job.take_lease(idx) {
+                job.account.lost(lease.work, Lost::Expired);
                 warn!(job = %job.id, shard = %job.plan.shards[idx].id, token = lease.token, worker = %worker, "lease expired; shard requeued");
                 self.counters.leases_expired += 1;
             }
@@ -287,5 +304,6 @@ impl State {
             }
         }
         self.preempt(now);
+        self.write_reports(now);
     }
 }

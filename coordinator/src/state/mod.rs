@@ -27,9 +27,14 @@
 //! - `schedule.rs`: which job a free worker gets (priority, weighted fair
 //!   share, caps, queues), why a job waits, preemption, autoscaling demand;
 //! - `commit.rs`: the commit protocol, group commits and snapshots;
+//! - `split.rs`: splitting a leased shard for an idle worker at a job's
+//!   tail;
 //! - `finish.rs`: a job whose every shard is done: manifest and success;
+//! - `account.rs`: each job's processor time by cause (its efficiency
+//!   report);
 //! - `view.rs`: what clients, the status page and `/metrics` read.
 
+mod account;
 mod commit;
 mod effects;
 mod finish;
@@ -38,6 +43,7 @@ mod leases;
 mod recover;
 mod schedule;
 mod sessions;
+mod split;
 mod view;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -63,6 +69,7 @@ pub use commit::{
 };
 pub use effects::{Answer, CreateJob, Effect, FinishJob, Io, IoId, ReqId};
 pub use schedule::WaitReason;
+pub use split::{SPLIT_IN_PROCESS_BATCHES, Share, SplitPoint, split_point};
 pub use view::ErrorSources;
 
 /// Fencing tokens: the coordinator's epoch in the high 32 bits, a counter in
@@ -78,6 +85,8 @@ struct ActiveLease {
     granted: Instant,
     /// Its holder was asked to checkpoint and release it for other work.
     preempted: bool,
+    /// Batches since its last commit, as its worker last reported them.
+    work: account::Work,
 }
 
 struct ShardState {
@@ -128,6 +137,8 @@ struct Job {
     /// Stride scheduling's pass: grows by 1/weight with every lease, so
     /// among jobs holding equal shares the one served least goes next.
     pass: f64,
+    /// Its processor time by cause.
+    account: account::Account,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -156,7 +167,13 @@ pub fn folder(uri: &StoreUri) -> StoreUri {
 }
 
 impl Job {
-    fn new(id: String, spec: Arc<JobSpec>, plan: Arc<Plan>, layout: JobLayout) -> Self {
+    fn new(
+        id: String,
+        spec: Arc<JobSpec>,
+        plan: Arc<Plan>,
+        layout: JobLayout,
+        now: Instant,
+    ) -> Self {
         let output = spec
             .output
             .uri
@@ -204,6 +221,7 @@ impl Job {
             leased: 0,
             pass: 0.0,
             spec,
+            account: account::Account::new(now),
         }
     }
 
@@ -282,6 +300,8 @@ struct Session {
     /// Since when it has asked for work and got none (for the lease-wait
     /// histogram).
     waiting_since: Option<Instant>,
+    /// Its processor time per job, as last reported.
+    reported: HashMap<String, stoke_core::lease::JobStages>,
 }
 
 /// The coordinator's whole in-memory state.
@@ -311,6 +331,10 @@ pub struct State {
     vtime: f64,
     /// When leases were preempted in the last second (the rate limit).
     preempted_at: schedule::PreemptTimes,
+    /// Until when the workers' time is given to jobs (see `account.rs`).
+    accounted_at: Option<Instant>,
+    /// Splits being stored (see `split.rs`).
+    splits_in_flight: usize,
 }
 
 impl State {
@@ -334,6 +358,8 @@ impl State {
             io_seq: 0,
             vtime: 0.0,
             preempted_at: schedule::PreemptTimes::new(),
+            accounted_at: None,
+            splits_in_flight: 0,
         }
     }
 
@@ -385,6 +411,8 @@ impl State {
             }
             effects::Then::AttemptFailed(failed) => self.attempt_failed(*failed, result),
             effects::Then::Finished { job_id } => self.job_finished(&job_id, result),
+            effects::Then::Split(write) => self.split_written(*write, result),
+            effects::Then::Report { job_id } => self.report_written(&job_id, result),
         }
     }
 

@@ -72,7 +72,17 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
             .ok_or_else(|| CoordinatorError::Recovery(format!("{} missing", job_layout.plan())))?;
         let stored = stoke_core::progress::load(stores, &job_layout).await?;
         let mut progress = stored.records;
-        let mut job = Job::new(job_id.clone(), Arc::new(spec), Arc::new(plan), job_layout);
+        let mut plan = plan;
+        super::split::apply_stored(&mut plan, &progress);
+        // A recovered job's report counts from this coordinator's start.
+        let mut job = Job::new(
+            job_id.clone(),
+            Arc::new(spec),
+            Arc::new(plan),
+            job_layout,
+            tokio::time::Instant::now(),
+        );
+        job.account.report_written = status.state.is_terminal();
         // `stoke set` overrides the spec's priority, weight and cap.
         if let Some(record) = stores
             .get_json::<ScheduleRecord>(&job.layout.schedule())

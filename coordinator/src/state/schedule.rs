@@ -24,7 +24,7 @@
 //! At most `preempt_per_s` per second, never a lease younger than
 //! `preempt_min_age`, never more than the waiting job can use.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use stoke_core::lease::{LeaseKey, SessionEvent};
 use stoke_core::records::JobState;
@@ -134,6 +134,30 @@ fn queue_usage<'a>(jobs: impl Iterator<Item = &'a Job>) -> HashMap<&'a str, u64>
 }
 
 impl State {
+    /// Whether each job may take one more lease now: under its `max_workers`
+    /// and its queue's cap (or the queue may borrow). Splitting a shard
+    /// for an idle worker asks this too, so a split never hands a job more
+    /// workers than its caps allow.
+    /// Returns the ids of the running jobs that may.
+    pub(super) fn jobs_that_may_lease_more(&self) -> HashSet<&str> {
+        let usage = queue_usage(self.jobs.values());
+        self.jobs
+            .values()
+            .filter(|job| {
+                if job.schedule.max_workers.is_some_and(|m| job.leased >= m) {
+                    return false;
+                }
+                let queue = job.spec.queue_name();
+                self.config.queue_borrow
+                    || self
+                        .config
+                        .queue_cap(queue)
+                        .is_none_or(|cap| usage.get(queue).copied().unwrap_or(0) < cap)
+            })
+            .map(|job| job.id.as_str())
+            .collect()
+    }
+
     /// The shard a worker should get now, if any; and whether any job is
     /// unfinished (so the worker waits rather than idles).
     pub(super) fn choose(&self, worker_id: &str) -> (Option<Choice>, bool) {

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::account::Lost;
 use super::{ActiveLease, Session, State, TOKEN_EPOCH_SHIFT};
 
 /// At most this many batch-time observations per heartbeat.
@@ -28,6 +29,7 @@ impl State {
             registration.worker_id,
             uuid::Uuid::new_v4().simple()
         );
+        self.account_time(now);
         info!(worker = %registration.worker_id, session = %session_id, host = %registration.hostname, devices = ?registration.devices, held = registration.held.len(), "worker registered");
         self.counters.sessions_registered += 1;
         self.sessions.insert(
@@ -40,6 +42,7 @@ impl State {
                 events_tx: events_tx.clone(),
                 leases: HashSet::new(),
                 waiting_since: None,
+                reported: Default::default(),
             },
         );
         let refused: Vec<LeaseKey> = registration
@@ -92,14 +95,21 @@ impl State {
                 deadline,
                 granted: now,
                 preempted: false,
+                work: Default::default(),
             },
         );
         job.pending.retain(|&i| i != idx);
         if let Some(session) = self.sessions.get_mut(session_id) {
             session.leases.insert((key.job_id.clone(), idx));
         }
+        let until = job.plan.shards[idx].until_record();
         let worker = self.worker_of(session_id);
         info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %worker, session = %session_id, "lease adopted after restart");
+        // The holder may not have heard of a split stored just before the
+        // restart: tell it again (a repeat changes nothing).
+        if let Some(until) = until {
+            self.tell_split(session_id, key.clone(), until);
+        }
         true
     }
 
@@ -125,6 +135,7 @@ impl State {
                     .as_ref()
                     .is_some_and(|l| l.session_id == session_id);
                 if let Some(lease) = held_here.then(|| job.take_lease(idx)).flatten() {
+                    job.account.lost(lease.work, Lost::Disconnected);
                     if job.state == JobState::Running {
                         job.pending.push_front(idx);
                         requeued += 1;
@@ -143,6 +154,7 @@ impl State {
                 session_id: session_id.to_string(),
             });
         }
+        self.account_time(now);
         let deadline = now + self.config.lease_timeout;
         for key in leases {
             if let Some(job) = self.jobs.get_mut(&key.job_id)

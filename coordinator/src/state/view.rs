@@ -99,11 +99,15 @@ impl State {
             })
             .collect();
         workers.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
+        // The reports' causes do not depend on the time; only their wall
+        // time does, which `/metrics` does not show.
+        let now = self.accounted_at.unwrap_or_else(Instant::now);
         Snapshot {
             counters: self.counters.clone(),
             histograms: self.histograms.clone(),
             workers,
             queues: self.demand(),
+            reports: self.reports(now),
         }
     }
 
@@ -156,6 +160,12 @@ impl State {
                     eta: remaining.and_then(|r| eta(r, records_per_s)),
                     attempts_failed: job.totals.failed_attempts,
                     store_failures: job.totals.store_failures,
+                    report: job.account.report(
+                        &job.id,
+                        job.totals.records,
+                        job.shards_split(),
+                        now,
+                    ),
                     info,
                 }
             })

@@ -253,7 +253,7 @@ async fn owner_task_takes_back_expired_leases_on_its_own() {
             &b.session_id,
             stoke_core::lease::Heartbeat {
                 leases: vec![key],
-                stages: Default::default(),
+                ..Default::default()
             },
         )
         .await

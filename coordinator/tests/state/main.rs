@@ -6,5 +6,7 @@
 mod commits;
 mod jobs;
 mod leases;
+mod report;
 mod schedule;
+mod split;
 mod support;

@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch, StringArray};
@@ -47,6 +48,9 @@ pub(crate) struct Emitter {
     /// The rows' schema when known before any row (JSON Lines): a batch
     /// of bad records only still has the columns a processor looks for.
     schema: Option<SchemaRef>,
+    /// The offset the shard ends before when it was split (`u64::MAX`
+    /// otherwise); a split while reading lowers it.
+    until: Arc<AtomicU64>,
 }
 
 /// Adaptive batching: a batch's padded size (records × longest record)
@@ -104,7 +108,14 @@ impl Emitter {
             shard_id,
             id_column,
             schema: None,
+            until: Arc::new(AtomicU64::new(u64::MAX)),
         }
+    }
+
+    /// Stops at the offset `until` holds (a split shard's end).
+    pub fn with_until(mut self, until: Arc<AtomicU64>) -> Self {
+        self.until = until;
+        self
     }
 
     /// Records per batch, at most.
@@ -151,7 +162,37 @@ impl Emitter {
         if rows.num_rows() > 0 {
             self.pending.push(rows);
         }
+        if self.clip()? {
+            // The shard (split) ends here: emit what is before its end and
+            // tell the reader to stop.
+            self.drain(true).await?;
+            return Ok(Flow::Stop);
+        }
         self.drain(false).await
+    }
+
+    /// Drops the rows and bad records at or past the shard's end; true
+    /// once the reader has reached it.
+    fn clip(&mut self) -> Result<bool, WorkerError> {
+        let until = self.until.load(Ordering::SeqCst);
+        if self.tail_offset < until {
+            return Ok(false);
+        }
+        let keep = self
+            .pending_offsets
+            .iter()
+            .take_while(|&&o| o < until)
+            .count();
+        if keep < self.pending_offsets.len() {
+            let all = self.take_pending()?;
+            self.pending_offsets.truncate(keep);
+            if keep > 0 {
+                self.pending.push(all.slice(0, keep));
+            }
+        }
+        self.skipped.retain(|(o, _)| *o < until);
+        self.tail_offset = until.max(self.next_offset);
+        Ok(true)
     }
 
     /// Emits every batch the pending rows complete (at the end, the rest,
@@ -237,7 +278,9 @@ impl Emitter {
                 skipped.push(s);
             }
         }
-        let batch = Batch::new(ids, rows, self.next_index).with_skipped(skipped);
+        let batch = Batch::new(ids, rows, self.next_index)
+            .with_skipped(skipped)
+            .at_offset(self.next_offset);
         debug_assert_eq!(batch.consumed(), end - self.next_offset);
         self.next_index += 1;
         self.next_offset = end;

@@ -4,6 +4,8 @@
 //! processor thread hands the committer.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow_array::RecordBatch;
 use tokio::sync::oneshot;
@@ -20,6 +22,16 @@ pub(crate) struct ShardControl {
     /// Preemption: checkpoint after the current batch and stop. A child of
     /// the worker's shutdown token, so a shutdown stops every attempt.
     stop: CancellationToken,
+    /// The record (offset in the shard's origin) the attempt stops
+    /// before: the shard's end when it was split, `u64::MAX` otherwise.
+    /// Shared with the reader, which stops reading there; a split while
+    /// the attempt runs lowers it.
+    until: Arc<AtomicU64>,
+    /// Batches processed since the last committed checkpoint, and their
+    /// model time: reported with heartbeats, so the coordinator can count
+    /// them as redone if the attempt ends without committing them.
+    uncommitted_batches: AtomicU64,
+    uncommitted_us: AtomicU64,
 }
 
 impl ShardControl {
@@ -28,7 +40,45 @@ impl ShardControl {
         Self {
             aborted: CancellationToken::new(),
             stop: shutdown.child_token(),
+            until: Arc::new(AtomicU64::new(u64::MAX)),
+            uncommitted_batches: AtomicU64::new(0),
+            uncommitted_us: AtomicU64::new(0),
         }
+    }
+
+    /// One more batch processed, in `model_us` of model time.
+    pub fn add_uncommitted(&self, model_us: u64) {
+        self.uncommitted_batches.fetch_add(1, Ordering::SeqCst);
+        self.uncommitted_us.fetch_add(model_us, Ordering::SeqCst);
+    }
+
+    /// A checkpoint was committed: nothing is at risk any more.
+    pub fn committed(&self) {
+        self.uncommitted_batches.store(0, Ordering::SeqCst);
+        self.uncommitted_us.store(0, Ordering::SeqCst);
+    }
+
+    /// (batches, model ms) since the last committed checkpoint.
+    pub fn uncommitted(&self) -> (u64, u64) {
+        (
+            self.uncommitted_batches.load(Ordering::SeqCst),
+            self.uncommitted_us.load(Ordering::SeqCst) / 1000,
+        )
+    }
+
+    /// The shard was split: stop before record `until`. Only ever lowers
+    /// the end (a late, repeated event changes nothing).
+    pub fn set_until(&self, until: u64) {
+        self.until.fetch_min(until, Ordering::SeqCst);
+    }
+
+    pub fn until(&self) -> u64 {
+        self.until.load(Ordering::SeqCst)
+    }
+
+    /// The end, shared with the reader.
+    pub fn until_handle(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.until)
     }
     pub fn abort(&self) {
         self.aborted.cancel();
@@ -78,5 +128,16 @@ mod tests {
         let c = ShardControl::new(&shutdown);
         shutdown.cancel();
         assert!(c.is_stopped() && !c.is_aborted());
+    }
+
+    #[test]
+    fn a_split_only_lowers_the_end_and_the_reader_sees_it() {
+        let control = ShardControl::new(&CancellationToken::new());
+        assert_eq!(control.until(), u64::MAX);
+        let shared = control.until_handle();
+        control.set_until(640);
+        control.set_until(900);
+        assert_eq!(control.until(), 640);
+        assert_eq!(shared.load(Ordering::SeqCst), 640);
     }
 }

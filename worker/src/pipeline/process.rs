@@ -17,7 +17,7 @@ use crate::context::{ProcessorContext, ShardInfo};
 use crate::error::{WorkerError, processor_message};
 use crate::pipeline::control::{Checkpoint, ShardControl};
 use crate::pipeline::prep::spawn_prep;
-use crate::pipeline::stages::{StageCounters, StageTimes};
+use crate::pipeline::stages::{JobCause, StageCounters, StageTimes};
 use crate::processor::{DynProcessor, Loader, Registry};
 
 /// How an attempt ended on the processor thread.
@@ -171,7 +171,9 @@ impl ProcessorThread {
             Some(Ok(created)) => created,
         };
         let (processor, loader) = processor;
-        info!(job = %run.job_id, processor = %name, device = ?self.device, ms = started.elapsed().as_millis() as u64, "processor loaded");
+        let took = started.elapsed();
+        self.stages.add_job(&run.job_id, JobCause::Startup, took);
+        info!(job = %run.job_id, processor = %name, device = ?self.device, ms = took.as_millis() as u64, "processor loaded");
         Ok(Loaded {
             job_id: run.job_id.clone(),
             processor,
@@ -286,11 +288,16 @@ impl ShardLoop<'_> {
         // the batches since this checkpoint (one interval), never several
         // queued checkpoints. The reader keeps prefetching meanwhile.
         let committed = ack_rx.blocking_recv().unwrap_or(false);
+        if committed {
+            self.control.committed();
+        }
         self.from_batch = self.next_batch;
         self.records_since = 0;
         let took = started.elapsed();
         self.times.checkpoint += took;
         self.stages.add_checkpoint(took);
+        self.stages
+            .add_job(&self.l.job_id, JobCause::Checkpoint, took);
         Ok(committed)
     }
 
@@ -322,9 +329,15 @@ impl ShardLoop<'_> {
         self.times.batches += 1;
         self.times.records += consumed;
         self.stages.add_batch(took, consumed);
+        self.stages.add_job(&self.l.job_id, JobCause::Model, took);
+        self.control.add_uncommitted(took.as_micros() as u64);
+        // Heard by the worker's log: the batches a killed attempt cost.
+        tracing::debug!(shard = %self.shard_id, batch = idx, "batch processed");
+        // Fault injection for tests: hold the processor thread after a
+        // batch (a hung model) while the session goes on.
+        fail::fail_point!("worker::after_batch");
         self.next_batch = idx + 1;
         self.records_since += consumed;
-        tracing::trace!(shard = %self.shard_id, batch = idx, "batch processed");
         Ok(())
     }
 
@@ -355,7 +368,26 @@ impl ShardLoop<'_> {
             let took = waited.elapsed();
             self.times.input_wait += took;
             self.stages.add_input_wait(took);
-            self.process(item?)?;
+            self.stages
+                .add_job(&self.l.job_id, JobCause::InputWait, took);
+            let batch = item?;
+            // The shard was split: its end moved to `until`. Batches the
+            // reader sent before it heard are dropped at the new end.
+            let until = self.control.until();
+            if batch.offset() >= until {
+                break;
+            }
+            if batch.offset() + batch.consumed() > until {
+                // A batch across the new end (cut before the split was
+                // heard): keep what is committed and give the shard back;
+                // the next attempt reads up to the end.
+                return Ok(if self.checkpoint(false)? {
+                    ShardOutcome::Stopped
+                } else {
+                    ShardOutcome::Aborted
+                });
+            }
+            self.process(batch)?;
             since_checkpoint += 1;
             if since_checkpoint >= interval || every.is_some_and(|d| last_checkpoint.elapsed() >= d)
             {
@@ -421,6 +453,8 @@ fn run_shard(
             spec.checkpoint.every,
         )
         .unwrap_or_else(ShardOutcome::Failed);
+    // The attempt's last times reach the coordinator now.
+    shard.stages.request_flush();
     let t = shard.times;
     info!(
         shard = %shard_id,

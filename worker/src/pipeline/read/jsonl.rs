@@ -47,7 +47,7 @@ pub(crate) async fn read_jsonl(
     {
         let offset = (first + chunk_no * emitter.batch_size()) as u64;
         let raw: Vec<&[u8]> = chunk.iter().map(|(_, l)| *l).collect();
-        let (rows, offsets, mut skipped) = decode_lines(&schema, &raw, offset, &read.shard.id)
+        let (rows, offsets, mut skipped) = decode_lines(&schema, &raw, offset, read.shard.origin())
             .map_err(|m| {
                 err(format!(
                     "records {offset}..{}: {m}",

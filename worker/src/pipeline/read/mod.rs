@@ -42,15 +42,25 @@ pub(crate) async fn read_shard(read: ShardRead, tx: BatchTx) {
         .batching
         .max_elements
         .zip(read.spec.batching.length_column.clone());
+    // A split shard's records keep their origin's offsets and ids.
     let mut emitter = Emitter::new(
         tx.clone(),
         bs as usize,
         read.start_batch,
         read.start_record,
         budget,
-        read.shard.id.clone(),
+        read.shard.origin().to_string(),
         id_column,
     );
+    if let Some(until) = &read.until {
+        until.fetch_min(
+            read.shard.until_record().unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        emitter = emitter.with_until(std::sync::Arc::clone(until));
+    } else if let Some(until) = read.shard.until_record() {
+        emitter = emitter.with_until(std::sync::Arc::new(until.into()));
+    }
     let reading = async {
         match &read.shard.source {
             ShardSource::Range { start, end } => read_range(&mut emitter, *start, *end).await,
@@ -142,7 +152,65 @@ mod tests {
             input_schema: None,
             start_batch,
             start_record: start_batch * bs,
+            until: None,
         }
+    }
+
+    fn batch_ids(batches: &[Batch]) -> Vec<(u64, u64, Vec<String>)> {
+        batches
+            .iter()
+            .map(|b| {
+                let ids = (0..b.len()).map(|i| b.ids().value(i).to_string()).collect();
+                (b.index(), b.offset(), ids)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_halves_of_a_split_shard_cut_the_batches_the_whole_would() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use stoke_core::plan::Cut;
+        let whole = batch_ids(&collect(range_read(95, 10, 0)).await);
+        // The holder, told its end (40) before it read that far.
+        let until = Arc::new(AtomicU64::new(u64::MAX));
+        until.store(40, Ordering::SeqCst);
+        let holder = ShardRead {
+            until: Some(Arc::clone(&until)),
+            ..range_read(95, 10, 0)
+        };
+        let mut halves = batch_ids(&collect(holder).await);
+        // The shard made by the split: the same source from record 40,
+        // numbering its first batch 4.
+        let mut made = range_read(95, 10, 4);
+        made.shard.id = "s00000.1".to_string();
+        made.shard.cut = Some(Cut {
+            origin: "s00000".to_string(),
+            from_record: 40,
+            until_record: 95,
+            first_batch: 4,
+        });
+        halves.extend(batch_ids(&collect(made).await));
+        assert_eq!(halves, whole);
+        assert_eq!(whole.len(), 10);
+        assert_eq!(whole[9].2.len(), 5, "the short last batch stays short");
+    }
+
+    #[tokio::test]
+    async fn a_planned_end_stops_the_reader_with_a_short_batch() {
+        use stoke_core::plan::Cut;
+        // A holder whose end (35) is not on a batch boundary of its own
+        // reading (after bad records, say): it stops exactly there.
+        let mut read = range_read(100, 10, 0);
+        read.shard.cut = Some(Cut {
+            origin: "s00000".to_string(),
+            from_record: 0,
+            until_record: 35,
+            first_batch: 0,
+        });
+        let got = batch_ids(&collect(read).await);
+        let sizes: Vec<usize> = got.iter().map(|b| b.2.len()).collect();
+        assert_eq!(sizes, vec![10, 10, 10, 5]);
+        assert_eq!(got[3].1, 30);
     }
 
     #[tokio::test]
@@ -173,6 +241,7 @@ mod tests {
             input_schema: plan.jsonl_schema.clone(),
             start_batch,
             start_record,
+            until: None,
         };
         // lengths 1 1 1 6 | 2 2 2 2 | 9 | 1 under budget 8, at most 4:
         // [1,1,1] (a 4th of 6 would pad to 24), [6], [2,2,2,2], [9], [1].
@@ -269,6 +338,7 @@ mod tests {
             input_schema: None,
             start_batch,
             start_record: start_batch * bs,
+            until: None,
         })
         .await
     }
@@ -368,6 +438,7 @@ mod tests {
                 input_schema: None,
                 start_batch: 0,
                 start_record: 0,
+                until: None,
             },
             tx,
         ));
@@ -419,6 +490,7 @@ mod tests {
             input_schema: plan.jsonl_schema.clone(),
             start_batch: 1,
             start_record: 3,
+            until: None,
         };
         let batches = collect(read).await;
         let sizes: Vec<_> = batches.iter().map(Batch::len).collect();
@@ -466,6 +538,7 @@ mod tests {
                 input_schema: plan.jsonl_schema.clone(),
                 start_batch: 0,
                 start_record: 0,
+                until: None,
             };
             for batch in collect(read).await {
                 out.push((shard.id.clone(), batch));

@@ -2,6 +2,7 @@
 //! that names the shard and the object a read failed on.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use arrow_schema::Schema;
 use stoke_core::Stores;
@@ -18,9 +19,12 @@ pub(crate) struct ShardRead {
     pub shard: Shard,
     pub input_schema: Option<Schema>,
     pub start_batch: u64,
-    /// Input records of the shard already consumed (committed): reading
-    /// starts after them.
+    /// The record offset (in the shard's origin) reading starts at: the
+    /// shard's first record plus those already committed.
     pub start_record: u64,
+    /// The offset reading stops before, shared with the attempt's control
+    /// so a split while reading takes effect (`None`: the shard's own end).
+    pub until: Option<Arc<AtomicU64>>,
 }
 
 pub(crate) fn source_error(shard: &str, uri: &str, message: impl ToString) -> WorkerError {

@@ -1,0 +1,335 @@
+"""The straggler workload: W1's data through a heavier model on a fleet of
+workers where one runs at a fraction of the others' speed.
+
+The slow worker is slowed for real, from outside: a thread here stops it
+(SIGSTOP) and lets it run (SIGCONT) in 40 ms cycles, running `--duty` of
+each. Nothing inside stoke or Ray sleeps.
+
+    python bench/straggler.py stoke BIN_DIR DATA_DIR MODEL WORK --workers 3 --slow 1 --split on
+    python bench/straggler.py ray DATA_DIR MODEL WORK --workers 3 --slow 1
+    python bench/straggler.py model MODEL_PATH      # writes the heavier model
+    python bench/straggler.py summary RESULTS.jsonl # the markdown table
+
+`stoke` starts a coordinator and `--workers` worker processes (1 thread
+each), `--slow` of them duty-cycled, submits the job (shard splitting on or
+off) and times it from submit to success; then reads `stoke report --json`.
+`--workers 1` measures one worker's throughput alone (slow or not), for the
+ideal. `ray` runs Ray Data's map_batches over an actor pool of `--workers`
+actors (1 thread, 1 CPU each), the first `--slow` actors duty-cycled.
+
+Prints one JSON line: contender, seconds, records, and for stoke the
+report's causes and processor seconds.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pyarrow.parquet as pq
+
+CYCLE_S = 0.040
+# Small batches and a checkpoint every 2: what a split leaves its holder (a
+# checkpoint interval and one batch) is short against a 25,000-record shard.
+BATCH = 256
+
+
+class DutyCycle:
+    """Runs `pid` for `duty` of every 40 ms until stopped."""
+
+    def __init__(self, pid, duty):
+        self.pid = pid
+        self.duty = duty
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        on = CYCLE_S * self.duty
+        off = CYCLE_S - on
+        try:
+            while not self.done.is_set():
+                os.kill(self.pid, signal.SIGCONT)
+                time.sleep(on)
+                os.kill(self.pid, signal.SIGSTOP)
+                time.sleep(off)
+        except ProcessLookupError:
+            return
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def wait_file(path, proc, what):
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            with open(path) as f:
+                return f.read().strip()
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited before it was ready")
+        time.sleep(0.01)
+    sys.exit(f"{what} not ready within 60 s")
+
+
+def spec_text(data_dir, model, split):
+    return f"""name = "straggler"
+[dataset]
+format = "parquet"
+uri = "file://{data_dir}/"
+id_column = "id"
+[processor]
+name = "torchscript"
+[processor.params]
+model = "file://{model}"
+input_column = "features"
+outputs = ["argmax"]
+[batching]
+batch_size = {BATCH}
+[checkpoint]
+interval = 2
+[sharding]
+records = 25000
+split = {"true" if split else "false"}
+[output]
+format = "parquet"
+"""
+
+
+def run_stoke(args):
+    work = tempfile.mkdtemp(prefix="straggler-", dir=args.work)
+    logs = open(os.path.join(work, "log.txt"), "w")
+    addr_file = os.path.join(work, "addr")
+    bin_dir = args.bin_dir
+    coordinator = subprocess.Popen(
+        [os.path.join(bin_dir, "stoke-coordinator"), "--listen", "127.0.0.1:0",
+         "--http-listen", "127.0.0.1:0", "--root", os.path.join(work, "root"),
+         "--addr-file", addr_file],
+        stdout=logs, stderr=subprocess.STDOUT)
+    addr = "http://" + wait_file(addr_file, coordinator, "the coordinator")
+    spec = os.path.join(work, "job.toml")
+    with open(spec, "w") as f:
+        f.write(spec_text(os.path.abspath(args.data_dir), os.path.abspath(args.model), args.split == "on"))
+    cli = [os.path.join(bin_dir, "stoke"), "--coordinator", addr]
+    workers = []
+    cycles = []
+    env = dict(os.environ, RUST_LOG="warn")
+    for i in range(args.workers):
+        w = subprocess.Popen(
+            [os.path.join(bin_dir, "stoke-worker"), "--coordinator", addr, "--worker-id", f"w{i}",
+             "--device", "cpu", "--threads", "1", "--exit-when-idle"],
+            stdout=logs, stderr=subprocess.STDOUT, env=env)
+        workers.append(w)
+        if i < args.slow:
+            cycles.append(DutyCycle(w.pid, args.duty))
+        elif args.fast_duty < 1.0:
+            cycles.append(DutyCycle(w.pid, args.fast_duty))
+    started = time.perf_counter()
+    out = subprocess.run(cli + ["submit", spec], capture_output=True, text=True, check=True)
+    job = out.stdout.split()[2].rstrip(":")
+    while True:
+        status = json.loads(subprocess.run(cli + ["status", job, "--json"], capture_output=True,
+                                           text=True, check=True).stdout)
+        if status["state"] in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(0.02)
+    seconds = time.perf_counter() - started
+    for c in cycles:
+        c.stop()
+    report = json.loads(subprocess.run(cli + ["report", job, "--json"], capture_output=True,
+                                       text=True, check=True).stdout)
+    for w in workers:
+        w.wait(timeout=60)
+    coordinator.terminate()
+    coordinator.wait(timeout=30)
+    if status["state"] != "succeeded":
+        sys.exit(f"job {job} ended {status['state']}: see {work}/log.txt")
+    causes = report["seconds"]
+    result = {
+        "contender": f"stoke-split-{args.split}" if args.workers > 1 else f"stoke-solo-{'slow' if args.slow else 'fast'}",
+        "workers": args.workers,
+        "slow": args.slow,
+        "duty": args.duty,
+        "fast_duty": args.fast_duty,
+        "seconds": round(seconds, 3),
+        "records": report["records"],
+        "shards_split": report["shards_split"],
+        "processor_s": round(report["processor_s"], 2),
+        "causes_s": {k: round(v, 2) for k, v in causes.items()},
+        "causes_sum_s": round(sum(causes.values()), 2),
+    }
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+class PidPredictor:
+    """The W1 predictor, which also names its process for the slowdown."""
+
+    def __init__(self, model_path, pid_dir):
+        import torch
+
+        torch.set_num_threads(1)
+        self.torch = torch
+        self.model = torch.jit.load(model_path)
+        self.model.eval()
+        with open(os.path.join(pid_dir, str(os.getpid())), "w") as f:
+            f.write(str(time.time()))
+
+    def __call__(self, batch):
+        import numpy as np
+
+        torch = self.torch
+        features = batch["features"]
+        if features.dtype == object:
+            features = np.stack(features)
+        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
+        with torch.no_grad():
+            prediction = self.model(x).argmax(dim=1).numpy().astype(np.int64)
+        return {"id": batch["id"], "prediction": prediction}
+
+
+def run_ray(args):
+    import ray
+
+    work = tempfile.mkdtemp(prefix="straggler-ray-", dir=args.work)
+    pid_dir = os.path.join(work, "pids")
+    os.makedirs(pid_dir)
+    out_dir = os.path.join(work, "out")
+    # One CPU per actor and one left for reading and writing.
+    ray.init(num_cpus=args.workers + 1, include_dashboard=False, log_to_driver=False)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    cycles = []
+    done = threading.Event()
+
+    def slow_down():
+        # Slow the first `--slow` actors as soon as they exist (and the
+        # others to `--fast-duty`).
+        seen = set()
+        while not done.is_set() and len(seen) < args.workers:
+            for name in sorted(os.listdir(pid_dir)):
+                if name in seen:
+                    continue
+                seen.add(name)
+                if len(seen) <= args.slow:
+                    cycles.append(DutyCycle(int(name), args.duty))
+                elif args.fast_duty < 1.0:
+                    cycles.append(DutyCycle(int(name), args.fast_duty))
+            time.sleep(0.005)
+
+    slower = threading.Thread(target=slow_down, daemon=True)
+    slower.start()
+    started = time.perf_counter()
+    ds = ray.data.read_parquet(os.path.abspath(args.data_dir)).select_columns(["id", "features"])
+    ds = ds.map_batches(
+        PidPredictor,
+        fn_constructor_args=(os.path.abspath(args.model), pid_dir),
+        compute=ray.data.ActorPoolStrategy(size=args.workers),
+        num_cpus=1,
+        batch_size=BATCH,
+        batch_format="numpy",
+    )
+    ds.write_parquet(out_dir)
+    seconds = time.perf_counter() - started
+    done.set()
+    for c in cycles:
+        c.stop()
+    records = sum(pq.ParquetFile(os.path.join(out_dir, f)).metadata.num_rows
+                  for f in os.listdir(out_dir) if f.endswith(".parquet"))
+    ray.shutdown()
+    shutil.rmtree(work, ignore_errors=True)
+    return {"contender": "ray", "workers": args.workers, "slow": args.slow, "duty": args.duty,
+            "seconds": round(seconds, 3), "records": records}
+
+
+def make_model(path):
+    """W1's MLP made heavier (256 -> 1536 -> 1536 -> 10, about 7x W1's
+    multiply-adds per record), so the model, not start-up, fills the job."""
+    import torch
+
+    torch.manual_seed(20240611)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 1536), torch.nn.ReLU(),
+        torch.nn.Linear(1536, 1536), torch.nn.ReLU(),
+        torch.nn.Linear(1536, 10),
+    ).eval()
+    tmp = path + ".tmp"
+    torch.jit.script(model).save(tmp)
+    os.replace(tmp, path)
+
+
+def summarize(results_path):
+    """A markdown table: each contender's median seconds, and the fleet's
+    against the ideal, records / the sum of the workers' throughputs
+    measured alone (solo runs, start-up included as in the fleet's)."""
+    import statistics
+
+    rows = [json.loads(line) for line in open(results_path) if line.startswith("{")]
+    by = {}
+    for r in rows:
+        by.setdefault(r["contender"], []).append(r)
+    med = {k: statistics.median(r["seconds"] for r in v) for k, v in by.items()}
+    records = rows[0]["records"]
+    fast = records / med["stoke-solo-fast"]
+    slow = records / med["stoke-solo-slow"]
+    fleet = by.get("stoke-split-on", by.get("stoke-split-off"))[0]
+    n_slow, n = fleet["slow"], fleet["workers"]
+    ideal = records / ((n - n_slow) * fast + n_slow * slow)
+    print(f"Ideal for {n} workers ({n_slow} running {fleet['duty']:.3g} of the time, the others "
+          f"{fleet.get('fast_duty', 1.0):.3g}): {ideal:.2f} s "
+          f"(alone: {fast:,.0f} records/s a fast worker, {slow:,.0f} the slow one)")
+    print()
+    print("| contender | runs | median s | vs ideal | shards split | tail_idle s | causes / processor s |")
+    print("|---|---|---|---|---|---|---|")
+    for name in ["stoke-split-off", "stoke-split-on", "ray", "stoke-solo-fast", "stoke-solo-slow"]:
+        if name not in by:
+            continue
+        rs = by[name]
+        last = rs[-1]
+        split = last.get("shards_split", "")
+        tail = last.get("causes_s", {}).get("tail_idle", "")
+        cover = (f"{last['causes_sum_s']:.1f} / {last['processor_s']:.1f}"
+                 if "processor_s" in last else "")
+        ratio = f"{med[name] / ideal:.2f}x" if not name.startswith("stoke-solo") else ""
+        print(f"| {name} | {len(rs)} | {med[name]:.2f} | {ratio} | {split} | {tail} | {cover} |")
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "model":
+        make_model(sys.argv[2])
+        return
+    if len(sys.argv) == 3 and sys.argv[1] == "summary":
+        summarize(sys.argv[2])
+        return
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=["stoke", "ray"])
+    parser.add_argument("rest", nargs="+")
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--slow", type=int, default=1)
+    parser.add_argument("--duty", type=float, default=0.25)
+    parser.add_argument("--fast-duty", type=float, default=1.0,
+                        help="run the other workers this share of the time too (so the fleet fits the cores)")
+    parser.add_argument("--split", choices=["on", "off"], default="on")
+    args = parser.parse_args()
+    if args.kind == "stoke":
+        args.bin_dir, args.data_dir, args.model, args.work = args.rest
+        result = run_stoke(args)
+    else:
+        args.data_dir, args.model, args.work = args.rest
+        result = run_ray(args)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

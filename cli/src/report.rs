@@ -1,0 +1,103 @@
+//! `stoke report JOB`: a job's efficiency report as text.
+
+use std::fmt::Write;
+
+use stoke_core::report::EfficiencyReport;
+
+/// The report as lines a person reads: the job's figures, then each cause
+/// in seconds and as a share of the processor time, then the workers.
+pub fn render(r: &EfficiencyReport) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = writeln!(out, "job: {}", r.job_id);
+    let _ = writeln!(out, "wall time: {:.1} s", r.wall_s);
+    let _ = writeln!(
+        out,
+        "records: {} ({:.1} records/s)",
+        r.records, r.records_per_s
+    );
+    let _ = writeln!(
+        out,
+        "model busy: {:.1}% of {:.1} processor s",
+        r.busy_fraction * 100.0,
+        r.processor_s
+    );
+    let _ = writeln!(out, "processor time by cause:");
+    for (cause, seconds) in r.seconds.named() {
+        let _ = writeln!(
+            out,
+            "  {cause:<11} {seconds:>9.1} s  {:>5.1}%",
+            r.share(seconds) * 100.0
+        );
+    }
+    let _ = writeln!(out, "shards split: {}", r.shards_split);
+    if r.attempts_failed.is_empty() {
+        let _ = writeln!(out, "attempts failed: 0");
+    } else {
+        let kinds: Vec<String> = r
+            .attempts_failed
+            .iter()
+            .map(|(kind, n)| format!("{kind} {n}"))
+            .collect();
+        let _ = writeln!(out, "attempts failed: {}", kinds.join(", "));
+    }
+    if r.redone_batches > 0 {
+        let _ = writeln!(out, "batches redone: {}", r.redone_batches);
+    }
+    for d in &r.devices {
+        let _ = writeln!(
+            out,
+            "  worker {} [{}]: model busy {:.1}% of {:.1} processor s",
+            d.worker,
+            d.devices.join(","),
+            d.busy_fraction * 100.0,
+            d.processor_s
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use stoke_core::report::{CauseSeconds, DeviceReport};
+
+    use super::*;
+
+    #[test]
+    fn every_cause_shows_in_seconds_and_as_a_share() {
+        let report = EfficiencyReport {
+            job_id: "j1".into(),
+            wall_s: 12.0,
+            records: 3000,
+            records_per_s: 250.0,
+            busy_fraction: 0.5,
+            seconds: CauseSeconds {
+                model: 10.0,
+                tail_idle: 5.0,
+                redone: 1.0,
+                ..Default::default()
+            },
+            processor_s: 20.0,
+            shards_split: 2,
+            attempts_failed: BTreeMap::from([("lost".to_string(), 1)]),
+            redone_batches: 4,
+            devices: vec![DeviceReport {
+                worker: "w1".into(),
+                devices: vec!["cpu".into()],
+                model_s: 10.0,
+                processor_s: 20.0,
+                busy_fraction: 0.5,
+            }],
+        };
+        let text = render(&report);
+        assert!(text.contains("  model            10.0 s   50.0%"), "{text}");
+        assert!(text.contains("  tail_idle         5.0 s   25.0%"), "{text}");
+        assert!(text.contains("  startup           0.0 s    0.0%"), "{text}");
+        assert!(text.contains("shards split: 2"), "{text}");
+        assert!(text.contains("attempts failed: lost 1"), "{text}");
+        assert!(text.contains("batches redone: 4"), "{text}");
+        assert!(text.contains("worker w1 [cpu]: model busy 50.0%"), "{text}");
+    }
+}

@@ -1,0 +1,396 @@
+//! Where each job's processor time went: the efficiency report.
+//!
+//! Two sources. Workers report, with every heartbeat, their processor
+//! threads' time per job since they started (start-up, model, input wait,
+//! checkpoint) and, per lease, the batches processed since its last
+//! committed checkpoint; the coordinator adds the deltas to the job. When
+//! an attempt ends without committing (its worker's connection broke, its
+//! lease expired, its commit was refused, it failed), that lease's last
+//! reported uncommitted work is counted as `redone` (and taken out of
+//! `model`, which then holds only committed work).
+//!
+//! The coordinator itself integrates time over its sessions: before each
+//! command that may change who works on what, the time since the last one
+//! goes, per connected worker and device, to the job it holds leases of
+//! (its processor time), or, for an idle worker, to a paused job
+//! (`paused`) or a running job in its tail (leased shards, none pending:
+//! `tail_idle`). The report's causes add up to about that processor time;
+//! what is missing is time between a worker's leases.
+//!
+//! In memory only: a restarted coordinator reports from its start.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use stoke_core::lease::{JobStages, LeaseWork};
+use stoke_core::records::JobState;
+use stoke_core::report::{CauseSeconds, DeviceReport, EfficiencyReport};
+use stoke_core::store::to_json_bytes;
+use tokio::time::Instant;
+
+use super::effects::Then;
+use super::{Io, Session, State};
+use crate::error::Result;
+
+/// How often, at most, the workers' time is given to jobs.
+const ACCOUNT_EVERY: Duration = Duration::from_millis(200);
+
+/// An attempt's batches since its last committed checkpoint, as its
+/// worker last reported them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Work {
+    pub batches: u64,
+    pub model_ms: u64,
+}
+
+/// Why an attempt ended without finishing (the report's
+/// `attempts_failed` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lost {
+    /// The processor or the data failed.
+    Error,
+    /// The store failed.
+    Store,
+    /// The worker's connection broke.
+    Disconnected,
+    /// The lease timed out.
+    Expired,
+    /// A commit was refused (past a split).
+    Refused,
+}
+
+impl Lost {
+    fn name(self) -> &'static str {
+        match self {
+            Lost::Error => "error",
+            Lost::Store => "store",
+            Lost::Disconnected => "lost",
+            Lost::Expired => "expired",
+            Lost::Refused => "refused",
+        }
+    }
+}
+
+/// What an idle worker's time is counted as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Idle {
+    Paused,
+    Tail,
+}
+
+#[derive(Debug, Default, Clone)]
+struct WorkerShare {
+    devices: Vec<String>,
+    model_ms: u64,
+    processor: Duration,
+}
+
+/// One job's processor time by cause.
+#[derive(Debug, Clone)]
+pub(super) struct Account {
+    started: Instant,
+    ended: Option<Instant>,
+    startup_ms: u64,
+    model_ms: u64,
+    input_wait_ms: u64,
+    checkpoint_ms: u64,
+    redone_ms: u64,
+    redone_batches: u64,
+    paused: Duration,
+    tail_idle: Duration,
+    processor: Duration,
+    failed: BTreeMap<&'static str, u64>,
+    workers: HashMap<String, WorkerShare>,
+    /// `report.json` is stored (or the job ended before this coordinator
+    /// started).
+    pub report_written: bool,
+}
+
+impl Account {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            started: now,
+            ended: None,
+            startup_ms: 0,
+            model_ms: 0,
+            input_wait_ms: 0,
+            checkpoint_ms: 0,
+            redone_ms: 0,
+            redone_batches: 0,
+            paused: Duration::ZERO,
+            tail_idle: Duration::ZERO,
+            processor: Duration::ZERO,
+            failed: BTreeMap::new(),
+            workers: HashMap::new(),
+            report_written: false,
+        }
+    }
+
+    /// An attempt ended without committing `work`.
+    pub fn lost(&mut self, work: Work, why: Lost) {
+        self.redone_ms += work.model_ms;
+        self.redone_batches += work.batches;
+        *self.failed.entry(why.name()).or_default() += 1;
+    }
+
+    /// Applies `f` to a worker's share (made on its first use; looked up
+    /// first, so the common path copies no key).
+    fn with_worker(
+        &mut self,
+        worker_id: &str,
+        devices: &[String],
+        f: impl FnOnce(&mut WorkerShare),
+    ) {
+        if let Some(share) = self.workers.get_mut(worker_id) {
+            return f(share);
+        }
+        let mut share = WorkerShare {
+            devices: devices.to_vec(),
+            ..Default::default()
+        };
+        f(&mut share);
+        self.workers.insert(worker_id.to_string(), share);
+    }
+
+    /// `time` of session `s`'s processors went to this job (idle for it,
+    /// when `idle` says why).
+    fn add_time(&mut self, s: &Session, time: Duration, idle: Option<Idle>) {
+        self.processor += time;
+        match idle {
+            Some(Idle::Paused) => self.paused += time,
+            Some(Idle::Tail) => self.tail_idle += time,
+            None => {}
+        }
+        self.with_worker(&s.worker_id, &s.devices, |w| w.processor += time);
+    }
+
+    /// The report at `now`.
+    pub fn report(
+        &self,
+        job_id: &str,
+        records: u64,
+        shards_split: u64,
+        now: Instant,
+    ) -> EfficiencyReport {
+        let secs = |ms: u64| ms as f64 / 1000.0;
+        let end = self.ended.unwrap_or(now);
+        let wall_s = end.saturating_duration_since(self.started).as_secs_f64();
+        let processor_s = self.processor.as_secs_f64();
+        let model_s = secs(self.model_ms.saturating_sub(self.redone_ms));
+        let fraction = |part: f64, whole: f64| {
+            if whole > 0.0 {
+                (part / whole).min(1.0)
+            } else {
+                0.0
+            }
+        };
+        let mut devices: Vec<DeviceReport> = self
+            .workers
+            .iter()
+            .map(|(worker, w)| DeviceReport {
+                worker: worker.clone(),
+                devices: w.devices.clone(),
+                model_s: secs(w.model_ms),
+                processor_s: w.processor.as_secs_f64(),
+                busy_fraction: fraction(secs(w.model_ms), w.processor.as_secs_f64()),
+            })
+            .collect();
+        devices.sort_by(|a, b| a.worker.cmp(&b.worker));
+        EfficiencyReport {
+            job_id: job_id.to_string(),
+            wall_s,
+            records,
+            records_per_s: if wall_s > 0.0 {
+                records as f64 / wall_s
+            } else {
+                0.0
+            },
+            busy_fraction: fraction(secs(self.model_ms), processor_s),
+            seconds: CauseSeconds {
+                startup: secs(self.startup_ms),
+                model: model_s,
+                input_wait: secs(self.input_wait_ms),
+                checkpoint: secs(self.checkpoint_ms),
+                redone: secs(self.redone_ms),
+                paused: self.paused.as_secs_f64(),
+                tail_idle: self.tail_idle.as_secs_f64(),
+            },
+            processor_s,
+            shards_split,
+            attempts_failed: self
+                .failed
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            redone_batches: self.redone_batches,
+            devices,
+        }
+    }
+}
+
+impl State {
+    /// What a heartbeat says of the worker's time per job and of its
+    /// leases' uncommitted work.
+    pub fn report_work(&mut self, session_id: &str, jobs: &[JobStages], work: &[LeaseWork]) {
+        let Some(session) = self.sessions.get_mut(session_id) else {
+            return;
+        };
+        let worker_id = session.worker_id.clone();
+        let devices = session.devices.clone();
+        let mut deltas = Vec::with_capacity(jobs.len());
+        for totals in jobs {
+            let before = session
+                .reported
+                .insert(totals.job_id.clone(), totals.clone());
+            let before = before.unwrap_or_default();
+            deltas.push(JobStages {
+                job_id: totals.job_id.clone(),
+                startup_ms: totals.startup_ms.saturating_sub(before.startup_ms),
+                model_ms: totals.model_ms.saturating_sub(before.model_ms),
+                input_wait_ms: totals.input_wait_ms.saturating_sub(before.input_wait_ms),
+                checkpoint_ms: totals.checkpoint_ms.saturating_sub(before.checkpoint_ms),
+            });
+        }
+        for d in deltas {
+            let Some(job) = self.jobs.get_mut(&d.job_id) else {
+                continue;
+            };
+            let a = &mut job.account;
+            a.startup_ms += d.startup_ms;
+            a.model_ms += d.model_ms;
+            a.input_wait_ms += d.input_wait_ms;
+            a.checkpoint_ms += d.checkpoint_ms;
+            a.with_worker(&worker_id, &devices, |w| w.model_ms += d.model_ms);
+        }
+        for w in work {
+            if let Some(job) = self.jobs.get_mut(&w.lease.job_id)
+                && let Some(&idx) = job.shard_index.get(&w.lease.shard_id)
+                && let Some(lease) = job.shards[idx].lease.as_mut()
+                && lease.token == w.lease.token
+                && lease.session_id == session_id
+            {
+                lease.work = Work {
+                    batches: w.batches,
+                    model_ms: w.model_ms,
+                };
+            }
+        }
+    }
+
+    /// Gives the time since the last call to the jobs the connected
+    /// workers worked or idled for (call before a change, with its time).
+    pub(super) fn account_time(&mut self, now: Instant) {
+        let Some(since) = self.accounted_at else {
+            self.accounted_at = Some(now);
+            return;
+        };
+        let dt = now.saturating_duration_since(since);
+        // A walk over every session: at most every ACCOUNT_EVERY, however
+        // many workers ask or commit (a change between two walks is
+        // counted from the later one: off by at most this much).
+        if dt < ACCOUNT_EVERY {
+            return;
+        }
+        self.accounted_at = Some(now);
+        // Disjoint borrows: the walk reads the sessions and writes the
+        // jobs, with no copies (it runs on the owner's loop).
+        let State {
+            sessions,
+            jobs,
+            order,
+            ..
+        } = self;
+        // The job an idle worker waits for: a paused one first, else one
+        // in its tail (shards leased, none waiting).
+        let has_leases = |id: &str| {
+            sessions
+                .values()
+                .any(|s| s.leases.iter().any(|(j, _)| j == id))
+        };
+        let idle_for = order
+            .iter()
+            .filter_map(|id| jobs.get(id))
+            .find(|j| j.state == JobState::Paused)
+            .map(|j| (j.id.clone(), Idle::Paused))
+            .or_else(|| {
+                order
+                    .iter()
+                    .filter_map(|id| jobs.get(id))
+                    .find(|j| {
+                        j.state == JobState::Running && j.pending.is_empty() && has_leases(&j.id)
+                    })
+                    .map(|j| (j.id.clone(), Idle::Tail))
+            });
+        let mut held: Vec<&str> = Vec::new();
+        for s in sessions.values() {
+            let time = dt * s.devices.len().max(1) as u32;
+            held.clear();
+            held.extend(s.leases.iter().map(|(j, _)| j.as_str()));
+            held.sort_unstable();
+            held.dedup();
+            if held.is_empty() {
+                if let Some((job_id, idle)) = &idle_for
+                    && let Some(job) = jobs.get_mut(job_id)
+                {
+                    job.account.add_time(s, time, Some(*idle));
+                }
+                continue;
+            }
+            let each = time / held.len() as u32;
+            for job_id in &held {
+                if let Some(job) = jobs.get_mut(*job_id) {
+                    job.account.add_time(s, each, None);
+                }
+            }
+        }
+    }
+
+    /// A job's efficiency report.
+    pub fn report(&self, job_id: &str, now: Instant) -> Result<EfficiencyReport> {
+        let job = self.job(job_id)?;
+        Ok(job
+            .account
+            .report(&job.id, job.totals.records, job.shards_split(), now))
+    }
+
+    /// Every job's report, for `/metrics` and the status page.
+    pub fn reports(&self, now: Instant) -> Vec<EfficiencyReport> {
+        self.order
+            .iter()
+            .filter_map(|id| self.report(id, now).ok())
+            .collect()
+    }
+
+    /// Ended jobs: stop their clocks and store their `report.json`.
+    pub(super) fn write_reports(&mut self, now: Instant) {
+        let mut writes = Vec::new();
+        for job in self.jobs.values_mut() {
+            if !job.state.is_terminal() || job.busy || job.account.report_written {
+                continue;
+            }
+            job.account.ended.get_or_insert(now);
+            job.account.report_written = true;
+            let report = job
+                .account
+                .report(&job.id, job.totals.records, job.shards_split(), now);
+            writes.push((job.id.clone(), job.layout.report(), report));
+        }
+        for (job_id, uri, report) in writes {
+            let io = Io::Put {
+                uri,
+                bytes: bytes::Bytes::from(to_json_bytes(&report)),
+            };
+            self.start_io(io, Then::Report { job_id });
+        }
+    }
+
+    /// `report.json` is stored (or not: tried again at the next tick).
+    pub(super) fn report_written(&mut self, job_id: &str, result: Result<()>) {
+        if let Err(e) = result
+            && let Some(job) = self.jobs.get_mut(job_id)
+        {
+            tracing::warn!(job = %job_id, error = %e, "writing report.json failed; retrying");
+            job.account.report_written = false;
+        }
+    }
+}

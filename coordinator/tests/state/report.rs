@@ -1,0 +1,168 @@
+//! The efficiency report: the workers' reported times per job, work lost
+//! with an attempt counted as redone, idle workers' time counted as tail
+//! idle or paused, all on the paused clock, and `report.json` at the end.
+
+use stoke_core::lease::{JobStages, LeaseWork};
+use stoke_core::report::EfficiencyReport;
+
+use crate::support::*;
+
+/// Two shards of 10 records (5 batches each): too short to split.
+async fn two_shards(state: &mut Inline, stores: &Stores) {
+    submit(state, stores, "j", 2 * SHARD_RECORDS).await;
+}
+
+fn stages(model_ms: u64, startup_ms: u64) -> Vec<JobStages> {
+    vec![JobStages {
+        job_id: "j".to_string(),
+        startup_ms,
+        model_ms,
+        input_wait_ms: 10,
+        checkpoint_ms: 20,
+    }]
+}
+
+fn report(state: &mut Inline) -> EfficiencyReport {
+    state
+        .report("j", tokio::time::Instant::now())
+        .expect("report")
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_workers_in_the_tail_and_the_workers_stage_times_add_up() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    two_shards(&mut state, &stores).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let la = leased(state.acquire(&a));
+    let lb = leased(state.acquire(&b));
+    // 4 s with both working: 8 processor seconds.
+    advance(Duration::from_secs(4)).await;
+    state.heartbeat(&a, &[la.key()]).expect("heartbeat");
+    state.report_work(&a, &stages(3_000, 500), &[]);
+    state.report_work(&b, &stages(3_500, 400), &[]);
+    let done = last_checkpoint(&a, &la, 0);
+    assert!(
+        !state
+            .commit(staged(&stores, done).await)
+            .await
+            .expect("commit")
+    );
+    // a is idle while b finishes the last shard: 6 s of tail.
+    assert!(matches!(
+        state.acquire(&a).expect("acquire"),
+        AcquireOutcome::Wait(_)
+    ));
+    advance(Duration::from_secs(6)).await;
+    state.tick().await;
+    // Totals grow: only the difference counts again.
+    state.report_work(&b, &stages(9_000, 400), &[]);
+    let r = report(&mut state);
+    assert_eq!(r.seconds.tail_idle, 6.0);
+    assert_eq!(r.processor_s, 20.0);
+    assert_eq!(r.seconds.model, 12.0);
+    assert_eq!(r.seconds.startup, 0.9);
+    assert_eq!(r.seconds.input_wait, 0.02);
+    assert_eq!(r.seconds.checkpoint, 0.04);
+    assert_eq!(r.seconds.paused, 0.0);
+    assert_eq!(r.busy_fraction, 12.0 / 20.0);
+    assert_eq!(r.devices.len(), 2);
+    assert_eq!(r.wall_s, 10.0);
+    let done = last_checkpoint(&b, &lb, 0);
+    assert!(
+        !state
+            .commit(staged(&stores, done).await)
+            .await
+            .expect("commit")
+    );
+    state.tick().await;
+    // The ended job's report is stored next to its manifest.
+    let stored: EfficiencyReport = stores
+        .get_json(&job_layout("j").report())
+        .await
+        .expect("read report.json")
+        .expect("report.json written");
+    assert_eq!(stored.records, 2 * SHARD_RECORDS);
+    assert_eq!(stored.seconds.tail_idle, 6.0);
+    // Its clock stopped at the end.
+    advance(Duration::from_secs(60)).await;
+    state.tick().await;
+    assert_eq!(report(&mut state).wall_s, stored.wall_s);
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_a_lost_attempt_had_not_committed_is_redone() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    two_shards(&mut state, &stores).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let la = leased(state.acquire(&a));
+    let c = checkpoint(&a, &la, 0, 2);
+    assert!(
+        !state
+            .commit(staged(&stores, c).await)
+            .await
+            .expect("commit")
+    );
+    // Two more batches processed, reported, never committed.
+    let work = LeaseWork {
+        lease: la.key(),
+        batches: 2,
+        model_ms: 140,
+    };
+    state.report_work(&a, &stages(400, 0), &[work]);
+    state.session_closed(&a);
+    let r = report(&mut state);
+    assert_eq!(r.redone_batches, 2);
+    assert_eq!(r.seconds.redone, 0.14);
+    // Committed model time only.
+    assert_eq!(r.seconds.model, 0.26);
+    assert_eq!(r.attempts_failed.get("lost"), Some(&1));
+
+    // A commit clears what was at risk: an expiry after it loses nothing.
+    let (b, _b_events) = register(&mut state, "b");
+    let lb = leased(state.acquire(&b));
+    assert_eq!(lb.shard.id, la.shard.id);
+    let work = LeaseWork {
+        lease: lb.key(),
+        batches: 1,
+        model_ms: 70,
+    };
+    state.report_work(&b, &[], &[work]);
+    let c = checkpoint(&b, &lb, 2, 3);
+    assert!(
+        !state
+            .commit(staged(&stores, c).await)
+            .await
+            .expect("commit")
+    );
+    expire_leases(&mut state).await;
+    let r = report(&mut state);
+    assert_eq!(r.redone_batches, 2);
+    assert_eq!(r.attempts_failed.get("expired"), Some(&1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_workers_of_a_paused_job_count_as_paused() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    two_shards(&mut state, &stores).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let la = leased(state.acquire(&a));
+    state
+        .release(release(&a, &la, None))
+        .await
+        .expect("release");
+    state.pause("j", "test".to_string()).await.expect("pause");
+    assert!(matches!(
+        state.acquire(&a).expect("acquire"),
+        AcquireOutcome::Wait(_)
+    ));
+    advance(Duration::from_secs(3)).await;
+    state.tick().await;
+    state.resume("j").await.expect("resume");
+    let r = report(&mut state);
+    assert_eq!(r.seconds.paused, 3.0);
+    assert_eq!(r.seconds.tail_idle, 0.0);
+}

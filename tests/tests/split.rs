@@ -1,0 +1,303 @@
+//! Splitting at the tail with real processes: a slowed worker's shard is
+//! split and finished by the others; chaos (kill -9, SIGTERM, a
+//! coordinator restart) during and after splits; and the efficiency
+//! report (`stoke report`) of those runs.
+//!
+//! The slow worker is slowed for real, from outside: stopped (SIGSTOP)
+//! outright while the others split its shard, then duty-cycled
+//! (SIGSTOP/SIGCONT, a quarter of the time running) until the job ends.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use stoke_core::report::EfficiencyReport;
+use stoke_tests::*;
+
+fn spec_file(dir: &Path, text: String) -> String {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, text).expect("write spec");
+    path.display().to_string()
+}
+
+/// Two shards of 1,500 records in batches of 5, a checkpoint after each
+/// batch: long enough to split a few times.
+fn two_long_shards(extra: &str) -> String {
+    fixture_spec_in("parquet", "long", extra)
+        .replace("batch_size = 50", "batch_size = 5")
+        .replace("interval = 3", "interval = 1")
+        .replace("records = 400", "records = 1500")
+}
+
+/// Runs `pid` a quarter of the time (10 ms of every 40) until dropped,
+/// then lets it run.
+struct DutyCycle {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    pid: i32,
+}
+
+impl DutyCycle {
+    fn start(pid: i32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        // A slowdown, not a wait: the sleeps are the duty cycle.
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::SeqCst) {
+                if !try_signal(pid, libc::SIGCONT) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+                if !try_signal(pid, libc::SIGSTOP) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(30));
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+            pid,
+        }
+    }
+}
+
+impl Drop for DutyCycle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        try_signal(self.pid, libc::SIGCONT);
+    }
+}
+
+/// The shard end a split gave `shard`, once its progress record says so.
+fn split_end(root: &Path, job_id: &str, shard: &str) -> Option<u64> {
+    progress(root, job_id, shard)?.shard?.until_record()
+}
+
+fn report(coordinator: &Coordinator, job_id: &str) -> EfficiencyReport {
+    let out = coordinator.cli(&["report", job_id, "--json"]);
+    assert!(out.status.success(), "stoke report: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("report json")
+}
+
+/// Starts the slow worker, lets it commit a little of shard s00000, and
+/// stops it; starts two fast workers and waits until one of them split
+/// the stopped worker's shard. Returns (slow, fast workers, its new end).
+fn split_a_stopped_workers_shard(
+    coordinator: &Coordinator,
+    root: &Path,
+    dir: &Path,
+    job_id: &str,
+) -> (Proc, Vec<Proc>, u64) {
+    let slow = coordinator.worker_with("stoke-worker", "slow", dir, &[], &[("RUST_LOG", "info")]);
+    wait_until("the slow worker's first checkpoints", DEADLINE, || {
+        progress(root, job_id, "s00000").filter(|p| p.next_batch >= 2)
+    });
+    signal(slow.pid(), libc::SIGSTOP);
+    let fast = vec![
+        coordinator.worker("stoke-worker", "fast-1", dir),
+        coordinator.worker("stoke-worker", "fast-2", dir),
+    ];
+    let until = wait_until("the stopped worker's shard to be split", DEADLINE, || {
+        split_end(root, job_id, "s00000")
+    });
+    (slow, fast, until)
+}
+
+#[test]
+fn a_slowed_workers_last_shard_is_split_and_finished_by_the_others() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "60s"]);
+    let job_id = coordinator.submit(&spec_file(tmp.path(), two_long_shards("")));
+    let (mut slow, mut fast, until) =
+        split_a_stopped_workers_shard(&coordinator, &root, tmp.path(), &job_id);
+    assert!(
+        until < 1500,
+        "the holder keeps less than its shard: {until}"
+    );
+    let cycle = DutyCycle::start(slow.pid());
+    coordinator.wait_success(&job_id);
+    drop(cycle);
+    for w in fast.iter_mut().chain(std::iter::once(&mut slow)) {
+        assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
+    }
+
+    // The slow worker heard its new end and stopped there: its commits
+    // were never past it, and its shard ends exactly at the split.
+    let log = slow.log_text();
+    assert!(
+        log.contains("shard split; stopping at its new end"),
+        "{log}"
+    );
+    let coordinator_log = coordinator.proc.log_text();
+    assert!(
+        !coordinator_log.contains("commit past the split end refused"),
+        "{coordinator_log}"
+    );
+    let holder = progress(&root, &job_id, "s00000").expect("progress");
+    assert!(holder.done);
+    let cut = holder.shard.expect("the holder's shard names its split");
+    assert_eq!(
+        holder.records,
+        cut.until_record().expect("end") - cut.from_record()
+    );
+
+    // Every record exactly once, every prediction right; the manifest
+    // lists the halves as shards of their own.
+    let m = manifest(&root, &job_id);
+    assert!(m.shards > 2, "{} shards", m.shards);
+    assert!(m.outputs.iter().any(|o| o.shard_id.starts_with("s00000.")));
+    assert_matches_reference(&committed_rows(&m));
+    let r = report(&coordinator, &job_id);
+    assert!(r.shards_split >= 1, "{r:?}");
+    assert_eq!(r.records, 3000);
+}
+
+#[test]
+fn chaos_with_splitting_kill_sigterm_and_coordinator_restarts_lose_nothing() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let mut coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "60s"]);
+    let job_id = coordinator.submit(&spec_file(tmp.path(), two_long_shards("")));
+    let (mut slow, mut fast, _until) =
+        split_a_stopped_workers_shard(&coordinator, &root, tmp.path(), &job_id);
+    // A coordinator restart right after a split: it must come back from
+    // the store.
+    coordinator.restart(&[]);
+    assert!(split_end(&root, &job_id, "s00000").is_some());
+    // kill -9 the stopped holder: its part of the shard goes to others.
+    let _ = slow.child.kill();
+    let _ = slow.child.wait();
+    // SIGTERM a fast worker mid-job, and bring another in.
+    signal(fast[0].pid(), libc::SIGTERM);
+    assert!(
+        fast[0].wait_exit(DEADLINE).success(),
+        "{}",
+        fast[0].log_text()
+    );
+    fast.push(coordinator.worker("stoke-worker", "fast-3", tmp.path()));
+    // And one more coordinator restart while the split shards run.
+    wait_until("more work committed after the restart", DEADLINE, || {
+        let status = coordinator.status(&job_id);
+        (status["records_done"].as_u64().unwrap_or(0) > 100).then_some(())
+    });
+    coordinator.restart(&[]);
+    coordinator.wait_success(&job_id);
+    for w in fast.iter_mut().skip(1) {
+        assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
+    }
+    assert_matches_reference(&committed_rows(&manifest(&root, &job_id)));
+    // The report of the last coordinator counts the shards split (they are
+    // in the plan it recovered).
+    let r = report(&coordinator, &job_id);
+    assert!(r.shards_split >= 1, "{r:?}");
+    // For BENCHMARKS.md: how much of the processor time the causes explain.
+    println!(
+        "chaos report: causes {:.2} s of {:.2} processor s ({:.1}%): {}",
+        r.seconds.total(),
+        r.processor_s,
+        100.0 * r.share(r.seconds.total()),
+        serde_json::to_string(&r).unwrap_or_default()
+    );
+}
+
+/// How many "batch processed" lines a worker's log holds.
+fn batches_processed(log: &str) -> u64 {
+    log.lines()
+        .filter(|l| l.contains("batch processed"))
+        .count() as u64
+}
+
+#[test]
+fn the_report_counts_the_batches_a_kill_9_cost_and_a_pause_as_paused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "3s"]);
+    // One shard, checkpoints every 5 batches.
+    let spec = fixture_spec_in("parquet", "long", "")
+        .replace("batch_size = 50", "batch_size = 10")
+        .replace("interval = 3", "interval = 5")
+        .replace("records = 400", "records = 3000");
+    let job_id = coordinator.submit(&spec_file(tmp.path(), spec));
+    // The worker's model hangs after its 12th batch: batches 10 and 11
+    // are processed and not committed. Its session goes on, and tells the
+    // coordinator so.
+    let mut doomed = coordinator.worker_with(
+        "stoke-worker",
+        "doomed",
+        tmp.path(),
+        &[],
+        &[
+            ("FAILPOINTS", "worker::after_batch=11*off->sleep(600000)"),
+            ("RUST_LOG", "info,stoke_worker=debug"),
+        ],
+    );
+    let committed = wait_until("the first two checkpoints", DEADLINE, || {
+        progress(&root, &job_id, "s00000").filter(|p| p.next_batch == 10)
+    });
+    let lost = wait_until("a heartbeat with the uncommitted batches", DEADLINE, || {
+        let log = doomed.log_text();
+        let processed = batches_processed(&log);
+        let lost = processed.checked_sub(committed.next_batch)?;
+        let field = format!("batches={lost}");
+        let heard = log
+            .lines()
+            .any(|l| l.contains("heartbeat: uncommitted work") && l.contains(&field));
+        (processed == 12 && heard).then_some(lost)
+    });
+    assert_eq!(lost, 2);
+    let _ = doomed.child.kill();
+    let _ = doomed.child.wait();
+
+    let mut rescuer = coordinator.worker("stoke-worker", "rescuer", tmp.path());
+    wait_until("the rescuer's first commit", DEADLINE, || {
+        progress(&root, &job_id, "s00000").filter(|p| p.next_batch > 10)
+    });
+    // A pause while it works: it drains, and idles until the resume.
+    let out = coordinator.cli(&["pause", &job_id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_until("the pause to drain the worker", DEADLINE, || {
+        let status = coordinator.status(&job_id);
+        (status["state"] == "paused" && status["shards_leased"] == 0).then_some(())
+    });
+    let paused_before = report(&coordinator, &job_id).seconds.paused;
+    wait_until("paused time to be counted", DEADLINE, || {
+        (report(&coordinator, &job_id).seconds.paused > paused_before).then_some(())
+    });
+    let out = coordinator.cli(&["resume", &job_id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    coordinator.wait_success(&job_id);
+    assert!(rescuer.wait_exit(DEADLINE).success());
+    assert_matches_reference(&committed_rows(&manifest(&root, &job_id)));
+
+    let r = report(&coordinator, &job_id);
+    assert_eq!(r.redone_batches, lost, "{r:?}");
+    assert_eq!(r.attempts_failed.get("lost"), Some(&1), "{r:?}");
+    assert!(r.seconds.paused > 0.0, "{r:?}");
+    assert!(r.seconds.model > 0.0 && r.seconds.startup > 0.0, "{r:?}");
+    // The same report is stored next to the manifest, and the text form
+    // names every cause.
+    let path = root.join("jobs").join(&job_id).join("report.json");
+    wait_until("report.json", DEADLINE, || path.exists().then_some(()));
+    let stored: EfficiencyReport = read_json(&path);
+    assert_eq!(stored.redone_batches, lost);
+    let out = coordinator.cli(&["report", &job_id]);
+    let text_report = text(&out.stdout);
+    for cause in [
+        "startup",
+        "model",
+        "input_wait",
+        "checkpoint",
+        "redone",
+        "paused",
+        "tail_idle",
+    ] {
+        assert!(text_report.contains(cause), "{text_report}");
+    }
+}
