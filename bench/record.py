@@ -146,6 +146,10 @@ def main():
         if stages:
             row["stages"] = stages
         job_s = job_phase_seconds(err)
+        if not job_s:
+            # A job submitted to a fleet: its own time from `stoke report`.
+            found = re.search(r'"wall_s":\s*([0-9.]+)', out)
+            job_s = float(found.group(1)) if found else None
         if job_s:
             row["job_s"] = round(job_s, 4)
     with open(args.results, "a") as f:

@@ -192,10 +192,14 @@ contender() {
     stoke-fleet-2 | stoke-fleet-2-python)
       # A job submitted to a fleet that is already up (fleet_start): what
       # a cluster's users see, with no process start-up in the job.
+      # `submit --wait` polls every 200 ms, so its wall time is coarse;
+      # the job's own time (submit to end, the coordinator's clock) comes
+      # from `stoke report` (wall_s) and is the fleet rows' job phase.
       local spec="$SPEC"
       [ "$name" = stoke-fleet-2-python ] && spec="$SPEC_PY"
-      run_one "$name" stoke "$round" "" -- \
-        "$BIN/stoke" --coordinator "$FLEET_ADDR" submit "$spec" --wait
+      run_one "$name" stoke "$round" "" -- sh -c \
+        '"$0" --coordinator "$1" submit "$2" --job-id "$3" --wait && "$0" --coordinator "$1" report "$3" --json' \
+        "$BIN/stoke" "$FLEET_ADDR" "$spec" "$name-r$round"
       ;;
     stoke-local-2-pt2)
       # The same job with W1's model exported as a .pt2 package.
