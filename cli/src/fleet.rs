@@ -139,7 +139,7 @@ fn spawn(
 ) -> anyhow::Result<Slot> {
     let name = format!("local-{i}");
     let mut cmd = std::process::Command::new(&c.bin);
-    crate::openmp_wait(&mut cmd);
+    crate::run::openmp_wait(&mut cmd);
     let mut child = Command::from(cmd)
         .arg("--coordinator")
         .arg(&c.coordinator)

@@ -7,20 +7,19 @@ mod display_tests;
 mod fleet;
 mod outputs;
 mod report;
+mod run;
 mod watch;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use stoke_client::Client;
 use stoke_client::summary::{job_json, summary, total};
-use stoke_coordinator::CoordinatorConfig;
+use stoke_core::StoreUri;
 use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::JobSpec;
-use stoke_core::{StoreUri, Stores};
-use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -427,7 +426,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             lease_timeout,
         } => {
             if embedded {
-                return run_embedded(&spec, &root, &device, threads, job_id.as_deref());
+                return run::run_embedded(&spec, &root, &device, threads, job_id.as_deref());
             }
             let spec = JobSpec::from_file(&spec)?;
             let root = StoreUri::parse(
@@ -440,7 +439,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             if workers == 0 {
                 bail!("--local needs at least 1 worker");
             }
-            let local = LocalRun {
+            let local = run::LocalRun {
                 workers,
                 worker_bin,
                 device,
@@ -449,262 +448,6 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 lease_timeout,
             };
             local.run(spec, root).await
-        }
-    }
-}
-
-/// Runs `stoke-embedded` (next to this binary) in place of this process:
-/// the embedded mode links libtorch, which this binary does not.
-fn run_embedded(
-    spec: &Path,
-    root: &str,
-    device: &str,
-    threads: Option<usize>,
-    job_id: Option<&str>,
-) -> anyhow::Result<i32> {
-    use std::os::unix::process::CommandExt;
-    let bin = sibling_binary("stoke-embedded")?;
-    let mut cmd = std::process::Command::new(&bin);
-    cmd.arg(spec)
-        .arg("--root")
-        .arg(root)
-        .arg("--device")
-        .arg(device);
-    if let Some(n) = threads {
-        cmd.arg("--threads").arg(n.to_string());
-    }
-    if let Some(id) = job_id {
-        cmd.arg("--job-id").arg(id);
-    }
-    openmp_wait(&mut cmd);
-    // exec returns only on failure.
-    let error = cmd.exec();
-    Err(anyhow::Error::new(error).context(format!("running {}", bin.display())))
-}
-
-/// How libtorch's OpenMP threads wait (`stoke_core::OPENMP_WAIT`, unless
-/// the user chose), set for the libtorch processes this command starts so
-/// they need not run themselves again to pick it up.
-fn openmp_wait(cmd: &mut std::process::Command) {
-    cmd.envs(stoke_core::openmp_wait_env().iter().copied());
-}
-
-struct LocalRun {
-    workers: usize,
-    worker_bin: Option<PathBuf>,
-    device: String,
-    threads: Option<usize>,
-    job_id: Option<String>,
-    lease_timeout: Duration,
-}
-
-impl LocalRun {
-    async fn run(self, spec: JobSpec, root: StoreUri) -> anyhow::Result<i32> {
-        let worker_bin = match &self.worker_bin {
-            // Checked before a job is submitted that no worker could run.
-            Some(p) if !p.is_file() => bail!("--worker-bin {}: no such file", p.display()),
-            Some(p) => p.clone(),
-            None => sibling_binary("stoke-worker")?,
-        };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .context("binding a local port for the coordinator")?;
-        let addr = listener.local_addr()?;
-        let shutdown = CancellationToken::new();
-        let mut config = CoordinatorConfig::new(root.clone());
-        config.lease_timeout = self.lease_timeout;
-        let mut coordinator = tokio::spawn(stoke_coordinator::run(
-            listener,
-            config,
-            Stores::from_env()?,
-            shutdown.clone(),
-        ));
-        // One failure, one message: when the coordinator cannot start (a
-        // cloud root without credentials), its error is the run's, not
-        // the connection errors it causes here.
-        let coordinator_addr = format!("http://{addr}");
-        let drive = self.drive(spec, &worker_bin, &coordinator_addr);
-        let (result, ended) = tokio::select! {
-            ended = &mut coordinator => (Err(coordinator_stopped(ended)), true),
-            result = drive => (result, false),
-        };
-        if ended {
-            return result;
-        }
-        if result.is_err() {
-            // The coordinator may be failing at this very moment, and be
-            // the cause of what `drive` saw.
-            if let Ok(ended) =
-                tokio::time::timeout(Duration::from_millis(300), &mut coordinator).await
-                && !matches!(ended, Ok(Ok(())))
-            {
-                return Err(coordinator_stopped(ended));
-            }
-        }
-        shutdown.cancel();
-        match coordinator.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("coordinator: {e}"),
-            Err(e) => eprintln!("coordinator task: {e}"),
-        }
-        result
-    }
-
-    async fn drive(&self, spec: JobSpec, worker_bin: &Path, addr: &str) -> anyhow::Result<i32> {
-        let client = connect_with_retry(addr).await?;
-        let job = client.submit(&spec, self.job_id.as_deref()).await?;
-        eprintln!(
-            "job {}: {} shards, {} records; starting {} worker{}",
-            job.job_id,
-            job.shards_total,
-            total(&job),
-            self.workers,
-            if self.workers == 1 { "" } else { "s" }
-        );
-        if let Some(note) = idle_workers_note(&spec, &job, self.workers) {
-            eprintln!("{note}");
-        }
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        // Each worker runs one processor per entry of the device list.
-        let processors = self.workers * self.device.split(',').count();
-        let threads = self.threads.unwrap_or((cores / processors).max(1));
-        let command = fleet::WorkerCommand {
-            bin: worker_bin.to_path_buf(),
-            coordinator: addr.to_string(),
-            device: self.device.clone(),
-            threads,
-            python_prewarm: spec.processor.python.is_some(),
-        };
-        let mut workers = fleet::Fleet::start(command, self.workers, fleet::Progress::of(&job))?;
-        let started = Instant::now();
-        // Polled often: the job's end is seen within 50 ms.
-        let watched = watch::watch(&client, &job.job_id, Duration::from_millis(50));
-        tokio::pin!(watched);
-        // Watch the workers while following the job: a fleet that cannot
-        // make progress stops the run instead of leaving it waiting.
-        let job = loop {
-            tokio::select! {
-                job = &mut watched => break job?,
-                exited = workers.next_exit() => {
-                    let now = client.get_job(&job.job_id).await?;
-                    if let fleet::Next::Stop(why) = workers.on_exit(exited, &now)? {
-                        return stop_run(&client, &now, &why).await;
-                    }
-                }
-            }
-        };
-        workers.finish(Duration::from_secs(60)).await;
-        print_summary(&job);
-        eprintln!("took {:.1}s", started.elapsed().as_secs_f64());
-        Ok(exit_code(&job))
-    }
-}
-
-/// Ends a local run whose workers are all gone. A job that never moved is
-/// cancelled, naming why (nothing to resume, and a later run on this root
-/// must not pick it up); one with committed progress is left as it is, so
-/// running again with its id resumes it.
-async fn stop_run(client: &Client, job: &JobInfo, why: &str) -> anyhow::Result<i32> {
-    if fleet::Progress::of(job).is_none() {
-        let reason = format!("stoke run --local: {why}");
-        let job = client.cancel(&job.job_id, &reason).await?;
-        eprintln!("stopping: {why}; job {} is {}", job.job_id, job.state);
-        print_summary(&job);
-    } else {
-        eprintln!(
-            "stopping: {why}; job {} keeps its committed progress ({} records): run again with --job-id {} to resume it",
-            job.job_id, job.records_done, job.job_id
-        );
-        print_summary(job);
-    }
-    Ok(1)
-}
-
-/// The error of a coordinator task that ended while the run needed it.
-fn coordinator_stopped(
-    ended: Result<stoke_coordinator::Result<()>, tokio::task::JoinError>,
-) -> anyhow::Error {
-    match ended {
-        Ok(Ok(())) => anyhow::anyhow!("the local coordinator stopped unexpectedly"),
-        Ok(Err(e)) => e.into(),
-        Err(e) => anyhow::anyhow!("the local coordinator failed: {e}"),
-    }
-}
-
-/// When the job has fewer shards than `run --local` starts workers, some
-/// will idle: say so, and how to cut more shards.
-fn idle_workers_note(spec: &JobSpec, job: &JobInfo, workers: usize) -> Option<String> {
-    let shards = job.shards_total;
-    let workers = workers as u64;
-    if shards >= workers {
-        return None;
-    }
-    let idle = workers - shards;
-    let plural = |n: u64, word: &str| {
-        if n == 1 {
-            format!("{n} {word}")
-        } else {
-            format!("{n} {word}s")
-        }
-    };
-    let how = match spec.dataset.format {
-        stoke_core::spec::DatasetFormat::Jsonl => format!(
-            "set [sharding] bytes below {} to cut more shards",
-            spec.sharding.bytes
-        ),
-        format => {
-            let per_worker = job
-                .records_total
-                .map(|total| total.div_ceil(workers).max(1))
-                .filter(|n| *n < spec.sharding.records);
-            let target = match per_worker {
-                Some(n) => format!(
-                    "set [sharding] records = {n} (now {})",
-                    spec.sharding.records
-                ),
-                None => format!("set [sharding] records below {}", spec.sharding.records),
-            };
-            if format == stoke_core::spec::DatasetFormat::Parquet {
-                format!(
-                    "{target} to cut more shards (Parquet shards hold whole row groups: a file with one row group is one shard)"
-                )
-            } else {
-                format!("{target} to cut more shards")
-            }
-        }
-    };
-    Some(format!(
-        "note: the job has {} for {}, so {} will idle; {how}",
-        plural(shards, "shard"),
-        plural(workers, "worker"),
-        plural(idle, "worker"),
-    ))
-}
-
-/// A binary installed next to this one (cargo puts all of a workspace's
-/// binaries in one folder).
-fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating the stoke binary")?;
-    let path = exe.with_file_name(name);
-    if path.exists() {
-        Ok(path)
-    } else {
-        let how = if name == "stoke-embedded" {
-            "build it with `cargo build -p stoke`"
-        } else {
-            "build it with `cargo build -p stoke-worker`, or pass --worker-bin"
-        };
-        bail!("no {name} next to {} ({how})", exe.display())
-    }
-}
-
-async fn connect_with_retry(addr: &str) -> anyhow::Result<Client> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match Client::connect(addr).await {
-            Ok(c) => return Ok(c),
-            Err(e) if Instant::now() > deadline => return Err(e.into()),
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
 }

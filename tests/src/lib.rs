@@ -10,6 +10,7 @@
 
 pub mod backend;
 pub mod chaos;
+pub mod deploy;
 pub mod pt2;
 pub mod s3;
 pub mod s3_proxy;

@@ -5,14 +5,12 @@
 //! that break any of that (or that no schema validates).
 
 use std::process::Command;
-use std::time::Duration;
 
 use serde_json::Value;
+use stoke_tests::deploy::RENDER_DEADLINE;
 use stoke_tests::*;
 
 /// The first render may install the tools (pip, npm) when the cache is cold.
-const RENDER_DEADLINE: Duration = Duration::from_secs(600);
-
 fn check_deploy(args: &[&str]) -> std::process::Output {
     let mut cmd = Command::new("bash");
     cmd.arg(repo_root().join("scripts/check-deploy.sh"))
@@ -21,13 +19,7 @@ fn check_deploy(args: &[&str]) -> std::process::Output {
 }
 
 fn render(dir: &str) -> Vec<Value> {
-    let out = check_deploy(&["--render-json", &format!("deploy/k8s/{dir}")]);
-    assert!(
-        out.status.success(),
-        "rendering {dir}: {}",
-        text(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("rendered JSON")
+    stoke_tests::deploy::render(dir).docs
 }
 
 fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
