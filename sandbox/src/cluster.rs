@@ -21,8 +21,6 @@ pub struct Cluster {
     pub live: Vec<Proc>,
     /// Workers that ended, kept so their logs can be read.
     pub ended: Vec<Proc>,
-    /// How many workers were started in all (their ids are `w01`, `w02`...).
-    pub started: usize,
     /// Extra flags every new worker gets.
     pub worker_args: Vec<String>,
     // Last: dropped after the processes, so their files go with it.
@@ -42,7 +40,6 @@ impl Cluster {
             coordinator,
             live: Vec::new(),
             ended: Vec::new(),
-            started: 0,
             worker_args: Vec::new(),
             dir,
         }
@@ -67,8 +64,7 @@ impl Cluster {
     /// Starts one more `stoke-worker` (with [`Self::worker_args`]); returns
     /// its index in [`Self::live`].
     pub fn add_worker(&mut self) -> usize {
-        self.started += 1;
-        let id = format!("w{:02}", self.started);
+        let id = format!("w{:02}", self.started() + 1);
         let log_dir = self.log_dir();
         let args: Vec<&str> = self.worker_args.iter().map(String::as_str).collect();
         let proc = spawn_worker(&WorkerLaunch {
@@ -82,6 +78,12 @@ impl Cluster {
         });
         self.live.push(proc);
         self.live.len() - 1
+    }
+
+    /// How many workers were started in all (their ids are `w01`, `w02`...):
+    /// every one is in `live` or `ended`.
+    pub fn started(&self) -> usize {
+        self.live.len() + self.ended.len()
     }
 
     /// The worker id of `live[i]` (`w01`...).

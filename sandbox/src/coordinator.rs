@@ -162,10 +162,10 @@ impl Coordinator {
     }
 
     /// Starts the coordinator again on the same port and root, with `env`
-    /// in place of the first start's environment (after [`Self::kill9`] or
-    /// [`Self::stop`]; kills it first if it still runs). Retries while the
-    /// port is briefly unavailable.
-    pub fn start_again(&mut self, env: &[(&str, &str)]) {
+    /// in place of the first start's environment: after [`Self::kill9`] or
+    /// [`Self::stop`], or at once (it is killed first if it still runs).
+    /// Retries while the port is briefly unavailable.
+    pub fn restart(&mut self, env: &[(&str, &str)]) {
         self.proc.kill9();
         self.launch.env = env
             .iter()
@@ -193,12 +193,6 @@ impl Coordinator {
                 }
             }
         }
-    }
-
-    /// Kills the coordinator with SIGKILL (if it still runs) and starts it
-    /// again on the same address and root.
-    pub fn restart(&mut self, env: &[(&str, &str)]) {
-        self.start_again(env);
     }
 
     /// Every start's log, oldest first.

@@ -387,7 +387,7 @@ pub fn run(plan: &ChaosPlan) -> ChaosReport {
                 cluster.coordinator.kill9();
                 let down = rng.millis(0, 1000);
                 std::thread::sleep(down);
-                cluster.coordinator.start_again(&[]);
+                cluster.coordinator.restart(&[]);
                 format!(
                     "coordinator killed, down {}ms, started again on port {}",
                     down.as_millis(),
@@ -485,7 +485,7 @@ pub fn run(plan: &ChaosPlan) -> ChaosReport {
         }
     }
 
-    let workers_started = cluster.started;
+    let workers_started = cluster.started();
     // Stop every process; keep the folder (its logs) for the report.
     let Cluster { dir, .. } = cluster;
     let mut report = ChaosReport {

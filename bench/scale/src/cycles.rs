@@ -317,6 +317,19 @@ pub(crate) async fn register(channel: Channel, worker_id: String) -> anyhow::Res
     })
 }
 
+/// One AcquireLease call: what the coordinator answered.
+pub(crate) async fn ask(worker: &mut SimWorker) -> anyhow::Result<Option<Outcome>> {
+    Ok(worker
+        .client
+        .acquire_lease(pb::AcquireLeaseRequest {
+            session_id: worker.session_id.clone(),
+        })
+        .await
+        .context("acquire")?
+        .into_inner()
+        .outcome)
+}
+
 async fn cycle_loop(
     mut worker: SimWorker,
     started: Instant,
@@ -346,16 +359,7 @@ async fn cycles(
         if begin >= deadline {
             return Ok(());
         }
-        let outcome = worker
-            .client
-            .acquire_lease(pb::AcquireLeaseRequest {
-                session_id: worker.session_id.clone(),
-            })
-            .await
-            .context("acquire")?
-            .into_inner()
-            .outcome;
-        let lease = match outcome {
+        let lease = match ask(worker).await? {
             Some(Outcome::Lease(lease)) => lease,
             Some(Outcome::Wait(wait)) => {
                 tally.waits += 1;

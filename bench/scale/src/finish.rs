@@ -205,16 +205,7 @@ pub async fn run(
 }
 
 async fn acquire(worker: &mut SimWorker) -> anyhow::Result<Option<pb::Lease>> {
-    let outcome = worker
-        .client
-        .acquire_lease(pb::AcquireLeaseRequest {
-            session_id: worker.session_id.clone(),
-        })
-        .await
-        .context("acquire")?
-        .into_inner()
-        .outcome;
-    Ok(match outcome {
+    Ok(match cycles::ask(worker).await? {
         Some(Outcome::Lease(lease)) => Some(lease),
         _ => None,
     })
