@@ -27,6 +27,8 @@ ORDER = [
     ("stoke-local-1", "(e) stoke run --local 1 --device cpu,cpu --threads 1 (2 processors in 1 worker)"),
     ("stoke-local-1-t2", "(e) stoke run --local 1 --threads 2 (1 processor, 2 threads)"),
     ("stoke-local-2", "(e) stoke run --local 2 --threads 1 (per worker)"),
+    ("stoke-local-1-nosplit", "(e) as (e) --local 1 --device cpu,cpu, shard splitting off"),
+    ("stoke-local-2-nosplit", "(e) as (e) --local 2, shard splitting off"),
     ("stoke-local-2-pt2", "(f) as (e) --local 2, the model as a .pt2 package (AOTInductor)"),
     ("stoke-local-2-python", "(g) as (e) --local 2, through a Python processor (bench/w1_python_processor.py)"),
     ("stoke-local-1-python", "(g) as (e) --local 1 --device cpu,cpu, Python processors sharing one GIL"),
@@ -119,6 +121,16 @@ def w1_section(bench_dir):
             f"command), {job_ratio} in the job phase.",
             "",
         ]
+    for n in ("1", "2"):
+        on, off = f"stoke-local-{n}", f"stoke-local-{n}-nosplit"
+        if med.get(on) and med.get(off):
+            jobs = job_rate(by[on]), job_rate(by[off])
+            job_part = f", {jobs[0] / jobs[1]:.2f}x in the job phase" if all(jobs) else ""
+            out += [
+                f"Shard splitting on / off, --local {n}: {med[on] / med[off]:.2f}x records/s "
+                f"(median, whole command){job_part}.",
+                "",
+            ]
     for builtin, py, what in [
         ("stoke-local-2", "stoke-local-2-python", "Python processor (g) / built-in runner (e) --local 2"),
         ("stoke-fleet-2", "stoke-fleet-2-python", "On a fleet already up (h): Python processor / built-in runner"),

@@ -15,6 +15,8 @@
 #   bench/run.sh straggler # W1's data, a heavier model, 3 workers, one duty-cycled
 #                          #   to a quarter speed: splitting off vs on vs Ray Data,
 #                          #   against the ideal (bench/straggler.py)
+#   bench/run.sh split     # W1 with shard splitting on and off (--local 1 and 2),
+#                          #   against the floor
 #   bench/run.sh s3        # W1 with --local 2 on file:// vs the local S3 server,
 #                          #   and store requests per checkpoint (a counting proxy)
 #
@@ -32,9 +34,9 @@ set -euo pipefail
 
 what="${1:-all}"
 case "$what" in
-  all | w1 | scale | ragged | s3 | pt2 | python | straggler) ;;
+  all | w1 | scale | ragged | s3 | pt2 | python | split | straggler) ;;
   *)
-    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python|straggler]" >&2
+    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python|split|straggler]" >&2
     exit 2
     ;;
 esac
@@ -178,6 +180,16 @@ contender() {
       run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
         "$BIN/stoke" run "$SPEC" --local 2 --device cpu --threads 1 --root "$work/root"
       ;;
+    stoke-local-1-nosplit | stoke-local-2-nosplit)
+      # As without -nosplit, with shard splitting off ([sharding] split =
+      # false): what splitting does to W1's tail.
+      local n="${name#stoke-local-}"
+      n="${n%-nosplit}"
+      local devices=cpu
+      [ "$n" = 1 ] && devices=cpu,cpu
+      run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
+        "$BIN/stoke" run "$SPEC_NOSPLIT" --local "$n" --device "$devices" --threads 1 --root "$work/root"
+      ;;
     stoke-local-2-python)
       # The same job through a Python processor (bench/w1_python_processor.py).
       run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
@@ -222,6 +234,9 @@ prepare_w1() {
   "$BPY" "$BENCH_SRC/w1_pt2.py" "$W1"
   sed "s|@W1_DIR@|$W1|g" "$BENCH_SRC/w1.toml" >"$SPEC"
   sed -e 's|^name = "torchscript"|name = "pytorch"|' -e 's|/model.pt"|/model.pt2"|' "$SPEC" >"$SPEC_PT2"
+  SPEC_NOSPLIT="$W1/job-nosplit.toml"
+  sed 's|^records = 25000$|records = 25000\nsplit = false|' "$SPEC" >"$SPEC_NOSPLIT"
+  grep -q '^split = false$' "$SPEC_NOSPLIT" || { log "could not turn splitting off in $SPEC_NOSPLIT"; exit 1; }
   SPEC_PY="$W1/job-python.toml"
   sed -e "s|^name = \"torchscript\"|python = \"w1_python_processor:W1Processor\"\npython_path = [\"$BENCH_SRC\"]|" \
     "$SPEC" >"$SPEC_PY"
@@ -319,6 +334,14 @@ run_w1() {
   run_rounds "${contenders[@]}"
 }
 
+# W1 with shard splitting on (the default) and off, against the floor.
+run_split() {
+  prepare_w1
+  rm -f "$RESULTS"
+  echo "not run (bench/run.sh split)." >"$BENCH_DIR/ray-status.txt"
+  run_rounds floor stoke-local-1 stoke-local-1-nosplit stoke-local-2 stoke-local-2-nosplit
+}
+
 run_scale() {
   local out="$BENCH_DIR/scale-results.txt"
   : >"$out"
@@ -374,6 +397,10 @@ case "$what" in
   python)
     rm -f "$BENCH_DIR/scale-results.txt"
     run_python
+    ;;
+  split)
+    rm -f "$BENCH_DIR/scale-results.txt"
+    run_split
     ;;
   ragged)
     "$BENCH_SRC/ragged.sh"
