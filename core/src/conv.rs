@@ -438,7 +438,7 @@ impl TryFrom<pb::Lease> for Lease {
             job_id: l.job_id,
             token: l.token,
             attempt: l.attempt,
-            spec,
+            spec: std::sync::Arc::new(spec),
             shard: l
                 .shard
                 .ok_or(ConvError::Missing("lease.shard"))?
@@ -664,7 +664,7 @@ mod tests {
             job_id: "j".into(),
             token: 42,
             attempt: 2,
-            spec,
+            spec: std::sync::Arc::new(spec),
             shard,
             next_batch: 3,
             records_done: 12,

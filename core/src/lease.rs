@@ -1,5 +1,6 @@
 //! The domain side of the worker protocol: leases, commits, releases.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::plan::Shard;
@@ -21,7 +22,8 @@ pub struct Lease {
     pub job_id: String,
     pub token: u64,
     pub attempt: u32,
-    pub spec: JobSpec,
+    /// Shared with the coordinator's job (a lease does not copy it).
+    pub spec: Arc<JobSpec>,
     pub shard: Shard,
     pub next_batch: u64,
     pub records_done: u64,

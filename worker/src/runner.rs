@@ -319,7 +319,7 @@ impl<L: CoordinatorLink> Worker<L> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key.clone(), Arc::clone(&control));
-        let spec = Arc::new(lease.spec.clone());
+        let spec = Arc::clone(&lease.spec);
         let prefix = StoreUri::parse(&lease.output_prefix)?;
         let errors_prefix = StoreUri::parse(&lease.errors_prefix)?;
         let (batch_tx, batch_rx) = mpsc::channel(self.config.prefetch_batches.max(1));

@@ -405,10 +405,16 @@ pub(crate) async fn stage_object(lease: &pb::Lease) -> anyhow::Result<pb::Output
     let path = stoke_core::StoreUri::parse(&staged)?
         .local_path()
         .with_context(|| format!("{staged}: the bench runs on a file:// root"))?;
-    if let Some(dir) = path.parent() {
-        tokio::fs::create_dir_all(dir).await?;
-    }
-    tokio::fs::write(&path, STAGED_BYTES).await?;
+    // One blocking task for the folder and the file, as a real worker's
+    // upload (an `object_store` put) is.
+    tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&path, STAGED_BYTES)
+    })
+    .await
+    .context("staging task")??;
     Ok(pb::OutputObject {
         uri: staged,
         records: RECORDS_PER_SHARD,

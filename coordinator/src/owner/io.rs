@@ -58,33 +58,22 @@ pub async fn perform(io: Io, stores: &Stores) -> Result<()> {
     }
 }
 
-/// Copies one staged object of the `i`th commit of a group.
-async fn copy_staged(
-    stores: Stores,
-    i: usize,
-    from: StoreUri,
-    to: StoreUri,
-) -> (usize, StoreUri, std::result::Result<(), StoreError>) {
-    let copied = stores.copy(&from, &to).await;
-    (i, from, copied)
-}
-
 /// Copies every commit's staged objects into the output folder, then
 /// stores the records of the commits whose copies all succeeded. Copying
 /// again is harmless, so a retried commit simply copies again.
 pub async fn write_group(write: &GroupWrite, stores: &Stores) -> GroupWritten {
-    let mut copies: Vec<(usize, StoreUri, StoreUri)> = Vec::new();
+    let mut owners: Vec<usize> = Vec::new();
+    let mut pairs: Vec<(StoreUri, StoreUri)> = Vec::new();
     for (i, commit_copies) in write.copies.iter().enumerate() {
-        for (from, to) in commit_copies {
-            copies.push((i, from.clone(), to.clone()));
+        for pair in commit_copies {
+            owners.push(i);
+            pairs.push(pair.clone());
         }
     }
-    let mut copied = futures::stream::iter(copies)
-        .map(|(i, from, to)| copy_staged(stores.clone(), i, from, to))
-        .buffer_unordered(COPY_CONCURRENCY);
+    let copied = stores.copy_all(&pairs, COPY_CONCURRENCY).await;
     let mut results: Vec<std::result::Result<(), StoreError>> =
         write.records.iter().map(|_| Ok(())).collect();
-    while let Some((i, from, result)) = copied.next().await {
+    for ((i, (from, _)), result) in owners.into_iter().zip(&pairs).zip(copied) {
         if let Err(e) = result
             && results[i].is_ok()
         {

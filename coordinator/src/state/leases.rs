@@ -76,7 +76,7 @@ impl State {
             job_id: job_id.clone(),
             token,
             attempt,
-            spec: (*job.spec).clone(),
+            spec: Arc::clone(&job.spec),
             output_prefix: attempt_prefix(&job.staging, &plan_shard.id, token).to_string(),
             next_batch: shard.progress.next_batch,
             records_done: shard.progress.records,

@@ -134,13 +134,22 @@ fn queue_usage<'a>(jobs: impl Iterator<Item = &'a Job>) -> HashMap<&'a str, u64>
 }
 
 impl State {
+    /// Leases held per queue; empty (and not counted) when no queue has a
+    /// cap, as nothing then asks.
+    fn queue_usage(&self) -> HashMap<&str, u64> {
+        if self.config.queues.is_empty() {
+            return HashMap::new();
+        }
+        queue_usage(self.jobs.values())
+    }
+
     /// Whether each job may take one more lease now: under its `max_workers`
     /// and its queue's cap (or the queue may borrow). Splitting a shard
     /// for an idle worker asks this too, so a split never hands a job more
     /// workers than its caps allow.
     /// Returns the ids of the running jobs that may.
     pub(super) fn jobs_that_may_lease_more(&self) -> HashSet<&str> {
-        let usage = queue_usage(self.jobs.values());
+        let usage = self.queue_usage();
         self.jobs
             .values()
             .filter(|job| {
@@ -164,7 +173,7 @@ impl State {
         // A shard whose last attempt failed on this worker goes to another
         // one while others are connected.
         let others_connected = self.sessions.values().any(|s| s.worker_id != worker_id);
-        let usage = queue_usage(self.jobs.values());
+        let usage = self.queue_usage();
         let mut any_unfinished = false;
         let mut best: Option<(Rank, Choice)> = None;
         for (order, job_id) in self.order.iter().enumerate() {

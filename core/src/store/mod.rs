@@ -17,7 +17,7 @@ use std::path::Path as FsPath;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{
     ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion, WriteMultipart,
@@ -462,6 +462,73 @@ impl Stores {
         self.put(to, bytes).await
     }
 
+    /// Copies each `(from, to)` pair, as [`Stores::copy`] does; one result
+    /// per pair, in order. Pairs within the local file system are done on
+    /// one blocking thread, one after another (a hard link each, a rename
+    /// only to replace an object already there): each is a few
+    /// microseconds of system calls, where a blocking task per copy would
+    /// cost more in thread hand-offs than the copy itself. Other pairs are
+    /// copied `concurrency` at a time.
+    pub async fn copy_all(
+        &self,
+        pairs: &[(StoreUri, StoreUri)],
+        concurrency: usize,
+    ) -> Vec<Result<(), StoreError>> {
+        let mut results: Vec<Option<Result<(), StoreError>>> =
+            std::iter::repeat_with(|| None).take(pairs.len()).collect();
+        let mut local = Vec::new();
+        let mut remote = Vec::new();
+        for (i, (from, to)) in pairs.iter().enumerate() {
+            if let Err(e) = self.check_fence(to) {
+                results[i] = Some(Err(e));
+                continue;
+            }
+            match (from.local_path(), to.local_path()) {
+                (Some(f), Some(t)) => local.push((i, f, t)),
+                _ => remote.push(i),
+            }
+        }
+        if !local.is_empty() {
+            let local_idx: Vec<usize> = local.iter().map(|(i, _, _)| *i).collect();
+            let linked = tokio::task::spawn_blocking(move || {
+                local
+                    .into_iter()
+                    .map(|(i, from, to)| (i, link_local(&from, &to)))
+                    .collect::<Vec<_>>()
+            })
+            .await;
+            match linked {
+                Ok(linked) => {
+                    for (i, outcome) in linked {
+                        match outcome {
+                            LocalCopy::Done => results[i] = Some(Ok(())),
+                            LocalCopy::Missing => {
+                                results[i] = Some(Err(StoreError::NotFound {
+                                    uri: pairs[i].0.to_string(),
+                                }))
+                            }
+                            // Another file system, or anything unusual:
+                            // the general path (it copies the bytes).
+                            LocalCopy::Fallback => remote.push(i),
+                        }
+                    }
+                }
+                // The blocking thread died: the general path copies them.
+                Err(_) => remote.extend(local_idx),
+            }
+        }
+        let mut copied = futures::stream::iter(remote)
+            .map(|i| async move { (i, self.copy(&pairs[i].0, &pairs[i].1).await) })
+            .buffer_unordered(concurrency.max(1));
+        while let Some((i, result)) = copied.next().await {
+            results[i] = Some(result);
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or(Ok(())))
+            .collect()
+    }
+
     pub async fn delete(&self, uri: &StoreUri) -> Result<(), StoreError> {
         self.check_fence(uri)?;
         let (store, path) = self.resolve(uri)?;
@@ -557,6 +624,71 @@ impl Stores {
 /// A record as compact JSON: progress records are written once per
 /// checkpoint and plans can list a million shards, so no indentation
 /// (`jq .` shows them indented).
+/// What one local copy came to.
+enum LocalCopy {
+    Done,
+    /// The source does not exist.
+    Missing,
+    /// Left to the general path.
+    Fallback,
+}
+
+/// Puts `to` in place as a hard link to `from`, creating its folders if
+/// needed; an object already at `to` is left if it is `from` itself (a
+/// retried copy) and otherwise replaced atomically (a link under a
+/// temporary name, then a rename), as `object_store`'s local copy does.
+fn link_local(from: &FsPath, to: &FsPath) -> LocalCopy {
+    use std::io::ErrorKind;
+    let mut made_folders = false;
+    loop {
+        match std::fs::hard_link(from, to) {
+            Ok(()) => return LocalCopy::Done,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                if !from.exists() {
+                    return LocalCopy::Missing;
+                }
+                let Some(parent) = to.parent() else {
+                    return LocalCopy::Fallback;
+                };
+                if made_folders || std::fs::create_dir_all(parent).is_err() {
+                    return LocalCopy::Fallback;
+                }
+                made_folders = true;
+            }
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                return replace_local(from, to);
+            }
+            Err(_) => return LocalCopy::Fallback,
+        }
+    }
+}
+
+fn replace_local(from: &FsPath, to: &FsPath) -> LocalCopy {
+    use std::os::unix::fs::MetadataExt;
+    let same = match (std::fs::metadata(from), std::fs::metadata(to)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    };
+    if same {
+        return LocalCopy::Done;
+    }
+    let Some(name) = to.file_name() else {
+        return LocalCopy::Fallback;
+    };
+    let mut temp = name.to_os_string();
+    temp.push(format!(".#copy-{}", std::process::id()));
+    let temp = to.with_file_name(temp);
+    let _ = std::fs::remove_file(&temp);
+    if std::fs::hard_link(from, &temp).is_err() {
+        return LocalCopy::Fallback;
+    }
+    if std::fs::rename(&temp, to).is_err() {
+        let _ = std::fs::remove_file(&temp);
+        return LocalCopy::Fallback;
+    }
+    LocalCopy::Done
+}
+
 pub fn to_json_bytes<T: serde::Serialize>(value: &T) -> Vec<u8> {
     // Records are plain structs of strings and numbers: serialising cannot fail.
     serde_json::to_vec(value).unwrap_or_default()
@@ -636,6 +768,54 @@ mod tests {
             matches!(missing, Err(StoreError::NotFound { .. })),
             "{missing:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn copy_all_links_local_pairs_replaces_others_and_reports_each() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = StoreUri::from_local_path(dir.path()).expect("uri");
+        let stores = Stores::new();
+        let staged = |i: usize| root.join(&format!("staging/s{i}/a1/part-0.parquet"));
+        let out = |i: usize| root.join(&format!("outputs/s{i}/a1/part-0.parquet"));
+        for i in 0..3 {
+            stores
+                .put(&staged(i), Bytes::from(format!("rows {i}")))
+                .await
+                .expect("put");
+        }
+        // s1's output already holds other bytes (a copy to be replaced).
+        stores
+            .put(&out(1), Bytes::from_static(b"stale"))
+            .await
+            .expect("put");
+        let mem = StoreUri::parse("memory:///o/part-2.parquet").expect("uri");
+        let pairs = vec![
+            (staged(0), out(0)),
+            (staged(1), out(1)),
+            (root.join("staging/none/a1/part-0.parquet"), out(9)),
+            (staged(2), mem.clone()),
+        ];
+        let results = stores.copy_all(&pairs, 4).await;
+        assert!(results[0].is_ok() && results[1].is_ok() && results[3].is_ok(), "{results:?}");
+        assert!(
+            matches!(results[2], Err(StoreError::NotFound { .. })),
+            "{results:?}"
+        );
+        // Again (a retried group): the same, and nothing left beside them.
+        let again = stores.copy_all(&pairs[..2], 4).await;
+        assert!(again.iter().all(Result::is_ok), "{again:?}");
+        for i in 0..3 {
+            stores.delete(&staged(i)).await.expect("delete staged");
+        }
+        assert_eq!(stores.get(&out(0)).await.expect("get"), Bytes::from_static(b"rows 0"));
+        assert_eq!(stores.get(&out(1)).await.expect("get"), Bytes::from_static(b"rows 1"));
+        assert_eq!(stores.get(&mem).await.expect("get"), Bytes::from_static(b"rows 2"));
+        let listed = stores.list(&root.join("outputs/")).await.expect("list");
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        // A fenced store refuses every pair before touching anything.
+        let fenced = stores.fenced(WriteFence::new("the test root"));
+        let refused = fenced.copy_all(&pairs[..1], 4).await;
+        assert!(matches!(refused[0], Err(StoreError::Fenced { .. })), "{refused:?}");
     }
 
     #[tokio::test]
