@@ -303,6 +303,7 @@ impl State {
                 None => self.finish_if_done(&job_id),
             }
         }
+        self.shed_over_cap();
         self.preempt(now);
         self.write_reports(now);
     }

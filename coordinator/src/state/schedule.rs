@@ -14,15 +14,18 @@
 //!    weights, also when leases are short and shares are all 0);
 //! 5. submission order.
 //!
-//! Each acquire walks the jobs twice (queue usage, then the choice): O(jobs),
-//! with no per-shard work beyond the chosen job's pending queue.
+//! Each acquire walks the jobs once for the choice (and once before it for
+//! queue usage, when some queue has a cap): O(jobs), with no per-shard work
+//! beyond the chosen job's pending queue.
 //!
 //! Preemption runs at the tick (every 100 ms at most): when no worker is
 //! free and a job within its caps has pending shards, the holders of the
 //! least deserving leases (borrowed ones first, then the lowest priority)
 //! are asked to checkpoint and release them: the drain that pause uses.
 //! At most `preempt_per_s` per second, never a lease younger than
-//! `preempt_min_age`, never more than the waiting job can use.
+//! `preempt_min_age`, never more than the waiting job can use. A job over
+//! its `max_workers` (lowered while it ran) is asked for the excess the
+//! same way, at the next tick, youngest leases first.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -425,6 +428,84 @@ impl State {
                     leases,
                     reason: reason.clone(),
                 });
+            }
+        }
+    }
+
+    /// A job holding more leases than its `max_workers` (lowered by
+    /// `stoke set` while it ran) gives the excess back: the holders of its
+    /// youngest leases are asked to checkpoint and release them, the drain
+    /// preemption uses. Not bound by `preempt_per_s` nor `preempt_min_age`
+    /// (the user asked for it, and nothing leases the shards again over the
+    /// cap), and leases already asked back count toward the excess, so a
+    /// lease is asked once. Called at each tick.
+    pub(super) fn shed_over_cap(&mut self) {
+        let over: Vec<(String, u64)> = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Running && !j.busy)
+            .filter_map(|j| {
+                let cap = j.schedule.max_workers?;
+                (j.leased > cap).then(|| (j.id.clone(), cap))
+            })
+            .collect();
+        if over.is_empty() {
+            return;
+        }
+        for (job_id, cap) in over {
+            // (granted, token, session): the youngest first.
+            let mut held: Vec<(Instant, u64, String, usize)> = Vec::new();
+            let mut asked = 0u64;
+            for (session_id, session) in &self.sessions {
+                for (held_job, idx) in &session.leases {
+                    if *held_job != job_id {
+                        continue;
+                    }
+                    let Some(job) = self.jobs.get(held_job) else {
+                        continue;
+                    };
+                    let shard = &job.shards[*idx];
+                    let Some(lease) = shard.lease.as_ref() else {
+                        continue;
+                    };
+                    if lease.preempted {
+                        asked += 1;
+                    } else if !shard.writing {
+                        held.push((lease.granted, lease.token, session_id.clone(), *idx));
+                    }
+                }
+            }
+            let Some(job) = self.jobs.get_mut(&job_id) else {
+                continue;
+            };
+            let excess = job.leased.saturating_sub(cap).saturating_sub(asked) as usize;
+            if excess == 0 {
+                continue;
+            }
+            held.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            let mut drains: HashMap<String, Vec<LeaseKey>> = HashMap::new();
+            for (_, token, session_id, idx) in held.into_iter().take(excess) {
+                if let Some(lease) = job.shards[idx].lease.as_mut() {
+                    lease.preempted = true;
+                }
+                info!(job = %job_id, shard = %job.plan.shards[idx].id, token, max_workers = cap, "lease asked back: the job is over its max_workers");
+                drains.entry(session_id).or_default().push(LeaseKey {
+                    job_id: job_id.clone(),
+                    shard_id: job.plan.shards[idx].id.clone(),
+                    token,
+                });
+                self.counters.leases_preempted += 1;
+            }
+            let reason = format!("job {job_id} is over its max_workers ({cap})");
+            for (session_id, leases) in drains {
+                if let Some(session) = self.sessions.get(&session_id) {
+                    // Best effort, as for pause; the next tick asks again
+                    // only for leases no one was asked for.
+                    let _ = session.events_tx.try_send(SessionEvent::Drain {
+                        leases,
+                        reason: reason.clone(),
+                    });
+                }
             }
         }
     }

@@ -329,6 +329,67 @@ async fn preemption_takes_the_lowest_priority_leases_at_a_bounded_rate() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn lowering_max_workers_drains_the_youngest_leases_over_the_cap() {
+    let stores = Stores::new();
+    let mut config = config();
+    // Preemption off: giving back leases over a lowered cap is not
+    // preemption, and is not rate-limited like it.
+    config.preempt_per_s = 0;
+    let mut state = state_with(&stores, config).await;
+    submit_with(&mut state, &stores, "big", 100, "")
+        .await
+        .expect("submit");
+    let mut sessions = workers(&mut state, 4);
+    let mut holds: Vec<Lease> = Vec::new();
+    for (s, _) in &sessions {
+        holds.push(leased(state.acquire(s)));
+        advance(Duration::from_secs(1)).await;
+    }
+    state
+        .set_schedule(
+            "big",
+            ScheduleChange {
+                max_workers: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("set");
+    state.tick().await;
+    let asked: Vec<(usize, LeaseKey)> = sessions
+        .iter_mut()
+        .enumerate()
+        .flat_map(|(i, (_, e))| drained(e).into_iter().map(move |k| (i, k)))
+        .collect();
+    // The three youngest (w1, w2, w3), the oldest keeps its lease.
+    let mut who: Vec<usize> = asked.iter().map(|(i, _)| *i).collect();
+    who.sort_unstable();
+    assert_eq!(who, [1, 2, 3], "{asked:?}");
+    for (i, key) in &asked {
+        assert_eq!(&holds[*i].key(), key);
+    }
+    // Asked once: the next tick asks nothing more while they drain.
+    state.tick().await;
+    let again: usize = sessions.iter_mut().map(|(_, e)| drained(e).len()).sum();
+    assert_eq!(again, 0);
+    // Drained: the shards go back to the job, which holds its cap.
+    for (i, _) in &asked {
+        let (session, _) = &sessions[*i];
+        state
+            .release(release(session, &holds[*i], None))
+            .await
+            .expect("release");
+        assert_eq!(job_of(state.acquire(session)), None, "over the cap");
+    }
+    let job = state.get_job("big").expect("job");
+    assert_eq!(job.shards_leased, 1);
+    assert_eq!(waiting(&state, "big").as_deref(), Some("max_workers"));
+    state.tick().await;
+    let none: usize = sessions.iter_mut().map(|(_, e)| drained(e).len()).sum();
+    assert_eq!(none, 0, "at the cap, nothing more is asked back");
+}
+
+#[tokio::test(start_paused = true)]
 async fn set_applies_at_once_and_survives_a_restart() {
     let stores = Stores::new();
     let mut state = recover(&stores).await;
