@@ -103,6 +103,11 @@ impl JobLayout {
     pub fn report(&self) -> StoreUri {
         self.dir.join("report.json")
     }
+    /// The report of a running job as the coordinator last saved it, which
+    /// a restarted coordinator carries on from.
+    pub fn report_so_far(&self) -> StoreUri {
+        self.dir.join("report-so-far.json")
+    }
     /// Where one attempt writes the bad records it skipped.
     pub fn errors_prefix(&self, shard_id: &str, token: u64) -> StoreUri {
         self.dir.join(&format!("errors/{shard_id}/a{token}"))

@@ -96,7 +96,90 @@ pub struct EfficiencyReport {
     pub devices: Vec<DeviceReport>,
 }
 
+/// What a coordinator had counted of a running job when it last saved it
+/// (`jobs/<job>/report-so-far.json`): a coordinator that starts again adds
+/// what it counts to this, so a job's report covers its whole life.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReportSoFar {
+    /// When it was saved (ms since the Unix epoch): the time until the
+    /// next coordinator's start is wall time, but no processor's.
+    pub saved_ms: u64,
+    pub report: EfficiencyReport,
+}
+
 impl EfficiencyReport {
+    /// This report (counted since a coordinator's start) added to `before`
+    /// (what earlier coordinators counted, and the wall time between):
+    /// seconds, attempts and devices' shares add up; records and splits
+    /// are the job's own totals and stay as they are here.
+    pub fn after(self, before: &EfficiencyReport) -> EfficiencyReport {
+        let wall_s = before.wall_s + self.wall_s;
+        let processor_s = before.processor_s + self.processor_s;
+        let b = &before.seconds;
+        let s = &self.seconds;
+        let seconds = CauseSeconds {
+            startup: b.startup + s.startup,
+            model: b.model + s.model,
+            input_wait: b.input_wait + s.input_wait,
+            checkpoint: b.checkpoint + s.checkpoint,
+            redone: b.redone + s.redone,
+            paused: b.paused + s.paused,
+            tail_idle: b.tail_idle + s.tail_idle,
+        };
+        let fraction = |part: f64, whole: f64| {
+            if whole > 0.0 {
+                (part / whole).min(1.0)
+            } else {
+                0.0
+            }
+        };
+        let mut attempts_failed = before.attempts_failed.clone();
+        for (kind, n) in self.attempts_failed {
+            *attempts_failed.entry(kind).or_default() += n;
+        }
+        let mut devices: BTreeMap<String, DeviceReport> = before
+            .devices
+            .iter()
+            .map(|d| (d.worker.clone(), d.clone()))
+            .collect();
+        for d in self.devices {
+            match devices.get_mut(&d.worker) {
+                Some(had) => {
+                    had.model_s += d.model_s;
+                    had.processor_s += d.processor_s;
+                    had.devices = d.devices;
+                }
+                None => {
+                    devices.insert(d.worker.clone(), d);
+                }
+            }
+        }
+        let devices = devices
+            .into_values()
+            .map(|d| DeviceReport {
+                busy_fraction: fraction(d.model_s, d.processor_s),
+                ..d
+            })
+            .collect();
+        EfficiencyReport {
+            job_id: self.job_id,
+            wall_s,
+            records: self.records,
+            records_per_s: if wall_s > 0.0 {
+                self.records as f64 / wall_s
+            } else {
+                0.0
+            },
+            busy_fraction: fraction(seconds.model + seconds.redone, processor_s),
+            seconds,
+            processor_s,
+            shards_split: self.shards_split,
+            attempts_failed,
+            redone_batches: before.redone_batches + self.redone_batches,
+            devices,
+        }
+    }
+
     /// `part` as a share of the processor time (0 when there is none).
     pub fn share(&self, part: f64) -> f64 {
         if self.processor_s > 0.0 {
@@ -110,6 +193,71 @@ impl EfficiencyReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_after_another_adds_seconds_attempts_and_devices() {
+        let device = |worker: &str, model_s: f64, processor_s: f64| DeviceReport {
+            worker: worker.into(),
+            devices: vec!["cpu".into()],
+            model_s,
+            processor_s,
+            busy_fraction: 0.0,
+        };
+        let before = EfficiencyReport {
+            job_id: "j".into(),
+            wall_s: 10.0,
+            records: 100,
+            seconds: CauseSeconds {
+                model: 6.0,
+                redone: 1.0,
+                startup: 1.0,
+                ..Default::default()
+            },
+            processor_s: 8.0,
+            attempts_failed: BTreeMap::from([("lost".to_string(), 1)]),
+            redone_batches: 3,
+            devices: vec![device("a", 7.0, 8.0)],
+            ..Default::default()
+        };
+        let now = EfficiencyReport {
+            job_id: "j".into(),
+            wall_s: 5.0,
+            records: 300,
+            seconds: CauseSeconds {
+                model: 3.0,
+                tail_idle: 1.0,
+                ..Default::default()
+            },
+            processor_s: 4.0,
+            shards_split: 2,
+            attempts_failed: BTreeMap::from([("lost".to_string(), 1), ("expired".to_string(), 1)]),
+            devices: vec![device("a", 1.0, 2.0), device("b", 2.0, 2.0)],
+            ..Default::default()
+        };
+        let r = now.after(&before);
+        assert_eq!((r.wall_s, r.records, r.processor_s), (15.0, 300, 12.0));
+        assert_eq!(r.records_per_s, 20.0);
+        assert_eq!(
+            (
+                r.seconds.model,
+                r.seconds.redone,
+                r.seconds.startup,
+                r.seconds.tail_idle
+            ),
+            (9.0, 1.0, 1.0, 1.0)
+        );
+        assert_eq!(r.busy_fraction, 10.0 / 12.0);
+        assert_eq!(r.shards_split, 2);
+        assert_eq!(r.redone_batches, 3);
+        assert_eq!(r.attempts_failed["lost"], 2);
+        assert_eq!(r.attempts_failed["expired"], 1);
+        assert_eq!(r.devices.len(), 2);
+        assert_eq!(
+            (r.devices[0].model_s, r.devices[0].processor_s),
+            (8.0, 10.0)
+        );
+        assert_eq!(r.devices[0].busy_fraction, 0.8);
+    }
 
     #[test]
     fn the_json_has_the_fixed_field_names() {

@@ -17,14 +17,18 @@
 //! `tail_idle`). The report's causes add up to about that processor time;
 //! what is missing is time between a worker's leases.
 //!
-//! In memory only: a restarted coordinator reports from its start.
+//! Kept in memory, and saved for every running job every `SAVE_EVERY`
+//! (`report-so-far.json`): a restarted coordinator adds what it counts to
+//! the saved report, so a crash loses at most that long of the report's
+//! processor time (the wall time while no coordinator ran is counted).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use stoke_core::lease::{JobStages, LeaseWork};
 use stoke_core::records::JobState;
-use stoke_core::report::{CauseSeconds, DeviceReport, EfficiencyReport};
+use stoke_core::records::now_ms;
+use stoke_core::report::{CauseSeconds, DeviceReport, EfficiencyReport, ReportSoFar};
 use stoke_core::store::to_json_bytes;
 use tokio::time::Instant;
 
@@ -34,6 +38,9 @@ use crate::error::Result;
 
 /// How often, at most, the workers' time is given to jobs.
 const ACCOUNT_EVERY: Duration = Duration::from_millis(200);
+/// How often a running job's report is saved for a coordinator that
+/// starts again.
+pub(super) const SAVE_EVERY: Duration = Duration::from_secs(10);
 
 /// An attempt's batches since its last committed checkpoint, as its
 /// worker last reported them.
@@ -104,6 +111,12 @@ pub(super) struct Account {
     /// `report.json` is stored (or the job ended before this coordinator
     /// started).
     pub report_written: bool,
+    /// What coordinators before this one counted (a recovered job).
+    pub before: Option<EfficiencyReport>,
+    /// When the report was last saved (or the account began).
+    saved: Instant,
+    /// A save is being written.
+    saving: bool,
 }
 
 impl Account {
@@ -123,7 +136,18 @@ impl Account {
             failed: BTreeMap::new(),
             workers: HashMap::new(),
             report_written: false,
+            before: None,
+            saved: now,
+            saving: false,
         }
+    }
+
+    /// Carries on from a report a coordinator before this one saved at
+    /// `saved_ms`, counting the time since as wall time.
+    pub fn carry_on(&mut self, so_far: ReportSoFar) {
+        let mut before = so_far.report;
+        before.wall_s += now_ms().saturating_sub(so_far.saved_ms) as f64 / 1000.0;
+        self.before = Some(before);
     }
 
     /// An attempt ended without committing `work`.
@@ -196,7 +220,7 @@ impl Account {
             })
             .collect();
         devices.sort_by(|a, b| a.worker.cmp(&b.worker));
-        EfficiencyReport {
+        let report = EfficiencyReport {
             job_id: job_id.to_string(),
             wall_s,
             records,
@@ -224,6 +248,10 @@ impl Account {
                 .collect(),
             redone_batches: self.redone_batches,
             devices,
+        };
+        match &self.before {
+            Some(before) => report.after(before),
+            None => report,
         }
     }
 }
@@ -364,7 +392,22 @@ impl State {
     /// Ended jobs: stop their clocks and store their `report.json`.
     pub(super) fn write_reports(&mut self, now: Instant) {
         let mut writes = Vec::new();
+        let mut saves = Vec::new();
         for job in self.jobs.values_mut() {
+            let split = job.shards_split();
+            let account = &mut job.account;
+            if !job.state.is_terminal()
+                && !account.saving
+                && now.saturating_duration_since(account.saved) >= SAVE_EVERY
+            {
+                account.saving = true;
+                account.saved = now;
+                let so_far = ReportSoFar {
+                    saved_ms: now_ms(),
+                    report: account.report(&job.id, job.totals.records, split, now),
+                };
+                saves.push((job.id.clone(), job.layout.report_so_far(), so_far));
+            }
             if !job.state.is_terminal() || job.busy || job.account.report_written {
                 continue;
             }
@@ -381,6 +424,23 @@ impl State {
                 bytes: bytes::Bytes::from(to_json_bytes(&report)),
             };
             self.start_io(io, Then::Report { job_id });
+        }
+        for (job_id, uri, so_far) in saves {
+            let io = Io::Put {
+                uri,
+                bytes: bytes::Bytes::from(to_json_bytes(&so_far)),
+            };
+            self.start_io(io, Then::ReportSaved { job_id });
+        }
+    }
+
+    /// A running job's report is saved (or not: saved again later).
+    pub(super) fn report_saved(&mut self, job_id: &str, result: Result<()>) {
+        if let Some(job) = self.jobs.get_mut(job_id) {
+            job.account.saving = false;
+            if let Err(e) = result {
+                tracing::warn!(job = %job_id, error = %e, "saving the report so far failed; retrying");
+            }
         }
     }
 

@@ -102,6 +102,8 @@ pub(super) enum Then {
     Split(Box<super::split::SplitWrite>),
     /// An ended job's `report.json` is stored (or not).
     Report { job_id: String },
+    /// A running job's `report-so-far.json` is stored (or not).
+    ReportSaved { job_id: String },
 }
 
 /// A failed attempt whose progress record is being stored.

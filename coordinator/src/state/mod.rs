@@ -413,6 +413,7 @@ impl State {
             effects::Then::Finished { job_id } => self.job_finished(&job_id, result),
             effects::Then::Split(write) => self.split_written(*write, result),
             effects::Then::Report { job_id } => self.report_written(&job_id, result),
+            effects::Then::ReportSaved { job_id } => self.report_saved(&job_id, result),
         }
     }
 

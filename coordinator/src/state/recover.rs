@@ -8,6 +8,7 @@ use bytes::Bytes;
 use stoke_core::layout::RootLayout;
 use stoke_core::plan::Plan;
 use stoke_core::records::{EpochRecord, JobState, StatusRecord};
+use stoke_core::report::ReportSoFar;
 use stoke_core::schedule::{Schedule, ScheduleRecord};
 use stoke_core::spec::JobSpec;
 use stoke_core::{StoreError, StoreUri, Stores};
@@ -74,7 +75,8 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
         let mut progress = stored.records;
         let mut plan = plan;
         super::split::apply_stored(&mut plan, &progress);
-        // A recovered job's report counts from this coordinator's start.
+        // A recovered job's report counts from this coordinator's start,
+        // after what was saved before it (below).
         let mut job = Job::new(
             job_id.clone(),
             Arc::new(spec),
@@ -83,6 +85,14 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
             tokio::time::Instant::now(),
         );
         job.account.report_written = status.state.is_terminal();
+        // What the coordinators before this one counted of a running job.
+        if !status.state.is_terminal()
+            && let Some(so_far) = stores
+                .get_json::<ReportSoFar>(&job.layout.report_so_far())
+                .await?
+        {
+            job.account.carry_on(so_far);
+        }
         // `stoke set` overrides the spec's priority, weight and cap.
         if let Some(record) = stores
             .get_json::<ScheduleRecord>(&job.layout.schedule())

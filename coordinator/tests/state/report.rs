@@ -3,7 +3,7 @@
 //! idle or paused, all on the paused clock, and `report.json` at the end.
 
 use stoke_core::lease::{JobStages, LeaseWork};
-use stoke_core::report::EfficiencyReport;
+use stoke_core::report::{EfficiencyReport, ReportSoFar};
 
 use crate::support::*;
 
@@ -165,4 +165,42 @@ async fn idle_workers_of_a_paused_job_count_as_paused() {
     let r = report(&mut state);
     assert_eq!(r.seconds.paused, 3.0);
     assert_eq!(r.seconds.tail_idle, 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_coordinator_carries_on_from_the_saved_report() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    two_shards(&mut state, &stores).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let la = leased(state.acquire(&a));
+    // 12 s of work, then the tick saves the report so far.
+    advance(Duration::from_secs(12)).await;
+    state.heartbeat(&a, &[la.key()]).expect("heartbeat");
+    state.report_work(&a, &stages(10_000, 500), &[]);
+    state.tick().await;
+    let saved: ReportSoFar = stores
+        .get_json(&job_layout("j").report_so_far())
+        .await
+        .expect("read report-so-far.json")
+        .expect("report-so-far.json written");
+    assert_eq!(saved.report.processor_s, 12.0);
+    assert_eq!(saved.report.seconds.model, 10.0);
+    drop(state);
+
+    // Another coordinator: what it counts comes on top.
+    let mut state = recover(&stores).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    advance(Duration::from_secs(4)).await;
+    state.heartbeat(&a, &[lease.key()]).expect("heartbeat");
+    state.report_work(&a, &stages(3_000, 200), &[]);
+    let r = report(&mut state);
+    assert_eq!(r.processor_s, 16.0);
+    assert_eq!(r.seconds.model, 13.0);
+    assert_eq!(r.seconds.startup, 0.7);
+    assert_eq!(r.devices.len(), 1);
+    assert_eq!(r.devices[0].processor_s, 16.0);
+    // The wall time covers both coordinators (and the moment between).
+    assert!(r.wall_s >= 16.0 && r.wall_s < 17.0, "{}", r.wall_s);
 }

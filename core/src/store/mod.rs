@@ -523,10 +523,7 @@ impl Stores {
         while let Some((i, result)) = copied.next().await {
             results[i] = Some(result);
         }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or(Ok(())))
-            .collect()
+        results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
     }
 
     pub async fn delete(&self, uri: &StoreUri) -> Result<(), StoreError> {
@@ -796,7 +793,10 @@ mod tests {
             (staged(2), mem.clone()),
         ];
         let results = stores.copy_all(&pairs, 4).await;
-        assert!(results[0].is_ok() && results[1].is_ok() && results[3].is_ok(), "{results:?}");
+        assert!(
+            results[0].is_ok() && results[1].is_ok() && results[3].is_ok(),
+            "{results:?}"
+        );
         assert!(
             matches!(results[2], Err(StoreError::NotFound { .. })),
             "{results:?}"
@@ -807,15 +807,27 @@ mod tests {
         for i in 0..3 {
             stores.delete(&staged(i)).await.expect("delete staged");
         }
-        assert_eq!(stores.get(&out(0)).await.expect("get"), Bytes::from_static(b"rows 0"));
-        assert_eq!(stores.get(&out(1)).await.expect("get"), Bytes::from_static(b"rows 1"));
-        assert_eq!(stores.get(&mem).await.expect("get"), Bytes::from_static(b"rows 2"));
+        assert_eq!(
+            stores.get(&out(0)).await.expect("get"),
+            Bytes::from_static(b"rows 0")
+        );
+        assert_eq!(
+            stores.get(&out(1)).await.expect("get"),
+            Bytes::from_static(b"rows 1")
+        );
+        assert_eq!(
+            stores.get(&mem).await.expect("get"),
+            Bytes::from_static(b"rows 2")
+        );
         let listed = stores.list(&root.join("outputs/")).await.expect("list");
         assert_eq!(listed.len(), 2, "{listed:?}");
         // A fenced store refuses every pair before touching anything.
         let fenced = stores.fenced(WriteFence::new("the test root"));
         let refused = fenced.copy_all(&pairs[..1], 4).await;
-        assert!(matches!(refused[0], Err(StoreError::Fenced { .. })), "{refused:?}");
+        assert!(
+            matches!(refused[0], Err(StoreError::Fenced { .. })),
+            "{refused:?}"
+        );
     }
 
     #[tokio::test]
