@@ -149,6 +149,55 @@ impl NativeClient {
                 .map_err(err)
         })
     }
+
+    /// The job's efficiency report as JSON: what `stoke report JOB --json`
+    /// prints (the serde names of `EfficiencyReport`).
+    fn report(&self, py: Python<'_>, job: String) -> PyResult<String> {
+        py.detach(|| {
+            let report = self
+                .runtime
+                .block_on(self.client.job_report(&job))
+                .map_err(err)?;
+            serde_json::to_string(&report).map_err(err)
+        })
+    }
+
+    /// Changes a job's priority, weight or lease cap, as `stoke set` does
+    /// (`max_workers=0` removes the cap); refuses a call with nothing to
+    /// change, as the CLI does.
+    #[pyo3(signature = (job, priority=None, weight=None, max_workers=None))]
+    fn set(
+        &self,
+        py: Python<'_>,
+        job: String,
+        priority: Option<i64>,
+        weight: Option<f64>,
+        max_workers: Option<i64>,
+    ) -> PyResult<String> {
+        if priority.is_none() && weight.is_none() && max_workers.is_none() {
+            return Err(err(
+                "Client.set: give priority=, weight= or max_workers= (nothing to change)",
+            ));
+        }
+        let max_workers = max_workers
+            .map(|m| {
+                u64::try_from(m).map_err(|_| {
+                    err(format!(
+                        "Client.set: max_workers must be 0 (no cap) or more, got {m}"
+                    ))
+                })
+            })
+            .transpose()?;
+        py.detach(|| {
+            self.runtime
+                .block_on(
+                    self.client
+                        .set_schedule(&job, priority, weight, max_workers),
+                )
+                .map(|j| job_json(&j))
+                .map_err(err)
+        })
+    }
 }
 
 /// Runs a job in this process; returns the report as JSON.

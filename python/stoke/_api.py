@@ -27,7 +27,8 @@ class Client:
     ``token`` defaults to ``STOKE_CLIENT_TOKEN`` / ``STOKE_CLIENT_TOKEN_FILE``;
     TLS settings come from the environment as for the CLI. Errors raise
     :class:`StokeError` with the CLI's messages. Jobs are dicts (``job_id``,
-    ``state``, ``records_done``, ``records_total``, ``reason``, ...).
+    ``state``, ``records_done``, ``records_total``, ``reason``, the schedule:
+    ``priority``, ``weight``, ``max_workers``, ``queue``, ...).
     """
 
     def __init__(self, address: str, token: str | None = None) -> None:
@@ -55,6 +56,32 @@ class Client:
 
     def resume(self, job: str) -> dict:
         return json.loads(self._native.resume(job))
+
+    def report(self, job: str) -> dict:
+        """The job's efficiency report, as ``stoke report JOB --json``
+        prints it: ``wall_s``, ``records``, ``records_per_s``,
+        ``busy_fraction``, ``processor_s``, ``seconds`` (processor seconds
+        by cause: ``startup``, ``model``, ``input_wait``, ``checkpoint``,
+        ``redone``, ``paused``, ``tail_idle``; they add up to about
+        ``processor_s``), ``shards_split``, ``attempts_failed``,
+        ``redone_batches`` and ``devices`` (per worker)."""
+        return json.loads(self._native.report(job))
+
+    def set(
+        self,
+        job: str,
+        priority: int | None = None,
+        weight: float | None = None,
+        max_workers: int | None = None,
+    ) -> dict:
+        """Changes a running job's scheduling, as ``stoke set`` does:
+        ``priority`` (higher goes first; lower-priority leases may be
+        preempted), ``weight`` (its share among running jobs of the same
+        priority, positive), ``max_workers`` (most leases it holds at once;
+        0 removes the cap). Only the arguments given change; with none,
+        raises :class:`StokeError`. Returns the job, with its ``priority``,
+        ``weight``, ``max_workers`` and ``queue`` as they are now."""
+        return json.loads(self._native.set(job, priority=priority, weight=weight, max_workers=max_workers))
 
     def watch(self, job: str, progress: bool = False, poll: float = 0.5) -> Iterator[dict]:
         """Yields the job's status every ``poll`` seconds until it ends

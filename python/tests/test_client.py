@@ -1,10 +1,12 @@
 """stoke.Client against a real coordinator and worker."""
 
+import json
 import pathlib
+import subprocess
 
 import pytest
 import stoke
-from conftest import fixture_spec
+from conftest import DEADLINE, bin_path, fixture_spec, wait_for
 
 PROCESSORS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"
 
@@ -58,3 +60,74 @@ def test_errors_are_stoke_errors_with_the_clis_messages(cluster, fixture_dir, tm
         client.submit(spec)
     with pytest.raises(stoke.StokeError):
         stoke.Client("127.0.0.1:1")
+
+
+CAUSES = ("startup", "model", "input_wait", "checkpoint", "redone", "paused", "tail_idle")
+# The coordinator gives the workers' connected time to jobs at most every
+# 200 ms (ACCOUNT_EVERY in coordinator/src/state/account.rs), so a lease's
+# start and end are each counted up to that late: on this one-second job
+# the causes and processor_s differ by up to about 0.2 s either way.
+ACCOUNTING_SLACK_S = 0.4
+
+
+def test_report_is_the_clis_efficiency_report(cluster, fixture_dir):
+    client = stoke.Client(cluster.address)
+    job = client.submit(fixture_spec(fixture_dir, PROCESSORS))["job_id"]
+    worker = cluster.worker()
+    last = list(client.watch(job, poll=0.05))[-1]
+    assert last["state"] == "succeeded", last
+    # The report is final once the worker is gone (--exit-when-idle: its
+    # last heartbeat may still add to it) and the coordinator stored
+    # report.json (the job's clock stops then).
+    assert worker.wait(timeout=DEADLINE) == 0
+    wait_for("report.json", (cluster.root / "jobs" / job / "report.json").exists)
+    report = client.report(job)
+    assert report["job_id"] == job
+    assert report["records"] == 3000
+    assert report["wall_s"] > 0 and report["records_per_s"] > 0
+    assert 0 <= report["busy_fraction"] <= 1
+    assert set(report["seconds"]) == set(CAUSES), report["seconds"]
+    for cause in CAUSES:
+        assert report["seconds"][cause] >= 0, (cause, report)
+    assert report["seconds"]["startup"] > 0 and report["seconds"]["model"] > 0, report
+    total, processor_s = sum(report["seconds"].values()), report["processor_s"]
+    assert abs(total - processor_s) <= max(0.05 * processor_s, ACCOUNTING_SLACK_S), report
+    assert report["shards_split"] == 0 and report["attempts_failed"] == {}, report
+    assert [(d["worker"], d["devices"]) for d in report["devices"]] == [("w1", ["cpu"])], report
+    # The same JSON as `stoke report JOB --json`.
+    cli = subprocess.run(
+        [str(bin_path("stoke")), "--coordinator", cluster.address, "report", job, "--json"],
+        check=True, capture_output=True, text=True)
+    assert json.loads(cli.stdout) == report
+    with pytest.raises(stoke.StokeError, match="no-such-job"):
+        client.report("no-such-job")
+
+
+def test_set_changes_a_jobs_schedule(cluster, fixture_dir):
+    client = stoke.Client(cluster.address)
+    job = client.submit(fixture_spec(fixture_dir))["job_id"]
+    before = client.status(job)
+    assert (before["priority"], before["weight"], before["max_workers"]) == (0, 1.0, None)
+    assert before["queue"] == "default"
+    changed = client.set(job, priority=5, weight=2.5, max_workers=3)
+    assert changed["job_id"] == job and changed["state"] == "running"
+    assert (changed["priority"], changed["weight"], changed["max_workers"], changed["queue"]) == (5, 2.5, 3, "default")
+    status = client.status(job)
+    assert (status["priority"], status["weight"], status["max_workers"]) == (5, 2.5, 3)
+    # Only what is given changes; max_workers=0 removes the cap.
+    uncapped = client.set(job, max_workers=0)
+    assert (uncapped["priority"], uncapped["weight"], uncapped["max_workers"]) == (5, 2.5, None)
+    assert client.status(job)["max_workers"] is None
+    assert client.set(job, priority=-2)["priority"] == -2
+    with pytest.raises(stoke.StokeError, match="priority=, weight= or max_workers="):
+        client.set(job)
+    for bad in (0, -1.0):
+        with pytest.raises(stoke.StokeError, match="weight.*must be a positive number"):
+            client.set(job, weight=bad)
+    with pytest.raises(stoke.StokeError, match="max_workers must be 0"):
+        client.set(job, max_workers=-1)
+    with pytest.raises(stoke.StokeError, match="no-such-job"):
+        client.set("no-such-job", priority=1)
+    # The refused changes changed nothing.
+    status = client.status(job)
+    assert (status["priority"], status["weight"], status["max_workers"]) == (-2, 2.5, None)
