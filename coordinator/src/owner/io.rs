@@ -6,9 +6,7 @@ use std::collections::HashSet;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use stoke_core::records::{
-    JobState, Manifest, ManifestEntry, OutputObject, ProgressRecord, StatusRecord, now_ms,
-};
+use stoke_core::records::{JobState, Manifest, ManifestEntry, OutputObject, StatusRecord, now_ms};
 use stoke_core::spec::JobSpec;
 use stoke_core::store::Listed;
 use stoke_core::{StoreError, StoreUri, Stores};
@@ -62,51 +60,75 @@ pub async fn perform(io: Io, stores: &Stores) -> Result<()> {
 /// stores the records of the commits whose copies all succeeded. Copying
 /// again is harmless, so a retried commit simply copies again.
 pub async fn write_group(write: &GroupWrite, stores: &Stores) -> GroupWritten {
-    let mut owners: Vec<usize> = Vec::new();
+    write_groups(&[write], stores)
+        .await
+        .pop()
+        .unwrap_or(GroupWritten {
+            stored: false,
+            results: Vec::new(),
+        })
+}
+
+/// [`write_group`] for several groups (of different jobs) at once: all
+/// their copies in one go, then all their progress objects in one go, so
+/// on the local file system a whole batch of groups costs two blocking
+/// tasks. One result per group, in order.
+pub async fn write_groups(writes: &[&GroupWrite], stores: &Stores) -> Vec<GroupWritten> {
+    // (group, commit) of each copy.
+    let mut owners: Vec<(usize, usize)> = Vec::new();
     let mut pairs: Vec<(StoreUri, StoreUri)> = Vec::new();
-    for (i, commit_copies) in write.copies.iter().enumerate() {
-        for pair in commit_copies {
-            owners.push(i);
-            pairs.push(pair.clone());
+    for (g, write) in writes.iter().enumerate() {
+        for (i, commit_copies) in write.copies.iter().enumerate() {
+            for pair in commit_copies {
+                owners.push((g, i));
+                pairs.push(pair.clone());
+            }
         }
     }
     let copied = stores.copy_all(&pairs, COPY_CONCURRENCY).await;
-    let mut results: Vec<std::result::Result<(), StoreError>> =
-        write.records.iter().map(|_| Ok(())).collect();
-    for ((i, (from, _)), result) in owners.into_iter().zip(&pairs).zip(copied) {
+    let mut results: Vec<Vec<std::result::Result<(), StoreError>>> = writes
+        .iter()
+        .map(|w| w.records.iter().map(|_| Ok(())).collect())
+        .collect();
+    for (((g, i), (from, _)), result) in owners.into_iter().zip(&pairs).zip(copied) {
         if let Err(e) = result
-            && results[i].is_ok()
+            && results[g][i].is_ok()
         {
             warn!(object = %from, error = %e, "copying a staged output into the output folder failed");
-            results[i] = Err(e);
+            results[g][i] = Err(e);
         }
     }
-    let records: Vec<&ProgressRecord> = write
-        .records
-        .iter()
-        .zip(&results)
-        .filter(|(_, r)| r.is_ok())
-        .map(|(p, _)| p)
-        .collect();
-    if records.is_empty() {
-        return GroupWritten {
-            stored: false,
-            results,
-        };
+    // The groups with a record to store, and their objects.
+    let mut logged: Vec<usize> = Vec::new();
+    let mut objects: Vec<(StoreUri, Bytes)> = Vec::new();
+    for (g, write) in writes.iter().enumerate() {
+        let mut records = write
+            .records
+            .iter()
+            .zip(&results[g])
+            .filter(|(_, r)| r.is_ok())
+            .map(|(p, _)| p)
+            .peekable();
+        if records.peek().is_some() {
+            logged.push(g);
+            objects.push((write.uri.clone(), progress_log(records)));
+        }
     }
-    match stores
-        .put(&write.uri, progress_log(records.into_iter()))
-        .await
-    {
-        Ok(()) => GroupWritten {
-            stored: true,
-            results,
-        },
-        Err(e) => GroupWritten {
-            stored: false,
-            results: write.records.iter().map(|_| Err(e.share())).collect(),
-        },
+    let mut stored = vec![false; writes.len()];
+    let put = stores.put_all(objects, COPY_CONCURRENCY).await;
+    for (g, result) in logged.into_iter().zip(put) {
+        match result {
+            Ok(()) => stored[g] = true,
+            Err(e) => {
+                results[g] = writes[g].records.iter().map(|_| Err(e.share())).collect();
+            }
+        }
     }
+    results
+        .into_iter()
+        .zip(stored)
+        .map(|(results, stored)| GroupWritten { stored, results })
+        .collect()
 }
 
 /// Stores the snapshot, then deletes what it replaces; returns the objects

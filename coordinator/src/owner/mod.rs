@@ -84,16 +84,22 @@ pub async fn start(
 /// A commit waiting for its group to be stored, and who waits for it.
 type Queued = (PendingCommit, Reply<bool>, Instant);
 
+/// At most this many commands are applied in one turn of the owner loop.
+const COMMANDS_PER_TURN: usize = 8;
+
+/// One job's group commit: the records of `pendings`, in one object.
+struct Group {
+    write: GroupWrite,
+    pendings: Vec<PendingCommit>,
+    /// Who waits for each commit, and when it arrived.
+    replies: Vec<(Reply<bool>, Instant)>,
+}
+
 /// A store write running off the owner loop.
 enum Done {
-    /// A group commit: the records of `pendings`, in one object.
-    Group {
-        write: GroupWrite,
-        pendings: Vec<PendingCommit>,
-        /// Who waits for each commit, and when it arrived.
-        replies: Vec<(Reply<bool>, Instant)>,
-        written: GroupWritten,
-    },
+    /// Group commits of several jobs, written together, and what each
+    /// write did.
+    Groups(Vec<(Group, GroupWritten)>),
     /// A snapshot that replaces a job's older progress objects.
     Snapshot {
         snapshot: SnapshotWrite,
@@ -120,6 +126,9 @@ struct Owner {
     /// Group commit: jobs with a group or snapshot being written, and the
     /// commits waiting for the next group.
     busy: HashMap<String, Vec<Queued>>,
+    /// Groups ready to be written: at the end of each turn of the loop
+    /// they go out together (see `flush_groups`).
+    ready: Vec<Vec<Queued>>,
     waiters: HashMap<ReqId, Waiter>,
     next_req: ReqId,
     sweeper: Sweeper,
@@ -133,6 +142,7 @@ impl Owner {
             stores,
             running: FuturesUnordered::new(),
             busy: HashMap::new(),
+            ready: Vec::new(),
             waiters: HashMap::new(),
             next_req: 0,
         }
@@ -148,10 +158,21 @@ impl Owner {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.effects();
+            self.flush_groups();
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 cmd = rx.recv() => match cmd {
-                    Some(cmd) => self.apply(cmd),
+                    Some(cmd) => {
+                        self.apply(cmd);
+                        // What else has arrived, in the same turn: under
+                        // load, their group commits go out together.
+                        for _ in 1..COMMANDS_PER_TURN {
+                            match rx.try_recv() {
+                                Ok(cmd) => self.apply(cmd),
+                                Err(_) => break,
+                            }
+                        }
+                    }
                     None => break,
                 },
                 Some(done) = self.running.next(), if !self.running.is_empty() => {
@@ -337,30 +358,39 @@ impl Owner {
             Some(queued) => queued.push((pending, reply, arrived)),
             None => {
                 self.busy.insert(pending.job_id().to_string(), Vec::new());
-                self.write_group(vec![(pending, reply, arrived)]);
+                self.ready.push(vec![(pending, reply, arrived)]);
             }
         }
     }
 
-    fn write_group(&mut self, queued: Vec<Queued>) {
-        let mut pendings = Vec::with_capacity(queued.len());
-        let mut replies = Vec::with_capacity(queued.len());
-        for (pending, reply, arrived) in queued {
-            pendings.push(pending);
-            replies.push((reply, arrived));
-        }
-        let Some(write) = GroupWrite::of(&pendings) else {
+    /// Writes the groups made ready this turn (each of another job) as one
+    /// batch: on the local file system, two blocking tasks for all of them
+    /// instead of two per group.
+    fn flush_groups(&mut self) {
+        if self.ready.is_empty() {
             return;
-        };
+        }
+        let mut groups = Vec::with_capacity(self.ready.len());
+        for queued in std::mem::take(&mut self.ready) {
+            let mut pendings = Vec::with_capacity(queued.len());
+            let mut replies = Vec::with_capacity(queued.len());
+            for (pending, reply, arrived) in queued {
+                pendings.push(pending);
+                replies.push((reply, arrived));
+            }
+            if let Some(write) = GroupWrite::of(&pendings) {
+                groups.push(Group {
+                    write,
+                    pendings,
+                    replies,
+                });
+            }
+        }
         let stores = self.stores.clone();
         self.running.push(Box::pin(async move {
-            let written = io::write_group(&write, &stores).await;
-            Done::Group {
-                write,
-                pendings,
-                replies,
-                written,
-            }
+            let writes: Vec<&GroupWrite> = groups.iter().map(|g| &g.write).collect();
+            let written = io::write_groups(&writes, &stores).await;
+            Done::Groups(groups.into_iter().zip(written).collect())
         }));
     }
 
@@ -376,39 +406,14 @@ impl Owner {
         }
         let rest = queued.split_off(queued.len().min(MAX_GROUP));
         let group = std::mem::replace(queued, rest);
-        self.write_group(group);
+        self.ready.push(group);
     }
 
     fn finish(&mut self, done: Done) {
         match done {
-            Done::Group {
-                write,
-                pendings,
-                replies,
-                written,
-            } => {
-                let answers = self
-                    .state
-                    .finish_group(&write, pendings, written, Instant::now());
-                let commit_seconds = &self.state.histograms().commit;
-                let now = Instant::now();
-                for ((reply, arrived), answer) in replies.into_iter().zip(answers) {
-                    commit_seconds.observe(now.saturating_duration_since(arrived).as_secs_f64());
-                    let _ = reply.send(answer);
-                }
-                // A snapshot, when one is due, goes before the next group.
-                if let Some(snapshot) = self.state.snapshot_due(&write.job_id) {
-                    let stores = self.stores.clone();
-                    self.running.push(Box::pin(async move {
-                        let (written, deleted) = io::write_snapshot(&snapshot, &stores).await;
-                        Done::Snapshot {
-                            snapshot,
-                            written,
-                            deleted,
-                        }
-                    }));
-                } else {
-                    self.next_group(&write.job_id);
+            Done::Groups(groups) => {
+                for (group, written) in groups {
+                    self.finish_group(group, written);
                 }
             }
             Done::Snapshot {
@@ -420,6 +425,39 @@ impl Owner {
                 self.next_group(&snapshot.job_id);
             }
             Done::Io(id, result) => self.state.written(id, result),
+        }
+    }
+
+    /// One job's group is written: apply it, answer its commits, then a
+    /// snapshot if one is due, else the job's next group.
+    fn finish_group(&mut self, group: Group, written: GroupWritten) {
+        let Group {
+            write,
+            pendings,
+            replies,
+        } = group;
+        let answers = self
+            .state
+            .finish_group(&write, pendings, written, Instant::now());
+        let commit_seconds = &self.state.histograms().commit;
+        let now = Instant::now();
+        for ((reply, arrived), answer) in replies.into_iter().zip(answers) {
+            commit_seconds.observe(now.saturating_duration_since(arrived).as_secs_f64());
+            let _ = reply.send(answer);
+        }
+        // A snapshot, when one is due, goes before the next group.
+        if let Some(snapshot) = self.state.snapshot_due(&write.job_id) {
+            let stores = self.stores.clone();
+            self.running.push(Box::pin(async move {
+                let (written, deleted) = io::write_snapshot(&snapshot, &stores).await;
+                Done::Snapshot {
+                    snapshot,
+                    written,
+                    deleted,
+                }
+            }));
+        } else {
+            self.next_group(&write.job_id);
         }
     }
 }

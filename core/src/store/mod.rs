@@ -526,6 +526,64 @@ impl Stores {
         results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
     }
 
+    /// Writes each `(uri, bytes)` as [`Stores::put`] does; one result per
+    /// item, in order. Items on the local file system are written on one
+    /// blocking thread, one after another (each to a temporary name, then
+    /// renamed into place, as `object_store` writes them); others
+    /// `concurrency` at a time.
+    pub async fn put_all(
+        &self,
+        items: Vec<(StoreUri, Bytes)>,
+        concurrency: usize,
+    ) -> Vec<Result<(), StoreError>> {
+        let mut results: Vec<Option<Result<(), StoreError>>> =
+            std::iter::repeat_with(|| None).take(items.len()).collect();
+        let mut local = Vec::new();
+        let mut other = Vec::new();
+        for (i, (uri, bytes)) in items.iter().enumerate() {
+            if let Err(e) = self.check_fence(uri) {
+                results[i] = Some(Err(e));
+                continue;
+            }
+            match uri.local_path() {
+                Some(path) => local.push((i, path, bytes.clone())),
+                None => other.push(i),
+            }
+        }
+        if !local.is_empty() {
+            let local_idx: Vec<usize> = local.iter().map(|(i, _, _)| *i).collect();
+            let written = tokio::task::spawn_blocking(move || {
+                local
+                    .into_iter()
+                    .map(|(i, path, bytes)| (i, write_local(&path, &bytes)))
+                    .collect::<Vec<_>>()
+            })
+            .await;
+            match written {
+                Ok(written) => {
+                    for (i, ok) in written {
+                        if ok {
+                            results[i] = Some(Ok(()));
+                        } else {
+                            // Anything unusual: the general path, which
+                            // says what went wrong.
+                            other.push(i);
+                        }
+                    }
+                }
+                Err(_) => other.extend(local_idx),
+            }
+        }
+        let items = &items;
+        let mut put = futures::stream::iter(other)
+            .map(|i| async move { (i, self.put(&items[i].0, items[i].1.clone()).await) })
+            .buffer_unordered(concurrency.max(1));
+        while let Some((i, result)) = put.next().await {
+            results[i] = Some(result);
+        }
+        results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
+    }
+
     pub async fn delete(&self, uri: &StoreUri) -> Result<(), StoreError> {
         self.check_fence(uri)?;
         let (store, path) = self.resolve(uri)?;
@@ -660,6 +718,52 @@ fn link_local(from: &FsPath, to: &FsPath) -> LocalCopy {
     }
 }
 
+/// A temporary name beside `path` that no other writer uses and that
+/// listings skip (`object_store` hides `<name>#<digits>`).
+fn temp_beside(path: &FsPath) -> Option<std::path::PathBuf> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut name = path.file_name()?.to_os_string();
+    name.push(format!("#9{}{n:06}", std::process::id()));
+    Some(path.with_file_name(name))
+}
+
+/// Writes `bytes` to `path` through a temporary file renamed into place,
+/// creating its folders if needed; `false` if anything failed (the caller
+/// then writes it the general way).
+fn write_local(path: &FsPath, bytes: &[u8]) -> bool {
+    use std::io::Write;
+    let Some(temp) = temp_beside(path) else {
+        return false;
+    };
+    let open = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)
+    };
+    let file = match open() {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let made = path
+                .parent()
+                .is_some_and(|p| std::fs::create_dir_all(p).is_ok());
+            match made.then(open) {
+                Some(Ok(file)) => file,
+                _ => return false,
+            }
+        }
+        Err(_) => return false,
+    };
+    let mut file = file;
+    if file.write_all(bytes).is_err() || std::fs::rename(&temp, path).is_err() {
+        let _ = std::fs::remove_file(&temp);
+        return false;
+    }
+    true
+}
+
 fn replace_local(from: &FsPath, to: &FsPath) -> LocalCopy {
     use std::os::unix::fs::MetadataExt;
     let same = match (std::fs::metadata(from), std::fs::metadata(to)) {
@@ -669,13 +773,9 @@ fn replace_local(from: &FsPath, to: &FsPath) -> LocalCopy {
     if same {
         return LocalCopy::Done;
     }
-    let Some(name) = to.file_name() else {
+    let Some(temp) = temp_beside(to) else {
         return LocalCopy::Fallback;
     };
-    let mut temp = name.to_os_string();
-    temp.push(format!(".#copy-{}", std::process::id()));
-    let temp = to.with_file_name(temp);
-    let _ = std::fs::remove_file(&temp);
     if std::fs::hard_link(from, &temp).is_err() {
         return LocalCopy::Fallback;
     }
@@ -828,6 +928,66 @@ mod tests {
             matches!(refused[0], Err(StoreError::Fenced { .. })),
             "{refused:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn put_all_writes_local_and_other_objects_and_leaves_no_temporaries() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = StoreUri::from_local_path(dir.path()).expect("uri");
+        let stores = Stores::new();
+        let a = root.join("jobs/j/progress/log-1.json");
+        let b = root.join("jobs/k/progress/log-2.json");
+        let m = StoreUri::parse("memory:///p/log-3.json").expect("uri");
+        stores
+            .put(&b, Bytes::from_static(b"old"))
+            .await
+            .expect("put");
+        let items = vec![
+            (a.clone(), Bytes::from_static(b"one")),
+            (b.clone(), Bytes::from_static(b"two")),
+            (m.clone(), Bytes::from_static(b"three")),
+        ];
+        let results = stores.put_all(items.clone(), 4).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(
+            stores.get(&a).await.expect("get"),
+            Bytes::from_static(b"one")
+        );
+        assert_eq!(
+            stores.get(&b).await.expect("get"),
+            Bytes::from_static(b"two")
+        );
+        assert_eq!(
+            stores.get(&m).await.expect("get"),
+            Bytes::from_static(b"three")
+        );
+        // Only the objects themselves are on disk: no temporary left.
+        let mut files = Vec::new();
+        for entry in walk(dir.path()) {
+            files.push(entry);
+        }
+        files.sort();
+        assert_eq!(files.len(), 2, "{files:?}");
+        let fenced = stores.fenced(WriteFence::new("the test root"));
+        let refused = fenced.put_all(items[..1].to_vec(), 4).await;
+        assert!(
+            matches!(refused[0], Err(StoreError::Fenced { .. })),
+            "{refused:?}"
+        );
+    }
+
+    /// Every file under `dir`.
+    fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).expect("read_dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                out.extend(walk(&path));
+            } else {
+                out.push(path);
+            }
+        }
+        out
     }
 
     #[tokio::test]
