@@ -1,7 +1,8 @@
 //! Splitting at the tail with real processes: a slowed worker's shard is
 //! split and finished by the others; chaos (kill -9, SIGTERM, a
-//! coordinator restart) during and after splits; and the efficiency
-//! report (`stoke report`) of those runs.
+//! coordinator restart) during and after splits; the efficiency report
+//! (`stoke report`) of those runs; and `tail_idle` with splitting on and
+//! off.
 //!
 //! The slow worker is slowed for real, from outside: stopped (SIGSTOP)
 //! outright while the others split its shard, then duty-cycled
@@ -300,4 +301,64 @@ fn the_report_counts_the_batches_a_kill_9_cost_and_a_pause_as_paused() {
     ] {
         assert!(text_report.contains(cause), "{text_report}");
     }
+}
+
+/// One run of the straggler scenario: a slow worker (a quarter of the
+/// time running) holds shard s00000 while a fast one takes s00001, and
+/// then the tail; the job's report.
+fn straggler_report(split: bool) -> EfficiencyReport {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "60s"]);
+    let mut spec = two_long_shards("");
+    if !split {
+        spec = spec.replace("records = 1500", "records = 1500\nsplit = false");
+        assert!(spec.contains("split = false"), "{spec}");
+    }
+    let job_id = coordinator.submit(&spec_file(tmp.path(), spec));
+    let mut slow = coordinator.worker("stoke-worker", "slow", tmp.path());
+    wait_until("the slow worker's first checkpoint", DEADLINE, || {
+        progress(&root, &job_id, "s00000").filter(|p| p.next_batch >= 1)
+    });
+    let cycle = DutyCycle::start(slow.pid());
+    let mut fast = coordinator.worker("stoke-worker", "fast", tmp.path());
+    coordinator.wait_success(&job_id);
+    drop(cycle);
+    for w in [&mut slow, &mut fast] {
+        assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
+    }
+    assert_matches_reference(&committed_rows(&manifest(&root, &job_id)));
+    let r = report(&coordinator, &job_id);
+    println!(
+        "straggler split={split}: tail_idle {:.2} s of {:.2} processor s, {} shards split",
+        r.seconds.tail_idle, r.processor_s, r.shards_split
+    );
+    r
+}
+
+#[test]
+fn tail_idle_is_near_zero_with_splitting_and_not_without() {
+    let off = straggler_report(false);
+    let on = straggler_report(true);
+    assert_eq!(off.shards_split, 0, "{off:?}");
+    assert!(on.shards_split >= 1, "{on:?}");
+    // Without splitting the fast worker waits for the slow one's whole
+    // shard; with it, the slow one's shard keeps shrinking to the end.
+    assert!(
+        off.seconds.tail_idle > 1.0,
+        "the fast worker idled {:.2} s without splitting",
+        off.seconds.tail_idle
+    );
+    assert!(
+        on.seconds.tail_idle < off.seconds.tail_idle / 2.0,
+        "tail_idle {:.2} s with splitting, {:.2} s without",
+        on.seconds.tail_idle,
+        off.seconds.tail_idle
+    );
+    assert!(
+        on.share(on.seconds.tail_idle) < 0.15,
+        "tail_idle {:.2} s of {:.2} processor s with splitting",
+        on.seconds.tail_idle,
+        on.processor_s
+    );
 }
