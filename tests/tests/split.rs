@@ -307,14 +307,20 @@ fn the_report_counts_the_batches_a_kill_9_cost_and_a_pause_as_paused() {
 /// time running) holds shard s00000 while a fast one takes s00001, and
 /// then the tail; the job's report.
 fn straggler_report(split: bool) -> EfficiencyReport {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let root = tmp.path().join("root");
-    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "60s"]);
     let mut spec = two_long_shards("");
     if !split {
         spec = spec.replace("records = 1500", "records = 1500\nsplit = false");
         assert!(spec.contains("split = false"), "{spec}");
     }
+    straggler_run(spec, split)
+}
+
+/// Runs `spec` (two long shards) with a slow and a fast worker; checks
+/// every record landed once with the right prediction; the report.
+fn straggler_run(spec: String, split: bool) -> EfficiencyReport {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "60s"]);
     let job_id = coordinator.submit(&spec_file(tmp.path(), spec));
     let mut slow = coordinator.worker("stoke-worker", "slow", tmp.path());
     wait_until("the slow worker's first checkpoint", DEADLINE, || {
@@ -361,4 +367,18 @@ fn tail_idle_is_near_zero_with_splitting_and_not_without() {
         on.seconds.tail_idle,
         on.processor_s
     );
+}
+
+#[test]
+fn a_json_lines_shard_is_split_at_a_line_and_every_record_lands_once() {
+    // The fixture's two JSON Lines files of 1,500 lines, a shard each.
+    let spec = fixture_spec_in("jsonl", "jsonl", "")
+        .replace("batch_size = 50", "batch_size = 5")
+        .replace("interval = 3", "interval = 1")
+        .replace("bytes = \"64KiB\"", "bytes = \"4MiB\"")
+        .replace("records = 400", "records = 1500");
+    assert!(spec.contains("4MiB"), "{spec}");
+    let r = straggler_run(spec, true);
+    assert!(r.shards_split >= 1, "{r:?}");
+    assert_eq!(r.records, 3000);
 }
