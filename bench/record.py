@@ -65,7 +65,9 @@ def job_phase_seconds(stderr):
     for line in stderr.splitlines():
         for key, found in stamps.items():
             if key in line:
-                m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z", line)
+                # `stoke run --local` prefixes each worker's lines with
+                # `[local-N] `.
+                m = re.match(r"(?:\[[^\]]*\] )?(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z", line)
                 if m:
                     found.append(datetime.datetime.fromisoformat(m.group(1)))
     if not stamps["lease taken"] or not stamps["shard finished"]:
