@@ -165,7 +165,10 @@ fn chaos_with_splitting_kill_sigterm_and_coordinator_restarts_lose_nothing() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().join("root");
     let mut coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "60s"]);
-    let job_id = coordinator.submit(&spec_file(tmp.path(), two_long_shards("")));
+    // Batches of 2: a job long enough (a few processor seconds) for its
+    // report's causes to be compared with the processor time.
+    let spec = two_long_shards("").replace("batch_size = 5", "batch_size = 2");
+    let job_id = coordinator.submit(&spec_file(tmp.path(), spec));
     let (mut slow, mut fast, _until) =
         split_a_stopped_workers_shard(&coordinator, &root, tmp.path(), &job_id);
     // A coordinator restart right after a split: it must come back from
@@ -198,6 +201,13 @@ fn chaos_with_splitting_kill_sigterm_and_coordinator_restarts_lose_nothing() {
     // in the plan it recovered).
     let r = report(&coordinator, &job_id);
     assert!(r.shards_split >= 1, "{r:?}");
+    // The causes account for the processor time (the issue asks within
+    // 5%; a tenth of a second of it is the restarts' batches in flight).
+    let (causes, processor) = (r.seconds.total(), r.processor_s);
+    assert!(
+        (causes - processor).abs() <= (0.05 * processor).max(0.25),
+        "causes {causes:.2} s against {processor:.2} processor s: {r:?}"
+    );
     // For BENCHMARKS.md: how much of the processor time the causes explain.
     println!(
         "chaos report: causes {:.2} s of {:.2} processor s ({:.1}%): {}",

@@ -90,6 +90,10 @@ struct WorkerShare {
     devices: Vec<String>,
     model_ms: u64,
     processor: Duration,
+    /// Busy time (holding the job's leases) since the worker last
+    /// reported its stage times for the job: the part of `processor`
+    /// whose causes the coordinator has not heard yet.
+    unreported: Duration,
 }
 
 /// One job's processor time by cause.
@@ -185,7 +189,12 @@ impl Account {
             Some(Idle::Tail) => self.tail_idle += time,
             None => {}
         }
-        self.with_worker(&s.worker_id, &s.devices, |w| w.processor += time);
+        self.with_worker(&s.worker_id, &s.devices, |w| {
+            w.processor += time;
+            if idle.is_none() {
+                w.unreported += time;
+            }
+        });
     }
 
     /// The report at `now`.
@@ -196,10 +205,45 @@ impl Account {
         shards_split: u64,
         now: Instant,
     ) -> EfficiencyReport {
+        self.report_as(job_id, records, shards_split, now, false)
+    }
+
+    /// The report to save for a coordinator that starts again: without
+    /// the busy time whose causes the workers have not reported yet, which
+    /// a restart loses with them (so the saved causes and processor time
+    /// agree, and the next coordinator's add to both).
+    fn saved_report(
+        &self,
+        job_id: &str,
+        records: u64,
+        shards_split: u64,
+        now: Instant,
+    ) -> EfficiencyReport {
+        self.report_as(job_id, records, shards_split, now, true)
+    }
+
+    fn report_as(
+        &self,
+        job_id: &str,
+        records: u64,
+        shards_split: u64,
+        now: Instant,
+        reported_only: bool,
+    ) -> EfficiencyReport {
+        let unreported = |w: &WorkerShare| {
+            if reported_only {
+                w.unreported
+            } else {
+                Duration::ZERO
+            }
+        };
         let secs = |ms: u64| ms as f64 / 1000.0;
         let end = self.ended.unwrap_or(now);
         let wall_s = end.saturating_duration_since(self.started).as_secs_f64();
-        let processor_s = self.processor.as_secs_f64();
+        let processor_s = self
+            .processor
+            .saturating_sub(self.workers.values().map(unreported).sum())
+            .as_secs_f64();
         let model_s = secs(self.model_ms.saturating_sub(self.redone_ms));
         let fraction = |part: f64, whole: f64| {
             if whole > 0.0 {
@@ -215,8 +259,11 @@ impl Account {
                 worker: worker.clone(),
                 devices: w.devices.clone(),
                 model_s: secs(w.model_ms),
-                processor_s: w.processor.as_secs_f64(),
-                busy_fraction: fraction(secs(w.model_ms), w.processor.as_secs_f64()),
+                processor_s: w.processor.saturating_sub(unreported(w)).as_secs_f64(),
+                busy_fraction: fraction(
+                    secs(w.model_ms),
+                    w.processor.saturating_sub(unreported(w)).as_secs_f64(),
+                ),
             })
             .collect();
         devices.sort_by(|a, b| a.worker.cmp(&b.worker));
@@ -288,7 +335,10 @@ impl State {
             a.model_ms += d.model_ms;
             a.input_wait_ms += d.input_wait_ms;
             a.checkpoint_ms += d.checkpoint_ms;
-            a.with_worker(&worker_id, &devices, |w| w.model_ms += d.model_ms);
+            a.with_worker(&worker_id, &devices, |w| {
+                w.model_ms += d.model_ms;
+                w.unreported = Duration::ZERO;
+            });
         }
         for w in work {
             if let Some(job) = self.jobs.get_mut(&w.lease.job_id)
@@ -314,63 +364,54 @@ impl State {
         };
         let dt = now.saturating_duration_since(since);
         // A walk over every session: at most every ACCOUNT_EVERY, however
-        // many workers ask or commit (a change between two walks is
-        // counted from the later one: off by at most this much).
+        // many workers ask or commit. A session whose leases change in
+        // between is settled at that moment (`settle_session`), so the
+        // time goes to what it held, not to what it holds at the walk.
         if dt < ACCOUNT_EVERY {
             return;
         }
         self.accounted_at = Some(now);
+        let idle_for = self.idle_target();
         // Disjoint borrows: the walk reads the sessions and writes the
         // jobs, with no copies (it runs on the owner's loop).
-        let State {
-            sessions,
-            jobs,
-            order,
-            ..
-        } = self;
-        // The job an idle worker waits for: a paused one first, else one
-        // in its tail (shards leased, none waiting).
-        let has_leases = |id: &str| {
-            sessions
-                .values()
-                .any(|s| s.leases.iter().any(|(j, _)| j == id))
+        let State { sessions, jobs, .. } = self;
+        for s in sessions.values_mut() {
+            attribute(s, now, jobs, idle_for.as_ref());
+        }
+    }
+
+    /// Gives session `session_id`'s time since it was last accounted to
+    /// what it holds now: called just before its leases change.
+    pub(super) fn settle_session(&mut self, session_id: &str, now: Instant) {
+        let Some(s) = self.sessions.get(session_id) else {
+            return;
         };
-        let idle_for = order
-            .iter()
-            .filter_map(|id| jobs.get(id))
+        if now <= s.accounted_at {
+            return;
+        }
+        let idle_for = if s.leases.is_empty() {
+            self.idle_target()
+        } else {
+            None
+        };
+        let State { sessions, jobs, .. } = self;
+        if let Some(s) = sessions.get_mut(session_id) {
+            attribute(s, now, jobs, idle_for.as_ref());
+        }
+    }
+
+    /// The job an idle worker waits for: a paused one first, else one in
+    /// its tail (shards leased, none waiting).
+    fn idle_target(&self) -> Option<(String, Idle)> {
+        let jobs = || self.order.iter().filter_map(|id| self.jobs.get(id));
+        jobs()
             .find(|j| j.state == JobState::Paused)
             .map(|j| (j.id.clone(), Idle::Paused))
             .or_else(|| {
-                order
-                    .iter()
-                    .filter_map(|id| jobs.get(id))
-                    .find(|j| {
-                        j.state == JobState::Running && j.pending.is_empty() && has_leases(&j.id)
-                    })
+                jobs()
+                    .find(|j| j.state == JobState::Running && j.pending.is_empty() && j.leased > 0)
                     .map(|j| (j.id.clone(), Idle::Tail))
-            });
-        let mut held: Vec<&str> = Vec::new();
-        for s in sessions.values() {
-            let time = dt * s.devices.len().max(1) as u32;
-            held.clear();
-            held.extend(s.leases.iter().map(|(j, _)| j.as_str()));
-            held.sort_unstable();
-            held.dedup();
-            if held.is_empty() {
-                if let Some((job_id, idle)) = &idle_for
-                    && let Some(job) = jobs.get_mut(job_id)
-                {
-                    job.account.add_time(s, time, Some(*idle));
-                }
-                continue;
-            }
-            let each = time / held.len() as u32;
-            for job_id in &held {
-                if let Some(job) = jobs.get_mut(*job_id) {
-                    job.account.add_time(s, each, None);
-                }
-            }
-        }
+            })
     }
 
     /// A job's efficiency report.
@@ -404,7 +445,7 @@ impl State {
                 account.saved = now;
                 let so_far = ReportSoFar {
                     saved_ms: now_ms(),
-                    report: account.report(&job.id, job.totals.records, split, now),
+                    report: account.saved_report(&job.id, job.totals.records, split, now),
                 };
                 saves.push((job.id.clone(), job.layout.report_so_far(), so_far));
             }
@@ -451,6 +492,39 @@ impl State {
         {
             tracing::warn!(job = %job_id, error = %e, "writing report.json failed; retrying");
             job.account.report_written = false;
+        }
+    }
+}
+
+/// Gives session `s`'s time since it was last accounted (per device) to the
+/// jobs it holds leases of, or, idle, to `idle_for`.
+fn attribute(
+    s: &mut Session,
+    now: Instant,
+    jobs: &mut BTreeMap<String, super::Job>,
+    idle_for: Option<&(String, Idle)>,
+) {
+    let dt = now.saturating_duration_since(s.accounted_at);
+    s.accounted_at = now;
+    if dt.is_zero() {
+        return;
+    }
+    let time = dt * s.devices.len().max(1) as u32;
+    let mut held: Vec<&str> = s.leases.iter().map(|(j, _)| j.as_str()).collect();
+    held.sort_unstable();
+    held.dedup();
+    if held.is_empty() {
+        if let Some((job_id, idle)) = idle_for
+            && let Some(job) = jobs.get_mut(job_id)
+        {
+            job.account.add_time(s, time, Some(*idle));
+        }
+        return;
+    }
+    let each = time / held.len() as u32;
+    for job_id in held {
+        if let Some(job) = jobs.get_mut(job_id) {
+            job.account.add_time(s, each, None);
         }
     }
 }

@@ -264,6 +264,7 @@ impl State {
     /// and the shard goes back to the queue at once rather than after its
     /// lease times out.
     fn requeue_past_split(&mut self, commit: &Commit, idx: usize) {
+        self.settle_session(&commit.session_id, Instant::now());
         let key = &commit.key;
         if let Some(session) = self.sessions.get_mut(&commit.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
@@ -299,6 +300,10 @@ impl State {
         }
         let mut answers = Vec::with_capacity(group.len());
         for (pending, result) in group.into_iter().zip(written.results) {
+            if pending.commit.shard_done {
+                // Its lease ends here: its time so far went to the shard.
+                self.settle_session(&pending.commit.session_id, now);
+            }
             let applied = self.apply_commit(pending, result, now);
             match &applied {
                 Ok(_) => self.counters.commits_accepted += 1,

@@ -48,6 +48,8 @@ impl State {
                 AcquireOutcome::Idle
             });
         };
+        // Its time so far went to what it held (or waited for) before this.
+        self.settle_session(session_id, now);
         let token = self.next_token();
         let deadline = now + self.config.lease_timeout;
         let job = self.job_mut(&job_id)?;
@@ -110,6 +112,7 @@ impl State {
     }
 
     fn try_release(&mut self, req: ReqId, release: Release, now: Instant) -> Result<()> {
+        self.settle_session(&release.session_id, now);
         let key = &release.key;
         let job = self.job(&key.job_id)?;
         let idx = job.shard(&key.shard_id)?;
@@ -269,6 +272,7 @@ impl State {
         }
         let mut requeued = 0;
         for (session_id, job_id, idx) in expired {
+            self.settle_session(&session_id, now);
             let worker = self.worker_of(&session_id);
             if let Some(session) = self.sessions.get_mut(&session_id) {
                 session.leases.remove(&(job_id.clone(), idx));

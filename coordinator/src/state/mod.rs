@@ -302,6 +302,8 @@ struct Session {
     waiting_since: Option<Instant>,
     /// Its processor time per job, as last reported.
     reported: HashMap<String, stoke_core::lease::JobStages>,
+    /// Its time is given to jobs up to here (see `account.rs`).
+    accounted_at: Instant,
 }
 
 /// The coordinator's whole in-memory state.

@@ -43,6 +43,7 @@ impl State {
                 leases: HashSet::new(),
                 waiting_since: None,
                 reported: Default::default(),
+                accounted_at: now,
             },
         );
         let refused: Vec<LeaseKey> = registration
@@ -116,6 +117,7 @@ impl State {
     /// The session's connection dropped: its shards go back to the queue at
     /// once.
     pub fn session_closed(&mut self, session_id: &str) {
+        self.settle_session(session_id, Instant::now());
         let Some(session) = self.sessions.remove(session_id) else {
             return;
         };

@@ -178,6 +178,9 @@ async fn a_restarted_coordinator_carries_on_from_the_saved_report() {
     advance(Duration::from_secs(12)).await;
     state.heartbeat(&a, &[la.key()]).expect("heartbeat");
     state.report_work(&a, &stages(10_000, 500), &[]);
+    // 1 s more, whose causes the worker has not reported: the save leaves
+    // it out of both (a restart loses it with the worker's session).
+    advance(Duration::from_secs(1)).await;
     state.tick().await;
     let saved: ReportSoFar = stores
         .get_json(&job_layout("j").report_so_far())
@@ -202,5 +205,5 @@ async fn a_restarted_coordinator_carries_on_from_the_saved_report() {
     assert_eq!(r.devices.len(), 1);
     assert_eq!(r.devices[0].processor_s, 16.0);
     // The wall time covers both coordinators (and the moment between).
-    assert!(r.wall_s >= 16.0 && r.wall_s < 17.0, "{}", r.wall_s);
+    assert!(r.wall_s >= 17.0 && r.wall_s < 18.0, "{}", r.wall_s);
 }
