@@ -9,13 +9,14 @@
 //! reported uncommitted work is counted as `redone` (and taken out of
 //! `model`, which then holds only committed work).
 //!
-//! The coordinator itself integrates time over its sessions: before each
-//! command that may change who works on what, the time since the last one
-//! goes, per connected worker and device, to the job it holds leases of
-//! (its processor time), or, for an idle worker, to a paused job
-//! (`paused`) or a running job in its tail (leased shards, none pending:
-//! `tail_idle`). The report's causes add up to about that processor time;
-//! what is missing is time between a worker's leases.
+//! The coordinator itself integrates time over its sessions: each
+//! session's time since it was last accounted goes, per device, to the
+//! job it holds leases of (its processor time), or, for an idle worker, to
+//! a paused job (`paused`) or a running job in its tail (leased shards,
+//! none pending: `tail_idle`). A session is settled just before its leases
+//! change, and every session at most every `ACCOUNT_EVERY` besides. The
+//! report's causes add up to about that processor time; what is missing
+//! is time between a worker's leases.
 //!
 //! Kept in memory, and saved for every running job every `SAVE_EVERY`
 //! (`report-so-far.json`): a restarted coordinator adds what it counts to
