@@ -155,6 +155,11 @@ impl Account {
         self.before = Some(before);
     }
 
+    /// The job ended now: its report's wall time stops here.
+    pub fn end(&mut self, now: Instant) {
+        self.ended.get_or_insert(now);
+    }
+
     /// An attempt ended without committing `work`.
     pub fn lost(&mut self, work: Work, why: Lost) {
         self.redone_ms += work.model_ms;

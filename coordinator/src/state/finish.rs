@@ -47,6 +47,7 @@ impl State {
         match result {
             Ok(()) => {
                 job.state = JobState::Succeeded;
+                job.account.end(tokio::time::Instant::now());
                 job.reason = None;
                 job.manifest_written = true;
                 let staging = job.staging_dir();

@@ -417,6 +417,7 @@ impl State {
             return;
         };
         job.state = state;
+        job.account.end(Instant::now());
         job.reason = Some(reason.clone());
         job.pending.clear();
         job.must_fail = None;
