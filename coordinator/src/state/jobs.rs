@@ -384,16 +384,7 @@ impl State {
                     });
             }
         }
-        for (session_id, leases) in draining {
-            if let Some(session) = self.sessions.get(&session_id) {
-                // Best effort: a worker that misses this keeps its lease until
-                // its shard ends or the lease times out; no new leases go out.
-                let _ = session.events_tx.try_send(SessionEvent::Drain {
-                    leases,
-                    reason: reason.clone(),
-                });
-            }
-        }
+        self.send_drains(draining, &reason);
         info!(job = %job_id, %reason, "job paused");
     }
 
@@ -408,6 +399,21 @@ impl State {
             .collect();
         info!(job = %job_id, "job resumed");
         self.wake_all();
+    }
+
+    /// Asks each session to checkpoint and release the leases listed for
+    /// it, for `reason` (pause, preemption, a lowered `max_workers`). Best
+    /// effort: a worker that misses it keeps its lease until its shard
+    /// ends or the lease times out.
+    pub(super) fn send_drains(&self, drains: HashMap<String, Vec<LeaseKey>>, reason: &str) {
+        for (session_id, leases) in drains {
+            if let Some(session) = self.sessions.get(&session_id) {
+                let _ = session.events_tx.try_send(SessionEvent::Drain {
+                    leases,
+                    reason: reason.to_string(),
+                });
+            }
+        }
     }
 
     /// Moves a job to a terminal state: drops its leases, tells the workers

@@ -29,7 +29,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
-use stoke_core::lease::{LeaseKey, SessionEvent};
+use stoke_core::lease::LeaseKey;
 use stoke_core::records::JobState;
 use tokio::time::{Duration, Instant};
 use tracing::info;
@@ -420,16 +420,7 @@ impl State {
             taken += 1;
         }
         let reason = format!("preempted for job {claimant} (priority {priority})");
-        for (session_id, leases) in drains {
-            if let Some(session) = self.sessions.get(&session_id) {
-                // Best effort, as for pause: a worker that misses it keeps
-                // its lease until the shard ends or the lease times out.
-                let _ = session.events_tx.try_send(SessionEvent::Drain {
-                    leases,
-                    reason: reason.clone(),
-                });
-            }
-        }
+        self.send_drains(drains, &reason);
     }
 
     /// A job holding more leases than its `max_workers` (lowered by
@@ -497,16 +488,7 @@ impl State {
                 self.counters.leases_preempted += 1;
             }
             let reason = format!("job {job_id} is over its max_workers ({cap})");
-            for (session_id, leases) in drains {
-                if let Some(session) = self.sessions.get(&session_id) {
-                    // Best effort, as for pause; the next tick asks again
-                    // only for leases no one was asked for.
-                    let _ = session.events_tx.try_send(SessionEvent::Drain {
-                        leases,
-                        reason: reason.clone(),
-                    });
-                }
-            }
+            self.send_drains(drains, &reason);
         }
     }
 
