@@ -22,7 +22,9 @@
 #
 # Environment: BENCH_RUNS (runs per W1 contender, default 3), BENCH_SCALE_SECONDS
 # (seconds per worker count, default 10), BENCH_SCALE_WORKERS (default
-# 10,100,1000), BENCH_PLAN_SHARDS (default 1000000), BENCH_RAY=0 to skip Ray.
+# 10,100,1000), BENCH_PLAN_SHARDS (default 1000000), BENCH_RAY=0 to skip Ray,
+# BENCH_SCALE_COORDINATOR_CPUS (CPUs for the coordinator in `scale`'s pinned
+# runs, default 0-1 on a machine with 4 or more; `none` skips those runs).
 #
 # Idempotent; caches in ~/.cache/stoke/bench/ (workload, logs, results) and a
 # separate venv ~/.cache/stoke/bench-venv with torch, pyarrow, numpy and
@@ -349,8 +351,26 @@ run_scale() {
   "$BIN/stoke-bench-scale" cycles --workers "${BENCH_SCALE_WORKERS:-10,100,1000}" \
     --seconds "${BENCH_SCALE_SECONDS:-10}" --work-dir "$BENCH_DIR/scale" | tee -a "$out"
   log "coordinator scale: 100 jobs of mixed priorities at 1000 workers, an urgent job half-way"
-  "$BIN/stoke-bench-scale" cycles --workers 1000 --jobs 100 \
+  # 20,000 shards a job: no job runs out within the run (jobs_done=0), so
+  # all 100 share the workers to the end.
+  "$BIN/stoke-bench-scale" cycles --workers 1000 --jobs 100 --shards 2000000 \
     --seconds "${BENCH_SCALE_SECONDS:-10}" --work-dir "$BENCH_DIR/scale" | tee -a "$out"
+  # With cores to spare, the same runs again with the coordinator on cores
+  # of its own, the simulated workers on the rest: on a small machine the
+  # two share every core and the workers' CPU caps what the run can show.
+  local ncpu coord_cpus
+  ncpu=$(nproc)
+  coord_cpus="${BENCH_SCALE_COORDINATOR_CPUS:-0-1}"
+  if [ "$coord_cpus" != none ] && [ "$ncpu" -ge 4 ]; then
+    local client_cpus="2-$((ncpu - 1))"
+    [ -n "${BENCH_SCALE_COORDINATOR_CPUS:-}" ] && client_cpus="${BENCH_SCALE_CLIENT_CPUS:?set BENCH_SCALE_CLIENT_CPUS with BENCH_SCALE_COORDINATOR_CPUS}"
+    for jobs in 1 100; do
+      log "coordinator scale: $jobs job(s) at 1000 workers, the coordinator on CPUs $coord_cpus, the workers on $client_cpus"
+      "$BIN/stoke-bench-scale" cycles --workers 1000 --jobs "$jobs" --shards $((jobs == 1 ? 400000 : 2000000)) \
+        --seconds "${BENCH_SCALE_SECONDS:-10}" --work-dir "$BENCH_DIR/scale" \
+        --coordinator-cpus "$coord_cpus" --client-cpus "$client_cpus" | tee -a "$out"
+    done
+  fi
   log "coordinator scale: the acquire path alone, 1 to 1000 jobs"
   "$BIN/stoke-bench-scale" acquire --jobs 1,10,100,1000 --workers 1000 | tee -a "$out"
   log "coordinator scale: plan ${BENCH_PLAN_SHARDS:-1000000} shards"

@@ -10,6 +10,8 @@ use stoke_core::PROTOCOL_VERSION;
 use stoke_proto::v1 as pb;
 use stoke_proto::v1::job_service_client::JobServiceClient;
 use stoke_sandbox::{Coordinator, Launch};
+
+use crate::pin::Cpus;
 use tonic::transport::Channel;
 
 pub use stoke_sandbox::Memory;
@@ -19,25 +21,40 @@ pub struct CoordinatorProcess {
     root: PathBuf,
 }
 
+/// How the benchmark starts coordinators: the binary, its log level, and
+/// the CPUs it runs on (all of them unless pinned).
+#[derive(Debug, Clone)]
+pub struct Launcher {
+    pub bin: PathBuf,
+    pub log: String,
+    pub cpus: Option<Cpus>,
+}
+
 impl CoordinatorProcess {
     /// Starts the coordinator on 127.0.0.1 (a free port) with a fresh file
-    /// root under `dir`, and waits until it is ready.
-    pub async fn start(bin: &Path, dir: &Path, log: &str) -> anyhow::Result<Self> {
+    /// root under `dir`, pins it if asked, and waits until it is ready.
+    pub async fn start(launcher: &Launcher, dir: &Path) -> anyhow::Result<Self> {
         if dir.exists() {
             std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
         }
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let root = dir.join("state");
         let launch = Launch::new(root.display().to_string(), dir)
-            .binary(bin)
+            .binary(&launcher.bin)
             // Commits with shard_done end every lease within milliseconds;
             // the default timeout (30s) only matters for the expiry scan.
             .args(&["--lease-timeout", "30s"])
-            .env(&[("RUST_LOG", log)]);
+            .env(&[("RUST_LOG", launcher.log.as_str())]);
         // The sandbox waits on the process with blocking polls.
         let inner = tokio::task::spawn_blocking(move || launch.start())
             .await
             .context("starting the coordinator")?;
+        if let Some(cpus) = &launcher.cpus {
+            // Ready means its runtime's threads are up; the ones it starts
+            // later (blocking tasks) inherit the set from them.
+            cpus.pin_process(inner.proc.pid())
+                .context("pinning the coordinator")?;
+        }
         Ok(Self { inner, root })
     }
 

@@ -20,7 +20,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 use tonic::transport::Channel;
 
-use crate::coordinator::{CoordinatorProcess, own_cpu_seconds, range_spec};
+use crate::coordinator::{CoordinatorProcess, Launcher, own_cpu_seconds, range_spec};
 
 pub(crate) const RECORDS_PER_SHARD: u64 = 10;
 /// What a simulated worker uploads for each checkpoint.
@@ -63,6 +63,11 @@ pub struct CyclesReport {
     client_cpu_s: f64,
     coordinator_rss_mib: f64,
     jobs: usize,
+    /// Jobs (of `jobs`, the urgent one aside) that ran out of shards and
+    /// ended during the run.
+    jobs_done: usize,
+    /// The CPUs the coordinator was pinned to (`None`: all of them).
+    coordinator_cpus: Option<String>,
     /// Submit answered -> first lease of the urgent job (runs with jobs > 1).
     urgent_first_lease: Option<Duration>,
 }
@@ -111,7 +116,12 @@ impl fmt::Display for CyclesReport {
                 .collect::<Vec<_>>()
                 .join(","),
         )?;
-        write!(f, " jobs={}", self.jobs)?;
+        write!(f, " jobs={} jobs_done={}", self.jobs, self.jobs_done)?;
+        write!(
+            f,
+            " coordinator_cpus={}",
+            self.coordinator_cpus.as_deref().unwrap_or("all")
+        )?;
         if let Some(d) = self.urgent_first_lease {
             write!(f, " urgent_first_lease_ms={:.2}", d.as_secs_f64() * 1e3)?;
         }
@@ -145,14 +155,14 @@ struct WorkerTally {
 }
 
 pub async fn run(
-    coordinator_bin: &Path,
+    launcher: &Launcher,
     dir: &Path,
-    log: &str,
     options: &Options,
 ) -> anyhow::Result<CyclesReport> {
-    let coordinator = CoordinatorProcess::start(coordinator_bin, dir, log).await?;
+    let coordinator = CoordinatorProcess::start(launcher, dir).await?;
     let jobs = options.jobs.max(1);
     let per_job = options.shards / jobs as u64;
+    let mut job_ids = Vec::with_capacity(jobs);
     for i in 0..jobs {
         let spec = if jobs == 1 {
             range_spec("bench-cycles", options.shards, RECORDS_PER_SHARD)
@@ -172,6 +182,7 @@ pub async fn run(
             "planned {} shards",
             job.shards_total
         );
+        job_ids.push(job.job_id);
     }
     let urgent = Arc::new(Urgent::default());
 
@@ -231,6 +242,16 @@ pub async fn run(
     let cpu_used = coordinator.cpu_seconds()? - cpu_before;
     let client_cpu_used = own_cpu_seconds()? - client_cpu_before;
     let rss = coordinator.memory()?.rss_mib();
+    // Jobs that ran out of shards and ended during the run: their ends
+    // (manifest, sweep) were part of the work measured, and fewer jobs
+    // were left to share the workers.
+    let mut jobs_done = 0;
+    for id in &job_ids {
+        let (job, _) = coordinator.get_job(id).await?;
+        if job.state == pb::JobState::Succeeded as i32 {
+            jobs_done += 1;
+        }
+    }
     coordinator.stop().await;
 
     let merged = |pick: fn(&WorkerTally) -> &Vec<u32>| {
@@ -269,6 +290,8 @@ pub async fn run(
         client_cpu_s: client_cpu_used,
         coordinator_rss_mib: rss,
         jobs,
+        jobs_done,
+        coordinator_cpus: launcher.cpus.as_ref().map(ToString::to_string),
         urgent_first_lease,
     })
 }

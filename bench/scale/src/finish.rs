@@ -18,7 +18,7 @@ use stoke_proto::v1::acquire_lease_response::Outcome;
 use tokio::sync::Mutex;
 use tokio::task::JoinSet;
 
-use crate::coordinator::{CoordinatorProcess, range_spec};
+use crate::coordinator::{CoordinatorProcess, Launcher, range_spec};
 use crate::cycles::{self, RECORDS_PER_SHARD, SimWorker, percentile_ms};
 
 pub struct Options {
@@ -87,12 +87,11 @@ impl fmt::Display for FinishReport {
 }
 
 pub async fn run(
-    coordinator_bin: &Path,
+    launcher: &Launcher,
     dir: &Path,
-    log: &str,
     options: &Options,
 ) -> anyhow::Result<FinishReport> {
-    let coordinator = CoordinatorProcess::start(coordinator_bin, dir, log).await?;
+    let coordinator = CoordinatorProcess::start(launcher, dir).await?;
     let channel = coordinator.channel().await?;
     // `steady` first: jobs lease in submission order, so its workers take
     // its shards before `big` exists.

@@ -24,6 +24,7 @@ mod acquire;
 mod coordinator;
 mod cycles;
 mod finish;
+mod pin;
 mod plan;
 
 use std::path::PathBuf;
@@ -31,6 +32,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+
+use crate::coordinator::Launcher;
+use crate::pin::Cpus;
 
 /// Coordinator scale benchmark (no model, no libtorch).
 #[derive(Debug, Parser)]
@@ -47,6 +51,14 @@ struct Cli {
     /// and every finished shard; `warn` measures the state machine itself.
     #[arg(long, global = true, default_value = "warn")]
     coordinator_log: String,
+    /// Run the coordinator on these CPUs only (`0-1`, `0,2,4-7`), all its
+    /// threads: measures it with cores of its own.
+    #[arg(long, global = true)]
+    coordinator_cpus: Option<Cpus>,
+    /// Run this process (the simulated workers) on these CPUs only; keep
+    /// them apart from `--coordinator-cpus`.
+    #[arg(long, global = true)]
+    client_cpus: Option<Cpus>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -65,8 +77,10 @@ enum Cmd {
         /// the workers of one node would share one.
         #[arg(long, default_value_t = 50)]
         workers_per_channel: usize,
-        /// Shards in the job: more than the run can finish, so no worker
-        /// runs out and the job never completes during the measurement.
+        /// Shards in the job (with `--jobs N`, split evenly among them):
+        /// more than the run can finish, so no worker runs out and no job
+        /// completes during the measurement (`jobs_done` in the report
+        /// says whether any did).
         #[arg(long, default_value_t = 400_000)]
         shards: u64,
         /// Concurrent jobs sharing those shards, of mixed priorities and
@@ -131,6 +145,15 @@ fn main() -> anyhow::Result<()> {
     };
     std::fs::create_dir_all(&work_dir)
         .with_context(|| format!("creating {}", work_dir.display()))?;
+    if let Some(cpus) = &cli.client_cpus {
+        // Before the runtime starts, so all its threads inherit the set.
+        cpus.pin_this_thread()?;
+    }
+    let launcher = Launcher {
+        bin: coordinator_bin,
+        log: cli.coordinator_log.clone(),
+        cpus: cli.coordinator_cpus.clone(),
+    };
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     let result = runtime.block_on(async {
         match cli.command {
@@ -150,10 +173,9 @@ fn main() -> anyhow::Result<()> {
                         jobs,
                     };
                     let dir = work_dir.join(format!("cycles-{w}"));
-                    let report =
-                        cycles::run(&coordinator_bin, &dir, &cli.coordinator_log, &options)
-                            .await
-                            .with_context(|| format!("cycles with {w} workers"))?;
+                    let report = cycles::run(&launcher, &dir, &options)
+                        .await
+                        .with_context(|| format!("cycles with {w} workers"))?;
                     println!("{report}");
                 }
                 Ok(())
@@ -171,7 +193,7 @@ fn main() -> anyhow::Result<()> {
                     after: Duration::from_secs_f64(after),
                 };
                 let dir = work_dir.join("finish");
-                let report = finish::run(&coordinator_bin, &dir, &cli.coordinator_log, &options)
+                let report = finish::run(&launcher, &dir, &options)
                     .await
                     .context("finish")?;
                 println!("{report}");
@@ -197,9 +219,7 @@ fn main() -> anyhow::Result<()> {
             }
             Cmd::Plan { shards } => {
                 let dir = work_dir.join("plan");
-                let report = plan::run(&coordinator_bin, &dir, &cli.coordinator_log, shards)
-                    .await
-                    .context("plan")?;
+                let report = plan::run(&launcher, &dir, shards).await.context("plan")?;
                 println!("{report}");
                 Ok(())
             }

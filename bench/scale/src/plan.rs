@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::coordinator::{CoordinatorProcess, Memory, file_size, range_spec};
+use crate::coordinator::{CoordinatorProcess, Launcher, Memory, file_size, range_spec};
 
 const RECORDS_PER_SHARD: u64 = 10;
 
@@ -38,13 +38,8 @@ impl fmt::Display for PlanReport {
     }
 }
 
-pub async fn run(
-    coordinator_bin: &Path,
-    dir: &Path,
-    log: &str,
-    shards: u64,
-) -> anyhow::Result<PlanReport> {
-    let coordinator = CoordinatorProcess::start(coordinator_bin, dir, log).await?;
+pub async fn run(launcher: &Launcher, dir: &Path, shards: u64) -> anyhow::Result<PlanReport> {
+    let coordinator = CoordinatorProcess::start(launcher, dir).await?;
     let before = coordinator.memory()?;
     let spec = range_spec("bench-plan", shards, RECORDS_PER_SHARD);
     let (job, submit) = coordinator.submit(&spec).await?;

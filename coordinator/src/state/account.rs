@@ -34,7 +34,7 @@ use stoke_core::store::to_json_bytes;
 use tokio::time::Instant;
 
 use super::effects::Then;
-use super::{Io, Session, State};
+use super::{Io, Job, Session, State};
 use crate::error::Result;
 
 /// How often, at most, the workers' time is given to jobs.
@@ -409,13 +409,13 @@ impl State {
     /// The job an idle worker waits for: a paused one first, else one in
     /// its tail (shards leased, none waiting).
     fn idle_target(&self) -> Option<(String, Idle)> {
-        let jobs = || self.order.iter().filter_map(|id| self.jobs.get(id));
-        jobs()
-            .find(|j| j.state == JobState::Paused)
+        // The first in submission order, walking `jobs` without lookups.
+        let first =
+            |want: fn(&Job) -> bool| self.jobs.values().filter(|j| want(j)).min_by_key(|j| j.seq);
+        first(|j| j.state == JobState::Paused)
             .map(|j| (j.id.clone(), Idle::Paused))
             .or_else(|| {
-                jobs()
-                    .find(|j| j.state == JobState::Running && j.pending.is_empty() && j.leased > 0)
+                first(|j| j.state == JobState::Running && j.pending.is_empty() && j.leased > 0)
                     .map(|j| (j.id.clone(), Idle::Tail))
             })
     }
@@ -441,12 +441,13 @@ impl State {
         let mut writes = Vec::new();
         let mut saves = Vec::new();
         for job in self.jobs.values_mut() {
-            let split = job.shards_split();
-            let account = &mut job.account;
             if !job.state.is_terminal()
-                && !account.saving
-                && now.saturating_duration_since(account.saved) >= SAVE_EVERY
+                && !job.account.saving
+                && now.saturating_duration_since(job.account.saved) >= SAVE_EVERY
             {
+                // Counted here, not every tick: it walks the job's shards.
+                let split = job.shards_split();
+                let account = &mut job.account;
                 account.saving = true;
                 account.saved = now;
                 let so_far = ReportSoFar {

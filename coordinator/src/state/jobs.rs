@@ -165,6 +165,7 @@ impl State {
         info!(job = %job_id, shards = job.shards.len(), priority = job.schedule.priority, queue = job.spec.queue_name(), "job submitted");
         // Its turn starts now, not from the beginning of time.
         job.pass = self.vtime;
+        job.seq = self.order.len();
         self.order.push(job_id.clone());
         self.jobs.insert(job_id.clone(), job);
         self.wake_all();

@@ -101,6 +101,9 @@ struct ShardState {
 
 struct Job {
     id: String,
+    /// Its place in submission order (`State::order`), the last tie-break
+    /// among equals: the hot paths walk `jobs` without looking ids up.
+    seq: usize,
     spec: Arc<JobSpec>,
     plan: Arc<Plan>,
     layout: JobLayout,
@@ -201,6 +204,7 @@ impl Job {
             .collect();
         Self {
             id,
+            seq: 0,
             pending: (0..shards.len()).collect(),
             plan,
             layout,

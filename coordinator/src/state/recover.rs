@@ -122,6 +122,7 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
             // folder after its last sweep.
             state.effects.push(Effect::Sweep(job.staging_dir()));
         }
+        job.seq = state.order.len();
         state.order.push(job_id.clone());
         state.jobs.insert(job_id, job);
     }

@@ -179,10 +179,7 @@ impl State {
         let usage = self.queue_usage();
         let mut any_unfinished = false;
         let mut best: Option<(Rank, Choice)> = None;
-        for (order, job_id) in self.order.iter().enumerate() {
-            let Some(job) = self.jobs.get(job_id) else {
-                continue;
-            };
+        for job in self.jobs.values() {
             if job.state.is_terminal() {
                 continue;
             }
@@ -209,7 +206,7 @@ impl State {
                 leased: job.leased,
                 weight: job.schedule.weight,
                 pass: job.pass,
-                order,
+                order: job.seq,
             };
             if best.as_ref().is_some_and(|(b, _)| !rank.better_than(b)) {
                 continue;
@@ -220,7 +217,7 @@ impl State {
             });
             if let Some(pos) = pick {
                 let choice = Choice {
-                    job_id: job_id.clone(),
+                    job_id: job.id.clone(),
                     pos,
                 };
                 best = Some((rank, choice));
@@ -495,11 +492,8 @@ impl State {
     /// The job most deserving of a worker that could take one within its
     /// own caps (not by borrowing), and how many more leases it could use.
     fn claimant(&self, usage: &HashMap<String, u64>) -> Option<(String, u64)> {
-        let mut best: Option<(Rank, String, u64)> = None;
-        for (order, job_id) in self.order.iter().enumerate() {
-            let Some(job) = self.jobs.get(job_id) else {
-                continue;
-            };
+        let mut best: Option<(Rank, &str, u64)> = None;
+        for job in self.jobs.values() {
             if job.state != JobState::Running || job.busy || job.pending.is_empty() {
                 continue;
             }
@@ -520,13 +514,13 @@ impl State {
                 leased: job.leased,
                 weight: job.schedule.weight,
                 pass: job.pass,
-                order,
+                order: job.seq,
             };
             if best.as_ref().is_none_or(|(b, _, _)| rank.better_than(b)) {
-                best = Some((rank, job_id.clone(), room));
+                best = Some((rank, &job.id, room));
             }
         }
-        best.map(|(_, id, room)| (id, room))
+        best.map(|(_, id, room)| (id.to_string(), room))
     }
 }
 
