@@ -9,10 +9,29 @@ use crate::wait::DEADLINE;
 
 /// The workspace root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("sandbox/ has a parent")
-        .to_path_buf()
+    // At run time first: `cargo test` and `cargo run` set it to the
+    // package's folder. The compiled-in path can name another clone of
+    // the repository that shared the target folder and built this crate
+    // first. The root is the nearest folder above with the workspace's
+    // Cargo.toml.
+    let workspace = |package: &Path| {
+        package
+            .ancestors()
+            .find(|dir| {
+                std::fs::read_to_string(dir.join("Cargo.toml"))
+                    .is_ok_and(|toml| toml.contains("[workspace]"))
+            })
+            .map(Path::to_path_buf)
+    };
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .and_then(|dir| workspace(Path::new(&dir)))
+        .or_else(|| workspace(Path::new(env!("CARGO_MANIFEST_DIR"))))
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("sandbox/ has a parent")
+                .to_path_buf()
+        })
 }
 
 /// The folder of the workspace's binaries this process was built with:
