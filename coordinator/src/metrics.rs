@@ -81,6 +81,8 @@ pub struct Snapshot {
     pub queues: Vec<QueueDemand>,
     /// Every job's efficiency report.
     pub reports: Vec<EfficiencyReport>,
+    /// Shards whose state the coordinator holds in memory.
+    pub shards_in_memory: u64,
 }
 
 /// What an autoscaler reads for one queue: the work waiting and running,
@@ -207,6 +209,11 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         "stoke_workers",
         "Worker sessions connected now",
         gauge(snapshot.workers.len() as u64),
+    );
+    registry.register(
+        "stoke_shards_in_memory",
+        "Shards whose state the coordinator holds in memory: every shard of jobs not succeeded; a succeeded job's leave once its end is stored",
+        gauge(snapshot.shards_in_memory),
     );
     let worker_leases = Family::<Labels, Gauge>::default();
     let stage_seconds = Family::<Labels, Counter<f64>>::default();
@@ -433,6 +440,7 @@ mod tests {
                 shards_split: 3,
                 ..Default::default()
             }],
+            shards_in_memory: 4,
         };
         snapshot.histograms.commit.observe(0.002);
         let job = JobInfo {
@@ -459,6 +467,7 @@ mod tests {
             Some("5")
         );
         assert_eq!(line(&body, "stoke_workers"), Some("1"));
+        assert_eq!(line(&body, "stoke_shards_in_memory"), Some("4"));
         assert_eq!(
             line(&body, "stoke_worker_leases{worker=\"w\\\"1\",host=\"h\"}"),
             Some("1")

@@ -540,14 +540,6 @@ fn submit_watch_follows_the_job_with_plain_progress_lines_off_a_terminal() {
     );
 }
 
-/// The value of a metric line (`name{labels} value`) in Prometheus text.
-fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
 #[test]
 fn health_readiness_and_metrics_over_http() {
     let tmp = tempfile::tempdir().expect("tempdir");

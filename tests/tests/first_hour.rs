@@ -518,6 +518,16 @@ fn outputs_lists_committed_objects_and_the_folder_reads_in_pyarrow_and_duckdb() 
     sorted.sort();
     in_manifest.sort();
     assert_eq!(sorted, in_manifest, "the manifest's objects, exactly");
+    // Once the coordinator lets go of the succeeded job's shards (at its
+    // next tick), the same answer comes from the manifest.
+    wait_until("the job's shards let go", DEADLINE, || {
+        let (_, body) = http_get(&coordinator.http_addr, "/metrics")?;
+        (metric(&body, "stoke_shards_in_memory") == Some(0.0)).then_some(())
+    });
+    let again = coordinator.cli(&["outputs", &job_id, "--json"]);
+    assert!(again.status.success(), "{}", text_of(&again));
+    let again: serde_json::Value = serde_json::from_slice(&again.stdout).expect("json");
+    assert_eq!(again, listed, "outputs from the manifest, as from memory");
     let shards = coordinator.status(&job_id)["shards_total"]
         .as_u64()
         .expect("shards");

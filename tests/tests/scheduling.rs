@@ -49,9 +49,7 @@ fn metric(coordinator: &Coordinator, series: &str) -> Option<f64> {
     if code != 200 {
         return None;
     }
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.parse().ok())
+    stoke_tests::metric(&body, series)
 }
 
 #[test]

@@ -104,6 +104,11 @@ impl CoordinatorProcess {
         Ok((job, started.elapsed()))
     }
 
+    /// Its HTTP address (`/metrics`).
+    pub fn http_addr(&self) -> &str {
+        &self.inner.http_addr
+    }
+
     pub fn memory(&self) -> anyhow::Result<Memory> {
         self.inner
             .memory()

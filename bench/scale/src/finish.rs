@@ -250,7 +250,7 @@ async fn commit_steadily(
 
 /// Takes `big`'s shards and commits each as done with one staged object,
 /// until none is left to lease; returns when it sent its last commit.
-async fn drive(
+pub(crate) async fn drive(
     mut worker: SimWorker,
     big_id: &str,
     started: Instant,

@@ -14,6 +14,7 @@
 //! - `plan`: submits a `range` job with 1,000,000 shards and reports how long
 //!   the submit took and the coordinator's memory afterwards.
 //!
+//! - `ended`: the coordinator's memory as jobs end one after another.
 //! - `finish`: commit latency of a running job while another job with
 //!   many shards finishes (manifest, orphans), against the same job's
 //!   latency once the other is done.
@@ -23,6 +24,7 @@
 mod acquire;
 mod coordinator;
 mod cycles;
+mod ended;
 mod finish;
 mod pin;
 mod plan;
@@ -114,6 +116,19 @@ enum Cmd {
         /// Seconds the running job goes on after the other succeeded.
         #[arg(long, default_value_t = 3.0)]
         after: f64,
+    },
+    /// The coordinator's memory as jobs end one after another (each
+    /// driven to its end by simulated workers).
+    Ended {
+        /// Jobs, one after another.
+        #[arg(long, default_value_t = 10)]
+        jobs: usize,
+        /// Shards in each.
+        #[arg(long, default_value_t = 20_000)]
+        shards: u64,
+        /// Simulated workers driving each.
+        #[arg(long, default_value_t = 64)]
+        workers: usize,
     },
     /// Submit time and coordinator memory for a job with many shards.
     Plan {
@@ -215,6 +230,23 @@ fn main() -> anyhow::Result<()> {
                         .with_context(|| format!("acquire with {j} jobs"))?;
                     println!("{report}");
                 }
+                Ok(())
+            }
+            Cmd::Ended {
+                jobs,
+                shards,
+                workers,
+            } => {
+                let options = ended::Options {
+                    jobs,
+                    shards,
+                    workers: workers.max(1),
+                };
+                let dir = work_dir.join("ended");
+                let report = ended::run(&launcher, &dir, &options)
+                    .await
+                    .context("ended")?;
+                println!("{report}");
                 Ok(())
             }
             Cmd::Plan { shards } => {

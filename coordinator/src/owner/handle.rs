@@ -6,7 +6,7 @@ use stoke_core::lease::{
     AcquireOutcome, Commit, Heartbeat, Registration, Release, SessionEvent, SessionGrant,
 };
 use stoke_core::plan::plan_dataset;
-use stoke_core::records::{JobErrors, JobInfo, ManifestEntry, SkippedRecord};
+use stoke_core::records::{JobErrors, JobInfo, Manifest, ManifestEntry, SkippedRecord};
 use stoke_core::report::EfficiencyReport;
 use stoke_core::schedule::ScheduleChange;
 use stoke_core::spec::JobSpec;
@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{CoordinatorError, Result};
 use crate::metrics::Snapshot;
 use crate::progress::StatusReport;
-use crate::state::ErrorSources;
+use crate::state::{ErrorSources, JobOutputs};
 
 pub(super) type Reply<T> = oneshot::Sender<Result<T>>;
 
@@ -50,7 +50,7 @@ pub(super) enum Command {
     },
     JobOutputs {
         job_id: String,
-        reply: Reply<Vec<ManifestEntry>>,
+        reply: Reply<JobOutputs>,
     },
     Cancel {
         job_id: String,
@@ -230,9 +230,26 @@ impl Handle {
 
     /// The output objects a job has committed so far (`stoke outputs`).
     pub async fn job_outputs(&self, job_id: &str) -> Result<Vec<ManifestEntry>> {
-        let job_id = job_id.to_string();
-        self.call(|reply| Command::JobOutputs { job_id, reply })
-            .await
+        let owned = job_id.to_string();
+        let outputs = self
+            .call(|reply| Command::JobOutputs {
+                job_id: owned,
+                reply,
+            })
+            .await?;
+        match outputs {
+            JobOutputs::Listed(entries) => Ok(entries),
+            // A succeeded job whose shards left the owner's memory: its
+            // manifest lists the same entries, read here, off the loop.
+            JobOutputs::InManifest(uri) => {
+                let manifest: Manifest = self.stores.get_json(&uri).await?.ok_or_else(|| {
+                    CoordinatorError::Recovery(format!(
+                        "job {job_id} succeeded but its manifest {uri} is missing"
+                    ))
+                })?;
+                Ok(manifest.outputs)
+            }
+        }
     }
 
     pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<JobInfo> {

@@ -176,6 +176,17 @@ impl State {
     fn check_commit(&mut self, commit: Commit) -> Result<CommitStep> {
         let key = &commit.key;
         let job = self.job(&key.job_id)?;
+        if job.ended.is_some() {
+            // A zombie of a job that succeeded long ago (its shards have
+            // left memory): refused like one just after the end.
+            let error = CoordinatorError::JobNotRunning {
+                job_id: job.id.clone(),
+                state: job.state.to_string(),
+            };
+            let attempt = folder(&attempt_prefix(&job.staging, &key.shard_id, key.token));
+            self.effects.push(Effect::Sweep(attempt));
+            return Err(error);
+        }
         let idx = job.shard(&key.shard_id)?;
         let shard = &job.shards[idx];
         // A retry of a commit that was stored but whose answer was lost.

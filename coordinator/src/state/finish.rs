@@ -4,10 +4,14 @@
 //! at the next tick; a coordinator that died half-way finishes the job at
 //! its next start.
 
-use tracing::{info, warn};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use stoke_core::plan::Plan;
+use tracing::{debug, info, warn};
 
 use super::effects::Then;
-use super::{Effect, FinishJob, Io, State};
+use super::{Effect, Ended, FinishJob, Io, State, has_errors};
 use crate::error::Result;
 use stoke_core::records::JobState;
 
@@ -58,5 +62,54 @@ impl State {
             Err(e) => warn!(job = %job_id, error = %e, "finishing job failed; will retry"),
         }
         self.run_deferred(job_id);
+    }
+
+    /// Succeeded jobs whose end is stored (manifest, status, report) let
+    /// go of their plan and their shards' states, so a coordinator that
+    /// runs job after job for months holds the shards of the jobs not
+    /// done, not of every job it ever ran. What their views show stays
+    /// (`Ended`); their outputs are read from the manifest.
+    pub(super) fn release_ended(&mut self) {
+        for job in self.jobs.values_mut() {
+            if job.ended.is_some()
+                || job.state != JobState::Succeeded
+                || !job.manifest_written
+                || !job.account.report_written
+                || job.busy
+                || job.leased > 0
+                || !job.deferred.is_empty()
+            {
+                continue;
+            }
+            let errors = job
+                .plan
+                .shards
+                .iter()
+                .zip(&job.shards)
+                .filter(|(_, s)| has_errors(&s.progress))
+                .map(|(planned, s)| (planned.id.clone(), s.progress.clone()))
+                .collect();
+            let ended = Ended {
+                shards_total: job.shards.len() as u64,
+                shards_split: job.shards_split(),
+                errors,
+            };
+            job.plan = Arc::new(Plan {
+                shards: Vec::new(),
+                records_total: job.plan.records_total,
+                jsonl_schema: None,
+            });
+            job.shards = Vec::new();
+            job.shard_index = HashMap::new();
+            job.pending = VecDeque::new();
+            job.ended = Some(ended);
+            debug!(job = %job.id, "succeeded job's shards released from memory");
+        }
+    }
+
+    /// Shards whose state is held in memory, over every job (for
+    /// `/metrics`): a succeeded job's leave once its end is stored.
+    pub fn shards_in_memory(&self) -> u64 {
+        self.jobs.values().map(|j| j.shards.len() as u64).sum()
     }
 }

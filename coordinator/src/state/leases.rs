@@ -115,6 +115,11 @@ impl State {
         self.settle_session(&release.session_id, now);
         let key = &release.key;
         let job = self.job(&key.job_id)?;
+        if job.ended.is_some() {
+            // The job succeeded long ago: a stale release, nothing to do.
+            self.reply(Some(req), Answer::Done(Ok(())));
+            return Ok(());
+        }
         let idx = job.shard(&key.shard_id)?;
         let holds = job.shards[idx]
             .lease
@@ -310,5 +315,6 @@ impl State {
         self.shed_over_cap();
         self.preempt(now);
         self.write_reports(now);
+        self.release_ended();
     }
 }

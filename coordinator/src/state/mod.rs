@@ -71,6 +71,7 @@ pub use effects::{Answer, CreateJob, Effect, FinishJob, Io, IoId, ReqId};
 pub use schedule::WaitReason;
 pub use split::{SPLIT_IN_PROCESS_BATCHES, Share, SplitPoint, split_point};
 pub use view::ErrorSources;
+pub use view::JobOutputs;
 
 /// Fencing tokens: the coordinator's epoch in the high 32 bits, a counter in
 /// the low 32. Epochs grow at every start, so tokens grow across restarts.
@@ -142,6 +143,20 @@ struct Job {
     pass: f64,
     /// Its processor time by cause.
     account: account::Account,
+    /// Set once the job succeeded and its end is stored: its plan and its
+    /// shards' states have left memory (`State::release_ended`).
+    ended: Option<Ended>,
+}
+
+/// What a succeeded job keeps in memory once its end is stored: what its
+/// views show, without a state per shard. Its outputs are in its manifest.
+#[derive(Debug)]
+struct Ended {
+    shards_total: u64,
+    shards_split: u64,
+    /// The shards with a failed attempt, a store failure or a skipped
+    /// record (for `stoke errors`), in shard order.
+    errors: Vec<(String, Arc<ProgressRecord>)>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -157,6 +172,12 @@ struct Totals {
     recorded: u64,
     /// Records written to progress logs since the last snapshot.
     logged: u64,
+}
+
+/// A shard with a failed attempt, a store failure or a skipped record:
+/// what `stoke errors` lists.
+fn has_errors(p: &ProgressRecord) -> bool {
+    p.failed_attempts > 0 || p.store_failures > 0 || p.skipped > 0
 }
 
 /// A shard not done yet whose earlier attempts failed.
@@ -226,6 +247,7 @@ impl Job {
             pass: 0.0,
             spec,
             account: account::Account::new(now),
+            ended: None,
         }
     }
 
@@ -278,10 +300,22 @@ impl Job {
     }
 
     fn all_done(&self) -> bool {
-        self.totals.shards_done == self.shards.len() as u64
+        self.totals.shards_done == self.shards_total()
+    }
+
+    fn shards_total(&self) -> u64 {
+        self.ended
+            .as_ref()
+            .map_or(self.shards.len() as u64, |e| e.shards_total)
     }
 
     fn shard(&self, shard_id: &str) -> Result<usize> {
+        if self.ended.is_some() {
+            return Err(CoordinatorError::JobNotRunning {
+                job_id: self.id.clone(),
+                state: self.state.to_string(),
+            });
+        }
         self.shard_index
             .get(shard_id)
             .copied()

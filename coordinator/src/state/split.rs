@@ -160,6 +160,9 @@ pub(super) fn apply_stored(plan: &mut Plan, progress: &HashMap<String, ProgressR
 impl Job {
     /// Shards made by splits.
     pub(super) fn shards_split(&self) -> u64 {
+        if let Some(ended) = &self.ended {
+            return ended.shards_split;
+        }
         self.plan
             .shards
             .iter()

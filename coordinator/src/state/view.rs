@@ -5,10 +5,12 @@
 use std::collections::HashMap;
 
 use stoke_core::StoreUri;
-use stoke_core::records::{JobInfo, JobScheduling, JobState, ManifestEntry, ShardErrors};
+use stoke_core::records::{
+    JobInfo, JobScheduling, JobState, ManifestEntry, ProgressRecord, ShardErrors,
+};
 use tokio::time::Instant;
 
-use super::{Job, State, WaitReason, failed_unfinished};
+use super::{Job, State, WaitReason, failed_unfinished, has_errors};
 use crate::error::Result;
 use crate::metrics::{Snapshot, WorkerInfo};
 use crate::progress::{JobProgress, ShardCounts, StatusReport, eta};
@@ -21,6 +23,15 @@ pub struct ErrorSources {
     pub objects: Vec<(String, StoreUri)>,
 }
 
+/// A job's committed outputs: listed from its shards' progress, or, for a
+/// succeeded job whose shards left memory, in its manifest (the caller
+/// reads it, off the owner's loop).
+#[derive(Debug, Clone)]
+pub enum JobOutputs {
+    Listed(Vec<ManifestEntry>),
+    InManifest(StoreUri),
+}
+
 impl Job {
     pub(super) fn info(&self, shards_leased: u64, waiting: Option<WaitReason>) -> JobInfo {
         JobInfo {
@@ -28,7 +39,7 @@ impl Job {
             name: self.spec.name.clone().unwrap_or_default(),
             state: self.state,
             reason: self.reason.clone(),
-            shards_total: self.shards.len() as u64,
+            shards_total: self.shards_total(),
             shards_done: self.totals.shards_done,
             shards_leased,
             records_done: self.totals.records,
@@ -108,6 +119,7 @@ impl State {
             workers,
             queues: self.demand(),
             reports: self.reports(now),
+            shards_in_memory: self.shards_in_memory(),
         }
     }
 
@@ -194,12 +206,23 @@ impl State {
         let job = self.job(job_id)?;
         let mut shards = Vec::new();
         let mut objects = Vec::new();
-        for (idx, shard) in job.shards.iter().enumerate() {
-            let p = &shard.progress;
-            if p.failed_attempts == 0 && p.store_failures == 0 && p.skipped == 0 {
-                continue;
-            }
-            let shard_id = job.plan.shards[idx].id.clone();
+        let with_errors: Vec<(&str, &ProgressRecord)> = match &job.ended {
+            Some(ended) => ended
+                .errors
+                .iter()
+                .map(|(id, p)| (id.as_str(), &**p))
+                .collect(),
+            None => job
+                .plan
+                .shards
+                .iter()
+                .zip(&job.shards)
+                .filter(|(_, s)| has_errors(&s.progress))
+                .map(|(planned, s)| (planned.id.as_str(), &*s.progress))
+                .collect(),
+        };
+        for (shard_id, p) in with_errors {
+            let shard_id = shard_id.to_string();
             for object in &p.errors {
                 if let Ok(uri) = StoreUri::parse(&object.uri) {
                     objects.push((shard_id.clone(), uri));
@@ -219,23 +242,28 @@ impl State {
     }
 
     /// The output objects a job has committed so far, from its shards'
-    /// progress records: shard order, then commit order.
-    pub fn job_outputs(&self, job_id: &str) -> Result<Vec<ManifestEntry>> {
+    /// progress records: shard order, then commit order. A succeeded job
+    /// whose shards left memory points at its manifest instead.
+    pub fn job_outputs(&self, job_id: &str) -> Result<JobOutputs> {
         let job = self.job(job_id)?;
-        Ok(job
-            .shards
-            .iter()
-            .zip(&job.plan.shards)
-            .flat_map(|(shard, planned)| {
-                shard.progress.outputs.iter().map(|o| ManifestEntry {
-                    shard_id: planned.id.clone(),
-                    uri: o.uri.clone(),
-                    records: o.records,
-                    bytes: o.bytes,
-                    sha256: o.sha256.clone(),
+        if job.ended.is_some() {
+            return Ok(JobOutputs::InManifest(job.layout.manifest()));
+        }
+        Ok(JobOutputs::Listed(
+            job.shards
+                .iter()
+                .zip(&job.plan.shards)
+                .flat_map(|(shard, planned)| {
+                    shard.progress.outputs.iter().map(|o| ManifestEntry {
+                        shard_id: planned.id.clone(),
+                        uri: o.uri.clone(),
+                        records: o.records,
+                        bytes: o.bytes,
+                        sha256: o.sha256.clone(),
+                    })
                 })
-            })
-            .collect())
+                .collect(),
+        ))
     }
 
     pub fn list_jobs(&self) -> Vec<JobInfo> {

@@ -530,7 +530,7 @@ async fn an_uncounted_job_knows_its_total_once_done_and_lists_its_outputs() {
         .await
         .expect("create job");
     assert_eq!(state.get_job("j").expect("job").records_total, None);
-    assert!(state.job_outputs("j").expect("outputs").is_empty());
+    assert!(listed(state.job_outputs("j").expect("outputs")).is_empty());
     let (a, _events) = register(&mut state, "a");
     let mut committed = Vec::new();
     for _ in 0..2 {
@@ -544,13 +544,11 @@ async fn an_uncounted_job_knows_its_total_once_done_and_lists_its_outputs() {
             ));
         }
         state.commit(commit).await.expect("commit");
-        let listed: Vec<(String, String)> = state
-            .job_outputs("j")
-            .expect("outputs")
+        let outputs: Vec<(String, String)> = listed(state.job_outputs("j").expect("outputs"))
             .into_iter()
             .map(|o| (o.shard_id, o.uri))
             .collect();
-        assert_eq!(listed, committed);
+        assert_eq!(outputs, committed);
         let job = state.get_job("j").expect("job");
         if job.state == JobState::Running {
             assert_eq!(job.records_total, None, "unknown until the end");
@@ -559,8 +557,136 @@ async fn an_uncounted_job_knows_its_total_once_done_and_lists_its_outputs() {
     let job = state.get_job("j").expect("job");
     assert_eq!(job.state, JobState::Succeeded);
     assert_eq!(job.records_total, Some(20));
+    // Still known once its shards have left memory.
+    state.tick().await;
+    assert_eq!(state.shards_in_memory(), 0);
+    assert_eq!(state.get_job("j").expect("job").records_total, Some(20));
     assert!(matches!(
         state.job_outputs("nope"),
         Err(CoordinatorError::JobNotFound { .. })
     ));
+}
+
+/// A succeeded job lets go of its plan and its shards' states once its
+/// end is stored, and answers as before: its info, its errors, its report
+/// and (from the manifest) its outputs; a zombie's commit is refused and
+/// swept, a stale release and heartbeat change nothing. A restarted
+/// coordinator loads it and lets go again.
+#[tokio::test(start_paused = true)]
+async fn a_succeeded_job_lets_go_of_its_shards_and_answers_as_before() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 30).await;
+    submit(&mut state, &stores, "other", 20).await;
+    let (a, _a_events) = register(&mut state, "a");
+    // One attempt fails, so the job has errors to show.
+    let failed = leased(state.acquire(&a));
+    state
+        .release(release(&a, &failed, Some("CUDA out of memory")))
+        .await
+        .expect("release");
+    let mut leases = vec![failed.clone()];
+    while state.get_job("j").expect("job").state == JobState::Running {
+        let lease = leased(state.acquire(&a));
+        if lease.key().job_id == "j" {
+            state
+                .commit(staged(&stores, last_checkpoint(&a, &lease, 0)).await)
+                .await
+                .expect("commit");
+            leases.push(lease);
+        } else {
+            state
+                .release(release(&a, &lease, None))
+                .await
+                .expect("release");
+        }
+    }
+    assert_eq!(state.get_job("j").expect("job").state, JobState::Succeeded);
+    // Before the tick that lets go: 3 shards of j, 2 of the other job.
+    assert_eq!(state.shards_in_memory(), 5);
+    let info = state.get_job("j").expect("job");
+    let errors = state.job_errors("j").expect("errors");
+    assert_eq!(errors.shards.len(), 1, "{errors:?}");
+    let outputs = listed(state.job_outputs("j").expect("outputs"));
+    assert_eq!(outputs.len(), 3);
+    let report = state
+        .report("j", tokio::time::Instant::now())
+        .expect("report");
+
+    state.tick().await;
+    assert_eq!(state.shards_in_memory(), 2, "only the running job's");
+    assert_eq!(state.get_job("j").expect("job"), info);
+    let after = state.job_errors("j").expect("errors");
+    assert_eq!(after.shards, errors.shards);
+    assert_eq!(after.objects, errors.objects);
+    let report_after = state
+        .report("j", tokio::time::Instant::now())
+        .expect("report");
+    assert_eq!(report_after.seconds, report.seconds);
+    assert_eq!(report_after.shards_split, report.shards_split);
+    assert_eq!(
+        report_after.wall_s, report.wall_s,
+        "the clock stopped at the end"
+    );
+    match state.job_outputs("j").expect("outputs") {
+        JobOutputs::InManifest(uri) => {
+            assert_eq!(uri, job_layout("j").manifest());
+            let manifest: Manifest = stores
+                .get_json(&uri)
+                .await
+                .expect("read")
+                .expect("the manifest");
+            assert_eq!(manifest.outputs, outputs);
+        }
+        JobOutputs::Listed(_) => panic!("the succeeded job still lists from memory"),
+    }
+
+    // A zombie of the failed attempt commits: refused, its upload swept.
+    state.take_sweeps();
+    let late = staged(&stores, last_checkpoint(&a, &failed, 0)).await;
+    let err = state.commit(late).await.expect_err("job ended");
+    assert!(
+        matches!(err, CoordinatorError::JobNotRunning { .. }),
+        "{err}"
+    );
+    let attempt = StoreUri::parse(&failed.output_prefix)
+        .expect("uri")
+        .join("/");
+    assert_eq!(state.take_sweeps(), vec![attempt]);
+    // A stale release and heartbeat: nothing to do.
+    state
+        .release(release(&a, &leases[1], None))
+        .await
+        .expect("a stale release is fine");
+    state.heartbeat(&a, &[leases[1].key()]).expect("heartbeat");
+    // The running job still leases and commits.
+    let lease = leased(state.acquire(&a));
+    assert_eq!(lease.key().job_id, "other");
+    drop(state);
+
+    // A restart loads the job whole, then lets go at the first tick.
+    let mut restarted = recover(&stores).await;
+    assert_eq!(restarted.shards_in_memory(), 5);
+    let reloaded = restarted.get_job("j").expect("job");
+    assert_eq!(
+        (
+            reloaded.state,
+            reloaded.shards_total,
+            reloaded.shards_done,
+            reloaded.records_done
+        ),
+        (
+            info.state,
+            info.shards_total,
+            info.shards_done,
+            info.records_done
+        )
+    );
+    restarted.tick().await;
+    assert_eq!(restarted.shards_in_memory(), 2);
+    assert_eq!(restarted.get_job("j").expect("job").shards_total, 3);
+    assert_eq!(
+        restarted.job_errors("j").expect("errors").shards,
+        errors.shards
+    );
 }

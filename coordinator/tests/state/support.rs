@@ -6,6 +6,7 @@ pub use std::time::Duration;
 
 pub use bytes::Bytes;
 pub use stoke_coordinator::Inline;
+pub use stoke_coordinator::state::JobOutputs;
 pub use stoke_coordinator::{CoordinatorConfig, CoordinatorError};
 pub use stoke_core::layout::{RootLayout, part_name};
 pub use stoke_core::lease::{
@@ -202,4 +203,12 @@ pub async fn stored_status(stores: &Stores, job_id: &str) -> StatusRecord {
 pub async fn expire_leases(state: &mut Inline) {
     advance(lease_timeout() + Duration::from_millis(1)).await;
     state.tick().await;
+}
+
+/// The outputs a job lists from memory (it has not let go of its shards).
+pub fn listed(outputs: JobOutputs) -> Vec<ManifestEntry> {
+    match outputs {
+        JobOutputs::Listed(entries) => entries,
+        JobOutputs::InManifest(uri) => panic!("expected listed outputs, got the manifest {uri}"),
+    }
 }

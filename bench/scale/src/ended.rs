@@ -1,0 +1,131 @@
+//! `ended`: the coordinator's memory as jobs end one after another, as on
+//! a fleet that runs job after job for months. Each job is driven to its
+//! end by simulated workers; after each, the coordinator's RSS and (when
+//! it reports it) how many shards' states it still holds.
+
+use std::fmt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use stoke_proto::v1 as pb;
+use stoke_sandbox::http_get;
+use tokio::task::JoinSet;
+
+use crate::coordinator::{CoordinatorProcess, Launcher, range_spec};
+use crate::cycles::{self, RECORDS_PER_SHARD};
+use crate::finish;
+
+pub struct Options {
+    pub jobs: usize,
+    pub shards: u64,
+    pub workers: usize,
+}
+
+pub struct EndedReport {
+    shards: u64,
+    /// RSS (MiB) after each job ended, and the shards held then (`None`:
+    /// the coordinator does not report it).
+    after_each: Vec<(f64, Option<u64>)>,
+    took: Duration,
+}
+
+impl fmt::Display for EndedReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rss: Vec<String> = self
+            .after_each
+            .iter()
+            .map(|(r, _)| format!("{r:.0}"))
+            .collect();
+        let held: Vec<String> = self
+            .after_each
+            .iter()
+            .map(|(_, h)| h.map_or("n/a".to_string(), |h| h.to_string()))
+            .collect();
+        write!(
+            f,
+            "scale ended jobs={} shards={} seconds={:.1} rss_mib={} shards_in_memory={}",
+            self.after_each.len(),
+            self.shards,
+            self.took.as_secs_f64(),
+            rss.join(","),
+            held.join(","),
+        )
+    }
+}
+
+/// `stoke_shards_in_memory` from `/metrics`, if the coordinator has it.
+fn shards_in_memory(http_addr: &str) -> Option<u64> {
+    let (_, body) = http_get(http_addr, "/metrics")?;
+    body.lines()
+        .find_map(|l| l.strip_prefix("stoke_shards_in_memory "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+pub async fn run(
+    launcher: &Launcher,
+    dir: &Path,
+    options: &Options,
+) -> anyhow::Result<EndedReport> {
+    let coordinator = CoordinatorProcess::start(launcher, dir).await?;
+    let channel = coordinator.channel().await?;
+    let started = Instant::now();
+    let mut after_each = Vec::with_capacity(options.jobs);
+    for j in 0..options.jobs {
+        let (job, _) = coordinator
+            .submit(&range_spec(
+                &format!("job-{j}"),
+                options.shards,
+                RECORDS_PER_SHARD,
+            ))
+            .await?;
+        let mut drivers = JoinSet::new();
+        for i in 0..options.workers {
+            let channel = channel.clone();
+            let job_id = job.job_id.clone();
+            drivers.spawn(async move {
+                let worker = cycles::register(channel, format!("j{j}-w{i:04}")).await?;
+                finish::drive(worker, &job_id, started).await
+            });
+        }
+        while let Some(joined) = drivers.join_next().await {
+            joined.context("driver task")??;
+        }
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let (info, _) = coordinator.get_job(&job.job_id).await?;
+            if info.state == pb::JobState::Succeeded as i32 {
+                break;
+            }
+            anyhow::ensure!(
+                info.state == pb::JobState::Running as i32 && Instant::now() < deadline,
+                "job {} did not succeed (state {})",
+                job.job_id,
+                info.state
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The coordinator lets go of a succeeded job's shards at its next
+        // tick: wait for that where it reports it.
+        let http = coordinator.http_addr().to_string();
+        let mut held = tokio::task::spawn_blocking({
+            let http = http.clone();
+            move || shards_in_memory(&http)
+        })
+        .await?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while held.is_some_and(|h| h > 0) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let http = http.clone();
+            held = tokio::task::spawn_blocking(move || shards_in_memory(&http)).await?;
+        }
+        after_each.push((coordinator.memory()?.rss_mib(), held));
+    }
+    let took = started.elapsed();
+    coordinator.stop().await;
+    Ok(EndedReport {
+        shards: options.shards,
+        after_each,
+        took,
+    })
+}
