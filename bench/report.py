@@ -229,7 +229,7 @@ def scale_section(bench_dir):
         return ["_The coordinator scale benchmark was not run._"], []
     with open(path) as f:
         lines = [l.strip() for l in f if l.startswith("scale ")]
-    kinds = {"cycles": [], "plan": [], "acquire": [], "finish": []}
+    kinds = {"cycles": [], "plan": [], "acquire": [], "finish": [], "ended": []}
     for line in lines:
         kind = line.split()[1]
         if kind in kinds:
@@ -276,6 +276,13 @@ def scale_section(bench_dir):
             out.append(
                 f"| {a['jobs']} | {float(a['release_acquire_per_s']):,.0f} | {a['us_per_cycle']} |"
             )
+    for e in kinds["ended"]:
+        out += [
+            "",
+            f"{e['jobs']} jobs of {int(e['shards']):,} shards, one after another: the coordinator's "
+            f"RSS (MiB) after each {e['rss_mib'].replace(',', ', ')}; shards held after each "
+            f"{e['shards_in_memory'].replace(',', ', ')}.",
+        ]
     for f in kinds["finish"]:
         out += [
             "",

@@ -376,6 +376,9 @@ run_scale() {
   log "coordinator scale: plan ${BENCH_PLAN_SHARDS:-1000000} shards"
   "$BIN/stoke-bench-scale" plan --shards "${BENCH_PLAN_SHARDS:-1000000}" \
     --work-dir "$BENCH_DIR/scale" | tee -a "$out"
+  log "coordinator scale: memory as 10 jobs of 30000 shards end one after another"
+  "$BIN/stoke-bench-scale" ended --jobs 10 --shards 30000 \
+    --work-dir "$BENCH_DIR/scale" | tee -a "$out"
   log "coordinator scale: commit latency while a ${BENCH_FINISH_SHARDS:-100000}-shard job finishes"
   "$BIN/stoke-bench-scale" finish --shards "${BENCH_FINISH_SHARDS:-100000}" \
     --work-dir "$BENCH_DIR/scale" | tee -a "$out"
