@@ -8,7 +8,7 @@ use bytes::Bytes;
 use stoke_core::layout::RootLayout;
 use stoke_core::plan::Plan;
 use stoke_core::records::{EpochRecord, JobState, StatusRecord};
-use stoke_core::report::ReportSoFar;
+use stoke_core::report::{EfficiencyReport, ReportSoFar};
 use stoke_core::schedule::{Schedule, ScheduleRecord};
 use stoke_core::spec::JobSpec;
 use stoke_core::{StoreError, StoreUri, Stores};
@@ -84,13 +84,31 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
             job_layout,
             tokio::time::Instant::now(),
         );
-        job.account.report_written = status.state.is_terminal();
-        // What the coordinators before this one counted of a running job.
-        if !status.state.is_terminal()
-            && let Some(so_far) = stores
+        if status.state.is_terminal() {
+            // An ended job's report is the one stored at its end; its
+            // clock stays stopped. Without one (the coordinator before
+            // stopped between the job's end and its report), the last
+            // one saved, written out again as its report.
+            job.account.end(tokio::time::Instant::now());
+            job.account.report_written = true;
+            if let Some(report) = stores
+                .get_json::<EfficiencyReport>(&job.layout.report())
+                .await?
+            {
+                job.account.before = Some(report);
+            } else if let Some(so_far) = stores
                 .get_json::<ReportSoFar>(&job.layout.report_so_far())
                 .await?
+            {
+                job.account.before = Some(so_far.report);
+                job.account.report_written = false;
+            }
+        } else if let Some(so_far) = stores
+            .get_json::<ReportSoFar>(&job.layout.report_so_far())
+            .await?
         {
+            // What the coordinators before this one counted of a running
+            // job.
             job.account.carry_on(so_far);
         }
         // `stoke set` overrides the spec's priority, weight and cap.

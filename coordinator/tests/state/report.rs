@@ -206,4 +206,33 @@ async fn a_restarted_coordinator_carries_on_from_the_saved_report() {
     assert_eq!(r.devices[0].processor_s, 16.0);
     // The wall time covers both coordinators (and the moment between).
     assert!(r.wall_s >= 17.0 && r.wall_s < 18.0, "{}", r.wall_s);
+
+    // The job ends under this coordinator; its report.json is stored.
+    state
+        .commit(staged(&stores, last_checkpoint(&a, &lease, 0)).await)
+        .await
+        .expect("commit");
+    let other = leased(state.acquire(&a));
+    state
+        .commit(staged(&stores, last_checkpoint(&a, &other, 0)).await)
+        .await
+        .expect("commit");
+    assert_eq!(state.get_job("j").expect("job").state, JobState::Succeeded);
+    state.tick().await;
+    let ended = report(&mut state);
+    let stored: EfficiencyReport = stores
+        .get_json(&job_layout("j").report())
+        .await
+        .expect("read report.json")
+        .expect("report.json written");
+    assert_eq!(stored, ended);
+    drop(state);
+
+    // A third coordinator shows the ended job's report as stored, and its
+    // wall time does not grow.
+    let mut state = recover(&stores).await;
+    assert_eq!(report(&mut state), stored);
+    advance(Duration::from_secs(5)).await;
+    state.tick().await;
+    assert_eq!(report(&mut state), stored);
 }
