@@ -373,6 +373,8 @@ run_scale() {
   fi
   log "coordinator scale: the acquire path alone, 1 to 1000 jobs"
   "$BIN/stoke-bench-scale" acquire --jobs 1,10,100,1000 --workers 1000 | tee -a "$out"
+  log "coordinator scale: the acquire path at 10 and 100 jobs with 10000 jobs ended before"
+  "$BIN/stoke-bench-scale" acquire --jobs 10,100 --ended 10000 --workers 1000 | tee -a "$out"
   log "coordinator scale: plan ${BENCH_PLAN_SHARDS:-1000000} shards"
   "$BIN/stoke-bench-scale" plan --shards "${BENCH_PLAN_SHARDS:-1000000}" \
     --work-dir "$BENCH_DIR/scale" | tee -a "$out"

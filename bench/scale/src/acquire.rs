@@ -4,14 +4,16 @@
 //! session gives its lease back and asks for a new one, so every acquire
 //! chooses among all the jobs with W leases held. Measures what the
 //! scheduling costs per lease, free of the file-system noise that
-//! dominates `cycles` on this machine.
+//! dominates `cycles` on this machine. With `--ended E`, E jobs that
+//! succeeded before (one shard each, driven to their end first) are there
+//! too, as on a coordinator that has run for a while.
 
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use stoke_coordinator::{CoordinatorConfig, Inline};
-use stoke_core::lease::{AcquireOutcome, Lease, Registration, Release, SessionEvent};
+use stoke_core::lease::{AcquireOutcome, Commit, Lease, Registration, Release, SessionEvent};
 use stoke_core::plan::plan_dataset;
 use stoke_core::spec::JobSpec;
 use stoke_core::{StoreUri, Stores};
@@ -21,12 +23,14 @@ use crate::coordinator::range_spec;
 
 pub struct Options {
     pub jobs: usize,
+    pub ended: usize,
     pub workers: usize,
     pub duration: Duration,
 }
 
 pub struct AcquireReport {
     jobs: usize,
+    ended: usize,
     workers: usize,
     cycles: u64,
     elapsed: Duration,
@@ -37,8 +41,9 @@ impl fmt::Display for AcquireReport {
         let per_s = self.cycles as f64 / self.elapsed.as_secs_f64();
         write!(
             f,
-            "scale acquire jobs={} workers={} seconds={:.1} cycles={} release_acquire_per_s={:.0} us_per_cycle={:.2}",
+            "scale acquire jobs={} ended={} workers={} seconds={:.1} cycles={} release_acquire_per_s={:.0} us_per_cycle={:.2}",
             self.jobs,
+            self.ended,
             self.workers,
             self.elapsed.as_secs_f64(),
             self.cycles,
@@ -59,6 +64,7 @@ pub async fn run(options: &Options) -> anyhow::Result<AcquireReport> {
     let stores = Stores::new();
     let config = CoordinatorConfig::new(StoreUri::parse("memory:///bench-acquire")?);
     let mut state = Inline::recover(config, stores.clone()).await?;
+    end_jobs(&mut state, &stores, options.ended).await?;
     let jobs = options.jobs.max(1);
     // Enough shards that every session holds one with any priority mix.
     let shards = (2 * options.workers / jobs).max(10) as u64;
@@ -115,8 +121,61 @@ pub async fn run(options: &Options) -> anyhow::Result<AcquireReport> {
     }
     Ok(AcquireReport {
         jobs,
+        ended: options.ended,
         workers: options.workers,
         cycles,
         elapsed: started.elapsed(),
     })
+}
+
+/// `n` jobs of one shard each, driven to their end by one session, then
+/// ticks until the coordinator let go of them.
+async fn end_jobs(state: &mut Inline, stores: &Stores, n: usize) -> anyhow::Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let (events_tx, mut events_rx) = mpsc::channel(1024);
+    let grant = state.register(
+        Registration {
+            worker_id: "ender".to_string(),
+            devices: vec!["cpu".to_string()],
+            hostname: "bench".to_string(),
+            held: Vec::new(),
+        },
+        events_tx,
+    );
+    for i in 0..n {
+        let spec = JobSpec::from_toml(&range_spec(&format!("bench-ended-{i}"), 1, 10))?;
+        let plan = plan_dataset(&spec, stores).await?;
+        state
+            .create_job(format!("ended-{i:05}"), spec, plan)
+            .await
+            .with_context(|| format!("creating ended job {i}"))?;
+        let lease = leased(state.acquire(&grant.session_id)?)?;
+        state
+            .commit(Commit {
+                session_id: grant.session_id.clone(),
+                key: lease.key(),
+                from_batch: 0,
+                next_batch: 1,
+                records: 10,
+                outputs: Vec::new(),
+                shard_done: true,
+                skipped: 0,
+                error_objects: Vec::new(),
+                last_skip_reason: None,
+            })
+            .await
+            .with_context(|| format!("ending job {i}"))?;
+        while events_rx.try_recv().is_ok() {}
+    }
+    // One tick stores the reports, the next lets go.
+    state.tick().await;
+    state.tick().await;
+    anyhow::ensure!(
+        state.shards_in_memory() == 0,
+        "{} shards still held after the ended jobs",
+        state.shards_in_memory()
+    );
+    Ok(())
 }

@@ -96,6 +96,9 @@ enum Cmd {
     Acquire {
         #[arg(long, value_delimiter = ',', default_value = "1,100")]
         jobs: Vec<usize>,
+        /// Jobs that succeeded before, there too (one shard each).
+        #[arg(long, default_value_t = 0)]
+        ended: usize,
         #[arg(long, default_value_t = 1000)]
         workers: usize,
         #[arg(long, default_value_t = 5.0)]
@@ -216,12 +219,14 @@ fn main() -> anyhow::Result<()> {
             }
             Cmd::Acquire {
                 jobs,
+                ended,
                 workers,
                 seconds,
             } => {
                 for j in jobs {
                     let options = acquire::Options {
                         jobs: j,
+                        ended,
                         workers: workers.max(1),
                         duration: Duration::from_secs_f64(seconds),
                     };

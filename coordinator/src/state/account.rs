@@ -113,9 +113,11 @@ pub(super) struct Account {
     processor: Duration,
     failed: BTreeMap<&'static str, u64>,
     workers: HashMap<String, WorkerShare>,
-    /// `report.json` is stored (or the job ended before this coordinator
-    /// started).
+    /// `report.json` is being stored or is stored (or the job ended
+    /// before this coordinator started).
     pub report_written: bool,
+    /// `report.json` is stored (or there is none to store).
+    pub report_stored: bool,
     /// What coordinators before this one counted (a recovered job).
     pub before: Option<EfficiencyReport>,
     /// When the report was last saved (or the account began).
@@ -141,6 +143,7 @@ impl Account {
             failed: BTreeMap::new(),
             workers: HashMap::new(),
             report_written: false,
+            report_stored: false,
             before: None,
             saved: now,
             saving: false,
@@ -494,11 +497,15 @@ impl State {
 
     /// `report.json` is stored (or not: tried again at the next tick).
     pub(super) fn report_written(&mut self, job_id: &str, result: Result<()>) {
-        if let Err(e) = result
-            && let Some(job) = self.jobs.get_mut(job_id)
-        {
-            tracing::warn!(job = %job_id, error = %e, "writing report.json failed; retrying");
-            job.account.report_written = false;
+        let Some(job) = self.jobs.get_mut(job_id) else {
+            return;
+        };
+        match result {
+            Ok(()) => job.account.report_stored = true,
+            Err(e) => {
+                tracing::warn!(job = %job_id, error = %e, "writing report.json failed; retrying");
+                job.account.report_written = false;
+            }
         }
     }
 }

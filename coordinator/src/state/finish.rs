@@ -70,17 +70,23 @@ impl State {
     /// done, not of every job it ever ran. What their views show stays
     /// (`Ended`); their outputs are read from the manifest.
     pub(super) fn release_ended(&mut self) {
-        for job in self.jobs.values_mut() {
-            if job.ended.is_some()
-                || job.state != JobState::Succeeded
-                || !job.manifest_written
-                || !job.account.report_written
-                || job.busy
-                || job.leased > 0
-                || !job.deferred.is_empty()
-            {
+        let done: Vec<String> = self
+            .jobs
+            .values()
+            .filter(|job| {
+                job.state == JobState::Succeeded
+                    && job.manifest_written
+                    && job.account.report_stored
+                    && !job.busy
+                    && job.leased == 0
+                    && job.deferred.is_empty()
+            })
+            .map(|job| job.id.clone())
+            .collect();
+        for job_id in done {
+            let Some(mut job) = self.jobs.remove(&job_id) else {
                 continue;
-            }
+            };
             let errors = job
                 .plan
                 .shards
@@ -103,7 +109,8 @@ impl State {
             job.shard_index = HashMap::new();
             job.pending = VecDeque::new();
             job.ended = Some(ended);
-            debug!(job = %job.id, "succeeded job's shards released from memory");
+            debug!(job = %job_id, "succeeded job's shards released from memory");
+            self.released.insert(job_id, job);
         }
     }
 

@@ -55,7 +55,7 @@ impl State {
     /// Stores spec, plan and status, then adds the job (answered on `req`).
     /// Submitting the same spec under an existing id returns that job.
     pub fn create_job(&mut self, req: ReqId, job_id: String, spec: JobSpec, plan: Plan) {
-        if let Some(existing) = self.jobs.get(&job_id) {
+        if let Ok(existing) = self.job(&job_id) {
             let answer = if *existing.spec == spec {
                 Ok(self.info_of(existing))
             } else {

@@ -351,8 +351,14 @@ pub struct State {
     token_seq: u64,
     /// Orders progress records (see `ProgressRecord::seq`).
     record_seq: u64,
-    /// Jobs by id; `order` keeps submission order for fair leasing.
+    /// Jobs by id; `order` keeps submission order (over both maps).
+    /// Every job not yet let go of is here: the paths that walk jobs (the
+    /// acquire path, the tick) walk these.
     jobs: BTreeMap<String, Job>,
+    /// Succeeded jobs that let go of their shards (`release_ended`): only
+    /// looked up by id, never walked on a hot path, so a coordinator that
+    /// ran thousands of jobs leases as fast as a new one.
+    released: BTreeMap<String, Job>,
     order: Vec<String>,
     /// Jobs whose spec, plan and status are being stored, and who waits.
     creating: HashMap<String, jobs::Creating>,
@@ -387,6 +393,7 @@ impl State {
             token_seq: 0,
             record_seq: 0,
             jobs: BTreeMap::new(),
+            released: BTreeMap::new(),
             order: Vec::new(),
             creating: HashMap::new(),
             sessions: HashMap::new(),
@@ -469,20 +476,25 @@ impl State {
             .unwrap_or_default()
     }
 
+    /// A job by id, live or released.
     fn job(&self, job_id: &str) -> Result<&Job> {
         self.jobs
             .get(job_id)
+            .or_else(|| self.released.get(job_id))
             .ok_or_else(|| CoordinatorError::JobNotFound {
                 job_id: job_id.to_string(),
             })
     }
 
+    /// A job by id, live or released.
     fn job_mut(&mut self, job_id: &str) -> Result<&mut Job> {
-        self.jobs
-            .get_mut(job_id)
-            .ok_or_else(|| CoordinatorError::JobNotFound {
-                job_id: job_id.to_string(),
-            })
+        let job = match self.jobs.get_mut(job_id) {
+            Some(job) => Some(job),
+            None => self.released.get_mut(job_id),
+        };
+        job.ok_or_else(|| CoordinatorError::JobNotFound {
+            job_id: job_id.to_string(),
+        })
     }
 
     fn next_token(&mut self) -> u64 {

@@ -91,6 +91,7 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
             // one saved, written out again as its report.
             job.account.end(tokio::time::Instant::now());
             job.account.report_written = true;
+            job.account.report_stored = true;
             if let Some(report) = stores
                 .get_json::<EfficiencyReport>(&job.layout.report())
                 .await?
@@ -102,6 +103,7 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
             {
                 job.account.before = Some(so_far.report);
                 job.account.report_written = false;
+                job.account.report_stored = false;
             }
         } else if let Some(so_far) = stores
             .get_json::<ReportSoFar>(&job.layout.report_so_far())

@@ -151,7 +151,7 @@ impl State {
         let jobs = self
             .order
             .iter()
-            .filter_map(|id| self.jobs.get(id))
+            .filter_map(|id| self.job(id).ok())
             .map(|job| {
                 let (shards_leased, failed_leased) =
                     leased.get(job.id.as_str()).copied().unwrap_or_default();
@@ -270,7 +270,7 @@ impl State {
         let waiting = self.wait_reasons();
         self.order
             .iter()
-            .filter_map(|id| self.jobs.get(id))
+            .filter_map(|id| self.job(id).ok())
             .map(|j| j.info(j.leased, waiting.get(j.id.as_str()).copied()))
             .collect()
     }
