@@ -11,9 +11,49 @@ use stoke_core::plan::Plan;
 use tracing::{debug, info, warn};
 
 use super::effects::Then;
-use super::{Effect, Ended, FinishJob, Io, State, has_errors};
+use super::{Effect, Ended, FinishJob, Io, Job, State, has_errors};
 use crate::error::Result;
 use stoke_core::records::JobState;
+
+impl Job {
+    /// Whether the job succeeded and its end is stored (manifest, status,
+    /// report), so it may let go of its shards.
+    pub(super) fn may_let_go(&self) -> bool {
+        self.state == JobState::Succeeded
+            && self.manifest_written
+            && self.account.report_stored
+            && !self.busy
+            && self.leased == 0
+            && self.deferred.is_empty()
+    }
+
+    /// Keeps what the job's views show (`Ended`) and drops its plan and
+    /// its shards' states.
+    pub(super) fn let_go(&mut self) {
+        let errors = self
+            .plan
+            .shards
+            .iter()
+            .zip(&self.shards)
+            .filter(|(_, s)| has_errors(&s.progress))
+            .map(|(planned, s)| (planned.id.clone(), s.progress.clone()))
+            .collect();
+        let ended = Ended {
+            shards_total: self.shards.len() as u64,
+            shards_split: self.shards_split(),
+            errors,
+        };
+        self.plan = Arc::new(Plan {
+            shards: Vec::new(),
+            records_total: self.plan.records_total,
+            jsonl_schema: None,
+        });
+        self.shards = Vec::new();
+        self.shard_index = HashMap::new();
+        self.pending = VecDeque::new();
+        self.ended = Some(ended);
+    }
+}
 
 impl State {
     /// Starts finishing the job if it is running, every shard is done and
@@ -73,42 +113,14 @@ impl State {
         let done: Vec<String> = self
             .jobs
             .values()
-            .filter(|job| {
-                job.state == JobState::Succeeded
-                    && job.manifest_written
-                    && job.account.report_stored
-                    && !job.busy
-                    && job.leased == 0
-                    && job.deferred.is_empty()
-            })
+            .filter(|job| job.may_let_go())
             .map(|job| job.id.clone())
             .collect();
         for job_id in done {
             let Some(mut job) = self.jobs.remove(&job_id) else {
                 continue;
             };
-            let errors = job
-                .plan
-                .shards
-                .iter()
-                .zip(&job.shards)
-                .filter(|(_, s)| has_errors(&s.progress))
-                .map(|(planned, s)| (planned.id.clone(), s.progress.clone()))
-                .collect();
-            let ended = Ended {
-                shards_total: job.shards.len() as u64,
-                shards_split: job.shards_split(),
-                errors,
-            };
-            job.plan = Arc::new(Plan {
-                shards: Vec::new(),
-                records_total: job.plan.records_total,
-                jsonl_schema: None,
-            });
-            job.shards = Vec::new();
-            job.shard_index = HashMap::new();
-            job.pending = VecDeque::new();
-            job.ended = Some(ended);
+            job.let_go();
             debug!(job = %job_id, "succeeded job's shards released from memory");
             self.released.insert(job_id, job);
         }

@@ -144,7 +144,14 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
         }
         job.seq = state.order.len();
         state.order.push(job_id.clone());
-        state.jobs.insert(job_id, job);
+        if job.may_let_go() {
+            // As it loads: the coordinator never holds the shards of every
+            // job it ever ran, not even while it starts.
+            job.let_go();
+            state.released.insert(job_id, job);
+        } else {
+            state.jobs.insert(job_id, job);
+        }
     }
     info!(epoch, jobs = state.jobs.len(), "coordinator state loaded");
     Ok(state)
