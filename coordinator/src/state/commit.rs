@@ -8,7 +8,7 @@ use std::collections::HashSet;
 
 use bytes::Bytes;
 use stoke_core::layout::{attempt_prefix, committed_uri};
-use stoke_core::lease::Commit;
+use stoke_core::lease::{Commit, LeaseKey};
 use stoke_core::records::{JobState, OutputObject, ProgressLogRef, ProgressRecord};
 use stoke_core::store::to_json_bytes;
 use stoke_core::{StoreError, StoreUri};
@@ -115,6 +115,18 @@ const SNAPSHOT_AMORTISE: u64 = 2;
 pub const MAX_GROUP: usize = 1024;
 
 impl Job {
+    /// A commit of an attempt of this ended job (a zombie that uploaded
+    /// after the end): the refusal, and the attempt's folder, whose
+    /// objects are garbage to sweep.
+    fn refuse_after_end(&self, key: &LeaseKey) -> (CoordinatorError, StoreUri) {
+        let error = CoordinatorError::JobNotRunning {
+            job_id: self.id.clone(),
+            state: self.state.to_string(),
+        };
+        let attempt = folder(&attempt_prefix(&self.staging, &key.shard_id, key.token));
+        (error, attempt)
+    }
+
     /// The outputs of `commit` as the progress record names them (in the
     /// output folder), and the copies that put them there. Objects staged
     /// by the attempt are copied; objects already under the attempt's
@@ -179,11 +191,7 @@ impl State {
         if job.ended.is_some() {
             // A zombie of a job that succeeded long ago (its shards have
             // left memory): refused like one just after the end.
-            let error = CoordinatorError::JobNotRunning {
-                job_id: job.id.clone(),
-                state: job.state.to_string(),
-            };
-            let attempt = folder(&attempt_prefix(&job.staging, &key.shard_id, key.token));
+            let (error, attempt) = job.refuse_after_end(key);
             self.effects.push(Effect::Sweep(attempt));
             return Err(error);
         }
@@ -197,12 +205,7 @@ impl State {
             return Ok(CommitStep::Duplicate);
         }
         if job.state.is_terminal() {
-            // A zombie uploaded after the end: what it staged is garbage.
-            let error = CoordinatorError::JobNotRunning {
-                job_id: job.id.clone(),
-                state: job.state.to_string(),
-            };
-            let attempt = folder(&attempt_prefix(&job.staging, &key.shard_id, key.token));
+            let (error, attempt) = job.refuse_after_end(key);
             self.effects.push(Effect::Sweep(attempt));
             return Err(error);
         }
