@@ -108,6 +108,12 @@ impl JobLayout {
     pub fn report_so_far(&self) -> StoreUri {
         self.dir.join("report-so-far.json")
     }
+    /// A succeeded job's summary once the coordinator let go of its shards
+    /// (`EndedRecord`): a restarted coordinator loads it instead of the
+    /// plan and every shard's progress.
+    pub fn ended(&self) -> StoreUri {
+        self.dir.join("ended.json")
+    }
     /// Where one attempt writes the bad records it skipped.
     pub fn errors_prefix(&self, shard_id: &str, token: u64) -> StoreUri {
         self.dir.join(&format!("errors/{shard_id}/a{token}"))

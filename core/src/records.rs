@@ -288,3 +288,24 @@ pub fn now_ms() -> u64 {
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
+
+/// A succeeded job as the coordinator keeps it once it let go of its
+/// shards (`jobs/<job>/ended.json`): what its views show, so a restarted
+/// coordinator need not read its plan and every shard's progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndedRecord {
+    pub shards_total: u64,
+    pub shards_done: u64,
+    /// Shards made by splitting.
+    pub shards_split: u64,
+    pub records: u64,
+    /// Input records counted at plan time, if they were.
+    pub records_total: Option<u64>,
+    pub records_skipped: u64,
+    pub failed_attempts: u64,
+    pub store_failures: u64,
+    /// The progress records of the shards with a failed attempt, a store
+    /// failure or skipped records (what `stoke errors` lists).
+    #[serde(default)]
+    pub errors: Vec<ProgressRecord>,
+}

@@ -122,6 +122,14 @@ impl CoordinatorProcess {
             .context("reading the coordinator's CPU time from /proc")
     }
 
+    /// Kills the coordinator and starts another on the same root (and
+    /// port); returns how long the new one took to be ready. Not pinned.
+    pub fn restart(&mut self, log: &str) -> Duration {
+        let started = Instant::now();
+        tokio::task::block_in_place(|| self.inner.restart(&[("RUST_LOG", log)]));
+        started.elapsed()
+    }
+
     pub async fn stop(self) {
         drop(self.inner);
     }

@@ -1,7 +1,8 @@
 //! `ended`: the coordinator's memory as jobs end one after another, as on
 //! a fleet that runs job after job for months. Each job is driven to its
 //! end by simulated workers; after each, the coordinator's RSS and (when
-//! it reports it) how many shards' states it still holds.
+//! it reports it) how many shards' states it still holds; at the end, how
+//! long another coordinator on the same root takes to be ready.
 
 use std::fmt;
 use std::path::Path;
@@ -28,6 +29,10 @@ pub struct EndedReport {
     /// the coordinator does not report it).
     after_each: Vec<(f64, Option<u64>)>,
     took: Duration,
+    /// A coordinator started again on the same root: until ready, and its
+    /// RSS (MiB) then.
+    restart: Duration,
+    rss_after_restart: f64,
 }
 
 impl fmt::Display for EndedReport {
@@ -44,12 +49,14 @@ impl fmt::Display for EndedReport {
             .collect();
         write!(
             f,
-            "scale ended jobs={} shards={} seconds={:.1} rss_mib={} shards_in_memory={}",
+            "scale ended jobs={} shards={} seconds={:.1} rss_mib={} shards_in_memory={} restart_s={:.2} rss_after_restart_mib={:.0}",
             self.after_each.len(),
             self.shards,
             self.took.as_secs_f64(),
             rss.join(","),
             held.join(","),
+            self.restart.as_secs_f64(),
+            self.rss_after_restart,
         )
     }
 }
@@ -122,10 +129,15 @@ pub async fn run(
         after_each.push((coordinator.memory()?.rss_mib(), held));
     }
     let took = started.elapsed();
+    let mut coordinator = coordinator;
+    let restart = coordinator.restart(&launcher.log);
+    let rss_after_restart = coordinator.memory()?.rss_mib();
     coordinator.stop().await;
     Ok(EndedReport {
         shards: options.shards,
         after_each,
         took,
+        restart,
+        rss_after_restart,
     })
 }

@@ -104,6 +104,8 @@ pub(super) enum Then {
     Report { job_id: String },
     /// A running job's `report-so-far.json` is stored (or not).
     ReportSaved { job_id: String },
+    /// A succeeded job's `ended.json` is stored (or not).
+    EndedSaved { job_id: String },
 }
 
 /// A failed attempt whose progress record is being stored.

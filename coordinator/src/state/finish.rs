@@ -7,7 +7,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use bytes::Bytes;
+use stoke_core::layout::JobLayout;
 use stoke_core::plan::Plan;
+use stoke_core::records::EndedRecord;
+use stoke_core::spec::JobSpec;
+use stoke_core::store::to_json_bytes;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::effects::Then;
@@ -30,6 +36,9 @@ impl Job {
     /// Keeps what the job's views show (`Ended`) and drops its plan and
     /// its shards' states.
     pub(super) fn let_go(&mut self) {
+        if self.ended.is_some() {
+            return;
+        }
         let errors = self
             .plan
             .shards
@@ -52,6 +61,54 @@ impl Job {
         self.shard_index = HashMap::new();
         self.pending = VecDeque::new();
         self.ended = Some(ended);
+    }
+
+    /// What `ended.json` holds, once the job let go of its shards.
+    fn ended_record(&self) -> Option<EndedRecord> {
+        let ended = self.ended.as_ref()?;
+        Some(EndedRecord {
+            shards_total: ended.shards_total,
+            shards_done: self.totals.shards_done,
+            shards_split: ended.shards_split,
+            records: self.totals.records,
+            records_total: self.plan.records_total,
+            records_skipped: self.totals.skipped,
+            failed_attempts: self.totals.failed_attempts,
+            store_failures: self.totals.store_failures,
+            errors: ended.errors.iter().map(|(_, p)| (**p).clone()).collect(),
+        })
+    }
+
+    /// A succeeded job as `ended.json` holds it, loaded at start without
+    /// its plan and its shards' progress.
+    pub(super) fn from_ended(
+        id: String,
+        spec: Arc<JobSpec>,
+        layout: JobLayout,
+        record: EndedRecord,
+        now: Instant,
+    ) -> Self {
+        let plan = Arc::new(Plan {
+            shards: Vec::new(),
+            records_total: record.records_total,
+            jsonl_schema: None,
+        });
+        let mut job = Job::new(id, spec, plan, layout, now);
+        job.totals.shards_done = record.shards_done;
+        job.totals.records = record.records;
+        job.totals.skipped = record.records_skipped;
+        job.totals.failed_attempts = record.failed_attempts;
+        job.totals.store_failures = record.store_failures;
+        job.ended = Some(Ended {
+            shards_total: record.shards_total,
+            shards_split: record.shards_split,
+            errors: record
+                .errors
+                .into_iter()
+                .map(|p| (p.shard_id.clone(), Arc::new(p)))
+                .collect(),
+        });
+        job
     }
 }
 
@@ -122,7 +179,28 @@ impl State {
             };
             job.let_go();
             debug!(job = %job_id, "succeeded job's shards released from memory");
+            // For a restarted coordinator: without it (a failed write),
+            // it reads the plan and the progress as before.
+            if let Some(record) = job.ended_record() {
+                let io = Io::Put {
+                    uri: job.layout.ended(),
+                    bytes: Bytes::from(to_json_bytes(&record)),
+                };
+                self.start_io(
+                    io,
+                    Then::EndedSaved {
+                        job_id: job_id.clone(),
+                    },
+                );
+            }
             self.released.insert(job_id, job);
+        }
+    }
+
+    /// `ended.json` is stored (or not: a restart then reads the job whole).
+    pub(super) fn ended_saved(&mut self, job_id: &str, result: Result<()>) {
+        if let Err(e) = result {
+            warn!(job = %job_id, error = %e, "writing ended.json failed; a restart reads the job's plan and progress instead");
         }
     }
 

@@ -461,6 +461,7 @@ impl State {
             effects::Then::Split(write) => self.split_written(*write, result),
             effects::Then::Report { job_id } => self.report_written(&job_id, result),
             effects::Then::ReportSaved { job_id } => self.report_saved(&job_id, result),
+            effects::Then::EndedSaved { job_id } => self.ended_saved(&job_id, result),
         }
     }
 

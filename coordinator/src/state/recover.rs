@@ -1,13 +1,15 @@
 //! Loading the durable state at start: a new fencing epoch, then every
-//! job's spec, plan, status and progress. The only place the state machine
-//! reads the store; it runs before the owner serves anyone.
+//! job's spec, plan, status and progress (for a succeeded job that left a
+//! summary, `ended.json`, that instead of its plan and progress). The only
+//! place the state machine reads the store; it runs before the owner
+//! serves anyone.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use stoke_core::layout::RootLayout;
 use stoke_core::plan::Plan;
-use stoke_core::records::{EpochRecord, JobState, StatusRecord};
+use stoke_core::records::{EndedRecord, EpochRecord, JobState, StatusRecord};
 use stoke_core::report::{EfficiencyReport, ReportSoFar};
 use stoke_core::schedule::{Schedule, ScheduleRecord};
 use stoke_core::spec::JobSpec;
@@ -67,23 +69,37 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
             .get_json(&job_layout.spec())
             .await?
             .ok_or_else(|| CoordinatorError::Recovery(format!("{} missing", job_layout.spec())))?;
-        let plan: Plan = stores
-            .get_json(&job_layout.plan())
-            .await?
-            .ok_or_else(|| CoordinatorError::Recovery(format!("{} missing", job_layout.plan())))?;
-        let stored = stoke_core::progress::load(stores, &job_layout).await?;
-        let mut progress = stored.records;
-        let mut plan = plan;
-        super::split::apply_stored(&mut plan, &progress);
+        // A succeeded job that let go of its shards left a summary: no
+        // need for its plan and its shards' progress.
+        let ended = match status.state {
+            JobState::Succeeded => stores.get_json::<EndedRecord>(&job_layout.ended()).await?,
+            _ => None,
+        };
         // A recovered job's report counts from this coordinator's start,
         // after what was saved before it (below).
-        let mut job = Job::new(
-            job_id.clone(),
-            Arc::new(spec),
-            Arc::new(plan),
-            job_layout,
-            tokio::time::Instant::now(),
-        );
+        let now = tokio::time::Instant::now();
+        let (mut job, stored) = match ended {
+            Some(record) => (
+                Job::from_ended(job_id.clone(), Arc::new(spec), job_layout, record, now),
+                None,
+            ),
+            None => {
+                let mut plan: Plan =
+                    stores.get_json(&job_layout.plan()).await?.ok_or_else(|| {
+                        CoordinatorError::Recovery(format!("{} missing", job_layout.plan()))
+                    })?;
+                let stored = stoke_core::progress::load(stores, &job_layout).await?;
+                super::split::apply_stored(&mut plan, &stored.records);
+                let job = Job::new(
+                    job_id.clone(),
+                    Arc::new(spec),
+                    Arc::new(plan),
+                    job_layout,
+                    now,
+                );
+                (job, Some(stored))
+            }
+        };
         if status.state.is_terminal() {
             // An ended job's report is the one stored at its end; its
             // clock stays stopped. Without one (the coordinator before
@@ -127,10 +143,13 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
         job.state = status.state;
         job.reason = status.reason;
         job.manifest_written = status.state == JobState::Succeeded;
-        job.progress_objects = stored.objects;
-        for i in 0..job.shards.len() {
-            if let Some(p) = progress.remove(&job.plan.shards[i].id) {
-                job.set_progress(i, p);
+        if let Some(stored) = stored {
+            let mut progress = stored.records;
+            job.progress_objects = stored.objects;
+            for i in 0..job.shards.len() {
+                if let Some(p) = progress.remove(&job.plan.shards[i].id) {
+                    job.set_progress(i, p);
+                }
             }
         }
         job.pending = (0..job.shards.len())
@@ -145,8 +164,9 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
         job.seq = state.order.len();
         state.order.push(job_id.clone());
         if job.may_let_go() {
-            // As it loads: the coordinator never holds the shards of every
-            // job it ever ran, not even while it starts.
+            // As it loads (if `ended.json` did not spare that): the
+            // coordinator never holds the shards of every job it ever ran,
+            // not even while it starts.
             job.let_go();
             state.released.insert(job_id, job);
         } else {

@@ -573,7 +573,7 @@ async fn an_uncounted_job_knows_its_total_once_done_and_lists_its_outputs() {
 /// end is stored, and answers as before: its info, its errors, its report
 /// and (from the manifest) its outputs; a zombie's commit is refused and
 /// swept, a stale release and heartbeat change nothing. A restarted
-/// coordinator lets go of it as it loads it.
+/// coordinator loads only its summary (`ended.json`).
 #[tokio::test(start_paused = true)]
 async fn a_succeeded_job_lets_go_of_its_shards_and_answers_as_before() {
     let stores = Stores::new();
@@ -669,7 +669,25 @@ async fn a_succeeded_job_lets_go_of_its_shards_and_answers_as_before() {
     assert_eq!(lease.key().job_id, "other");
     drop(state);
 
-    // A restart lets go of the job as it loads it.
+    // It left a summary: a restart loads that, not its plan and progress
+    // (taken away here to show it).
+    let ended: EndedRecord = stores
+        .get_json(&job_layout("j").ended())
+        .await
+        .expect("read ended.json")
+        .expect("ended.json written");
+    assert_eq!((ended.shards_total, ended.shards_done), (3, 3));
+    stores
+        .delete(&job_layout("j").plan())
+        .await
+        .expect("delete plan.json");
+    for object in stores
+        .list(&job_layout("j").progress_dir())
+        .await
+        .expect("list progress")
+    {
+        stores.delete(&object.uri).await.expect("delete progress");
+    }
     let mut restarted = recover(&stores).await;
     assert_eq!(restarted.shards_in_memory(), 2);
     let reloaded = restarted.get_job("j").expect("job");
@@ -691,6 +709,12 @@ async fn a_succeeded_job_lets_go_of_its_shards_and_answers_as_before() {
         restarted.job_outputs("j"),
         Ok(JobOutputs::InManifest(_))
     ));
+    let reloaded_report = restarted
+        .report("j", tokio::time::Instant::now())
+        .expect("report");
+    assert_eq!(reloaded_report.seconds, report.seconds);
+    assert_eq!(reloaded_report.wall_s, report.wall_s);
+    assert_eq!(reloaded_report.shards_split, report.shards_split);
     restarted.tick().await;
     assert_eq!(restarted.shards_in_memory(), 2);
     assert_eq!(restarted.get_job("j").expect("job").shards_total, 3);

@@ -14,7 +14,8 @@ pub use stoke_core::lease::{
 };
 pub use stoke_core::plan::plan_dataset;
 pub use stoke_core::records::{
-    JobInfo, JobState, Manifest, ManifestEntry, OutputObject, ProgressRecord, StatusRecord,
+    EndedRecord, JobInfo, JobState, Manifest, ManifestEntry, OutputObject, ProgressRecord,
+    StatusRecord,
 };
 pub use stoke_core::spec::JobSpec;
 pub use stoke_core::{StoreUri, Stores, sha256_hex};
