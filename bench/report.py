@@ -281,7 +281,8 @@ def scale_section(bench_dir):
             "",
             f"{e['jobs']} jobs of {int(e['shards']):,} shards, one after another: the coordinator's "
             f"RSS (MiB) after each {e['rss_mib'].replace(',', ', ')}; shards held after each "
-            f"{e['shards_in_memory'].replace(',', ', ')}.",
+            f"{e['shards_in_memory'].replace(',', ', ')}; another coordinator on the root was ready "
+            f"in {e.get('restart_s', 'n/a')} s at {e.get('rss_after_restart_mib', 'n/a')} MiB.",
         ]
     for f in kinds["finish"]:
         out += [
