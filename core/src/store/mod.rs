@@ -475,56 +475,29 @@ impl Stores {
         pairs: &[(StoreUri, StoreUri)],
         concurrency: usize,
     ) -> Vec<Result<(), StoreError>> {
-        let mut results: Vec<Option<Result<(), StoreError>>> =
-            std::iter::repeat_with(|| None).take(pairs.len()).collect();
-        let mut local = Vec::new();
-        let mut remote = Vec::new();
-        for (i, (from, to)) in pairs.iter().enumerate() {
-            if let Err(e) = self.check_fence(to) {
-                results[i] = Some(Err(e));
-                continue;
-            }
-            match (from.local_path(), to.local_path()) {
-                (Some(f), Some(t)) => local.push((i, f, t)),
-                _ => remote.push(i),
-            }
-        }
-        if !local.is_empty() {
-            let local_idx: Vec<usize> = local.iter().map(|(i, _, _)| *i).collect();
-            let linked = tokio::task::spawn_blocking(move || {
-                local
-                    .into_iter()
-                    .map(|(i, from, to)| (i, local::link_local(&from, &to)))
-                    .collect::<Vec<_>>()
+        let routes = pairs
+            .iter()
+            .map(|(from, to)| {
+                self.check_fence(to)?;
+                Ok(from
+                    .local_path()
+                    .zip(to.local_path())
+                    .map(|(f, t)| (f, t, from.to_string())))
             })
-            .await;
-            match linked {
-                Ok(linked) => {
-                    for (i, outcome) in linked {
-                        match outcome {
-                            local::LocalCopy::Done => results[i] = Some(Ok(())),
-                            local::LocalCopy::Missing => {
-                                results[i] = Some(Err(StoreError::NotFound {
-                                    uri: pairs[i].0.to_string(),
-                                }))
-                            }
-                            // Another file system, or anything unusual:
-                            // the general path (it copies the bytes).
-                            local::LocalCopy::Fallback => remote.push(i),
-                        }
-                    }
-                }
-                // The blocking thread died: the general path copies them.
-                Err(_) => remote.extend(local_idx),
+            .collect();
+        let link = |(from, to, uri): (std::path::PathBuf, std::path::PathBuf, String)| {
+            match local::link_local(&from, &to) {
+                local::LocalCopy::Done => Some(Ok(())),
+                local::LocalCopy::Missing => Some(Err(StoreError::NotFound { uri })),
+                // Another file system, or anything unusual: the general
+                // path (it copies the bytes).
+                local::LocalCopy::Fallback => None,
             }
-        }
-        let mut copied = futures::stream::iter(remote)
-            .map(|i| async move { (i, self.copy(&pairs[i].0, &pairs[i].1).await) })
-            .buffer_unordered(concurrency.max(1));
-        while let Some((i, result)) = copied.next().await {
-            results[i] = Some(result);
-        }
-        results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
+        };
+        self.local_first(routes, link, concurrency, |i| {
+            self.copy(&pairs[i].0, &pairs[i].1)
+        })
+        .await
     }
 
     /// Writes each `(uri, bytes)` as [`Stores::put`] does; one result per
@@ -537,49 +510,80 @@ impl Stores {
         items: Vec<(StoreUri, Bytes)>,
         concurrency: usize,
     ) -> Vec<Result<(), StoreError>> {
+        let routes = items
+            .iter()
+            .map(|(uri, bytes)| {
+                self.check_fence(uri)?;
+                Ok(uri.local_path().map(|path| (path, bytes.clone())))
+            })
+            .collect();
+        // Anything unusual: the general path, which says what went wrong.
+        let write = |(path, bytes): (std::path::PathBuf, Bytes)| {
+            local::write_local(&path, &bytes).then_some(Ok(()))
+        };
+        let items = &items;
+        self.local_first(routes, write, concurrency, |i| {
+            self.put(&items[i].0, items[i].1.clone())
+        })
+        .await
+    }
+
+    /// One result per item, in order, for `copy_all` and `put_all`. Each
+    /// route is the item's fence refusal, or what the local fast path
+    /// needs (`Some`) or nothing (the general path). The local items run
+    /// through `local` on one blocking thread, one after another; those it
+    /// answers `None` for, and the rest, go through `general`,
+    /// `concurrency` at a time.
+    async fn local_first<A, L, G, F>(
+        &self,
+        routes: Vec<Result<Option<A>, StoreError>>,
+        local: L,
+        concurrency: usize,
+        general: G,
+    ) -> Vec<Result<(), StoreError>>
+    where
+        A: Send + 'static,
+        L: Fn(A) -> Option<Result<(), StoreError>> + Send + 'static,
+        G: Fn(usize) -> F,
+        F: std::future::Future<Output = Result<(), StoreError>>,
+    {
         let mut results: Vec<Option<Result<(), StoreError>>> =
-            std::iter::repeat_with(|| None).take(items.len()).collect();
-        let mut local = Vec::new();
-        let mut other = Vec::new();
-        for (i, (uri, bytes)) in items.iter().enumerate() {
-            if let Err(e) = self.check_fence(uri) {
-                results[i] = Some(Err(e));
-                continue;
-            }
-            match uri.local_path() {
-                Some(path) => local.push((i, path, bytes.clone())),
-                None => other.push(i),
+            std::iter::repeat_with(|| None).take(routes.len()).collect();
+        let mut fast = Vec::new();
+        let mut slow = Vec::new();
+        for (i, route) in routes.into_iter().enumerate() {
+            match route {
+                Err(e) => results[i] = Some(Err(e)),
+                Ok(Some(arg)) => fast.push((i, arg)),
+                Ok(None) => slow.push(i),
             }
         }
-        if !local.is_empty() {
-            let local_idx: Vec<usize> = local.iter().map(|(i, _, _)| *i).collect();
-            let written = tokio::task::spawn_blocking(move || {
-                local
-                    .into_iter()
-                    .map(|(i, path, bytes)| (i, local::write_local(&path, &bytes)))
+        if !fast.is_empty() {
+            let fast_idx: Vec<usize> = fast.iter().map(|(i, _)| *i).collect();
+            let done = tokio::task::spawn_blocking(move || {
+                fast.into_iter()
+                    .map(|(i, arg)| (i, local(arg)))
                     .collect::<Vec<_>>()
             })
             .await;
-            match written {
-                Ok(written) => {
-                    for (i, ok) in written {
-                        if ok {
-                            results[i] = Some(Ok(()));
-                        } else {
-                            // Anything unusual: the general path, which
-                            // says what went wrong.
-                            other.push(i);
+            match done {
+                Ok(done) => {
+                    for (i, outcome) in done {
+                        match outcome {
+                            Some(result) => results[i] = Some(result),
+                            None => slow.push(i),
                         }
                     }
                 }
-                Err(_) => other.extend(local_idx),
+                // The blocking thread died: the general path does them.
+                Err(_) => slow.extend(fast_idx),
             }
         }
-        let items = &items;
-        let mut put = futures::stream::iter(other)
-            .map(|i| async move { (i, self.put(&items[i].0, items[i].1.clone()).await) })
+        let general = &general;
+        let mut rest = futures::stream::iter(slow)
+            .map(|i| async move { (i, general(i).await) })
             .buffer_unordered(concurrency.max(1));
-        while let Some((i, result)) = put.next().await {
+        while let Some((i, result)) = rest.next().await {
             results[i] = Some(result);
         }
         results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
