@@ -82,3 +82,11 @@ pub fn http_request(
         .map_or(String::new(), |(_, b)| b.to_string());
     Some((code, body))
 }
+
+/// The value of one series (`name{labels}`, whole) in Prometheus text, as
+/// `/metrics` serves it.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}

@@ -31,7 +31,7 @@ pub use cli::{
 };
 pub use cluster::Cluster;
 pub use coordinator::{Coordinator, Launch, WorkerLaunch, spawn_worker, worker_at};
-pub use http::{http_get, http_get_within, http_request};
+pub use http::{http_get, http_get_within, http_request, metric};
 pub use logs::{field, lines_with, strip_ansi, summary_field, tail};
 pub use outputs::{files_under, manifest, progress};
 pub use process::{Memory, Proc, cpu_seconds, own_cpu_seconds, process_state, signal, try_signal};

@@ -288,10 +288,3 @@ pub fn assert_matches_reference(rows: &HashMap<String, Vec<Prediction>>) {
         }
     }
 }
-
-/// The value of one series (`name{labels}`, whole) in Prometheus text.
-pub fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-}

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use stoke_proto::v1 as pb;
-use stoke_sandbox::http_get;
+use stoke_sandbox::{http_get, metric};
 use tokio::task::JoinSet;
 
 use crate::coordinator::{CoordinatorProcess, Launcher, range_spec};
@@ -64,9 +64,7 @@ impl fmt::Display for EndedReport {
 /// `stoke_shards_in_memory` from `/metrics`, if the coordinator has it.
 fn shards_in_memory(http_addr: &str) -> Option<u64> {
     let (_, body) = http_get(http_addr, "/metrics")?;
-    body.lines()
-        .find_map(|l| l.strip_prefix("stoke_shards_in_memory "))
-        .and_then(|v| v.trim().parse().ok())
+    metric(&body, "stoke_shards_in_memory").map(|v| v as u64)
 }
 
 pub async fn run(

@@ -40,12 +40,10 @@ impl Job {
             return;
         }
         let errors = self
-            .plan
             .shards
             .iter()
-            .zip(&self.shards)
-            .filter(|(_, s)| has_errors(&s.progress))
-            .map(|(planned, s)| (planned.id.clone(), s.progress.clone()))
+            .filter(|s| has_errors(&s.progress))
+            .map(|s| (*s.progress).clone())
             .collect();
         let ended = Ended {
             shards_total: self.shards.len() as u64,
@@ -75,7 +73,7 @@ impl Job {
             records_skipped: self.totals.skipped,
             failed_attempts: self.totals.failed_attempts,
             store_failures: self.totals.store_failures,
-            errors: ended.errors.iter().map(|(_, p)| (**p).clone()).collect(),
+            errors: ended.errors.clone(),
         })
     }
 
@@ -102,11 +100,7 @@ impl Job {
         job.ended = Some(Ended {
             shards_total: record.shards_total,
             shards_split: record.shards_split,
-            errors: record
-                .errors
-                .into_iter()
-                .map(|p| (p.shard_id.clone(), Arc::new(p)))
-                .collect(),
+            errors: record.errors,
         });
         job
     }

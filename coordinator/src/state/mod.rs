@@ -156,7 +156,7 @@ struct Ended {
     shards_split: u64,
     /// The shards with a failed attempt, a store failure or a skipped
     /// record (for `stoke errors`), in shard order.
-    errors: Vec<(String, Arc<ProgressRecord>)>,
+    errors: Vec<ProgressRecord>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]

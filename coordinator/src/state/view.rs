@@ -210,7 +210,7 @@ impl State {
             Some(ended) => ended
                 .errors
                 .iter()
-                .map(|(id, p)| (id.as_str(), &**p))
+                .map(|p| (p.shard_id.as_str(), p))
                 .collect(),
             None => job
                 .plan
