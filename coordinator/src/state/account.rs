@@ -97,6 +97,17 @@ struct WorkerShare {
     unreported: Duration,
 }
 
+/// Where a job's `report.json` stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReportFile {
+    /// Not written: the job runs, or it ended and the report is due (at
+    /// the next tick, or again after a failed write).
+    Unwritten,
+    Writing,
+    /// Stored (or there is none to store: the job ended before reports).
+    Stored,
+}
+
 /// One job's processor time by cause.
 #[derive(Debug, Clone)]
 pub(super) struct Account {
@@ -113,11 +124,8 @@ pub(super) struct Account {
     processor: Duration,
     failed: BTreeMap<&'static str, u64>,
     workers: HashMap<String, WorkerShare>,
-    /// `report.json` is being stored or is stored (or the job ended
-    /// before this coordinator started).
-    pub report_written: bool,
-    /// `report.json` is stored (or there is none to store).
-    pub report_stored: bool,
+    /// Where the job's `report.json` stands.
+    pub report_file: ReportFile,
     /// What coordinators before this one counted (a recovered job).
     pub before: Option<EfficiencyReport>,
     /// When the report was last saved (or the account began).
@@ -142,8 +150,7 @@ impl Account {
             processor: Duration::ZERO,
             failed: BTreeMap::new(),
             workers: HashMap::new(),
-            report_written: false,
-            report_stored: false,
+            report_file: ReportFile::Unwritten,
             before: None,
             saved: now,
             saving: false,
@@ -459,11 +466,14 @@ impl State {
                 };
                 saves.push((job.id.clone(), job.layout.report_so_far(), so_far));
             }
-            if !job.state.is_terminal() || job.busy || job.account.report_written {
+            if !job.state.is_terminal()
+                || job.busy
+                || job.account.report_file != ReportFile::Unwritten
+            {
                 continue;
             }
             job.account.ended.get_or_insert(now);
-            job.account.report_written = true;
+            job.account.report_file = ReportFile::Writing;
             let report = job
                 .account
                 .report(&job.id, job.totals.records, job.shards_split(), now);
@@ -501,10 +511,10 @@ impl State {
             return;
         };
         match result {
-            Ok(()) => job.account.report_stored = true,
+            Ok(()) => job.account.report_file = ReportFile::Stored,
             Err(e) => {
                 tracing::warn!(job = %job_id, error = %e, "writing report.json failed; retrying");
-                job.account.report_written = false;
+                job.account.report_file = ReportFile::Unwritten;
             }
         }
     }

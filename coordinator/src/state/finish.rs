@@ -16,6 +16,7 @@ use stoke_core::store::to_json_bytes;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::account::ReportFile;
 use super::effects::Then;
 use super::{Effect, Ended, FinishJob, Io, Job, State, has_errors};
 use crate::error::Result;
@@ -27,7 +28,7 @@ impl Job {
     pub(super) fn may_let_go(&self) -> bool {
         self.state == JobState::Succeeded
             && self.manifest_written
-            && self.account.report_stored
+            && self.account.report_file == ReportFile::Stored
             && !self.busy
             && self.leased == 0
             && self.deferred.is_empty()

@@ -16,6 +16,7 @@ use stoke_core::spec::JobSpec;
 use stoke_core::{StoreError, StoreUri, Stores};
 use tracing::info;
 
+use super::account::ReportFile;
 use super::{Effect, Job, State};
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
@@ -105,9 +106,8 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
             // clock stays stopped. Without one (the coordinator before
             // stopped between the job's end and its report), the last
             // one saved, written out again as its report.
-            job.account.end(tokio::time::Instant::now());
-            job.account.report_written = true;
-            job.account.report_stored = true;
+            job.account.end(now);
+            job.account.report_file = ReportFile::Stored;
             if let Some(report) = stores
                 .get_json::<EfficiencyReport>(&job.layout.report())
                 .await?
@@ -118,8 +118,7 @@ pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
                 .await?
             {
                 job.account.before = Some(so_far.report);
-                job.account.report_written = false;
-                job.account.report_stored = false;
+                job.account.report_file = ReportFile::Unwritten;
             }
         } else if let Some(so_far) = stores
             .get_json::<ReportSoFar>(&job.layout.report_so_far())
