@@ -34,3 +34,10 @@ export PATH="$STOKE_VENV/bin:$PATH"
 export LIBTORCH_USE_PYTORCH=1
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$STOKE_CACHE/target}"
 export STOKE_BIN_DIR="$CARGO_TARGET_DIR/debug"
+# `stoke`, `stoke-coordinator` and `stoke-worker` as built here, on PATH
+# (`cargo build` puts them there; `cargo install --path cli` and friends
+# install them for use outside the repository).
+case ":$PATH:" in
+  *":$STOKE_BIN_DIR:"*) ;;
+  *) export PATH="$STOKE_BIN_DIR:$PATH" ;;
+esac

@@ -23,6 +23,8 @@ fn job(id: &str, shards: u64, records: Option<u64>) -> JobInfo {
         records_skipped: 0,
         records_per_s: None,
         schedule: Default::default(),
+        crashes: 0,
+        isolating: None,
     }
 }
 

@@ -3,8 +3,12 @@
 //! wrote; it is started again when the job moved forward during its life
 //! (a crash mid-job), and not when it did not (a configuration error such
 //! as `--device gpu9` or a `--worker-bin` that is not a worker, which would
-//! only fail again). Once no worker is left, the run stops instead of
-//! waiting on a fleet that cannot make progress.
+//! only fail again). A worker that died processing a batch (the coordinator
+//! counted a crash, and isolates the record that kills workers) is always
+//! started again: each such death narrows the suspect down, so they are
+//! bounded by the coordinator, not by a restart cap here. Once no worker
+//! is left, the run stops instead of waiting on a fleet that cannot make
+//! progress.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -42,6 +46,8 @@ pub struct WorkerCommand {
 pub struct Progress {
     records: u64,
     shards: u64,
+    /// Workers that died processing the job's batches (crashes).
+    crashes: u64,
 }
 
 impl Progress {
@@ -49,6 +55,7 @@ impl Progress {
         Self {
             records: job.records_done,
             shards: job.shards_done,
+            crashes: job.crashes,
         }
     }
 
@@ -67,6 +74,13 @@ impl Progress {
 pub struct Exited {
     slot: usize,
     status: std::io::Result<ExitStatus>,
+}
+
+impl Exited {
+    /// It exited with status 0.
+    pub fn clean(&self) -> bool {
+        self.status.as_ref().is_ok_and(ExitStatus::success)
+    }
 }
 
 /// What the run does after a worker exited.
@@ -127,6 +141,14 @@ impl Fleet {
     pub fn alive(&self) -> usize {
         self.slots.iter().filter(|s| s.alive).count()
     }
+
+    /// The job's crashes when the process that exited started: its own
+    /// death, if it was one, is counted once the count is past this.
+    pub fn crashes_at_start(&self, exited: &Exited) -> u64 {
+        self.slots
+            .get(exited.slot)
+            .map_or(0, |s| s.started_at.crashes)
+    }
 }
 
 /// Starts worker `local-<i>`; its exit is reported on `exits`.
@@ -140,6 +162,7 @@ fn spawn(
     let name = format!("local-{i}");
     let mut cmd = std::process::Command::new(&c.bin);
     crate::run::openmp_wait(&mut cmd);
+    own_process_group(&mut cmd);
     let mut child = Command::from(cmd)
         .arg("--coordinator")
         .arg(&c.coordinator)
@@ -252,6 +275,18 @@ impl Fleet {
             }
         }
         eprintln!("{report}");
+        // It died processing a batch: the coordinator counted the crash
+        // and isolates the record; the worker is needed for that.
+        if !clean && (now.crashes > slot.started_at.crashes || job.isolating.is_some()) {
+            let (name, restarts) = (slot.name.clone(), slot.restarts);
+            match &job.isolating {
+                Some(what) => eprintln!("restarting {name} ({what})"),
+                None => eprintln!("restarting {name} (it crashed processing a batch)"),
+            }
+            let fresh = spawn(&self.command, &self.exits_tx, exited.slot, now, restarts)?;
+            self.slots[exited.slot] = fresh;
+            return Ok(Next::Continue);
+        }
         let progressed = now.beyond(slot.started_at);
         if !clean && progressed && slot.restarts < MAX_RESTARTS {
             let (name, restarts) = (slot.name.clone(), slot.restarts + 1);
@@ -289,6 +324,15 @@ impl Fleet {
         } else {
             format!("every worker exited without the job making progress ({last})")
         }))
+    }
+
+    /// Asks every running worker to checkpoint and stop (one SIGTERM each).
+    pub fn terminate(&self) {
+        for slot in self.slots.iter().filter(|s| s.alive) {
+            if let Some(pid) = slot.pid {
+                send_signal(pid, libc::SIGTERM);
+            }
+        }
     }
 
     /// Waits up to `grace` for each worker to exit on its own (they leave
@@ -333,6 +377,34 @@ impl Drop for Fleet {
     }
 }
 
+/// Starts a worker in a process group of its own, so a Ctrl-C at the
+/// terminal reaches `stoke run` alone, which stops each worker with one
+/// SIGTERM (a second signal would make a worker exit without its
+/// checkpoint); and has the kernel send it SIGTERM should `stoke run` die.
+#[allow(unsafe_code)]
+fn own_process_group(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    // SAFETY: runs in the child between fork and exec, calling only
+    // prctl(2), which is async-signal-safe and touches no parent state.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+}
+
+/// Sends `sig` to process `pid`.
+#[allow(unsafe_code)]
+fn send_signal(pid: u32, sig: i32) {
+    let Ok(pid) = i32::try_from(pid) else { return };
+    // SAFETY: kill(2) takes plain integers.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
 /// `exit status 2`, or `signal 9 (SIGKILL)`.
 fn describe(status: &ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
@@ -373,19 +445,22 @@ mod tests {
         let before = Progress {
             records: 10,
             shards: 0,
+            crashes: 0,
         };
         assert!(!before.beyond(before));
         assert!(
             Progress {
                 records: 11,
-                shards: 0
+                shards: 0,
+                crashes: 0,
             }
             .beyond(before)
         );
         assert!(
             Progress {
                 records: 10,
-                shards: 1
+                shards: 1,
+                crashes: 0,
             }
             .beyond(before)
         );

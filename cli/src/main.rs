@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use stoke_client::Client;
-use stoke_client::summary::{job_json, summary, total};
+use stoke_client::summary::{count, job_json, summary, total};
 use stoke_core::StoreUri;
 use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::JobSpec;
@@ -116,6 +116,12 @@ enum Cmd {
     Resume { job: String },
     /// Change a running or paused job's priority, weight or lease cap;
     /// stored by the coordinator, so it survives restarts.
+    #[command(group(
+        clap::ArgGroup::new("change")
+            .required(true)
+            .multiple(true)
+            .args(["priority", "weight", "max_workers"])
+    ))]
     Set {
         job: String,
         /// Higher goes first; lower-priority leases may be preempted.
@@ -181,6 +187,7 @@ mod exit {
 }
 
 fn main() {
+    stoke_core::logging::exit_quietly_on_broken_pipe();
     let cli = Cli::parse();
     stoke_core::logging::init_logging(stoke_core::logging::LogFormat::Text, "warn");
     let code = match run_cli(cli) {
@@ -254,12 +261,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 if json {
                     println!("{}", job_json(&job));
                 } else {
-                    println!("submitted job {}: {} shards", job.job_id, job.shards_total);
+                    println!(
+                        "submitted job {}: {}",
+                        job.job_id,
+                        count(job.shards_total, "shard")
+                    );
                 }
                 return Ok(exit::OK);
             }
+            // Followed: stdout is the job as it ends (`submit --watch >
+            // summary.txt`); what was submitted goes to stderr.
             if !json {
-                println!("submitted job {}: {} shards", job.job_id, job.shards_total);
+                eprintln!(
+                    "submitted job {}: {}",
+                    job.job_id,
+                    count(job.shards_total, "shard")
+                );
             }
             let job = watch::watch(&client, &job.job_id, watch::POLL).await?;
             print_job(&job, json);
@@ -323,19 +340,20 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 return Ok(0);
             }
             if errors.shards.is_empty() {
-                println!("job {job}: no failed attempts, no skipped records");
+                println!("job {job}: no failed attempts, no crashes, no skipped records");
                 return Ok(0);
             }
             println!(
-                "{:<10} {:>8} {:>7} {:>6} {:>8}  LAST ERROR",
-                "SHARD", "ATTEMPTS", "FAILED", "STORE", "SKIPPED"
+                "{:<10} {:>8} {:>7} {:>7} {:>6} {:>8}  LAST ERROR",
+                "SHARD", "ATTEMPTS", "FAILED", "CRASHES", "STORE", "SKIPPED"
             );
             for s in &errors.shards {
                 println!(
-                    "{:<10} {:>8} {:>7} {:>6} {:>8}  {}{}",
+                    "{:<10} {:>8} {:>7} {:>7} {:>6} {:>8}  {}{}",
                     s.shard_id,
                     s.attempts,
                     s.failed_attempts,
+                    s.crashes,
                     s.store_failures,
                     s.skipped,
                     s.last_error.as_deref().unwrap_or("-"),
@@ -344,6 +362,26 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                         .map(|w| format!(" (on {w})"))
                         .unwrap_or_default()
                 );
+            }
+            // Worker deaths, apart from the processor's errors.
+            let crashed: Vec<_> = errors.shards.iter().filter(|s| s.crashes > 0).collect();
+            if !crashed.is_empty() {
+                println!();
+                println!("{:<10} {:>7}  LAST CRASH", "SHARD", "CRASHES");
+                for s in crashed {
+                    let isolating = s
+                        .suspect
+                        .as_ref()
+                        .filter(|x| x.isolating())
+                        .map(|x| format!(" [isolating records {}..{}]", x.from, x.until))
+                        .unwrap_or_default();
+                    println!(
+                        "{:<10} {:>7}  {}{isolating}",
+                        s.shard_id,
+                        s.crashes,
+                        s.last_crash.as_deref().unwrap_or("-"),
+                    );
+                }
             }
             if !errors.skipped.is_empty() {
                 println!();
@@ -393,9 +431,6 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             weight,
             max_workers,
         } => {
-            if priority.is_none() && weight.is_none() && max_workers.is_none() {
-                bail!("stoke set: give --priority, --weight or --max-workers");
-            }
             let client = Client::connect(&cli.coordinator).await?;
             let job = client
                 .set_schedule(&job, priority, weight, max_workers)

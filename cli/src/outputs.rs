@@ -6,7 +6,7 @@
 //! counts.
 
 use stoke_client::Client;
-use stoke_client::summary::local_path;
+use stoke_client::summary::{count, local_path};
 use stoke_core::records::{JobState, ManifestEntry};
 
 /// Prints the job's committed outputs: a table, or JSON with `--json`.
@@ -38,9 +38,10 @@ pub async fn print(client: &Client, job_id: &str, json: bool) -> anyhow::Result<
         ids.len()
     };
     println!(
-        "{records} records in {} objects from {shards} of {} shards; job {} is {}",
-        outputs.len(),
-        job.shards_total,
+        "{} in {} from {shards} of {}; job {} is {}",
+        count(records, "record"),
+        count(outputs.len() as u64, "object"),
+        count(job.shards_total, "shard"),
         job.job_id,
         job.state
     );

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use stoke_client::Client;
-use stoke_client::summary::total;
+use stoke_client::summary::{count, total};
 use stoke_coordinator::CoordinatorConfig;
 use stoke_core::records::JobInfo;
 use stoke_core::spec::JobSpec;
@@ -74,11 +74,16 @@ impl LocalRun {
             .await
             .context("binding a local port for the coordinator")?;
         let addr = listener.local_addr()?;
+        let http = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding a local port for the status page")?;
+        let http_addr = http.local_addr()?;
         let shutdown = CancellationToken::new();
         let mut config = CoordinatorConfig::new(root.clone());
         config.lease_timeout = self.lease_timeout;
-        let mut coordinator = tokio::spawn(stoke_coordinator::run(
+        let mut coordinator = tokio::spawn(stoke_coordinator::serve(
             listener,
+            Some(http),
             config,
             Stores::from_env()?,
             shutdown.clone(),
@@ -87,7 +92,7 @@ impl LocalRun {
         // cloud root without credentials), its error is the run's, not
         // the connection errors it causes here.
         let coordinator_addr = format!("http://{addr}");
-        let drive = self.drive(spec, &worker_bin, &coordinator_addr);
+        let drive = self.drive(spec, &worker_bin, &coordinator_addr, http_addr);
         let (result, ended) = tokio::select! {
             ended = &mut coordinator => (Err(coordinator_stopped(ended)), true),
             result = drive => (result, false),
@@ -114,16 +119,32 @@ impl LocalRun {
         result
     }
 
-    async fn drive(&self, spec: JobSpec, worker_bin: &Path, addr: &str) -> anyhow::Result<i32> {
+    async fn drive(
+        &self,
+        spec: JobSpec,
+        worker_bin: &Path,
+        addr: &str,
+        http_addr: std::net::SocketAddr,
+    ) -> anyhow::Result<i32> {
         let client = connect_with_retry(addr).await?;
         let job = client.submit(&spec, self.job_id.as_deref()).await?;
+        // Where the rest of the CLI (and a browser) finds this run's job
+        // while it runs.
+        let grpc = addr.trim_start_matches("http://");
         eprintln!(
-            "job {}: {} shards, {} records; starting {} worker{}",
+            "coordinator: {grpc} (in another shell: export STOKE_COORDINATOR={grpc}; stoke status {})",
+            job.job_id
+        );
+        eprintln!("status page: http://{http_addr}/");
+        let records = match job.records_total {
+            Some(n) => count(n, "record"),
+            None => format!("{} records", total(&job)),
+        };
+        eprintln!(
+            "job {}: {}, {records}; starting {}",
             job.job_id,
-            job.shards_total,
-            total(&job),
-            self.workers,
-            if self.workers == 1 { "" } else { "s" }
+            count(job.shards_total, "shard"),
+            count(self.workers as u64, "worker"),
         );
         if let Some(note) = idle_workers_note(&spec, &job, self.workers) {
             eprintln!("{note}");
@@ -149,8 +170,36 @@ impl LocalRun {
         let job = loop {
             tokio::select! {
                 job = &mut watched => break job?,
-                exited = workers.next_exit() => {
+                _ = tokio::signal::ctrl_c() => {
+                    // Ctrl-C: the workers checkpoint and stop; the job keeps
+                    // what it committed, and the same command resumes it.
+                    eprintln!("interrupted: stopping the workers (each checkpoints first)");
+                    workers.terminate();
+                    workers.finish(Duration::from_secs(60)).await;
                     let now = client.get_job(&job.job_id).await?;
+                    eprintln!(
+                        "job {} stopped with {} of {} committed; resume it with:\n  {}",
+                        now.job_id,
+                        count(now.records_done, "record"),
+                        total(&now),
+                        resume_command(&now.job_id)
+                    );
+                    return Ok(INTERRUPTED);
+                }
+                exited = workers.next_exit() => {
+                    let mut now = client.get_job(&job.job_id).await?;
+                    // A death by a batch reaches the coordinator as its
+                    // session closes: give it a moment to count it.
+                    let since = workers.crashes_at_start(&exited);
+                    let deadline = Instant::now() + Duration::from_secs(2);
+                    while !exited.clean()
+                        && now.crashes <= since
+                        && !now.state.is_terminal()
+                        && Instant::now() < deadline
+                    {
+                        tokio::time::sleep(Duration::from_millis(25)).await;
+                        now = client.get_job(&job.job_id).await?;
+                    }
                     if let fleet::Next::Stop(why) = workers.on_exit(exited, &now)? {
                         return stop_run(&client, &now, &why).await;
                     }
@@ -161,6 +210,42 @@ impl LocalRun {
         print_summary(&job);
         eprintln!("took {:.1}s", started.elapsed().as_secs_f64());
         Ok(exit_code(&job))
+    }
+}
+
+/// The exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells
+/// report a process that SIGINT ended).
+const INTERRUPTED: i32 = 130;
+
+/// This very command line, with `--job-id JOB` (added if it was not
+/// there): what resumes an interrupted run.
+fn resume_command(job_id: &str) -> String {
+    let mut args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--job-id") {
+        if let Some(value) = args.get_mut(at + 1) {
+            *value = job_id.to_string();
+        }
+    } else if let Some(at) = args.iter().position(|a| a.starts_with("--job-id=")) {
+        args[at] = format!("--job-id={job_id}");
+    } else {
+        args.push("--job-id".to_string());
+        args.push(job_id.to_string());
+    }
+    args.iter()
+        .map(|a| shell_quote(a))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `a` as a shell word: as it is when it needs no quoting.
+fn shell_quote(a: &str) -> String {
+    let plain = !a.is_empty()
+        && a.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        a.to_string()
+    } else {
+        format!("'{}'", a.replace('\'', "'\\''"))
     }
 }
 

@@ -12,6 +12,15 @@ pub fn local_path(uri: &str) -> String {
         .unwrap_or_else(|| uri.to_string())
 }
 
+/// `n` and the noun, plural unless `n` is 1: "1 shard", "3 shards".
+pub fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// The job's total records, or `?` when the plan could not count them.
 pub fn total(job: &JobInfo) -> String {
     job.records_total.map_or("?".to_string(), |n| n.to_string())
@@ -35,6 +44,16 @@ pub fn summary(job: &JobInfo) -> String {
             job.records_skipped
         );
     }
+    if job.crashes > 0 {
+        let _ = writeln!(
+            out,
+            "crashes: {} worker deaths while processing (see stoke errors)",
+            job.crashes
+        );
+    }
+    if let Some(what) = &job.isolating {
+        let _ = writeln!(out, "isolating: {what}");
+    }
     let _ = writeln!(out, "outputs: {}", local_path(&job.output_uri));
     if let Some(m) = &job.manifest_uri {
         let _ = writeln!(out, "manifest: {}", local_path(m));
@@ -55,6 +74,10 @@ pub fn job_json(job: &JobInfo) -> serde_json::Value {
         "records_done": job.records_done,
         "records_total": job.records_total,
         "records_skipped": job.records_skipped,
+        // The coordinator's recent rate, and the time left at it: null
+        // while not measured (or not running).
+        "records_per_s": job.records_per_s,
+        "eta_s": job.eta().map(|d| d.as_secs_f64()),
         "output_uri": job.output_uri,
         "manifest_uri": job.manifest_uri,
         "processor": job.processor,
@@ -63,5 +86,7 @@ pub fn job_json(job: &JobInfo) -> serde_json::Value {
         "max_workers": job.schedule.max_workers,
         "queue": job.schedule.queue,
         "waiting": job.schedule.waiting,
+        "crashes": job.crashes,
+        "isolating": job.isolating,
     })
 }

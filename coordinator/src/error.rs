@@ -105,7 +105,7 @@ pub enum CoordinatorError {
     )]
     TooManyJobs { unfinished: usize, max: usize },
     #[error(
-        "job spec: queue: {queue:?} is not configured on this coordinator (its queues: default, {known}; see --queue)"
+        "job spec: queue: {queue:?} is not configured on this coordinator (its queues: {known}; see --queue)"
     )]
     UnknownQueue { queue: String, known: String },
     #[error("job spec is {size} bytes; the limit is {max} bytes (--max-spec-bytes)")]

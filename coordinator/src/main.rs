@@ -243,6 +243,7 @@ fn write_addr(path: &std::path::Path, addr: std::net::SocketAddr) -> std::io::Re
 }
 
 fn main() {
+    stoke_core::logging::exit_quietly_on_broken_pipe();
     if let Err(e) = run() {
         // The message and its causes; the debug form only with STOKE_DEBUG.
         stoke_core::logging::print_fatal("stoke-coordinator", &*e, &e);

@@ -39,6 +39,8 @@ pub struct Counters {
     pub sessions_closed: u64,
     /// Leased shards split for an idle worker.
     pub shards_split: u64,
+    /// Workers that died with a batch in progress (see `state/crash.rs`).
+    pub worker_crashes: u64,
 }
 
 /// Distributions since this coordinator process started. Cloning shares
@@ -307,6 +309,18 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         records_skipped,
     );
     registry.register("stoke_job_shards", "Shards per job, by state", shards);
+    // From the jobs' progress records: it survives a coordinator restart.
+    let crashes = Family::<Labels, Counter>::default();
+    for job in jobs {
+        crashes
+            .get_or_create(&labels([("job", job.job_id.as_str())]))
+            .inc_by(job.crashes);
+    }
+    registry.register(
+        "stoke_worker_crashes",
+        "Workers that died while processing a batch of the job (crashes), per job",
+        crashes,
+    );
     register_demand(&mut registry, &snapshot.queues);
     let processor_seconds = Family::<Labels, Counter<f64>>::default();
     let shards_split = Family::<Labels, Counter>::default();
@@ -323,7 +337,7 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
     }
     registry.register(
         "stoke_job_processor_seconds",
-        "Processor time per job, by cause: startup, model, input_wait, checkpoint, redone, paused, tail_idle",
+        "Processor time per job, by cause: startup, model, input_wait, checkpoint, redone, crashed, paused, tail_idle",
         processor_seconds,
     );
     registry.register(
@@ -459,9 +473,15 @@ mod tests {
             records_skipped: 0,
             records_per_s: None,
             schedule: Default::default(),
+            crashes: 2,
+            isolating: None,
         };
         let body = render(&[job], &snapshot).expect("render");
         assert_eq!(line(&body, "stoke_leases_granted_total"), Some("7"));
+        assert_eq!(
+            line(&body, "stoke_worker_crashes_total{job=\"j\"}"),
+            Some("2")
+        );
         assert_eq!(
             line(&body, "stoke_commits_total{result=\"accepted\"}"),
             Some("5")

@@ -22,6 +22,7 @@
     ["input_wait", "input wait", "cause-input"],
     ["checkpoint", "checkpoint", "cause-checkpoint"],
     ["redone", "redone", "cause-redone"],
+    ["crashed", "crashed", "cause-crashed"],
     ["paused", "paused", "cause-paused"],
     ["tail_idle", "tail idle", "cause-tail"],
   ];
@@ -225,6 +226,7 @@
         stat("ETA", eta, null, { "data-role": "eta" }),
         stat("Skipped", int(job.records_skipped), job.records_skipped ? "warn" : null),
         stat("Failed attempts", int(job.attempts_failed), job.attempts_failed ? "warn" : null),
+        stat("Crashes", int(job.crashes || 0), job.crashes ? "warn" : null, { "data-role": "crashes" }),
         stat("Priority", String(sched.priority), null, { "data-role": "priority" }),
         stat("Queue", sched.queue, null, { "data-role": "queue" }),
         stat("Weight", String(sched.weight), null, { "data-role": "weight" }),
@@ -233,6 +235,7 @@
       el("div", { class: "shards" }, segments, legend),
       renderReport(job),
       job.reason ? el("p", { class: "reason" }, job.reason) : null,
+      job.isolating ? el("p", { class: "reason", "data-role": "isolating" }, job.isolating) : null,
       renderErrors(job));
   }
 

@@ -205,6 +205,11 @@ pub struct JobView {
     pub eta_s: Option<f64>,
     pub attempts_failed: u64,
     pub store_failures: u64,
+    /// Workers that died while processing the job's batches.
+    pub crashes: u64,
+    /// While it isolates a crash: "isolating a crash in shard s00012,
+    /// batch 7 (2 crashes)"; `null` otherwise.
+    pub isolating: Option<String>,
     /// `null` when the job has had no failed attempt and no skipped record.
     pub errors: Option<ErrorsView>,
     pub schedule: ScheduleView,
@@ -393,6 +398,8 @@ impl JobView {
             eta_s: eta.map(|d| d.as_secs_f64()),
             attempts_failed,
             store_failures,
+            crashes: info.crashes,
+            isolating: info.isolating,
             errors,
             report,
         }
@@ -548,6 +555,8 @@ mod tests {
                 records_skipped: 1,
                 records_per_s: Some(100.0),
                 schedule: Default::default(),
+                crashes: 0,
+                isolating: None,
             },
             shards: ShardCounts::split(8, 3, 2, 1, 0),
             records_per_s: Some(100.0),
@@ -593,6 +602,9 @@ mod tests {
                 last_error: Some("GET s3://k:v@b/o failed".to_string()),
                 last_failed_worker: Some("w1".to_string()),
                 skipped: 1,
+                crashes: 0,
+                last_crash: None,
+                suspect: None,
             }],
             skipped: vec![SkippedRecord {
                 shard_id: "s00001".to_string(),

@@ -88,9 +88,51 @@ pub async fn sweep(stores: &Stores, prefix: &StoreUri) -> Result<usize, StoreErr
         result?;
         deleted += 1;
     }
+    // A local store keeps the folders its objects were in: remove those
+    // left empty (an object store has no folders to leave behind).
+    if let Some(dir) = prefix.local_path() {
+        let _ = tokio::task::spawn_blocking(move || remove_empty_dirs(&dir)).await;
+    }
     Ok(deleted)
+}
+
+/// Removes `dir` and the folders under it that hold nothing (bottom-up);
+/// true when `dir` itself is gone. Best effort: a folder something was
+/// written to meanwhile stays.
+fn remove_empty_dirs(dir: &std::path::Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    let mut empty = true;
+    for entry in entries.flatten() {
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if !(is_dir && remove_empty_dirs(&entry.path())) {
+            empty = false;
+        }
+    }
+    empty && std::fs::remove_dir(dir).is_ok()
 }
 
 async fn delete(stores: Stores, uri: StoreUri) -> Result<(), StoreError> {
     stores.delete(&uri).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_folders_go_and_folders_with_files_stay() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let staging = tmp.path().join("staging");
+        std::fs::create_dir_all(staging.join("s00000/a1/_files")).expect("mkdir");
+        std::fs::create_dir_all(staging.join("s00001/a2")).expect("mkdir");
+        std::fs::write(staging.join("s00001/a2/part.parquet"), b"x").expect("write");
+        assert!(!remove_empty_dirs(&staging));
+        assert!(!staging.join("s00000").exists());
+        assert!(staging.join("s00001/a2/part.parquet").exists());
+        std::fs::remove_file(staging.join("s00001/a2/part.parquet")).expect("rm");
+        assert!(remove_empty_dirs(&staging));
+        assert!(!staging.exists());
+    }
 }

@@ -7,13 +7,13 @@ use stoke_proto::v1 as pb;
 
 use crate::error::ConvError;
 use crate::lease::{
-    AcquireOutcome, Commit, Heartbeat, JobStages, Lease, LeaseKey, LeaseWork, Release,
-    SessionEvent, StageTotals,
+    AcquireOutcome, BatchSpan, Commit, Heartbeat, Isolation, JobStages, Lease, LeaseKey, LeaseWork,
+    Release, SessionEvent, StageTotals,
 };
 use crate::plan::{Cut, Shard, ShardSource};
 use crate::records::{
     JobErrors, JobInfo, JobScheduling, JobState, ManifestEntry, OutputObject, ShardErrors,
-    SkippedRecord, WorkerInfo,
+    SkippedRecord, Suspect, WorkerInfo,
 };
 use crate::spec::JobSpec;
 
@@ -67,6 +67,8 @@ impl From<JobInfo> for pb::JobInfo {
                 queue: j.schedule.queue,
                 waiting: j.schedule.waiting.unwrap_or_default(),
             }),
+            crashes: j.crashes,
+            isolating: j.isolating.unwrap_or_default(),
         }
     }
 }
@@ -104,6 +106,8 @@ impl TryFrom<pb::JobInfo> for JobInfo {
                     waiting: non_empty(s.waiting),
                 })
                 .unwrap_or_default(),
+            crashes: j.crashes,
+            isolating: non_empty(j.isolating),
         })
     }
 }
@@ -155,8 +159,17 @@ impl From<Heartbeat> for pb::Heartbeat {
                     lease: Some(w.lease.into()),
                     batches: w.batches,
                     model_ms: w.model_ms,
+                    current: w.current.map(|c| pb::BatchSpan {
+                        batch: c.batch,
+                        from_record: c.from,
+                        records: c.records,
+                        ids: c.ids,
+                        wants_ack: c.wants_ack,
+                    }),
+                    last_words: w.last_words.unwrap_or_default(),
                 })
                 .collect(),
+            brief: h.brief,
         }
     }
 }
@@ -186,9 +199,18 @@ impl From<pb::Heartbeat> for Heartbeat {
                         lease: w.lease?.into(),
                         batches: w.batches,
                         model_ms: w.model_ms,
+                        current: w.current.map(|c| BatchSpan {
+                            batch: c.batch,
+                            from: c.from_record,
+                            records: c.records,
+                            ids: c.ids,
+                            wants_ack: c.wants_ack,
+                        }),
+                        last_words: non_empty(w.last_words),
                     })
                 })
                 .collect(),
+            brief: h.brief,
         }
     }
 }
@@ -269,6 +291,13 @@ impl From<JobErrors> for pb::GetJobErrorsResponse {
                     last_error: s.last_error.unwrap_or_default(),
                     last_failed_worker: s.last_failed_worker.unwrap_or_default(),
                     skipped: s.skipped,
+                    crashes: s.crashes,
+                    last_crash: s.last_crash.unwrap_or_default(),
+                    suspect_batch: s.suspect.as_ref().map(|x| x.batch),
+                    suspect_from: s.suspect.as_ref().map_or(0, |x| x.from),
+                    suspect_until: s.suspect.as_ref().map_or(0, |x| x.until),
+                    isolating: s.suspect.as_ref().is_some_and(|x| x.probe.is_some()),
+                    suspect_crashes: s.suspect.as_ref().map_or(0, |x| x.crashes),
                 })
                 .collect(),
             skipped: e
@@ -299,6 +328,17 @@ impl From<pb::GetJobErrorsResponse> for JobErrors {
                     last_error: non_empty(s.last_error),
                     last_failed_worker: non_empty(s.last_failed_worker),
                     skipped: s.skipped,
+                    crashes: s.crashes,
+                    last_crash: non_empty(s.last_crash),
+                    // The wire keeps what people read: the range, the
+                    // batch, whether it is isolating (not the probe size).
+                    suspect: s.suspect_batch.map(|batch| Suspect {
+                        batch,
+                        from: s.suspect_from,
+                        until: s.suspect_until,
+                        crashes: s.suspect_crashes,
+                        probe: s.isolating.then_some(0),
+                    }),
                 })
                 .collect(),
             skipped: e
@@ -423,6 +463,11 @@ impl From<Lease> for pb::Lease {
                 .unwrap_or_default(),
             errors_prefix: l.errors_prefix,
             outputs_staged: l.outputs_staged,
+            isolate: l.isolate.map(|i| pb::Isolation {
+                from_record: i.from,
+                until_record: i.until,
+                probe: i.probe,
+            }),
         }
     }
 }
@@ -458,6 +503,11 @@ impl TryFrom<pb::Lease> for Lease {
             },
             errors_prefix: l.errors_prefix,
             outputs_staged: l.outputs_staged,
+            isolate: l.isolate.map(|i| Isolation {
+                from: i.from_record,
+                until: i.until_record,
+                probe: i.probe.max(1),
+            }),
         })
     }
 }
@@ -635,6 +685,12 @@ impl From<SessionEvent> for pb::SessionEvent {
                 lease: Some(lease.into()),
                 until_record,
             }),
+            SessionEvent::Noted { lease, from_record } => {
+                pb::session_event::Event::Noted(pb::Noted {
+                    lease: Some(lease.into()),
+                    from_record,
+                })
+            }
         };
         Self { event: Some(event) }
     }
@@ -671,6 +727,11 @@ mod tests {
             output_prefix: "memory:///o/s00001/a42".into(),
             errors_prefix: "memory:///r/jobs/j/errors/s00001/a42".into(),
             outputs_staged: true,
+            isolate: Some(Isolation {
+                from: 5,
+                until: 9,
+                probe: 2,
+            }),
             input_schema: Some(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
                 "x",
                 arrow_schema::DataType::Int64,
@@ -725,6 +786,8 @@ mod tests {
                 queue: "team-a".into(),
                 waiting: Some("queue full".into()),
             },
+            crashes: 3,
+            isolating: Some("isolating a crash in shard s00001, batch 7 (2 crashes)".into()),
         };
         let back = JobInfo::try_from(pb::JobInfo::from(job.clone())).expect("convert");
         assert_eq!(back, job);

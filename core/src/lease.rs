@@ -37,6 +37,62 @@ pub struct Lease {
     /// commit lists into the output folder when it accepts it, and the
     /// attempt deletes its staged objects once the commit is answered.
     pub outputs_staged: bool,
+    /// Set while the shard isolates a crash (see [`Isolation`]).
+    pub isolate: Option<Isolation>,
+}
+
+/// Records `[from, until)` are suspected of killing workers: the attempt
+/// cuts a batch at `from`, processes the range `probe` records at a time
+/// and commits after each, so a death names its probe exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Isolation {
+    pub from: u64,
+    pub until: u64,
+    pub probe: u64,
+}
+
+impl Isolation {
+    /// The next record at or after `offset` where a batch must end: `from`,
+    /// each probe's end inside the range, and `until`; `None` past it.
+    pub fn next_cut(&self, offset: u64) -> Option<u64> {
+        if offset < self.from {
+            return Some(self.from);
+        }
+        if offset >= self.until {
+            return None;
+        }
+        let probe = self.probe.max(1);
+        let done = (offset - self.from) / probe + 1;
+        Some(
+            self.from
+                .saturating_add(done.saturating_mul(probe))
+                .min(self.until),
+        )
+    }
+
+    /// A batch ending at `end` must be committed on its own.
+    pub fn commits_at(&self, end: u64) -> bool {
+        (self.from..=self.until).contains(&end)
+    }
+}
+
+/// A batch an attempt started: what a death is blamed on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchSpan {
+    pub batch: u64,
+    /// Records `[from, from + records)`, offsets in the shard's origin.
+    pub from: u64,
+    pub records: u64,
+    /// The record's id, for a batch of one record.
+    pub ids: Vec<String>,
+    /// The worker waits for a [`SessionEvent::Noted`] before running it.
+    pub wants_ack: bool,
+}
+
+impl BatchSpan {
+    pub fn until(&self) -> u64 {
+        self.from.saturating_add(self.records)
+    }
 }
 
 impl Lease {
@@ -99,6 +155,9 @@ pub struct Heartbeat {
     /// Per lease, the work done since its last committed checkpoint: lost
     /// (and counted as redone) if the attempt ends without committing it.
     pub work: Vec<LeaseWork>,
+    /// Sent as a batch starts: only `work` is meant (each lease's batch in
+    /// progress and last words); the rest is left out and changes nothing.
+    pub brief: bool,
 }
 
 /// One job's share of a worker's processor time, since the worker started.
@@ -119,6 +178,11 @@ pub struct LeaseWork {
     pub batches: u64,
     /// Their time in `process_batch`.
     pub model_ms: u64,
+    /// The batch in progress (`None` between batches).
+    pub current: Option<BatchSpan>,
+    /// Why the worker is about to die, when it knows (a fatal signal, a
+    /// batch past `batch_timeout`, a sticky device error).
+    pub last_words: Option<String>,
 }
 
 /// A worker's session registration.
@@ -160,4 +224,30 @@ pub enum SessionEvent {
     /// The shard of this lease was split: stop before record
     /// `until_record` (an offset in the shard's origin) and finish there.
     Split { lease: LeaseKey, until_record: u64 },
+    /// The coordinator heard that the lease's batch starting at
+    /// `from_record` started (answers a span that `wants_ack`).
+    Noted { lease: LeaseKey, from_record: u64 },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn isolation_cuts_at_its_start_each_probe_and_its_end() {
+        let iso = Isolation {
+            from: 10,
+            until: 17,
+            probe: 3,
+        };
+        assert_eq!(iso.next_cut(0), Some(10));
+        assert_eq!(iso.next_cut(9), Some(10));
+        assert_eq!(iso.next_cut(10), Some(13));
+        assert_eq!(iso.next_cut(12), Some(13));
+        assert_eq!(iso.next_cut(13), Some(16));
+        assert_eq!(iso.next_cut(16), Some(17));
+        assert_eq!(iso.next_cut(17), None);
+        assert!(iso.commits_at(10) && iso.commits_at(13) && iso.commits_at(17));
+        assert!(!iso.commits_at(9) && !iso.commits_at(18));
+    }
 }

@@ -81,6 +81,37 @@ pub fn fatal_message(
     format!("{program}: {message}")
 }
 
+/// The exit status of a process whose reader went away: that of a process
+/// killed by SIGPIPE (128 + 13), as Unix tools end.
+pub const EXIT_BROKEN_PIPE: i32 = 141;
+
+/// Makes printing to a closed stdout or stderr (`stoke report J | head -1`)
+/// end the process quietly with [`EXIT_BROKEN_PIPE`], as Unix tools do.
+/// Rust ignores SIGPIPE, so such a print fails with EPIPE and `println!`
+/// panics ("failed printing to stdout: Broken pipe"); this hook turns that
+/// one panic into the quiet exit and leaves every other panic as it was.
+/// Call it first in `main`.
+pub fn exit_quietly_on_broken_pipe() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if is_broken_pipe_panic(message) {
+            std::process::exit(EXIT_BROKEN_PIPE);
+        }
+        previous(info);
+    }));
+}
+
+/// The message of `print!`'s panic on a closed pipe.
+fn is_broken_pipe_panic(message: &str) -> bool {
+    message.starts_with("failed printing to std") && message.contains("Broken pipe")
+}
+
 /// Prints [`fatal_message`] to stderr.
 pub fn print_fatal(
     program: &str,
@@ -93,6 +124,20 @@ pub fn print_fatal(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_prints_to_a_closed_pipe_exit_quietly() {
+        assert!(is_broken_pipe_panic(
+            "failed printing to stdout: Broken pipe (os error 32)"
+        ));
+        assert!(is_broken_pipe_panic(
+            "failed printing to stderr: Broken pipe (os error 32)"
+        ));
+        assert!(!is_broken_pipe_panic("index out of bounds"));
+        assert!(!is_broken_pipe_panic(
+            "failed printing to stdout: No space left on device"
+        ));
+    }
 
     #[test]
     fn formats_parse_by_name() {

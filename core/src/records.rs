@@ -96,6 +96,51 @@ pub struct ProgressRecord {
     /// rebuilds the split plan from the progress records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<crate::plan::Shard>,
+    /// Workers that died while processing this shard (crashes: a lost
+    /// session or an expired lease with a batch in progress), apart from
+    /// `failed_attempts`, and why the last one died.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub crashes: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_crash: Option<String>,
+    /// The records crashes point at, while they are narrowed down: stored
+    /// with every crash, so isolation survives a coordinator restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspect: Option<Suspect>,
+}
+
+/// Records that workers died on (see `ProgressRecord::suspect`). Until
+/// `crashes` reaches the job's `crash_threshold` the shard runs as usual;
+/// then it is *isolated*: its attempt processes `[from, until)` `probe`
+/// records at a time, committing each, so the next death names one probe,
+/// which becomes the new suspect (halving it), down to one record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Suspect {
+    /// The batch the worker reported starting when it died.
+    pub batch: u64,
+    /// Records `[from, until)`, offsets in the shard's origin.
+    pub from: u64,
+    pub until: u64,
+    /// Deaths on exactly this range.
+    pub crashes: u32,
+    /// Set while isolating: records per probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<u64>,
+}
+
+impl Suspect {
+    /// Records under suspicion.
+    pub fn len(&self) -> u64 {
+        self.until.saturating_sub(self.from)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn isolating(&self) -> bool {
+        self.probe.is_some()
+    }
 }
 
 /// `jobs/<job>/progress/log-<seq>.json` (the records of commits stored
@@ -184,6 +229,11 @@ pub struct JobInfo {
     /// job runs and was sampled long enough.
     pub records_per_s: Option<f64>,
     pub schedule: JobScheduling,
+    /// Workers that died while processing the job's records.
+    pub crashes: u64,
+    /// While the job isolates a crash: "isolating a crash in shard s00012,
+    /// batch 7 (2 crashes)".
+    pub isolating: Option<String>,
 }
 
 /// How a job shares the fleet now, and why it waits (see
@@ -259,6 +309,15 @@ pub struct ShardErrors {
     pub last_error: Option<String>,
     pub last_failed_worker: Option<String>,
     pub skipped: u64,
+    /// Workers that died while processing the shard (crashes), kept apart
+    /// from failed attempts, and why the last one died.
+    #[serde(default)]
+    pub crashes: u32,
+    #[serde(default)]
+    pub last_crash: Option<String>,
+    /// While the shard isolates a crash: the suspected records.
+    #[serde(default)]
+    pub suspect: Option<Suspect>,
 }
 
 /// One bad record skipped under the job's error policy.

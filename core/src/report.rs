@@ -26,6 +26,11 @@ pub struct CauseSeconds {
     /// (a worker killed, a lease lost, a fenced zombie, a commit refused):
     /// done again by a later attempt.
     pub redone: f64,
+    /// Lost to crashes: the uncommitted batches of workers that died while
+    /// processing (a record that kills its worker), and the batch each
+    /// died in, up to the death.
+    #[serde(default)]
+    pub crashed: f64,
     /// Workers connected and idle while the job was paused.
     pub paused: f64,
     /// Workers connected and idle while the job had shards leased but none
@@ -35,13 +40,14 @@ pub struct CauseSeconds {
 
 impl CauseSeconds {
     /// The causes in report order, with their JSON names.
-    pub fn named(&self) -> [(&'static str, f64); 7] {
+    pub fn named(&self) -> [(&'static str, f64); 8] {
         [
             ("startup", self.startup),
             ("model", self.model),
             ("input_wait", self.input_wait),
             ("checkpoint", self.checkpoint),
             ("redone", self.redone),
+            ("crashed", self.crashed),
             ("paused", self.paused),
             ("tail_idle", self.tail_idle),
         ]
@@ -123,6 +129,7 @@ impl EfficiencyReport {
             input_wait: b.input_wait + s.input_wait,
             checkpoint: b.checkpoint + s.checkpoint,
             redone: b.redone + s.redone,
+            crashed: b.crashed + s.crashed,
             paused: b.paused + s.paused,
             tail_idle: b.tail_idle + s.tail_idle,
         };

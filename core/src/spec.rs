@@ -90,6 +90,23 @@ pub struct ErrorsSpec {
     /// With `skip`: the job fails once more records than this were skipped.
     #[serde(default = "default_max_skipped")]
     pub max_skipped: u64,
+    /// Worker deaths on the same batch before the shard is isolated: its
+    /// suspect batch is bisected across attempts down to the one record
+    /// that kills a worker, which then follows `policy`.
+    #[serde(
+        default = "default_crash_threshold",
+        skip_serializing_if = "is_default_crash_threshold"
+    )]
+    pub crash_threshold: u32,
+    /// How long one batch may run ("10m"); past it the worker reports the
+    /// batch and exits to be restarted, and the batch counts as a crash.
+    /// No limit when left out.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub batch_timeout: Option<Duration>,
 }
 
 impl Default for ErrorsSpec {
@@ -97,9 +114,22 @@ impl Default for ErrorsSpec {
         Self {
             policy: ErrorPolicy::default(),
             max_skipped: default_max_skipped(),
+            crash_threshold: default_crash_threshold(),
+            batch_timeout: None,
         }
     }
 }
+
+fn default_crash_threshold() -> u32 {
+    2
+}
+
+fn is_default_crash_threshold(n: &u32) -> bool {
+    *n == default_crash_threshold()
+}
+
+/// Most deaths on one batch before it is isolated.
+const MAX_CRASH_THRESHOLD: u32 = 100;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -308,6 +338,69 @@ fn uri_params_of(name: &str) -> &'static [&'static str] {
     }
 }
 
+/// Extensions of files a processor loads (models, weights, vocabularies,
+/// label lists, configs): a relative param ending in one names a file.
+const LOCAL_FILE_EXTENSIONS: [&str; 24] = [
+    "pt",
+    "pt2",
+    "pth",
+    "ckpt",
+    "bin",
+    "safetensors",
+    "onnx",
+    "jit",
+    "torchscript",
+    "model",
+    "npy",
+    "npz",
+    "pkl",
+    "pickle",
+    "json",
+    "jsonl",
+    "txt",
+    "csv",
+    "tsv",
+    "yaml",
+    "yml",
+    "vocab",
+    "spm",
+    "parquet",
+];
+
+/// A processor param `key` = `value` read from a spec file in `base`: a
+/// relative path to an existing file (or folder) becomes absolute, so
+/// `context.fetch(params[key])` finds it from any working directory; a
+/// relative path ending in a file extension that names nothing there is
+/// refused, naming the param and where it looked. Anything else (URIs,
+/// absolute paths, words) is left as it is.
+fn resolve_local_file_param(key: &str, value: &mut String, base: &FsPath) -> Result<(), SpecError> {
+    let path = FsPath::new(value.as_str());
+    if value.is_empty() || value.contains("://") || !path.is_relative() || value.contains('\n') {
+        return Ok(());
+    }
+    let joined = base.join(path);
+    if joined.exists() {
+        let joined = std::path::absolute(&joined).unwrap_or(joined);
+        *value = joined.display().to_string();
+        return Ok(());
+    }
+    let names_a_file = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| LOCAL_FILE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()));
+    if names_a_file {
+        let looked = std::path::absolute(&joined).unwrap_or(joined);
+        return Err(SpecError::invalid(
+            format!("processor.params.{key}"),
+            format!(
+                "no such file {value:?} (relative paths are relative to the spec's folder: looked for {})",
+                looked.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A Python identifier, as far as a spec needs to check one (ASCII).
 fn is_python_identifier(s: &str) -> bool {
     let mut chars = s.chars();
@@ -497,6 +590,10 @@ impl JobSpec {
             .and_then(|n| n.as_str())
             .unwrap_or_default()
             .to_string();
+        let python = processor
+            .and_then(|p| p.get("python"))
+            .and_then(|n| n.as_str())
+            .is_some_and(|p| !p.is_empty());
         if let Some(params) = value
             .get_mut("processor")
             .and_then(|p| p.get_mut("params"))
@@ -507,6 +604,18 @@ impl JobSpec {
                     *s = StoreUri::resolve_path_or_uri(s, base).map_err(|message| {
                         SpecError::invalid(format!("processor.params.{key}"), message)
                     })?;
+                }
+            }
+            // A Python processor's params are its own, but one that names a
+            // local file relative to the spec (`model = "models/m.pt"`,
+            // read with `context.fetch`) means the file beside the spec,
+            // wherever the worker runs: made absolute, or refused here when
+            // no such file exists.
+            if python {
+                for (key, v) in params.iter_mut() {
+                    if let serde_json::Value::String(s) = v {
+                        resolve_local_file_param(key, s, base)?;
+                    }
                 }
             }
         }
@@ -640,6 +749,19 @@ impl JobSpec {
         }
         if let Some(uri) = &self.output.uri {
             StoreUri::parse(uri).map_err(|e| SpecError::invalid("output.uri", e.to_string()))?;
+        }
+        let threshold = self.errors.crash_threshold;
+        if threshold == 0 || threshold > MAX_CRASH_THRESHOLD {
+            return Err(SpecError::invalid(
+                "errors.crash_threshold",
+                format!("must be between 1 and {MAX_CRASH_THRESHOLD}, got {threshold}"),
+            ));
+        }
+        if self.errors.batch_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(SpecError::invalid(
+                "errors.batch_timeout",
+                "must be more than 0 (leave it out for no limit)",
+            ));
         }
         self.schedule().validate()?;
         if let Some(queue) = &self.queue {

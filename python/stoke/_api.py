@@ -103,9 +103,16 @@ class Client:
 
 
 class _Bar:
+    """A progress bar on a terminal; on a pipe or a file (a log, a CI job),
+    one plain line per change instead, as the CLI does."""
+
     def __init__(self, job: str) -> None:
         self._job = job
         self._tqdm = None
+        self._tty = sys.stderr.isatty()
+        self._last = None
+        if not self._tty:
+            return
         try:
             from tqdm import tqdm
 
@@ -122,6 +129,13 @@ class _Bar:
             self._tqdm.set_postfix_str(info["state"])
             self._tqdm.refresh()
             return
+        if not self._tty:
+            line = f"{self._job}: {info['state']}, {done}/{total if total is not None else '?'} records"
+            if line != self._last:
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+                self._last = line
+            return
         width = 30
         if total:
             filled = int(width * done / max(total, 1))
@@ -134,7 +148,7 @@ class _Bar:
     def close(self) -> None:
         if self._tqdm is not None:
             self._tqdm.close()
-        else:
+        elif self._tty:
             sys.stderr.write("\n")
 
 

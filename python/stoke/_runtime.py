@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import json
 import pathlib
 import traceback
@@ -134,13 +135,45 @@ def _column(name: str, value: Any, pa: Any):
 
 class Fetched(bytes):
     """The bytes of a fetched object, also readable as a file (``read``,
-    ``seek``, ``tell``), so ``torch.jit.load(context.fetch(uri))`` and
-    ``torch.load(context.fetch(uri))`` work as they do with a path."""
+    ``readline``, iteration by line, ``seek``, ``tell``), so
+    ``torch.load(context.fetch(uri))``, ``torch.jit.load(...)``, ``io``-style
+    readers and every ``bytes`` use (``json.loads``, ``hashlib``,
+    ``np.frombuffer``, slicing, ``decode``) all work on it."""
 
     def __new__(cls, data: bytes) -> "Fetched":
         obj = super().__new__(cls, data)
         obj._pos = 0
+        _let_torch_load_read_fetched()
         return obj
+
+    def readline(self, size: int = -1) -> bytes:
+        end = self.find(b"\n", self._pos)
+        end = len(self) if end < 0 else end + 1
+        if size is not None and size >= 0:
+            end = min(end, self._pos + size)
+        out = bytes(self[self._pos:end])
+        self._pos = end
+        return out
+
+    def readlines(self) -> list:
+        return list(iter(self.readline, b""))
+
+    def __iter__(self):
+        # As a file: by line (``for line in context.fetch(vocab_uri)``).
+        return iter(self.readline, b"")
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+    def __enter__(self) -> "Fetched":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
 
     def read(self, n: int = -1) -> bytes:
         end = len(self) if n is None or n < 0 else min(len(self), self._pos + n)
@@ -166,6 +199,29 @@ class Fetched(bytes):
 
     def readable(self) -> bool:
         return True
+
+
+def _let_torch_load_read_fetched() -> None:
+    """``torch.load`` hands a ``bytes`` object to libtorch's zip reader,
+    whose binding takes it for a *file name* (pybind11 turns bytes into a
+    string): ``open file failed ... file path: PK``. So, once, torch.load's
+    opener is told to read a `Fetched` through an ``io.BytesIO`` of it;
+    paths and other buffers go through as before."""
+    try:
+        import torch.serialization as serialization
+    except ImportError:
+        return
+    opener = getattr(serialization, "_open_file_like", None)
+    if opener is None or getattr(opener, "_stoke_reads_fetched", False):
+        return
+
+    def _open_file_like(name_or_buffer, mode):
+        if isinstance(name_or_buffer, Fetched):
+            name_or_buffer = io.BytesIO(name_or_buffer)
+        return opener(name_or_buffer, mode)
+
+    _open_file_like._stoke_reads_fetched = True
+    serialization._open_file_like = _open_file_like
 
 
 class _UploadPath:

@@ -35,6 +35,9 @@ def test_watch_draws_a_progress_bar(cluster, fixture_dir, capsys):
     assert last["state"] == "succeeded"
     err = capsys.readouterr().err
     assert job["job_id"] in err and "3000" in err
+    # Captured, stderr is no terminal: plain lines, no carriage returns.
+    assert "\r" not in err, repr(err)
+    assert err.splitlines()[-1] == f"{job['job_id']}: succeeded, 3000/3000 records"
 
 
 def test_cancel_pause_resume(cluster, fixture_dir):
@@ -62,7 +65,7 @@ def test_errors_are_stoke_errors_with_the_clis_messages(cluster, fixture_dir, tm
         stoke.Client("127.0.0.1:1")
 
 
-CAUSES = ("startup", "model", "input_wait", "checkpoint", "redone", "paused", "tail_idle")
+CAUSES = ("startup", "model", "input_wait", "checkpoint", "redone", "crashed", "paused", "tail_idle")
 # The coordinator gives the workers' connected time to jobs at most every
 # 200 ms (ACCOUNT_EVERY in coordinator/src/state/account.rs), so a lease's
 # start and end are each counted up to that late: on this one-second job

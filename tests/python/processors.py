@@ -84,3 +84,39 @@ class InitRaises(TorchBatchProcessor):
 
     def process_batch(self, batch, batch_idx):
         pass
+
+
+class Poison(TorchBatchProcessor):
+    """Writes one row per record (its id and this worker's pid). Its native
+    code "crashes" on the records listed in `poison`: `os.abort()`, as a
+    segfault in a decoder or a CUDA illegal address would end the process.
+    It hangs (a native call that never returns) on those in `hang`, and
+    raises CUDA's sticky "illegal memory access" on those in `sticky`."""
+
+    def __init__(self, context):
+        self.context = context
+        self.poison = set(context.params.get("poison", []))
+        self.hang = set(context.params.get("hang", []))
+        self.sticky = set(context.params.get("sticky", []))
+
+    def process_batch(self, batch, batch_idx):
+        for record_id in batch.ids:
+            if record_id in self.poison:
+                os.abort()
+            if record_id in self.sticky:
+                # What torch raises after a kernel read a bad address: every
+                # later CUDA call in this process fails the same way.
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            if record_id in self.hang:
+                import time
+
+                time.sleep(3600)
+        self.context.write_rows({"id": batch.ids, "pid": [os.getpid()] * len(batch)})
+
+
+class Uploads(Runner):
+    """The runner, leaving a file in `upload_path()` at every checkpoint."""
+
+    def on_checkpoint_start(self):
+        with self.context.upload_path() as path:
+            (path / f"seen-{self.context.shard}.txt").write_text("a checkpoint's note\n")

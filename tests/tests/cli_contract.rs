@@ -153,3 +153,69 @@ fn sigterm_while_a_worker_starts_exits_cleanly() {
     assert!(log.contains("signal received"), "{log}");
     assert!(!log.contains("lease taken"), "{log}");
 }
+
+/// Runs `cmd` with its stdout a pipe whose only reader is gone before the
+/// child writes: every write it makes gets EPIPE.
+fn with_closed_stdout(mut cmd: Command) -> std::process::Output {
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    drop(child.stdout.take());
+    let stderr = child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let mut stderr = stderr;
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut buf);
+        buf
+    });
+    let status = poll_until(DEADLINE, || child.try_wait().ok().flatten())
+        .unwrap_or_else(|| panic!("{cmd:?} did not end"));
+    std::process::Output {
+        status,
+        stdout: Vec::new(),
+        stderr: reader.join().expect("stderr reader"),
+    }
+}
+
+#[test]
+fn a_closed_pipe_ends_every_binary_quietly() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let coordinator = Coordinator::start(&tmp.path().join("root"), tmp.path(), &[]);
+    let spec = write_spec(tmp.path(), &fixture_spec("parquet", ""));
+    let job_id = coordinator.submit(&spec);
+    let addr = format!("127.0.0.1:{}", coordinator.port());
+    // `stoke report J --json | true`, `stoke errors J | head -1`, `stoke
+    // jobs | head -1`, and the worker's and coordinator's own prints.
+    let mut runs: Vec<Command> = Vec::new();
+    for args in [
+        vec!["report", job_id.as_str(), "--json"],
+        vec!["errors", job_id.as_str()],
+        vec!["jobs"],
+        vec!["status", job_id.as_str(), "--json"],
+    ] {
+        let mut cmd = Command::new(bin("stoke"));
+        cmd.args(["--coordinator", addr.as_str()]).args(args);
+        runs.push(cmd);
+    }
+    let mut worker = Command::new(bin("stoke-worker"));
+    worker.args(["--check-config", "--coordinator", addr.as_str()]);
+    runs.push(worker);
+    let mut help = Command::new(bin("stoke-coordinator"));
+    help.arg("--help");
+    runs.push(help);
+    for cmd in runs {
+        let what = format!("{cmd:?}");
+        let out = with_closed_stdout(cmd);
+        let stderr = text(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+        assert!(!stderr.contains("Broken pipe"), "{what}: {stderr}");
+        assert!(
+            matches!(out.status.code(), Some(0 | 141)),
+            "{what}: {:?}\n{stderr}",
+            out.status
+        );
+    }
+}

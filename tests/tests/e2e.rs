@@ -167,7 +167,7 @@ fn custom_processor_in_a_users_own_worker_binary(env) {
     assert!(!summaries.is_empty(), "no upload_path files were uploaded");
     let mut summed = 0u64;
     for s in &summaries {
-        assert!(s.uri.contains("/files/"), "{}", s.uri);
+        assert!(s.uri.contains("/_files/"), "{}", s.uri);
         let v: serde_json::Value =
             serde_json::from_slice(&read_object(&s.uri)).expect("summary json");
         summed += v["records"].as_u64().expect("records");

@@ -381,7 +381,7 @@ fn one_bad_json_line_is_a_bad_record_named_by_file_and_line() {
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
     // The record count is known from the plan (issue 22).
     assert!(
-        stderr.contains(": 1 shards, 200 records; starting 1 worker"),
+        stderr.contains(": 1 shard, 200 records; starting 1 worker"),
         "{stderr}"
     );
     let reason = summary_field(&stdout, "reason").expect("reason");
@@ -607,4 +607,104 @@ fn outputs_after_a_cancel_are_what_was_committed() {
         "{}",
         text_of(&out)
     );
+}
+
+#[test]
+fn report_json_is_stored_before_run_returns_in_every_mode() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let spec = write(tmp.path(), "job.toml", &fixture_spec("parquet", ""));
+    for mode in ["--local", "--embedded"] {
+        let root = tmp.path().join(format!("state{mode}"));
+        let root_arg = root.display().to_string();
+        let mut args = vec!["run", spec.as_str(), mode];
+        if mode == "--local" {
+            args.push("1");
+        }
+        args.extend(["--root", root_arg.as_str(), "--job-id", "j"]);
+        let out = stoke_within(&args, &[], DEADLINE);
+        assert!(out.status.success(), "{mode}: {}", text(&out.stderr));
+        // At once, no coordinator running: the ended job's report is there.
+        let report: serde_json::Value = read_json(&root.join("jobs/j/report.json"));
+        assert_eq!(report["records"], 3000, "{mode}: {report}");
+        assert!(
+            report["seconds"]["model"].as_f64().is_some_and(|s| s > 0.0),
+            "{mode}: {report}"
+        );
+        // And no empty staging folders stay behind.
+        assert!(!root.join("jobs/j/staging").exists(), "{mode}");
+    }
+}
+
+#[test]
+fn run_local_is_visible_to_the_other_verbs_and_ctrl_c_says_how_to_resume() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // The fixture through a slower Python runner, so the run is caught
+    // mid-way.
+    let spec_text = fixture_spec("parquet", "").replace(
+        "name = \"torchscript\"",
+        &format!(
+            "python = \"processors:Slow\"\npython_path = [\"{}\"]",
+            repo_root().join("tests/python").display()
+        ),
+    );
+    let spec = write(tmp.path(), "job.toml", &spec_text);
+    let root = tmp.path().join("state");
+    let mut cmd = Command::new(bin("stoke"));
+    cmd.args(["run", &spec, "--local", "1", "--device", "cpu", "--root"])
+        .arg(&root)
+        .args(["--job-id", "slow"]);
+    let mut run = Proc::spawn("run", cmd, tmp.path());
+    // It says where its coordinator and status page are...
+    let addr = wait_until("the coordinator's address", DEADLINE, || {
+        let log = run.log_text();
+        let line = log.lines().find(|l| l.starts_with("coordinator: "))?;
+        line.split_whitespace().nth(1).map(str::to_string)
+    });
+    let page = wait_until("the status page's address", DEADLINE, || {
+        let log = run.log_text();
+        let line = log.lines().find(|l| l.starts_with("status page: "))?;
+        line.split_whitespace().nth(2).map(str::to_string)
+    });
+    assert!(page.starts_with("http://127.0.0.1:"), "{page}");
+    // ...and the other verbs find the job there while it runs.
+    let status = wait_until("some records committed", DEADLINE, || {
+        let out = stoke_within(
+            &["status", "slow", "--json"],
+            &[("STOKE_COORDINATOR", &addr)],
+            QUICK,
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        (v["records_done"].as_u64()? > 0).then_some(v)
+    });
+    assert_eq!(status["state"], "running", "{status}");
+    let host = page
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let (code, body) = http_get(&host, "/api/status").expect("the status page answers");
+    assert_eq!(code, 200);
+    assert!(body.contains("\"slow\""), "{body}");
+
+    // Ctrl-C: the workers checkpoint and stop, and the run says how to
+    // go on.
+    signal(run.pid(), libc::SIGINT);
+    let exit = run.wait_exit(DEADLINE);
+    let log = run.log_text();
+    assert_eq!(exit.code(), Some(130), "{log}");
+    assert!(log.contains("job slow stopped with "), "{log}");
+    let resume = log
+        .lines()
+        .skip_while(|l| !l.contains("resume it with:"))
+        .nth(1)
+        .map(str::trim)
+        .expect("the resume command")
+        .to_string();
+    assert!(resume.contains("--job-id slow"), "{resume}");
+    // The command printed resumes it: every record, once.
+    let out = Command::new("sh")
+        .args(["-c", &resume])
+        .output()
+        .expect("resume");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_matches_reference(&committed_rows(&manifest(&root, "slow")));
 }

@@ -577,3 +577,32 @@ fn a_prewarmed_worker_starts_python_before_any_job_and_serves_jobs_one_after_ano
     );
     assert_no_panic(&worker);
 }
+
+#[test]
+fn upload_path_files_are_committed_where_parquet_readers_of_the_outputs_do_not_look() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let job = coordinator.submit(&write_spec(
+        tmp.path(),
+        "uploads.toml",
+        &python_spec("Uploads", "", ""),
+    ));
+    let _w = coordinator.worker("stoke-worker", "w1", tmp.path());
+    coordinator.wait_success(&job);
+    let m = manifest(&root, &job);
+    let files: Vec<_> = m.outputs.iter().filter(|o| o.records == 0).collect();
+    assert!(!files.is_empty(), "no upload_path file was committed");
+    for f in &files {
+        assert!(f.uri.contains("/_files/"), "{}", f.uri);
+        assert_eq!(read_object(&f.uri), b"a checkpoint's note\n", "{}", f.uri);
+    }
+    // `pyarrow.dataset.dataset(outputs)` (as `pq.read_table("outputs/")`)
+    // and DuckDB read the rows, and only the rows, each once.
+    assert_dataset_matches_manifest(&root.join("jobs").join(&job).join("outputs"), &m);
+    // And the job's staging folder, emptied, is gone.
+    let staging = root.join("jobs").join(&job).join("staging");
+    wait_until("the staging folder to be removed", DEADLINE, || {
+        (!staging.exists()).then_some(())
+    });
+}

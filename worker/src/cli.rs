@@ -151,6 +151,9 @@ impl WorkerArgs {
         config.intra_op_threads = self.threads;
         config.exit_when_idle = self.exit_when_idle;
         config.scratch_dir = self.scratch_dir.clone();
+        // A worker process of its own: a batch that leaves it unusable
+        // ends it, to be restarted (see `fatal.rs`).
+        config.crash_exits = true;
         Ok(config)
     }
 }
@@ -242,6 +245,7 @@ pub fn exit_now(code: i32) -> ! {
 /// `RUST_BACKTRACE` says (`STOKE_DEBUG` shows the error in full). The
 /// `Result` is there so `stoke::worker_main(registry)?` reads naturally.
 pub fn worker_main(registry: Registry) -> Result<std::convert::Infallible, WorkerError> {
+    stoke_core::logging::exit_quietly_on_broken_pipe();
     match run_worker(registry) {
         // Everything of the run is dropped by now, the runtime included.
         Ok(_) => exit_now(0),

@@ -24,6 +24,11 @@ pub struct WorkerConfig {
     pub prefetch_batches: usize,
     /// How long to wait between asks when there is no job at all.
     pub idle_poll: Duration,
+    /// This is a worker process of its own (not embedded in a user's
+    /// process): a batch that makes it unusable (a fatal signal, a batch
+    /// past `batch_timeout`, a sticky device error) ends it after it said
+    /// why, so it restarts clean (see `fatal.rs`).
+    pub crash_exits: bool,
 }
 
 impl WorkerConfig {
@@ -36,6 +41,7 @@ impl WorkerConfig {
             scratch_dir: None,
             prefetch_batches: 2,
             idle_poll: Duration::from_secs(1),
+            crash_exits: false,
         }
     }
 }
@@ -48,6 +54,7 @@ pub fn parse_devices(text: &str) -> Result<Vec<Device>, WorkerError> {
         return Ok(if n > 0 {
             (0..n as usize).map(Device::Cuda).collect()
         } else {
+            tracing::warn!("--device all: this host has no CUDA device; running on the cpu");
             vec![Device::Cpu]
         });
     }

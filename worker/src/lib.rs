@@ -21,6 +21,7 @@ pub mod columns;
 pub mod config;
 pub mod context;
 pub mod error;
+pub mod fatal;
 pub mod link;
 pub mod model_format;
 mod pipeline;

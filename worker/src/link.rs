@@ -182,6 +182,12 @@ impl CoordinatorLink for GrpcLink {
                                         until_record: s.until_record,
                                     })
                                 }
+                                pb::session_event::Event::Noted(n) => {
+                                    n.lease.map(|lease| SessionEvent::Noted {
+                                        lease: lease.into(),
+                                        from_record: n.from_record,
+                                    })
+                                }
                                 pb::session_event::Event::Registered(_) => None,
                             };
                             if let Some(event) = event

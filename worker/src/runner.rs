@@ -89,6 +89,11 @@ pub async fn run<L: CoordinatorLink>(
     // Where this process's processor threads spend their time: added to by
     // each, reported by the session keeper.
     let stages = Arc::new(StageCounters::default());
+    if config.crash_exits {
+        crate::fatal::install_signal_handlers(Arc::clone(&active), Arc::clone(&stages));
+    }
+    let watchdog = crate::fatal::Watchdog::spawn(Arc::clone(&stages), config.crash_exits)
+        .map_err(|e| WorkerError::Config(format!("starting the batch watchdog: {e}")))?;
     let session_stop = CancellationToken::new();
     let keeper = tokio::spawn(session::maintain(
         Arc::clone(&link),
@@ -115,6 +120,8 @@ pub async fn run<L: CoordinatorLink>(
             runtime: tokio::runtime::Handle::current(),
             scratch_root: scratch_root.join(format!("slot{i}")),
             stages: Arc::clone(&stages),
+            watchdog: Arc::clone(&watchdog),
+            crash_exits: config.crash_exits,
         }
         .spawn()
         .map_err(|e| WorkerError::Config(format!("starting the processor thread: {e}")))?;
@@ -333,6 +340,7 @@ impl<L: CoordinatorLink> Worker<L> {
                     start_batch: lease.next_batch,
                     start_record: lease.shard.from_record() + lease.records_done,
                     until: Some(control.until_handle()),
+                    isolate: lease.isolate,
                 },
                 batch_tx,
             ),
@@ -364,6 +372,7 @@ impl<L: CoordinatorLink> Worker<L> {
                 attempt: lease.attempt,
             },
             start_batch: lease.next_batch,
+            isolate: lease.isolate,
             batches: batch_rx,
             checkpoints: cp_tx,
             control: Arc::clone(&control),

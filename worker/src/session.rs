@@ -53,9 +53,21 @@ fn active_work(active: &Active) -> Vec<LeaseWork> {
                 lease: key.clone(),
                 batches,
                 model_ms,
+                current: control.current(),
+                last_words: control.last_words(),
             }
         })
         .collect()
+}
+
+/// A brief heartbeat: each lease's batch in progress and last words only
+/// (sent as a batch starts, so a death is blamed on the right batch).
+fn brief(active: &Active) -> Heartbeat {
+    Heartbeat {
+        work: active_work(active),
+        brief: true,
+        ..Default::default()
+    }
 }
 
 /// Where the session keeper publishes what it learns.
@@ -150,6 +162,12 @@ async fn keep(
                     break;
                 }
             }
+            _ = stages.brief_requested() => {
+                if heartbeats.send(brief(active)).await.is_err() {
+                    break;
+                }
+                stages.brief_sent();
+            }
             _ = ticker.tick() => {
                 if heartbeats.send(heartbeat(active, stages, &base)).await.is_err() {
                     break;
@@ -186,6 +204,7 @@ fn heartbeat(active: &Active, stages: &StageCounters, base: &[JobStages]) -> Hea
         stages: stages.snapshot(),
         jobs,
         work: active_work(active),
+        brief: false,
     };
     for w in &heartbeat.work {
         debug!(shard = %w.lease.shard_id, batches = w.batches, "heartbeat: uncommitted work");
@@ -219,6 +238,11 @@ fn apply(event: SessionEvent, active: &Active) {
             if let Some(control) = active.get(&lease) {
                 info!(job = %lease.job_id, shard = %lease.shard_id, until_record, "shard split; stopping at its new end");
                 control.set_until(until_record);
+            }
+        }
+        SessionEvent::Noted { lease, from_record } => {
+            if let Some(control) = active.get(&lease) {
+                control.noted(from_record);
             }
         }
         SessionEvent::Wake => {}

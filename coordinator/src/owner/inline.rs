@@ -102,7 +102,7 @@ impl Inline {
 
     async fn job_answer(&mut self, req: ReqId) -> Result<JobInfo> {
         match self.answer(req).await {
-            Answer::Job(answer) => answer,
+            Answer::Job(answer) => *answer,
             Answer::Done(answer) => answer.and(Err(CoordinatorError::ShuttingDown)),
         }
     }
@@ -156,7 +156,7 @@ impl Inline {
         self.state.release(req, release, Instant::now());
         match self.answer(req).await {
             Answer::Done(answer) => answer,
-            Answer::Job(answer) => answer.map(|_| ()),
+            Answer::Job(answer) => (*answer).map(|_| ()),
         }
     }
 

@@ -52,6 +52,12 @@ pub async fn perform(io: Io, stores: &Stores) -> Result<()> {
             Ok(())
         }
         Io::Put { uri, bytes } => Ok(stores.put(&uri, bytes).await?),
+        Io::Puts(objects) => {
+            for (uri, bytes) in objects {
+                stores.put(&uri, bytes).await?;
+            }
+            Ok(())
+        }
         Io::Finish(finish) => finish_job(*finish, stores).await,
     }
 }

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
@@ -86,6 +86,9 @@ type Queued = (PendingCommit, Reply<bool>, Instant);
 
 /// At most this many commands are applied in one turn of the owner loop.
 const COMMANDS_PER_TURN: usize = 8;
+/// How long a stopping owner waits for the writes it still owes (see
+/// `Owner::drain`).
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
 /// One job's group commit: the records of `pendings`, in one object.
 struct Group {
@@ -184,7 +187,45 @@ impl Owner {
                 _ = ticker.tick() => self.state.tick(Instant::now()),
             }
         }
+        self.drain(SHUTDOWN_DRAIN).await;
         debug!("coordinator state owner stopped");
+    }
+
+    /// On the way out: stores what the state still owes the store (an
+    /// ended job's `report.json`, a write already in flight) and finishes
+    /// the sweeps under way, for at most `limit`, so a run that ends right
+    /// after its job (`stoke run`, `torch_batch_process`) leaves the job's
+    /// records complete and its staging folder gone.
+    async fn drain(&mut self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        self.state.tick(Instant::now());
+        loop {
+            self.effects();
+            self.flush_groups();
+            if self.running.is_empty() && self.sweeper.running.is_empty() {
+                return;
+            }
+            let next = async {
+                tokio::select! {
+                    Some(done) = self.running.next(), if !self.running.is_empty() => Some(Ok(done)),
+                    Some(swept) = self.sweeper.running.next(), if !self.sweeper.running.is_empty() => Some(Err(swept)),
+                    else => None,
+                }
+            };
+            match tokio::time::timeout_at(deadline, next).await {
+                Ok(Some(Ok(done))) => self.finish(done),
+                Ok(Some(Err((prefix, swept)))) => self.sweeper.finished(&prefix, swept),
+                Ok(None) => return,
+                Err(_) => {
+                    warn!(
+                        writes = self.running.len(),
+                        sweeps = self.sweeper.running.len(),
+                        "stopping with store writes or sweeps still in flight"
+                    );
+                    return;
+                }
+            }
+        }
     }
 
     /// Runs what the state machine asked for since the last call.
@@ -215,7 +256,7 @@ impl Owner {
                     // stands, as it would after a crash.
                     match (self.waiters.remove(&req), answer) {
                         (Some(Waiter::Job(reply)), Answer::Job(answer)) => {
-                            let _ = reply.send(answer);
+                            let _ = reply.send(*answer);
                         }
                         (Some(Waiter::Done(reply)), Answer::Done(answer)) => {
                             let _ = reply.send(answer);
@@ -319,11 +360,20 @@ impl Owner {
                 heartbeat,
                 reply,
             } => {
-                let renewed = state.heartbeat(&session_id, &heartbeat.leases, Instant::now());
-                if renewed.is_ok() {
-                    state.report_stages(&session_id, heartbeat.stages);
-                    state.report_work(&session_id, &heartbeat.jobs, &heartbeat.work);
-                }
+                let now = Instant::now();
+                // A brief one (a batch starting) carries only its work.
+                let renewed = if heartbeat.brief {
+                    Ok(())
+                } else {
+                    state.heartbeat(&session_id, &heartbeat.leases, now)
+                };
+                let renewed = renewed.and_then(|()| {
+                    if !heartbeat.brief {
+                        state.report_stages(&session_id, heartbeat.stages);
+                        state.report_work(&session_id, &heartbeat.jobs, &heartbeat.work);
+                    }
+                    state.note_work(&session_id, &heartbeat.work, now)
+                });
                 let _ = reply.send(renewed);
             }
             Command::Acquire { session_id, reply } => {

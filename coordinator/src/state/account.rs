@@ -65,6 +65,8 @@ pub(super) enum Lost {
     Expired,
     /// A commit was refused (past a split).
     Refused,
+    /// The worker died with a batch in progress (see `crash.rs`).
+    Crashed,
 }
 
 impl Lost {
@@ -75,6 +77,7 @@ impl Lost {
             Lost::Disconnected => "lost",
             Lost::Expired => "expired",
             Lost::Refused => "refused",
+            Lost::Crashed => "crashed",
         }
     }
 }
@@ -119,6 +122,10 @@ pub(super) struct Account {
     checkpoint_ms: u64,
     redone_ms: u64,
     redone_batches: u64,
+    /// Uncommitted model time of crashed attempts (in `model_ms`, like
+    /// `redone_ms`), and the time of the batches they died in (not).
+    crashed_ms: u64,
+    dying: Duration,
     paused: Duration,
     tail_idle: Duration,
     processor: Duration,
@@ -145,6 +152,8 @@ impl Account {
             checkpoint_ms: 0,
             redone_ms: 0,
             redone_batches: 0,
+            crashed_ms: 0,
+            dying: Duration::ZERO,
             paused: Duration::ZERO,
             tail_idle: Duration::ZERO,
             processor: Duration::ZERO,
@@ -175,6 +184,15 @@ impl Account {
         self.redone_ms += work.model_ms;
         self.redone_batches += work.batches;
         *self.failed.entry(why.name()).or_default() += 1;
+    }
+
+    /// An attempt's worker died processing a batch for `dying` (see
+    /// `crash.rs`): its uncommitted work and that batch are `crashed`.
+    pub fn crashed(&mut self, work: Work, dying: Duration) {
+        self.crashed_ms += work.model_ms;
+        self.dying += dying;
+        self.redone_batches += work.batches;
+        *self.failed.entry(Lost::Crashed.name()).or_default() += 1;
     }
 
     /// Applies `f` to a worker's share (made on its first use; looked up
@@ -260,7 +278,11 @@ impl Account {
             .processor
             .saturating_sub(self.workers.values().map(unreported).sum())
             .as_secs_f64();
-        let model_s = secs(self.model_ms.saturating_sub(self.redone_ms));
+        let model_s = secs(
+            self.model_ms
+                .saturating_sub(self.redone_ms)
+                .saturating_sub(self.crashed_ms),
+        );
         let fraction = |part: f64, whole: f64| {
             if whole > 0.0 {
                 (part / whole).min(1.0)
@@ -299,6 +321,7 @@ impl Account {
                 input_wait: secs(self.input_wait_ms),
                 checkpoint: secs(self.checkpoint_ms),
                 redone: secs(self.redone_ms),
+                crashed: secs(self.crashed_ms) + self.dying.as_secs_f64(),
                 paused: self.paused.as_secs_f64(),
                 tail_idle: self.tail_idle.as_secs_f64(),
             },

@@ -261,9 +261,25 @@ impl State {
         progress.done = commit.shard_done;
         progress.skipped += commit.skipped;
         progress.errors.extend(commit.error_objects.iter().cloned());
+        let reach = plan_shard.from_record() + progress.records;
+        // The suspected records all passed (isolated probes, or a death
+        // that was not theirs): nothing is suspected any more.
+        if progress.suspect.as_ref().is_some_and(|s| reach >= s.until) {
+            info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %self.worker_of(&commit.session_id), reach, "suspected records passed; isolation over");
+            progress.suspect = None;
+        }
         progress.seq = self.next_seq();
         let job = self.job_mut(&commit.key.job_id)?;
         job.shards[idx].writing = true;
+        // A batch this commit covers is no longer in progress.
+        if let Some(lease) = job.shards[idx].lease.as_mut()
+            && lease
+                .current
+                .as_ref()
+                .is_some_and(|c| c.span.until() <= reach)
+        {
+            lease.current = None;
+        }
         Ok(CommitStep::Write(Box::new(PendingCommit {
             idx,
             log_uri: job.layout.progress_log(progress.seq),

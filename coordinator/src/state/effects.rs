@@ -38,10 +38,17 @@ pub enum Effect {
 /// An answer to a command that had to wait for a write.
 #[derive(Debug)]
 pub enum Answer {
-    /// Submit, cancel, pause, resume: the job as it is now.
-    Job(Result<JobInfo>),
+    /// Submit, cancel, pause, resume: the job as it is now (boxed: a job's
+    /// info is large, a release's answer small).
+    Job(Box<Result<JobInfo>>),
     /// Release.
     Done(Result<()>),
+}
+
+impl Answer {
+    pub fn job(answer: Result<JobInfo>) -> Self {
+        Self::Job(Box::new(answer))
+    }
 }
 
 /// A store write, with everything needed to run it and nothing else.
@@ -53,6 +60,9 @@ pub enum Io {
     Put { uri: StoreUri, bytes: Bytes },
     /// Finishing a job (see [`FinishJob`]).
     Finish(Box<FinishJob>),
+    /// Several objects, in order, each stored before the next is written:
+    /// a crash's error object, then the progress record that lists it.
+    Puts(Vec<(StoreUri, Bytes)>),
 }
 
 /// A new job's spec (create-only: one already there must be the same
@@ -106,6 +116,8 @@ pub(super) enum Then {
     ReportSaved { job_id: String },
     /// A succeeded job's `ended.json` is stored (or not).
     EndedSaved { job_id: String },
+    /// A crash's progress record is stored: apply it.
+    Crashed(Box<super::crash::Crashed>),
 }
 
 /// A failed attempt whose progress record is being stored.

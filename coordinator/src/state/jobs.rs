@@ -61,7 +61,7 @@ impl State {
             } else {
                 Err(CoordinatorError::JobExists { job_id })
             };
-            self.reply(Some(req), Answer::Job(answer));
+            self.reply(Some(req), Answer::job(answer));
             return;
         }
         if let Some(creating) = self.creating.get_mut(&job_id) {
@@ -70,7 +70,7 @@ impl State {
             } else {
                 self.reply(
                     Some(req),
-                    Answer::Job(Err(CoordinatorError::JobExists { job_id })),
+                    Answer::job(Err(CoordinatorError::JobExists { job_id })),
                 );
             }
             return;
@@ -85,26 +85,29 @@ impl State {
             let max = self.config.max_jobs;
             self.reply(
                 Some(req),
-                Answer::Job(Err(CoordinatorError::TooManyJobs { unfinished, max })),
+                Answer::job(Err(CoordinatorError::TooManyJobs { unfinished, max })),
             );
             return;
         }
+        // Only `default` and the configured queues exist: a job naming
+        // another (a typo, a queue of another fleet) is refused at submit.
         let queue = spec.queue_name();
-        if !self.config.queues.is_empty()
-            && queue != stoke_core::schedule::DEFAULT_QUEUE
-            && !self.config.queues.contains_key(queue)
-        {
+        if queue != stoke_core::schedule::DEFAULT_QUEUE && !self.config.queues.contains_key(queue) {
+            let known = std::iter::once(stoke_core::schedule::DEFAULT_QUEUE.to_string())
+                .chain(
+                    self.config
+                        .queues
+                        .keys()
+                        .filter(|q| q.as_str() != stoke_core::schedule::DEFAULT_QUEUE)
+                        .cloned(),
+                )
+                .collect::<Vec<_>>()
+                .join(", ");
             let error = CoordinatorError::UnknownQueue {
                 queue: queue.to_string(),
-                known: self
-                    .config
-                    .queues
-                    .keys()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                known,
             };
-            self.reply(Some(req), Answer::Job(Err(error)));
+            self.reply(Some(req), Answer::job(Err(error)));
             return;
         }
         let layout = self.root_layout().job(&job_id);
@@ -158,7 +161,7 @@ impl State {
                         job_id: job_id.clone(),
                         reason: reason.clone(),
                     });
-                self.reply(Some(req), Answer::Job(Err(error)));
+                self.reply(Some(req), Answer::job(Err(error)));
             }
             return;
         }
@@ -173,7 +176,7 @@ impl State {
         self.finish_if_done(&job_id);
         for req in waiters {
             let info = self.job(&job_id).map(|j| self.info_of(j));
-            self.reply(Some(req), Answer::Job(info));
+            self.reply(Some(req), Answer::job(info));
         }
     }
 
@@ -220,7 +223,7 @@ impl State {
     fn job_cmd(&mut self, req: Option<ReqId>, job_id: &str, cmd: JobCmd) {
         let job = match self.job_mut(job_id) {
             Ok(job) => job,
-            Err(e) => return self.reply(req, Answer::Job(Err(e))),
+            Err(e) => return self.reply(req, Answer::job(Err(e))),
         };
         if job.busy {
             job.deferred.push_back((req, cmd));
@@ -249,7 +252,7 @@ impl State {
         }
         if let Some(answer) = noop {
             let answer = answer.and_then(|()| self.get_job(job_id));
-            return self.reply(req, Answer::Job(answer));
+            return self.reply(req, Answer::job(answer));
         }
         let io = match (cmd.target(), &cmd) {
             (Some((state, reason)), _) => Io::Put {
@@ -273,7 +276,7 @@ impl State {
                     .into(),
                 },
                 Err(e) => {
-                    self.reply(req, Answer::Job(Err(e.into())));
+                    self.reply(req, Answer::job(Err(e.into())));
                     return self.run_deferred(job_id);
                 }
             },
@@ -306,7 +309,7 @@ impl State {
             Ok(()) => {
                 self.apply_job_cmd(job_id, cmd);
                 let answer = self.get_job(job_id);
-                self.reply(req, Answer::Job(answer));
+                self.reply(req, Answer::job(answer));
                 self.run_deferred(job_id);
                 // A resumed job may have had every shard done.
                 self.finish_if_done(job_id);
@@ -319,7 +322,7 @@ impl State {
                 {
                     job.must_fail = Some(reason);
                 }
-                self.reply(req, Answer::Job(Err(e)));
+                self.reply(req, Answer::job(Err(e)));
             }
         }
         self.run_deferred(job_id);

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::account::Lost;
+use super::crash::Death;
 use super::effects::{AttemptFailed, Then};
 use super::{ActiveLease, Answer, Io, ReqId, State, progress_log};
 use crate::error::{CoordinatorError, Result};
@@ -61,17 +62,7 @@ impl State {
             progress.attempts += 1;
             progress.attempts
         };
-        job.put_lease(
-            idx,
-            ActiveLease {
-                session_id: session_id.to_string(),
-                token,
-                deadline,
-                granted: now,
-                preempted: false,
-                work: Default::default(),
-            },
-        );
+        job.put_lease(idx, ActiveLease::new(session_id, token, deadline, now));
         let shard = &job.shards[idx];
         let plan_shard = job.plan.shards[idx].clone();
         let lease = Lease {
@@ -86,6 +77,7 @@ impl State {
             errors_prefix: job.layout.errors_prefix(&plan_shard.id, token).to_string(),
             shard: plan_shard,
             outputs_staged: true,
+            isolate: super::crash::isolation(&shard.progress),
         };
         if let Some(session) = self.sessions.get_mut(session_id) {
             session.leases.insert((job_id.clone(), idx));
@@ -97,7 +89,7 @@ impl State {
         }
         self.waiting.retain(|s| s != session_id);
         self.charge(&job_id);
-        info!(job = %job_id, shard = %lease.shard.id, token, worker = %worker_id, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, "lease granted");
+        info!(job = %job_id, shard = %lease.shard.id, token, worker = %worker_id, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, isolate = ?lease.isolate, "lease granted");
         self.counters.leases_granted += 1;
         Ok(AcquireOutcome::Lease(Box::new(lease)))
     }
@@ -282,14 +274,20 @@ impl State {
             if let Some(session) = self.sessions.get_mut(&session_id) {
                 session.leases.remove(&(job_id.clone(), idx));
             }
+            let Some(lease) = self.jobs.get_mut(&job_id).and_then(|j| j.take_lease(idx)) else {
+                continue;
+            };
+            self.counters.leases_expired += 1;
+            // A batch in progress: a crash, requeued once it is stored.
+            if self.lease_lost(&job_id, idx, &lease, &worker, Death::LeaseExpired, now) {
+                warn!(job = %job_id, shard = %self.shard_name(&job_id, idx), token = lease.token, worker = %worker, "lease expired; shard requeued once its crash is stored (a batch was in progress)");
+                continue;
+            }
             let Some(job) = self.jobs.get_mut(&job_id) else {
                 continue;
             };
-            if let Some(lease) = job.take_lease(idx) {
-                job.account.lost(lease.work, Lost::Expired);
-                warn!(job = %job.id, shard = %job.plan.shards[idx].id, token = lease.token, worker = %worker, "lease expired; shard requeued");
-                self.counters.leases_expired += 1;
-            }
+            job.account.lost(lease.work, Lost::Expired);
+            warn!(job = %job.id, shard = %job.plan.shards[idx].id, token = lease.token, worker = %worker, "lease expired; shard requeued");
             // At the front, as for a worker whose connection broke: the
             // shard has waited a whole lease timeout already, and it holds
             // the job's oldest unfinished work.

@@ -27,6 +27,8 @@
 //! - `schedule.rs`: which job a free worker gets (priority, weighted fair
 //!   share, caps, queues), why a job waits, preemption, autoscaling demand;
 //! - `commit.rs`: the commit protocol, group commits and snapshots;
+//! - `crash.rs`: workers that die processing a batch, and isolating the
+//!   record that kills them;
 //! - `split.rs`: splitting a leased shard for an idle worker at a job's
 //!   tail;
 //! - `finish.rs`: a job whose every shard is done: manifest and success;
@@ -36,6 +38,7 @@
 
 mod account;
 mod commit;
+mod crash;
 mod effects;
 mod finish;
 mod jobs;
@@ -67,6 +70,7 @@ use crate::progress::RateWindow;
 pub use commit::{
     CommitStep, GroupWrite, GroupWritten, MAX_GROUP, PendingCommit, SnapshotWrite, progress_log,
 };
+pub use crash::{Verdict, judge};
 pub use effects::{Answer, CreateJob, Effect, FinishJob, Io, IoId, ReqId};
 pub use schedule::WaitReason;
 pub use split::{SPLIT_IN_PROCESS_BATCHES, Share, SplitPoint, split_point};
@@ -88,6 +92,26 @@ struct ActiveLease {
     preempted: bool,
     /// Batches since its last commit, as its worker last reported them.
     work: account::Work,
+    /// The batch its worker reported starting, until a commit covers it
+    /// or the worker reports none: what a death is blamed on.
+    current: Option<crash::InFlight>,
+    /// Why its worker said it is about to die.
+    last_words: Option<String>,
+}
+
+impl ActiveLease {
+    fn new(session_id: &str, token: u64, deadline: Instant, now: Instant) -> Self {
+        Self {
+            session_id: session_id.to_string(),
+            token,
+            deadline,
+            granted: now,
+            preempted: false,
+            work: Default::default(),
+            current: None,
+            last_words: None,
+        }
+    }
 }
 
 struct ShardState {
@@ -172,12 +196,16 @@ struct Totals {
     recorded: u64,
     /// Records written to progress logs since the last snapshot.
     logged: u64,
+    /// Workers that died processing the job's batches.
+    crashes: u64,
+    /// Shards with a suspect (see `crash.rs`).
+    suspects: u64,
 }
 
 /// A shard with a failed attempt, a store failure or a skipped record:
 /// what `stoke errors` lists.
 fn has_errors(p: &ProgressRecord) -> bool {
-    p.failed_attempts > 0 || p.store_failures > 0 || p.skipped > 0
+    p.failed_attempts > 0 || p.store_failures > 0 || p.skipped > 0 || p.crashes > 0
 }
 
 /// A shard not done yet whose earlier attempts failed.
@@ -288,6 +316,9 @@ impl Job {
             .failed_unfinished
             .saturating_sub(u64::from(failed_unfinished(old)))
             + u64::from(failed_unfinished(&progress));
+        t.crashes = t.crashes.saturating_sub(u64::from(old.crashes)) + u64::from(progress.crashes);
+        t.suspects = t.suspects.saturating_sub(u64::from(old.suspect.is_some()))
+            + u64::from(progress.suspect.is_some());
         if old.seq == 0 && progress.seq > 0 {
             t.recorded += 1;
         }
@@ -462,6 +493,7 @@ impl State {
             effects::Then::Report { job_id } => self.report_written(&job_id, result),
             effects::Then::ReportSaved { job_id } => self.report_saved(&job_id, result),
             effects::Then::EndedSaved { job_id } => self.ended_saved(&job_id, result),
+            effects::Then::Crashed(crashed) => self.crash_stored(*crashed, result),
         }
     }
 

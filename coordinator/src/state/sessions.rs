@@ -4,13 +4,16 @@
 
 use std::collections::HashSet;
 
-use stoke_core::lease::{LeaseKey, Registration, SessionEvent, SessionGrant, StageTotals};
+use stoke_core::lease::{
+    LeaseKey, LeaseWork, Registration, SessionEvent, SessionGrant, StageTotals,
+};
 use stoke_core::records::JobState;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::account::Lost;
+use super::crash::{Death, InFlight};
 use super::{ActiveLease, Session, State, TOKEN_EPOCH_SHIFT};
 
 /// At most this many batch-time observations per heartbeat.
@@ -88,17 +91,7 @@ impl State {
         if !valid {
             return false;
         }
-        job.put_lease(
-            idx,
-            ActiveLease {
-                session_id: session_id.to_string(),
-                token: key.token,
-                deadline,
-                granted: now,
-                preempted: false,
-                work: Default::default(),
-            },
-        );
+        job.put_lease(idx, ActiveLease::new(session_id, key.token, deadline, now));
         job.pending.retain(|&i| i != idx);
         if let Some(session) = self.sessions.get_mut(session_id) {
             session.leases.insert((key.job_id.clone(), idx));
@@ -117,7 +110,8 @@ impl State {
     /// The session's connection dropped: its shards go back to the queue at
     /// once.
     pub fn session_closed(&mut self, session_id: &str) {
-        self.settle_session(session_id, Instant::now());
+        let now = Instant::now();
+        self.settle_session(session_id, now);
         let Some(session) = self.sessions.remove(session_id) else {
             return;
         };
@@ -136,7 +130,22 @@ impl State {
                     .lease
                     .as_ref()
                     .is_some_and(|l| l.session_id == session_id);
-                if let Some(lease) = held_here.then(|| job.take_lease(idx)).flatten() {
+                let Some(lease) = held_here.then(|| job.take_lease(idx)).flatten() else {
+                    continue;
+                };
+                // A batch in progress: a crash, requeued once it is stored.
+                if self.lease_lost(
+                    &job_id,
+                    idx,
+                    &lease,
+                    &session.worker_id,
+                    Death::SessionEnded,
+                    now,
+                ) {
+                    warn!(job = %job_id, shard = %self.shard_name(&job_id, idx), token = lease.token, worker = %session.worker_id, "worker gone; shard requeued once its crash is stored (a batch was in progress)");
+                    continue;
+                }
+                if let Some(job) = self.jobs.get_mut(&job_id) {
                     job.account.lost(lease.work, Lost::Disconnected);
                     if job.state == JobState::Running {
                         job.pending.push_front(idx);
@@ -168,6 +177,62 @@ impl State {
                 && lease.deadline > now
             {
                 lease.deadline = deadline;
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps, per lease of the session, the batch its worker reports in
+    /// progress and its last words (what a death is blamed on, see
+    /// `crash.rs`), and answers a span that wants it with `Noted`.
+    pub fn note_work(&mut self, session_id: &str, work: &[LeaseWork], now: Instant) -> Result<()> {
+        let Some(session) = self.sessions.get(session_id) else {
+            return Err(CoordinatorError::UnknownSession {
+                session_id: session_id.to_string(),
+            });
+        };
+        let events_tx = session.events_tx.clone();
+        for w in work {
+            let Some(job) = self.jobs.get_mut(&w.lease.job_id) else {
+                continue;
+            };
+            let Some(&idx) = job.shard_index.get(&w.lease.shard_id) else {
+                continue;
+            };
+            let position = job.plan.shards[idx].from_record() + job.shards[idx].progress.records;
+            let Some(lease) = job.shards[idx].lease.as_mut() else {
+                continue;
+            };
+            if lease.token != w.lease.token || lease.session_id != session_id {
+                continue;
+            }
+            match &w.current {
+                // A batch a commit already covers is not in progress.
+                Some(span) if span.until() > position || span.records == 0 => {
+                    let same = lease
+                        .current
+                        .as_ref()
+                        .is_some_and(|c| c.span.from == span.from && c.span.batch == span.batch);
+                    if !same {
+                        lease.current = Some(InFlight {
+                            span: span.clone(),
+                            since: now,
+                        });
+                    }
+                    if span.wants_ack {
+                        // Best effort: a worker that misses it goes on
+                        // after its wait.
+                        let _ = events_tx.try_send(SessionEvent::Noted {
+                            lease: w.lease.clone(),
+                            from_record: span.from,
+                        });
+                    }
+                }
+                Some(_) => {}
+                None => lease.current = None,
+            }
+            if let Some(words) = &w.last_words {
+                lease.last_words = Some(words.clone());
             }
         }
         Ok(())

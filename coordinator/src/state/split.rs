@@ -185,7 +185,13 @@ impl Job {
     fn split_point_of(&self, idx: usize, share: Share) -> Option<SplitPoint> {
         let state = &self.shards[idx];
         let shard = &self.plan.shards[idx];
-        if state.lease.is_none() || state.writing || state.progress.done {
+        // A shard that isolates a crash is not split: one attempt at a time
+        // narrows its suspect down.
+        if state.lease.is_none()
+            || state.writing
+            || state.progress.done
+            || state.progress.suspect.is_some()
+        {
             return None;
         }
         let from = shard.from_record();

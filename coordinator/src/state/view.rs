@@ -67,7 +67,38 @@ impl Job {
                 queue: self.spec.queue_name().to_string(),
                 waiting: waiting.map(|w| w.as_str().to_string()),
             },
+            crashes: self.totals.crashes,
+            isolating: self.isolating(),
         }
+    }
+
+    /// What the job does about a crash, if anything: "isolating a crash in
+    /// shard s00012, batch 7 (2 crashes)". Walks the shards only while one
+    /// has a suspect.
+    fn isolating(&self) -> Option<String> {
+        if self.totals.suspects == 0 || self.ended.is_some() {
+            return None;
+        }
+        let (planned, state) = self
+            .plan
+            .shards
+            .iter()
+            .zip(&self.shards)
+            .find(|(_, s)| s.progress.suspect.is_some())?;
+        let suspect = state.progress.suspect.as_ref()?;
+        let crashes = match suspect.crashes {
+            1 => "1 crash".to_string(),
+            n => format!("{n} crashes"),
+        };
+        let what = if suspect.isolating() {
+            "isolating a crash"
+        } else {
+            "a worker crashed"
+        };
+        Some(format!(
+            "{what} in shard {}, batch {} ({crashes})",
+            planned.id, suspect.batch
+        ))
     }
 }
 
@@ -236,6 +267,9 @@ impl State {
                 last_error: p.last_error.clone(),
                 last_failed_worker: p.last_failed_worker.clone(),
                 skipped: p.skipped,
+                crashes: p.crashes,
+                last_crash: p.last_crash.clone(),
+                suspect: p.suspect.clone(),
             });
         }
         Ok(ErrorSources { shards, objects })

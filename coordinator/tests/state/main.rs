@@ -4,6 +4,7 @@
 //! never by sleeping.
 
 mod commits;
+mod crashes;
 mod jobs;
 mod leases;
 mod report;

@@ -110,6 +110,8 @@ async fn work_a_lost_attempt_had_not_committed_is_redone() {
         lease: la.key(),
         batches: 2,
         model_ms: 140,
+        current: None,
+        last_words: None,
     };
     state.report_work(&a, &stages(400, 0), &[work]);
     state.session_closed(&a);
@@ -128,6 +130,8 @@ async fn work_a_lost_attempt_had_not_committed_is_redone() {
         lease: lb.key(),
         batches: 1,
         model_ms: 70,
+        current: None,
+        last_words: None,
     };
     state.report_work(&b, &[], &[work]);
     let c = checkpoint(&b, &lb, 2, 3);

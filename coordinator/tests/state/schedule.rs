@@ -164,6 +164,22 @@ async fn max_workers_caps_a_job() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_coordinator_without_queues_refuses_a_job_naming_one() {
+    let stores = Stores::new();
+    let mut state = state_with(&stores, config()).await;
+    let e = submit_with(&mut state, &stores, "named", 30, "queue = \"team-a\"")
+        .await
+        .expect_err("no queue team-a here");
+    assert_eq!(
+        e.to_string(),
+        "job spec: queue: \"team-a\" is not configured on this coordinator (its queues: default; see --queue)"
+    );
+    submit_with(&mut state, &stores, "plain", 30, "queue = \"default\"")
+        .await
+        .expect("the default queue always exists");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_queue_at_its_cap_leases_no_more() {
     let stores = Stores::new();
     let mut config = config();

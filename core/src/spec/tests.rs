@@ -275,6 +275,45 @@ fn python_path_entries_resolve_against_the_spec_file() {
 }
 
 #[test]
+fn a_python_processors_file_params_resolve_against_the_spec_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("models")).expect("mkdir");
+    std::fs::write(dir.path().join("models/m.pt"), b"weights").expect("write");
+    let write = |params: &str| {
+        let path = dir.path().join("job.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[dataset]\nformat = \"range\"\ncount = 1\n[processor]\npython = \"m:C\"\n\
+                 [processor.params]\n{params}\n"
+            ),
+        )
+        .expect("write");
+        JobSpec::from_file(&path)
+    };
+    let spec = write(
+        "model = \"models/m.pt\"\nmode = \"fast\"\nremote = \"s3://b/m.pt\"\nabs = \"/x/y.pt\"\nk = 3",
+    )
+    .expect("spec");
+    let abs = std::path::absolute(dir.path().join("models/m.pt")).expect("absolute");
+    let params = &spec.processor.params;
+    assert_eq!(params["model"], abs.display().to_string());
+    assert_eq!(params["mode"], "fast");
+    assert_eq!(params["remote"], "s3://b/m.pt");
+    assert_eq!(params["abs"], "/x/y.pt");
+    assert_eq!(params["k"], 3);
+    // A relative file that is not there is refused at submit.
+    let e = write("model = \"models/missing.pt\"")
+        .expect_err("missing file")
+        .to_string();
+    assert!(
+        e.contains("processor.params.model") && e.contains("no such file \"models/missing.pt\""),
+        "{e}"
+    );
+    assert!(e.contains("relative to the spec's folder"), "{e}");
+}
+
+#[test]
 fn the_built_in_runners_model_path_resolves_against_the_spec_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let base = dir.path().canonicalize().expect("canonical");

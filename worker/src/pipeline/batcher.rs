@@ -13,6 +13,8 @@ use arrow_schema::{DataType, Schema, SchemaRef};
 use arrow_select::concat::concat_batches;
 use tokio::sync::mpsc;
 
+use stoke_core::lease::Isolation;
+
 use crate::batch::{Batch, SkippedRecord};
 use crate::error::WorkerError;
 
@@ -51,6 +53,9 @@ pub(crate) struct Emitter {
     /// The offset the shard ends before when it was split (`u64::MAX`
     /// otherwise); a split while reading lowers it.
     until: Arc<AtomicU64>,
+    /// Set while the shard isolates a crash: batches also end where the
+    /// suspect starts and at each probe's end.
+    isolate: Option<Isolation>,
 }
 
 /// Adaptive batching: a batch's padded size (records × longest record)
@@ -109,7 +114,23 @@ impl Emitter {
             id_column,
             schema: None,
             until: Arc::new(AtomicU64::new(u64::MAX)),
+            isolate: None,
         }
+    }
+
+    /// Also ends batches at the cuts of `isolate` (see [`Isolation`]).
+    pub fn with_isolation(mut self, isolate: Isolation) -> Self {
+        self.isolate = Some(isolate);
+        self
+    }
+
+    /// Where the next batch must end while isolating: the cut, how many
+    /// pending rows lie before it, and whether every record before it was
+    /// pushed.
+    fn isolation_cut(&self, at_end: bool) -> Option<(u64, usize, bool)> {
+        let at = self.isolate?.next_cut(self.next_offset)?;
+        let before = self.pending_offsets.iter().take_while(|&&o| o < at).count();
+        Some((at, before, at_end || self.tail_offset >= at))
     }
 
     /// Stops at the offset `until` holds (a split shard's end).
@@ -208,13 +229,21 @@ impl Emitter {
                     budget_cut(&lengths, self.batch_size, budget.max_elements)
                 }
             };
-            let cut = match cut {
-                Some(k) => k,
-                None if at_end => all.num_rows(),
-                None => {
-                    self.pending.push(all);
-                    return Ok(Flow::Continue);
-                }
+            let natural = match cut {
+                Some(k) => Some(k),
+                None if at_end => Some(all.num_rows()),
+                None => None,
+            };
+            // Isolating: never across a cut, and at a cut as soon as every
+            // record before it is here.
+            let (cut, cut_at) = match (natural, self.isolation_cut(at_end)) {
+                (Some(k), Some((at, before, _))) if before < k => (Some(before), Some(at)),
+                (None, Some((at, before, true))) => (Some(before), Some(at)),
+                (natural, _) => (natural, None),
+            };
+            let Some(cut) = cut else {
+                self.pending.push(all);
+                return Ok(Flow::Continue);
             };
             let head = all.slice(0, cut);
             let rest = all.slice(cut, all.num_rows() - cut);
@@ -222,7 +251,7 @@ impl Emitter {
                 self.pending.push(rest);
             }
             let offsets: Vec<u64> = self.pending_offsets.drain(..cut).collect();
-            let end = offsets.last().map_or(self.next_offset, |o| o + 1);
+            let end = cut_at.unwrap_or_else(|| offsets.last().map_or(self.next_offset, |o| o + 1));
             if self.emit(head, &offsets, end).await? == Flow::Stop {
                 return Ok(Flow::Stop);
             }

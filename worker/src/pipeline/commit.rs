@@ -124,7 +124,7 @@ impl<L: CoordinatorLink> Committer<L> {
                 })?;
             let uri = self
                 .prefix
-                .join(&format!("files/{:08}-{name}", cp.from_batch));
+                .join(&format!("_files/{:08}-{name}", cp.from_batch));
             staged.push(uri.clone());
             outputs.push(self.upload(uri, Bytes::from(bytes), 0).await?);
             let _ = tokio::fs::remove_file(file).await;

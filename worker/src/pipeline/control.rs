@@ -4,8 +4,11 @@
 //! processor thread hands the committer.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use stoke_core::lease::BatchSpan;
 
 use arrow_array::RecordBatch;
 use tokio::sync::oneshot;
@@ -32,6 +35,13 @@ pub(crate) struct ShardControl {
     /// them as redone if the attempt ends without committing them.
     uncommitted_batches: AtomicU64,
     uncommitted_us: AtomicU64,
+    /// The batch being processed, and why the worker is about to die:
+    /// reported with heartbeats, so a death is blamed on that batch.
+    current: Mutex<Option<BatchSpan>>,
+    last_words: Mutex<Option<String>>,
+    /// The last batch start (its first record + 1) the coordinator noted.
+    noted: Mutex<u64>,
+    noted_cv: Condvar,
 }
 
 impl ShardControl {
@@ -43,6 +53,54 @@ impl ShardControl {
             until: Arc::new(AtomicU64::new(u64::MAX)),
             uncommitted_batches: AtomicU64::new(0),
             uncommitted_us: AtomicU64::new(0),
+            current: Mutex::new(None),
+            last_words: Mutex::new(None),
+            noted: Mutex::new(0),
+            noted_cv: Condvar::new(),
+        }
+    }
+
+    /// A batch starts (`Some`) or ended (`None`).
+    pub fn set_current(&self, span: Option<BatchSpan>) {
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = span;
+    }
+
+    pub fn current(&self) -> Option<BatchSpan> {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Why the worker is about to die (reported with the next heartbeat).
+    pub fn set_last_words(&self, words: String) {
+        *self.last_words.lock().unwrap_or_else(|p| p.into_inner()) = Some(words);
+    }
+
+    pub fn last_words(&self) -> Option<String> {
+        self.last_words
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The coordinator noted the batch starting at `from_record`.
+    pub fn noted(&self, from_record: u64) {
+        let mut noted = self.noted.lock().unwrap_or_else(|p| p.into_inner());
+        *noted = (*noted).max(from_record + 1);
+        self.noted_cv.notify_all();
+    }
+
+    /// Waits (blocking, up to `limit`) until the coordinator noted the
+    /// batch starting at `from_record`; false if it did not in time.
+    pub fn wait_noted(&self, from_record: u64, limit: Duration) -> bool {
+        let noted = self.noted.lock().unwrap_or_else(|p| p.into_inner());
+        let waited = self
+            .noted_cv
+            .wait_timeout_while(noted, limit, |n| *n <= from_record && !self.is_aborted());
+        match waited {
+            Ok((n, _)) => *n > from_record,
+            Err(p) => *p.into_inner().0 > from_record,
         }
     }
 

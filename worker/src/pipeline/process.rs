@@ -15,10 +15,23 @@ use tracing::{info, warn};
 use crate::batch::Batch;
 use crate::context::{ProcessorContext, ShardInfo};
 use crate::error::{WorkerError, processor_message};
+use crate::fatal::{Watchdog, is_sticky_device_error};
 use crate::pipeline::control::{Checkpoint, ShardControl};
 use crate::pipeline::prep::spawn_prep;
 use crate::pipeline::stages::{JobCause, StageCounters, StageTimes};
 use crate::processor::{DynProcessor, Loader, Registry};
+use stoke_core::lease::{BatchSpan, Isolation};
+
+/// How long an isolated batch waits for the coordinator to note it
+/// started (it goes on without, after logging it).
+const NOTED_WAIT: Duration = Duration::from_secs(5);
+
+/// What every attempt on a processor thread shares.
+pub(crate) struct ShardEnv {
+    pub stages: Arc<StageCounters>,
+    pub watchdog: Arc<Watchdog>,
+    pub crash_exits: bool,
+}
 
 /// How an attempt ended on the processor thread.
 #[derive(Debug)]
@@ -37,6 +50,9 @@ pub(crate) struct ShardRun {
     pub spec: Arc<JobSpec>,
     pub info: ShardInfo,
     pub start_batch: u64,
+    /// Set while the shard isolates a crash: batches are cut at its
+    /// probes (by the reader) and each is committed on its own.
+    pub isolate: Option<Isolation>,
     pub batches: mpsc::Receiver<Result<Batch, WorkerError>>,
     pub checkpoints: mpsc::Sender<Checkpoint>,
     pub control: Arc<ShardControl>,
@@ -68,6 +84,10 @@ pub(crate) struct ProcessorThread {
     pub scratch_root: PathBuf,
     /// The worker's stage totals, which every attempt adds to.
     pub stages: Arc<StageCounters>,
+    /// Watches batches that have a `batch_timeout`.
+    pub watchdog: Arc<Watchdog>,
+    /// A batch that leaves the process unusable ends it (see `fatal.rs`).
+    pub crash_exits: bool,
 }
 
 impl ProcessorThread {
@@ -104,7 +124,7 @@ impl ProcessorThread {
                         }
                     }
                     if let Some(l) = loaded.as_mut() {
-                        let reply = run_shard(l, run, Arc::clone(&self.stages));
+                        let reply = run_shard(l, run, self.shard_env());
                         // A processor error may leave the model in a bad
                         // state: load it afresh for the next attempt.
                         if matches!(reply.0, ShardOutcome::Failed(_)) {
@@ -116,6 +136,15 @@ impl ProcessorThread {
             }
         }
         finish(loaded.take());
+    }
+
+    /// What every attempt on this thread shares.
+    fn shard_env(&self) -> ShardEnv {
+        ShardEnv {
+            stages: Arc::clone(&self.stages),
+            watchdog: Arc::clone(&self.watchdog),
+            crash_exits: self.crash_exits,
+        }
     }
 
     fn load(&self, run: &ShardRun) -> Result<Loaded, WorkerError> {
@@ -247,6 +276,10 @@ struct ShardLoop<'a> {
     records_since: u64,
     times: StageTimes,
     stages: Arc<StageCounters>,
+    isolate: Option<Isolation>,
+    batch_timeout: Option<Duration>,
+    watchdog: Arc<Watchdog>,
+    crash_exits: bool,
 }
 
 impl ShardLoop<'_> {
@@ -290,6 +323,9 @@ impl ShardLoop<'_> {
         let committed = ack_rx.blocking_recv().unwrap_or(false);
         if committed {
             self.control.committed();
+            // The job's report counts its model time as checkpoints commit,
+            // not only when a shard ends (or a heartbeat interval later).
+            self.stages.request_flush();
         }
         self.from_batch = self.next_batch;
         self.records_since = 0;
@@ -314,16 +350,64 @@ impl ShardLoop<'_> {
                     source: Box::new(e),
                 })?;
         }
+        // Say which batch runs, so a death is blamed on it (an isolated
+        // one only once the coordinator noted it: then the blame is exact).
+        let isolated = self
+            .isolate
+            .is_some_and(|i| batch.offset() >= i.from && batch.offset() < i.until);
+        let span = BatchSpan {
+            batch: idx,
+            from: batch.offset(),
+            records: consumed,
+            ids: if batch.len() == 1 {
+                vec![batch.ids().value(0).to_string()]
+            } else {
+                Vec::new()
+            },
+            wants_ack: isolated,
+        };
+        let from = span.from;
+        self.control.set_current(Some(span));
+        self.stages.request_brief();
+        if isolated && !self.control.wait_noted(from, NOTED_WAIT) {
+            warn!(shard = %self.shard_id, batch = idx, "the coordinator did not note an isolated batch in time; going on");
+        }
+        if let Some(limit) = self.batch_timeout {
+            self.watchdog.arm(&self.control, idx, limit);
+        }
+        // Fault injection for tests: a processor whose native code
+        // segfaults on one record (`worker::segfault_on=return(<id>)`).
+        if let Some(Some(poison)) = fail::eval("worker::segfault_on", |id| id)
+            && (0..batch.len()).any(|i| batch.ids().value(i) == poison)
+        {
+            crate::fatal::segfault();
+        }
         let started = Instant::now();
         let l = &mut *self.l;
-        l.processor
-            .process_batch(batch, idx, &mut l.ctx)
-            .map_err(|e| WorkerError::ProcessorBatch {
+        let processed = l.processor.process_batch(batch, idx, &mut l.ctx);
+        if self.batch_timeout.is_some() {
+            self.watchdog.disarm();
+        }
+        if let Err(e) = processed {
+            let message = processor_message(&e);
+            if self.crash_exits && is_sticky_device_error(&message) {
+                // Every later call on this device would fail: restart clean,
+                // and let the coordinator blame this batch.
+                crate::fatal::die(
+                    &self.control,
+                    &self.stages,
+                    &format!("sticky device error: {message}"),
+                );
+            }
+            self.control.set_current(None);
+            return Err(WorkerError::ProcessorBatch {
                 processor: self.processor_name.clone(),
                 shard: self.shard_id.clone(),
                 batch_idx: idx,
-                message: processor_message(&e),
-            })?;
+                message,
+            });
+        }
+        self.control.set_current(None);
         let took = started.elapsed();
         self.times.model += took;
         self.times.batches += 1;
@@ -387,9 +471,15 @@ impl ShardLoop<'_> {
                     ShardOutcome::Aborted
                 });
             }
+            let end = batch.offset() + batch.consumed();
             self.process(batch)?;
             since_checkpoint += 1;
-            if since_checkpoint >= interval || every.is_some_and(|d| last_checkpoint.elapsed() >= d)
+            // Isolating: a batch ending where the suspect starts, or at a
+            // probe's end, is committed on its own.
+            let isolated = self.isolate.is_some_and(|i| i.commits_at(end));
+            if isolated
+                || since_checkpoint >= interval
+                || every.is_some_and(|d| last_checkpoint.elapsed() >= d)
             {
                 if !self.checkpoint(false)? {
                     return Ok(ShardOutcome::Aborted);
@@ -412,12 +502,18 @@ impl ShardLoop<'_> {
 fn run_shard(
     l: &mut Loaded,
     run: ShardRun,
-    stages: Arc<StageCounters>,
+    env: ShardEnv,
 ) -> (ShardOutcome, oneshot::Sender<ShardOutcome>) {
+    let ShardEnv {
+        stages,
+        watchdog,
+        crash_exits,
+    } = env;
     let ShardRun {
         spec,
         info,
         start_batch,
+        isolate,
         batches,
         checkpoints,
         control,
@@ -439,6 +535,10 @@ fn run_shard(
         records_since: 0,
         times: StageTimes::default(),
         stages,
+        isolate,
+        batch_timeout: spec.errors.batch_timeout,
+        watchdog,
+        crash_exits,
     };
     // With a load stage, batches go through the load pool first; it runs
     // ahead of the model on its own threads.

@@ -25,6 +25,12 @@ pub(crate) struct StageCounters {
     jobs: Mutex<HashMap<String, JobMicros>>,
     /// Asks the session keeper to report now (an attempt ended).
     flush: tokio::sync::Notify,
+    /// Asks it to send a brief heartbeat now: a batch started, or the
+    /// worker has last words.
+    brief: tokio::sync::Notify,
+    /// Brief heartbeats sent (the processor thread waits on this before
+    /// it dies, so its last words leave first).
+    briefs_sent: AtomicU64,
 }
 
 /// Where a job's processor time went on this worker, in microseconds.
@@ -54,6 +60,38 @@ impl StageCounters {
     /// Resolves once a report was asked for.
     pub async fn flush_requested(&self) {
         self.flush.notified().await;
+    }
+
+    /// Asks for a brief heartbeat now (from any thread); answers how many
+    /// were sent before, for [`StageCounters::wait_brief_after`].
+    pub fn request_brief(&self) -> u64 {
+        let sent = self.briefs_sent.load(Ordering::SeqCst);
+        self.brief.notify_one();
+        sent
+    }
+
+    /// Resolves once a brief heartbeat was asked for.
+    pub async fn brief_requested(&self) {
+        self.brief.notified().await;
+    }
+
+    /// The session keeper handed a brief heartbeat to the link.
+    pub fn brief_sent(&self) {
+        self.briefs_sent.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Waits (blocking, up to `limit`) until a brief heartbeat after the
+    /// `sent`-th went out; false if none did in time.
+    pub fn wait_brief_after(&self, sent: u64, limit: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        while self.briefs_sent.load(Ordering::SeqCst) <= sent {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            // A dying worker's last step: polling briefly is fine here.
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        true
     }
 
     /// `d` of `job_id`'s processor time went to `cause`.

@@ -61,6 +61,9 @@ pub(crate) async fn read_shard(read: ShardRead, tx: BatchTx) {
     } else if let Some(until) = read.shard.until_record() {
         emitter = emitter.with_until(std::sync::Arc::new(until.into()));
     }
+    if let Some(isolate) = read.isolate {
+        emitter = emitter.with_isolation(isolate);
+    }
     let reading = async {
         match &read.shard.source {
             ShardSource::Range { start, end } => read_range(&mut emitter, *start, *end).await,
@@ -153,6 +156,7 @@ mod tests {
             start_batch,
             start_record: start_batch * bs,
             until: None,
+            isolate: None,
         }
     }
 
@@ -167,6 +171,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_isolated_shard_cuts_its_suspect_into_probes_numbered_in_order() {
+        // Records 10..14 are suspected, 2 per probe; batches of 8 elsewhere.
+        let mut read = range_read(20, 8, 0);
+        read.isolate = Some(stoke_core::lease::Isolation {
+            from: 10,
+            until: 14,
+            probe: 2,
+        });
+        let batches = collect(read).await;
+        let spans: Vec<(u64, u64, usize)> = batches
+            .iter()
+            .map(|b| (b.index(), b.offset(), b.len()))
+            .collect();
+        assert_eq!(
+            spans,
+            vec![(0, 0, 8), (1, 8, 2), (2, 10, 2), (3, 12, 2), (4, 14, 6)]
+        );
+        // Resumed inside the suspect (a probe committed): the cuts go on.
+        let mut read = range_read(20, 8, 0);
+        read.start_batch = 3;
+        read.start_record = 12;
+        read.isolate = Some(stoke_core::lease::Isolation {
+            from: 10,
+            until: 14,
+            probe: 2,
+        });
+        let spans: Vec<(u64, u64, usize)> = collect(read)
+            .await
+            .iter()
+            .map(|b| (b.index(), b.offset(), b.len()))
+            .collect();
+        assert_eq!(spans, vec![(3, 12, 2), (4, 14, 6)]);
+    }
+
+    #[tokio::test]
     async fn the_halves_of_a_split_shard_cut_the_batches_the_whole_would() {
         use std::sync::atomic::{AtomicU64, Ordering};
         use stoke_core::plan::Cut;
@@ -176,6 +215,7 @@ mod tests {
         until.store(40, Ordering::SeqCst);
         let holder = ShardRead {
             until: Some(Arc::clone(&until)),
+            isolate: None,
             ..range_read(95, 10, 0)
         };
         let mut halves = batch_ids(&collect(holder).await);
@@ -242,6 +282,7 @@ mod tests {
             start_batch,
             start_record,
             until: None,
+            isolate: None,
         };
         // lengths 1 1 1 6 | 2 2 2 2 | 9 | 1 under budget 8, at most 4:
         // [1,1,1] (a 4th of 6 would pad to 24), [6], [2,2,2,2], [9], [1].
@@ -339,6 +380,7 @@ mod tests {
             start_batch,
             start_record: start_batch * bs,
             until: None,
+            isolate: None,
         })
         .await
     }
@@ -439,6 +481,7 @@ mod tests {
                 start_batch: 0,
                 start_record: 0,
                 until: None,
+                isolate: None,
             },
             tx,
         ));
@@ -491,6 +534,7 @@ mod tests {
             start_batch: 1,
             start_record: 3,
             until: None,
+            isolate: None,
         };
         let batches = collect(read).await;
         let sizes: Vec<_> = batches.iter().map(Batch::len).collect();
@@ -539,6 +583,7 @@ mod tests {
                 start_batch: 0,
                 start_record: 0,
                 until: None,
+                isolate: None,
             };
             for batch in collect(read).await {
                 out.push((shard.id.clone(), batch));

@@ -25,6 +25,9 @@ pub(crate) struct ShardRead {
     /// The offset reading stops before, shared with the attempt's control
     /// so a split while reading takes effect (`None`: the shard's own end).
     pub until: Option<Arc<AtomicU64>>,
+    /// Set while the shard isolates a crash: batches also end where its
+    /// suspect starts and at each probe's end.
+    pub isolate: Option<stoke_core::lease::Isolation>,
 }
 
 pub(crate) fn source_error(shard: &str, uri: &str, message: impl ToString) -> WorkerError {
