@@ -8,6 +8,7 @@ mod fleet;
 mod outputs;
 mod report;
 mod run;
+mod source;
 mod watch;
 
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use source::Source;
 use stoke_client::Client;
 use stoke_client::summary::{count, job_json, summary, total};
 use stoke_core::StoreUri;
@@ -67,13 +69,21 @@ enum Cmd {
         #[arg(long)]
         json: bool,
         /// Follow the job until it ends (see `submit --watch`).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "root")]
         watch: bool,
+        /// Read the stored state of this root (a folder or store URI)
+        /// instead of asking a coordinator: works with none running.
+        #[arg(long)]
+        root: Option<String>,
     },
     /// List jobs.
     Jobs {
         #[arg(long)]
         json: bool,
+        /// Read the stored state of this root (a folder or store URI)
+        /// instead of asking a coordinator: works with none running.
+        #[arg(long)]
+        root: Option<String>,
     },
     /// List the workers connected now and the leases each holds.
     Workers {
@@ -88,6 +98,10 @@ enum Cmd {
         /// Most skipped records to list.
         #[arg(long, default_value_t = 1000)]
         limit: u32,
+        /// Read the stored state of this root (a folder or store URI)
+        /// instead of asking a coordinator: works with none running.
+        #[arg(long)]
+        root: Option<String>,
     },
     /// The output objects a job has committed so far, with their record
     /// counts: all of them once it succeeded, and exactly what counts after
@@ -96,6 +110,10 @@ enum Cmd {
         job: String,
         #[arg(long)]
         json: bool,
+        /// Read the stored state of this root (a folder or store URI)
+        /// instead of asking a coordinator: works with none running.
+        #[arg(long)]
+        root: Option<String>,
     },
     /// Where a job's processor time went: wall time, records/s, how busy
     /// the model was, the seconds by cause (start-up, model, input wait,
@@ -105,6 +123,10 @@ enum Cmd {
         job: String,
         #[arg(long)]
         json: bool,
+        /// Read the stored state of this root (a folder or store URI)
+        /// instead of asking a coordinator: works with none running.
+        #[arg(long)]
+        root: Option<String>,
     },
     /// Pause a job: workers checkpoint and release its shards; it waits.
     Pause {
@@ -241,6 +263,12 @@ fn error_exit_code(e: &anyhow::Error) -> i32 {
         {
             return exit::BAD_INPUT;
         }
+        // `--root`: a job that is not there is the caller's mistake.
+        if let Some(stoke_coordinator::CoordinatorError::JobNotFound { .. }) =
+            cause.downcast_ref::<stoke_coordinator::CoordinatorError>()
+        {
+            return exit::BAD_INPUT;
+        }
     }
     exit::FAILED
 }
@@ -282,20 +310,26 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             print_job(&job, json);
             Ok(exit_code(&job))
         }
-        Cmd::Status { job, json, watch } => {
-            let client = Client::connect(&cli.coordinator).await?;
+        Cmd::Status {
+            job,
+            json,
+            watch,
+            root,
+        } => {
             if watch {
+                let client = Client::connect(&cli.coordinator).await?;
                 let job = watch::watch(&client, &job, watch::POLL).await?;
                 print_status(&job, json);
                 return Ok(exit_code(&job));
             }
+            let source = Source::open(&cli.coordinator, root.as_deref()).await?;
             // A job that could be read is a success, whatever its state.
-            print_status(&client.get_job(&job).await?, json);
+            print_status(&source.job(&job).await?, json);
             Ok(exit::OK)
         }
-        Cmd::Jobs { json } => {
-            let client = Client::connect(&cli.coordinator).await?;
-            let jobs = client.list_jobs().await?;
+        Cmd::Jobs { json, root } => {
+            let source = Source::open(&cli.coordinator, root.as_deref()).await?;
+            let jobs = source.jobs().await?;
             if json {
                 let all: Vec<_> = jobs.iter().map(job_json).collect();
                 println!("{}", serde_json::Value::Array(all));
@@ -332,9 +366,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Cmd::Errors { job, json, limit } => {
-            let client = Client::connect(&cli.coordinator).await?;
-            let errors = client.job_errors(&job, limit).await?;
+        Cmd::Errors {
+            job,
+            json,
+            limit,
+            root,
+        } => {
+            let source = Source::open(&cli.coordinator, root.as_deref()).await?;
+            let errors = source.errors(&job, limit).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&errors)?);
                 return Ok(0);
@@ -399,9 +438,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Cmd::Report { job, json } => {
-            let client = Client::connect(&cli.coordinator).await?;
-            let report = client.job_report(&job).await?;
+        Cmd::Report { job, json, root } => {
+            let source = Source::open(&cli.coordinator, root.as_deref()).await?;
+            let report = source.report(&job).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -409,9 +448,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(exit::OK)
         }
-        Cmd::Outputs { job, json } => {
-            let client = Client::connect(&cli.coordinator).await?;
-            outputs::print(&client, &job, json).await
+        Cmd::Outputs { job, json, root } => {
+            let source = Source::open(&cli.coordinator, root.as_deref()).await?;
+            outputs::print(&source, &job, json).await
         }
         Cmd::Pause { job, reason } => {
             let client = Client::connect(&cli.coordinator).await?;

@@ -5,14 +5,15 @@
 //! hold what attempts wrote and never committed, and this list is what
 //! counts.
 
-use stoke_client::Client;
 use stoke_client::summary::{count, local_path};
 use stoke_core::records::{JobState, ManifestEntry};
 
+use crate::source::Source;
+
 /// Prints the job's committed outputs: a table, or JSON with `--json`.
-pub async fn print(client: &Client, job_id: &str, json: bool) -> anyhow::Result<i32> {
-    let job = client.get_job(job_id).await?;
-    let outputs = client.job_outputs(job_id).await?;
+pub async fn print(source: &Source, job_id: &str, json: bool) -> anyhow::Result<i32> {
+    let job = source.job(job_id).await?;
+    let outputs = source.outputs(job_id).await?;
     let records: u64 = outputs.iter().map(|o| o.records).sum();
     let bytes: u64 = outputs.iter().map(|o| o.bytes).sum();
     let complete = job.state == JobState::Succeeded;

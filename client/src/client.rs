@@ -24,10 +24,17 @@ pub struct Client {
 /// UnknownIssuer"), as tonic's own message is only the outermost.
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
+    let mut last = text.clone();
     let mut source = e.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        // Layers that repeat their cause's words ("tcp connect error" over
+        // "tcp connect error") say it once.
+        let piece = cause.to_string();
+        if piece != last && !text.ends_with(&piece) {
+            text.push_str(": ");
+            text.push_str(&piece);
+        }
+        last = piece;
         source = cause.source();
     }
     text
@@ -295,5 +302,41 @@ impl Client {
             }
             tokio::time::sleep(poll).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::error_chain;
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    #[test]
+    fn a_cause_that_repeats_its_layer_is_said_once() {
+        let e = Layer(
+            "transport error",
+            Some(Box::new(Layer(
+                "tcp connect error",
+                Some(Box::new(Layer(
+                    "tcp connect error",
+                    Some(Box::new(Layer("Connection refused (os error 111)", None))),
+                ))),
+            ))),
+        );
+        assert_eq!(
+            error_chain(&e),
+            "transport error: tcp connect error: Connection refused (os error 111)"
+        );
     }
 }

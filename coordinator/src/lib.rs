@@ -19,6 +19,7 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+pub mod offline;
 pub mod owner;
 pub mod progress;
 pub mod queues;

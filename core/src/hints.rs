@@ -29,6 +29,26 @@ pub fn http_port_hint(addr: &str, message: &str) -> Option<String> {
     ))
 }
 
+/// An error's shape: the same text with its shard id and numbers masked
+/// (batch indices, line numbers, record offsets differ between shards).
+pub fn error_signature(error: &str, shard_id: &str) -> String {
+    let text = error.replace(shard_id, "<shard>");
+    let mut out = String::with_capacity(text.len());
+    let mut in_number = false;
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            if !in_number {
+                out.push('#');
+            }
+            in_number = true;
+        } else {
+            in_number = false;
+            out.push(c);
+        }
+    }
+    out.trim().to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

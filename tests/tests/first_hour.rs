@@ -632,6 +632,47 @@ fn report_json_is_stored_before_run_returns_in_every_mode() {
         );
         // And no empty staging folders stay behind.
         assert!(!root.join("jobs/j/staging").exists(), "{mode}");
+
+        // The read-only verbs answer from the root, no coordinator running
+        // (the one named here has never existed).
+        let env = [("STOKE_COORDINATOR", "127.0.0.1:9")];
+        let read = |args: &[&str]| {
+            let mut all = args.to_vec();
+            all.extend(["--root", root_arg.as_str()]);
+            let out = stoke_within(&all, &env, QUICK);
+            assert!(out.status.success(), "{all:?}: {}", text(&out.stderr));
+            text(&out.stdout)
+        };
+        let status: serde_json::Value =
+            serde_json::from_str(&read(&["status", "j", "--json"])).expect("status json");
+        assert_eq!(status["state"], "succeeded", "{status}");
+        assert_eq!(status["records_done"], 3000, "{status}");
+        assert!(
+            read(&["jobs"]).lines().any(|l| l.starts_with("j ")),
+            "{mode}"
+        );
+        assert!(
+            read(&["errors", "j"]).contains("no failed attempts"),
+            "{mode}"
+        );
+        let outputs: serde_json::Value =
+            serde_json::from_str(&read(&["outputs", "j", "--json"])).expect("outputs json");
+        let listed = outputs["objects"].as_array().map_or(0, Vec::len);
+        assert_eq!(listed, manifest(&root, "j").outputs.len(), "{outputs}");
+        let stored: serde_json::Value =
+            serde_json::from_str(&read(&["report", "j", "--json"])).expect("report json");
+        assert_eq!(stored["records"], 3000, "{stored}");
+        assert_eq!(
+            stored["seconds"], report["seconds"],
+            "the stored report, as stored"
+        );
+        // A job that is not there: bad input.
+        let out = stoke_within(
+            &["status", "nope", "--root", root_arg.as_str()],
+            &env,
+            QUICK,
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     }
 }
 
@@ -707,4 +748,44 @@ fn run_local_is_visible_to_the_other_verbs_and_ctrl_c_says_how_to_resume() {
         .expect("resume");
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_matches_reference(&committed_rows(&manifest(&root, "slow")));
+}
+
+#[test]
+fn one_mistake_fails_the_job_at_once_and_is_said_once() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // A wrong model path (absolute, so not refused at submit): every
+    // attempt of every shard fails the same way on every worker.
+    let missing = tmp.path().join("models/no-such-model.pt");
+    let spec_text = fixture_spec("parquet", "")
+        .replace(
+            "name = \"torchscript\"",
+            &format!(
+                "python = \"processors:Runner\"\npython_path = [\"{}\"]",
+                repo_root().join("tests/python").display()
+            ),
+        )
+        .replace("max_attempts = 2", "max_attempts = 3")
+        .replace(
+            &file_uri(&fixture().join("model.pt")),
+            &missing.display().to_string(),
+        );
+    let spec = write(tmp.path(), "job.toml", &spec_text);
+    let root = tmp.path().join("state").display().to_string();
+    let out = stoke_within(
+        &[
+            "run", &spec, "--local", "2", "--root", &root, "--job-id", "typo",
+        ],
+        &[],
+        DEADLINE,
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let reason = summary_field(&stdout, "reason").expect("reason");
+    assert!(reason.contains("failing the job at once"), "{reason}");
+    assert!(stdout.contains("no-such-model.pt"), "{stdout}");
+    // Not 3 attempts of each of 9 shards: a couple, each said once.
+    let said = stderr.matches("no-such-model.pt").count();
+    assert!(said <= 4, "{said} times:\n{stderr}");
+    let status: serde_json::Value = read_json(&tmp.path().join("state/jobs/typo/status.json"));
+    assert_eq!(status["state"], "failed", "{status}");
 }

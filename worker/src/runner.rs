@@ -111,6 +111,7 @@ pub async fn run<L: CoordinatorLink>(
         },
         session_stop.clone(),
     ));
+    let said = Arc::default();
     let mut slots = tokio::task::JoinSet::new();
     for (i, device) in config.devices.iter().enumerate() {
         let (proc_tx, proc_thread) = ProcessorThread {
@@ -134,6 +135,7 @@ pub async fn run<L: CoordinatorLink>(
             shutdown: shutdown.clone(),
             session_rx: session_rx.clone(),
             wake_rx: wake_rx.clone(),
+            said: Arc::clone(&said),
         };
         slots.spawn(async move {
             let result = worker.lease_loop().await;
@@ -175,6 +177,9 @@ struct Worker<L> {
     session_rx: watch::Receiver<SessionState>,
     /// Changes when the coordinator says work may be there.
     wake_rx: watch::Receiver<u64>,
+    /// The errors this worker's attempts failed with, by shape, and how
+    /// often: each is logged whole once.
+    said: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>,
 }
 
 impl<L: CoordinatorLink> Worker<L> {
@@ -433,8 +438,22 @@ impl<L: CoordinatorLink> Worker<L> {
                     None
                 } else {
                     transient = e.is_transient();
-                    warn!(job = %key.job_id, shard = %key.shard_id, error = %e, transient, "attempt failed");
-                    Some(Some(e.to_string()))
+                    let message = e.to_string();
+                    // One mistake, one message: an error this worker said
+                    // already is counted, not printed whole again.
+                    let times = {
+                        let sig = stoke_core::hints::error_signature(&message, &key.shard_id);
+                        let mut seen = self.said.lock().unwrap_or_else(|p| p.into_inner());
+                        let n = seen.entry(sig).or_insert(0);
+                        *n += 1;
+                        *n
+                    };
+                    if times == 1 {
+                        warn!(job = %key.job_id, shard = %key.shard_id, error = %message, transient, "attempt failed");
+                    } else {
+                        warn!(job = %key.job_id, shard = %key.shard_id, times, transient, "attempt failed with the same error as before");
+                    }
+                    Some(Some(message))
                 }
             }
         };

@@ -218,6 +218,9 @@ fn apply(event: SessionEvent, active: &Active) {
         SessionEvent::Revoke { leases, reason } => {
             for key in leases {
                 if let Some(control) = active.get(&key) {
+                    // Its first line: the whole reason (a job's failure,
+                    // with the traceback) is the coordinator's to tell.
+                    let reason = reason.lines().next().unwrap_or_default();
                     warn!(job = %key.job_id, shard = %key.shard_id, %reason, "lease revoked");
                     control.abort();
                 }

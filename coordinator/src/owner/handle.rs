@@ -195,37 +195,10 @@ impl Handle {
     /// the state owner).
     pub async fn job_errors(&self, job_id: &str, max_skipped: usize) -> Result<JobErrors> {
         let job_id = job_id.to_string();
-        let ErrorSources { shards, objects } = self
+        let sources = self
             .call(|reply| Command::JobErrors { job_id, reply })
             .await?;
-        let mut skipped = Vec::new();
-        for (shard_id, uri) in objects {
-            if skipped.len() >= max_skipped {
-                break;
-            }
-            let bytes = self.stores.get(&uri).await?;
-            for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-                if skipped.len() >= max_skipped {
-                    break;
-                }
-                let value: serde_json::Value =
-                    serde_json::from_slice(line).map_err(|source| StoreError::Decode {
-                        uri: uri.to_string(),
-                        source,
-                    })?;
-                skipped.push(SkippedRecord {
-                    shard_id: shard_id.clone(),
-                    id: value["id"].as_str().unwrap_or_default().to_string(),
-                    reason: value["reason"].as_str().unwrap_or_default().to_string(),
-                });
-            }
-        }
-        let skipped_total = shards.iter().map(|s| s.skipped).sum();
-        Ok(JobErrors {
-            shards,
-            skipped,
-            skipped_total,
-        })
+        read_errors(sources, max_skipped, &self.stores).await
     }
 
     /// The output objects a job has committed so far (`stoke outputs`).
@@ -237,19 +210,7 @@ impl Handle {
                 reply,
             })
             .await?;
-        match outputs {
-            JobOutputs::Listed(entries) => Ok(entries),
-            // A succeeded job whose shards left the owner's memory: its
-            // manifest lists the same entries, read here, off the loop.
-            JobOutputs::InManifest(uri) => {
-                let manifest: Manifest = self.stores.get_json(&uri).await?.ok_or_else(|| {
-                    CoordinatorError::Recovery(format!(
-                        "job {job_id} succeeded but its manifest {uri} is missing"
-                    ))
-                })?;
-                Ok(manifest.outputs)
-            }
-        }
+        read_outputs(job_id, outputs, &self.stores).await
     }
 
     pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<JobInfo> {
@@ -337,5 +298,63 @@ impl Handle {
 
     pub async fn release(&self, release: Release) -> Result<()> {
         self.call(|reply| Command::Release { release, reply }).await
+    }
+}
+
+/// A job's errors: its shards' as the state has them, and up to
+/// `max_skipped` skipped records read from the objects that list them.
+pub(crate) async fn read_errors(
+    sources: ErrorSources,
+    max_skipped: usize,
+    stores: &Stores,
+) -> Result<JobErrors> {
+    let ErrorSources { shards, objects } = sources;
+    let mut skipped = Vec::new();
+    for (shard_id, uri) in objects {
+        if skipped.len() >= max_skipped {
+            break;
+        }
+        let bytes = stores.get(&uri).await?;
+        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            if skipped.len() >= max_skipped {
+                break;
+            }
+            let value: serde_json::Value =
+                serde_json::from_slice(line).map_err(|source| StoreError::Decode {
+                    uri: uri.to_string(),
+                    source,
+                })?;
+            skipped.push(SkippedRecord {
+                shard_id: shard_id.clone(),
+                id: value["id"].as_str().unwrap_or_default().to_string(),
+                reason: value["reason"].as_str().unwrap_or_default().to_string(),
+            });
+        }
+    }
+    let skipped_total = shards.iter().map(|s| s.skipped).sum();
+    Ok(JobErrors {
+        shards,
+        skipped,
+        skipped_total,
+    })
+}
+
+/// A job's committed outputs, listed by the state or, for a succeeded job
+/// whose shards left memory, read from its manifest.
+pub(crate) async fn read_outputs(
+    job_id: &str,
+    outputs: JobOutputs,
+    stores: &Stores,
+) -> Result<Vec<ManifestEntry>> {
+    match outputs {
+        JobOutputs::Listed(entries) => Ok(entries),
+        JobOutputs::InManifest(uri) => {
+            let manifest: Manifest = stores.get_json(&uri).await?.ok_or_else(|| {
+                CoordinatorError::Recovery(format!(
+                    "job {job_id} succeeded but its manifest {uri} is missing"
+                ))
+            })?;
+            Ok(manifest.outputs)
+        }
     }
 }

@@ -5,7 +5,7 @@
 //! everything else talks to it; [`Inline`] (`inline.rs`) runs the same
 //! machine and writes one at a time in the caller's task, for tests.
 
-mod handle;
+pub(crate) mod handle;
 mod inline;
 pub mod io;
 

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use super::account::Lost;
 use super::crash::Death;
 use super::effects::{AttemptFailed, Then};
+use super::repeats::Repeat;
 use super::{ActiveLease, Answer, Io, ReqId, State, progress_log};
 use crate::error::{CoordinatorError, Result};
 
@@ -232,10 +233,42 @@ impl State {
         } else {
             self.counters.store_failures += 1;
         }
-        warn!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %worker, failed, max_attempts, transient = release.transient, %error, "attempt failed");
+        // One mistake, one message: an error seen before is counted, not
+        // logged whole again; one that is clearly not a fluke fails the job.
+        let repeat = match self.job_mut(&key.job_id) {
+            Ok(job) if counts_as_failure => {
+                // Shards whose attempts ended (failed, or committed some).
+                let tried = job
+                    .shards
+                    .iter()
+                    .filter(|s| {
+                        s.progress.failed_attempts > 0 || s.progress.records > 0 || s.progress.done
+                    })
+                    .count();
+                let committed = job.totals.records > 0;
+                let attempt = job.shards[idx].progress.attempts;
+                job.repeats
+                    .note(&error, &key.shard_id, &worker, attempt, tried, committed)
+            }
+            _ => Repeat::New,
+        };
+        match &repeat {
+            Repeat::New => {
+                warn!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %worker, failed, max_attempts, transient = release.transient, %error, "attempt failed");
+            }
+            Repeat::Again(_) | Repeat::FailJob(_) => {
+                warn!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %worker, failed, max_attempts, "attempt failed with the same error as before");
+            }
+        }
         if counts_as_failure && failed >= max_attempts {
             let reason = format!(
                 "shard {} failed {failed} of {max_attempts} attempts; last error: {error}",
+                key.shard_id
+            );
+            self.fail_job(&key.job_id, reason);
+        } else if let Repeat::FailJob(why) = repeat {
+            let reason = format!(
+                "shard {} failed {failed} of {max_attempts} attempts, failing the job at once: {why}; error: {error}",
                 key.shard_id
             );
             self.fail_job(&key.job_id, reason);

@@ -29,6 +29,8 @@
 //! - `commit.rs`: the commit protocol, group commits and snapshots;
 //! - `crash.rs`: workers that die processing a batch, and isolating the
 //!   record that kills them;
+//! - `repeats.rs`: an error seen before is said once, and one that is no
+//!   fluke (two workers, every first attempt) fails the job at once;
 //! - `split.rs`: splitting a leased shard for an idle worker at a job's
 //!   tail;
 //! - `finish.rs`: a job whose every shard is done: manifest and success;
@@ -44,6 +46,7 @@ mod finish;
 mod jobs;
 mod leases;
 mod recover;
+mod repeats;
 mod schedule;
 mod sessions;
 mod split;
@@ -170,6 +173,8 @@ struct Job {
     /// Set once the job succeeded and its end is stored: its plan and its
     /// shards' states have left memory (`State::release_ended`).
     ended: Option<Ended>,
+    /// Its failed attempts' errors so far (see `repeats.rs`).
+    repeats: repeats::Repeats,
 }
 
 /// What a succeeded job keeps in memory once its end is stored: what its
@@ -276,6 +281,7 @@ impl Job {
             spec,
             account: account::Account::new(now),
             ended: None,
+            repeats: Default::default(),
         }
     }
 
@@ -444,6 +450,12 @@ impl State {
     /// Loads every job under the root and takes a new fencing epoch.
     pub async fn recover(config: CoordinatorConfig, stores: Stores) -> Result<Self> {
         recover::recover(config, &stores).await
+    }
+
+    /// Loads every job under the root as stored, writing nothing (no
+    /// epoch, no lock, no sweep): what `stoke status --root` reads.
+    pub async fn read_only(config: CoordinatorConfig, stores: Stores) -> Result<Self> {
+        recover::read_only(config, &stores).await
     }
 
     pub fn epoch(&self) -> u64 {

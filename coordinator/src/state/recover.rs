@@ -54,6 +54,26 @@ async fn next_epoch(stores: &Stores, uri: &StoreUri) -> Result<u64> {
 pub(super) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Result<State> {
     let layout = RootLayout::new(config.root.clone());
     let epoch = next_epoch(stores, &layout.epoch()).await?;
+    load(config, stores, epoch).await
+}
+
+/// Every job under the root as stored, writing nothing: for reading a
+/// root with no coordinator (`stoke status --root`). Its epoch is the one
+/// stored (0 for a root no coordinator ever ran on).
+pub(super) async fn read_only(config: CoordinatorConfig, stores: &Stores) -> Result<State> {
+    let layout = RootLayout::new(config.root.clone());
+    let epoch = stores
+        .get_json::<EpochRecord>(&layout.epoch())
+        .await?
+        .map_or(0, |r| r.epoch);
+    let mut state = load(config, stores, epoch).await?;
+    // Nothing is run for it: what loading asked for (sweeps) is dropped.
+    state.take_effects();
+    Ok(state)
+}
+
+async fn load(config: CoordinatorConfig, stores: &Stores, epoch: u64) -> Result<State> {
+    let layout = RootLayout::new(config.root.clone());
     let mut state = State::new(config, epoch);
     let mut dirs = stores.list_dirs(&layout.jobs()).await?;
     dirs.sort();
