@@ -305,6 +305,22 @@ impl Account {
             })
             .collect();
         devices.sort_by(|a, b| a.worker.cmp(&b.worker));
+        let seconds = CauseSeconds {
+            startup: secs(self.startup_ms),
+            model: model_s,
+            input_wait: secs(self.input_wait_ms),
+            checkpoint: secs(self.checkpoint_ms),
+            redone: secs(self.redone_ms),
+            crashed: secs(self.crashed_ms) + self.dying.as_secs_f64(),
+            paused: self.paused.as_secs_f64(),
+            tail_idle: self.tail_idle.as_secs_f64(),
+        };
+        // Two clocks: the workers report their stage times, the
+        // coordinator measures the time it gave the job, and they differ by
+        // what was in flight at either end (a job cancelled while its
+        // workers' last reports were on their way). The processor time is
+        // at least what its causes add up to, so no share passes 100%.
+        let processor_s = processor_s.max(seconds.total());
         let report = EfficiencyReport {
             job_id: job_id.to_string(),
             wall_s,
@@ -315,16 +331,7 @@ impl Account {
                 0.0
             },
             busy_fraction: fraction(secs(self.model_ms), processor_s),
-            seconds: CauseSeconds {
-                startup: secs(self.startup_ms),
-                model: model_s,
-                input_wait: secs(self.input_wait_ms),
-                checkpoint: secs(self.checkpoint_ms),
-                redone: secs(self.redone_ms),
-                crashed: secs(self.crashed_ms) + self.dying.as_secs_f64(),
-                paused: self.paused.as_secs_f64(),
-                tail_idle: self.tail_idle.as_secs_f64(),
-            },
+            seconds,
             processor_s,
             shards_split,
             attempts_failed: self

@@ -240,3 +240,31 @@ async fn a_restarted_coordinator_carries_on_from_the_saved_report() {
     state.tick().await;
     assert_eq!(report(&mut state), stored);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_causes_never_pass_the_processor_time_even_after_a_cancel() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    two_shards(&mut state, &stores).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let la = leased(state.acquire(&a));
+    advance(Duration::from_secs(1)).await;
+    state.heartbeat(&a, &[la.key()]).expect("heartbeat");
+    state.cancel("j", "stop".to_string()).await.expect("cancel");
+    // The worker's last report arrives after the cancel: more model time
+    // than the coordinator gave the job while it ran.
+    state.report_work(&a, &stages(3_000, 200), &[]);
+    advance(Duration::from_secs(2)).await;
+    state.tick().await;
+    let r = report(&mut state);
+    assert!(r.seconds.model > 1.0, "{r:?}");
+    let total = r.seconds.total();
+    assert!(
+        total <= r.processor_s + 1e-9,
+        "causes {total} s over processor time {} s: {r:?}",
+        r.processor_s
+    );
+    for (cause, seconds) in r.seconds.named() {
+        assert!(r.share(seconds) <= 1.0, "{cause}: {r:?}");
+    }
+}
