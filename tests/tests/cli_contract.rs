@@ -67,6 +67,46 @@ fn exit_codes_and_json_scripts_can_rely_on() {
     let stderr = text(&out.stderr);
     assert!(stderr.contains(&addr), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    // A connection error says each cause once.
+    assert_eq!(stderr.matches("tcp connect error").count(), 1, "{stderr}");
+
+    // Usage errors exit 2, as clap's own do: `stoke set` with nothing to
+    // set, in one line that does not repeat the program's name.
+    let out = coordinator.cli(&["set", &job_id]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("stoke: stoke"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // status --json has the pace Client.submit returns; submit --watch's
+    // stdout is the job as it ends, nothing before it.
+    let status = coordinator.status(&job_id);
+    for field in ["records_per_s", "eta_s", "crashes", "isolating"] {
+        assert!(status.get(field).is_some(), "{field} missing: {status}");
+    }
+    let addr = format!("127.0.0.1:{}", coordinator.port());
+    let watched = {
+        let (addr, spec) = (addr.clone(), spec.clone());
+        std::thread::spawn(move || stoke_cli(&["--coordinator", &addr, "submit", &spec, "--watch"]))
+    };
+    // Its worker once it is submitted (the first left when idle).
+    wait_until("the second job", DEADLINE, || {
+        let out = coordinator.cli(&["jobs", "--json"]);
+        let jobs: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        (jobs.as_array()?.len() == 2).then_some(())
+    });
+    let _w2 = coordinator.worker("stoke-worker", "w2", tmp.path());
+    let out = watched.join().expect("submit --watch");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.starts_with("job: "), "{stdout}");
+    assert!(
+        text(&out.stderr).contains("submitted job "),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// `--addr-file` appears only once the coordinator holds its root and has
