@@ -90,26 +90,65 @@ fn sigterm_checkpoints_releases_and_exits_zero_and_another_worker_continues() {
     assert_matches_reference(&committed_rows(&manifest(&root, &job_id)));
 }
 
+/// A worker whose model hangs after its 110th batch (a checkpoint every
+/// 100 commits the first 100): a SIGTERM then cannot finish its batch, so
+/// what ends the worker is the second signal, or the grace period.
+fn hung_worker(coordinator: &Coordinator, dir: &Path, grace: &str) -> Proc {
+    coordinator.worker_with(
+        "stoke-worker",
+        "first",
+        dir,
+        &["--grace-period", grace],
+        &[("FAILPOINTS", "worker::after_batch=110*off->sleep(600000)")],
+    )
+}
+
 #[test]
 fn a_second_sigterm_exits_at_once_and_the_last_commit_still_counts() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().join("root");
     let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "2s"]);
-    // Checkpoints far apart, so the first SIGTERM's checkpoint is still
-    // pending when the second arrives... or not: either way no data is lost.
     let job_id = coordinator.submit(&spec_file(tmp.path(), "job.toml", long_shard_spec(100)));
-    let first = coordinator.worker_with(
-        "stoke-worker",
-        "first",
-        tmp.path(),
-        &["--grace-period", "60s"],
-        &[],
-    );
+    let mut first = hung_worker(&coordinator, tmp.path(), "600s");
+    wait_first_checkpoints(&root, &job_id, 100);
+    // The first signal, and its effect seen, before the second: the worker
+    // stops taking work and waits for its (hung) batch.
+    signal(first.pid(), libc::SIGTERM);
+    wait_until("the first signal to be heard", DEADLINE, || {
+        first.log_text().contains("signal received").then_some(())
+    });
+    assert!(first.exited().is_none(), "{}", first.log_text());
+    signal(first.pid(), libc::SIGTERM);
+    let exit = first.wait_exit(DEADLINE);
+    let log = first.log_text();
+    assert_eq!(exit.code(), Some(1), "exits at once, not cleanly: {log}");
+    assert!(log.contains("second signal: exiting now"), "{log}");
+    assert!(!log.contains("grace period over"), "{log}");
+    // The job had work left; what was committed counts, the rest is done
+    // by the next worker, every record once.
+    let status = coordinator.status(&job_id);
+    assert_eq!(status["state"], "running", "{status}");
+    let _second = coordinator.worker("stoke-worker", "second", tmp.path());
+    let status = coordinator.wait_job(&job_id);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    assert_matches_reference(&committed_rows(&manifest(&root, &job_id)));
+}
+
+#[test]
+fn a_sigterm_past_the_grace_period_exits_at_once() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "2s"]);
+    let job_id = coordinator.submit(&spec_file(tmp.path(), "job.toml", long_shard_spec(100)));
+    let mut first = hung_worker(&coordinator, tmp.path(), "1s");
     wait_first_checkpoints(&root, &job_id, 100);
     signal(first.pid(), libc::SIGTERM);
-    signal(first.pid(), libc::SIGTERM);
-    let mut first = first;
-    first.wait_exit(DEADLINE);
+    let exit = first.wait_exit(DEADLINE);
+    let log = first.log_text();
+    assert_eq!(exit.code(), Some(1), "{log}");
+    assert!(log.contains("signal received"), "{log}");
+    assert!(log.contains("grace period over: exiting now"), "{log}");
+    assert!(!log.contains("second signal"), "{log}");
     let _second = coordinator.worker("stoke-worker", "second", tmp.path());
     let status = coordinator.wait_job(&job_id);
     assert_eq!(status["state"], "succeeded", "{status}");
