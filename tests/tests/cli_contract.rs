@@ -179,6 +179,9 @@ fn mask_has(status: &str, field: &str, sig: i32) -> bool {
 fn sigterm_while_a_worker_starts_exits_cleanly() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let coordinator = Coordinator::start(&tmp.path().join("root"), tmp.path(), &[]);
+    // Work is waiting: a worker that ignored the signal would take it.
+    let spec = write_spec(tmp.path(), &fixture_spec("parquet", ""));
+    let job_id = coordinator.submit(&spec);
     let mut w = coordinator.worker("stoke-worker", "starting", tmp.path());
     let status_file = format!("/proc/{}/status", w.pid());
     // SIGTERM is blocked from before the libraries' initialisers run.
@@ -190,8 +193,20 @@ fn sigterm_while_a_worker_starts_exits_cleanly() {
     let exit = w.wait_exit(DEADLINE);
     assert_eq!(exit.code(), Some(0), "{exit}: {}", w.log_text());
     let log = w.log_text();
-    assert!(log.contains("signal received"), "{log}");
+    // The start-up path's own message, not the running worker's.
+    assert!(
+        log.contains("signal received during start-up: stopping before taking any lease"),
+        "{log}"
+    );
     assert!(!log.contains("lease taken"), "{log}");
+    // And the coordinator agrees: no lease went out, the job waits.
+    let (_, body) = coordinator.http("/metrics").expect("/metrics");
+    assert_eq!(
+        metric(&body, "stoke_leases_granted_total"),
+        Some(0.0),
+        "{body}"
+    );
+    assert_eq!(coordinator.status(&job_id)["records_done"], 0);
 }
 
 /// Runs `cmd` with its stdout a pipe whose only reader is gone before the
