@@ -324,6 +324,7 @@ pub fn run(plan: &ChaosPlan) -> ChaosReport {
     let mut skipped = 0;
     let mut stops_past_lease = 0;
     let mut kills_mid_shard = 0;
+    let mut restarts_with_leases = 0;
     let mut sigterm_failures = Vec::new();
     let mut fleet_respawns = 0;
     for (i, (&event, &planned)) in events.iter().zip(&thresholds).enumerate() {
@@ -349,8 +350,9 @@ pub fn run(plan: &ChaosPlan) -> ChaosReport {
         std::thread::sleep(rng.millis(0, 300));
         let detail = match event {
             ChaosEvent::KillWorker => {
-                fleet_respawns += keep_fleet(&mut cluster, plan, &mut unexpected_exits);
-                let k = rng.below(cluster.live.len());
+                // A worker in the middle of a shard: a kill must cost an
+                // attempt, or it tests nothing.
+                let (k, _) = pick_working(&mut cluster, &mut rng, plan, &mut unexpected_exits);
                 let held = held_by(&cluster, k);
                 if !held.is_empty() {
                     kills_mid_shard += 1;
@@ -384,6 +386,12 @@ pub fn run(plan: &ChaosPlan) -> ChaosReport {
                 )
             }
             ChaosEvent::RestartCoordinator => {
+                let in_flight = cluster.lease_holders().map_or(0, |h| {
+                    h.iter().map(|(_, shards)| shards.len()).sum::<usize>()
+                });
+                if in_flight > 0 {
+                    restarts_with_leases += 1;
+                }
                 cluster.coordinator.kill9();
                 let down = rng.millis(0, 1000);
                 std::thread::sleep(down);
@@ -497,6 +505,7 @@ pub fn run(plan: &ChaosPlan) -> ChaosReport {
         skipped,
         stops_past_lease,
         kills_mid_shard,
+        restarts_with_leases,
         resumed_attempts: logs
             .iter()
             .flat_map(|(_, l)| l.lines())

@@ -165,6 +165,8 @@ pub struct ChaosReport {
     pub stops_past_lease: usize,
     /// Worker kill -9s that hit a worker holding a lease (mid-shard).
     pub kills_mid_shard: usize,
+    /// Coordinator restarts while workers held leases.
+    pub restarts_with_leases: usize,
     /// Leases taken with `next_batch > 0`: attempts that resumed a shard
     /// from another attempt's last checkpoint.
     pub resumed_attempts: usize,
@@ -227,6 +229,24 @@ impl ChaosReport {
                 ));
             }
         }
+        // The faults must have landed where they test something: kills in
+        // the middle of a shard, a freeze the coordinator took the lease
+        // back from, a restart with leases in flight. A run whose kills all
+        // hit idle workers proves nothing.
+        let kills = self.injected(ChaosEvent::KillWorker);
+        if self.kills_mid_shard < kills.div_ceil(2) {
+            p.push(format!(
+                "only {} of {kills} kill -9s hit a worker mid-shard (at least {} must)",
+                self.kills_mid_shard,
+                kills.div_ceil(2)
+            ));
+        }
+        if self.injected(ChaosEvent::StopWorker) > 0 && self.stops_past_lease == 0 {
+            p.push("no SIGSTOP lasted until the coordinator took the lease back".to_string());
+        }
+        if self.injected(ChaosEvent::RestartCoordinator) > 0 && self.restarts_with_leases == 0 {
+            p.push("no coordinator restart happened with leases in flight".to_string());
+        }
         p.extend(self.sigterm_failures.iter().cloned());
         p.extend(self.unexpected_exits.iter().cloned());
         p.extend(self.panics.iter().map(|l| format!("panic: {l}")));
@@ -263,11 +283,12 @@ impl fmt::Display for ChaosReport {
         )?;
         writeln!(
             f,
-            "  events injected:    {} worker kill -9 ({} mid-shard), {} worker SIGTERM, {} coordinator kill -9 + restart, {} worker SIGSTOP/SIGCONT ({} past the lease){}",
+            "  events injected:    {} worker kill -9 ({} mid-shard), {} worker SIGTERM, {} coordinator kill -9 + restart ({} with leases in flight), {} worker SIGSTOP/SIGCONT ({} past the lease){}",
             self.injected(ChaosEvent::KillWorker),
             self.kills_mid_shard,
             self.injected(ChaosEvent::TermWorker),
             self.injected(ChaosEvent::RestartCoordinator),
+            self.restarts_with_leases,
             self.injected(ChaosEvent::StopWorker),
             self.stops_past_lease,
             if self.skipped > 0 {
