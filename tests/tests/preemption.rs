@@ -4,7 +4,7 @@
 //! error policy.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use stoke_tests::*;
 
@@ -182,8 +182,14 @@ fn pause_drains_the_workers_and_resume_continues_from_the_checkpoints() {
     assert_eq!(status["reason"], "quota");
     let held = progress(&root, &job_id, "s00000").expect("progress");
     assert!(!held.done);
-    // Paused: the worker waits (it does not exit, nothing is leased).
-    std::thread::sleep(Duration::from_millis(500));
+    // Paused: the worker waits (it does not exit, nothing is leased). Seen
+    // as the coordinator counting its idle time as the job's `paused`,
+    // which only a worker still connected, and idle, gives.
+    wait_until("the idle worker's time counted as paused", DEADLINE, || {
+        let out = coordinator.cli(&["report", &job_id, "--json"]);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        (report["seconds"]["paused"].as_f64()? > 0.0).then_some(())
+    });
     assert!(
         worker.child.try_wait().expect("try_wait").is_none(),
         "the worker left"
