@@ -297,11 +297,13 @@ fn an_evicted_worker_checkpoints_within_its_grace_and_a_replacement_finishes_the
         "exit status {status}: {}",
         first.log_text()
     );
-    assert!(
-        took < grace,
-        "the worker took {took:?}, past its grace period {grace:?}"
-    );
+    // Within its grace period: a worker past it exits 1 saying so (not a
+    // wall-clock bound, which a loaded machine would break).
     let log = first.log_text();
+    assert!(
+        !log.contains("grace period over"),
+        "the worker ran past its grace period {grace:?} ({took:?}): {log}"
+    );
     assert!(log.contains("checkpointed; releasing lease"), "{log}");
     let stopped_at = progress(&root, &job_id, "s00000").expect("progress");
     assert!(!stopped_at.done, "the shard finished before the SIGTERM");
