@@ -563,6 +563,10 @@ fn attribute(
     if dt.is_zero() {
         return;
     }
+    // Wall time per lease held, for the worker's pace (`pace.rs`).
+    for (job_id, _) in &s.leases {
+        s.paces.entry(job_id).hold(dt);
+    }
     let time = dt * s.devices.len().max(1) as u32;
     let mut held: Vec<&str> = s.leases.iter().map(|(j, _)| j.as_str()).collect();
     held.sort_unstable();

@@ -434,6 +434,10 @@ impl State {
         });
         let running = job.state == JobState::Running;
         job.set_progress(idx, progress);
+        // The holder's pace (`pace.rs`): what it committed, by wall time.
+        if let Some(session) = sessions.get_mut(&commit.session_id) {
+            session.committed(&key.job_id, commit.records, now);
+        }
         // What the holder had at risk is committed now.
         if let Some(lease) = job.shards[idx].lease.as_mut() {
             lease.work = Default::default();

@@ -31,7 +31,7 @@ impl State {
         };
         let worker_id = session.worker_id.clone();
         // Which job goes first: `schedule.rs`.
-        let (chosen, any_unfinished) = self.choose(&worker_id);
+        let (chosen, any_unfinished) = self.choose(session_id, &worker_id, now);
         let Some(super::schedule::Choice { job_id, pos }) = chosen else {
             if !self.waiting.iter().any(|s| s == session_id) {
                 self.waiting.push_back(session_id.to_string());
@@ -39,7 +39,7 @@ impl State {
             // Nothing pending: split a leased shard's remainder for this
             // worker (it is woken once the split is stored).
             if any_unfinished {
-                self.try_split(session_id);
+                self.try_split(session_id, now);
             }
             if let Some(session) = self.sessions.get_mut(session_id) {
                 session.waiting_since.get_or_insert(now);

@@ -33,6 +33,8 @@
 //!   fluke (two workers, every first attempt) fails the job at once;
 //! - `split.rs`: splitting a leased shard for an idle worker at a job's
 //!   tail;
+//! - `pace.rs`: each worker's pace on each job (records committed per
+//!   second of lease held), which splits go by;
 //! - `finish.rs`: a job whose every shard is done: manifest and success;
 //! - `account.rs`: each job's processor time by cause (its efficiency
 //!   report);
@@ -45,6 +47,7 @@ mod effects;
 mod finish;
 mod jobs;
 mod leases;
+mod pace;
 mod recover;
 mod repeats;
 mod schedule;
@@ -76,7 +79,7 @@ pub use commit::{
 pub use crash::{Verdict, judge};
 pub use effects::{Answer, CreateJob, Effect, FinishJob, Io, IoId, ReqId};
 pub use schedule::WaitReason;
-pub use split::{SPLIT_IN_PROCESS_BATCHES, Share, SplitPoint, split_point};
+pub use split::{PROBE_LEAD, SPLIT_IN_PROCESS_BATCHES, Share, SplitPoint, split_point};
 pub use view::ErrorSources;
 pub use view::JobOutputs;
 
@@ -125,6 +128,10 @@ struct ShardState {
     /// A progress record of this shard (a commit's, or a failed
     /// attempt's) is being written: the lease stays put until it is.
     writing: bool,
+    /// Made by a split for this session (sized to its pace), until then:
+    /// other workers leave it while that session waits for it (see
+    /// `split.rs`).
+    reserved: Option<(String, Instant)>,
 }
 
 struct Job {
@@ -248,6 +255,7 @@ impl Job {
                 }),
                 lease: None,
                 writing: false,
+                reserved: None,
             })
             .collect();
         let shard_index = plan
@@ -375,6 +383,8 @@ struct Session {
     /// Since when it has asked for work and got none (for the lease-wait
     /// histogram).
     waiting_since: Option<Instant>,
+    /// Its pace on each job it committed to lately (see `pace.rs`).
+    paces: pace::Paces,
     /// Its processor time per job, as last reported.
     reported: HashMap<String, stoke_core::lease::JobStages>,
     /// Its time is given to jobs up to here (see `account.rs`).

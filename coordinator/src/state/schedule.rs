@@ -170,9 +170,15 @@ impl State {
             .collect()
     }
 
-    /// The shard a worker should get now, if any; and whether any job is
-    /// unfinished (so the worker waits rather than idles).
-    pub(super) fn choose(&self, worker_id: &str) -> (Option<Choice>, bool) {
+    /// The shard session `session_id` (of `worker_id`) should get now, if
+    /// any; and whether any job is unfinished (so the worker waits rather
+    /// than idles).
+    pub(super) fn choose(
+        &self,
+        session_id: &str,
+        worker_id: &str,
+        now: Instant,
+    ) -> (Option<Choice>, bool) {
         // A shard whose last attempt failed on this worker goes to another
         // one while others are connected.
         let others_connected = self.sessions.values().any(|s| s.worker_id != worker_id);
@@ -212,8 +218,11 @@ impl State {
                 continue;
             }
             let pick = job.pending.iter().position(|&i| {
-                !others_connected
-                    || job.shards[i].progress.last_failed_worker.as_deref() != Some(worker_id)
+                let shard = &job.shards[i];
+                (!others_connected
+                    || shard.progress.last_failed_worker.as_deref() != Some(worker_id))
+                    // A split's new shard is sized for its asker.
+                    && !self.reserved_for_another(shard, session_id, now)
             });
             if let Some(pos) = pick {
                 let choice = Choice {

@@ -45,6 +45,7 @@ impl State {
                 events_tx: events_tx.clone(),
                 leases: HashSet::new(),
                 waiting_since: None,
+                paces: Default::default(),
                 reported: Default::default(),
                 accounted_at: now,
             },

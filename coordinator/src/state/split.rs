@@ -1,11 +1,22 @@
 //! Splitting a leased shard at the tail of a job.
 //!
 //! When a worker asks for work and nothing is pending, the leased shard
-//! with the longest remainder is split: its holder keeps the records up to
-//! the split point, and a new shard holding the rest goes to the queue
-//! (and so to the worker that asked). Both halves keep the planned shard's
+//! that would end last is split: its holder keeps the records up to the
+//! split point, and a new shard holding the rest goes to the queue, for
+//! the worker that asked (others leave it to that worker while it comes
+//! for it, a retry interval at most). Both halves keep the planned shard's
 //! source and record offsets (`plan::Cut`), so records keep their ids and
 //! the batches are cut where the unsplit shard would have cut them.
+//!
+//! How much goes, and which shard, is judged by the two workers' paces:
+//! records committed per second of lease held, by the coordinator's clock
+//! (`pace.rs`). A worker with no pace yet gets a probe ([`Share`]): half
+//! of a remainder to a new worker that turns out slow made it the job's
+//! tail. A shard ends, as things stand, when its records left are done at
+//! its holder's pace; the one that would end last is split first, so a
+//! slow holder (one that took a split and then slowed down, too) is split
+//! again while others are idle, down to the floor, before a longer
+//! remainder that a fast holder will finish sooner.
 //!
 //! The split point lies past everything the holder has committed plus what
 //! it may have processed since: a checkpoint interval of batches and the
@@ -30,9 +41,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use stoke_core::StoreUri;
-use stoke_core::lease::{LeaseKey, SessionEvent, StageTotals};
+use stoke_core::lease::{LeaseKey, SessionEvent};
 use stoke_core::plan::{Cut, Plan, Shard};
 use stoke_core::records::{JobState, ProgressRecord};
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::account::Lost;
@@ -44,6 +56,13 @@ use crate::error::Result;
 /// checkpoint interval: the one in `process_batch` when the split lands.
 pub const SPLIT_IN_PROCESS_BATCHES: u64 = 1;
 
+/// A probe is split only off a shard with at least this many probes'
+/// worth of records left: a new worker ten times as slow as the holder,
+/// its start-up (model load, first read) included, still ends its probe
+/// before the holder ends. Later in a shard the probe would risk the tail
+/// for little: the holder is nearly through.
+pub const PROBE_LEAD: u64 = 10;
+
 /// A split whose progress records are being stored.
 pub(super) struct SplitWrite {
     job_id: String,
@@ -51,6 +70,8 @@ pub(super) struct SplitWrite {
     holder: ProgressRecord,
     child: ProgressRecord,
     log_uri: StoreUri,
+    /// Who the new shard is sized for.
+    asker: String,
 }
 
 /// Where a shard could be split, if it is long enough.
@@ -67,11 +88,12 @@ pub struct SplitPoint {
 
 /// The split point of a shard that covers origin offsets `from..until`,
 /// whose first `committed` records (and `next_batch` batches) are
-/// committed: past the holder's in-flight window of
-/// `interval + SPLIT_IN_PROCESS_BATCHES` batches, then `share` of what is
-/// left goes to the new shard (rounded down to whole batches), on a batch
-/// boundary. `None` when the new shard would be shorter than the floor
-/// (one checkpoint interval of batches).
+/// committed, on a batch boundary. The holder keeps its in-flight window
+/// of `interval + SPLIT_IN_PROCESS_BATCHES` batches past the committed
+/// ones whatever the share; the new shard gets (see [`Share`]) a probe,
+/// all but a probe, or its part of every batch left (at most all those
+/// past the window). `None` when the new shard would be shorter than the
+/// floor (one checkpoint interval of batches).
 pub fn split_point(
     from: u64,
     until: u64,
@@ -88,8 +110,20 @@ pub fn split_point(
     let left_batches = left.div_ceil(bs);
     let margin = interval + SPLIT_IN_PROCESS_BATCHES;
     let spare = left_batches.checked_sub(margin)?;
-    let give = spare * u64::from(share.0) / u64::from(Share::WHOLE);
-    let keep = margin + (spare - give);
+    let give = match share {
+        // The last batch may be short: one more, so the probe holds the
+        // floor's records.
+        Share::Probe => interval + u64::from(left % bs != 0),
+        Share::LeaveProbe => spare.saturating_sub(interval),
+        Share::Part(part) => {
+            let part = u128::from(left_batches) * u128::from(part) / u128::from(Share::WHOLE);
+            u64::try_from(part).ok()?.min(spare)
+        }
+    };
+    if give > spare {
+        return None;
+    }
+    let keep = left_batches - give;
     let at = at_committed.checked_add(keep.checked_mul(bs)?)?;
     let records = until.checked_sub(at)?;
     (records >= interval * bs).then_some(SplitPoint {
@@ -99,37 +133,50 @@ pub fn split_point(
     })
 }
 
-/// What part of a split shard's spare batches the new shard gets, in
-/// thousandths: the asker's share of the two workers' throughput, so that
-/// both parts end about together (a slow worker asking takes little, a
-/// fast one asking a slow holder takes most); half while either has no
-/// throughput to go by.
+/// What part of a split shard the new shard gets, from the two workers'
+/// paces on the job (records committed per second of lease held, see
+/// `pace.rs`).
+///
+/// A worker whose pace is not known yet (it has committed nothing of the
+/// job: it has just started, or it is stuck) is trusted with little: as
+/// the asker it gets a probe, the floor; as the holder it keeps a probe
+/// past its in-flight window and the asker takes the rest. Its next split
+/// goes by its pace. Half of a remainder to a worker that turns out slow
+/// would leave it the tail of the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Share(pub u32);
+pub enum Share {
+    /// The asker has no pace: it gets the floor.
+    Probe,
+    /// The holder has no pace: it keeps the floor past its in-flight
+    /// window, the asker gets the rest.
+    LeaveProbe,
+    /// Both paces known: the asker's part of the batches left, in
+    /// thousandths, its share of the two paces, so that both parts end
+    /// about together (a slow worker asking takes little, a fast one
+    /// asking a slow holder takes most).
+    Part(u32),
+}
 
 impl Share {
     pub const WHOLE: u32 = 1000;
-    pub const HALF: Share = Share(500);
+    pub const HALF: Share = Share::Part(500);
 
-    /// The asker's part, from the two workers' records per second.
+    /// The new shard's part, from the asker's and the holder's records
+    /// per second.
     pub fn of(asker: Option<f64>, holder: Option<f64>) -> Share {
-        match (asker, holder) {
-            (Some(a), Some(h)) if a > 0.0 && h > 0.0 && (a + h).is_finite() => {
-                // Never all of it: the holder keeps some spare batches, in
-                // case the throughputs were a moment's.
+        let known = |r: Option<f64>| r.filter(|r| r.is_finite() && *r >= 0.0);
+        match (known(asker), known(holder)) {
+            (None, _) => Share::Probe,
+            (Some(_), None) => Share::LeaveProbe,
+            (Some(a), Some(h)) if a + h > 0.0 => {
+                // Never all of it: the holder keeps some of its part, in
+                // case the paces were a moment's.
                 let part = (a / (a + h) * f64::from(Self::WHOLE)).round() as u32;
-                Share(part.clamp(50, 950))
+                Share::Part(part.clamp(50, 950))
             }
-            _ => Self::HALF,
+            (Some(_), Some(_)) => Self::HALF,
         }
     }
-}
-
-/// A worker's records per second of processor time, from what it
-/// reported with its heartbeats (`None` before it reported any).
-fn throughput(stages: &StageTotals) -> Option<f64> {
-    let busy_ms = stages.model_ms + stages.input_wait_ms + stages.checkpoint_ms;
-    (stages.records > 0 && busy_ms > 0).then(|| stages.records as f64 * 1000.0 / busy_ms as f64)
 }
 
 /// Rebuilds a job's plan as its splits left it: a stored progress record
@@ -181,10 +228,20 @@ impl Job {
             && spec.batching.max_elements.is_none()
     }
 
-    /// The split point of shard `idx`, if it is leased and long enough.
-    fn split_point_of(&self, idx: usize, share: Share) -> Option<SplitPoint> {
-        let state = &self.shards[idx];
+    /// Shard `idx`'s origin offsets `from..until`, where it has an end.
+    fn range_of(&self, idx: usize) -> Option<(u64, u64)> {
         let shard = &self.plan.shards[idx];
+        let from = shard.from_record();
+        let until = shard
+            .until_record()
+            .or_else(|| shard.records.map(|n| from + n))?;
+        Some((from, until))
+    }
+
+    /// The split point of shard `idx`, if it is leased and long enough,
+    /// and the records it has left.
+    fn split_point_of(&self, idx: usize, share: Share) -> Option<(SplitPoint, u64)> {
+        let state = &self.shards[idx];
         // A shard that isolates a crash is not split: one attempt at a time
         // narrows its suspect down.
         if state.lease.is_none()
@@ -194,11 +251,8 @@ impl Job {
         {
             return None;
         }
-        let from = shard.from_record();
-        let until = shard
-            .until_record()
-            .or_else(|| shard.records.map(|n| from + n))?;
-        split_point(
+        let (from, until) = self.range_of(idx)?;
+        let point = split_point(
             from,
             until,
             state.progress.records,
@@ -206,7 +260,9 @@ impl Job {
             self.spec.batching.batch_size,
             self.spec.checkpoint.interval,
             share,
-        )
+        )?;
+        let left = until.saturating_sub(from + state.progress.records);
+        Some((point, left))
     }
 
     /// The id of the next shard split off `origin`: `s00003.1`, `.2`, ...
@@ -228,48 +284,104 @@ impl Job {
     }
 }
 
+/// A shard that could be split for an asker, and how it ranks.
+struct Candidate<'a> {
+    job_id: &'a str,
+    idx: usize,
+    point: SplitPoint,
+    share: Share,
+    /// When its holder would finish it as things stand: records left at
+    /// the holder's pace.
+    ends_in: f64,
+}
+
+impl Candidate<'_> {
+    /// The shard that would end last goes first (ties: the first shard).
+    fn before(&self, other: &Candidate) -> bool {
+        match self.ends_in.total_cmp(&other.ends_in) {
+            std::cmp::Ordering::Equal => (self.job_id, self.idx) < (other.job_id, other.idx),
+            o => o.is_gt(),
+        }
+    }
+}
+
+/// When a holder would finish `left` records at `pace` (records/s): a
+/// holder that stalled (a pace of 0) never does; with no pace to go by
+/// (no worker has one yet), the records alone rank the shards.
+fn ends_in(left: u64, pace: Option<f64>) -> f64 {
+    match pace {
+        Some(p) if p > 0.0 => left as f64 / p,
+        Some(_) => f64::INFINITY,
+        None => left as f64,
+    }
+}
+
 impl State {
-    /// Nothing is pending for `session_id`: splits the leased shard (of
-    /// any running job) with the longest remainder. True when a split was
+    /// Nothing is pending for `session_id`: splits a leased shard (of any
+    /// running job) for it: the one that would end last, at its holder's
+    /// pace. A slow holder that took a split earlier is so split again
+    /// while others are idle, down to the floor. True when a split was
     /// started; the asker is woken once it is stored.
-    pub(super) fn try_split(&mut self, session_id: &str) -> bool {
+    pub(super) fn try_split(&mut self, session_id: &str, now: Instant) -> bool {
         // One split per waiting worker at a time: a worker that asks again
         // before its split is stored must not split a second shard.
         if self.splits_in_flight >= self.waiting.len() {
             return false;
         }
-        let asker = self
-            .sessions
-            .get(session_id)
-            .and_then(|s| throughput(&s.stages));
+        let Some(asker) = self.sessions.get(session_id) else {
+            return false;
+        };
         let may_lease = self.jobs_that_may_lease_more();
-        let mut best: Option<(String, usize, SplitPoint)> = None;
-        for (holder, session) in &self.sessions {
-            if holder == session_id {
+        // Per job: the asker's pace, and the fleet's median (which ranks
+        // a holder that has none yet).
+        let mut paces: HashMap<&str, (Option<f64>, Option<f64>)> = HashMap::new();
+        let mut best: Option<Candidate> = None;
+        for (holder_id, holder) in &self.sessions {
+            if holder_id == session_id {
                 continue;
             }
-            let share = Share::of(asker, throughput(&session.stages));
-            for (job_id, idx) in &session.leases {
+            for (job_id, idx) in &holder.leases {
                 let Some(job) = self.jobs.get(job_id) else {
                     continue;
                 };
                 if !job.splittable() || !may_lease.contains(job_id.as_str()) {
                     continue;
                 }
-                let Some(point) = job.split_point_of(*idx, share) else {
+                let (asker_pace, median) = *paces
+                    .entry(job_id.as_str())
+                    .or_insert_with(|| (asker.pace(job_id, now), self.median_pace(job_id, now)));
+                let holder_pace = holder.pace(job_id, now);
+                let share = Share::of(asker_pace, holder_pace);
+                let Some((point, left)) = job.split_point_of(*idx, share) else {
                     continue;
                 };
-                if best
-                    .as_ref()
-                    .is_none_or(|(_, _, b)| point.records > b.records)
-                {
-                    best = Some((job_id.clone(), *idx, point));
+                if share == Share::Probe && left < PROBE_LEAD.saturating_mul(point.records) {
+                    continue;
+                }
+                let candidate = Candidate {
+                    job_id: job_id.as_str(),
+                    idx: *idx,
+                    point,
+                    share,
+                    ends_in: ends_in(left, holder_pace.or(median)),
+                };
+                if best.as_ref().is_none_or(|b| candidate.before(b)) {
+                    best = Some(candidate);
                 }
             }
         }
-        let Some((job_id, idx, point)) = best else {
+        let Some(Candidate {
+            job_id,
+            idx,
+            point,
+            share,
+            ends_in,
+        }) = best
+        else {
             return false;
         };
+        let job_id = job_id.to_string();
+        let asker_pace = asker.pace(&job_id, now);
         let holder_seq = self.next_seq();
         let child_seq = self.next_seq();
         let Some(job) = self.jobs.get_mut(&job_id) else {
@@ -320,13 +432,14 @@ impl State {
             uri: log_uri.clone(),
             bytes: progress_log([&holder, &child].into_iter()),
         };
-        info!(job = %job_id, shard = %holder.shard_id, new_shard = %child_id, at = point.at, records = point.records, "splitting a leased shard");
+        info!(job = %job_id, shard = %holder.shard_id, new_shard = %child_id, at = point.at, records = point.records, ?share, asker_pace, holder_ends_in_s = ends_in, "splitting a leased shard");
         let write = SplitWrite {
             job_id,
             idx,
             holder,
             child,
             log_uri,
+            asker: session_id.to_string(),
         };
         self.splits_in_flight += 1;
         self.start_io(io, Then::Split(Box::new(write)));
@@ -342,6 +455,7 @@ impl State {
             holder,
             child,
             log_uri,
+            asker,
         } = write;
         self.splits_in_flight = self.splits_in_flight.saturating_sub(1);
         let Some(job) = self.jobs.get_mut(&job_id) else {
@@ -373,6 +487,10 @@ impl State {
             }),
             lease: None,
             writing: false,
+            // Sized for the asker: others leave it to it while it comes
+            // for it (it is woken below, and asks at least every
+            // `wait_retry` anyway).
+            reserved: Some((asker.clone(), Instant::now() + self.config.wait_retry)),
         });
         job.shard_index.insert(child.shard_id.clone(), child_idx);
         job.set_progress(idx, holder);
@@ -396,9 +514,40 @@ impl State {
             self.tell_split(&session_id, key, until);
         }
         if running {
-            self.wake(1);
+            self.wake_asker(&asker);
         }
         self.requeue_orphan(&job_id, idx);
+    }
+
+    /// Wakes the worker a split was made for, if it still waits (else
+    /// whoever waits longest). It stays among the waiting until it takes
+    /// a lease, which is what keeps its reservation (see
+    /// [`State::reserved_for_another`]).
+    fn wake_asker(&mut self, asker: &str) {
+        let waits = self.waiting.iter().any(|s| s == asker);
+        match self.sessions.get(asker).filter(|_| waits) {
+            // Best effort: a worker that misses it asks again after its
+            // pause.
+            Some(session) => {
+                let _ = session.events_tx.try_send(SessionEvent::Wake);
+            }
+            None => self.wake(1),
+        }
+    }
+
+    /// Whether `shard` is a split's new shard that waits for the worker
+    /// it was sized for, another than `session_id`: until that worker
+    /// takes a lease (any: then it no longer waits), goes away, or the
+    /// reservation lapses.
+    pub(super) fn reserved_for_another(
+        &self,
+        shard: &ShardState,
+        session_id: &str,
+        now: Instant,
+    ) -> bool {
+        shard.reserved.as_ref().is_some_and(|(asker, until)| {
+            asker != session_id && *until > now && self.waiting.iter().any(|s| s == asker)
+        })
     }
 
     /// The holder of shard `idx` went away while a write of the shard was
@@ -442,67 +591,105 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_split_point_leaves_the_in_flight_window_and_halves_the_rest() {
+    fn the_split_point_leaves_the_in_flight_window_and_gives_a_part_of_the_rest() {
         // 1000 records, batches of 10, interval 2: nothing committed, the
-        // holder may have 2 + 1 batches processed; 97 batches are spare,
-        // it keeps 3 + 49 = 52 batches, the new shard gets 480 records.
+        // holder may have 2 + 1 batches processed; of the 100 batches
+        // left, half go to the new shard.
         let p = split_point(0, 1000, 0, 0, 10, 2, Share::HALF).expect("split");
         assert_eq!(
             p,
             SplitPoint {
-                at: 520,
-                first_batch: 52,
-                records: 480
+                at: 500,
+                first_batch: 50,
+                records: 500
             }
         );
         // A shard made by a split, partly committed: offsets stay the
         // origin's and batch numbers go on from the committed ones.
         let p = split_point(530, 1000, 100, 63, 10, 2, Share::HALF).expect("split");
-        // 37 batches left: 3 in flight, 17 of the 34 spare kept.
-        assert_eq!(p.at, 630 + 30 + 170);
-        assert_eq!(p.first_batch, 63 + 3 + 17);
+        // 37 batches left: 18 go, 19 stay.
+        assert_eq!(p.at, 630 + 190);
+        assert_eq!(p.first_batch, 63 + 19);
         assert_eq!(p.records, 1000 - p.at);
         // A short last batch counts as a batch.
         let p = split_point(0, 995, 0, 0, 10, 2, Share::HALF).expect("split");
-        assert_eq!((p.at, p.records), (520, 475));
+        assert_eq!((p.at, p.records), (500, 495));
+        // However large the part, the holder keeps its in-flight window.
+        let p = split_point(0, 100, 0, 0, 10, 2, Share::Part(950)).expect("split");
+        assert_eq!((p.at, p.records), (30, 70));
+    }
+
+    #[test]
+    fn a_worker_without_a_pace_is_trusted_with_a_probe() {
+        // The asker has none: the floor (2 batches), from the end.
+        assert_eq!(Share::of(None, Some(5.0)), Share::Probe);
+        assert_eq!(Share::of(None, None), Share::Probe);
+        let p = split_point(0, 1000, 0, 0, 10, 2, Share::Probe).expect("split");
+        assert_eq!(
+            p,
+            SplitPoint {
+                at: 980,
+                first_batch: 98,
+                records: 20
+            }
+        );
+        // A short last batch: one batch more, so the probe holds the
+        // floor's records.
+        let p = split_point(0, 995, 0, 0, 10, 2, Share::Probe).expect("split");
+        assert_eq!((p.at, p.records), (970, 25));
+        // The holder has none: it keeps its window (3 batches) and a
+        // probe (2), the asker takes the rest.
+        assert_eq!(Share::of(Some(5.0), None), Share::LeaveProbe);
+        let p = split_point(0, 1000, 0, 0, 10, 2, Share::LeaveProbe).expect("split");
+        assert_eq!((p.at, p.first_batch, p.records), (50, 5, 950));
+        let p = split_point(200, 1000, 300, 30, 10, 2, Share::LeaveProbe).expect("split");
+        assert_eq!((p.at, p.records), (550, 450));
+        // Too short for a probe past the window: no split.
+        assert_eq!(split_point(0, 40, 0, 0, 10, 2, Share::Probe), None);
+        assert!(split_point(0, 50, 0, 0, 10, 2, Share::Probe).is_some());
+        assert_eq!(split_point(0, 60, 0, 0, 10, 2, Share::LeaveProbe), None);
+        assert!(split_point(0, 70, 0, 0, 10, 2, Share::LeaveProbe).is_some());
     }
 
     #[test]
     fn a_faster_asker_takes_more_and_a_slower_one_less() {
         let fast = Share::of(Some(4000.0), Some(1000.0));
-        assert_eq!(fast, Share(800));
-        // 97 spare batches: the new shard gets 77 of them.
+        assert_eq!(fast, Share::Part(800));
+        // 100 batches left: the new shard gets 80 of them.
         let p = split_point(0, 1000, 0, 0, 10, 2, fast).expect("split");
-        assert_eq!((p.at, p.records), (230, 770));
+        assert_eq!((p.at, p.records), (200, 800));
         let slow = Share::of(Some(1000.0), Some(4000.0));
-        assert_eq!(slow, Share(200));
+        assert_eq!(slow, Share::Part(200));
         let p = split_point(0, 1000, 0, 0, 10, 2, slow).expect("split");
-        assert_eq!((p.at, p.records), (810, 190));
+        assert_eq!((p.at, p.records), (800, 200));
         // Too little for the floor: a slow asker does not split a short
         // remainder at all.
-        assert_eq!(split_point(0, 120, 0, 0, 10, 2, slow), None);
-        // Nothing to go by: half; never all.
-        assert_eq!(Share::of(None, Some(5.0)), Share::HALF);
-        assert_eq!(Share::of(Some(1e9), Some(1.0)), Share(950));
-        assert_eq!(throughput(&StageTotals::default()), None);
-        let t = StageTotals {
-            records: 3000,
-            model_ms: 1000,
-            input_wait_ms: 200,
-            checkpoint_ms: 300,
-            ..Default::default()
-        };
-        assert_eq!(throughput(&t), Some(2000.0));
+        assert_eq!(split_point(0, 90, 0, 0, 10, 2, slow), None);
+        // Never all; a stalled worker (a pace of 0) is the slowest.
+        assert_eq!(Share::of(Some(1e9), Some(1.0)), Share::Part(950));
+        assert_eq!(Share::of(Some(10.0), Some(0.0)), Share::Part(950));
+        assert_eq!(Share::of(Some(0.0), Some(10.0)), Share::Part(50));
+        assert_eq!(Share::of(Some(0.0), Some(0.0)), Share::HALF);
+        assert_eq!(Share::of(Some(f64::NAN), Some(1.0)), Share::Probe);
     }
 
     #[test]
     fn no_split_below_the_floor() {
         // 3 in-flight batches, then the new shard needs the floor (2
-        // batches) and the holder at least as much of the spare.
-        assert!(split_point(0, 70, 0, 0, 10, 2, Share::HALF).is_some());
-        assert_eq!(split_point(0, 60, 0, 0, 10, 2, Share::HALF), None);
+        // batches).
+        assert!(split_point(0, 50, 0, 0, 10, 2, Share::HALF).is_some());
+        assert_eq!(split_point(0, 40, 0, 0, 10, 2, Share::HALF), None);
         assert_eq!(split_point(0, 1000, 990, 99, 10, 2, Share::HALF), None);
         // Committed past the end (a bad record count): no split.
         assert_eq!(split_point(0, 100, 200, 20, 10, 2, Share::HALF), None);
+    }
+
+    #[test]
+    fn the_shard_that_would_end_last_is_split_first() {
+        // 1,000 records at 100/s end after 600 at 10/s; with no pace
+        // known, records alone; a stalled holder never ends.
+        assert!(ends_in(1000, Some(100.0)) < ends_in(600, Some(10.0)));
+        assert_eq!(ends_in(600, None), 600.0);
+        assert_eq!(ends_in(1, Some(0.0)), f64::INFINITY);
     }
 }

@@ -1,28 +1,38 @@
 //! Splitting a leased shard at the tail: a worker that asks while nothing
-//! is pending gets the remainder of the longest leased shard, the holder
-//! is told its new end, commits past it are refused, and the split is
-//! stored before anyone acts on it.
+//! is pending gets part of the remainder of the leased shard that would
+//! end last, sized by the two workers' paces (records committed per
+//! second of lease held); the holder is told its new end, commits past it
+//! are refused, and the split is stored before anyone acts on it.
+
+use stoke_coordinator::state::PROBE_LEAD;
+use stoke_core::lease::StageTotals;
+use tokio::time::Instant;
 
 use crate::support::*;
 
-/// Batches of 2, one shard, checkpoints every batch: the holder's in-flight
-/// window is 1 + 1 batches, the floor 1 batch.
-fn split_spec(count: u64) -> JobSpec {
+/// Batches of 2, shards of `shard` records, checkpoints every batch: the
+/// holder's in-flight window is 1 + 1 batches, the floor (a probe) 1
+/// batch.
+fn shards_spec(count: u64, shard: u64) -> JobSpec {
     JobSpec::from_toml(&format!(
         "[dataset]\nformat = \"range\"\ncount = {count}\n[processor]\nname = \"p\"\n\
          [batching]\nbatch_size = {BATCH}\n[checkpoint]\ninterval = 1\n\
-         [sharding]\nrecords = {count}\n"
+         [sharding]\nrecords = {shard}\n"
     ))
     .expect("split spec")
 }
 
-async fn submit_one_shard(state: &mut Inline, stores: &Stores, count: u64) {
-    let spec = split_spec(count);
+async fn submit_shards(state: &mut Inline, stores: &Stores, count: u64, shard: u64) {
+    let spec = shards_spec(count, shard);
     let plan = plan_dataset(&spec, stores).await.expect("plan");
     state
         .create_job("j".to_string(), spec, plan)
         .await
         .expect("create job");
+}
+
+async fn submit_one_shard(state: &mut Inline, stores: &Stores, count: u64) {
+    submit_shards(state, stores, count, count).await;
 }
 
 /// Asks for work as `session` while nothing is pending, lets the split be
@@ -67,8 +77,76 @@ fn commit_records(
     }
 }
 
+/// A worker holding a lease: the next batch it commits, and the batch its
+/// shard ends before (as far as it heard).
+struct Holder {
+    session: String,
+    lease: Lease,
+    next: u64,
+    end: u64,
+}
+
+impl Holder {
+    fn new(session: &str, lease: Lease) -> Self {
+        let records = lease.shard.records.expect("the shard's size");
+        Self {
+            session: session.to_string(),
+            next: lease.next_batch,
+            end: lease.next_batch + records.div_ceil(BATCH),
+            lease,
+        }
+    }
+
+    /// Its shard now ends before origin offset `until` (it heard a split).
+    fn split_at(&mut self, until: u64) {
+        let from = self.lease.shard.from_record();
+        self.end = self.lease.next_batch + (until - from).div_ceil(BATCH);
+    }
+
+    fn batches_left(&self) -> u64 {
+        self.end - self.next
+    }
+
+    /// Commits `batches` more (at most to its end: the shard is done).
+    async fn commit(&mut self, state: &mut Inline, stores: &Stores, batches: u64) {
+        let next = (self.next + batches).min(self.end);
+        let records = (next - self.next) * BATCH;
+        let done = next == self.end;
+        let c = commit_records(&self.session, &self.lease, self.next, next, records, done);
+        state.commit(staged(stores, c).await).await.expect("commit");
+        self.next = next;
+    }
+}
+
+/// `steps` times: the clock moves on 100 ms, then each holder commits its
+/// batches (none for 0: it holds its lease and commits nothing).
+async fn paced(
+    state: &mut Inline,
+    stores: &Stores,
+    holders: &mut [(&mut Holder, u64)],
+    steps: u32,
+) {
+    for _ in 0..steps {
+        advance(Duration::from_millis(100)).await;
+        for (holder, batches) in holders.iter_mut() {
+            if *batches > 0 && holder.batches_left() > 0 {
+                holder.commit(state, stores, *batches).await;
+            }
+        }
+    }
+}
+
+/// A worker's pace on job `j` now.
+fn pace(state: &Inline, session: &str) -> Option<f64> {
+    state.pace(session, "j", Instant::now())
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6
+}
+
 #[tokio::test(start_paused = true)]
-async fn an_idle_ask_splits_the_leased_shard_and_the_holder_is_told() {
+async fn a_new_asker_gets_a_probe_and_the_holder_is_told() {
     let stores = Stores::new();
     let mut state = recover(&stores).await;
     submit_one_shard(&mut state, &stores, 200).await;
@@ -76,36 +154,255 @@ async fn an_idle_ask_splits_the_leased_shard_and_the_holder_is_told() {
     let (b, _b_events) = register(&mut state, "b");
     let held = leased(state.acquire(&a));
     assert_eq!(held.shard.until_record(), None);
+    assert_eq!(pace(&state, &b), None, "b has committed nothing");
 
     let child = leased(Ok(ask_split(&mut state, &b).await));
-    // 100 batches: 2 in flight stay with the holder, then it keeps 49 of
-    // the other 98 (half).
+    // Not half of the 100 batches: b's pace is unknown, so it gets a
+    // probe, the floor (one checkpoint interval: 1 batch), from the end.
     assert_eq!(child.shard.id, "s00000.1");
     assert_eq!(child.shard.origin(), "s00000");
-    assert_eq!(child.shard.from_record(), 102);
+    assert_eq!(child.shard.from_record(), 198);
     assert_eq!(child.shard.until_record(), Some(200));
-    assert_eq!(child.shard.records, Some(98));
+    assert_eq!(child.shard.records, Some(2));
     assert_eq!(
-        child.next_batch, 51,
+        child.next_batch, 99,
         "batch numbers go on from the holder's"
     );
     assert_eq!(child.records_done, 0);
 
     let (key, until) = split_event(&mut a_events).expect("the holder is told");
-    assert_eq!((key, until), (held.key(), 102));
+    assert_eq!((key, until), (held.key(), 198));
 
     // Both records are stored, each naming its shard as split.
     let holder = stored_progress(&stores, "j", "s00000").await;
     assert_eq!(
         holder.shard.as_ref().and_then(|s| s.until_record()),
-        Some(102)
+        Some(198)
     );
     let made = stored_progress(&stores, "j", "s00000.1").await;
-    assert_eq!(made.next_batch, 51);
-    assert_eq!(made.shard.as_ref().map(|s| s.from_record()), Some(102));
+    assert_eq!(made.next_batch, 99);
+    assert_eq!(made.shard.as_ref().map(|s| s.from_record()), Some(198));
     let report = state.status();
     let job = report.jobs.first().expect("the job");
     assert_eq!(job.info.shards_total, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_probe_is_split_off_a_shard_near_its_end() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_one_shard(&mut state, &stores, 200).await;
+    let (a, mut a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let (c, _c_events) = register(&mut state, "c");
+    let mut held = Holder::new(&a, leased(state.acquire(&a)));
+    held.commit(&mut state, &stores, 90).await;
+    // 20 records left: PROBE_LEAD probes of 2, so b gets one...
+    assert_eq!(PROBE_LEAD, 10);
+    let probe = leased(Ok(ask_split(&mut state, &b).await));
+    assert_eq!(probe.shard.records, Some(BATCH));
+    assert_eq!(split_event(&mut a_events).map(|(_, u)| u), Some(198));
+    // ...but with 18 left, a new worker ten times as slow as a could
+    // still be at its probe when a ends: c gets none.
+    assert!(matches!(
+        ask_split(&mut state, &c).await,
+        AcquireOutcome::Wait(_)
+    ));
+    assert_eq!(split_event(&mut a_events), None);
+    assert_eq!(state.status().jobs[0].info.shards_total, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn once_both_paces_are_known_the_asker_gets_its_share_of_what_is_left() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    // s00000: 100 batches; s00001: 30.
+    submit_shards(&mut state, &stores, 260, 200).await;
+    let (a, mut a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let mut a_held = Holder::new(&a, leased(state.acquire(&a)));
+    let mut b_held = Holder::new(&b, leased(state.acquire(&b)));
+    // 1 s: a commits a batch every 100 ms, b three (and so finishes).
+    paced(
+        &mut state,
+        &stores,
+        &mut [(&mut a_held, 1), (&mut b_held, 3)],
+        10,
+    )
+    .await;
+    let (pa, pb) = (pace(&state, &a), pace(&state, &b));
+    assert!(
+        close(pa.unwrap_or(0.0), 20.0) && close(pb.unwrap_or(0.0), 60.0),
+        "{pa:?} {pb:?}"
+    );
+    assert_eq!(b_held.batches_left(), 0);
+    // b asks: 3/4 of a's 90 batches left (67), a keeps 23.
+    let child = leased(Ok(ask_split(&mut state, &b).await));
+    assert_eq!(child.shard.id, "s00000.1");
+    assert_eq!(child.shard.records, Some(67 * BATCH));
+    assert_eq!(child.shard.from_record(), (10 + 23) * BATCH);
+    let (_, until) = split_event(&mut a_events).expect("a is told");
+    assert_eq!(until, (10 + 23) * BATCH);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_without_a_pace_is_split_cautiously() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_shards(&mut state, &stores, 260, 200).await;
+    let (a, mut a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let held = leased(state.acquire(&a));
+    let mut b_held = Holder::new(&b, leased(state.acquire(&b)));
+    // b finishes its shard in 1 s; a has committed nothing yet.
+    paced(&mut state, &stores, &mut [(&mut b_held, 3)], 10).await;
+    assert_eq!(pace(&state, &a), None);
+    assert!(close(pace(&state, &b).unwrap_or(0.0), 60.0));
+    // a's speed is unknown: it keeps its in-flight window (2 batches)
+    // and a probe (1), b takes the other 97 batches.
+    let child = leased(Ok(ask_split(&mut state, &b).await));
+    assert_eq!(child.shard.from_record(), 3 * BATCH);
+    assert_eq!(child.shard.records, Some(97 * BATCH));
+    assert_eq!(split_event(&mut a_events), Some((held.key(), 3 * BATCH)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_workers_pace_falls_when_it_stalls_outside_its_stages() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    // s00000: 100 batches; s00001: 50.
+    submit_shards(&mut state, &stores, 300, 200).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let mut a_held = Holder::new(&a, leased(state.acquire(&a)));
+    let mut b_held = Holder::new(&b, leased(state.acquire(&b)));
+    paced(
+        &mut state,
+        &stores,
+        &mut [(&mut a_held, 1), (&mut b_held, 1)],
+        10,
+    )
+    .await;
+    assert!(close(pace(&state, &a).unwrap_or(0.0), 20.0));
+    // a is stopped between its stages (SIGSTOP, a CPU quota, paging):
+    // its stage times say it is fast (20 records in 10 ms of model)...
+    state.report_stages(
+        &a,
+        StageTotals {
+            batches: 10,
+            records: 20,
+            model_ms: 10,
+            ..Default::default()
+        },
+    );
+    // ...but it commits nothing more while it holds its lease, and its
+    // pace falls with every second of it.
+    let mut before = pace(&state, &a).unwrap_or(0.0);
+    for _ in 0..4 {
+        paced(&mut state, &stores, &mut [(&mut b_held, 1)], 10).await;
+        let now = pace(&state, &a).unwrap_or(f64::INFINITY);
+        assert!(now < before, "{now} after {before}");
+        before = now;
+    }
+    // Its last 8 commits (16 records, from 0.2 s on) over 4.8 s held.
+    assert!(close(before, 16.0 / 4.8), "{before}");
+    assert!(close(pace(&state, &b).unwrap_or(0.0), 20.0));
+    // So b, done, takes most of a's remainder (6/7 of 90 batches), not a
+    // twentieth as a's stage times would have it.
+    assert_eq!(b_held.batches_left(), 0);
+    let child = leased(Ok(ask_split(&mut state, &b).await));
+    assert_eq!(child.shard.records, Some(77 * BATCH));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_taker_is_split_again_before_a_longer_but_faster_remainder() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    // s00000 and s00001: 100 batches; s00002: 50.
+    submit_shards(&mut state, &stores, 500, 200).await;
+    let (a, mut a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let (c, mut c_events) = register(&mut state, "c");
+    let mut a_held = Holder::new(&a, leased(state.acquire(&a)));
+    let mut b_held = Holder::new(&b, leased(state.acquire(&b)));
+    let mut c_held = Holder::new(&c, leased(state.acquire(&c)));
+    // 5 s at one batch per 100 ms each: c finishes its shorter shard.
+    paced(
+        &mut state,
+        &stores,
+        &mut [(&mut a_held, 1), (&mut b_held, 1), (&mut c_held, 1)],
+        50,
+    )
+    .await;
+    assert_eq!(c_held.batches_left(), 0);
+    // c takes half of a's 50 batches left (equal paces; a's shard comes
+    // first of two that would end together).
+    let taken = leased(Ok(ask_split(&mut state, &c).await));
+    assert_eq!(taken.shard.id, "s00000.1");
+    assert_eq!(taken.shard.records, Some(25 * BATCH));
+    let (_, until) = split_event(&mut a_events).expect("a is told");
+    a_held.split_at(until);
+    let mut c_held = Holder::new(&c, taken);
+    // c turns slow (it commits nothing for 1.3 s), while a finishes its
+    // part at two batches per 100 ms and b goes on at one.
+    paced(
+        &mut state,
+        &stores,
+        &mut [(&mut a_held, 2), (&mut b_held, 1), (&mut c_held, 0)],
+        13,
+    )
+    .await;
+    assert_eq!(a_held.batches_left(), 0);
+    let slow = pace(&state, &c).unwrap_or(f64::INFINITY);
+    let median = pace(&state, &b).unwrap_or(0.0);
+    assert!(slow < median / 2.0, "c at {slow}, b at {median}");
+    // b has more records left (37 batches) than c (25), but at c's pace
+    // c would end last: a splits c's remainder, and takes most of it.
+    assert_eq!(b_held.batches_left(), 37);
+    assert_eq!(c_held.batches_left(), 25);
+    let again = leased(Ok(ask_split(&mut state, &a).await));
+    assert_eq!(again.shard.id, "s00000.2");
+    assert_eq!(again.shard.origin(), "s00000");
+    let (key, until) = split_event(&mut c_events).expect("c is told");
+    assert_eq!(key, c_held.lease.key());
+    assert_eq!(again.shard.from_record(), until);
+    let records = again.shard.records.unwrap_or(0);
+    assert!(records > 25 * BATCH / 2, "a took {records} records");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_shard_waits_for_the_worker_it_was_sized_for() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_one_shard(&mut state, &stores, 200).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, mut b_events) = register(&mut state, "b");
+    let (c, _c_events) = register(&mut state, "c");
+    let _held = leased(state.acquire(&a));
+    assert!(matches!(
+        state.acquire(&b).expect("acquire"),
+        AcquireOutcome::Wait(_)
+    ));
+    state.run_writes().await;
+    // b is woken for its shard...
+    assert!(
+        std::iter::from_fn(|| b_events.try_recv().ok()).any(|e| matches!(e, SessionEvent::Wake)),
+        "b is woken"
+    );
+    // ...and c, asking first, leaves it to b (and gets a split of its own).
+    assert!(matches!(
+        state.acquire(&c).expect("acquire"),
+        AcquireOutcome::Wait(_)
+    ));
+    state.run_writes().await;
+    let mine = leased(state.acquire(&b));
+    assert_eq!(mine.shard.id, "s00000.1");
+    // A reservation lapses: c's shard goes to another worker once c has
+    // not come for it within the retry interval.
+    advance(config().wait_retry).await;
+    let (d, _d_events) = register(&mut state, "d");
+    let taken = leased(state.acquire(&d));
+    assert_eq!(taken.shard.id, "s00000.2");
 }
 
 #[tokio::test(start_paused = true)]
@@ -116,10 +413,11 @@ async fn a_commit_past_the_split_is_refused_and_the_shard_requeued() {
     let (a, _a_events) = register(&mut state, "a");
     let (b, _b_events) = register(&mut state, "b");
     let held = leased(state.acquire(&a));
+    // b's probe: the last batch; a's shard ends before 198.
     let _child = leased(Ok(ask_split(&mut state, &b).await));
 
     // Up to the split: accepted.
-    let c = commit_records(&a, &held, 0, 50, 100, false);
+    let c = commit_records(&a, &held, 0, 95, 190, false);
     assert!(
         !state
             .commit(staged(&stores, c).await)
@@ -127,7 +425,7 @@ async fn a_commit_past_the_split_is_refused_and_the_shard_requeued() {
             .expect("commit")
     );
     // Past it (the holder never heard): refused, whatever the token.
-    let c = commit_records(&a, &held, 50, 60, 20, false);
+    let c = commit_records(&a, &held, 95, 100, 10, false);
     let err = state
         .commit(staged(&stores, c).await)
         .await
@@ -136,8 +434,8 @@ async fn a_commit_past_the_split_is_refused_and_the_shard_requeued() {
         matches!(
             err,
             CoordinatorError::PastSplit {
-                reaches: 120,
-                until: 102,
+                reaches: 200,
+                until: 198,
                 ..
             }
         ),
@@ -148,17 +446,17 @@ async fn a_commit_past_the_split_is_refused_and_the_shard_requeued() {
     let (c_session, _c_events) = register(&mut state, "c");
     let again = leased(state.acquire(&c_session));
     assert_eq!(again.shard.id, "s00000");
-    assert_eq!(again.next_batch, 50);
-    assert_eq!(again.shard.until_record(), Some(102));
+    assert_eq!(again.next_batch, 95);
+    assert_eq!(again.shard.until_record(), Some(198));
     // The old holder's retry is stale now.
-    let c = commit_records(&a, &held, 50, 51, 2, true);
+    let c = commit_records(&a, &held, 95, 96, 2, true);
     let err = state
         .commit(staged(&stores, c).await)
         .await
         .expect_err("stale");
     assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
     // The new holder finishes exactly at the split.
-    let c = commit_records(&c_session, &again, 50, 51, 2, true);
+    let c = commit_records(&c_session, &again, 95, 99, 8, true);
     assert!(
         !state
             .commit(staged(&stores, c).await)
@@ -202,14 +500,14 @@ async fn a_split_survives_a_coordinator_restart_and_the_holder_is_told_again() {
     );
     assert_eq!(
         split_event(&mut a_events),
-        Some((held.key(), 102)),
+        Some((held.key(), 198)),
         "an adopted holder is told its end"
     );
     let (b, _b_events) = register(&mut state, "b");
     let child = leased(state.acquire(&b));
     assert_eq!(child.shard.id, "s00000.1");
-    assert_eq!(child.next_batch, 51);
-    let c = commit_records(&grant.session_id, &held, 0, 60, 120, false);
+    assert_eq!(child.next_batch, 99);
+    let c = commit_records(&grant.session_id, &held, 0, 100, 200, false);
     let err = state
         .commit(staged(&stores, c).await)
         .await
@@ -266,9 +564,9 @@ async fn splits_repeat_down_to_the_floor_and_no_further() {
 async fn a_shard_whose_remainder_is_below_the_floor_is_not_split() {
     let stores = Stores::new();
     let mut state = recover(&stores).await;
-    // 3 batches: 2 in the holder's in-flight window, 1 short of the floor
-    // for each part.
-    submit_one_shard(&mut state, &stores, 6).await;
+    // 2 batches: both in the holder's in-flight window, none left for
+    // even a probe.
+    submit_one_shard(&mut state, &stores, 4).await;
     let (a, mut a_events) = register(&mut state, "a");
     let (b, _b_events) = register(&mut state, "b");
     let _held = leased(state.acquire(&a));
@@ -376,5 +674,5 @@ async fn a_holder_gone_while_its_split_is_stored_has_its_part_requeued() {
     } else {
         &second
     };
-    assert_eq!(holder.shard.until_record(), Some(102));
+    assert_eq!(holder.shard.until_record(), Some(198));
 }

@@ -1,0 +1,223 @@
+//! Each worker's pace on each job: records committed per second of lease
+//! held, by the coordinator's clock, over its last few commits.
+//!
+//! Splits go by it (`split.rs`). The stage times a worker reports measure
+//! only the time inside its stages (model, input wait, checkpoint), so a
+//! worker slowed between them (stopped, throttled by a CPU quota, starved
+//! by its neighbours, paging) looked as fast as ever and kept getting
+//! large shares of the tail. Lease time held sees all of that, and a
+//! worker that stalls holding a lease sees its pace fall with every
+//! moment it commits nothing. The stage totals still feed the efficiency
+//! report (`account.rs`): where the processor time went is a different
+//! question from how fast a worker gets through records.
+//!
+//! Lease time is added where the account gives out session time
+//! (`account::attribute`: just before a session's leases change, and at
+//! the periodic walk), per lease held, so a worker with two devices
+//! holding two leases counts two seconds a second: its pace is per
+//! processor, as the share of one shard is. What was held since the last
+//! walk is added on the fly ([`Session::lease_time_since`]), so a pace is
+//! exact at any instant, and the state tests, on a paused clock, see it
+//! to the millisecond.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Session, State};
+
+/// How many commits a pace looks back over: enough to smooth out the
+/// steps of one checkpoint at a time, few enough that a worker that slows
+/// down mid-job shows within a few checkpoints.
+pub const PACE_COMMITS: usize = 8;
+/// Jobs a session keeps a pace for (the most recent): a worker serves
+/// few jobs at a time, and a long-lived one must not collect every job
+/// it ever ran.
+const PACE_JOBS: usize = 8;
+
+/// One worker's pace on one job.
+#[derive(Debug, Clone)]
+pub(super) struct Pace {
+    /// Lease time held on the job, up to its session's `accounted_at`.
+    held: Duration,
+    /// Records committed on the job.
+    committed: u64,
+    /// (lease time, records committed) when the first lease began and at
+    /// each commit since: the last `PACE_COMMITS + 1`, oldest first.
+    marks: VecDeque<(Duration, u64)>,
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Self {
+            held: Duration::ZERO,
+            committed: 0,
+            marks: VecDeque::from([(Duration::ZERO, 0)]),
+        }
+    }
+}
+
+impl Pace {
+    /// `time` more of lease held.
+    pub fn hold(&mut self, time: Duration) {
+        self.held += time;
+    }
+
+    /// `records` committed, with `unadded` lease time held since the last
+    /// `hold`.
+    pub fn commit(&mut self, records: u64, unadded: Duration) {
+        self.committed += records;
+        self.marks.push_back((self.held + unadded, self.committed));
+        while self.marks.len() > PACE_COMMITS + 1 {
+            self.marks.pop_front();
+        }
+    }
+
+    /// Records per second of lease held, from the oldest mark to now
+    /// (`unadded`: lease time held since the last `hold`); `None` before
+    /// the first records are committed.
+    pub fn rate(&self, unadded: Duration) -> Option<f64> {
+        let &(held_then, committed_then) = self.marks.front()?;
+        let last = self.marks.back().map_or(0, |&(_, c)| c);
+        let records = last.saturating_sub(committed_then);
+        let held = (self.held + unadded).saturating_sub(held_then);
+        if self.committed == 0 || held.is_zero() {
+            return None;
+        }
+        Some(records as f64 / held.as_secs_f64())
+    }
+}
+
+/// A session's paces, by job, the most recently used last.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Paces {
+    jobs: Vec<(String, Pace)>,
+}
+
+impl Paces {
+    fn get(&self, job_id: &str) -> Option<&Pace> {
+        self.jobs.iter().find(|(j, _)| j == job_id).map(|(_, p)| p)
+    }
+
+    /// The pace on `job_id`, made on its first use; the least recently
+    /// used goes when there are more than `PACE_JOBS`.
+    pub fn entry(&mut self, job_id: &str) -> &mut Pace {
+        match self.jobs.iter().position(|(j, _)| j == job_id) {
+            Some(i) if i + 1 == self.jobs.len() => {}
+            Some(i) => {
+                let used = self.jobs.remove(i);
+                self.jobs.push(used);
+            }
+            None => {
+                if self.jobs.len() >= PACE_JOBS {
+                    self.jobs.remove(0);
+                }
+                self.jobs.push((job_id.to_string(), Pace::default()));
+            }
+        }
+        let last = self.jobs.len() - 1;
+        &mut self.jobs[last].1
+    }
+}
+
+impl Session {
+    /// Lease time held on `job_id` since the account last gave out this
+    /// session's time (each lease counts).
+    fn lease_time_since(&self, job_id: &str, now: Instant) -> Duration {
+        let leases = self.leases.iter().filter(|(j, _)| j == job_id).count() as u32;
+        now.saturating_duration_since(self.accounted_at) * leases
+    }
+
+    /// Its pace on `job_id` at `now` (`None`: not measured yet).
+    pub(super) fn pace(&self, job_id: &str, now: Instant) -> Option<f64> {
+        self.paces
+            .get(job_id)?
+            .rate(self.lease_time_since(job_id, now))
+    }
+
+    /// `records` of `job_id` committed at `now`.
+    pub(super) fn committed(&mut self, job_id: &str, records: u64, now: Instant) {
+        let unadded = self.lease_time_since(job_id, now);
+        self.paces.entry(job_id).commit(records, unadded);
+    }
+}
+
+impl State {
+    /// A worker's pace on a job at `now`: records committed per second of
+    /// lease held, over its last commits (`None` before its first commit
+    /// of the job, or for an unknown session).
+    pub fn pace(&self, session_id: &str, job_id: &str, now: Instant) -> Option<f64> {
+        self.sessions.get(session_id)?.pace(job_id, now)
+    }
+
+    /// The median pace on `job_id` over the connected workers that have
+    /// one (the upper one of an even count).
+    pub(super) fn median_pace(&self, job_id: &str, now: Instant) -> Option<f64> {
+        let mut paces: Vec<f64> = self
+            .sessions
+            .values()
+            .filter_map(|s| s.pace(job_id, now))
+            .collect();
+        paces.sort_by(f64::total_cmp);
+        paces.get(paces.len() / 2).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn no_pace_before_the_first_commit() {
+        let mut p = Pace::default();
+        assert_eq!(p.rate(Duration::ZERO), None);
+        p.hold(5 * S);
+        assert_eq!(p.rate(S), None);
+        p.commit(0, Duration::ZERO);
+        assert_eq!(p.rate(Duration::ZERO), None);
+    }
+
+    #[test]
+    fn the_pace_is_records_per_second_of_lease_held_and_falls_in_a_stall() {
+        let mut p = Pace::default();
+        p.hold(2 * S);
+        // Committed with half a second held since the last walk.
+        p.commit(500, S / 2);
+        assert_eq!(p.rate(S / 2), Some(200.0));
+        // Nothing committed for 2.5 s more: 500 in 5 s.
+        p.hold(S / 2 + 2 * S);
+        assert_eq!(p.rate(S / 2), Some(100.0));
+    }
+
+    #[test]
+    fn the_pace_looks_back_over_the_last_commits_only() {
+        let mut p = Pace::default();
+        // Slow at first: 10 records a second for 10 s...
+        p.hold(10 * S);
+        p.commit(100, Duration::ZERO);
+        // ...then 100 a second, a commit every second.
+        for _ in 0..PACE_COMMITS {
+            p.hold(S);
+            p.commit(100, Duration::ZERO);
+        }
+        assert_eq!(p.rate(Duration::ZERO), Some(100.0));
+    }
+
+    #[test]
+    fn a_session_keeps_the_paces_of_its_most_recent_jobs() {
+        let mut paces = Paces::default();
+        for i in 0..=PACE_JOBS {
+            paces.entry(&format!("j{i}")).hold(S);
+        }
+        assert!(paces.get("j0").is_none());
+        assert!(paces.get(&format!("j{PACE_JOBS}")).is_some());
+        // Using one makes it the most recent.
+        paces.entry("j1");
+        paces.entry("new");
+        assert!(paces.get("j1").is_some());
+        assert!(paces.get("j2").is_none());
+    }
+}
