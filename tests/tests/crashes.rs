@@ -327,6 +327,7 @@ fn a_fleet_of_restarting_workers_gets_through_a_poison_job_and_a_healthy_one() {
     let mut watch = coordinator.watch();
     let mut isolated_at = None;
     let mut seen_isolating = None;
+    let mut seen_on_page: Option<String> = None;
     let ended = wait_until("both jobs to end", Duration::from_secs(240), || {
         fleet.restart_dead();
         let p = watch.info(&poison)?;
@@ -340,6 +341,18 @@ fn a_fleet_of_restarting_workers_gets_through_a_poison_job_and_a_healthy_one() {
             .filter(|w| w.starts_with("isolating a crash"))
         {
             seen_isolating.get_or_insert(what);
+            // What the status page draws: the same line, from /api/status.
+            if seen_on_page.is_none() {
+                seen_on_page = coordinator.api_status().and_then(|status| {
+                    status["jobs"]
+                        .as_array()?
+                        .iter()
+                        .find(|j| j["id"] == poison.as_str())?["isolating"]
+                        .as_str()
+                        .filter(|w| w.starts_with("isolating a crash"))
+                        .map(str::to_string)
+                });
+            }
         }
         (p.state.is_terminal() && h.state.is_terminal()).then_some((p, h))
     });
@@ -370,6 +383,11 @@ fn a_fleet_of_restarting_workers_gets_through_a_poison_job_and_a_healthy_one() {
     // What people see: the status line while it isolated, the crashes
     // apart from failed attempts, the metric, the time lost.
     let seen = seen_isolating.expect("the status said it isolated a crash");
+    let page = seen_on_page.expect("/api/status (the status page) said it isolated a crash");
+    assert!(
+        page.starts_with("isolating a crash in shard s00002, batch "),
+        "{page}"
+    );
     assert!(
         seen.starts_with("isolating a crash in shard s00002, batch "),
         "{seen}"

@@ -90,17 +90,33 @@ fn sigterm_checkpoints_releases_and_exits_zero_and_another_worker_continues() {
     assert_matches_reference(&committed_rows(&manifest(&root, &job_id)));
 }
 
-/// A worker whose model hangs after its 110th batch (a checkpoint every
-/// 100 commits the first 100): a SIGTERM then cannot finish its batch, so
-/// what ends the worker is the second signal, or the grace period.
+/// A worker whose model hangs after batch 100 (a checkpoint every 100
+/// commits batches 0..100 first): a SIGTERM then cannot finish its batch,
+/// so what ends the worker is the second signal, or the grace period.
 fn hung_worker(coordinator: &Coordinator, dir: &Path, grace: &str) -> Proc {
     coordinator.worker_with(
         "stoke-worker",
         "first",
         dir,
         &["--grace-period", grace],
-        &[("FAILPOINTS", "worker::after_batch=110*off->sleep(600000)")],
+        &[
+            ("FAILPOINTS", "worker::after_batch=100*off->sleep(600000)"),
+            ("RUST_LOG", "info,stoke_worker=debug"),
+        ],
     )
+}
+
+/// Waits until the worker is hung: batch 100 processed (its log says so
+/// just before the fault point holds it), after the first checkpoint.
+fn wait_hung(worker: &Proc, root: &Path, job_id: &str) {
+    wait_first_checkpoints(root, job_id, 100);
+    wait_until("the worker to hang after batch 100", DEADLINE, || {
+        worker
+            .log_text()
+            .lines()
+            .any(|l| l.contains("batch processed") && l.contains("batch=100"))
+            .then_some(())
+    });
 }
 
 #[test]
@@ -110,7 +126,7 @@ fn a_second_sigterm_exits_at_once_and_the_last_commit_still_counts() {
     let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "2s"]);
     let job_id = coordinator.submit(&spec_file(tmp.path(), "job.toml", long_shard_spec(100)));
     let mut first = hung_worker(&coordinator, tmp.path(), "600s");
-    wait_first_checkpoints(&root, &job_id, 100);
+    wait_hung(&first, &root, &job_id);
     // The first signal, and its effect seen, before the second: the worker
     // stops taking work and waits for its (hung) batch.
     signal(first.pid(), libc::SIGTERM);
@@ -141,7 +157,7 @@ fn a_sigterm_past_the_grace_period_exits_at_once() {
     let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "2s"]);
     let job_id = coordinator.submit(&spec_file(tmp.path(), "job.toml", long_shard_spec(100)));
     let mut first = hung_worker(&coordinator, tmp.path(), "1s");
-    wait_first_checkpoints(&root, &job_id, 100);
+    wait_hung(&first, &root, &job_id);
     signal(first.pid(), libc::SIGTERM);
     let exit = first.wait_exit(DEADLINE);
     let log = first.log_text();
