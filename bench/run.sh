@@ -15,6 +15,11 @@
 #   bench/run.sh straggler # W1's data, a heavier model, 3 workers, one duty-cycled
 #                          #   to a quarter speed: splitting off vs on vs Ray Data,
 #                          #   against the ideal (bench/straggler.py)
+#   bench/run.sh straggler-late # 36,000 records as JSON Lines, workers started
+#                          #   after the submit: 2 fast alone vs 2 fast + 1 slowed
+#                          #   from its start (SIGSTOP duty cycle; a CPU quota),
+#                          #   interleaved, wall(2 + slow) / wall(2), and a control
+#                          #   (the slow process never given work)
 #   bench/run.sh split     # W1 with shard splitting on and off (--local 1 and 2),
 #                          #   against the floor
 #   bench/run.sh s3        # W1 with --local 2 on file:// vs the local S3 server,
@@ -36,9 +41,9 @@ set -euo pipefail
 
 what="${1:-all}"
 case "$what" in
-  all | w1 | scale | ragged | s3 | pt2 | python | split | straggler) ;;
+  all | w1 | scale | ragged | s3 | pt2 | python | split | straggler | straggler-late) ;;
   *)
-    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python|split|straggler]" >&2
+    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python|split|straggler|straggler-late]" >&2
     exit 2
     ;;
 esac
@@ -111,7 +116,16 @@ EOF
 
 build() {
   log "building stoke (release)"
-  (cd "$STOKE_REPO" && cargo build --release -q -p stoke-cli -p stoke -p stoke-worker -p stoke-coordinator -p stoke-bench-scale)
+  case "$what" in
+    # Only the three binaries the straggler runs start (a release build of
+    # everything takes long on 2 cores).
+    straggler | straggler-late)
+      (cd "$STOKE_REPO" && cargo build --release -q -p stoke-cli -p stoke-worker -p stoke-coordinator)
+      ;;
+    *)
+      (cd "$STOKE_REPO" && cargo build --release -q -p stoke-cli -p stoke -p stoke-worker -p stoke-coordinator -p stoke-bench-scale)
+      ;;
+  esac
 }
 
 # One measured run of one contender: run_one NAME KIND ROUND [OUT_DIR] -- CMD...
@@ -387,7 +401,7 @@ run_scale() {
   rm -rf "$BENCH_DIR/scale"
 }
 
-if [ "$what" = pt2 ]; then
+if [ "$what" = pt2 ] || [ "$what" = straggler-late ]; then
   # Only stoke runs here: the stoke venv has all the Python this needs
   # (torch to export the model, pyarrow to check outputs).
   BENCH_VENV="$STOKE_VENV"
@@ -465,6 +479,48 @@ case "$what" in
       done
     done
     "$BPY" "$BENCH_SRC/straggler.py" summary "$results"
+    exit 0
+    ;;
+  straggler-late)
+    W1="$BENCH_DIR/w1"
+    "$BPY" "$BENCH_SRC/w1_data.py" "$W1"
+    model="$BENCH_DIR/straggler-model.pt"
+    [ -f "$model" ] || "$BPY" "$BENCH_SRC/straggler.py" model "$model"
+    # 36,000 of W1's records as JSON Lines, 2 files (a shard each): about
+    # 3 s on 2 workers.
+    data="$BENCH_DIR/straggler-jsonl"
+    "$BPY" "$BENCH_SRC/straggler.py" jsonl "$W1/data" "$data"
+    results="$BENCH_DIR/straggler-late-results.jsonl"
+    rm -f "$results"
+    mkdir -p "$BENCH_DIR/runs" "$BENCH_DIR/logs/straggler-late"
+    runs="${BENCH_STRAGGLER_RUNS:-5}"
+    log "straggler-late: 2 fast workers alone vs with a third slowed to a quarter, $runs rounds each way"
+    for slow_by in stop quota; do
+      for round in $(seq 1 "$runs"); do
+        # Without the slow worker, with it, and the control (the same
+        # third process, never given work) take turns, the first of a
+        # round rotating, so a drift in the machine's speed hits all alike.
+        case $((round % 3)) in
+          1) order="without with control" ;;
+          2) order="with control without" ;;
+          0) order="control without with" ;;
+        esac
+        for c in $order; do
+          case "$c" in
+            without) args=(--workers 2 --slow 0) ;;
+            with) args=(--workers 3 --slow 1) ;;
+            control) args=(--workers 3 --slow 1 --control) ;;
+          esac
+          # The fast workers run free (they fill the 2 cores); the slow one
+          # a quarter of the time (or of one core).
+          "$BPY" "$BENCH_SRC/straggler.py" stoke "$BIN" "$data" "$model" "$BENCH_DIR/runs" \
+            "${args[@]}" --format jsonl --start after-submit --slow-by "$slow_by" --duty 0.25 \
+            --round "$round" --keep-log "$BENCH_DIR/logs/straggler-late/$slow_by-$c-r$round.txt" |
+            tee -a "$results" || log "straggler-late $slow_by $c round $round failed"
+        done
+      done
+    done
+    "$BPY" "$BENCH_SRC/straggler.py" ratios "$results"
     exit 0
     ;;
   s3)

@@ -6,19 +6,29 @@ The slow worker is slowed for real, from outside: a thread here stops it
 each. The duty cycles share one clock: the fast workers run in turns and
 the slow one beside the first, so on this 2-core machine no two workers
 wait for the same core (which measuring each alone would not see). Nothing
-inside stoke or Ray sleeps.
+inside stoke or Ray sleeps. With `--slow-by quota` the slow worker is
+slowed by CPU contention instead: it runs in a cgroup whose CPU quota is
+`--duty` of one core, so the kernel throttles it (between its stages as
+much as inside them) while the others run free.
 
     python bench/straggler.py stoke BIN_DIR DATA_DIR MODEL WORK --workers 3 --slow 1 --split on
     python bench/straggler.py ray DATA_DIR MODEL WORK --workers 3 --slow 1
     python bench/straggler.py model MODEL_PATH      # writes the heavier model
+    python bench/straggler.py jsonl W1_DATA OUT_DIR # 36,000 of W1's records as JSON Lines
     python bench/straggler.py summary RESULTS.jsonl # the markdown table
+    python bench/straggler.py ratios RESULTS.jsonl  # the late-start table
 
 `stoke` starts a coordinator and `--workers` worker processes (1 thread
-each), `--slow` of them duty-cycled, submits the job (shard splitting on or
+each), `--slow` of them slowed, submits the job (shard splitting on or
 off) and times it from submit to success; then reads `stoke report --json`.
 With `--start fleet-up` (the default) the workers are up and registered
 before the submit, as on a cluster, so no process start is in the time;
-`--start with-job` starts them with the job.
+`--start with-job` starts them with the job; `--start after-submit` starts
+them just after the submit, with `--exit-when-idle`, as a fleet scaling up
+for a job does (their process start is in the job's time, and the slow
+one is slowed from its first instruction). `--control` points the slow
+workers at no coordinator: they start, slowed the same way, and never get
+work, which measures what their processes alone cost the others.
 `--workers 1` measures one worker's throughput alone (slow or not), for the
 ideal. `ray` runs Ray Data's map_batches over an actor pool of `--workers`
 actors (1 thread, 1 CPU each), the first `--slow` actors duty-cycled.
@@ -44,6 +54,12 @@ CYCLE_S = 0.040
 # Small batches and a checkpoint every 2: what a split leaves its holder (a
 # checkpoint interval and one batch) is short against a 25,000-record shard.
 BATCH = 256
+# The late-start job: 36,000 records of W1 as JSON Lines, in 2 files (a
+# shard each, at the default 64 MiB a shard).
+JSONL_RECORDS = 36_000
+JSONL_FILES = 2
+# A cgroup's CPU period, for `--slow-by quota`.
+QUOTA_PERIOD_US = 100_000
 
 
 class DutyCycle:
@@ -113,10 +129,13 @@ def wait_file(path, proc, what):
     sys.exit(f"{what} not ready within 60 s")
 
 
-def spec_text(data_dir, model, split):
+def spec_text(data_dir, model, split, fmt="parquet"):
+    # Parquet: shards of 25,000 records (one file each); JSON Lines: the
+    # default shard size in bytes (one file each here).
+    records = "records = 25000\n" if fmt == "parquet" else ""
     return f"""name = "straggler"
 [dataset]
-format = "parquet"
+format = "{fmt}"
 uri = "file://{data_dir}/"
 id_column = "id"
 [processor]
@@ -130,11 +149,74 @@ batch_size = {BATCH}
 [checkpoint]
 interval = 2
 [sharding]
-records = 25000
-split = {"true" if split else "false"}
+{records}split = {"true" if split else "false"}
 [output]
 format = "parquet"
 """
+
+
+def make_jsonl(w1_data, out_dir):
+    """The first JSONL_RECORDS records of W1 (ids and features, 4 decimals:
+    the plan counts the lines of files up to 128 MiB in all, which a split
+    needs) in JSONL_FILES files. Idempotent."""
+    # Beside the folder: a .json file in it would be read as data.
+    marker = out_dir.rstrip("/") + ".done"
+    want = {"records": JSONL_RECORDS, "files": JSONL_FILES, "source": os.path.abspath(w1_data)}
+    if os.path.exists(marker) and json.load(open(marker)) == want:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    names = sorted(f for f in os.listdir(w1_data) if f.endswith(".parquet"))
+    rows = []
+    for name in names:
+        table = pq.read_table(os.path.join(w1_data, name), columns=["id", "features"])
+        ids = table.column("id").to_pylist()
+        feats = table.column("features").combine_chunks().flatten().to_numpy().reshape(len(ids), -1)
+        rows.extend(zip(ids, feats))
+        if len(rows) >= JSONL_RECORDS:
+            break
+    rows = rows[:JSONL_RECORDS]
+    per = len(rows) // JSONL_FILES
+    for f in range(JSONL_FILES):
+        part = rows[f * per:(f + 1) * per if f + 1 < JSONL_FILES else len(rows)]
+        tmp = os.path.join(out_dir, f".part-{f}.jsonl.tmp")
+        with open(tmp, "w") as fh:
+            for rid, x in part:
+                fh.write(json.dumps({"id": rid, "features": [round(float(v), 4) for v in x]}) + "\n")
+        os.replace(tmp, os.path.join(out_dir, f"part-{f}.jsonl"))
+    with open(marker, "w") as fh:
+        json.dump(want, fh)
+
+
+class CpuQuota:
+    """A cgroup whose processes may run `share` of one CPU (cgroup v1's cpu
+    controller, or v2's cpu.max), for a worker slowed by CPU contention."""
+
+    def __init__(self, share, name):
+        v1 = "/sys/fs/cgroup/cpu"
+        v2 = "/sys/fs/cgroup"
+        quota = int(share * QUOTA_PERIOD_US)
+        if os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")):
+            self.path = os.path.join(v1, name)
+            os.makedirs(self.path, exist_ok=True)
+            self.write("cpu.cfs_period_us", QUOTA_PERIOD_US)
+            self.write("cpu.cfs_quota_us", quota)
+        elif "cpu" in open(os.path.join(v2, "cgroup.controllers")).read().split():
+            self.path = os.path.join(v2, name)
+            os.makedirs(self.path, exist_ok=True)
+            self.write("cpu.max", f"{quota} {QUOTA_PERIOD_US}")
+        else:
+            sys.exit("--slow-by quota needs a writable cgroup cpu controller")
+        self.procs = os.path.join(self.path, "cgroup.procs")
+
+    def write(self, name, value):
+        with open(os.path.join(self.path, name), "w") as f:
+            f.write(str(value))
+
+    def remove(self):
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass
 
 
 def run_stoke(args):
@@ -150,18 +232,44 @@ def run_stoke(args):
     addr = "http://" + wait_file(addr_file, coordinator, "the coordinator")
     spec = os.path.join(work, "job.toml")
     with open(spec, "w") as f:
-        f.write(spec_text(os.path.abspath(args.data_dir), os.path.abspath(args.model), args.split == "on"))
+        f.write(spec_text(os.path.abspath(args.data_dir), os.path.abspath(args.model), args.split == "on",
+                          args.format))
     cli = [os.path.join(bin_dir, "stoke"), "--coordinator", addr]
     workers = []
     cycles = []
     env = dict(os.environ, RUST_LOG="warn")
     fleet_up = args.start == "fleet-up"
-    for i in range(args.workers):
-        w = subprocess.Popen(
-            [os.path.join(bin_dir, "stoke-worker"), "--coordinator", addr, "--worker-id", f"w{i}",
-             "--device", "cpu", "--threads", "1"] + ([] if fleet_up else ["--exit-when-idle"]),
-            stdout=logs, stderr=subprocess.STDOUT, env=env)
-        workers.append(w)
+    after_submit = args.start == "after-submit"
+    quota = None
+    if args.slow and args.slow_by == "quota":
+        quota = CpuQuota(args.duty, f"stoke-straggler-{os.getpid()}")
+    phase = phases(args.workers, args.slow, args.fast_duty)
+
+    def start_workers():
+        for i in range(args.workers):
+            cmd = [os.path.join(bin_dir, "stoke-worker"), "--coordinator", addr, "--worker-id", f"w{i}",
+                   "--device", "cpu", "--threads", "1"] + ([] if fleet_up else ["--exit-when-idle"])
+            slow = i < args.slow
+            if slow and args.control:
+                # Never reaches the coordinator: what its process alone
+                # costs the others.
+                cmd[cmd.index(addr)] = "http://127.0.0.1:9"
+            if slow and quota:
+                # In the cgroup before the worker's first instruction.
+                cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', quota.procs] + cmd
+            elif slow and after_submit:
+                # Stopped before the worker's first instruction: its duty
+                # cycle lets it go.
+                cmd = ["sh", "-c", 'kill -STOP $$ && exec "$@"', "sh"] + cmd
+            w = subprocess.Popen(cmd, stdout=logs, stderr=subprocess.STDOUT, env=env)
+            workers.append(w)
+            if slow and not quota:
+                cycles.append(DutyCycle(w.pid, args.duty, phase[i]))
+            elif not slow and args.fast_duty < 1.0:
+                cycles.append(DutyCycle(w.pid, args.fast_duty, phase[i]))
+
+    if not after_submit:
+        start_workers()
     if fleet_up:
         # A fleet already up, as on a cluster: every worker registered (and
         # idle) before the job is submitted, so no process start is timed.
@@ -174,15 +282,14 @@ def run_stoke(args):
             if time.time() > deadline or any(w.poll() is not None for w in workers):
                 sys.exit(f"the workers did not all register: see {work}/log.txt")
             time.sleep(0.05)
-    phase = phases(args.workers, args.slow, args.fast_duty)
-    for i, w in enumerate(workers):
-        if i < args.slow:
-            cycles.append(DutyCycle(w.pid, args.duty, phase[i]))
-        elif args.fast_duty < 1.0:
-            cycles.append(DutyCycle(w.pid, args.fast_duty, phase[i]))
+    # Anything else running skews the time: say how busy the machine was.
+    load_at_submit = os.getloadavg()[0]
     started = time.perf_counter()
     out = subprocess.run(cli + ["submit", spec], capture_output=True, text=True, check=True)
     job = out.stdout.split()[2].rstrip(":")
+    if after_submit:
+        # A fleet that scales up for the job: the workers start now.
+        start_workers()
     while True:
         status = json.loads(subprocess.run(cli + ["status", job, "--json"], capture_output=True,
                                            text=True, check=True).stdout)
@@ -197,28 +304,46 @@ def run_stoke(args):
     report = json.loads(subprocess.run(cli + ["report", job, "--json"], capture_output=True,
                                        text=True, check=True).stdout)
     for w in workers:
-        if fleet_up:
+        if fleet_up or args.control:
             w.terminate()
         w.wait(timeout=60)
     coordinator.terminate()
     coordinator.wait(timeout=30)
+    if quota:
+        quota.remove()
+    if args.keep_log:
+        shutil.copy(os.path.join(work, "log.txt"), args.keep_log)
     if status["state"] != "succeeded":
         sys.exit(f"job {job} ended {status['state']}: see {work}/log.txt")
     causes = report["seconds"]
+    if args.start == "after-submit":
+        contender = f"late-{args.slow_by}-{'with' if args.slow else 'without'}-slow"
+        if args.control:
+            contender = f"late-{args.slow_by}-control"
+    elif args.workers > 1:
+        contender = f"stoke-split-{args.split}"
+    else:
+        contender = f"stoke-solo-{'slow' if args.slow else 'fast'}"
     result = {
-        "contender": f"stoke-split-{args.split}" if args.workers > 1 else f"stoke-solo-{'slow' if args.slow else 'fast'}",
+        "contender": contender,
+        "round": args.round,
         "workers": args.workers,
         "slow": args.slow,
+        "slow_by": args.slow_by,
         "duty": args.duty,
         "fast_duty": args.fast_duty,
         "start": args.start,
+        "format": args.format,
         "seconds": round(report["wall_s"], 3),
+        "load_1m": round(load_at_submit, 2),
         "polled_s": round(seconds, 3),
         "records": report["records"],
         "shards_split": report["shards_split"],
         "processor_s": round(report["processor_s"], 2),
         "causes_s": {k: round(v, 2) for k, v in causes.items()},
         "causes_sum_s": round(sum(causes.values()), 2),
+        # Each worker's model seconds: what the slow one got through.
+        "model_s": {d["worker"]: round(d["model_s"], 2) for d in report.get("devices", [])},
     }
     shutil.rmtree(work, ignore_errors=True)
     return result
@@ -363,12 +488,55 @@ def summarize(results_path):
         print(f"| {name} | {len(rs)} | {med[name]:.2f} | {ratio} | {split} | {tail} | {cover} |")
 
 
+def ratios(results_path):
+    """The late-start table: per slowdown, wall(2 + slow) / wall(2) of each
+    round (the runs of a round ran one after the other), their median and
+    worst; and the control's (a third worker that never gets work)."""
+    import statistics
+
+    rows = [json.loads(line) for line in open(results_path) if line.startswith("{")]
+    by = {}
+    for r in rows:
+        if r.get("start") != "after-submit":
+            continue
+        kind = "control" if r["contender"].endswith("-control") else ("with" if r["slow"] else "without")
+        by.setdefault(r["slow_by"], {}).setdefault(r["round"], {})[kind] = r
+    how = {"stop": "SIGSTOP/SIGCONT, {:.0%} of each 40 ms", "quota": "a cgroup CPU quota of {:.0%} of a core"}
+    print("| slow worker slowed by | rounds | wall(2) s, median | wall(2 + slow) s, median | "
+          "wall(2 + slow) / wall(2), per round | median | worst | ideal | "
+          "control / wall(2), per round | median | target <= 1.05 in every round |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---|---:|---|")
+    for slow_by, rounds in sorted(by.items()):
+        pairs = [r for _, r in sorted(rounds.items()) if "without" in r and "with" in r]
+        if not pairs:
+            continue
+        ratio = [r["with"]["seconds"] / r["without"]["seconds"] for r in pairs]
+        control = [r["control"]["seconds"] / r["without"]["seconds"] for r in pairs if "control" in r]
+        duty = pairs[0]["with"]["duty"]
+        # A worker at `duty` of a fast one's speed adds that to two.
+        ideal = f"{2 / (2 + duty):.2f}"
+        met = "met" if max(ratio) <= 1.05 else "missed"
+        listed = lambda xs: ", ".join(f"{x:.2f}" for x in xs) or "-"
+        control_median = f"{statistics.median(control):.2f}" if control else "-"
+        print(f"| {how.get(slow_by, slow_by).format(duty)} | {len(pairs)} | "
+              f"{statistics.median(r['without']['seconds'] for r in pairs):.2f} | "
+              f"{statistics.median(r['with']['seconds'] for r in pairs):.2f} | "
+              f"{listed(ratio)} | {statistics.median(ratio):.2f} | {max(ratio):.2f} | {ideal} | "
+              f"{listed(control)} | {control_median} | {met} |")
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "model":
         make_model(sys.argv[2])
         return
     if len(sys.argv) == 3 and sys.argv[1] == "summary":
         summarize(sys.argv[2])
+        return
+    if len(sys.argv) == 3 and sys.argv[1] == "ratios":
+        ratios(sys.argv[2])
+        return
+    if len(sys.argv) == 4 and sys.argv[1] == "jsonl":
+        make_jsonl(sys.argv[2], sys.argv[3])
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("kind", choices=["stoke", "ray"])
@@ -381,9 +549,20 @@ def main():
     parser.add_argument("--split", choices=["on", "off"], default="on")
     parser.add_argument("--ray-blocks", type=int, default=48,
                         help="ray: blocks the data is read into (0: Ray's default)")
-    parser.add_argument("--start", choices=["fleet-up", "with-job"], default="fleet-up",
+    parser.add_argument("--start", choices=["fleet-up", "with-job", "after-submit"], default="fleet-up",
                         help="stoke: workers up and registered before the submit (a cluster's "
-                             "fleet), or started with the job (process start-up timed)")
+                             "fleet), started with the job, or just after the submit (process "
+                             "start-up timed in both)")
+    parser.add_argument("--slow-by", choices=["stop", "quota"], default="stop",
+                        help="stoke: slow the slow workers by SIGSTOP/SIGCONT duty cycles, or by a "
+                             "cgroup CPU quota of --duty of a core")
+    parser.add_argument("--format", choices=["parquet", "jsonl"], default="parquet",
+                        help="stoke: the dataset's format (DATA_DIR holds it)")
+    parser.add_argument("--round", type=int, default=0, help="recorded with the result")
+    parser.add_argument("--control", action="store_true",
+                        help="stoke: the slow workers start (and are slowed) as usual but never "
+                             "reach the coordinator: what their processes alone cost the others")
+    parser.add_argument("--keep-log", help="stoke: copy the run's log (coordinator and workers) here")
     args = parser.parse_args()
     if args.kind == "stoke":
         args.bin_dir, args.data_dir, args.model, args.work = args.rest

@@ -49,7 +49,7 @@ use tracing::{info, warn};
 
 use super::account::Lost;
 use super::effects::Then;
-use super::{Io, Job, ShardState, State, progress_log};
+use super::{Io, Job, Session, ShardState, State, progress_log};
 use crate::error::Result;
 
 /// Batches a holder may have processed past its last commit on top of a
@@ -177,6 +177,23 @@ impl Share {
             (Some(_), Some(_)) => Self::HALF,
         }
     }
+
+    /// The part when the asker starts on it only `busy` seconds from now
+    /// (it asked ahead of its last shard's end), of a shard with `left`
+    /// records whose holder goes on at `holder` records per second
+    /// meanwhile: both parts still end together, `a (left - h busy) /
+    /// (a + h)` of the records going to the asker. Probes are as they
+    /// are.
+    pub fn after(self, busy: f64, holder: Option<f64>, left: u64) -> Share {
+        let (Share::Part(part), Some(h)) = (self, holder) else {
+            return self;
+        };
+        if busy <= 0.0 || left == 0 {
+            return self;
+        }
+        let rest = (1.0 - h * busy / left as f64).max(0.0);
+        Share::Part((f64::from(part) * rest).round() as u32)
+    }
 }
 
 /// Rebuilds a job's plan as its splits left it: a stored progress record
@@ -238,9 +255,14 @@ impl Job {
         Some((from, until))
     }
 
-    /// The split point of shard `idx`, if it is leased and long enough,
-    /// and the records it has left.
-    fn split_point_of(&self, idx: usize, share: Share) -> Option<(SplitPoint, u64)> {
+    /// The records shard `idx` has left past its committed ones.
+    fn records_left(&self, idx: usize) -> Option<u64> {
+        let (from, until) = self.range_of(idx)?;
+        Some(until.saturating_sub(from + self.shards[idx].progress.records))
+    }
+
+    /// The split point of shard `idx`, if it is leased and long enough.
+    fn split_point_of(&self, idx: usize, share: Share) -> Option<SplitPoint> {
         let state = &self.shards[idx];
         // A shard that isolates a crash is not split: one attempt at a time
         // narrows its suspect down.
@@ -252,7 +274,7 @@ impl Job {
             return None;
         }
         let (from, until) = self.range_of(idx)?;
-        let point = split_point(
+        split_point(
             from,
             until,
             state.progress.records,
@@ -260,9 +282,7 @@ impl Job {
             self.spec.batching.batch_size,
             self.spec.checkpoint.interval,
             share,
-        )?;
-        let left = until.saturating_sub(from + state.progress.records);
-        Some((point, left))
+        )
     }
 
     /// The id of the next shard split off `origin`: `s00003.1`, `.2`, ...
@@ -332,6 +352,9 @@ impl State {
             return false;
         };
         let may_lease = self.jobs_that_may_lease_more();
+        // A worker asks ahead, while it finishes its last shard (so it can
+        // read the next one meanwhile): its part starts when that ends.
+        let busy = self.busy_for(asker, now);
         // Per job: the asker's pace, and the fleet's median (which ranks
         // a holder that has none yet).
         let mut paces: HashMap<&str, (Option<f64>, Option<f64>)> = HashMap::new();
@@ -350,12 +373,17 @@ impl State {
                 let (asker_pace, median) = *paces
                     .entry(job_id.as_str())
                     .or_insert_with(|| (asker.pace(job_id, now), self.median_pace(job_id, now)));
-                let holder_pace = holder.pace(job_id, now);
-                let share = Share::of(asker_pace, holder_pace);
-                let Some((point, left)) = job.split_point_of(*idx, share) else {
+                let Some(left) = job.records_left(*idx) else {
                     continue;
                 };
-                if share == Share::Probe && left < PROBE_LEAD.saturating_mul(point.records) {
+                let holder_pace = holder.pace(job_id, now);
+                let share = Share::of(asker_pace, holder_pace).after(busy, holder_pace, left);
+                let Some(point) = job.split_point_of(*idx, share) else {
+                    continue;
+                };
+                // One probe at a time, and not near a shard's end.
+                let probe_ok = busy == 0.0 && left >= PROBE_LEAD.saturating_mul(point.records);
+                if share == Share::Probe && !probe_ok {
                     continue;
                 }
                 let candidate = Candidate {
@@ -519,6 +547,28 @@ impl State {
         self.requeue_orphan(&job_id, idx);
     }
 
+    /// How long `session` is still busy with what it holds, in seconds:
+    /// 0 while a device of it is free; else, when it asks ahead of its
+    /// last shard's end, the least of its shards' records left at its
+    /// pace on each (infinite where it has no pace yet: its probe is
+    /// still running).
+    fn busy_for(&self, session: &Session, now: Instant) -> f64 {
+        if session.leases.len() < session.devices.len().max(1) {
+            return 0.0;
+        }
+        session
+            .leases
+            .iter()
+            .map(|(job_id, idx)| {
+                let left = self.jobs.get(job_id).and_then(|j| j.records_left(*idx));
+                match (left, session.pace(job_id, now)) {
+                    (Some(left), Some(pace)) if pace > 0.0 => left as f64 / pace,
+                    _ => f64::INFINITY,
+                }
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
     /// Wakes the worker a split was made for, if it still waits (else
     /// whoever waits longest). It stays among the waiting until it takes
     /// a lease, which is what keeps its reservation (see
@@ -671,6 +721,31 @@ mod tests {
         assert_eq!(Share::of(Some(0.0), Some(10.0)), Share::Part(50));
         assert_eq!(Share::of(Some(0.0), Some(0.0)), Share::HALF);
         assert_eq!(Share::of(Some(f64::NAN), Some(1.0)), Share::Probe);
+    }
+
+    #[test]
+    fn an_asker_still_busy_gets_what_ends_with_the_holder() {
+        // 2/3 of 180 records, less what the holder (20/s) does in the
+        // 0.5 s the asker is busy: 2/3 of 170.
+        let p = Share::Part(667).after(0.5, Some(20.0), 180);
+        assert_eq!(p, Share::Part(630));
+        // Busy for longer than the holder needs: nothing.
+        assert_eq!(
+            Share::Part(667).after(10.0, Some(20.0), 180),
+            Share::Part(0)
+        );
+        assert_eq!(split_point(0, 1000, 0, 0, 10, 2, Share::Part(0)), None);
+        assert_eq!(
+            Share::Part(500).after(f64::INFINITY, Some(20.0), 180),
+            Share::Part(0)
+        );
+        // Free now, or a probe: as it was.
+        assert_eq!(
+            Share::Part(667).after(0.0, Some(20.0), 180),
+            Share::Part(667)
+        );
+        assert_eq!(Share::Probe.after(0.5, Some(20.0), 180), Share::Probe);
+        assert_eq!(Share::LeaveProbe.after(0.5, None, 180), Share::LeaveProbe);
     }
 
     #[test]

@@ -185,6 +185,39 @@ async fn a_new_asker_gets_a_probe_and_the_holder_is_told() {
     let report = state.status();
     let job = report.jobs.first().expect("the job");
     assert_eq!(job.info.shards_total, 2);
+    // Asking ahead while its probe runs (its shard read), b gets no
+    // second one: its next split goes by its pace.
+    assert!(matches!(
+        ask_split(&mut state, &b).await,
+        AcquireOutcome::Wait(_)
+    ));
+    assert_eq!(split_event(&mut a_events), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_asking_ahead_gets_a_part_that_ends_with_the_holders() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    // s00000: 100 batches; s00001: 30.
+    submit_shards(&mut state, &stores, 260, 200).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let mut a_held = Holder::new(&a, leased(state.acquire(&a)));
+    let mut b_held = Holder::new(&b, leased(state.acquire(&b)));
+    paced(
+        &mut state,
+        &stores,
+        &mut [(&mut a_held, 1), (&mut b_held, 2)],
+        10,
+    )
+    .await;
+    // b (40 records/s) has read its last batches and asks for its next
+    // shard while 20 records, 0.5 s, are left to it. Of a's 180 (at 20
+    // a second) it gets 2/3 of what a would not do in that 0.5 s: 112,
+    // so both end 3.4 s from now (not 120, for b to end 0.2 s after a).
+    assert_eq!(b_held.batches_left(), 10);
+    let child = leased(Ok(ask_split(&mut state, &b).await));
+    assert_eq!(child.shard.records, Some(56 * BATCH));
 }
 
 #[tokio::test(start_paused = true)]
