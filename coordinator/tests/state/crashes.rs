@@ -94,6 +94,16 @@ async fn dies(state: &mut Inline, session: &str) {
     state.run_writes().await;
 }
 
+/// Workers w1 and w2 each die on batch 0 (records 0..8): the threshold.
+async fn two_deaths_on_batch_0(state: &mut Inline) {
+    for w in ["w1", "w2"] {
+        let (s, _e) = register(state, w);
+        let lease = leased(state.acquire(&s));
+        started(state, &s, &lease, 0, 0, 8, None);
+        dies(state, &s).await;
+    }
+}
+
 fn isolate_of(lease: &Lease) -> Option<(u64, u64, u64)> {
     lease.isolate.map(|i: Isolation| (i.from, i.until, i.probe))
 }
@@ -353,12 +363,7 @@ async fn isolation_survives_a_coordinator_restart_mid_bisection() {
     let stores = Stores::new();
     let mut state = recover(&stores).await;
     submit_crash_job(&mut state, &stores, "skip", 2).await;
-    for w in ["w1", "w2"] {
-        let (s, _e) = register(&mut state, w);
-        let lease = leased(state.acquire(&s));
-        started(&mut state, &s, &lease, 0, 0, 8, None);
-        dies(&mut state, &s).await;
-    }
+    two_deaths_on_batch_0(&mut state).await;
     let (w3, _e3) = register(&mut state, "w3");
     let lease = leased(state.acquire(&w3));
     assert_eq!(isolate_of(&lease), Some((0, 8, 4)));
@@ -387,12 +392,7 @@ async fn a_suspect_whose_probes_all_pass_is_cleared() {
     submit_crash_job(&mut state, &stores, "skip", 2).await;
     // Two deaths on batch 0 that were not its records' fault (a
     // partition, say).
-    for w in ["w1", "w2"] {
-        let (s, _e) = register(&mut state, w);
-        let lease = leased(state.acquire(&s));
-        started(&mut state, &s, &lease, 0, 0, 8, None);
-        dies(&mut state, &s).await;
-    }
+    two_deaths_on_batch_0(&mut state).await;
     let (w3, _e3) = register(&mut state, "w3");
     let lease = leased(state.acquire(&w3));
     assert_eq!(isolate_of(&lease), Some((0, 8, 4)));
