@@ -12,7 +12,7 @@
 
 STOKE_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STOKE_CACHE="${STOKE_CACHE:-$HOME/.cache/stoke}"
-STOKE_VENV="$STOKE_CACHE/venv"
+STOKE_VENV="${STOKE_VENV:-$STOKE_CACHE/venv}"
 STOKE_PY_REQS="torch==2.11.0 numpy pyarrow scikit-learn duckdb"
 export STOKE_REPO STOKE_CACHE STOKE_VENV
 
