@@ -25,6 +25,7 @@
     ["crashed", "crashed", "cause-crashed"],
     ["paused", "paused", "cause-paused"],
     ["tail_idle", "tail idle", "cause-tail"],
+    ["other", "other", "cause-other"],
   ];
 
   let lastData = null;

@@ -36,11 +36,17 @@ pub struct CauseSeconds {
     /// Workers connected and idle while the job had shards leased but none
     /// waiting: the tail of the job.
     pub tail_idle: f64,
+    /// The rest of the time workers held the job's leases: outside every
+    /// stage above (asking for leases and releasing them, between a
+    /// commit and the next batch, the worker's own bookkeeping). With it
+    /// the causes add up to `processor_s` exactly.
+    #[serde(default)]
+    pub other: f64,
 }
 
 impl CauseSeconds {
     /// The causes in report order, with their JSON names.
-    pub fn named(&self) -> [(&'static str, f64); 8] {
+    pub fn named(&self) -> [(&'static str, f64); 9] {
         [
             ("startup", self.startup),
             ("model", self.model),
@@ -50,6 +56,7 @@ impl CauseSeconds {
             ("crashed", self.crashed),
             ("paused", self.paused),
             ("tail_idle", self.tail_idle),
+            ("other", self.other),
         ]
     }
 
@@ -88,7 +95,9 @@ pub struct EfficiencyReport {
     /// Processor seconds by cause.
     pub seconds: CauseSeconds,
     /// Processor seconds the workers were connected while they worked on
-    /// the job or idled for it; the causes add up to about this.
+    /// the job or idled for it, as far as they have reported it (a
+    /// running job's workers report with every heartbeat); the causes add
+    /// up to this.
     pub processor_s: f64,
     /// Shards made by splitting leased shards.
     pub shards_split: u64,
@@ -132,6 +141,7 @@ impl EfficiencyReport {
             crashed: b.crashed + s.crashed,
             paused: b.paused + s.paused,
             tail_idle: b.tail_idle + s.tail_idle,
+            other: b.other + s.other,
         };
         let fraction = |part: f64, whole: f64| {
             if whole > 0.0 {

@@ -62,8 +62,8 @@ class Client:
         prints it: ``wall_s``, ``records``, ``records_per_s``,
         ``busy_fraction``, ``processor_s``, ``seconds`` (processor seconds
         by cause: ``startup``, ``model``, ``input_wait``, ``checkpoint``,
-        ``redone``, ``paused``, ``tail_idle``; they add up to about
-        ``processor_s``), ``shards_split``, ``attempts_failed``,
+        ``redone``, ``crashed``, ``paused``, ``tail_idle``, ``other``; they
+        add up to ``processor_s``), ``shards_split``, ``attempts_failed``,
         ``redone_batches`` and ``devices`` (per worker)."""
         return json.loads(self._native.report(job))
 

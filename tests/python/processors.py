@@ -73,6 +73,17 @@ class Slow(Runner):
         super().process_batch(batch, batch_idx)
 
 
+class Sleepy(Runner):
+    """The runner at a second per batch: a shard of 8 batches takes 8 s,
+    its first checkpoint (3 batches) lands at 3 s."""
+
+    def process_batch(self, batch, batch_idx):
+        import time
+
+        time.sleep(1.0)
+        super().process_batch(batch, batch_idx)
+
+
 class NotAProcessor:
     def __init__(self, context):
         pass

@@ -751,6 +751,67 @@ fn run_local_is_visible_to_the_other_verbs_and_ctrl_c_says_how_to_resume() {
 }
 
 #[test]
+fn a_running_jobs_report_counts_model_time_before_a_shard_ends() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // A second per batch: the first shard's first checkpoint commits at
+    // about 3 s, the shard ends at about 8 s.
+    let spec_text = fixture_spec("parquet", "").replace(
+        "name = \"torchscript\"",
+        &format!(
+            "python = \"processors:Sleepy\"\npython_path = [\"{}\"]",
+            repo_root().join("tests/python").display()
+        ),
+    );
+    let spec = write(tmp.path(), "job.toml", &spec_text);
+    let root = tmp.path().join("state");
+    let mut cmd = Command::new(bin("stoke"));
+    cmd.args(["run", &spec, "--local", "1", "--device", "cpu", "--root"])
+        .arg(&root)
+        .args(["--job-id", "r"]);
+    let mut run = Proc::spawn("run", cmd, tmp.path());
+    let addr = wait_until("the coordinator's address", DEADLINE, || {
+        let log = run.log_text();
+        let line = log.lines().find(|l| l.starts_with("coordinator: "))?;
+        line.split_whitespace().nth(1).map(str::to_string)
+    });
+    let env = [("STOKE_COORDINATOR", addr.as_str())];
+    let json = |args: &[&str]| -> Option<serde_json::Value> {
+        let out = stoke_within(args, &env, QUICK);
+        serde_json::from_slice(&out.stdout).ok()
+    };
+    // A checkpoint committed, no shard ended yet.
+    let status = wait_until("a first checkpoint", DEADLINE, || {
+        let v = json(&["status", "r", "--json"])?;
+        (v["records_done"].as_u64()? > 0).then_some(v)
+    });
+    assert_eq!(status["shards_done"], 0, "{status}");
+    let report = wait_until("model time in the report", QUICK, || {
+        let v = json(&["report", "r", "--json"])?;
+        (v["seconds"]["model"].as_f64()? > 0.0).then_some(v)
+    });
+    // Still mid-shard when the report was read.
+    let after = json(&["status", "r", "--json"]).expect("status json");
+    assert_eq!(after["shards_done"], 0, "{after}");
+    assert!(
+        report["busy_fraction"].as_f64().is_some_and(|f| f > 0.0),
+        "{report}"
+    );
+    // The causes add up to the processor time.
+    let causes: f64 = report["seconds"]
+        .as_object()
+        .expect("seconds")
+        .values()
+        .filter_map(serde_json::Value::as_f64)
+        .sum();
+    let processor = report["processor_s"].as_f64().expect("processor_s");
+    assert!((causes - processor).abs() < 1e-6, "{report}");
+
+    signal(run.pid(), libc::SIGINT);
+    let exit = run.wait_exit(DEADLINE);
+    assert_eq!(exit.code(), Some(130), "{}", run.log_text());
+}
+
+#[test]
 fn one_mistake_fails_the_job_at_once_and_is_said_once() {
     let tmp = tempfile::tempdir().expect("tempdir");
     // A wrong model path (absolute, so not refused at submit): every

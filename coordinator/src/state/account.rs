@@ -14,9 +14,11 @@
 //! job it holds leases of (its processor time), or, for an idle worker, to
 //! a paused job (`paused`) or a running job in its tail (leased shards,
 //! none pending: `tail_idle`). A session is settled just before its leases
-//! change, and every session at most every `ACCOUNT_EVERY` besides. The
-//! report's causes add up to about that processor time; what is missing
-//! is time between a worker's leases.
+//! change, and every session at most every `ACCOUNT_EVERY` besides. A
+//! report counts a worker's busy time once the worker has reported what
+//! it went to (its next heartbeat; a worker that went away, at once). The
+//! causes add up to that processor time exactly: what the stages do not
+//! explain is `other` (time between a worker's leases and batches).
 //!
 //! Kept in memory, and saved for every running job every `SAVE_EVERY`
 //! (`report-so-far.json`): a restarted coordinator adds what it counts to
@@ -121,6 +123,9 @@ pub(super) struct Account {
     input_wait_ms: u64,
     checkpoint_ms: u64,
     redone_ms: u64,
+    /// Busy time of workers that went away with the job's work before
+    /// they reported it (see `worker_gone`).
+    redone_unreported: Duration,
     redone_batches: u64,
     /// Uncommitted model time of crashed attempts (in `model_ms`, like
     /// `redone_ms`), and the time of the batches they died in (not).
@@ -151,6 +156,7 @@ impl Account {
             input_wait_ms: 0,
             checkpoint_ms: 0,
             redone_ms: 0,
+            redone_unreported: Duration::ZERO,
             redone_batches: 0,
             crashed_ms: 0,
             dying: Duration::ZERO,
@@ -231,7 +237,25 @@ impl Account {
         });
     }
 
-    /// The report at `now`.
+    /// The worker `worker_id`'s session ended: the busy time it held for
+    /// this job since its last report will never be reported. It was
+    /// `redone` when the session's end lost the job's work (`lost_work`),
+    /// else it stays in the processor time, as `other`.
+    pub fn worker_gone(&mut self, worker_id: &str, lost_work: bool) {
+        if let Some(w) = self.workers.get_mut(worker_id) {
+            if lost_work {
+                self.redone_unreported += w.unreported;
+            }
+            w.unreported = Duration::ZERO;
+        }
+    }
+
+    /// The report at `now`: the processor time as the workers have
+    /// reported it (each heartbeat tells what the time since the last one
+    /// went to), split by cause; the causes add up to it exactly. Saved
+    /// for a coordinator that starts again as it is: a restart loses the
+    /// unreported time with its sessions, so the next coordinator adds to
+    /// causes and processor time that agree.
     pub fn report(
         &self,
         job_id: &str,
@@ -239,38 +263,7 @@ impl Account {
         shards_split: u64,
         now: Instant,
     ) -> EfficiencyReport {
-        self.report_as(job_id, records, shards_split, now, false)
-    }
-
-    /// The report to save for a coordinator that starts again: without
-    /// the busy time whose causes the workers have not reported yet, which
-    /// a restart loses with them (so the saved causes and processor time
-    /// agree, and the next coordinator's add to both).
-    fn saved_report(
-        &self,
-        job_id: &str,
-        records: u64,
-        shards_split: u64,
-        now: Instant,
-    ) -> EfficiencyReport {
-        self.report_as(job_id, records, shards_split, now, true)
-    }
-
-    fn report_as(
-        &self,
-        job_id: &str,
-        records: u64,
-        shards_split: u64,
-        now: Instant,
-        reported_only: bool,
-    ) -> EfficiencyReport {
-        let unreported = |w: &WorkerShare| {
-            if reported_only {
-                w.unreported
-            } else {
-                Duration::ZERO
-            }
-        };
+        let unreported = |w: &WorkerShare| w.unreported;
         let secs = |ms: u64| ms as f64 / 1000.0;
         let end = self.ended.unwrap_or(now);
         let wall_s = end.saturating_duration_since(self.started).as_secs_f64();
@@ -310,17 +303,24 @@ impl Account {
             model: model_s,
             input_wait: secs(self.input_wait_ms),
             checkpoint: secs(self.checkpoint_ms),
-            redone: secs(self.redone_ms),
+            redone: secs(self.redone_ms) + self.redone_unreported.as_secs_f64(),
             crashed: secs(self.crashed_ms) + self.dying.as_secs_f64(),
             paused: self.paused.as_secs_f64(),
             tail_idle: self.tail_idle.as_secs_f64(),
+            other: 0.0,
         };
         // Two clocks: the workers report their stage times, the
-        // coordinator measures the time it gave the job, and they differ by
-        // what was in flight at either end (a job cancelled while its
-        // workers' last reports were on their way). The processor time is
-        // at least what its causes add up to, so no share passes 100%.
-        let processor_s = processor_s.max(seconds.total());
+        // coordinator measures the time it gave the job. What the measured
+        // time holds beyond the stages is `other`; where the stages hold
+        // more (a job cancelled while its workers' last reports were on
+        // their way), the processor time is what they add up to. Either
+        // way the causes sum to the processor time and no share passes
+        // 100%.
+        let seconds = CauseSeconds {
+            other: (processor_s - seconds.total()).max(0.0),
+            ..seconds
+        };
+        let processor_s = seconds.total();
         let report = EfficiencyReport {
             job_id: job_id.to_string(),
             wall_s,
@@ -492,7 +492,7 @@ impl State {
                 account.saved = now;
                 let so_far = ReportSoFar {
                     saved_ms: now_ms(),
-                    report: account.saved_report(&job.id, job.totals.records, split, now),
+                    report: account.report(&job.id, job.totals.records, split, now),
                 };
                 saves.push((job.id.clone(), job.layout.report_so_far(), so_far));
             }

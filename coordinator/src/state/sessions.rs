@@ -119,6 +119,7 @@ impl State {
         self.counters.sessions_closed += 1;
         self.waiting.retain(|s| s != session_id);
         let mut requeued = 0;
+        let mut lost_work: Vec<String> = Vec::new();
         for (job_id, idx) in session.leases {
             if let Some(job) = self.jobs.get_mut(&job_id) {
                 let shard = &job.shards[idx];
@@ -146,6 +147,7 @@ impl State {
                     warn!(job = %job_id, shard = %self.shard_name(&job_id, idx), token = lease.token, worker = %session.worker_id, "worker gone; shard requeued once its crash is stored (a batch was in progress)");
                     continue;
                 }
+                lost_work.push(job_id.clone());
                 if let Some(job) = self.jobs.get_mut(&job_id) {
                     job.account.lost(lease.work, Lost::Disconnected);
                     if job.state == JobState::Running {
@@ -155,6 +157,10 @@ impl State {
                     warn!(job = %job_id, shard = %job.plan.shards[idx].id, token = lease.token, worker = %session.worker_id, "worker gone; shard requeued");
                 }
             }
+        }
+        for job in self.jobs.values_mut() {
+            let lost = lost_work.contains(&job.id);
+            job.account.worker_gone(&session.worker_id, lost);
         }
         self.wake(requeued);
         info!(session = %session_id, worker = %session.worker_id, "session closed");
