@@ -36,7 +36,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-VERSION = "3"
+VERSION = "4"
 MAX_BATCH = 256
 FILES = 3
 
@@ -171,6 +171,8 @@ def main() -> None:
         reference["multi.pt2"] = torch.cat([c["logits"] for c in chunks]).numpy()
         reference["multi.pt2:embedding"] = torch.cat([c["embedding"] for c in chunks]).numpy()
         reference["mlp.pt"] = torch.jit.load(str(out / "mlp.pt"))(x).numpy()
+        # What `flatten_outputs = true` makes of out3d's [B, 2, 8]: [B, 16].
+        reference["out3d.pt"] = torch.jit.load(str(out / "out3d.pt"))(x).reshape(n, -1).numpy()
     (out / "reference.json").write_text(json.dumps({
         name: {
             ids[i]: {"argmax": int(s[i].argmax()), "scores": [float(v) for v in s[i]]}

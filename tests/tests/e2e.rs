@@ -352,6 +352,7 @@ fn a_load_stage_pads_ragged_records_in_batches_cut_by_an_element_budget(env) {
     let m = env.manifest(&job_id);
     assert_eq!(m.records_out, 500);
     let mut seen = 0;
+    let mut batch_rows = Vec::new();
     for batch in output_batches(&m) {
         use arrow_array::cast::AsArray;
         let ids = batch
@@ -374,7 +375,22 @@ fn a_load_stage_pads_ragged_records_in_batches_cut_by_an_element_budget(env) {
             .expect("padded_to")
             .as_primitive::<arrow_array::types::Int64Type>()
             .clone();
+        let rows = batch
+            .column_by_name("batch_rows")
+            .expect("batch_rows")
+            .as_primitive::<arrow_array::types::Int64Type>()
+            .clone();
         for i in 0..batch.num_rows() {
+            // The budget: a batch's records times its padded length stay
+            // within max_elements (64 records of up to 40 values would not).
+            assert!(
+                rows.value(i) * padded.value(i) <= 400,
+                "{}: a batch of {} padded to {}",
+                ids.value(i),
+                rows.value(i),
+                padded.value(i)
+            );
+            batch_rows.push(rows.value(i));
             let (mean, n) = want[ids.value(i)];
             assert_eq!(lengths.value(i), n, "{}", ids.value(i));
             assert!(
@@ -388,6 +404,11 @@ fn a_load_stage_pads_ragged_records_in_batches_cut_by_an_element_budget(env) {
         }
     }
     assert_eq!(seen, 500);
+    // Cut by the budget, not one record at a time: with lengths spread
+    // over 1..=40, filling each batch up to the budget gives batches of 9
+    // to 11 records (fewer only where a shard ends).
+    let filled = batch_rows.iter().filter(|&&r| r >= 9).count();
+    assert!(filled >= 400, "{filled} records in batches of 9 or more");
 }
 
 

@@ -254,6 +254,10 @@ fn rust_backtrace_does_not_turn_user_errors_into_backtraces() {
     );
     let stderr = lines(&out.stderr);
     assert_eq!(stderr.len(), 1, "{stderr:?}");
+    assert!(
+        stderr[0].starts_with("stoke: ") && stderr[0].contains(&missing),
+        "names the spec: {stderr:?}"
+    );
     // The cause once, not twice.
     assert_eq!(
         stderr[0].matches("No such file or directory").count(),
@@ -280,7 +284,10 @@ fn rust_backtrace_does_not_turn_user_errors_into_backtraces() {
         .env("RUST_BACKTRACE", "1");
     let out = output_within(cmd, QUICK);
     assert!(!out.status.success());
-    assert_eq!(lines(&out.stderr).len(), 1, "{}", text(&out.stderr));
+    assert_eq!(
+        lines(&out.stderr),
+        vec!["stoke-coordinator: --root-lock-ttl 1ms: at least 300ms".to_string()]
+    );
     let mut cmd = Command::new(bin("stoke-worker"));
     cmd.args(["--device", "gpu9"]).env("RUST_BACKTRACE", "1");
     let out = output_within(cmd, QUICK);

@@ -172,9 +172,11 @@ fn chaos_with_splitting_kill_sigterm_and_coordinator_restarts_lose_nothing() {
     let (mut slow, mut fast, _until) =
         split_a_stopped_workers_shard(&coordinator, &root, tmp.path(), &job_id);
     // A coordinator restart right after a split: it must come back from
-    // the store.
+    // the store, as the restarted coordinator's own count of shards says.
+    let shards = coordinator.status(&job_id)["shards_total"].clone();
+    assert!(shards.as_u64().is_some_and(|n| n > 2), "{shards}");
     coordinator.restart(&[]);
-    assert!(split_end(&root, &job_id, "s00000").is_some());
+    assert_eq!(coordinator.status(&job_id)["shards_total"], shards);
     // kill -9 the stopped holder: its part of the shard goes to others.
     let _ = slow.child.kill();
     let _ = slow.child.wait();
@@ -201,13 +203,14 @@ fn chaos_with_splitting_kill_sigterm_and_coordinator_restarts_lose_nothing() {
     // in the plan it recovered).
     let r = report(&coordinator, &job_id);
     assert!(r.shards_split >= 1, "{r:?}");
-    // The causes account for the processor time (the issue asks within
-    // 5%; a tenth of a second of it is the restarts' batches in flight).
+    // An identity across the restarts, whatever the load: the causes add
+    // up to the processor time.
     let (causes, processor) = (r.seconds.total(), r.processor_s);
     assert!(
-        (causes - processor).abs() <= (0.05 * processor).max(0.25),
+        (causes - processor).abs() < 1e-6,
         "causes {causes:.2} s against {processor:.2} processor s: {r:?}"
     );
+    assert!(r.seconds.model > 0.0, "{r:?}");
     // For BENCHMARKS.md: how much of the processor time the causes explain.
     println!(
         "chaos report: causes {:.2} s of {:.2} processor s ({:.1}%): {}",
@@ -331,7 +334,8 @@ fn straggler_report(split: bool) -> EfficiencyReport {
 }
 
 /// Runs `spec` (two long shards) with a slow and a fast worker; checks
-/// every record landed once with the right prediction; the report.
+/// every record landed once with the right prediction, in shards of the
+/// slow worker's shard's split (or in the two, `split` off); the report.
 fn straggler_run(spec: String, split: bool) -> EfficiencyReport {
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().join("root");
@@ -348,7 +352,10 @@ fn straggler_run(spec: String, split: bool) -> EfficiencyReport {
     for w in [&mut slow, &mut fast] {
         assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
     }
-    assert_matches_reference(&committed_rows(&manifest(&root, &job_id)));
+    let m = manifest(&root, &job_id);
+    assert_matches_reference(&committed_rows(&m));
+    let split_off = m.outputs.iter().any(|o| o.shard_id.starts_with("s00000."));
+    assert_eq!(split_off, split, "shards committed: {:?}", m.outputs);
     let r = report(&coordinator, &job_id);
     println!(
         "straggler split={split}: tail_idle {:.2} s of {:.2} processor s, {} shards split",
@@ -357,31 +364,16 @@ fn straggler_run(spec: String, split: bool) -> EfficiencyReport {
     r
 }
 
+/// Counts, not durations (the time the fast worker idles is a speed
+/// claim: `bench/run.sh straggler` measures it): without splitting the
+/// slow worker's shard stays whole; with it, the idle worker takes part of
+/// it as a shard of its own.
 #[test]
-fn tail_idle_is_near_zero_with_splitting_and_not_without() {
+fn splitting_hands_part_of_a_slow_workers_shard_to_the_idle_one() {
     let off = straggler_report(false);
     let on = straggler_report(true);
     assert_eq!(off.shards_split, 0, "{off:?}");
     assert!(on.shards_split >= 1, "{on:?}");
-    // Without splitting the fast worker waits for the slow one's whole
-    // shard; with it, the slow one's shard keeps shrinking to the end.
-    assert!(
-        off.seconds.tail_idle > 1.0,
-        "the fast worker idled {:.2} s without splitting",
-        off.seconds.tail_idle
-    );
-    assert!(
-        on.seconds.tail_idle < off.seconds.tail_idle / 2.0,
-        "tail_idle {:.2} s with splitting, {:.2} s without",
-        on.seconds.tail_idle,
-        off.seconds.tail_idle
-    );
-    assert!(
-        on.share(on.seconds.tail_idle) < 0.15,
-        "tail_idle {:.2} s of {:.2} processor s with splitting",
-        on.seconds.tail_idle,
-        on.processor_s
-    );
 }
 
 #[test]

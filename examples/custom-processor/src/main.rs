@@ -122,6 +122,11 @@ impl TorchBatchProcessor for RaggedMean {
                     "padded_to",
                     Column::from(vec![inputs.data.size()[1]; batch.len()]),
                 ),
+                // How the batcher cut: the records in this batch.
+                (
+                    "batch_rows",
+                    Column::from(vec![batch.len() as i64; batch.len()]),
+                ),
             ],
         )?;
         Ok(())
