@@ -43,15 +43,18 @@ def fixture_dir(tmp_path_factory):
 
 
 class Cluster:
-    def __init__(self, tmp):
+    def __init__(self, tmp, env=None):
+        """A coordinator on loopback; `env` adds to the environment of it
+        and its workers (tokens, say)."""
         self.tmp = tmp
+        self.env = {**os.environ, **(env or {})}
         self.root = tmp / "root"
         addr_file = tmp / "coordinator.addr"
         self.log = open(tmp / "coordinator.log", "w")
         self.procs = [subprocess.Popen(
             [str(bin_path("stoke-coordinator")), "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
              "--root", str(self.root), "--addr-file", str(addr_file)],
-            stdout=self.log, stderr=subprocess.STDOUT)]
+            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)]
         self.address = "http://" + wait_for("the coordinator's address", lambda: addr_file.exists() and addr_file.read_text().strip())
 
     def worker(self, name="w1"):
@@ -59,7 +62,7 @@ class Cluster:
         proc = subprocess.Popen(
             [str(bin_path("stoke-worker")), "--coordinator", self.address, "--worker-id", name,
              "--device", "cpu", "--threads", "1", "--exit-when-idle"],
-            stdout=log, stderr=subprocess.STDOUT)
+            stdout=log, stderr=subprocess.STDOUT, env=self.env)
         self.procs.append(proc)
         return proc
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 import stoke
-from conftest import DEADLINE, bin_path, fixture_spec, wait_for
+from conftest import DEADLINE, Cluster, bin_path, fixture_spec, wait_for
 
 PROCESSORS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"
 
@@ -131,3 +131,22 @@ def test_set_changes_a_jobs_schedule(cluster, fixture_dir):
     # The refused changes changed nothing.
     status = client.status(job)
     assert (status["priority"], status["weight"], status["max_workers"]) == (-2, 2.5, None)
+
+
+def test_client_token_opens_a_coordinator_with_tokens(tmp_path, fixture_dir, monkeypatch):
+    client_token, worker_token = "client-" + "a" * 32, "worker-" + "b" * 32
+    monkeypatch.delenv("STOKE_CLIENT_TOKEN", raising=False)
+    monkeypatch.delenv("STOKE_CLIENT_TOKEN_FILE", raising=False)
+    cluster = Cluster(tmp_path, env={"STOKE_CLIENT_TOKEN": client_token, "STOKE_WORKER_TOKEN": worker_token})
+    try:
+        # No token, or a wrong one: refused, naming what to set.
+        for token in (None, "wrong-" + "c" * 32):
+            with pytest.raises(stoke.StokeError, match="STOKE_CLIENT_TOKEN"):
+                stoke.Client(cluster.address, token=token).jobs()
+        client = stoke.Client(cluster.address, token=client_token)
+        job = client.submit(fixture_spec(fixture_dir))["job_id"]
+        cluster.worker()
+        last = list(client.watch(job, poll=0.05))[-1]
+        assert last["state"] == "succeeded" and last["records_done"] == 3000, last
+    finally:
+        cluster.close()

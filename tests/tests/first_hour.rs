@@ -758,7 +758,7 @@ fn run_local_is_visible_to_the_other_verbs_and_ctrl_c_says_how_to_resume() {
 }
 
 #[test]
-fn a_running_jobs_report_counts_model_time_before_a_shard_ends() {
+fn a_running_jobs_report_counts_model_time_and_a_cancel_exits_3() {
     let tmp = tempfile::tempdir().expect("tempdir");
     // A second per batch: the first shard's first checkpoint commits at
     // about 3 s, the shard ends at about 8 s.
@@ -813,9 +813,12 @@ fn a_running_jobs_report_counts_model_time_before_a_shard_ends() {
     let processor = report["processor_s"].as_f64().expect("processor_s");
     assert!((causes - processor).abs() < 1e-6, "{report}");
 
-    signal(run.pid(), libc::SIGINT);
+    // Cancelled from another terminal: `run` follows the job to its end
+    // and exits 3 (README, "Exit codes").
+    let out = stoke_within(&["cancel", "r"], &env, QUICK);
+    assert!(out.status.success(), "{}", text(&out.stderr));
     let exit = run.wait_exit(DEADLINE);
-    assert_eq!(exit.code(), Some(130), "{}", run.log_text());
+    assert_eq!(exit.code(), Some(3), "{}", run.log_text());
 }
 
 #[test]

@@ -312,6 +312,38 @@ fn bad_record_under_skip_leaves_out_that_record_only() {
     }
 }
 
+#[test]
+fn bad_record_under_fail_fails_the_job_naming_the_record_and_its_reason() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let job = coordinator.submit(&write_spec(
+        tmp.path(),
+        "job.toml",
+        &python_spec(
+            "Runner",
+            "bad = [\"r-00010\"]",
+            "[errors]\npolicy = \"fail\"",
+        ),
+    ));
+    let _w = coordinator.worker("stoke-worker", "w1", tmp.path());
+    let status = coordinator.wait_job(&job);
+    assert_eq!(status["state"], "failed", "{status}");
+    let reason = status["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("r-00010") && reason.contains("listed as bad by the test"),
+        "{reason}"
+    );
+    // `stoke errors` says which record and why.
+    let out = coordinator.cli(&["errors", &job]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let errors = text(&out.stdout);
+    assert!(
+        errors.contains("r-00010") && errors.contains("listed as bad by the test"),
+        "{errors}"
+    );
+}
+
 /// A job whose processor cannot start: it fails with `want` in its reason
 /// and the worker does not panic.
 fn assert_start_failure(python: &str, want: &[&str]) {
@@ -528,6 +560,30 @@ fn pause_resume_a_coordinator_restart_and_cancel_behave_as_for_rust_processors()
         worker.log_text()
     );
     assert_no_panic(&worker);
+}
+
+#[test]
+fn run_local_prewarms_python_for_a_python_job_only() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for (tag, spec) in [
+        ("python", python_spec("Runner", "", "")),
+        ("builtin", fixture_spec("parquet", "")),
+    ] {
+        let path = write_spec(tmp.path(), &format!("{tag}.toml"), &spec);
+        let root = tmp.path().join(tag);
+        let mut cmd = Command::new(bin("stoke"));
+        cmd.args(["run", &path, "--local", "1", "--device", "cpu", "--root"])
+            .arg(&root)
+            .env("RUST_LOG", "info");
+        let out = output_within(cmd, DEADLINE);
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{tag}: {stderr}");
+        // The worker's own line, passed on by `run`.
+        let prewarmed = stderr.lines().any(|l| {
+            l.starts_with("[local-0]") && l.contains("Python ready for processors (prewarmed)")
+        });
+        assert_eq!(prewarmed, tag == "python", "{tag}: {stderr}");
+    }
 }
 
 #[test]

@@ -216,10 +216,10 @@ fn weights_share_the_workers_and_set_changes_them() {
 fn workers_wanted_rises_and_falls_with_the_work() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().join("root");
-    let coordinator = Coordinator::start(&root, tmp.path(), &["--queue", "gpu=2"]);
-    let wanted = |series: &str| metric(&coordinator, series).map(|v| v as u64);
+    let mut coordinator = Coordinator::start(&root, tmp.path(), &["--queue", "gpu=2"]);
+    let wanted_of = |c: &Coordinator, series: &str| metric(c, series).map(|v| v as u64);
     assert_eq!(
-        wanted("stoke_workers_wanted"),
+        wanted_of(&coordinator, "stoke_workers_wanted"),
         Some(0),
         "nothing to do: zero"
     );
@@ -232,43 +232,113 @@ fn workers_wanted_rises_and_falls_with_the_work() {
         .as_u64()
         .expect("shards_total");
     assert!(shards > 2, "{shards} shards");
-    assert_eq!(wanted("stoke_workers_wanted"), Some(shards));
-    assert_eq!(wanted("stoke_shards_pending"), Some(shards));
+    assert_eq!(
+        wanted_of(&coordinator, "stoke_workers_wanted"),
+        Some(shards)
+    );
+    assert_eq!(
+        wanted_of(&coordinator, "stoke_shards_pending"),
+        Some(shards)
+    );
     // A job in a queue capped at 2 adds at most 2, whatever its size.
     let capped = coordinator.submit(&spec_file(
         tmp.path(),
         "capped.toml",
         job_spec("jsonl", "capped", "queue = \"gpu\"", 50),
     ));
-    assert_eq!(wanted("stoke_queue_workers_wanted{queue=\"gpu\"}"), Some(2));
-    assert_eq!(wanted("stoke_workers_wanted"), Some(shards + 2));
+    assert_eq!(
+        wanted_of(&coordinator, "stoke_queue_workers_wanted{queue=\"gpu\"}"),
+        Some(2)
+    );
+    assert_eq!(
+        wanted_of(&coordinator, "stoke_workers_wanted"),
+        Some(shards + 2)
+    );
     // Paused: its workers are not wanted.
     let out = coordinator.cli(&["pause", &capped]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(wanted("stoke_workers_wanted"), Some(shards));
+    assert_eq!(
+        wanted_of(&coordinator, "stoke_workers_wanted"),
+        Some(shards)
+    );
+    // `stoke set --max-workers` caps what the job adds; the cap is stored
+    // (schedule.json) and survives a restart on this file root.
+    let out = coordinator.cli(&["set", &first, "--max-workers", "2"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("max_workers 2"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(wanted_of(&coordinator, "stoke_workers_wanted"), Some(2));
+    coordinator.restart(&[]);
+    assert_eq!(jobs(&coordinator)[&first]["max_workers"], 2);
+    assert_eq!(wanted_of(&coordinator, "stoke_workers_wanted"), Some(2));
+    let out = coordinator.cli(&["set", &first, "--max-workers", "0"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        wanted_of(&coordinator, "stoke_workers_wanted"),
+        Some(shards)
+    );
     // Workers take the shards: leased ones still count, done ones do not.
     let _worker = coordinator.worker_with("stoke-worker", "w0", tmp.path(), &[], &[SLOW_BATCHES]);
     wait_until("a shard leased", DEADLINE, || {
-        (wanted("stoke_shards_leased") == Some(1)).then_some(())
+        (wanted_of(&coordinator, "stoke_shards_leased") == Some(1)).then_some(())
     });
     wait_until(
         "workers_wanted to fall as shards are done",
         DEADLINE,
         || {
-            wanted("stoke_workers_wanted")
+            wanted_of(&coordinator, "stoke_workers_wanted")
                 .filter(|&n| n < shards)
                 .map(|_| ())
         },
     );
     coordinator.wait_success(&first);
-    assert_eq!(wanted("stoke_workers_wanted"), Some(0), "scale to zero");
-    assert_eq!(wanted("stoke_records_left"), Some(0));
+    assert_eq!(
+        wanted_of(&coordinator, "stoke_workers_wanted"),
+        Some(0),
+        "scale to zero"
+    );
+    assert_eq!(wanted_of(&coordinator, "stoke_records_left"), Some(0));
     // Back up when work arrives again.
     let out = coordinator.cli(&["resume", &capped]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     wait_until("workers wanted again", DEADLINE, || {
-        wanted("stoke_workers_wanted")
+        wanted_of(&coordinator, "stoke_workers_wanted")
             .filter(|&n| n > 0)
             .map(|_| ())
     });
+}
+
+#[test]
+fn queue_borrow_lets_idle_workers_past_a_full_queue() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    // A queue capped at 1, borrowing on: with no other work, both workers
+    // take its job's shards.
+    let coordinator =
+        Coordinator::start(&root, tmp.path(), &["--queue", "gpu=1", "--queue-borrow"]);
+    let job = coordinator.submit(&spec_file(
+        tmp.path(),
+        "gpu.toml",
+        job_spec("parquet", "gpu", "queue = \"gpu\"", 50),
+    ));
+    let _workers: Vec<Proc> = (0..2)
+        .map(|i| {
+            coordinator.worker_with(
+                "stoke-worker",
+                &format!("w{i}"),
+                tmp.path(),
+                &[],
+                &[SLOW_BATCHES],
+            )
+        })
+        .collect();
+    wait_until("both workers on the capped queue's job", DEADLINE, || {
+        let leased = metric(&coordinator, "stoke_queue_shards_leased{queue=\"gpu\"}")?;
+        (leased >= 2.0).then_some(())
+    });
+    coordinator.wait_success(&job);
+    assert_matches_reference(&committed_rows(&manifest(&root, &job)));
 }

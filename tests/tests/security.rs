@@ -94,7 +94,8 @@ fn tokens_keep_clients_and_workers_apart_on_grpc_and_http() {
         ),
     ] {
         let out = stoke_cli_env(&["--coordinator", addr, "submit", &spec], &env);
-        assert!(!out.status.success(), "submit with {what} was accepted");
+        // A refused token is bad input: exit 2 (README, "Exit codes").
+        assert_eq!(out.status.code(), Some(2), "submit with {what}");
         let err = text(&out.stderr);
         assert!(
             err.contains("Unauthenticated") || err.contains("authentication"),
@@ -444,4 +445,43 @@ fn limits_on_spec_size_request_size_and_unfinished_jobs() {
     let out = coordinator.cli(&["cancel", &first]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let _third = coordinator.submit(&spec);
+
+    // HTTP takes no body over 64 KiB (README, "Limits"): declared, or
+    // chunked; one under it is served.
+    let http_status = |head: &str, body: &[u8]| -> String {
+        use std::io::{Read, Write};
+        let addr = coordinator.http_addr.trim_start_matches("http://");
+        let mut conn = std::net::TcpStream::connect(addr).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        conn.write_all(head.as_bytes()).unwrap();
+        // The server may answer and close before it read it all.
+        let _ = conn.write_all(body);
+        let mut answer = String::new();
+        let _ = conn.read_to_string(&mut answer);
+        answer.lines().next().unwrap_or_default().to_string()
+    };
+    let with_length = |n: usize| {
+        http_status(
+            &format!(
+                "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: {n}\r\nConnection: close\r\n\r\n"
+            ),
+            &vec![b'x'; n],
+        )
+    };
+    assert!(with_length(1000).contains(" 200 "), "{}", with_length(1000));
+    let refused = with_length(70_000);
+    assert!(refused.contains(" 413 "), "{refused}");
+    let mut chunked = Vec::new();
+    for _ in 0..10 {
+        chunked.extend_from_slice(format!("{:x}\r\n", 10_000).as_bytes());
+        chunked.extend_from_slice(&[b'x'; 10_000]);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let refused = http_status(
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        &chunked,
+    );
+    assert!(refused.contains(" 413 "), "{refused}");
 }

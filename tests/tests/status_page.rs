@@ -485,3 +485,72 @@ fn the_status_page_shows_a_job_in_progress_as_the_coordinator_sees_it() {
     );
     assert!(!dom.contains("data-job-id=\""), "{dom}");
 }
+
+/// Serves `page` at `/` and `api` once at `/api/status` on a loopback port,
+/// then stops listening, as a coordinator that stopped would: the page's
+/// next poll finds nobody. Returns the address.
+fn serve_once_then_stop(page: String, api: String) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut line = String::new();
+            let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            // The rest of the request head.
+            let mut header = String::new();
+            while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+                header.clear();
+            }
+            let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+            let (code, kind, body) = match path.as_str() {
+                "/" => ("200 OK", "text/html; charset=utf-8", page.as_str()),
+                "/api/status" => ("200 OK", "application/json", api.as_str()),
+                _ => ("404 Not Found", "text/plain", "not found\n"),
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {code}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            if path == "/api/status" {
+                // The listener goes with this thread.
+                return;
+            }
+        }
+    });
+    addr
+}
+
+#[test]
+fn the_page_keeps_its_last_data_marked_stale_when_the_coordinator_stops() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut browser = Browser::new(tmp.path());
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let spec = tmp.path().join("job.toml");
+    std::fs::write(&spec, fixture_spec("parquet", "")).expect("write spec");
+    let job_id = coordinator.submit(&spec.display().to_string());
+    let (code, page) = http_get(&coordinator.http_addr, "/").expect("GET /");
+    assert_eq!(code, 200);
+    let (code, api) = http_get(&coordinator.http_addr, "/api/status").expect("GET /api/status");
+    assert_eq!(code, 200);
+    drop(coordinator);
+    // The page's first poll gets the coordinator's answer, its next finds
+    // the port closed (the browser's virtual time runs past several polls).
+    let addr = serve_once_then_stop(page, api);
+    let dom = browser.dom(&format!("http://{addr}/"));
+    // What it last said stays, marked as stale, with when it was said.
+    assert!(dom.contains(&format!("data-job-id=\"{job_id}\"")), "{dom}");
+    assert!(
+        tag_attrs(&dom, "id=\"status\"")
+            .is_some_and(|a| a.get("data-stale").map(String::as_str) == Some("true")),
+        "{dom}"
+    );
+    assert!(dom.contains("Cannot reach the coordinator"), "{dom}");
+    assert!(dom.contains("offline since"), "{dom}");
+}

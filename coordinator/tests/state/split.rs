@@ -709,3 +709,44 @@ async fn a_holder_gone_while_its_split_is_stored_has_its_part_requeued() {
     };
     assert_eq!(holder.shard.until_record(), Some(198));
 }
+
+/// README, "Splitting at the tail": never adaptive batches (`max_elements`:
+/// batch boundaries depend on the data) nor shards of unknown size (JSON
+/// Lines the plan did not count). A holder that commits slowly and an idle
+/// asker would split either otherwise (the first case shows it).
+#[tokio::test(start_paused = true)]
+async fn adaptive_batches_and_shards_of_unknown_size_are_never_split() {
+    for case in ["splittable", "max_elements", "unknown size"] {
+        let stores = Stores::new();
+        let mut state = recover(&stores).await;
+        let mut spec = shards_spec(200, 200);
+        let mut plan = plan_dataset(&spec, &stores).await.expect("plan");
+        match case {
+            "max_elements" => {
+                spec.batching.max_elements = Some(64);
+                spec.batching.length_column = Some("values".to_string());
+            }
+            "unknown size" => plan.shards[0].records = None,
+            _ => {}
+        }
+        state
+            .create_job("j".to_string(), spec, plan)
+            .await
+            .expect("create job");
+        let (a, _a_events) = register(&mut state, "a");
+        let (b, _b_events) = register(&mut state, "b");
+        let held = leased(state.acquire(&a));
+        advance(Duration::from_secs(1)).await;
+        let c = commit_records(&a, &held, 0, 1, BATCH, false);
+        state
+            .commit(staged(&stores, c).await)
+            .await
+            .expect("commit");
+        advance(Duration::from_secs(5)).await;
+        let asked = ask_split(&mut state, &b).await;
+        let split = matches!(asked, AcquireOutcome::Lease(_));
+        assert_eq!(split, case == "splittable", "{case}: {asked:?}");
+        let shards = state.status().jobs.first().expect("job").info.shards_total;
+        assert_eq!(shards, if split { 2 } else { 1 }, "{case}");
+    }
+}
