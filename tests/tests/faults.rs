@@ -253,3 +253,65 @@ fn killed_worker_loses_its_lease_at_once_and_the_next_continues_from_the_checkpo
     let m = manifest(&root, &job_id);
     assert_matches_reference(&committed_rows(&m));
 }
+
+/// The efficiency report across a coordinator restart on a file root: the
+/// restarted coordinator carries on from the saved report, so its wall
+/// time and seconds cover the job's whole life. The restart comes late in
+/// the job, so a report that started over would hold only its last
+/// seconds.
+#[test]
+fn the_report_covers_the_whole_job_across_a_coordinator_restart() {
+    use stoke_core::report::{EfficiencyReport, ReportSoFar};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let mut coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    // 120 checkpoints of 25 records, each 100 ms longer than it would be.
+    let submitted = Instant::now();
+    let job_id = coordinator.submit(&spec_file(tmp.path(), 25, 1, 400));
+    let _w = coordinator.worker_with(
+        "stoke-worker",
+        "w1",
+        tmp.path(),
+        &[],
+        &[(
+            "FAILPOINTS",
+            "worker::after_upload_before_commit=sleep(100)",
+        )],
+    );
+    // Late in the job, once a report was saved (every 10 s).
+    let so_far = root.join("jobs").join(&job_id).join("report-so-far.json");
+    let saved: ReportSoFar = wait_until("a saved report, late in the job", DEADLINE, || {
+        let saved: ReportSoFar = serde_json::from_slice(&std::fs::read(&so_far).ok()?).ok()?;
+        let done = coordinator.status(&job_id)["records_done"].as_u64()?;
+        (saved.report.seconds.model > 0.0 && done >= 2000).then_some(saved)
+    });
+    let before = submitted.elapsed().as_secs_f64();
+    coordinator.restart(&[]);
+    coordinator.wait_success(&job_id);
+    // Stored at the tick after the end; then the coordinator shows it.
+    let stored_at = root.join("jobs").join(&job_id).join("report.json");
+    let stored: EfficiencyReport = wait_until("report.json", DEADLINE, || {
+        serde_json::from_slice(&std::fs::read(&stored_at).ok()?).ok()
+    });
+    let out = coordinator.cli(&["report", &job_id, "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: EfficiencyReport = serde_json::from_slice(&out.stdout).expect("report json");
+    // The wall time since the submit, not since the restart.
+    assert!(
+        r.wall_s >= before - 0.5,
+        "{} s of wall time, {before:.2} s before the restart: {r:?}",
+        r.wall_s
+    );
+    // What the first coordinator saved is in it.
+    assert!(
+        r.processor_s >= saved.report.processor_s,
+        "{r:?} after {saved:?}"
+    );
+    assert!(
+        r.seconds.model >= saved.report.seconds.model,
+        "{r:?} after {saved:?}"
+    );
+    assert_eq!(r.records, 3000);
+    assert!((r.seconds.total() - r.processor_s).abs() < 1e-6, "{r:?}");
+    assert_eq!(stored, r, "report.json and the coordinator's report");
+}

@@ -125,6 +125,63 @@ fn a_second_coordinator_is_refused_and_a_crashed_ones_root_is_taken_over() {
     env.assert_no_secrets_in_logs();
 }
 
+/// README: "a coordinator that cannot renew stops writing when its lease
+/// would expire, and one that finds its lease taken stops".
+#[test]
+fn a_coordinator_that_cannot_renew_its_root_stops_writing_and_yields_it() {
+    let env = TestEnv::new(Backend::S3);
+    // The first coordinator reaches the store through a proxy that can cut
+    // it off; everything else reaches the store directly.
+    let proxy = S3Proxy::start(env.s3.as_ref().expect("server").port);
+    let endpoint = proxy.endpoint();
+    let mut first = env.coordinator_with_env(&[], &[("STOKE_STORE_ENDPOINT", endpoint.as_str())]);
+    let spec_path = spec(&env, "");
+    let job_id = first.submit(&spec_path);
+    proxy.set(Faults {
+        fail_all: true,
+        ..Faults::default()
+    });
+    wait_until("a failed renewal", DEADLINE, || {
+        first
+            .proc
+            .log_text()
+            .contains("renewing the state root's lease failed")
+            .then_some(())
+    });
+    // Once its lease would have expired (2 s), it refuses its own writes
+    // before sending them: a pause (a write of the job's state, no read)
+    // fails at once, naming the root's hold (not after the store's
+    // retries, with a 503).
+    let refused = wait_until("a write refused by the fence", DEADLINE, || {
+        let out = first.cli(&["pause", &job_id]);
+        let err = text(&out.stderr);
+        (!out.status.success() && err.contains("is not currently held by this process"))
+            .then_some(err)
+    });
+    assert!(refused.contains("state root"), "{refused}");
+    // A successor takes the root over once the lease went unrenewed...
+    let second = env.coordinator(&[]);
+    assert!(
+        second.proc.log_text().contains("took over the state root"),
+        "{}",
+        second.proc.log_text()
+    );
+    // ... and when the first reaches the store again it finds its lease
+    // taken and stops.
+    proxy.set(Faults::default());
+    let status = first.proc.wait_exit(DEADLINE);
+    assert!(!status.success());
+    let log = first.proc.log_text();
+    assert!(
+        log.contains("another coordinator took over the state root"),
+        "{log}"
+    );
+    // The job, submitted to the first, runs under the second, exactly once.
+    let _w = second.worker("stoke-worker", "w1", env.dir());
+    second.wait_success(&job_id);
+    assert_matches_reference(&committed_rows(&env.manifest(&job_id)));
+}
+
 #[test]
 fn missing_credentials_are_refused_naming_the_uri_and_the_variables() {
     let env = TestEnv::new(Backend::S3);
