@@ -3,7 +3,8 @@
 # while a seeded schedule injects 20 worker kill -9, 5 worker SIGTERMs, 3
 # coordinator kill -9 + restarts on the same port and root, and a worker
 # SIGSTOP held past the lease timeout; then every record is checked against
-# an embedded run of the same spec (tests/tests/chaos.rs, tests/src/chaos.rs).
+# torch's own outputs, computed in Python when the fixture is built
+# (scripts/chaos_fixture.py; tests/tests/chaos.rs, tests/src/chaos.rs).
 #
 # Usage: scripts/chaos.sh [SEED]
 #   SEED (or STOKE_CHAOS_SEED) replays a schedule; without one a seed is

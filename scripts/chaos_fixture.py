@@ -15,8 +15,10 @@ machine (2 cores, 3 workers at 1 libtorch thread, batches of 25 records,
 shards of 750; see tests/src/chaos.rs): about 25 s undisturbed, long enough
 for a chaos schedule to land mid-shard. Repeating one layer gives the
 compute of a deep network while the model file stays small (about 1 MB).
-The tests compare the distributed run against an embedded run of the same
-spec, so no reference outputs are written here.
+  reference/part-N.json   each record's outputs as torch computes them here, in
+                          Python ({id: {"argmax": int, "scores": [10 floats]}}):
+                          what the tests check the distributed runs against,
+                          independently of stoke's own code paths
 
 Safe to run concurrently on the same OUT_DIR (temporary names are per
 process, outside the folders jobs read; each file appears atomically; the
@@ -27,7 +29,7 @@ import os
 import sys
 from pathlib import Path
 
-VERSION = "2"
+VERSION = "3"
 RECORDS = 30_000
 FILES = 6
 WIDTH = 64
@@ -104,6 +106,26 @@ def main() -> None:
     tmp = staging / "model.pt"
     scripted.save(str(tmp))
     os.replace(tmp, out / "model.pt")
+
+    # The reference, by torch in this process: the saved model, loaded
+    # back, on each file's records (1 thread, batches of 250).
+    import json
+
+    torch.set_num_threads(1)
+    model = torch.jit.load(str(out / "model.pt"))
+    (out / "reference").mkdir(exist_ok=True)
+    with torch.inference_mode():
+        for f in range(FILES):
+            lo, hi = f * per_file, (f + 1) * per_file
+            x = torch.from_numpy(features[lo:hi])
+            scores = torch.cat([model(c) for c in torch.split(x, 250)]).numpy()
+            ref = {
+                ids[lo + i]: {"argmax": int(scores[i].argmax()), "scores": [float(v) for v in scores[i]]}
+                for i in range(hi - lo)
+            }
+            tmp = staging / f"part-{f}.json"
+            tmp.write_text(json.dumps(ref))
+            os.replace(tmp, out / "reference" / f"part-{f}.json")
     staging.rmdir()
     marker.write_text(stamp)
 

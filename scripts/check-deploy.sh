@@ -11,11 +11,16 @@
 #   4. the rules in scripts/deploy_check.py on each render (grace periods,
 #      probes and ports, one coordinator, one GPU worker per node, tokens
 #      and TLS, autoscalers, ...); custom resources (KEDA, cert-manager)
-#      against the strict schemas in deploy/schemas/ and, where node and npm
-#      are, the typed models of their CRDs (scripts/validate_custom.mjs);
-#   5. where kubectl is installed, the same kustomizations rendered with
-#      `kubectl kustomize` too, which must give the same objects (so the
-#      manifests work with the kustomize users have, not only ours).
+#      against the strict schemas in deploy/schemas/ and the typed models
+#      of their CRDs (scripts/validate_custom.mjs, on Node.js);
+#   5. the same kustomizations rendered with `kubectl kustomize` too, which
+#      must give the same objects (so the manifests work with the kustomize
+#      users have, not only ours).
+#
+# Every check runs or the script fails naming what is missing (Node.js and
+# npm are installed from Debian as root when absent; kubectl must be on the
+# machine). STOKE_DEPLOY_NO_KUBECTL=1 leaves out step 5 on a machine
+# without kubectl, and says so in its summary line.
 #
 # Other uses (tests/tests/deploy.rs calls the second):
 #   scripts/check-deploy.sh --render DIR        DIR's rendered YAML on stdout
@@ -108,23 +113,27 @@ CRD_MODELS="@kubernetes-models/keda@2.0.0 @kubernetes-models/cert-manager@6.0.0"
 crd_models() {
   local prefix="$DEPLOY_VENV/crd-models" marker
   marker="$prefix/.stoke-installed"
-  if ! command -v node >/dev/null; then
-    log "stoke: node is not installed; custom resources are checked against deploy/schemas only"
-    return 0
-  fi
-  if [ -f "$marker" ] && [ "$(cat "$marker")" = "$CRD_MODELS" ]; then
+  if [ -f "$marker" ] && [ "$(cat "$marker")" = "$CRD_MODELS" ] && command -v node >/dev/null; then
     echo "$prefix/node_modules"
     return 0
   fi
-  if ! command -v npm >/dev/null; then
-    log "stoke: npm is not installed; custom resources are checked against deploy/schemas only"
-    return 0
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      log "stoke: installing Node.js and npm (Debian) for the typed CRD check"
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >&2 ||
+        log "stoke: apt-get could not install nodejs and npm"
+    fi
+  fi
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    log "deploy: the typed CRD check needs Node.js and npm, and they are not installed (install nodejs and npm)"
+    return 1
   fi
   log "stoke: installing $CRD_MODELS from npm into $prefix (first time only)"
   # shellcheck disable=SC2086
   if ! npm install --prefix "$prefix" --no-audit --no-fund --ignore-scripts --loglevel=error $CRD_MODELS >&2; then
-    log "stoke: npm install $CRD_MODELS failed"
-    return 0
+    log "deploy: npm install $CRD_MODELS failed: the typed CRD check cannot run"
+    return 1
   fi
   echo "$CRD_MODELS" >"$marker"
   echo "$prefix/node_modules"
@@ -168,7 +177,7 @@ exec 9>"$CACHE/deploy-venv.lock"
 flock 9
 python_tools
 choose_renderer
-MODELS="$(crd_models)"
+MODELS="$(crd_models)" || exit 1
 flock -u 9
 PY="$DEPLOY_VENV/bin/python"
 
@@ -220,10 +229,17 @@ if [ "${#targets[@]}" -eq 0 ]; then
 fi
 
 cross=""
-if [ "${RENDERER[0]}" != kubectl ] && kubectl_kustomize_ok; then
-  cross=1
+if [ "${RENDERER[0]}" != kubectl ]; then
+  if kubectl_kustomize_ok; then
+    cross=1
+  elif [ "${STOKE_DEPLOY_NO_KUBECTL:-}" = 1 ]; then
+    log "deploy: STOKE_DEPLOY_NO_KUBECTL=1: not comparing with kubectl kustomize"
+  else
+    log "deploy: kubectl is not installed: the comparison with kubectl kustomize needs it (or set STOKE_DEPLOY_NO_KUBECTL=1 to leave it out knowingly)"
+    exit 1
+  fi
 fi
-echo "== deploy: render with $RENDERER_NAME, validate for Kubernetes $K8S_VERSIONS${cross:+, compare with kubectl kustomize}"
+echo "== deploy: render with $RENDERER_NAME, validate for Kubernetes $K8S_VERSIONS, typed CRDs${cross:+, compare with kubectl kustomize}${STOKE_DEPLOY_NO_KUBECTL:+ (kubectl comparison left out)}"
 failed=0
 rendered=()
 for t in "${targets[@]}"; do
@@ -237,7 +253,7 @@ for t in "${targets[@]}"; do
   if ! "$PY" scripts/deploy_check.py policy "$t" "$file"; then
     failed=1
   fi
-  if [ -n "$MODELS" ] && grep -qE '^apiVersion: (keda\.sh|cert-manager\.io)/' "$file"; then
+  if grep -qE '^apiVersion: (keda\.sh|cert-manager\.io)/' "$file"; then
     "$PY" scripts/deploy_check.py json "$file" >"$file.json"
     if ! node scripts/validate_custom.mjs "$MODELS" "$file.json" "$t"; then
       failed=1

@@ -16,9 +16,8 @@ use std::time::Duration;
 use std::net::SocketAddr;
 
 use axum::Router;
-use axum::body::Body;
-use axum::extract::Request;
 use axum::extract::State as AxumState;
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -92,6 +91,7 @@ pub async fn serve(
         ))
         .route(HEALTH_PATH, get(|| async { "ok\n" }))
         .merge(Router::new().route(READY_PATH, get(ready)).with_state(http))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(limit_body))
         .into_make_service_with_connect_info::<security::Peer>();
     match listener {
@@ -108,34 +108,26 @@ pub async fn serve(
     }
 }
 
-/// Refuses a request whose body passes [`MAX_BODY_BYTES`] with 413, before
-/// any route or the token check: a declared length at once, a chunked
-/// body once that much of it arrived. (No route reads a body, so without
-/// this the limit would never apply.)
+/// Refuses a request that declares a body over [`MAX_BODY_BYTES`] with
+/// 413, before any route or the token check. No route reads a body, so
+/// one without a declared length (chunked, a gRPC stream sent here by
+/// mistake) is never buffered: the route answers without waiting for it
+/// (a gRPC client then hears 404 at once), and `DefaultBodyLimit` bounds
+/// any extractor that would read one.
 async fn limit_body(request: Request, next: Next) -> Response {
-    let too_large = || {
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body over {} KiB\n", MAX_BODY_BYTES / 1024),
-        )
-            .into_response()
-    };
     let declared = request
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return too_large();
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body over {} KiB\n", MAX_BODY_BYTES / 1024),
+        )
+            .into_response();
     }
-    let (parts, body) = request.into_parts();
-    match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
-        Ok(bytes) => {
-            next.run(Request::from_parts(parts, Body::from(bytes)))
-                .await
-        }
-        Err(_) => too_large(),
-    }
+    next.run(request).await
 }
 
 async fn ready(AxumState(http): AxumState<Http>, headers: HeaderMap) -> impl IntoResponse {

@@ -48,7 +48,7 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// A binary of the workspace, from the target folder this process runs
-/// from.
+/// from; panics if it is missing or older than a source it is built from.
 pub fn bin(name: &str) -> PathBuf {
     let path = bin_dir().join(name);
     assert!(
@@ -56,7 +56,76 @@ pub fn bin(name: &str) -> PathBuf {
         "{} is missing: build the binaries first (cargo build --workspace --bins, as scripts/test.sh does)",
         path.display()
     );
+    static CURRENT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut current = CURRENT.lock().unwrap_or_else(|p| p.into_inner());
+    if !current.iter().any(|n| n == name) {
+        if let Err(why) = check_current(&path) {
+            panic!(
+                "{why}: build the binaries again (cargo build --workspace --bins, as scripts/test.sh does)"
+            );
+        }
+        current.push(name.to_string());
+    }
     path
+}
+
+/// Whether `bin` is newer than every file its cargo dep-info (`<bin>.d`
+/// beside it) names: a test must never run a binary built from older
+/// sources than its own.
+fn check_current(bin: &Path) -> Result<(), String> {
+    let built = std::fs::metadata(bin)
+        .and_then(|m| m.modified())
+        .map_err(|e| format!("{}: {e}", bin.display()))?;
+    let dep_info = bin.with_extension("d");
+    let text = std::fs::read_to_string(&dep_info).map_err(|e| {
+        format!(
+            "cannot tell whether {} is current: {}: {e}",
+            bin.display(),
+            dep_info.display()
+        )
+    })?;
+    let (_, deps) = text
+        .lines()
+        .next()
+        .and_then(|l| l.split_once(": "))
+        .ok_or_else(|| format!("{}: not cargo dep-info", dep_info.display()))?;
+    for source in dep_paths(deps) {
+        let changed = std::fs::metadata(&source).and_then(|m| m.modified());
+        if changed.is_ok_and(|t| t > built) {
+            return Err(format!(
+                "{} is older than {}, which it is built from",
+                bin.display(),
+                source.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The paths of a dep-info rule's prerequisites (spaces in a path escaped
+/// as `\ `).
+fn dep_paths(deps: &str) -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    let mut current = String::new();
+    let mut chars = deps.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&' ') => {
+                current.push(' ');
+                chars.next();
+            }
+            ' ' => {
+                if !current.is_empty() {
+                    paths.push(PathBuf::from(std::mem::take(&mut current)));
+                }
+            }
+            c => current.push(c),
+        }
+    }
+    if !current.is_empty() {
+        paths.push(PathBuf::from(current));
+    }
+    paths
 }
 
 /// The project's Python (the venv with torch that scripts/env.sh sets up).

@@ -3,7 +3,7 @@
 //! (`kill -9`), preempts them (SIGTERM, which must exit 0), kills and
 //! restarts the coordinator on the same port and root, and freezes a worker
 //! (SIGSTOP) past the lease timeout. Every record must then be committed
-//! exactly once, equal to an embedded run of the same spec.
+//! exactly once, equal to torch's own outputs (computed in Python).
 //!
 //! The driver is `stoke_tests::chaos`. It prints `chaos seed: N` first;
 //! `STOKE_CHAOS_SEED=N` replays a schedule. The full schedule is ignored

@@ -151,15 +151,18 @@ opt-level = 1
             ),
         "the rpath {lib} holds no libpython"
     );
-    if lib
-        .split(':')
-        .any(|dir| Path::new(dir).join("libtorch_cuda.so").exists())
-    {
-        assert!(
-            dynamic.contains("[libtorch_cuda.so]"),
-            "libtorch_cuda was dropped: {dynamic}"
-        );
-    }
+    // The venv's torch is PyPI's CUDA build (the one the GPU machines
+    // run): its libtorch_cuda must be linked, or the worker never sees a
+    // GPU.
+    assert!(
+        lib.split(':')
+            .any(|dir| Path::new(dir).join("libtorch_cuda.so").exists()),
+        "the rpath {lib} holds no libtorch_cuda.so: the venv's torch is not the CUDA build scripts/env.sh installs"
+    );
+    assert!(
+        dynamic.contains("[libtorch_cuda.so]"),
+        "libtorch_cuda was dropped: {dynamic}"
+    );
 
     // It runs without LD_LIBRARY_PATH and knows its processor.
     let mut check = Command::new(&binary);

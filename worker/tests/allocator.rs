@@ -17,7 +17,27 @@ fn large_allocations_come_from_the_heap_and_stay_there() {
         (k == "GLIBC_TUNABLES" && v.contains("glibc.malloc.")) || k.starts_with("MALLOC_")
     });
     if user_set {
-        eprintln!("malloc settings come from the environment; nothing to check");
+        // Settings from the environment would decide instead: check in a
+        // run of this test without them.
+        let exe = std::env::current_exe().expect("this test's binary");
+        let mut again = std::process::Command::new(exe);
+        again.args([
+            "--exact",
+            "large_allocations_come_from_the_heap_and_stay_there",
+            "--nocapture",
+        ]);
+        for (k, _) in std::env::vars() {
+            if k == "GLIBC_TUNABLES" || k.starts_with("MALLOC_") {
+                again.env_remove(&k);
+            }
+        }
+        let out = again.output().expect("running this test again");
+        assert!(
+            out.status.success(),
+            "without the environment's malloc settings: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         return;
     }
     const MIB: usize = 1 << 20;

@@ -1,47 +1,18 @@
-//! What a chaos run found: its outputs checked against an embedded run of
-//! the same spec, and the report the tests assert on.
+//! What a chaos run found: its outputs checked against torch's own outputs
+//! for the same records (computed in Python when the fixture was built,
+//! `scripts/chaos_fixture.py`), and the report the tests assert on.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use stoke_core::records::Manifest;
 
 use super::{ChaosEvent, ChaosPlan};
-use crate::{
-    Prediction, ScratchDir, bin, files_under, manifest, output_within, summary_field, text,
-    uri_path,
-};
+use crate::{Prediction, ScratchDir, files_under, uri_path};
 
 // -- checking outputs ---------------------------------------------------------
-
-/// Runs `spec_path` with `stoke run --embedded` (1 thread, like the workers)
-/// into `root`; returns the job id and its manifest.
-pub fn run_embedded(spec_path: &Path, root: &Path, deadline: Duration) -> (String, Manifest) {
-    let mut cmd = Command::new(bin("stoke"));
-    cmd.arg("run")
-        .arg(spec_path)
-        .arg("--embedded")
-        .arg("--device")
-        .arg("cpu")
-        .arg("--threads")
-        .arg("1")
-        .arg("--root")
-        .arg(root)
-        .env("NO_COLOR", "1");
-    let out = output_within(cmd, deadline);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "embedded run failed: {stdout}\n{}",
-        text(&out.stderr)
-    );
-    let job_id = summary_field(&stdout, "job").unwrap_or_else(|| panic!("no job in {stdout}"));
-    let m = manifest(root, &job_id);
-    (job_id, m)
-}
 
 /// How a distributed run's rows compare with a reference run's.
 #[derive(Debug, Clone, Default)]
@@ -121,10 +92,7 @@ pub fn compare(
                     .all(|(a, b)| (a - b).abs() <= 1e-4 * a.abs().max(b.abs()).max(1e-3));
             if g.argmax != want.argmax || !scores_ok {
                 c.mismatched += 1;
-                example(
-                    &mut c,
-                    format!("{id}: got {g:?}, embedded run gave {want:?}"),
-                );
+                example(&mut c, format!("{id}: got {g:?}, torch gave {want:?}"));
                 break;
             }
         }
@@ -195,7 +163,6 @@ pub struct ChaosReport {
     pub comparison: Comparison,
     /// From the first worker's start to the job's success.
     pub job_wall: Duration,
-    pub embedded_wall: Duration,
     pub wall: Duration,
     /// Where the logs are (kept if the test fails).
     pub dir: ScratchDir,
@@ -258,7 +225,7 @@ impl ChaosReport {
         }
         if !self.comparison.ok() {
             p.push(format!(
-                "outputs differ from the embedded run: {:?}",
+                "outputs differ from torch's: {:?}",
                 self.comparison
             ));
         }
@@ -316,7 +283,7 @@ impl fmt::Display for ChaosReport {
         )?;
         writeln!(
             f,
-            "  records:            {} in the job, {} in the embedded run, {} checked",
+            "  records:            {} in the job, {} in torch's reference, {} checked",
             self.records_total, c.expected, c.checked
         )?;
         writeln!(
@@ -336,9 +303,8 @@ impl fmt::Display for ChaosReport {
         }
         writeln!(
             f,
-            "  wall time:          {:.1}s job under chaos, {:.1}s embedded run, {:.1}s in all",
+            "  wall time:          {:.1}s job under chaos, {:.1}s in all",
             self.job_wall.as_secs_f64(),
-            self.embedded_wall.as_secs_f64(),
             self.wall.as_secs_f64()
         )?;
         write!(f, "  logs:               {}", self.dir.path().display())
