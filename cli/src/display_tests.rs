@@ -17,6 +17,7 @@ fn job(id: &str, shards: u64, records: Option<u64>) -> JobInfo {
         shards_leased: 0,
         records_done: 1_000,
         records_total: records,
+        records_total_estimate: None,
         output_uri: "file:///out".to_string(),
         manifest_uri: None,
         processor: "torchscript".to_string(),
@@ -142,4 +143,30 @@ fn plain_status_shows_the_rate_and_the_time_left() {
     assert_eq!(progress_line(&running), "rate: 100 records/s, ETA 20s\n");
     running.state = JobState::Succeeded;
     assert_eq!(progress_line(&running), "");
+}
+
+#[test]
+fn a_total_not_counted_up_front_shows_as_an_estimate() {
+    let mut big = job("j", 136, None);
+    big.records_per_s = Some(100.0);
+    assert_eq!(stoke_client::summary::total(&big), "?");
+    assert_eq!(progress_line(&big), "rate: 100 records/s, ETA ?\n");
+    big.records_total_estimate = Some(3_000);
+    assert_eq!(
+        stoke_client::summary::total(&big),
+        "~3000 (estimated from bytes)"
+    );
+    assert_eq!(
+        progress_line(&big),
+        "rate: 100 records/s, ETA ~20s (estimated)\n"
+    );
+    assert!(
+        stoke_client::summary::summary(&big).contains("records: 1000/~3000 (estimated from bytes)"),
+        "{}",
+        stoke_client::summary::summary(&big)
+    );
+    let json = stoke_client::summary::job_json(&big);
+    assert_eq!(json["records_total"], serde_json::Value::Null);
+    assert_eq!(json["records_total_estimate"], 3_000);
+    assert_eq!(json["eta_s"], 20.0);
 }

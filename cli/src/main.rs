@@ -635,7 +635,12 @@ fn progress_line(job: &JobInfo) -> String {
             format!("{r:.0} records/s")
         });
     let eta = job.eta().map_or("?".to_string(), |d| {
-        humantime::format_duration(Duration::from_secs(d.as_secs_f64().ceil() as u64)).to_string()
+        let d = humantime::format_duration(Duration::from_secs(d.as_secs_f64().ceil() as u64));
+        if job.eta_is_estimate() {
+            format!("~{d} (estimated)")
+        } else {
+            d.to_string()
+        }
     });
     format!("rate: {rate}, ETA {eta}\n")
 }

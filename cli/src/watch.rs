@@ -46,10 +46,15 @@ impl Rate {
 }
 
 fn eta(job: &JobInfo, rate: Option<f64>) -> String {
-    match (job.records_total, rate) {
+    match (job.records_total.or(job.records_total_estimate), rate) {
         (Some(total), Some(r)) if r > 0.0 => {
             let left = total.saturating_sub(job.records_done) as f64 / r;
-            humantime::format_duration(Duration::from_secs(left.ceil() as u64)).to_string()
+            let d = humantime::format_duration(Duration::from_secs(left.ceil() as u64));
+            if job.eta_is_estimate() {
+                format!("~{d}")
+            } else {
+                d.to_string()
+            }
         }
         _ => "?".to_string(),
     }
@@ -86,7 +91,11 @@ pub async fn watch(client: &Client, job_id: &str, poll: Duration) -> anyhow::Res
         let rate_text = per_s.map_or("? rec/s".to_string(), |r| format!("{r:.0} rec/s"));
         match &bar {
             Some(bar) => {
-                bar.set_length(job.records_total.unwrap_or(job.records_done));
+                bar.set_length(
+                    job.records_total
+                        .or(job.records_total_estimate)
+                        .unwrap_or(job.records_done),
+                );
                 bar.set_position(job.records_done);
                 bar.set_message(format!(
                     "| {rate_text} | ETA {} | {} | {}",
@@ -101,7 +110,7 @@ pub async fn watch(client: &Client, job_id: &str, poll: Duration) -> anyhow::Res
                     job.job_id,
                     job.state,
                     job.records_done,
-                    job.records_total.map_or("?".to_string(), |n| n.to_string()),
+                    stoke_client::summary::total(&job),
                     eta(&job, per_s),
                     shards(&job),
                 );

@@ -21,9 +21,15 @@ pub fn count(n: u64, noun: &str) -> String {
     }
 }
 
-/// The job's total records, or `?` when the plan could not count them.
+/// The job's total records; while the plan could not count them, the
+/// estimate from bytes (`~205000 (estimated from bytes)`), or `?` before
+/// there is one.
 pub fn total(job: &JobInfo) -> String {
-    job.records_total.map_or("?".to_string(), |n| n.to_string())
+    match (job.records_total, job.records_total_estimate) {
+        (Some(n), _) => n.to_string(),
+        (None, Some(n)) => format!("~{n} (estimated from bytes)"),
+        (None, None) => "?".to_string(),
+    }
 }
 
 /// Lines of `key: value`: state, shards, records, outputs, manifest.
@@ -73,6 +79,9 @@ pub fn job_json(job: &JobInfo) -> serde_json::Value {
         "shards_leased": job.shards_leased,
         "records_done": job.records_done,
         "records_total": job.records_total,
+        // While the total is unknown: estimated from the plan's bytes;
+        // eta_s then rests on it.
+        "records_total_estimate": job.records_total_estimate,
         "records_skipped": job.records_skipped,
         // The coordinator's recent rate, and the time left at it: null
         // while not measured (or not running).

@@ -467,6 +467,7 @@ mod tests {
             name: String::new(),
             reason: None,
             records_total: None,
+            records_total_estimate: None,
             output_uri: String::new(),
             manifest_uri: None,
             processor: "p".to_string(),

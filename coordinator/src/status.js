@@ -176,7 +176,10 @@
 
   function renderJob(job) {
     const total = job.records_total;
-    const p = job.state === "succeeded" ? 100 : percent(job.records_done, total);
+    // A total not counted up front (large JSON Lines) is estimated from the
+    // plan's bytes; progress and ETA then say they are estimates.
+    const estimate = total === null ? (job.records_total_estimate ?? null) : null;
+    const p = job.state === "succeeded" ? 100 : percent(job.records_done, total ?? estimate);
     const fill = el("div", { class: "fill" });
     fill.style.width = (p === null ? 0 : p) + "%";
     const bar = el("div", {
@@ -196,8 +199,11 @@
     const legend = el("div", { class: "legend" }, ...STATES.map((s) =>
       el("span", { "data-shards-state": s, "data-count": job.shards[s] },
         el("span", { class: "swatch seg-" + s }), el("b", {}, int(job.shards[s])), " " + labels[s])));
-    const eta = job.state === "succeeded" ? "done" : running ? duration(job.eta_s) : "—";
-    const records = int(job.records_done) + " / " + (total === null ? "?" : int(total));
+    const approx = estimate !== null ? "~" : "";
+    const eta = job.state === "succeeded" ? "done"
+      : running ? (job.eta_s === null || job.eta_s === undefined ? "—" : approx + duration(job.eta_s)) : "—";
+    const records = int(job.records_done) + " / " +
+      (total !== null ? int(total) : estimate !== null ? "~" + int(estimate) + " (estimated from bytes)" : "?");
     const meta = [job.name && job.name !== job.id ? job.name : null, job.processor, int(job.shards_total) + (job.shards_total === 1 ? " shard" : " shards")]
       .filter(Boolean).join(" · ");
     const sched = job.schedule;
@@ -208,6 +214,7 @@
       "data-state": job.state,
       "data-records-done": job.records_done,
       "data-records-total": total === null ? "" : total,
+      "data-records-estimate": estimate === null ? "" : estimate,
       "data-shards-done": job.shards.done,
       "data-shards-total": job.shards_total,
       "data-percent": p === null ? "" : pctFixed(p),
@@ -219,7 +226,7 @@
       el("div", { class: "job-head" },
         el("div", { class: "job-title" }, el("span", { class: "job-id" }, job.id), el("span", { class: "job-meta" }, meta)),
         el("span", { class: "pill", "data-state": job.state }, job.state)),
-      el("div", { class: "progress" }, bar, el("div", { class: "pct", "data-role": "percent" }, pctText(p))),
+      el("div", { class: "progress" }, bar, el("div", { class: "pct", "data-role": "percent" }, (p === null ? "" : approx) + pctText(p))),
       el("div", { class: "stats" },
         stat("Records", records, null, { "data-role": "records" }),
         stat("Shards done", int(job.shards.done) + " / " + int(job.shards_total), null, { "data-role": "shards" }),

@@ -196,12 +196,16 @@ pub struct JobView {
     pub records_done: u64,
     /// Unknown for datasets whose size is not known until read.
     pub records_total: Option<u64>,
+    /// Meanwhile, estimated from the plan's bytes (see `JobInfo`); the
+    /// page's progress and `eta_s` then rest on it and say so.
+    pub records_total_estimate: Option<u64>,
     pub records_skipped: u64,
     pub shards_total: u64,
     pub shards: ShardsView,
     /// Over the last `rate_window_s`; `null` while unknown or not running.
     pub records_per_s: Option<f64>,
-    /// Seconds left at that rate; `null` while unknown.
+    /// Seconds left at that rate; `null` while unknown (over the estimated
+    /// total while the total is unknown).
     pub eta_s: Option<f64>,
     pub attempts_failed: u64,
     pub store_failures: u64,
@@ -386,6 +390,7 @@ impl JobView {
             processor: info.processor,
             records_done: info.records_done,
             records_total: info.records_total,
+            records_total_estimate: info.records_total_estimate,
             records_skipped: info.records_skipped,
             shards_total: info.shards_total,
             shards: ShardsView {
@@ -549,6 +554,7 @@ mod tests {
                 shards_leased: 2,
                 records_done: 1_200,
                 records_total: Some(3_000),
+                records_total_estimate: None,
                 output_uri: "s3://AKIA:secret@bucket/out".to_string(),
                 manifest_uri: None,
                 processor: "torchscript".to_string(),

@@ -55,6 +55,7 @@ impl From<JobInfo> for pb::JobInfo {
             shards_leased: j.shards_leased,
             records_done: j.records_done,
             records_total: j.records_total.unwrap_or(0),
+            records_total_estimate: j.records_total_estimate,
             output_uri: j.output_uri,
             manifest_uri: j.manifest_uri.unwrap_or_default(),
             processor: j.processor,
@@ -90,6 +91,7 @@ impl TryFrom<pb::JobInfo> for JobInfo {
             shards_leased: j.shards_leased,
             records_done: j.records_done,
             records_total: (j.records_total > 0).then_some(j.records_total),
+            records_total_estimate: j.records_total_estimate.filter(|_| j.records_total == 0),
             output_uri: j.output_uri,
             manifest_uri: non_empty(j.manifest_uri),
             processor: j.processor,
@@ -774,6 +776,7 @@ mod tests {
             shards_leased: 1,
             records_done: 500,
             records_total: Some(1_000),
+            records_total_estimate: None,
             output_uri: "memory:///o".into(),
             manifest_uri: None,
             processor: "p".into(),
@@ -794,11 +797,22 @@ mod tests {
         assert_eq!(back.eta(), Some(std::time::Duration::from_secs(2)));
         let unknown = JobInfo {
             records_per_s: None,
-            ..job
+            ..job.clone()
         };
         let back = JobInfo::try_from(pb::JobInfo::from(unknown.clone())).expect("convert");
         assert_eq!(back.records_per_s, None);
         assert_eq!(back.eta(), None);
+        // A total not counted up front: the estimate crosses, and the ETA
+        // rests on it.
+        let estimated = JobInfo {
+            records_total: None,
+            records_total_estimate: Some(2_000),
+            ..job
+        };
+        let back = JobInfo::try_from(pb::JobInfo::from(estimated.clone())).expect("convert");
+        assert_eq!(back, estimated);
+        assert!(back.eta_is_estimate());
+        assert_eq!(back.eta(), Some(std::time::Duration::from_secs(6)));
     }
 
     #[test]

@@ -221,6 +221,11 @@ pub struct JobInfo {
     pub shards_leased: u64,
     pub records_done: u64,
     pub records_total: Option<u64>,
+    /// While `records_total` is unknown (JSON Lines too large to count at
+    /// plan time): the total estimated from the plan's byte ranges, at the
+    /// bytes per record of the shards done so far. `None` once the total
+    /// is known, or before any shard is done.
+    pub records_total_estimate: Option<u64>,
     pub output_uri: String,
     pub manifest_uri: Option<String>,
     pub processor: String,
@@ -262,13 +267,18 @@ impl Default for JobScheduling {
 }
 
 impl JobInfo {
-    /// Time left at `records_per_s`, when the total is known and the job
-    /// moves.
+    /// Time left at `records_per_s`, when the total is known or estimated
+    /// (see [`JobInfo::eta_is_estimate`]) and the job moves.
     pub fn eta(&self) -> Option<std::time::Duration> {
-        let total = self.records_total?;
+        let total = self.records_total.or(self.records_total_estimate)?;
         let rate = self.records_per_s.filter(|r| r.is_finite() && *r > 0.0)?;
         let left = total.saturating_sub(self.records_done);
         std::time::Duration::try_from_secs_f64(left as f64 / rate).ok()
+    }
+
+    /// Whether progress and [`JobInfo::eta`] rest on the estimated total.
+    pub fn eta_is_estimate(&self) -> bool {
+        self.records_total.is_none() && self.records_total_estimate.is_some()
     }
 }
 

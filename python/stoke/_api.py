@@ -27,7 +27,8 @@ class Client:
     ``token`` defaults to ``STOKE_CLIENT_TOKEN`` / ``STOKE_CLIENT_TOKEN_FILE``;
     TLS settings come from the environment as for the CLI. Errors raise
     :class:`StokeError` with the CLI's messages. Jobs are dicts (``job_id``,
-    ``state``, ``records_done``, ``records_total``, ``reason``, the schedule:
+    ``state``, ``records_done``, ``records_total`` (and, while it is unknown,
+    ``records_total_estimate``), ``reason``, the schedule:
     ``priority``, ``weight``, ``max_workers``, ``queue``, ...).
     """
 
@@ -122,15 +123,18 @@ class _Bar:
 
     def update(self, info: dict) -> None:
         done, total = info["records_done"], info.get("records_total")
+        # A total not counted up front: the coordinator's estimate from bytes.
+        estimate = info.get("records_total_estimate") if total is None else None
         if self._tqdm is not None:
-            if total is not None:
-                self._tqdm.total = total
+            if total is not None or estimate is not None:
+                self._tqdm.total = total if total is not None else estimate
             self._tqdm.n = done
             self._tqdm.set_postfix_str(info["state"])
             self._tqdm.refresh()
             return
         if not self._tty:
-            line = f"{self._job}: {info['state']}, {done}/{total if total is not None else '?'} records"
+            shown = total if total is not None else f"~{estimate}" if estimate is not None else "?"
+            line = f"{self._job}: {info['state']}, {done}/{shown} records"
             if line != self._last:
                 sys.stderr.write(line + "\n")
                 sys.stderr.flush()

@@ -554,3 +554,37 @@ fn the_page_keeps_its_last_data_marked_stale_when_the_coordinator_stops() {
     assert!(dom.contains("Cannot reach the coordinator"), "{dom}");
     assert!(dom.contains("offline since"), "{dom}");
 }
+
+/// A total the plan could not count (JSON Lines over 128 MiB) is shown as
+/// the coordinator's estimate from bytes, marked as one. The page is fed a
+/// real coordinator's answer with the total taken out and an estimate put
+/// in, as the coordinator sends for such a job.
+#[test]
+fn an_estimated_total_is_shown_as_an_estimate() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut browser = Browser::new(tmp.path());
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let spec = tmp.path().join("job.toml");
+    std::fs::write(&spec, fixture_spec("parquet", "")).expect("write spec");
+    let job_id = coordinator.submit(&spec.display().to_string());
+    let (_, page) = http_get(&coordinator.http_addr, "/").expect("GET /");
+    let (_, api) = http_get(&coordinator.http_addr, "/api/status").expect("GET /api/status");
+    drop(coordinator);
+    let mut api: serde_json::Value = serde_json::from_str(&api).expect("api json");
+    for job in api["jobs"].as_array_mut().expect("jobs") {
+        job["records_total"] = serde_json::Value::Null;
+        job["records_total_estimate"] = serde_json::json!(205_000);
+    }
+    let addr = serve_once_then_stop(page, api.to_string());
+    let dom = browser.dom(&format!("http://{addr}/"));
+    let (card, card_html) = job_card(&dom, &job_id);
+    assert_eq!(
+        card.get("data-records-estimate").map(String::as_str),
+        Some("205000")
+    );
+    assert!(
+        card_html.contains("<div class=\"value\">0 / ~205,000 (estimated from bytes)</div>"),
+        "{card_html}"
+    );
+}

@@ -49,6 +49,7 @@ impl Job {
                 .plan
                 .records_total
                 .or_else(|| (self.state == JobState::Succeeded).then_some(self.totals.records)),
+            records_total_estimate: self.records_total_estimate(),
             output_uri: self.output.to_string(),
             manifest_uri: self
                 .manifest_written
@@ -70,6 +71,49 @@ impl Job {
             crashes: self.totals.crashes,
             isolating: self.isolating(),
         }
+    }
+
+    /// While the plan could not count the records (JSON Lines too large):
+    /// the planned bytes over the bytes per record of the shards done so
+    /// far. Split shards share their origin's bytes: they count once, for
+    /// the total, and not for the rate.
+    fn records_total_estimate(&self) -> Option<u64> {
+        if self.plan.records_total.is_some()
+            || self.ended.is_some()
+            || self.state == JobState::Succeeded
+        {
+            return None;
+        }
+        let (mut total, mut done_bytes, mut done_records) = (0u64, 0u64, 0u64);
+        for (idx, shard) in self.plan.shards.iter().enumerate() {
+            let stoke_core::plan::ShardSource::Jsonl {
+                byte_start,
+                byte_end,
+                ..
+            } = &shard.source
+            else {
+                return None;
+            };
+            let bytes = byte_end.saturating_sub(*byte_start);
+            match &shard.cut {
+                Some(cut) if cut.origin != shard.id => {}
+                Some(_) => total += bytes,
+                None => {
+                    total += bytes;
+                    if let Some(s) = self.shards.get(idx)
+                        && s.progress.done
+                    {
+                        done_bytes += bytes;
+                        done_records += s.progress.records;
+                    }
+                }
+            }
+        }
+        if done_bytes == 0 || done_records == 0 {
+            return None;
+        }
+        let estimate = (total as f64 * done_records as f64 / done_bytes as f64).round() as u64;
+        Some(estimate.max(self.totals.records))
     }
 
     /// What the job does about a crash, if anything: "isolating a crash in
@@ -190,6 +234,7 @@ impl State {
                 let records_per_s = job.rate.rate();
                 let remaining = info
                     .records_total
+                    .or(info.records_total_estimate)
                     .map(|total| total.saturating_sub(info.records_done));
                 JobProgress {
                     shards: ShardCounts::split(

@@ -723,3 +723,70 @@ async fn a_succeeded_job_lets_go_of_its_shards_and_answers_as_before() {
         errors.shards
     );
 }
+
+/// JSON Lines too large to count at plan time: no total, but once a shard
+/// is done, an estimate from the plan's bytes at its bytes per record; the
+/// ETA rests on it. A known total leaves no estimate.
+#[tokio::test(start_paused = true)]
+async fn a_total_not_counted_up_front_is_estimated_from_bytes() {
+    use stoke_core::plan::{Plan, Shard, ShardSource};
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    let spec = JobSpec::from_toml(&format!(
+        "[dataset]\nformat = \"jsonl\"\nuri = \"memory:///big.jsonl\"\nid_column = \"id\"\n\
+         [processor]\nname = \"p\"\n[batching]\nbatch_size = {BATCH}\n"
+    ))
+    .expect("spec");
+    // Four shards of 1,000 bytes, 4,000 in all; their records uncounted.
+    let plan = Plan {
+        shards: (0..4u64)
+            .map(|i| Shard {
+                id: format!("s{i:05}"),
+                records: None,
+                source: ShardSource::Jsonl {
+                    uri: "memory:///big.jsonl".to_string(),
+                    byte_start: i * 1_000,
+                    byte_end: (i + 1) * 1_000,
+                    first_line: None,
+                },
+                cut: None,
+            })
+            .collect(),
+        records_total: None,
+        jsonl_schema: None,
+    };
+    state
+        .create_job("j".to_string(), spec, plan)
+        .await
+        .expect("create job");
+    let info = |state: &mut Inline| {
+        state
+            .status()
+            .jobs
+            .into_iter()
+            .find(|j| j.info.job_id == "j")
+            .expect("the job")
+    };
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    // A checkpoint, no shard done: nothing to estimate from yet.
+    let c = checkpoint(&a, &lease, 0, 2);
+    state
+        .commit(staged(&stores, c).await)
+        .await
+        .expect("commit");
+    let job = info(&mut state);
+    assert_eq!(job.info.records_total, None);
+    assert_eq!(job.info.records_total_estimate, None);
+    // The shard done: its 10 records in 1,000 bytes make 40 in 4,000.
+    let done = last_checkpoint(&a, &lease, 2);
+    state
+        .commit(staged(&stores, done).await)
+        .await
+        .expect("commit");
+    let job = info(&mut state);
+    assert_eq!(job.info.records_done, SHARD_RECORDS);
+    assert_eq!(job.info.records_total, None);
+    assert_eq!(job.info.records_total_estimate, Some(4 * SHARD_RECORDS));
+    assert!(job.info.eta_is_estimate());
+}
