@@ -3,7 +3,7 @@
 use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::JobSpec;
 
-use super::*;
+use crate::display::*;
 use crate::run::idle_workers_note;
 
 fn job(id: &str, shards: u64, records: Option<u64>) -> JobInfo {

@@ -161,7 +161,7 @@ fn spawn(
 ) -> anyhow::Result<Slot> {
     let name = format!("local-{i}");
     let mut cmd = std::process::Command::new(&c.bin);
-    crate::run::openmp_wait(&mut cmd);
+    cmd.envs(stoke_core::openmp_wait_env().iter().copied());
     own_process_group(&mut cmd);
     let mut child = Command::from(cmd)
         .arg("--coordinator")

@@ -2,6 +2,7 @@
 //! link libtorch: `run --local` starts `stoke-worker` processes, and
 //! `run --embedded` hands the process over to `stoke-embedded`.
 
+mod display;
 #[cfg(test)]
 mod display_tests;
 mod fleet;
@@ -16,11 +17,11 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use display::{exit, exit_code, jobs_table, print_job, print_status};
 use source::Source;
 use stoke_client::Client;
-use stoke_client::summary::{count, job_json, summary, total};
+use stoke_client::summary::{count, job_json};
 use stoke_core::StoreUri;
-use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::JobSpec;
 
 #[derive(Debug, Parser)]
@@ -165,47 +166,21 @@ enum Cmd {
     /// Run a job on this machine: a coordinator and N worker processes
     /// (`--local N`), or everything in this process (`--embedded`).
     Run {
-        spec: PathBuf,
+        #[command(flatten)]
+        job: stoke_client::RunArgs,
         /// Number of worker processes.
         #[arg(long, conflicts_with = "embedded")]
         local: Option<usize>,
         /// One process, no gRPC: the embedded mode.
         #[arg(long)]
         embedded: bool,
-        /// State root (a folder or store URI) for the job's state and outputs.
-        #[arg(long, default_value = "stoke-state")]
-        root: String,
         /// The worker binary to start (default: stoke-worker next to this binary).
         #[arg(long, env = "STOKE_WORKER_BIN")]
         worker_bin: Option<PathBuf>,
-        /// Device for the workers: auto, cpu, cuda or cuda:N; with --local
-        /// also a list (cpu,cpu or cuda:0,cuda:1): one processor per entry.
-        #[arg(long, default_value = "auto")]
-        device: String,
-        /// libtorch threads per processor (default: cores / processors).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// A job id (running again with the same id and root resumes it).
-        #[arg(long)]
-        job_id: Option<String>,
         /// A lease not renewed for this long goes to another worker.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         lease_timeout: Duration,
     },
-}
-
-/// The exit codes scripts can rely on (README, "Exit codes").
-mod exit {
-    /// The command did what it was asked; a followed job succeeded.
-    pub const OK: i32 = 0;
-    /// A followed job failed, or something else went wrong.
-    pub const FAILED: i32 = 1;
-    /// Bad input: usage, job spec, job id, token (clap also exits 2).
-    pub const BAD_INPUT: i32 = 2;
-    /// A followed job was cancelled.
-    pub const CANCELLED: i32 = 3;
-    /// The coordinator could not be reached (or stopped answering).
-    pub const UNREACHABLE: i32 = 4;
 }
 
 fn main() {
@@ -489,14 +464,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Run {
-            spec,
+            job:
+                stoke_client::RunArgs {
+                    spec,
+                    root,
+                    device,
+                    threads,
+                    job_id,
+                },
             local,
             embedded,
-            root,
             worker_bin,
-            device,
-            threads,
-            job_id,
             lease_timeout,
         } => {
             if embedded {
@@ -524,123 +502,4 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             local.run(spec, root).await
         }
     }
-}
-
-/// The exit code of a command that followed `job` to its end.
-fn exit_code(job: &JobInfo) -> i32 {
-    match job.state {
-        JobState::Succeeded => exit::OK,
-        JobState::Cancelled => exit::CANCELLED,
-        _ => exit::FAILED,
-    }
-}
-
-fn print_summary(job: &JobInfo) {
-    print!("{}", summary(job));
-}
-
-fn print_job(job: &JobInfo, json: bool) {
-    if json {
-        println!("{}", job_json(job));
-    } else {
-        print_summary(job);
-    }
-}
-
-/// `stoke status`: the job, and while it runs its pace.
-fn print_status(job: &JobInfo, json: bool) {
-    print_job(job, json);
-    if !json {
-        print!("{}", progress_line(job));
-    }
-}
-
-/// `stoke jobs`: one line per job, columns as wide as their longest
-/// value (job ids grow with their names).
-fn jobs_table(jobs: &[JobInfo]) -> String {
-    let rows: Vec<[String; 9]> = jobs
-        .iter()
-        .map(|j| {
-            let s = &j.schedule;
-            [
-                j.job_id.clone(),
-                j.state.to_string(),
-                s.priority.to_string(),
-                s.queue.clone(),
-                s.weight.to_string(),
-                match s.max_workers {
-                    Some(max) => format!("{}/{max}", j.shards_leased),
-                    None => j.shards_leased.to_string(),
-                },
-                s.waiting.clone().unwrap_or_else(|| "-".to_string()),
-                format!("{}/{}", j.shards_done, j.shards_total),
-                format!("{}/{}", j.records_done, total(j)),
-            ]
-        })
-        .collect();
-    // LEASES: held now (of max_workers); WAITING: why a job with pending
-    // shards gets no worker.
-    columns(
-        &[
-            "JOB", "STATE", "PRIO", "QUEUE", "WEIGHT", "LEASES", "WAITING", "SHARDS", "RECORDS",
-        ],
-        &[false, false, true, false, true, true, false, true, true],
-        &rows,
-    )
-}
-
-/// A table: a header and rows, each column as wide as its widest cell,
-/// numbers (`right`) aligned right; the last column is not padded.
-fn columns<const N: usize>(header: &[&str; N], right: &[bool; N], rows: &[[String; N]]) -> String {
-    let mut widths = header.map(str::len);
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let header = header.map(str::to_string);
-    for row in std::iter::once(&header).chain(rows) {
-        let mut line = String::new();
-        for (i, cell) in row.iter().enumerate() {
-            if i > 0 {
-                line.push_str("  ");
-            }
-            let pad = widths[i].saturating_sub(cell.chars().count());
-            if right[i] {
-                line.push_str(&" ".repeat(pad));
-                line.push_str(cell);
-            } else if i + 1 < N {
-                line.push_str(cell);
-                line.push_str(&" ".repeat(pad));
-            } else {
-                line.push_str(cell);
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
-}
-
-/// Plain `stoke status`: the job's pace, as the coordinator measures it
-/// (records/s over its recent samples, and the time left at that rate).
-fn progress_line(job: &JobInfo) -> String {
-    if job.state != JobState::Running {
-        return String::new();
-    }
-    let rate = job
-        .records_per_s
-        .map_or("? records/s (not measured yet)".to_string(), |r| {
-            format!("{r:.0} records/s")
-        });
-    let eta = job.eta().map_or("?".to_string(), |d| {
-        let d = humantime::format_duration(Duration::from_secs(d.as_secs_f64().ceil() as u64));
-        if job.eta_is_estimate() {
-            format!("~{d} (estimated)")
-        } else {
-            d.to_string()
-        }
-    });
-    format!("rate: {rate}, ETA {eta}\n")
 }

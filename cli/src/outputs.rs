@@ -84,7 +84,7 @@ fn table(outputs: &[ManifestEntry]) -> String {
             ]
         })
         .collect();
-    crate::columns(
+    crate::display::columns(
         &["SHARD", "RECORDS", "BYTES", "OBJECT"],
         &[false, true, true, false],
         &rows,

@@ -15,7 +15,8 @@ use stoke_core::spec::JobSpec;
 use stoke_core::{StoreUri, Stores};
 use tokio_util::sync::CancellationToken;
 
-use crate::{exit_code, fleet, print_summary, watch};
+use crate::display::{exit_code, print_summary};
+use crate::{fleet, watch};
 
 /// Runs `stoke-embedded` (next to this binary) in place of this process:
 /// the embedded mode links libtorch, which this binary does not.

@@ -52,6 +52,22 @@ fn info(call: &'static str, job: Option<pb::JobInfo>) -> Result<JobInfo, ClientE
 }
 
 impl Client {
+    /// One call of the job API on a clone of the channel; `name` says which
+    /// in its error.
+    async fn call<T, Fut>(
+        &self,
+        name: &'static str,
+        f: impl FnOnce(JobServiceClient<AuthChannel>) -> Fut,
+    ) -> Result<T, ClientError>
+    where
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        f(self.inner.clone())
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| ClientError::rpc(name, &self.addr, s))
+    }
+
     /// Connects to `addr` (`http://host:port`, `https://host:port`, or
     /// `host:port`), with the token and TLS settings from the environment
     /// (`STOKE_CLIENT_TOKEN` or `STOKE_CLIENT_TOKEN_FILE`, `STOKE_TLS_CA`).
@@ -118,40 +134,31 @@ impl Client {
             job_id: job_id.unwrap_or_default().to_string(),
         };
         let resp = self
-            .inner
-            .clone()
-            .submit(req)
-            .await
-            .map_err(|s| ClientError::rpc("submit", &self.addr, s))?;
-        info("submit", resp.into_inner().job)
+            .call("submit", |mut c| async move { c.submit(req).await })
+            .await?;
+        info("submit", resp.job)
     }
 
     pub async fn get_job(&self, job_id: &str) -> Result<JobInfo, ClientError> {
         let resp = self
-            .inner
-            .clone()
-            .get_job(pb::GetJobRequest {
-                job_id: job_id.to_string(),
+            .call("get job", |mut c| async move {
+                c.get_job(pb::GetJobRequest {
+                    job_id: job_id.to_string(),
+                })
+                .await
             })
-            .await
-            .map_err(|s| ClientError::rpc("get job", &self.addr, s))?;
-        info("get job", Some(resp.into_inner()))
+            .await?;
+        info("get job", Some(resp))
     }
 
     /// The workers connected now and the leases each holds.
     pub async fn list_workers(&self) -> Result<Vec<WorkerInfo>, ClientError> {
         let resp = self
-            .inner
-            .clone()
-            .list_workers(pb::ListWorkersRequest {})
-            .await
-            .map_err(|s| ClientError::rpc("list workers", &self.addr, s))?;
-        Ok(resp
-            .into_inner()
-            .workers
-            .into_iter()
-            .map(Into::into)
-            .collect())
+            .call("list workers", |mut c| async move {
+                c.list_workers(pb::ListWorkersRequest {}).await
+            })
+            .await?;
+        Ok(resp.workers.into_iter().map(Into::into).collect())
     }
 
     /// A job's failed attempts per shard and up to `max_skipped` of the bad
@@ -162,47 +169,42 @@ impl Client {
         max_skipped: u32,
     ) -> Result<JobErrors, ClientError> {
         let resp = self
-            .inner
-            .clone()
-            .get_job_errors(pb::GetJobErrorsRequest {
-                job_id: job_id.to_string(),
-                max_skipped,
+            .call("get job errors", |mut c| async move {
+                c.get_job_errors(pb::GetJobErrorsRequest {
+                    job_id: job_id.to_string(),
+                    max_skipped,
+                })
+                .await
             })
-            .await
-            .map_err(|s| ClientError::rpc("get job errors", &self.addr, s))?;
-        Ok(resp.into_inner().into())
+            .await?;
+        Ok(resp.into())
     }
 
     /// The output objects a job has committed so far (shard order, then
     /// commit order); all of them once it succeeded.
     pub async fn job_outputs(&self, job_id: &str) -> Result<Vec<ManifestEntry>, ClientError> {
         let resp = self
-            .inner
-            .clone()
-            .get_job_outputs(pb::GetJobOutputsRequest {
-                job_id: job_id.to_string(),
+            .call("get job outputs", |mut c| async move {
+                c.get_job_outputs(pb::GetJobOutputsRequest {
+                    job_id: job_id.to_string(),
+                })
+                .await
             })
-            .await
-            .map_err(|s| ClientError::rpc("get job outputs", &self.addr, s))?;
-        Ok(resp
-            .into_inner()
-            .outputs
-            .into_iter()
-            .map(Into::into)
-            .collect())
+            .await?;
+        Ok(resp.outputs.into_iter().map(Into::into).collect())
     }
 
     /// A job's efficiency report: its processors' time by cause.
     pub async fn job_report(&self, job_id: &str) -> Result<EfficiencyReport, ClientError> {
         let resp = self
-            .inner
-            .clone()
-            .get_job_report(pb::GetJobReportRequest {
-                job_id: job_id.to_string(),
+            .call("get job report", |mut c| async move {
+                c.get_job_report(pb::GetJobReportRequest {
+                    job_id: job_id.to_string(),
+                })
+                .await
             })
-            .await
-            .map_err(|s| ClientError::rpc("get job report", &self.addr, s))?;
-        serde_json::from_str(&resp.into_inner().report_json).map_err(|e| ClientError::Reply {
+            .await?;
+        serde_json::from_str(&resp.report_json).map_err(|e| ClientError::Reply {
             call: "get job report",
             message: e.to_string(),
         })
@@ -210,13 +212,11 @@ impl Client {
 
     pub async fn list_jobs(&self) -> Result<Vec<JobInfo>, ClientError> {
         let resp = self
-            .inner
-            .clone()
-            .list_jobs(pb::ListJobsRequest {})
-            .await
-            .map_err(|s| ClientError::rpc("list jobs", &self.addr, s))?;
-        resp.into_inner()
-            .jobs
+            .call("list jobs", |mut c| async move {
+                c.list_jobs(pb::ListJobsRequest {}).await
+            })
+            .await?;
+        resp.jobs
             .into_iter()
             .map(|j| info("list jobs", Some(j)))
             .collect()
@@ -224,42 +224,42 @@ impl Client {
 
     pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<JobInfo, ClientError> {
         let resp = self
-            .inner
-            .clone()
-            .cancel(pb::CancelRequest {
-                job_id: job_id.to_string(),
-                reason: reason.to_string(),
+            .call("cancel", |mut c| async move {
+                c.cancel(pb::CancelRequest {
+                    job_id: job_id.to_string(),
+                    reason: reason.to_string(),
+                })
+                .await
             })
-            .await
-            .map_err(|s| ClientError::rpc("cancel", &self.addr, s))?;
-        info("cancel", Some(resp.into_inner()))
+            .await?;
+        info("cancel", Some(resp))
     }
 
     /// Pauses a job: workers checkpoint and release its leases; it waits.
     pub async fn pause(&self, job_id: &str, reason: &str) -> Result<JobInfo, ClientError> {
         let resp = self
-            .inner
-            .clone()
-            .pause(pb::PauseRequest {
-                job_id: job_id.to_string(),
-                reason: reason.to_string(),
+            .call("pause", |mut c| async move {
+                c.pause(pb::PauseRequest {
+                    job_id: job_id.to_string(),
+                    reason: reason.to_string(),
+                })
+                .await
             })
-            .await
-            .map_err(|s| ClientError::rpc("pause", &self.addr, s))?;
-        info("pause", Some(resp.into_inner()))
+            .await?;
+        info("pause", Some(resp))
     }
 
     /// Resumes a paused job from its checkpoints.
     pub async fn resume(&self, job_id: &str) -> Result<JobInfo, ClientError> {
         let resp = self
-            .inner
-            .clone()
-            .resume(pb::ResumeRequest {
-                job_id: job_id.to_string(),
+            .call("resume", |mut c| async move {
+                c.resume(pb::ResumeRequest {
+                    job_id: job_id.to_string(),
+                })
+                .await
             })
-            .await
-            .map_err(|s| ClientError::rpc("resume", &self.addr, s))?;
-        info("resume", Some(resp.into_inner()))
+            .await?;
+        info("resume", Some(resp))
     }
 
     /// Changes a job's priority, weight or lease cap (`max_workers` 0
@@ -273,17 +273,17 @@ impl Client {
         max_workers: Option<u64>,
     ) -> Result<JobInfo, ClientError> {
         let resp = self
-            .inner
-            .clone()
-            .set_job(pb::SetJobRequest {
-                job_id: job_id.to_string(),
-                priority,
-                weight,
-                max_workers,
+            .call("set", |mut c| async move {
+                c.set_job(pb::SetJobRequest {
+                    job_id: job_id.to_string(),
+                    priority,
+                    weight,
+                    max_workers,
+                })
+                .await
             })
-            .await
-            .map_err(|s| ClientError::rpc("set", &self.addr, s))?;
-        info("set", Some(resp.into_inner()))
+            .await?;
+        info("set", Some(resp))
     }
 
     /// Polls until the job reaches a terminal state; `on_progress` sees each

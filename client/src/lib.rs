@@ -5,7 +5,9 @@
 
 pub mod client;
 pub mod error;
+pub mod run_args;
 pub mod summary;
 
 pub use client::Client;
 pub use error::ClientError;
+pub use run_args::RunArgs;

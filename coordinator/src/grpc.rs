@@ -87,9 +87,7 @@ impl JobService for JobApi {
         req: Request<pb::GetJobRequest>,
     ) -> Result<Response<pb::JobInfo>, Status> {
         let job_id = req.into_inner().job_id;
-        if job_id.is_empty() {
-            return Err(Status::invalid_argument("missing field `job_id`"));
-        }
+        require_job_id(&job_id)?;
         Ok(Response::new(self.handle.get_job(&job_id).await?.into()))
     }
 
@@ -98,9 +96,7 @@ impl JobService for JobApi {
         req: Request<pb::GetJobReportRequest>,
     ) -> Result<Response<pb::GetJobReportResponse>, Status> {
         let job_id = req.into_inner().job_id;
-        if job_id.is_empty() {
-            return Err(Status::invalid_argument("missing field `job_id`"));
-        }
+        require_job_id(&job_id)?;
         let report = self.handle.report(&job_id).await?;
         let report_json = serde_json::to_string(&report)
             .map_err(|e| Status::internal(format!("encoding the report: {e}")))?;
@@ -132,9 +128,7 @@ impl JobService for JobApi {
         req: Request<pb::GetJobErrorsRequest>,
     ) -> Result<Response<pb::GetJobErrorsResponse>, Status> {
         let req = req.into_inner();
-        if req.job_id.is_empty() {
-            return Err(Status::invalid_argument("missing field `job_id`"));
-        }
+        require_job_id(&req.job_id)?;
         let max = match req.max_skipped {
             0 => 1000,
             n => n.min(100_000) as usize,
@@ -148,9 +142,7 @@ impl JobService for JobApi {
         req: Request<pb::GetJobOutputsRequest>,
     ) -> Result<Response<pb::GetJobOutputsResponse>, Status> {
         let req = req.into_inner();
-        if req.job_id.is_empty() {
-            return Err(Status::invalid_argument("missing field `job_id`"));
-        }
+        require_job_id(&req.job_id)?;
         let outputs = self.handle.job_outputs(&req.job_id).await?;
         Ok(Response::new(pb::GetJobOutputsResponse {
             outputs: outputs.into_iter().map(Into::into).collect(),
@@ -162,18 +154,14 @@ impl JobService for JobApi {
         req: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::JobInfo>, Status> {
         let req = req.into_inner();
-        if req.job_id.is_empty() {
-            return Err(Status::invalid_argument("missing field `job_id`"));
-        }
+        require_job_id(&req.job_id)?;
         Ok(Response::new(
             self.handle.cancel(&req.job_id, &req.reason).await?.into(),
         ))
     }
     async fn pause(&self, req: Request<pb::PauseRequest>) -> Result<Response<pb::JobInfo>, Status> {
         let req = req.into_inner();
-        if req.job_id.is_empty() {
-            return Err(Status::invalid_argument("missing field `job_id`"));
-        }
+        require_job_id(&req.job_id)?;
         Ok(Response::new(
             self.handle.pause(&req.job_id, &req.reason).await?.into(),
         ))
@@ -184,9 +172,7 @@ impl JobService for JobApi {
         req: Request<pb::ResumeRequest>,
     ) -> Result<Response<pb::JobInfo>, Status> {
         let req = req.into_inner();
-        if req.job_id.is_empty() {
-            return Err(Status::invalid_argument("missing field `job_id`"));
-        }
+        require_job_id(&req.job_id)?;
         Ok(Response::new(self.handle.resume(&req.job_id).await?.into()))
     }
 
@@ -195,9 +181,7 @@ impl JobService for JobApi {
         req: Request<pb::SetJobRequest>,
     ) -> Result<Response<pb::JobInfo>, Status> {
         let req = req.into_inner();
-        if req.job_id.is_empty() {
-            return Err(Status::invalid_argument("missing field `job_id`"));
-        }
+        require_job_id(&req.job_id)?;
         let change = ScheduleChange {
             priority: req.priority,
             weight: req.weight,
@@ -343,4 +327,12 @@ impl WorkerService for WorkerApi {
         self.handle.release(release).await?;
         Ok(Response::new(pb::ReleaseResponse {}))
     }
+}
+
+/// The job API's calls name a job: an empty id is a malformed request.
+fn require_job_id(job_id: &str) -> Result<(), Status> {
+    if job_id.is_empty() {
+        return Err(Status::invalid_argument("missing field `job_id`"));
+    }
+    Ok(())
 }

@@ -9,8 +9,7 @@ use stoke_coordinator::CoordinatorConfig;
 use stoke_coordinator::queues::QueueConfig;
 use stoke_coordinator::security::{ServerSecurity, ServerTls};
 use stoke_core::security::{
-    CLIENT_TOKEN_FILE_VAR, CLIENT_TOKEN_VAR, SECURITY_ENV_VARS, Token, WORKER_TOKEN_FILE_VAR,
-    WORKER_TOKEN_VAR,
+    CLIENT_TOKEN_FILE_VAR, CLIENT_TOKEN_VAR, Token, WORKER_TOKEN_FILE_VAR, WORKER_TOKEN_VAR,
 };
 use stoke_core::{StoreConfig, StoreUri, Stores};
 use tokio_util::sync::CancellationToken;
@@ -188,22 +187,12 @@ impl Args {
 /// `STOKE_*` variables in the environment that nothing here reads: most
 /// often a typo, or a worker's setting given to the coordinator.
 fn unknown_env_vars() -> Vec<String> {
-    let known: Vec<String> = Args::command()
-        .get_arguments()
-        .filter_map(|a| a.get_env())
-        .map(|e| e.to_string_lossy().to_string())
-        .chain(
-            stoke_core::store::STORE_ENV_VARS
-                .iter()
-                .map(|s| s.to_string()),
-        )
-        .chain(stoke_core::TOOLING_ENV_VARS.iter().map(|s| s.to_string()))
-        .chain(SECURITY_ENV_VARS.iter().map(|s| s.to_string()))
-        .collect();
-    std::env::vars()
-        .map(|(k, _)| k)
-        .filter(|k| k.starts_with("STOKE_") && !known.contains(k))
-        .collect()
+    stoke_core::unknown_env_vars(
+        Args::command()
+            .get_arguments()
+            .filter_map(|a| a.get_env())
+            .map(|e| e.to_string_lossy().to_string()),
+    )
 }
 
 fn check_config(args: &Args) -> ! {

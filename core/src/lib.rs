@@ -56,6 +56,23 @@ pub const TOOLING_ENV_VARS: [&str; 5] = [
     logging::DEBUG_VAR,
 ];
 
+/// `STOKE_*` variables in the environment that a binary does not read,
+/// given the ones its flags read (`flag_vars`); the store's, security's
+/// and tooling's variables are known to every binary. Most often a typo,
+/// or one binary's setting given to another.
+pub fn unknown_env_vars(flag_vars: impl IntoIterator<Item = String>) -> Vec<String> {
+    let known: Vec<String> = flag_vars
+        .into_iter()
+        .chain(store::STORE_ENV_VARS.iter().map(|s| s.to_string()))
+        .chain(TOOLING_ENV_VARS.iter().map(|s| s.to_string()))
+        .chain(security::SECURITY_ENV_VARS.iter().map(|s| s.to_string()))
+        .collect();
+    std::env::vars()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("STOKE_") && !known.contains(k))
+        .collect()
+}
+
 /// How libtorch's OpenMP threads wait between parallel regions, for every
 /// libtorch process stoke starts. By default libgomp spins for about 3 ms
 /// after each region, taking the cores that reading and decoding need (a

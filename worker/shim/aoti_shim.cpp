@@ -88,6 +88,22 @@ bool ensure_libtorch_loaded(char** err) {
   return true;
 }
 
+// Runs `body` (0 on success), turning whatever it throws into *err and 1:
+// every entry point's error handling, written once.
+template <typename F>
+int guarded(char** err, F&& body) {
+  try {
+    return body();
+  } catch (const c10::Error& e) {
+    set_error(err, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    set_error(err, e.what());
+  } catch (...) {
+    set_error(err, nullptr);
+  }
+  return 1;
+}
+
 }  // namespace
 
 extern "C" {
@@ -107,39 +123,25 @@ char* stoke_aoti_torch_version() {
 // read without loading its model: a package for another device can be
 // refused before its runner is created.
 int stoke_aoti_package_metadata(const char* path, char** out, char** err) {
-  try {
+  return guarded(err, [&]() -> int {
     auto m = torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(
         path, "model");
     *out = copy_string(encode_map(m));
     return 0;
-  } catch (const c10::Error& e) {
-    set_error(err, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    set_error(err, e.what());
-  } catch (...) {
-    set_error(err, nullptr);
-  }
-  return 1;
+  });
 }
 
 // Loads a package for a device index (-1: the package's own device, CPU).
 int stoke_aoti_load(const char* path, int device_index, StokeAoti** out,
                     char** err) {
-  try {
+  return guarded(err, [&]() -> int {
     if (!ensure_libtorch_loaded(err)) return 1;
     auto* loader = new torch::inductor::AOTIModelPackageLoader(
         path, "model", /*run_single_threaded=*/false, /*num_runners=*/1,
         static_cast<c10::DeviceIndex>(device_index));
     *out = reinterpret_cast<StokeAoti*>(loader);
     return 0;
-  } catch (const c10::Error& e) {
-    set_error(err, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    set_error(err, e.what());
-  } catch (...) {
-    set_error(err, nullptr);
-  }
-  return 1;
+  });
 }
 
 void stoke_aoti_free(StokeAoti* handle) {
@@ -154,21 +156,14 @@ void stoke_aoti_free(StokeAoti* handle) {
 // The in/out pytree specs, as the package serialized them (JSON).
 int stoke_aoti_call_spec(StokeAoti* handle, char** in_spec, char** out_spec,
                          char** err) {
-  try {
+  return guarded(err, [&]() -> int {
     auto* loader =
         reinterpret_cast<torch::inductor::AOTIModelPackageLoader*>(handle);
     auto spec = loader->get_call_spec();
     *in_spec = copy_string(spec.size() > 0 ? spec[0] : std::string());
     *out_spec = copy_string(spec.size() > 1 ? spec[1] : std::string());
     return 0;
-  } catch (const c10::Error& e) {
-    set_error(err, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    set_error(err, e.what());
-  } catch (...) {
-    set_error(err, nullptr);
-  }
-  return 1;
+  });
 }
 
 // Runs the model on `n_inputs` borrowed tensors under inference mode, on
@@ -178,7 +173,7 @@ int stoke_aoti_call_spec(StokeAoti* handle, char** in_spec, char** out_spec,
 int stoke_aoti_run(StokeAoti* handle, at::Tensor* const* inputs,
                    size_t n_inputs, at::Tensor*** outputs, size_t* n_outputs,
                    char** err) {
-  try {
+  return guarded(err, [&]() -> int {
     c10::InferenceMode guard;
     auto* loader =
         reinterpret_cast<torch::inductor::AOTIModelPackageLoader*>(handle);
@@ -202,14 +197,7 @@ int stoke_aoti_run(StokeAoti* handle, at::Tensor* const* inputs,
     *outputs = arr;
     *n_outputs = result.size();
     return 0;
-  } catch (const c10::Error& e) {
-    set_error(err, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    set_error(err, e.what());
-  } catch (...) {
-    set_error(err, nullptr);
-  }
-  return 1;
+  });
 }
 
 void stoke_aoti_free_tensor_array(at::Tensor** arr) { std::free(arr); }

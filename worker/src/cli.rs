@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use stoke_core::security::{ClientSecurity, Role, SECURITY_ENV_VARS};
+use stoke_core::security::{ClientSecurity, Role};
 use stoke_core::{StoreConfig, Stores};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -73,22 +73,12 @@ pub struct WorkerArgs {
 /// most often a typo, or a coordinator's setting given to a worker.
 pub fn unknown_env_vars() -> Vec<String> {
     use clap::CommandFactory;
-    let known: Vec<String> = WorkerArgs::command()
-        .get_arguments()
-        .filter_map(|a| a.get_env())
-        .map(|e| e.to_string_lossy().to_string())
-        .chain(
-            stoke_core::store::STORE_ENV_VARS
-                .iter()
-                .map(|s| s.to_string()),
-        )
-        .chain(stoke_core::TOOLING_ENV_VARS.iter().map(|s| s.to_string()))
-        .chain(SECURITY_ENV_VARS.iter().map(|s| s.to_string()))
-        .collect();
-    std::env::vars()
-        .map(|(k, _)| k)
-        .filter(|k| k.starts_with("STOKE_") && !known.contains(k))
-        .collect()
+    stoke_core::unknown_env_vars(
+        WorkerArgs::command()
+            .get_arguments()
+            .filter_map(|a| a.get_env())
+            .map(|e| e.to_string_lossy().to_string()),
+    )
 }
 
 fn check_config(args: &WorkerArgs, registry: &Registry) -> ! {

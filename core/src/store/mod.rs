@@ -316,7 +316,9 @@ impl Stores {
         if !local && bytes.len() as u64 > self.config.multipart_threshold {
             return self.put_multipart(uri, bytes).await;
         }
-        self.put_mode(uri, bytes, PutMode::Overwrite).await
+        self.put_mode(uri, bytes, PutMode::Overwrite)
+            .await
+            .map(|_| ())
     }
 
     async fn put_multipart(&self, uri: &StoreUri, bytes: Bytes) -> Result<(), StoreError> {
@@ -367,8 +369,6 @@ impl Stores {
         bytes: Bytes,
         expected: &ObjectVersion,
     ) -> Result<ObjectVersion, StoreError> {
-        self.check_fence(uri)?;
-        let (store, path) = self.resolve(uri)?;
         let mode = if uri.scheme() == "file" {
             PutMode::Overwrite
         } else {
@@ -377,18 +377,7 @@ impl Stores {
                 version: expected.version.clone(),
             })
         };
-        let opts = PutOptions {
-            mode,
-            ..Default::default()
-        };
-        let result = store
-            .put_opts(&path, PutPayload::from(bytes), opts)
-            .await
-            .map_err(|e| StoreError::io("writing", uri.as_str(), e))?;
-        Ok(ObjectVersion {
-            e_tag: result.e_tag,
-            version: result.version,
-        })
+        self.put_mode(uri, bytes, mode).await
     }
 
     /// Writes an object only if none exists, returning its version.
@@ -397,10 +386,25 @@ impl Stores {
         uri: &StoreUri,
         bytes: Bytes,
     ) -> Result<ObjectVersion, StoreError> {
+        self.put_mode(uri, bytes, PutMode::Create).await
+    }
+
+    /// Writes an object only if none exists (`AlreadyExists` otherwise).
+    pub async fn put_new(&self, uri: &StoreUri, bytes: Bytes) -> Result<(), StoreError> {
+        self.put_mode(uri, bytes, PutMode::Create).await.map(|_| ())
+    }
+
+    /// Writes an object under `mode` (through the fence); its version.
+    async fn put_mode(
+        &self,
+        uri: &StoreUri,
+        bytes: Bytes,
+        mode: PutMode,
+    ) -> Result<ObjectVersion, StoreError> {
         self.check_fence(uri)?;
         let (store, path) = self.resolve(uri)?;
         let opts = PutOptions {
-            mode: PutMode::Create,
+            mode,
             ..Default::default()
         };
         let result = store
@@ -411,30 +415,6 @@ impl Stores {
             e_tag: result.e_tag,
             version: result.version,
         })
-    }
-
-    /// Writes an object only if none exists (`AlreadyExists` otherwise).
-    pub async fn put_new(&self, uri: &StoreUri, bytes: Bytes) -> Result<(), StoreError> {
-        self.put_mode(uri, bytes, PutMode::Create).await
-    }
-
-    async fn put_mode(
-        &self,
-        uri: &StoreUri,
-        bytes: Bytes,
-        mode: PutMode,
-    ) -> Result<(), StoreError> {
-        self.check_fence(uri)?;
-        let (store, path) = self.resolve(uri)?;
-        let opts = PutOptions {
-            mode,
-            ..Default::default()
-        };
-        store
-            .put_opts(&path, PutPayload::from(bytes), opts)
-            .await
-            .map_err(|e| StoreError::io("writing", uri.as_str(), e))?;
-        Ok(())
     }
 
     /// Copies an object, replacing what is at `to`: inside one store

@@ -108,24 +108,13 @@ fn open_s3(uri: &StoreUri, config: &StoreConfig) -> Result<Arc<dyn ObjectStore>,
             .get_config_value(&AmazonS3ConfigKey::ContainerCredentialsFullUri)
             .is_some()
         || is_true(builder.get_config_value(&AmazonS3ConfigKey::SkipSignature));
-    if !has_credentials && !config.instance_credentials {
-        return Err(StoreError::Credentials {
-            uri: uri.to_string(),
-            hint: "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, point \
+    let hint = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, point \
                    STOKE_STORE_CREDENTIALS_FILE at an AWS credentials file, use a web identity \
                    (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN), or set \
-                   STOKE_STORE_INSTANCE_CREDENTIALS=true to use the instance's role"
-                .to_string(),
-        });
-    }
-    let store = builder
-        .with_retry(retry(config))
-        .build()
-        .map_err(|source| StoreError::Open {
-            uri: uri.to_string(),
-            source,
-        })?;
-    Ok(Arc::new(store))
+                   STOKE_STORE_INSTANCE_CREDENTIALS=true to use the instance's role";
+    built(uri, config, has_credentials, hint, |retry| {
+        builder.with_retry(retry).build()
+    })
 }
 
 fn open_gcs(uri: &StoreUri, config: &StoreConfig) -> Result<Arc<dyn ObjectStore>, StoreError> {
@@ -156,23 +145,12 @@ fn open_gcs(uri: &StoreUri, config: &StoreConfig) -> Result<Arc<dyn ObjectStore>
     .any(|key| builder.get_config_value(key).is_some())
         || is_true(builder.get_config_value(&GoogleConfigKey::SkipSignature))
         || default_adc;
-    if !has_credentials && !config.instance_credentials {
-        return Err(StoreError::Credentials {
-            uri: uri.to_string(),
-            hint: "set GOOGLE_APPLICATION_CREDENTIALS (or STOKE_STORE_CREDENTIALS_FILE) to a \
+    let hint = "set GOOGLE_APPLICATION_CREDENTIALS (or STOKE_STORE_CREDENTIALS_FILE) to a \
                    service-account JSON file, GOOGLE_SERVICE_ACCOUNT_KEY to its contents, or \
-                   STOKE_STORE_INSTANCE_CREDENTIALS=true to use the VM's service account"
-                .to_string(),
-        });
-    }
-    let store = builder
-        .with_retry(retry(config))
-        .build()
-        .map_err(|source| StoreError::Open {
-            uri: uri.to_string(),
-            source,
-        })?;
-    Ok(Arc::new(store))
+                   STOKE_STORE_INSTANCE_CREDENTIALS=true to use the VM's service account";
+    built(uri, config, has_credentials, hint, |retry| {
+        builder.with_retry(retry).build()
+    })
 }
 
 fn open_azure(uri: &StoreUri, config: &StoreConfig) -> Result<Arc<dyn ObjectStore>, StoreError> {
@@ -210,24 +188,36 @@ fn open_azure(uri: &StoreUri, config: &StoreConfig) -> Result<Arc<dyn ObjectStor
         ]
         .iter()
         .any(|key| is_true(builder.get_config_value(key)));
-    if !has_credentials && !config.instance_credentials {
-        return Err(StoreError::Credentials {
-            uri: uri.to_string(),
-            hint: "set AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or \
+    let hint = "set AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or \
                    AZURE_STORAGE_SAS_KEY, a service principal (AZURE_CLIENT_ID, \
                    AZURE_CLIENT_SECRET, AZURE_TENANT_ID), workload identity \
                    (AZURE_FEDERATED_TOKEN_FILE), STOKE_STORE_CREDENTIALS_FILE, or \
-                   STOKE_STORE_INSTANCE_CREDENTIALS=true to use a managed identity"
-                .to_string(),
+                   STOKE_STORE_INSTANCE_CREDENTIALS=true to use a managed identity";
+    built(uri, config, has_credentials, hint, |retry| {
+        builder.with_retry(retry).build()
+    })
+}
+
+/// What opening every cloud store ends with: without credentials (and
+/// without `instance_credentials`) a refusal saying how to give them
+/// (`hint`); otherwise the store `build` makes with stoke's retries.
+fn built<S: ObjectStore>(
+    uri: &StoreUri,
+    config: &StoreConfig,
+    has_credentials: bool,
+    hint: &str,
+    build: impl FnOnce(RetryConfig) -> object_store::Result<S>,
+) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    if !has_credentials && !config.instance_credentials {
+        return Err(StoreError::Credentials {
+            uri: uri.to_string(),
+            hint: hint.to_string(),
         });
     }
-    let store = builder
-        .with_retry(retry(config))
-        .build()
-        .map_err(|source| StoreError::Open {
-            uri: uri.to_string(),
-            source,
-        })?;
+    let store = build(retry(config)).map_err(|source| StoreError::Open {
+        uri: uri.to_string(),
+        source,
+    })?;
     Ok(Arc::new(store))
 }
 

@@ -4,7 +4,7 @@
 //! apart from `stoke` because it links libtorch, whose start-up (about
 //! 0.4 s of static initialisers) the other commands need not pay.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -18,20 +18,8 @@ use stoke::{EmbeddedOptions, JobSpec, Registry, StoreUri};
     about = "Run a job in this process (what `stoke run --embedded` runs)"
 )]
 struct Args {
-    /// The job spec (TOML or JSON).
-    spec: PathBuf,
-    /// State root (a folder or store URI) for the job's state and outputs.
-    #[arg(long, default_value = "stoke-state")]
-    root: String,
-    /// Device: auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
-    device: String,
-    /// libtorch threads (default: the machine's cores).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// A job id (running again with the same id and root resumes it).
-    #[arg(long)]
-    job_id: Option<String>,
+    #[command(flatten)]
+    job: stoke_client::RunArgs,
 }
 
 fn main() {
@@ -69,14 +57,15 @@ fn run() -> anyhow::Result<()> {
     stoke_worker::cli::keep_freed_memory();
     let args = Args::parse();
     stoke_core::logging::init_logging(stoke_core::logging::LogFormat::Text, "warn");
-    let spec = JobSpec::from_file(&args.spec)?;
+    let spec = JobSpec::from_file(&args.job.spec)?;
     let root = StoreUri::parse(
-        &StoreUri::resolve_path_or_uri(&args.root, Path::new(".")).map_err(anyhow::Error::msg)?,
+        &StoreUri::resolve_path_or_uri(&args.job.root, Path::new("."))
+            .map_err(anyhow::Error::msg)?,
     )?;
     let mut options = EmbeddedOptions::new(root);
-    options.device = stoke_worker::config::parse_device(&args.device)?;
-    options.threads = args.threads;
-    options.job_id = args.job_id;
+    options.device = stoke_worker::config::parse_device(&args.job.device)?;
+    options.threads = args.job.threads;
+    options.job_id = args.job.job_id;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
