@@ -166,6 +166,16 @@ pub struct DatasetSpec {
     /// Columns to read (Parquet projection); all when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub columns: Option<Vec<String>>,
+    /// Format `python`: `"module:function"`, a callable taking no
+    /// arguments that returns a map-style `torch.utils.data.Dataset`;
+    /// its records are the indices `0..count`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub factory: Option<String>,
+    /// `sys.path` entries for `factory`, searched before the
+    /// environment's; in a spec file, relative ones are relative to the
+    /// file's folder.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub python_path: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,6 +185,9 @@ pub enum DatasetFormat {
     Jsonl,
     Files,
     Range,
+    /// A map-style torch `Dataset` made by a Python factory: records are
+    /// its indices, batches come from torch's `DataLoader`.
+    Python,
 }
 
 impl DatasetFormat {
@@ -184,6 +197,7 @@ impl DatasetFormat {
             Self::Jsonl => "jsonl",
             Self::Files => "files",
             Self::Range => "range",
+            Self::Python => "python",
         }
     }
 }
@@ -565,20 +579,23 @@ impl JobSpec {
                     .map_err(|message| SpecError::invalid(format!("{section}.{key}"), message))?;
             }
         }
-        // A Python processor's sys.path entries, like paths above.
-        if let Some(entries) = value
-            .get_mut("processor")
-            .and_then(|p| p.get_mut("python_path"))
-            .and_then(|p| p.as_array_mut())
-        {
-            for entry in entries {
-                if let serde_json::Value::String(s) = entry
-                    && !s.is_empty()
-                    && FsPath::new(s.as_str()).is_relative()
-                {
-                    let joined = base.join(s.as_str());
-                    let joined = std::path::absolute(&joined).unwrap_or(joined);
-                    *s = joined.display().to_string();
+        // A Python processor's (and a Python dataset's) sys.path entries,
+        // like paths above.
+        for section in ["processor", "dataset"] {
+            if let Some(entries) = value
+                .get_mut(section)
+                .and_then(|p| p.get_mut("python_path"))
+                .and_then(|p| p.as_array_mut())
+            {
+                for entry in entries {
+                    if let serde_json::Value::String(s) = entry
+                        && !s.is_empty()
+                        && FsPath::new(s.as_str()).is_relative()
+                    {
+                        let joined = base.join(s.as_str());
+                        let joined = std::path::absolute(&joined).unwrap_or(joined);
+                        *s = joined.display().to_string();
+                    }
                 }
             }
         }
@@ -822,9 +839,96 @@ impl JobSpec {
         Ok(())
     }
 
+    /// `format = "python"`: a factory, the dataset's length, and a
+    /// Python processor to hand its batches to.
+    fn validate_python_dataset(&self) -> Result<(), SpecError> {
+        let d = &self.dataset;
+        for (key, given) in [
+            ("uri", d.uri.is_some()),
+            ("id_column", d.id_column.is_some()),
+            ("columns", d.columns.is_some()),
+        ] {
+            if given {
+                return Err(SpecError::invalid(
+                    format!("dataset.{key}"),
+                    "not allowed for format \"python\" (its records are the dataset's indices)",
+                ));
+            }
+        }
+        let factory = d.factory.as_deref().ok_or_else(|| {
+            SpecError::invalid(
+                "dataset.factory",
+                "missing (required for format \"python\": \"module:function\", a callable with no arguments that returns the torch Dataset)",
+            )
+        })?;
+        let ok = factory.split_once(':').is_some_and(|(module, function)| {
+            !module.is_empty()
+                && !function.is_empty()
+                && module.split('.').all(is_python_identifier)
+                && function.split('.').all(is_python_identifier)
+        });
+        if !ok {
+            return Err(SpecError::invalid(
+                "dataset.factory",
+                format!(
+                    "must be \"module:function\" (for example \"my_data:make_dataset\"), got {factory:?}"
+                ),
+            ));
+        }
+        if let Some(empty) = d.python_path.iter().position(|e| e.trim().is_empty()) {
+            return Err(SpecError::invalid(
+                format!("dataset.python_path[{empty}]"),
+                "must not be empty",
+            ));
+        }
+        match d.count {
+            None => {
+                return Err(SpecError::invalid(
+                    "dataset.count",
+                    "missing (required for format \"python\": the dataset's len(); torch_batch_process and `stoke` fill it in from the factory)",
+                ));
+            }
+            Some(0) => {
+                return Err(SpecError::invalid(
+                    "dataset.count",
+                    "must be at least 1 (the dataset is empty)",
+                ));
+            }
+            Some(_) => {}
+        }
+        if self.processor.python.is_none() {
+            return Err(SpecError::invalid(
+                "processor.python",
+                "missing: a dataset of format \"python\" yields DataLoader batches, which only a Python processor (`python = \"module:Class\"`) takes",
+            ));
+        }
+        if self.batching.max_elements.is_some() {
+            return Err(SpecError::invalid(
+                "batching.max_elements",
+                "not for format \"python\": its batches are the DataLoader's, of batch_size records",
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_dataset(&self) -> Result<(), SpecError> {
         let d = &self.dataset;
+        if d.format != DatasetFormat::Python {
+            if d.factory.is_some() {
+                return Err(SpecError::invalid(
+                    "dataset.factory",
+                    format!("only for format \"python\", not \"{}\"", d.format.as_str()),
+                ));
+            }
+            if !d.python_path.is_empty() {
+                return Err(SpecError::invalid(
+                    "dataset.python_path",
+                    format!("only for format \"python\", not \"{}\"", d.format.as_str()),
+                ));
+            }
+        }
         match d.format {
+            DatasetFormat::Python => self.validate_python_dataset(),
             DatasetFormat::Range => {
                 if d.uri.is_some() {
                     return Err(SpecError::invalid(

@@ -23,6 +23,13 @@ create_exception!(
     "An error from stoke, with the same message the CLI prints."
 );
 
+create_exception!(
+    _native,
+    JobPaused,
+    StokeError,
+    "The call was stopped (SIGTERM, Ctrl-C) and its job paused after a checkpoint; the same call with the same job_id and root resumes it."
+);
+
 fn err(e: impl std::fmt::Display) -> PyErr {
     StokeError::new_err(e.to_string())
 }
@@ -202,7 +209,8 @@ impl NativeClient {
 
 /// Runs a job in this process; returns the report as JSON.
 #[pyfunction]
-#[pyo3(signature = (spec_json, base, root, device, threads=None, job_id=None))]
+#[pyo3(signature = (spec_json, base, root, device, threads=None, job_id=None, signals=None))]
+#[allow(clippy::too_many_arguments)]
 fn run_embedded(
     py: Python<'_>,
     spec_json: String,
@@ -211,6 +219,7 @@ fn run_embedded(
     device: String,
     threads: Option<usize>,
     job_id: Option<String>,
+    signals: Option<String>,
 ) -> PyResult<String> {
     let spec = load_spec(None, Some(spec_json), Some(base))?;
     let root =
@@ -221,13 +230,41 @@ fn run_embedded(
     options.device = device;
     options.threads = threads;
     options.job_id = job_id;
+    let stop = options.stop.clone();
+    if let Some(path) = signals {
+        watch_signals(&path, stop.clone())?;
+    }
     // The job runs on Rust threads; the processor thread takes the GIL
     // for each call into Python, so this thread must not hold it.
     py.detach(|| {
         let rt = runtime()?;
-        let report = rt
-            .block_on(stoke::run_embedded(spec, Registry::with_builtins(), options))
-            .map_err(err)?;
+        let ran = rt.block_on(async {
+            let job = stoke::run_embedded(spec, Registry::with_builtins(), options);
+            tokio::pin!(job);
+            // Python runs its signal handlers (Ctrl-C's KeyboardInterrupt,
+            // the SIGTERM handler `stoke._api` sets) only when asked on
+            // this, the main, thread: ask every 100 ms; one that raises
+            // stops the job after its current batch.
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tokio::select! {
+                    ran = &mut job => break ran,
+                    _ = tick.tick() => {
+                        if !stop.is_cancelled() && Python::attach(|py| py.check_signals()).is_err() {
+                            stop.cancel();
+                        }
+                    }
+                }
+            }
+        });
+        let report = match ran {
+            Ok(report) => report,
+            Err(e @ stoke::EmbeddedError::Paused { .. }) => {
+                rt.shutdown_timeout(Duration::from_secs(5));
+                return Err(JobPaused::new_err(e.to_string()));
+            }
+            Err(e) => return Err(err(e)),
+        };
         rt.shutdown_timeout(Duration::from_secs(5));
         let m = &report.manifest;
         let outputs: Vec<serde_json::Value> = m
@@ -248,6 +285,31 @@ fn run_embedded(
     })
 }
 
+/// Reads the FIFO Python's `signal.set_wakeup_fd` writes signal numbers
+/// to (`stoke._api._stop_on_signals`): SIGTERM or SIGINT stops the job at
+/// once, whatever the main thread is doing. The thread ends when Python
+/// closes the FIFO's write end, after the call.
+fn watch_signals(path: &str, stop: tokio_util::sync::CancellationToken) -> PyResult<()> {
+    use std::io::Read;
+    const STOPPING: [u8; 2] = [libc::SIGTERM as u8, libc::SIGINT as u8];
+    let mut fifo = std::fs::File::open(path).map_err(|e| err(format!("opening {path}: {e}")))?;
+    std::thread::Builder::new()
+        .name("stoke-signals".into())
+        .spawn(move || {
+            let mut buf = [0u8; 64];
+            while let Ok(n) = fifo.read(&mut buf) {
+                if n == 0 {
+                    return;
+                }
+                if buf[..n].iter().any(|b| STOPPING.contains(b)) {
+                    stop.cancel();
+                }
+            }
+        })
+        .map_err(err)?;
+    Ok(())
+}
+
 /// The torch version of the libtorch this module links.
 #[pyfunction]
 fn worker_torch_version() -> &'static str {
@@ -257,6 +319,7 @@ fn worker_torch_version() -> &'static str {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StokeError", m.py().get_type::<StokeError>())?;
+    m.add("JobPaused", m.py().get_type::<JobPaused>())?;
     m.add_class::<NativeClient>()?;
     m.add_function(wrap_pyfunction!(run_embedded, m)?)?;
     m.add_function(wrap_pyfunction!(worker_torch_version, m)?)?;

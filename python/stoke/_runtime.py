@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any, Iterator
 
+from . import _dataset
 from .processor import BadRecord, TorchBatchProcessor
 
 # The worker checks this: a package of another protocol is refused with a
@@ -363,6 +364,25 @@ def describe(exc: BaseException, tb: Any = None) -> str:
 # name the job spec gives them (`__stoke_local__:C<n>`).
 _LOCAL_MODULE = "__stoke_local__"
 _LOCAL: dict[str, type] = {}
+
+
+def register_local_dataset(dataset: Any, dataloader_kwargs: dict) -> str:
+    """The spec's ``[dataset] factory`` for a Dataset handed to
+    ``torch_batch_process`` in this process."""
+    return _dataset.register_local(_LOCAL_MODULE, dataset, dataloader_kwargs)
+
+
+def open_dataset(factory: str, batch_size: int, count: int, in_worker: bool) -> Any:
+    """The feed of DataLoader batches for a job's ``format = "python"``
+    dataset (see ``stoke._dataset``)."""
+    try:
+        return _dataset.open_feed(factory, _LOCAL_MODULE, batch_size, count, in_worker)
+    except _dataset.DatasetError as e:
+        raise _LoadError(str(e)) from None
+
+
+def dataset_batch(feed: Any, indices: list) -> Any:
+    return feed.batch(indices)
 
 
 def register_local(cls: type) -> str:

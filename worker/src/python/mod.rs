@@ -23,6 +23,7 @@ use bytes::Bytes;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use stoke_core::spec::DatasetFormat;
 use stoke_core::{StoreUri, Stores};
 
 use crate::batch::Batch;
@@ -193,6 +194,21 @@ struct PythonProcessor {
     runtime: Py<PyModule>,
     shared: Arc<Shared>,
     interp: &'static interp::Interp,
+    /// A `format = "python"` dataset: the feed that turns a batch of
+    /// indices into the DataLoader's batch.
+    feed: Option<Py<PyAny>>,
+    batch_size: u64,
+}
+
+/// Puts `entries` first on `sys.path` (those not there yet).
+fn extend_sys_path(py: Python<'_>, entries: &[String]) -> PyResult<()> {
+    let sys_path = py.import("sys")?.getattr("path")?;
+    for entry in entries.iter().rev() {
+        if !sys_path.contains(entry)? {
+            sys_path.call_method1("insert", (0, entry))?;
+        }
+    }
+    Ok(())
 }
 
 /// The Python error as the job records it: the traceback.
@@ -210,6 +226,8 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
         return Err(PythonError::Setup("processor.python is not module:Class".into()).into());
     };
     let interp = interp::interp()?;
+    let dataset = ctx.spec().dataset.clone();
+    let batch_size = ctx.spec().batching.batch_size;
     let (stores, runtime) = ctx.stores_and_runtime();
     let shared = Arc::new(Shared {
         device: device_name(ctx.device()),
@@ -222,16 +240,7 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
     });
     let created = Python::attach(|py| -> Result<PythonProcessor, PythonError> {
         let setup = |e: PyErr| PythonError::Setup(e.to_string());
-        let sys_path = py
-            .import("sys")
-            .and_then(|s| s.getattr("path"))
-            .map_err(setup)?;
-        for entry in spec.python_path.iter().rev() {
-            let present: bool = sys_path.contains(entry).map_err(setup)?;
-            if !present {
-                sys_path.call_method1("insert", (0, entry)).map_err(setup)?;
-            }
-        }
+        extend_sys_path(py, &spec.python_path).map_err(setup)?;
         let runtime = py.import("stoke._runtime").map_err(|e| {
             PythonError::Setup(format!(
                 "the stoke Python package is not importable in {} ({e}); install it there (scripts/python-package.sh, or pip install the stoke wheel)",
@@ -248,6 +257,27 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
                 interp.python
             )));
         }
+        // The dataset first, as the user's script makes it before the
+        // processor: a dataset that cannot be made fails the attempt
+        // before the model loads.
+        let feed = match (&dataset.format, &dataset.factory) {
+            (DatasetFormat::Python, Some(factory)) => {
+                extend_sys_path(py, &dataset.python_path).map_err(setup)?;
+                let feed = runtime
+                    .call_method1(
+                        "open_dataset",
+                        (
+                            factory.as_str(),
+                            batch_size,
+                            dataset.count.unwrap_or(0),
+                            interp.in_worker,
+                        ),
+                    )
+                    .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
+                Some(feed.unbind())
+            }
+            _ => None,
+        };
         let native = Py::new(
             py,
             NativeContext {
@@ -263,11 +293,28 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
             runtime: runtime.unbind(),
             shared,
             interp,
+            feed,
+            batch_size,
         })
     })?;
     let mut processor = created;
     processor.drain(ctx)?;
     Ok((Box::new(processor), None))
+}
+
+/// The dataset indices a batch of a `format = "python"` job holds (its
+/// `id` column, as the range reader writes it).
+fn dataset_indices(batch: &Batch) -> Result<Vec<i64>, PythonError> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    let column = batch
+        .rows()
+        .column_by_name("id")
+        .and_then(|c| c.as_primitive_opt::<Int64Type>())
+        .ok_or_else(|| {
+            PythonError::Setup("a dataset batch has no int64 `id` column of indices".to_string())
+        })?;
+    Ok((0..column.len()).map(|i| column.value(i)).collect())
 }
 
 /// What one call into Python gave.
@@ -311,11 +358,28 @@ impl PythonProcessor {
         Python::attach(|py| {
             let runtime = self.runtime.bind(py);
             let raised = |e: PyErr| PythonError::Raised(describe(py, runtime, &e));
-            let (columns, ids, ptrs) =
-                convert::batch_to_py(py, self.interp, batch).map_err(raised)?;
-            let py_batch = runtime
-                .call_method1("make_batch", (columns, ids, ptrs))
-                .map_err(raised)?;
+            let (py_batch, batch_idx) = match &self.feed {
+                Some(feed) => {
+                    let indices = dataset_indices(batch)?;
+                    // The batch's index in the job: shards hold whole
+                    // batches, so it is its first index / batch_size.
+                    let job_idx = indices.first().map_or(batch_idx, |first| {
+                        first.unsigned_abs() / self.batch_size.max(1)
+                    });
+                    let py_batch = runtime
+                        .call_method1("dataset_batch", (feed.bind(py), indices))
+                        .map_err(raised)?;
+                    (py_batch, job_idx)
+                }
+                None => {
+                    let (columns, ids, ptrs) =
+                        convert::batch_to_py(py, self.interp, batch).map_err(raised)?;
+                    let py_batch = runtime
+                        .call_method1("make_batch", (columns, ids, ptrs))
+                        .map_err(raised)?;
+                    (py_batch, batch_idx)
+                }
+            };
             match self
                 .instance
                 .bind(py)
@@ -402,6 +466,10 @@ impl Drop for PythonProcessor {
         // Release the instance (and the model it holds) with the GIL.
         Python::attach(|py| {
             let _ = std::mem::replace(&mut self.instance, py.None());
+            // Stop the DataLoader's worker processes now, not at exit.
+            if let Some(feed) = self.feed.take() {
+                let _ = feed.bind(py).call_method0("close");
+            }
         });
     }
 }
