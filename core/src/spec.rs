@@ -221,6 +221,13 @@ pub struct ProcessorSpec {
     pub python_path: Vec<String>,
     #[serde(default)]
     pub params: serde_json::Map<String, serde_json::Value>,
+    /// A store URI of the job's code shipped by value (what
+    /// `torch_batch_process(..., workers=N)` and `coordinator=` write):
+    /// a cloudpickled dict holding the processor class and the dataset,
+    /// which `python = "__stoke_shipped__:Class"` and `[dataset] factory =
+    /// "__stoke_shipped__:dataset"` name. Each worker loads it once per job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
     /// libtorch intra-op threads for this job, overriding the worker's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
@@ -571,7 +578,7 @@ impl JobSpec {
         mut value: serde_json::Value,
         base: &FsPath,
     ) -> Result<serde_json::Value, SpecError> {
-        for (section, key) in [("dataset", "uri"), ("output", "uri")] {
+        for (section, key) in [("dataset", "uri"), ("output", "uri"), ("processor", "code")] {
             if let Some(serde_json::Value::String(s)) =
                 value.get_mut(section).and_then(|v| v.get_mut(key))
             {
@@ -820,8 +827,18 @@ impl JobSpec {
                         "must not be empty",
                     ));
                 }
+                if let Some(code) = &p.code {
+                    StoreUri::parse(code)
+                        .map_err(|e| SpecError::invalid("processor.code", e.to_string()))?;
+                }
             }
             None => {
+                if p.code.is_some() {
+                    return Err(SpecError::invalid(
+                        "processor.code",
+                        "only for a Python processor (`python = \"module:Class\"`)",
+                    ));
+                }
                 if !p.python_path.is_empty() {
                     return Err(SpecError::invalid(
                         "processor.python_path",
@@ -885,7 +902,7 @@ impl JobSpec {
             None => {
                 return Err(SpecError::invalid(
                     "dataset.count",
-                    "missing (required for format \"python\": the dataset's len(); torch_batch_process and `stoke` fill it in from the factory)",
+                    "missing (required for format \"python\": the dataset's len(), which the coordinator plans shards from without running your code; torch_batch_process fills it in)",
                 ));
             }
             Some(0) => {

@@ -310,6 +310,127 @@ fn watch_signals(path: &str, stop: tokio_util::sync::CancellationToken) -> PyRes
     Ok(())
 }
 
+/// A coordinator serving gRPC on a loopback port, on threads of its own:
+/// what `torch_batch_process(..., workers=N)` runs its local workers
+/// against (as `stoke run --local N` does).
+#[pyclass(module = "stoke._native", name = "LocalCoordinator")]
+struct LocalCoordinator {
+    #[pyo3(get)]
+    address: String,
+    shutdown: tokio_util::sync::CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[pymethods]
+impl LocalCoordinator {
+    #[new]
+    fn new(py: Python<'_>, root: String) -> PyResult<Self> {
+        let root = StoreUri::parse(
+            &StoreUri::resolve_path_or_uri(&root, &PathBuf::from(".")).map_err(err)?,
+        )
+        .map_err(err)?;
+        let stores = stoke::Stores::from_env().map_err(err)?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(err)?;
+        listener.set_nonblocking(true).map_err(err)?;
+        let address = format!("http://{}", listener.local_addr().map_err(err)?);
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let stop = shutdown.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+        let thread = std::thread::Builder::new()
+            .name("stoke-coordinator".into())
+            .spawn(move || {
+                let failed = ready_tx.clone();
+                let served = runtime().map_err(|e| e.to_string()).and_then(|rt| {
+                    rt.block_on(async move {
+                        let listener = tokio::net::TcpListener::from_std(listener)
+                            .map_err(|e| e.to_string())?;
+                        let config = stoke_coordinator::CoordinatorConfig::new(root);
+                        let ready = ready_tx.clone();
+                        stoke_coordinator::serve_when_ready(
+                            listener,
+                            None,
+                            config,
+                            stores,
+                            stop,
+                            move |_| {
+                                let _ = ready.send(Ok(()));
+                                Ok(())
+                            },
+                        )
+                        .await
+                        .map_err(|e| e.to_string())
+                    })
+                });
+                if let Err(e) = served {
+                    let _ = failed.send(Err(e));
+                }
+            })
+            .map_err(err)?;
+        let ready = py.detach(move || ready_rx.recv_timeout(Duration::from_secs(60)));
+        match ready {
+            Ok(Ok(())) => Ok(Self {
+                address,
+                shutdown,
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => Err(err(format!("starting a local coordinator: {e}"))),
+            Err(_) => {
+                shutdown.cancel();
+                Err(err("starting a local coordinator: not ready within 60 s"))
+            }
+        }
+    }
+
+    /// Stops the coordinator and waits for it.
+    fn close(&mut self, py: Python<'_>) {
+        self.shutdown.cancel();
+        if let Some(thread) = self.thread.take() {
+            py.detach(|| {
+                let _ = thread.join();
+            });
+        }
+    }
+}
+
+/// Runs a worker process (`python -m stoke._worker ...`): the
+/// `stoke-worker` command line, Python processors in this interpreter.
+/// Never returns: the process exits when the worker stops.
+#[pyfunction]
+fn worker_main(py: Python<'_>, args: Vec<String>) -> PyResult<()> {
+    py.detach(|| {
+        let _ = stoke_worker::cli::worker_main_from(Registry::with_builtins(), args);
+    });
+    Ok(())
+}
+
+/// Writes `data` to a store URI (or path), replacing what is there.
+#[pyfunction]
+fn store_put(py: Python<'_>, uri: String, data: Vec<u8>) -> PyResult<String> {
+    let uri =
+        StoreUri::parse(&StoreUri::resolve_path_or_uri(&uri, &PathBuf::from(".")).map_err(err)?)
+            .map_err(err)?;
+    py.detach(|| {
+        let stores = stoke::Stores::from_env().map_err(err)?;
+        let rt = runtime()?;
+        rt.block_on(stores.put(&uri, data.into())).map_err(err)?;
+        Ok(uri.to_string())
+    })
+}
+
+/// The bytes of a store URI (or path).
+#[pyfunction]
+fn store_get<'py>(py: Python<'py>, uri: String) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    let uri =
+        StoreUri::parse(&StoreUri::resolve_path_or_uri(&uri, &PathBuf::from(".")).map_err(err)?)
+            .map_err(err)?;
+    let data = py.detach(|| {
+        let stores = stoke::Stores::from_env().map_err(err)?;
+        let rt = runtime()?;
+        rt.block_on(stores.get(&uri)).map_err(err)
+    })?;
+    Ok(pyo3::types::PyBytes::new(py, &data))
+}
+
 /// The torch version of the libtorch this module links.
 #[pyfunction]
 fn worker_torch_version() -> &'static str {
@@ -323,5 +444,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeClient>()?;
     m.add_function(wrap_pyfunction!(run_embedded, m)?)?;
     m.add_function(wrap_pyfunction!(worker_torch_version, m)?)?;
+    m.add_function(wrap_pyfunction!(worker_main, m)?)?;
+    m.add_function(wrap_pyfunction!(store_put, m)?)?;
+    m.add_function(wrap_pyfunction!(store_get, m)?)?;
+    m.add_class::<LocalCoordinator>()?;
     Ok(())
 }

@@ -224,9 +224,13 @@ def torch_batch_process(
 
     if not isinstance(batch_processor_cls, type) or not issubclass(batch_processor_cls, TorchBatchProcessor):
         raise TypeError(f"{batch_processor_cls!r} is not a subclass of stoke.TorchBatchProcessor")
-    if workers or coordinator is not None:
-        raise NotImplementedError("workers= and coordinator= are not available yet: run with workers=0 (in this process)")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"workers must be 0 (in this process) or more, got {workers!r}")
+    if workers and coordinator is not None:
+        raise ValueError("give workers= (local worker processes) or coordinator= (a running fleet), not both")
+    shipping = bool(workers) or coordinator is not None
     explicit_interval = not isinstance(checkpoint_interval, _Default)
+    shipped: dict = {"processor": batch_processor_cls}
     if isinstance(dataset, (str, os.PathLike, Mapping)):
         if dataloader_kwargs is not None or max_batches is not None:
             raise TypeError("dataloader_kwargs and max_batches are for a torch Dataset, not a job spec")
@@ -242,11 +246,21 @@ def torch_batch_process(
         if explicit_interval:
             overrides["checkpoint_interval"] = checkpoint_interval
     else:
-        value, base = _dataset_spec(dataset, batch_size, max_batches, checkpoint_interval, dataloader_kwargs)
+        value, kwargs = _dataset_spec(dataset, batch_size, max_batches, checkpoint_interval, dataloader_kwargs)
+        base = os.getcwd()
+        if shipping:
+            value["dataset"]["factory"] = f"{_runtime.SHIPPED_MODULE}:dataset"
+            shipped["dataset"] = dataset
+            shipped["dataloader_kwargs"] = kwargs
+        else:
+            value["dataset"]["factory"] = _runtime.register_local_dataset(dataset, kwargs)
     processor = value.setdefault("processor", {})
-    for key in ("name", "python", "python_path"):
+    for key in ("name", "python", "python_path", "code"):
         processor.pop(key, None)
-    processor["python"] = _runtime.register_local(batch_processor_cls)
+    if shipping:
+        processor["python"] = f"{_runtime.SHIPPED_MODULE}:{batch_processor_cls.__name__}"
+    else:
+        processor["python"] = _runtime.register_local(batch_processor_cls)
     if params:
         processor.setdefault("params", {}).update(params)
     for key, val in overrides.items():
@@ -257,17 +271,31 @@ def torch_batch_process(
         for part in where[:-1]:
             node = node.setdefault(part, {})
         node[where[-1]] = val
+    if coordinator is not None and root is None:
+        raise ValueError(
+            "coordinator=: give root=, the fleet's root (or another store URI its workers read): "
+            "the processor class and the dataset are written there for the workers to load"
+        )
     root = os.fspath(root) if root is not None else os.path.join(os.getcwd(), "stoke-state")
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    if shipping:
+        from . import _fleet
+
+        job_id = job_id or _fleet.new_job_id(batch_processor_cls)
+        processor["code"] = _fleet.ship(shipped, root, job_id)
+        if coordinator is not None:
+            return _fleet.run_on(coordinator, value, job_id)
+        return _fleet.run_local(value, root, job_id, workers, device)
     with _stop_on_signals() as signals:
         report = _native.run_embedded(json.dumps(value), base, root, device, None, job_id, signals.path)
     return json.loads(report)
 
 
-def _dataset_spec(dataset: Any, batch_size: Any, max_batches: Any, checkpoint_interval: Any, dataloader_kwargs: Any) -> tuple[dict, str]:
-    """The job spec for a torch Dataset: ``format = "python"``, records
-    ``0..len(dataset)`` (or the first ``max_batches`` batches)."""
+def _dataset_spec(dataset: Any, batch_size: Any, max_batches: Any, checkpoint_interval: Any, dataloader_kwargs: Any) -> tuple[dict, dict]:
+    """The job spec for a torch Dataset (``format = "python"``, records
+    ``0..len(dataset)`` or the first ``max_batches`` batches; its factory
+    left for the caller to name) and the DataLoader arguments."""
     from . import _dataset
 
     try:
@@ -280,16 +308,12 @@ def _dataset_spec(dataset: Any, batch_size: Any, max_batches: Any, checkpoint_in
             raise ValueError(f"max_batches must be a positive int, got {max_batches!r}")
         count = min(count, max_batches * batch_size)
     spec = {
-        "dataset": {
-            "format": "python",
-            "factory": _runtime.register_local_dataset(dataset, kwargs),
-            "count": count,
-        },
+        "dataset": {"format": "python", "count": count},
         "processor": {},
         "batching": {"batch_size": batch_size},
         "checkpoint": {"interval": int(checkpoint_interval)},
     }
-    return spec, os.getcwd()
+    return spec, kwargs
 
 
 class _stop_on_signals:
@@ -301,13 +325,20 @@ class _stop_on_signals:
     the job's Rust side reads, and stops at once. The previous handler
     and wake-up fd come back after."""
 
+    def __init__(self, fifo: bool = True) -> None:
+        self._fifo = fifo
+
     def __enter__(self) -> "_stop_on_signals":
         import signal
         import tempfile
         import threading
 
         self.path = None
+        self._old = None
         if threading.current_thread() is not threading.main_thread():
+            return self
+        if not self._fifo:
+            self._old = signal.signal(signal.SIGTERM, _raise_stop)
             return self
         self._dir = tempfile.mkdtemp(prefix="stoke-signals-")
         self.path = os.path.join(self._dir, "wakeup")
@@ -324,9 +355,10 @@ class _stop_on_signals:
         import shutil
         import signal
 
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
         if self.path is None:
             return
-        signal.signal(signal.SIGTERM, self._old)
         signal.set_wakeup_fd(self._old_fd)
         # Closing the write end ends the Rust side's reader.
         os.close(self._wfd)

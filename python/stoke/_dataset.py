@@ -30,6 +30,11 @@ _REFUSED = {
 _WORKER_ARGS = ("num_workers", "prefetch_factor", "persistent_workers", "worker_init_fn", "multiprocessing_context", "timeout")
 
 
+# Set in a worker process started as `python -m stoke._worker` (an
+# embedded interpreter in a worker binary says so when it opens a feed).
+IN_WORKER = False
+
+
 class DatasetError(Exception):
     """A dataset or its DataLoader arguments that stoke cannot take."""
 
@@ -180,7 +185,7 @@ class DatasetFeed:
         self.batch_size = batch_size
         self.count = count
         self.kwargs = dict(dataloader_kwargs)
-        self._in_worker = in_worker
+        self._in_worker = in_worker or IN_WORKER
         self._it = None
         self._next = None  # the first index of the batch `_it` yields next
 

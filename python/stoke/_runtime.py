@@ -315,9 +315,36 @@ class Context:
         return 1
 
 
-def load(module: str, class_name: str, native: Any) -> Any:
+# The module name a spec gives code shipped by value (`[processor] code`).
+SHIPPED_MODULE = "__stoke_shipped__"
+_SHIPPED: dict[str, dict] = {}
+
+
+def load_shipped(uri: str, data: bytes) -> dict:
+    """The job's code shipped by value (a cloudpickled dict: ``processor``,
+    ``dataset``, ``dataloader_kwargs``), loaded once per job and process."""
+    shipped = _SHIPPED.get(uri)
+    if shipped is None:
+        import cloudpickle
+
+        try:
+            shipped = cloudpickle.loads(data)
+        except Exception as e:
+            raise _LoadError(f"loading the job's code from {uri}: {type(e).__name__}: {e}") from None
+        if not isinstance(shipped, dict) or "processor" not in shipped:
+            raise _LoadError(f"{uri} does not hold a job's code (a dict with the processor class)")
+        _SHIPPED.clear()
+        _SHIPPED[uri] = shipped
+    return shipped
+
+
+def load(module: str, class_name: str, native: Any, shipped: dict | None = None) -> Any:
     """Imports ``module``, checks ``class_name`` is a TorchBatchProcessor,
     and makes an instance with a fresh context."""
+    if module == SHIPPED_MODULE:
+        if shipped is None:
+            raise _LoadError(f"processor {module}:{class_name} names code shipped by value, but the spec has no [processor] code")
+        return shipped["processor"](Context(native))
     if module == _LOCAL_MODULE:
         cls = _LOCAL.get(class_name)
         if cls is None:
@@ -372,10 +399,15 @@ def register_local_dataset(dataset: Any, dataloader_kwargs: dict) -> str:
     return _dataset.register_local(_LOCAL_MODULE, dataset, dataloader_kwargs)
 
 
-def open_dataset(factory: str, batch_size: int, count: int, in_worker: bool) -> Any:
+def open_dataset(factory: str, batch_size: int, count: int, in_worker: bool, shipped: dict | None = None) -> Any:
     """The feed of DataLoader batches for a job's ``format = "python"``
     dataset (see ``stoke._dataset``)."""
     try:
+        if factory.partition(":")[0] == SHIPPED_MODULE:
+            if shipped is None or "dataset" not in shipped:
+                raise _dataset.DatasetError(f"dataset factory {factory} names code shipped by value, but the job's code has no dataset")
+            given = (shipped["dataset"], shipped.get("dataloader_kwargs") or {})
+            return _dataset.open_feed(factory, _LOCAL_MODULE, batch_size, count, in_worker, given)
         return _dataset.open_feed(factory, _LOCAL_MODULE, batch_size, count, in_worker)
     except _dataset.DatasetError as e:
         raise _LoadError(str(e)) from None

@@ -2,7 +2,7 @@
 as JSON]``. The processor writes each record's id, the label the dataset
 gave, and batch_idx; it logs every batch it processes (to
 ``$STOKE_TEST_BATCH_LOG``), and at batch ``$STOKE_TEST_HOLD_AT`` it creates
-``$STOKE_TEST_HOLD_FILE`` and waits until ``$STOKE_TEST_GO_FILE`` exists
+``$STOKE_TEST_HOLD_FILE`` (holding its process id) and waits until ``$STOKE_TEST_GO_FILE`` exists
 (or is killed), so a test can signal or kill it mid-job."""
 
 import json
@@ -47,11 +47,17 @@ class Recorder(TorchBatchProcessor):
             with open(self.log, "a") as f:
                 f.write(f"{batch_idx}\n")
         if batch_idx == self.hold_at:
-            pathlib.Path(os.environ["STOKE_TEST_HOLD_FILE"]).touch()
+            pathlib.Path(os.environ["STOKE_TEST_HOLD_FILE"]).write_text(str(os.getpid()))
             go = pathlib.Path(os.environ["STOKE_TEST_GO_FILE"])
             deadline = time.monotonic() + 120
             while not go.exists() and time.monotonic() < deadline:
                 time.sleep(0.02)
+
+
+def make_dataset():
+    """The factory a job spec names: ``[dataset] factory =
+    "dataset_job:make_dataset"``."""
+    return Squares(int(os.environ.get("STOKE_TEST_RECORDS", "300")))
 
 
 def main():

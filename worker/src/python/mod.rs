@@ -257,6 +257,18 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
                 interp.python
             )));
         }
+        // Code shipped by value (cloudpickled by torch_batch_process),
+        // loaded once per job and process.
+        let shipped = match &spec.code {
+            Some(uri) => {
+                let data = fetch_code(&shared, uri)?;
+                let shipped = runtime
+                    .call_method1("load_shipped", (uri.as_str(), PyBytes::new(py, &data)))
+                    .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
+                Some(shipped)
+            }
+            None => None,
+        };
         // The dataset first, as the user's script makes it before the
         // processor: a dataset that cannot be made fails the attempt
         // before the model loads.
@@ -271,6 +283,7 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
                             batch_size,
                             dataset.count.unwrap_or(0),
                             interp.in_worker,
+                            shipped.as_ref(),
                         ),
                     )
                     .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
@@ -286,7 +299,7 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
         )
         .map_err(setup)?;
         let instance = runtime
-            .call_method1("load", (module, class, native))
+            .call_method1("load", (module, class, native, shipped.as_ref()))
             .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
         Ok(PythonProcessor {
             instance: instance.unbind(),
@@ -300,6 +313,19 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
     let mut processor = created;
     processor.drain(ctx)?;
     Ok((Box::new(processor), None))
+}
+
+/// The bytes of the job's shipped code (`[processor] code`), read from
+/// the store with the GIL released.
+fn fetch_code(shared: &Shared, uri: &str) -> Result<Bytes, PythonError> {
+    let parsed = StoreUri::parse(uri)
+        .map_err(|e| PythonError::Setup(format!("processor.code {uri:?}: {e}")))?;
+    let stores = shared.stores.clone();
+    let runtime = shared.runtime.clone();
+    let fetched = Python::attach(|py| {
+        py.detach(|| runtime.block_on(async move { stores.get(&parsed).await }))
+    });
+    fetched.map_err(|e| PythonError::Setup(format!("reading the job's code {uri}: {e}")))
 }
 
 /// The dataset indices a batch of a `format = "python"` job holds (its
