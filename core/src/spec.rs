@@ -22,6 +22,9 @@ pub struct JobSpec {
     pub processor: ProcessorSpec,
     #[serde(default)]
     pub batching: BatchingSpec,
+    /// The load stage of a Python processor that defines `load_fn`.
+    #[serde(default, skip_serializing_if = "LoadingSpec::is_default")]
+    pub loading: LoadingSpec,
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
     #[serde(default)]
@@ -258,6 +261,33 @@ impl Default for BatchingSpec {
         }
     }
 }
+
+/// `[loading]`: how a Python processor's per-record `load_fn` runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadingSpec {
+    /// Load processes per worker; `0` runs `load_fn` in the processor's
+    /// own thread. Default: the worker machine's cores, at most 8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<u64>,
+}
+
+impl LoadingSpec {
+    fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// The load processes on a machine with `cores` cores.
+    pub fn workers_on(&self, cores: usize) -> usize {
+        match self.workers {
+            Some(n) => usize::try_from(n).unwrap_or(MAX_LOAD_WORKERS as usize),
+            None => cores.clamp(1, 8),
+        }
+    }
+}
+
+/// Most load processes a job may ask for per worker.
+const MAX_LOAD_WORKERS: u64 = 256;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -725,6 +755,14 @@ impl JobSpec {
                 ));
             }
             _ => {}
+        }
+        if let Some(n) = self.loading.workers
+            && n > MAX_LOAD_WORKERS
+        {
+            return Err(SpecError::invalid(
+                "loading.workers",
+                format!("must be between 0 and {MAX_LOAD_WORKERS}, got {n}"),
+            ));
         }
         if self.checkpoint.interval == 0 {
             return Err(SpecError::invalid(

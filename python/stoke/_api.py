@@ -163,6 +163,7 @@ _OVERRIDES = {
     "output_format": ("output", "format"),
     "errors_policy": ("errors", "policy"),
     "threads": ("processor", "threads"),
+    "load_workers": ("loading", "workers"),
     "name": ("name",),
 }
 
@@ -217,8 +218,10 @@ def torch_batch_process(
     :class:`JobPaused`. ``device``: ``cuda:N`` or ``cpu`` (default: the
     first GPU when there is one). Overrides: ``max_attempts``,
     ``shard_records``, ``output_uri``, ``output_format``,
-    ``errors_policy``, ``threads``, ``name``; ``params`` are merged into
-    ``[processor.params]``. Raises :class:`StokeError` when the job fails.
+    ``errors_policy``, ``threads``, ``name``, ``load_workers`` (the
+    ``[loading] workers`` that run a ``load_fn``); ``params`` are merged
+    into ``[processor.params]``. Raises :class:`StokeError` when the job
+    fails.
     """
     from .processor import TorchBatchProcessor
 

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any, Iterator
 
-from . import _dataset
+from . import _dataset, _loading
 from .processor import BadRecord, TorchBatchProcessor
 
 # The worker checks this: a package of another protocol is refused with a
@@ -31,14 +31,17 @@ class Batch(Mapping):
     lists. ``batch[0]``, ``batch[1]``... give the columns in order, like the
     tuple a DataLoader yields."""
 
-    __slots__ = ("_columns", "_names", "ids", "_native_ptrs")
+    __slots__ = ("_columns", "_names", "ids", "samples", "_native_ptrs")
 
-    def __init__(self, columns: dict, ids: list, native_ptrs: dict | None = None) -> None:
+    def __init__(self, columns: dict, ids: list, native_ptrs: dict | None = None, samples: list | None = None) -> None:
         self._columns = columns
         self._names = list(columns)
         #: The records' ids, as strings (the dataset's id column, or
         #: ``<shard>:<offset>``).
         self.ids = ids
+        #: What the processor's ``load_fn`` returned for each record, in
+        #: record order (``None`` when it defines no ``load_fn``).
+        self.samples = samples
         self._native_ptrs = native_ptrs or {}
 
     @property
@@ -367,8 +370,25 @@ class _LoadError(Exception):
     pass
 
 
-def make_batch(columns: dict, ids: list, native_ptrs: dict) -> Batch:
-    return Batch(columns, ids, native_ptrs)
+def make_batch(columns: dict, ids: list, native_ptrs: dict, samples: list | None = None) -> Batch:
+    return Batch(columns, ids, native_ptrs, samples)
+
+
+def open_load_pool(instance: Any, workers: int) -> Any:
+    """The job's pool of load processes for the processor's ``load_fn``
+    (``None`` when it defines none; see ``stoke._loading``)."""
+    fn = _loading.load_fn_of(instance)
+    if fn is None:
+        return None
+    return _loading.LoadPool(fn, workers)
+
+
+def load_submit(pool: Any, columns: dict, n: int) -> Any:
+    return pool.submit(columns, n)
+
+
+def load_results(pool: Any, pending: Any) -> list:
+    return pool.results(pending)
 
 
 def bad_record(exc: BaseException):

@@ -408,3 +408,17 @@ fn a_python_datasets_path_resolves_against_the_spec_file() {
     let lib = std::path::absolute(dir.path().join("lib")).expect("absolute");
     assert_eq!(spec.dataset.python_path, vec![lib.display().to_string()]);
 }
+
+#[test]
+fn loading_workers_is_bounded_and_defaults_to_the_cores() {
+    let base = "[dataset]\nformat = \"range\"\ncount = 1\n[processor]\npython = \"m:C\"\n";
+    let spec = JobSpec::from_toml(base).expect("spec");
+    assert_eq!(spec.loading.workers_on(2), 2);
+    assert_eq!(spec.loading.workers_on(64), 8);
+    let zero = JobSpec::from_toml(&format!("{base}[loading]\nworkers = 0\n")).expect("spec");
+    assert_eq!(zero.loading.workers_on(2), 0);
+    let e = err(&format!("{base}[loading]\nworkers = 1000\n"));
+    assert!(e.contains("loading.workers"), "{e}");
+    let e = err(&format!("{base}[loading]\nthreads = 2\n"));
+    assert!(e.contains("threads"), "{e}");
+}

@@ -209,3 +209,14 @@ pub(super) fn batch_to_py<'py>(
     let ids: Vec<&str> = (0..ids_array.len()).map(|i| ids_array.value(i)).collect();
     Ok((columns, PyList::new(py, ids)?, ptrs))
 }
+
+/// The batch's columns, every one as a Python list (what a `load_fn`
+/// item is made of: one dict of a record's values per record).
+pub(super) fn batch_lists<'py>(py: Python<'py>, batch: &Batch) -> PyResult<Bound<'py, PyDict>> {
+    let rows = batch.rows();
+    let columns = PyDict::new(py);
+    for (field, column) in rows.schema().fields().iter().zip(rows.columns()) {
+        columns.set_item(field.name(), to_list(py, column)?)?;
+    }
+    Ok(columns)
+}
