@@ -25,10 +25,11 @@ PROTOCOL = 1
 
 
 class Batch(Mapping):
-    """One batch: column name -> values. Numeric and fixed-size numeric
-    list columns are ``torch.Tensor`` on CPU (``[B]`` or ``[B, N]``, their
-    Arrow type's dtype); strings, binary and ragged lists are Python
-    lists. ``batch[0]``, ``batch[1]``... give the columns in order, like the
+    """One batch: column name -> values. Numeric columns, and numeric
+    list columns whose lists have one length within the batch, are
+    ``torch.Tensor`` on CPU (``[B]`` or ``[B, N]``, their Arrow type's
+    dtype); ragged numeric lists are a list of 1-D tensors (``padded()``
+    pads them); strings, binary and other columns are Python lists. ``batch[0]``, ``batch[1]``... give the columns in order, like the
     tuple a DataLoader yields."""
 
     __slots__ = ("_columns", "_names", "ids", "samples", "_native_ptrs")
@@ -66,6 +67,24 @@ class Batch(Mapping):
     def __len__(self) -> int:
         # The number of records (not of columns), as for a DataLoader batch.
         return len(self.ids)
+
+    def padded(self, column: Any, value: float = 0.0) -> tuple:
+        """A list column padded to its longest row: ``(tensor [B, L],
+        lengths [B])``, the tensor of the column's type with ``value``
+        after each row's end (dpipe's ``combine_pad``; the Rust batch's
+        ``padded``)."""
+        import torch
+
+        data = self[column]
+        if isinstance(data, torch.Tensor):
+            if data.dim() != 2:
+                raise ValueError(f"column {column!r} is a {data.dim()}-D tensor; padded() takes a list column")
+            return data, torch.full((data.shape[0],), data.shape[1], dtype=torch.int64)
+        rows = [r if isinstance(r, torch.Tensor) else torch.as_tensor(r) for r in data]
+        if not rows:
+            return torch.zeros((0, 0)), torch.zeros((0,), dtype=torch.int64)
+        lengths = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)
+        return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=value), lengths
 
     def keys(self):  # noqa: D401 - Mapping's, kept explicit for the len() twist
         return self._columns.keys()

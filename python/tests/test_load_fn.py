@@ -83,3 +83,23 @@ def test_a_dying_load_process_is_replaced_and_its_record_is_an_error(tmp_path):
     rows = outputs(report)
     assert "r50" not in rows and len(rows) == 199
     assert report["records_skipped"] == 1
+
+
+def test_json_lists_arrive_as_tensors_and_pad(tmp_path):
+    from tensor_job import Shapes
+
+    path = tmp_path / "lists.jsonl"
+    rows = [{"id": f"r{i}", "features": [i + k / 100 for k in range(48)], "tokens": list(range(i % 5 + 1))}
+            for i in range(100)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = stoke.torch_batch_process(Shapes, {"dataset": {"format": "jsonl", "uri": str(path), "id_column": "id"},
+                                                "processor": {}}, batch_size=16, root=tmp_path / "root", device="cpu")
+    got = {}
+    for o in report["outputs"]:
+        t = pq.read_table(o["uri"].removeprefix("file://")).to_pydict()
+        for i, rid in enumerate(t["id"]):
+            got[rid] = (t["first"][i], t["length"][i], t["token_sum"][i])
+    assert len(got) == 100
+    for i in range(100):
+        n = i % 5 + 1
+        assert got[f"r{i}"] == (pytest.approx(float(i)), n, n * (n - 1) // 2)
