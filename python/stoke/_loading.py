@@ -34,20 +34,56 @@ _FN = None
 def _init(data: bytes) -> None:
     global _FN
     import cloudpickle
+    import torch
 
+    # One intra-op thread per load process, as in a DataLoader worker:
+    # the processes are the parallelism.
+    torch.set_num_threads(1)
     _FN = cloudpickle.loads(data)
 
 
-def _load_chunk(items: list) -> list:
+def _load_chunk(items: list) -> Any:
     """In a load process: ``(True, sample)`` or ``(False, traceback)`` per
-    item."""
+    item; when every sample is a tensor of one shape and type, they travel
+    back as one stacked tensor (one shared-memory transfer for the chunk,
+    not one per record, as a DataLoader worker collates its batch)."""
     out = []
     for item in items:
         try:
             out.append((True, _FN(item)))
         except BaseException:
             out.append((False, traceback.format_exc().rstrip()))
+    return _pack(out)
+
+
+def _pack(out: list) -> Any:
+    import torch
+
+    first = out[0][1] if out and out[0][0] else None
+    if (
+        isinstance(first, torch.Tensor)
+        and all(ok and isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype for ok, v in out)
+    ):
+        return _Stacked(torch.stack([v for _, v in out]))
     return out
+
+
+class _Stacked:
+    """A chunk's samples stacked into one tensor."""
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+
+    def unpack(self) -> list:
+        return [(True, t) for t in self.tensor.unbind(0)]
+
+
+def _unpack(result: Any) -> list:
+    return result.unpack() if isinstance(result, _Stacked) else result
+
+
+def _ready() -> None:
+    return None
 
 
 def _load_here(fn: Any, items: list) -> list:
@@ -81,6 +117,15 @@ class LoadPool:
         self._executor = None
         self._data = None
 
+    def start(self) -> None:
+        """Starts the load processes now (the processor is being made),
+        so they are ready when the first batch comes."""
+        if self.workers == 0:
+            return
+        pool = self._pool()
+        for _ in range(self.workers):
+            pool.submit(_ready)
+
     def _pool(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._executor is None:
             import cloudpickle
@@ -89,7 +134,14 @@ class LoadPool:
                 self._data = cloudpickle.dumps(self.fn)
             multiprocessing.set_executable(sys.executable)
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["torch", "cloudpickle"])
+            # The fork server imports these once; each load process forks
+            # from it with them loaded (torch, and load_fn's own module
+            # when it is importable by name, with what it imports).
+            preload = ["torch", "cloudpickle"]
+            module = getattr(self.fn, "__module__", None)
+            if module and module != "__main__" and module in sys.modules:
+                preload.append(module)
+            ctx.set_forkserver_preload(preload)
             self._executor = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.workers, mp_context=ctx, initializer=_init, initargs=(self._data,))
         return self._executor
@@ -127,7 +179,7 @@ class LoadPool:
         broken: list = []
         for start, future in pending.chunks:
             try:
-                out.extend(future.result())
+                out.extend(_unpack(future.result()))
             except BrokenProcessPool:
                 count = min(len(pending.items) - start, _chunk_len(pending, start))
                 broken.append((len(out), start, count))
@@ -144,7 +196,7 @@ class LoadPool:
 
     def _alone(self, item: Any) -> tuple:
         try:
-            return self._pool().submit(_load_chunk, [item]).result()[0]
+            return _unpack(self._pool().submit(_load_chunk, [item]).result())[0]
         except BrokenProcessPool:
             self._restart()
             return (False, "the load process running load_fn on this record died (killed, or crashed in native code)")

@@ -399,7 +399,9 @@ def open_load_pool(instance: Any, workers: int) -> Any:
     fn = _loading.load_fn_of(instance)
     if fn is None:
         return None
-    return _loading.LoadPool(fn, workers)
+    pool = _loading.LoadPool(fn, workers)
+    pool.start()
+    return pool
 
 
 def load_submit(pool: Any, columns: dict, n: int) -> Any:
