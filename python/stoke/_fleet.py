@@ -168,6 +168,7 @@ class _Workers:
         self.logs = logs
         self.threads = max(1, (os.cpu_count() or 1) // n)
         self.restarts = 0
+        self.n = n
         # The caller's sys.path, so modules it imports by name import there.
         paths = [p for p in sys.path if p and os.path.isdir(p)]
         self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
@@ -175,11 +176,12 @@ class _Workers:
 
     def _spawn(self, i: int) -> subprocess.Popen:
         log = open(os.path.join(self.logs, f"worker-local-{i}.log"), "ab")
+        env = dict(self.env, STOKE_WORKER_RANK=str(i), STOKE_WORKER_COUNT=str(self.n))
         try:
             return subprocess.Popen(
                 [sys.executable, "-m", "stoke._worker", "--coordinator", self.address, "--worker-id", f"local-{i}",
                  "--device", self.device, "--threads", str(self.threads), "--exit-when-idle"],
-                stdout=log, stderr=subprocess.STDOUT, env=self.env)
+                stdout=log, stderr=subprocess.STDOUT, env=env)
         finally:
             log.close()
 

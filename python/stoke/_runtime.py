@@ -329,12 +329,95 @@ class Context:
             writer.write_table(table)
         self._native.write_ipc(sink.getvalue().to_pybytes())
 
+    @property
+    def distributed(self) -> "_Distributed":
+        """Determined's ``context.distributed``: ``get_rank()`` is this
+        worker's index among the job's local workers, ``get_size()`` their
+        number (``torch_batch_process(..., workers=N)`` and ``stoke run
+        --local N`` set them; a worker started on its own is rank 0 of 1
+        unless ``STOKE_WORKER_RANK`` / ``STOKE_WORKER_COUNT`` say more)."""
+        return _DISTRIBUTED
+
     # Determined's spellings.
     def get_distributed_rank(self) -> int:
-        return 0
+        return _DISTRIBUTED.get_rank()
 
     def get_distributed_size(self) -> int:
+        return _DISTRIBUTED.get_size()
+
+    def get_tensorboard_path(self) -> pathlib.Path:
+        """A folder for TensorBoard event files (Determined's): its files
+        are uploaded with the job's outputs at every checkpoint, under
+        ``_files/`` of the checkpoint's attempt, named
+        ``tensorboard-<rank>-<path>`` (each checkpoint uploads the files
+        that changed since the one before)."""
+        path = pathlib.Path(self._native.upload_dir).parent / "tensorboard"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _sync_tensorboard(self) -> None:
+        """Copies the TensorBoard files that changed into the upload folder
+        (called by the worker before each checkpoint)."""
+        import shutil
+
+        folder = pathlib.Path(self._native.upload_dir).parent / "tensorboard"
+        if not folder.is_dir():
+            return
+        seen = self.__dict__.setdefault("_tensorboard_seen", {})
+        upload = pathlib.Path(self._native.upload_dir)
+        upload.mkdir(parents=True, exist_ok=True)
+        rank = _DISTRIBUTED.get_rank()
+        for path in sorted(folder.rglob("*")):
+            if not path.is_file():
+                continue
+            stat = path.stat()
+            key = str(path.relative_to(folder))
+            if seen.get(key) == (stat.st_size, stat.st_mtime_ns):
+                continue
+            seen[key] = (stat.st_size, stat.st_mtime_ns)
+            shutil.copyfile(path, upload / f"tensorboard-{rank}-{key.replace('/', '__')}")
+
+
+class _Distributed:
+    """This worker's place among the job's workers (Determined's
+    ``DistributedContext`` as far as batch processing uses it)."""
+
+    @staticmethod
+    def _env(name: str, default: int) -> int:
+        import os
+
+        try:
+            return int(os.environ.get(name, default))
+        except ValueError:
+            return default
+
+    def get_rank(self) -> int:
+        return self._env("STOKE_WORKER_RANK", 0)
+
+    def get_size(self) -> int:
+        return max(1, self._env("STOKE_WORKER_COUNT", 1))
+
+    def get_local_rank(self) -> int:
+        return self.get_rank()
+
+    def get_local_size(self) -> int:
+        return self.get_size()
+
+    def get_cross_rank(self) -> int:
+        return 0
+
+    def get_cross_size(self) -> int:
         return 1
+
+
+_DISTRIBUTED = _Distributed()
+
+
+def before_checkpoint(instance: Any) -> None:
+    """What the worker runs before a processor's ``on_checkpoint_start``."""
+    context = getattr(instance, "context", None)
+    if isinstance(context, Context):
+        context._sync_tensorboard()
 
 
 # The module name a spec gives code shipped by value (`[processor] code`).

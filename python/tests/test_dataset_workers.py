@@ -170,3 +170,39 @@ def test_a_factory_spec_runs_on_stoke_run_local_2(tmp_path):
         capture_output=True, text=True, timeout=300, env=dict(os.environ, STOKE_TEST_RECORDS="300"))
     assert out.returncode == 0, out.stderr
     check_exactly_once(committed(root, "cli"), 300, 16)
+    # Each worker of `run --local 2` knows its place: rank 0 or 1 of 2.
+    import pyarrow.parquet as pq
+
+    manifest = json.loads((root / "jobs" / "cli" / "manifest.json").read_text())
+    places = set()
+    for o in manifest["outputs"]:
+        if o["uri"].endswith(".parquet"):
+            t = pq.read_table(o["uri"].removeprefix("file://")).to_pydict()
+            places |= set(zip(t["rank"], t["size"]))
+    assert places and places <= {(0, 2), (1, 2)}, places
+
+
+def test_distributed_rank_and_size_and_tensorboard_files(tmp_path):
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "root"
+    options = {"records": 200, "batch_size": 10, "checkpoint_interval": 2, "job_id": "ranks", "workers": 2,
+               "shard_records": 50, "device": "cpu"}
+    proc = run_job(root, options, {})
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    manifest = json.loads((root / "jobs" / "ranks" / "manifest.json").read_text())
+    uris = [o["uri"].removeprefix("file://") for o in manifest["outputs"]]
+    ranks, sizes = set(), set()
+    for uri in uris:
+        if uri.endswith(".parquet"):
+            t = pq.read_table(uri).to_pydict()
+            ranks |= set(t["rank"])
+            sizes |= set(t["size"])
+    assert sizes == {2} and ranks <= {0, 1} and ranks, (ranks, sizes)
+    boards = [u for u in uris if "/_files/" in u and "tensorboard-" in u]
+    assert boards, uris
+    logged = set()
+    for u in boards:
+        logged |= {int(line) for line in pathlib.Path(u).read_text().split()}
+    assert logged <= set(range(20)) and len(logged) >= 10, sorted(logged)

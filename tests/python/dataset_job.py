@@ -42,7 +42,12 @@ class Recorder(TorchBatchProcessor):
         features, labels = batch[0], batch[1]
         assert features.shape == (len(batch.ids), 2), features.shape
         assert [int(i) for i in batch.ids] == [int(f) for f in features[:, 0].tolist()]
-        self.context.write_rows({"id": batch.ids, "label": labels, "batch_idx": [batch_idx] * len(batch.ids)})
+        n = len(batch.ids)
+        distributed = self.context.distributed
+        self.context.write_rows({"id": batch.ids, "label": labels, "batch_idx": [batch_idx] * n,
+                                 "rank": [distributed.get_rank()] * n, "size": [distributed.get_size()] * n})
+        with open(self.context.get_tensorboard_path() / "events.txt", "a") as f:
+            f.write(f"{batch_idx}\n")
         if self.log:
             with open(self.log, "a") as f:
                 f.write(f"{batch_idx}\n")

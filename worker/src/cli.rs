@@ -69,6 +69,11 @@ pub struct WorkerArgs {
     pub check_config: bool,
 }
 
+/// A worker's place among the job's workers, read by Python processors'
+/// `context.distributed` (set by `stoke run --local N` and
+/// `torch_batch_process(..., workers=N)`).
+const PLACE_ENV_VARS: [&str; 2] = ["STOKE_WORKER_RANK", "STOKE_WORKER_COUNT"];
+
 /// `STOKE_*` variables in the environment that the worker does not read:
 /// most often a typo, or a coordinator's setting given to a worker.
 pub fn unknown_env_vars() -> Vec<String> {
@@ -84,6 +89,7 @@ pub fn unknown_env_vars() -> Vec<String> {
         )
         .chain(stoke_core::TOOLING_ENV_VARS.iter().map(|s| s.to_string()))
         .chain(SECURITY_ENV_VARS.iter().map(|s| s.to_string()))
+        .chain(PLACE_ENV_VARS.iter().map(|s| s.to_string()))
         .collect();
     std::env::vars()
         .map(|(k, _)| k)

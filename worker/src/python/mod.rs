@@ -610,6 +610,14 @@ impl DynProcessor for PythonProcessor {
 
     fn on_checkpoint_start(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()> {
         self.set_shard(ctx.shard());
+        // TensorBoard files that changed go with this checkpoint.
+        Python::attach(|py| {
+            let runtime = self.runtime.bind(py);
+            runtime
+                .call_method1("before_checkpoint", (self.instance.bind(py),))
+                .map(|_| ())
+                .map_err(|e| PythonError::Raised(describe(py, runtime, &e)))
+        })?;
         match self.call_method("on_checkpoint_start") {
             Ok(()) => self.drain(ctx),
             Err(e) => {
