@@ -2,6 +2,7 @@
 # Sourced by every stoke script: one place that sets up the toolchain.
 #
 # - a Python venv with torch==2.11.0 (libtorch for tch 0.24), numpy, pyarrow,
+#   torchvision (its release for torch 2.11.0), pillow, cloudpickle,
 #   scikit-learn, kept in ~/.cache/stoke/venv so every clone reuses it;
 # - a shared cargo target folder in ~/.cache/stoke/target;
 # - LIBTORCH_USE_PYTORCH=1 with the venv's python first on PATH, as tch's
@@ -13,7 +14,7 @@
 STOKE_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STOKE_CACHE="${STOKE_CACHE:-$HOME/.cache/stoke}"
 STOKE_VENV="${STOKE_VENV:-$STOKE_CACHE/venv}"
-STOKE_PY_REQS="torch==2.11.0 numpy pyarrow scikit-learn duckdb"
+STOKE_PY_REQS="torch==2.11.0 numpy pyarrow scikit-learn duckdb torchvision==0.26.0 pillow==13.0.0 cloudpickle==3.1.3"
 export STOKE_REPO STOKE_CACHE STOKE_VENV
 
 stoke_venv() {

@@ -39,6 +39,9 @@ pub struct WorkerCommand {
     /// The job runs a Python processor: the workers start Python at once
     /// (`--python-prewarm`), while they connect and take their first lease.
     pub python_prewarm: bool,
+    /// How many workers the run starts (each is told its index and this,
+    /// for a Python processor's `context.distributed`).
+    pub workers: usize,
 }
 
 /// A job's progress at one moment: what "the job moved" is measured by.
@@ -174,6 +177,8 @@ fn spawn(
         .arg(c.threads.to_string())
         .arg("--exit-when-idle")
         .args(c.python_prewarm.then_some("--python-prewarm"))
+        .env("STOKE_WORKER_RANK", i.to_string())
+        .env("STOKE_WORKER_COUNT", c.workers.to_string())
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_string()),

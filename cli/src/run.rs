@@ -160,6 +160,7 @@ impl LocalRun {
             device: self.device.clone(),
             threads,
             python_prewarm: spec.processor.python.is_some(),
+            workers: self.workers,
         };
         let mut workers = fleet::Fleet::start(command, self.workers, fleet::Progress::of(&job))?;
         let started = Instant::now();

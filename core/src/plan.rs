@@ -123,6 +123,14 @@ pub async fn plan_dataset(spec: &JobSpec, stores: &Stores) -> Result<Plan, PlanE
     let d = &spec.dataset;
     match d.format {
         DatasetFormat::Range => Ok(plan_range(d.count.unwrap_or(0), target)),
+        // A torch Dataset's indices, in shards of whole batches: a batch's
+        // index in the job is then its first index / batch_size, the same
+        // on every resume (Determined's `batch_idx`).
+        DatasetFormat::Python => {
+            let batch = spec.batching.batch_size.max(1);
+            let target = target.div_ceil(batch).saturating_mul(batch);
+            Ok(plan_range(d.count.unwrap_or(0), target))
+        }
         format => {
             let dataset = d.uri.clone().unwrap_or_default();
             let uri = StoreUri::parse(&dataset).map_err(|e| PlanError::Store {
@@ -139,7 +147,7 @@ pub async fn plan_dataset(spec: &JobSpec, stores: &Stores) -> Result<Plan, PlanE
                     plan_jsonl(spec, stores, &dataset, listed, spec.sharding.bytes.as_u64()).await
                 }
                 DatasetFormat::Files => plan_files(&dataset, listed, target),
-                DatasetFormat::Range => Ok(plan_range(0, target)),
+                DatasetFormat::Range | DatasetFormat::Python => Ok(plan_range(0, target)),
             }
         }
     }

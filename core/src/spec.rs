@@ -22,6 +22,9 @@ pub struct JobSpec {
     pub processor: ProcessorSpec,
     #[serde(default)]
     pub batching: BatchingSpec,
+    /// The load stage of a Python processor that defines `load_fn`.
+    #[serde(default, skip_serializing_if = "LoadingSpec::is_default")]
+    pub loading: LoadingSpec,
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
     #[serde(default)]
@@ -166,6 +169,16 @@ pub struct DatasetSpec {
     /// Columns to read (Parquet projection); all when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub columns: Option<Vec<String>>,
+    /// Format `python`: `"module:function"`, a callable taking no
+    /// arguments that returns a map-style `torch.utils.data.Dataset`;
+    /// its records are the indices `0..count`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub factory: Option<String>,
+    /// `sys.path` entries for `factory`, searched before the
+    /// environment's; in a spec file, relative ones are relative to the
+    /// file's folder.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub python_path: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,6 +188,9 @@ pub enum DatasetFormat {
     Jsonl,
     Files,
     Range,
+    /// A map-style torch `Dataset` made by a Python factory: records are
+    /// its indices, batches come from torch's `DataLoader`.
+    Python,
 }
 
 impl DatasetFormat {
@@ -184,6 +200,7 @@ impl DatasetFormat {
             Self::Jsonl => "jsonl",
             Self::Files => "files",
             Self::Range => "range",
+            Self::Python => "python",
         }
     }
 }
@@ -207,6 +224,13 @@ pub struct ProcessorSpec {
     pub python_path: Vec<String>,
     #[serde(default)]
     pub params: serde_json::Map<String, serde_json::Value>,
+    /// A store URI of the job's code shipped by value (what
+    /// `torch_batch_process(..., workers=N)` and `coordinator=` write):
+    /// a cloudpickled dict holding the processor class and the dataset,
+    /// which `python = "__stoke_shipped__:Class"` and `[dataset] factory =
+    /// "__stoke_shipped__:dataset"` name. Each worker loads it once per job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
     /// libtorch intra-op threads for this job, overriding the worker's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
@@ -237,6 +261,33 @@ impl Default for BatchingSpec {
         }
     }
 }
+
+/// `[loading]`: how a Python processor's per-record `load_fn` runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadingSpec {
+    /// Load processes per worker; `0` runs `load_fn` in the processor's
+    /// own thread. Default: the worker machine's cores, at most 8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<u64>,
+}
+
+impl LoadingSpec {
+    fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// The load processes on a machine with `cores` cores.
+    pub fn workers_on(&self, cores: usize) -> usize {
+        match self.workers {
+            Some(n) => usize::try_from(n).unwrap_or(MAX_LOAD_WORKERS as usize),
+            None => cores.clamp(1, 8),
+        }
+    }
+}
+
+/// Most load processes a job may ask for per worker.
+const MAX_LOAD_WORKERS: u64 = 256;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -557,7 +608,7 @@ impl JobSpec {
         mut value: serde_json::Value,
         base: &FsPath,
     ) -> Result<serde_json::Value, SpecError> {
-        for (section, key) in [("dataset", "uri"), ("output", "uri")] {
+        for (section, key) in [("dataset", "uri"), ("output", "uri"), ("processor", "code")] {
             if let Some(serde_json::Value::String(s)) =
                 value.get_mut(section).and_then(|v| v.get_mut(key))
             {
@@ -565,20 +616,23 @@ impl JobSpec {
                     .map_err(|message| SpecError::invalid(format!("{section}.{key}"), message))?;
             }
         }
-        // A Python processor's sys.path entries, like paths above.
-        if let Some(entries) = value
-            .get_mut("processor")
-            .and_then(|p| p.get_mut("python_path"))
-            .and_then(|p| p.as_array_mut())
-        {
-            for entry in entries {
-                if let serde_json::Value::String(s) = entry
-                    && !s.is_empty()
-                    && FsPath::new(s.as_str()).is_relative()
-                {
-                    let joined = base.join(s.as_str());
-                    let joined = std::path::absolute(&joined).unwrap_or(joined);
-                    *s = joined.display().to_string();
+        // A Python processor's (and a Python dataset's) sys.path entries,
+        // like paths above.
+        for section in ["processor", "dataset"] {
+            if let Some(entries) = value
+                .get_mut(section)
+                .and_then(|p| p.get_mut("python_path"))
+                .and_then(|p| p.as_array_mut())
+            {
+                for entry in entries {
+                    if let serde_json::Value::String(s) = entry
+                        && !s.is_empty()
+                        && FsPath::new(s.as_str()).is_relative()
+                    {
+                        let joined = base.join(s.as_str());
+                        let joined = std::path::absolute(&joined).unwrap_or(joined);
+                        *s = joined.display().to_string();
+                    }
                 }
             }
         }
@@ -702,6 +756,14 @@ impl JobSpec {
             }
             _ => {}
         }
+        if let Some(n) = self.loading.workers
+            && n > MAX_LOAD_WORKERS
+        {
+            return Err(SpecError::invalid(
+                "loading.workers",
+                format!("must be between 0 and {MAX_LOAD_WORKERS}, got {n}"),
+            ));
+        }
         if self.checkpoint.interval == 0 {
             return Err(SpecError::invalid(
                 "checkpoint.interval",
@@ -803,8 +865,18 @@ impl JobSpec {
                         "must not be empty",
                     ));
                 }
+                if let Some(code) = &p.code {
+                    StoreUri::parse(code)
+                        .map_err(|e| SpecError::invalid("processor.code", e.to_string()))?;
+                }
             }
             None => {
+                if p.code.is_some() {
+                    return Err(SpecError::invalid(
+                        "processor.code",
+                        "only for a Python processor (`python = \"module:Class\"`)",
+                    ));
+                }
                 if !p.python_path.is_empty() {
                     return Err(SpecError::invalid(
                         "processor.python_path",
@@ -822,9 +894,96 @@ impl JobSpec {
         Ok(())
     }
 
+    /// `format = "python"`: a factory, the dataset's length, and a
+    /// Python processor to hand its batches to.
+    fn validate_python_dataset(&self) -> Result<(), SpecError> {
+        let d = &self.dataset;
+        for (key, given) in [
+            ("uri", d.uri.is_some()),
+            ("id_column", d.id_column.is_some()),
+            ("columns", d.columns.is_some()),
+        ] {
+            if given {
+                return Err(SpecError::invalid(
+                    format!("dataset.{key}"),
+                    "not allowed for format \"python\" (its records are the dataset's indices)",
+                ));
+            }
+        }
+        let factory = d.factory.as_deref().ok_or_else(|| {
+            SpecError::invalid(
+                "dataset.factory",
+                "missing (required for format \"python\": \"module:function\", a callable with no arguments that returns the torch Dataset)",
+            )
+        })?;
+        let ok = factory.split_once(':').is_some_and(|(module, function)| {
+            !module.is_empty()
+                && !function.is_empty()
+                && module.split('.').all(is_python_identifier)
+                && function.split('.').all(is_python_identifier)
+        });
+        if !ok {
+            return Err(SpecError::invalid(
+                "dataset.factory",
+                format!(
+                    "must be \"module:function\" (for example \"my_data:make_dataset\"), got {factory:?}"
+                ),
+            ));
+        }
+        if let Some(empty) = d.python_path.iter().position(|e| e.trim().is_empty()) {
+            return Err(SpecError::invalid(
+                format!("dataset.python_path[{empty}]"),
+                "must not be empty",
+            ));
+        }
+        match d.count {
+            None => {
+                return Err(SpecError::invalid(
+                    "dataset.count",
+                    "missing (required for format \"python\": the dataset's len(), which the coordinator plans shards from without running your code; torch_batch_process fills it in)",
+                ));
+            }
+            Some(0) => {
+                return Err(SpecError::invalid(
+                    "dataset.count",
+                    "must be at least 1 (the dataset is empty)",
+                ));
+            }
+            Some(_) => {}
+        }
+        if self.processor.python.is_none() {
+            return Err(SpecError::invalid(
+                "processor.python",
+                "missing: a dataset of format \"python\" yields DataLoader batches, which only a Python processor (`python = \"module:Class\"`) takes",
+            ));
+        }
+        if self.batching.max_elements.is_some() {
+            return Err(SpecError::invalid(
+                "batching.max_elements",
+                "not for format \"python\": its batches are the DataLoader's, of batch_size records",
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_dataset(&self) -> Result<(), SpecError> {
         let d = &self.dataset;
+        if d.format != DatasetFormat::Python {
+            if d.factory.is_some() {
+                return Err(SpecError::invalid(
+                    "dataset.factory",
+                    format!("only for format \"python\", not \"{}\"", d.format.as_str()),
+                ));
+            }
+            if !d.python_path.is_empty() {
+                return Err(SpecError::invalid(
+                    "dataset.python_path",
+                    format!("only for format \"python\", not \"{}\"", d.format.as_str()),
+                ));
+            }
+        }
         match d.format {
+            DatasetFormat::Python => self.validate_python_dataset(),
             DatasetFormat::Range => {
                 if d.uri.is_some() {
                     return Err(SpecError::invalid(

@@ -23,6 +23,13 @@ create_exception!(
     "An error from stoke, with the same message the CLI prints."
 );
 
+create_exception!(
+    _native,
+    JobPaused,
+    StokeError,
+    "The call was stopped (SIGTERM, Ctrl-C) and its job paused after a checkpoint; the same call with the same job_id and root resumes it."
+);
+
 fn err(e: impl std::fmt::Display) -> PyErr {
     StokeError::new_err(e.to_string())
 }
@@ -202,7 +209,8 @@ impl NativeClient {
 
 /// Runs a job in this process; returns the report as JSON.
 #[pyfunction]
-#[pyo3(signature = (spec_json, base, root, device, threads=None, job_id=None))]
+#[pyo3(signature = (spec_json, base, root, device, threads=None, job_id=None, signals=None))]
+#[allow(clippy::too_many_arguments)]
 fn run_embedded(
     py: Python<'_>,
     spec_json: String,
@@ -211,6 +219,7 @@ fn run_embedded(
     device: String,
     threads: Option<usize>,
     job_id: Option<String>,
+    signals: Option<String>,
 ) -> PyResult<String> {
     let spec = load_spec(None, Some(spec_json), Some(base))?;
     let root =
@@ -221,13 +230,41 @@ fn run_embedded(
     options.device = device;
     options.threads = threads;
     options.job_id = job_id;
+    let stop = options.stop.clone();
+    if let Some(path) = signals {
+        watch_signals(&path, stop.clone())?;
+    }
     // The job runs on Rust threads; the processor thread takes the GIL
     // for each call into Python, so this thread must not hold it.
     py.detach(|| {
         let rt = runtime()?;
-        let report = rt
-            .block_on(stoke::run_embedded(spec, Registry::with_builtins(), options))
-            .map_err(err)?;
+        let ran = rt.block_on(async {
+            let job = stoke::run_embedded(spec, Registry::with_builtins(), options);
+            tokio::pin!(job);
+            // Python runs its signal handlers (Ctrl-C's KeyboardInterrupt,
+            // the SIGTERM handler `stoke._api` sets) only when asked on
+            // this, the main, thread: ask every 100 ms; one that raises
+            // stops the job after its current batch.
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tokio::select! {
+                    ran = &mut job => break ran,
+                    _ = tick.tick() => {
+                        if !stop.is_cancelled() && Python::attach(|py| py.check_signals()).is_err() {
+                            stop.cancel();
+                        }
+                    }
+                }
+            }
+        });
+        let report = match ran {
+            Ok(report) => report,
+            Err(e @ stoke::EmbeddedError::Paused { .. }) => {
+                rt.shutdown_timeout(Duration::from_secs(5));
+                return Err(JobPaused::new_err(e.to_string()));
+            }
+            Err(e) => return Err(err(e)),
+        };
         rt.shutdown_timeout(Duration::from_secs(5));
         let m = &report.manifest;
         let outputs: Vec<serde_json::Value> = m
@@ -248,6 +285,152 @@ fn run_embedded(
     })
 }
 
+/// Reads the FIFO Python's `signal.set_wakeup_fd` writes signal numbers
+/// to (`stoke._api._stop_on_signals`): SIGTERM or SIGINT stops the job at
+/// once, whatever the main thread is doing. The thread ends when Python
+/// closes the FIFO's write end, after the call.
+fn watch_signals(path: &str, stop: tokio_util::sync::CancellationToken) -> PyResult<()> {
+    use std::io::Read;
+    const STOPPING: [u8; 2] = [libc::SIGTERM as u8, libc::SIGINT as u8];
+    let mut fifo = std::fs::File::open(path).map_err(|e| err(format!("opening {path}: {e}")))?;
+    std::thread::Builder::new()
+        .name("stoke-signals".into())
+        .spawn(move || {
+            let mut buf = [0u8; 64];
+            while let Ok(n) = fifo.read(&mut buf) {
+                if n == 0 {
+                    return;
+                }
+                if buf[..n].iter().any(|b| STOPPING.contains(b)) {
+                    stop.cancel();
+                }
+            }
+        })
+        .map_err(err)?;
+    Ok(())
+}
+
+/// A coordinator serving gRPC on a loopback port, on threads of its own:
+/// what `torch_batch_process(..., workers=N)` runs its local workers
+/// against (as `stoke run --local N` does).
+#[pyclass(module = "stoke._native", name = "LocalCoordinator")]
+struct LocalCoordinator {
+    #[pyo3(get)]
+    address: String,
+    shutdown: tokio_util::sync::CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[pymethods]
+impl LocalCoordinator {
+    #[new]
+    fn new(py: Python<'_>, root: String) -> PyResult<Self> {
+        let root = StoreUri::parse(
+            &StoreUri::resolve_path_or_uri(&root, &PathBuf::from(".")).map_err(err)?,
+        )
+        .map_err(err)?;
+        let stores = stoke::Stores::from_env().map_err(err)?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(err)?;
+        listener.set_nonblocking(true).map_err(err)?;
+        let address = format!("http://{}", listener.local_addr().map_err(err)?);
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let stop = shutdown.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+        let thread = std::thread::Builder::new()
+            .name("stoke-coordinator".into())
+            .spawn(move || {
+                let failed = ready_tx.clone();
+                let served = runtime().map_err(|e| e.to_string()).and_then(|rt| {
+                    rt.block_on(async move {
+                        let listener = tokio::net::TcpListener::from_std(listener)
+                            .map_err(|e| e.to_string())?;
+                        let config = stoke_coordinator::CoordinatorConfig::new(root);
+                        let ready = ready_tx.clone();
+                        stoke_coordinator::serve_when_ready(
+                            listener,
+                            None,
+                            config,
+                            stores,
+                            stop,
+                            move |_| {
+                                let _ = ready.send(Ok(()));
+                                Ok(())
+                            },
+                        )
+                        .await
+                        .map_err(|e| e.to_string())
+                    })
+                });
+                if let Err(e) = served {
+                    let _ = failed.send(Err(e));
+                }
+            })
+            .map_err(err)?;
+        let ready = py.detach(move || ready_rx.recv_timeout(Duration::from_secs(60)));
+        match ready {
+            Ok(Ok(())) => Ok(Self {
+                address,
+                shutdown,
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => Err(err(format!("starting a local coordinator: {e}"))),
+            Err(_) => {
+                shutdown.cancel();
+                Err(err("starting a local coordinator: not ready within 60 s"))
+            }
+        }
+    }
+
+    /// Stops the coordinator and waits for it.
+    fn close(&mut self, py: Python<'_>) {
+        self.shutdown.cancel();
+        if let Some(thread) = self.thread.take() {
+            py.detach(|| {
+                let _ = thread.join();
+            });
+        }
+    }
+}
+
+/// Runs a worker process (`python -m stoke._worker ...`): the
+/// `stoke-worker` command line, Python processors in this interpreter.
+/// Never returns: the process exits when the worker stops.
+#[pyfunction]
+fn worker_main(py: Python<'_>, args: Vec<String>) -> PyResult<()> {
+    py.detach(|| {
+        let _ = stoke_worker::cli::worker_main_from(Registry::with_builtins(), args);
+    });
+    Ok(())
+}
+
+/// Writes `data` to a store URI (or path), replacing what is there.
+#[pyfunction]
+fn store_put(py: Python<'_>, uri: String, data: Vec<u8>) -> PyResult<String> {
+    let uri =
+        StoreUri::parse(&StoreUri::resolve_path_or_uri(&uri, &PathBuf::from(".")).map_err(err)?)
+            .map_err(err)?;
+    py.detach(|| {
+        let stores = stoke::Stores::from_env().map_err(err)?;
+        let rt = runtime()?;
+        rt.block_on(stores.put(&uri, data.into())).map_err(err)?;
+        Ok(uri.to_string())
+    })
+}
+
+/// The bytes of a store URI (or path).
+#[pyfunction]
+fn store_get<'py>(py: Python<'py>, uri: String) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    let uri =
+        StoreUri::parse(&StoreUri::resolve_path_or_uri(&uri, &PathBuf::from(".")).map_err(err)?)
+            .map_err(err)?;
+    let data = py.detach(|| {
+        let stores = stoke::Stores::from_env().map_err(err)?;
+        let rt = runtime()?;
+        rt.block_on(stores.get(&uri)).map_err(err)
+    })?;
+    Ok(pyo3::types::PyBytes::new(py, &data))
+}
+
 /// The torch version of the libtorch this module links.
 #[pyfunction]
 fn worker_torch_version() -> &'static str {
@@ -257,8 +440,13 @@ fn worker_torch_version() -> &'static str {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StokeError", m.py().get_type::<StokeError>())?;
+    m.add("JobPaused", m.py().get_type::<JobPaused>())?;
     m.add_class::<NativeClient>()?;
     m.add_function(wrap_pyfunction!(run_embedded, m)?)?;
     m.add_function(wrap_pyfunction!(worker_torch_version, m)?)?;
+    m.add_function(wrap_pyfunction!(worker_main, m)?)?;
+    m.add_function(wrap_pyfunction!(store_put, m)?)?;
+    m.add_function(wrap_pyfunction!(store_get, m)?)?;
+    m.add_class::<LocalCoordinator>()?;
     Ok(())
 }

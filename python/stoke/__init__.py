@@ -20,6 +20,7 @@ __all__ = [
     "Batch",
     "Context",
     "Client",
+    "JobPaused",
     "StokeError",
     "TorchBatchProcessor",
     "torch_batch_process",
@@ -31,7 +32,7 @@ __version__ = "0.1.0"
 # Client, torch_batch_process and StokeError live in the compiled module,
 # which links stoke's worker and libtorch; import it only when asked, so a
 # worker importing the processor API never loads a second copy of itself.
-_NATIVE = {"Client", "StokeError", "torch_batch_process"}
+_NATIVE = {"Client", "JobPaused", "StokeError", "torch_batch_process"}
 
 
 def __getattr__(name: str) -> Any:

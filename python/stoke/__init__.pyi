@@ -12,6 +12,10 @@ __version__: str
 class StokeError(Exception):
     """An error from stoke, with the message the CLI prints."""
 
+class JobPaused(StokeError):
+    """The call was stopped (SIGTERM, Ctrl-C) and its job paused after a
+    checkpoint; the same call with the same job_id and root resumes it."""
+
 class BadRecord(Exception):
     record_id: str
     reason: str
@@ -19,8 +23,10 @@ class BadRecord(Exception):
 
 class Batch(Mapping[str, Any]):
     ids: list[str]
+    samples: list[Any] | None
     @property
     def columns(self) -> list[str]: ...
+    def padded(self, column: str | int, value: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]: ...
     def __getitem__(self, key: str | int) -> torch.Tensor | list[Any]: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[str]: ...
@@ -73,11 +79,17 @@ class Client:
 
 def torch_batch_process(
     batch_processor_cls: type[TorchBatchProcessor],
-    spec: str | os.PathLike[str] | Mapping[str, Any],
+    dataset: Any,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    checkpoint_interval: int = 5,
+    dataloader_kwargs: Mapping[str, Any] | None = None,
     *,
     root: str | os.PathLike[str] | None = None,
-    device: str = "cpu",
     job_id: str | None = None,
+    workers: int = 0,
+    coordinator: str | None = None,
+    device: str | None = None,
     params: Mapping[str, Any] | None = None,
     **overrides: Any,
 ) -> dict[str, Any]: ...

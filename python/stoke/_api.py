@@ -17,6 +17,7 @@ from . import _native
 from . import _runtime
 
 StokeError = _native.StokeError
+JobPaused = _native.JobPaused
 
 _TERMINAL = {"succeeded", "failed", "cancelled"}
 
@@ -166,49 +167,107 @@ _OVERRIDES = {
     "output_format": ("output", "format"),
     "errors_policy": ("errors", "policy"),
     "threads": ("processor", "threads"),
+    "load_workers": ("loading", "workers"),
     "name": ("name",),
 }
 
 
+class _Default(int):
+    """Determined's default for ``checkpoint_interval`` (5), told apart
+    from the same value given: with a spec, only a value given overrides
+    its ``[checkpoint] interval``."""
+
+    def __repr__(self) -> str:
+        return str(int(self))
+
+
+_CHECKPOINT_INTERVAL = _Default(5)
+
+
 def torch_batch_process(
     batch_processor_cls: type,
-    spec: str | os.PathLike | Mapping[str, Any],
+    dataset: Any,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    checkpoint_interval: int = _CHECKPOINT_INTERVAL,
+    dataloader_kwargs: Mapping[str, Any] | None = None,
     *,
     root: str | os.PathLike | None = None,
-    device: str = "cpu",
     job_id: str | None = None,
+    workers: int = 0,
+    coordinator: str | None = None,
+    device: str | None = None,
     params: Mapping[str, Any] | None = None,
     **overrides: Any,
 ) -> dict:
-    """Runs a job with ``batch_processor_cls`` in this process, as
-    ``stoke run --embedded`` does (the same coordinator state machine and
-    worker pipeline), and returns the report: ``job_id``, ``records``,
-    ``manifest_uri``, ``outputs`` (each ``uri`` and ``records``).
+    """Runs ``batch_processor_cls`` over ``dataset`` and returns the report:
+    ``job_id``, ``records``, ``manifest_uri``, ``outputs`` (each ``uri`` and
+    ``records``). Determined's call, with stoke's additions keyword-only.
 
-    ``spec``: a TOML/JSON spec file or a dict in the spec's shape (its
+    ``dataset``: a map-style ``torch.utils.data.Dataset`` (records are its
+    indices; each shard's batches are what ``DataLoader(Subset(dataset,
+    shard_indices), batch_size=batch_size, shuffle=False,
+    **dataloader_kwargs)`` yields, so ``batch[0]`` is what a plain loop
+    gives), or a TOML/JSON spec path or a dict in the spec's shape (its
     ``[processor]`` names no processor: the class given is the processor).
+    ``shuffle=True``, ``sampler``, ``batch_sampler`` and ``drop_last=True``
+    are refused: the shards own the order. ``max_batches``: process only
+    the first ``max_batches`` batches. ``batch_idx`` is the batch's index
+    in the job, the same on every resume.
+
     ``root``: the state folder or store URI (default ``./stoke-state``);
-    running again with the same ``job_id`` and root resumes the job.
-    Overrides: ``batch_size``, ``checkpoint_interval``, ``max_attempts``,
-    ``shard_records``, ``output_uri``, ``output_format``, ``errors_policy``,
-    ``threads``, ``name``; ``params`` are merged into
-    ``[processor.params]``. Raises :class:`StokeError` when the job fails.
+    the same call with the same ``job_id`` and root resumes the job, from
+    its last checkpoint, whether it was paused, killed or crashed. SIGTERM
+    or Ctrl-C checkpoint after the current batch, pause the job and raise
+    :class:`JobPaused`. ``device``: ``cuda:N`` or ``cpu`` (default: the
+    first GPU when there is one). Overrides: ``max_attempts``,
+    ``shard_records``, ``output_uri``, ``output_format``,
+    ``errors_policy``, ``threads``, ``name``, ``load_workers`` (the
+    ``[loading] workers`` that run a ``load_fn``); ``params`` are merged
+    into ``[processor.params]``. Raises :class:`StokeError` when the job
+    fails.
     """
     from .processor import TorchBatchProcessor
 
     if not isinstance(batch_processor_cls, type) or not issubclass(batch_processor_cls, TorchBatchProcessor):
         raise TypeError(f"{batch_processor_cls!r} is not a subclass of stoke.TorchBatchProcessor")
-    if isinstance(spec, Mapping):
-        value = json.loads(json.dumps(spec))
-        base = os.getcwd()
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"workers must be 0 (in this process) or more, got {workers!r}")
+    if workers and coordinator is not None:
+        raise ValueError("give workers= (local worker processes) or coordinator= (a running fleet), not both")
+    shipping = bool(workers) or coordinator is not None
+    explicit_interval = not isinstance(checkpoint_interval, _Default)
+    shipped: dict = {"processor": batch_processor_cls}
+    if isinstance(dataset, (str, os.PathLike, Mapping)):
+        if dataloader_kwargs is not None or max_batches is not None:
+            raise TypeError("dataloader_kwargs and max_batches are for a torch Dataset, not a job spec")
+        if isinstance(dataset, Mapping):
+            value = json.loads(json.dumps(dataset))
+            base = os.getcwd()
+        else:
+            path = pathlib.Path(dataset)
+            value = _read_spec(path)
+            base = str(path.resolve().parent)
+        if batch_size is not None:
+            overrides["batch_size"] = batch_size
+        if explicit_interval:
+            overrides["checkpoint_interval"] = checkpoint_interval
     else:
-        path = pathlib.Path(spec)
-        value = _read_spec(path)
-        base = str(path.resolve().parent)
+        value, kwargs = _dataset_spec(dataset, batch_size, max_batches, checkpoint_interval, dataloader_kwargs)
+        base = os.getcwd()
+        if shipping:
+            value["dataset"]["factory"] = f"{_runtime.SHIPPED_MODULE}:dataset"
+            shipped["dataset"] = dataset
+            shipped["dataloader_kwargs"] = kwargs
+        else:
+            value["dataset"]["factory"] = _runtime.register_local_dataset(dataset, kwargs)
     processor = value.setdefault("processor", {})
-    for key in ("name", "python", "python_path"):
+    for key in ("name", "python", "python_path", "code"):
         processor.pop(key, None)
-    processor["python"] = _runtime.register_local(batch_processor_cls)
+    if shipping:
+        processor["python"] = f"{_runtime.SHIPPED_MODULE}:{batch_processor_cls.__name__}"
+    else:
+        processor["python"] = _runtime.register_local(batch_processor_cls)
     if params:
         processor.setdefault("params", {}).update(params)
     for key, val in overrides.items():
@@ -219,9 +278,103 @@ def torch_batch_process(
         for part in where[:-1]:
             node = node.setdefault(part, {})
         node[where[-1]] = val
+    if coordinator is not None and root is None:
+        raise ValueError(
+            "coordinator=: give root=, the fleet's root (or another store URI its workers read): "
+            "the processor class and the dataset are written there for the workers to load"
+        )
     root = os.fspath(root) if root is not None else os.path.join(os.getcwd(), "stoke-state")
-    report = _native.run_embedded(json.dumps(value), base, root, device, None, job_id)
+    if device is None:
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    if shipping:
+        from . import _fleet
+
+        job_id = job_id or _fleet.new_job_id(batch_processor_cls)
+        processor["code"] = _fleet.ship(shipped, root, job_id)
+        if coordinator is not None:
+            return _fleet.run_on(coordinator, value, job_id)
+        return _fleet.run_local(value, root, job_id, workers, device)
+    with _stop_on_signals() as signals:
+        report = _native.run_embedded(json.dumps(value), base, root, device, None, job_id, signals.path)
     return json.loads(report)
+
+
+def _dataset_spec(dataset: Any, batch_size: Any, max_batches: Any, checkpoint_interval: Any, dataloader_kwargs: Any) -> tuple[dict, dict]:
+    """The job spec for a torch Dataset (``format = "python"``, records
+    ``0..len(dataset)`` or the first ``max_batches`` batches; its factory
+    left for the caller to name) and the DataLoader arguments."""
+    from . import _dataset
+
+    try:
+        count = _dataset.check_map_style(dataset)
+        kwargs, batch_size = _dataset.check_dataloader_kwargs(dataloader_kwargs, batch_size)
+    except _dataset.DatasetError as e:
+        raise ValueError(str(e)) from None
+    if max_batches is not None:
+        if isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
+            raise ValueError(f"max_batches must be a positive int, got {max_batches!r}")
+        count = min(count, max_batches * batch_size)
+    spec = {
+        "dataset": {"format": "python", "count": count},
+        "processor": {},
+        "batching": {"batch_size": batch_size},
+        "checkpoint": {"interval": int(checkpoint_interval)},
+    }
+    return spec, kwargs
+
+
+class _stop_on_signals:
+    """While a job runs in this process, SIGTERM stops it as Ctrl-C does
+    (checkpoint after the current batch, pause, :class:`JobPaused`)
+    instead of killing the process. Python runs signal handlers only when
+    the main thread runs Python, which it does not while the job runs; so
+    the signal is also written to a FIFO (``signal.set_wakeup_fd``) that
+    the job's Rust side reads, and stops at once. The previous handler
+    and wake-up fd come back after."""
+
+    def __init__(self, fifo: bool = True) -> None:
+        self._fifo = fifo
+
+    def __enter__(self) -> "_stop_on_signals":
+        import signal
+        import tempfile
+        import threading
+
+        self.path = None
+        self._old = None
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        if not self._fifo:
+            self._old = signal.signal(signal.SIGTERM, _raise_stop)
+            return self
+        self._dir = tempfile.mkdtemp(prefix="stoke-signals-")
+        self.path = os.path.join(self._dir, "wakeup")
+        os.mkfifo(self.path)
+        # The read end first (non-blocking, so opening does not wait for a
+        # writer), then the write end the signal handler writes to.
+        self._rfd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        self._wfd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+        self._old_fd = signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
+        self._old = signal.signal(signal.SIGTERM, _raise_stop)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import shutil
+        import signal
+
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+        if self.path is None:
+            return
+        signal.set_wakeup_fd(self._old_fd)
+        # Closing the write end ends the Rust side's reader.
+        os.close(self._wfd)
+        os.close(self._rfd)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _read_spec(path: pathlib.Path) -> dict:

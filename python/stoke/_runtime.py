@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any, Iterator
 
+from . import _dataset, _loading
 from .processor import BadRecord, TorchBatchProcessor
 
 # The worker checks this: a package of another protocol is refused with a
@@ -24,20 +25,24 @@ PROTOCOL = 1
 
 
 class Batch(Mapping):
-    """One batch: column name -> values. Numeric and fixed-size numeric
-    list columns are ``torch.Tensor`` on CPU (``[B]`` or ``[B, N]``, their
-    Arrow type's dtype); strings, binary and ragged lists are Python
-    lists. ``batch[0]``, ``batch[1]``... give the columns in order, like the
+    """One batch: column name -> values. Numeric columns, and numeric
+    list columns whose lists have one length within the batch, are
+    ``torch.Tensor`` on CPU (``[B]`` or ``[B, N]``, their Arrow type's
+    dtype); ragged numeric lists are a list of 1-D tensors (``padded()``
+    pads them); strings, binary and other columns are Python lists. ``batch[0]``, ``batch[1]``... give the columns in order, like the
     tuple a DataLoader yields."""
 
-    __slots__ = ("_columns", "_names", "ids", "_native_ptrs")
+    __slots__ = ("_columns", "_names", "ids", "samples", "_native_ptrs")
 
-    def __init__(self, columns: dict, ids: list, native_ptrs: dict | None = None) -> None:
+    def __init__(self, columns: dict, ids: list, native_ptrs: dict | None = None, samples: list | None = None) -> None:
         self._columns = columns
         self._names = list(columns)
         #: The records' ids, as strings (the dataset's id column, or
         #: ``<shard>:<offset>``).
         self.ids = ids
+        #: What the processor's ``load_fn`` returned for each record, in
+        #: record order (``None`` when it defines no ``load_fn``).
+        self.samples = samples
         self._native_ptrs = native_ptrs or {}
 
     @property
@@ -62,6 +67,24 @@ class Batch(Mapping):
     def __len__(self) -> int:
         # The number of records (not of columns), as for a DataLoader batch.
         return len(self.ids)
+
+    def padded(self, column: Any, value: float = 0.0) -> tuple:
+        """A list column padded to its longest row: ``(tensor [B, L],
+        lengths [B])``, the tensor of the column's type with ``value``
+        after each row's end (dpipe's ``combine_pad``; the Rust batch's
+        ``padded``)."""
+        import torch
+
+        data = self[column]
+        if isinstance(data, torch.Tensor):
+            if data.dim() != 2:
+                raise ValueError(f"column {column!r} is a {data.dim()}-D tensor; padded() takes a list column")
+            return data, torch.full((data.shape[0],), data.shape[1], dtype=torch.int64)
+        rows = [r if isinstance(r, torch.Tensor) else torch.as_tensor(r) for r in data]
+        if not rows:
+            return torch.zeros((0, 0)), torch.zeros((0,), dtype=torch.int64)
+        lengths = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)
+        return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=value), lengths
 
     def keys(self):  # noqa: D401 - Mapping's, kept explicit for the len() twist
         return self._columns.keys()
@@ -306,17 +329,127 @@ class Context:
             writer.write_table(table)
         self._native.write_ipc(sink.getvalue().to_pybytes())
 
+    @property
+    def distributed(self) -> "_Distributed":
+        """Determined's ``context.distributed``: ``get_rank()`` is this
+        worker's index among the job's local workers, ``get_size()`` their
+        number (``torch_batch_process(..., workers=N)`` and ``stoke run
+        --local N`` set them; a worker started on its own is rank 0 of 1
+        unless ``STOKE_WORKER_RANK`` / ``STOKE_WORKER_COUNT`` say more)."""
+        return _DISTRIBUTED
+
     # Determined's spellings.
     def get_distributed_rank(self) -> int:
-        return 0
+        return _DISTRIBUTED.get_rank()
 
     def get_distributed_size(self) -> int:
+        return _DISTRIBUTED.get_size()
+
+    def get_tensorboard_path(self) -> pathlib.Path:
+        """A folder for TensorBoard event files (Determined's): its files
+        are uploaded with the job's outputs at every checkpoint, under
+        ``_files/`` of the checkpoint's attempt, named
+        ``tensorboard-<rank>-<path>`` (each checkpoint uploads the files
+        that changed since the one before)."""
+        path = pathlib.Path(self._native.upload_dir).parent / "tensorboard"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _sync_tensorboard(self) -> None:
+        """Copies the TensorBoard files that changed into the upload folder
+        (called by the worker before each checkpoint)."""
+        import shutil
+
+        folder = pathlib.Path(self._native.upload_dir).parent / "tensorboard"
+        if not folder.is_dir():
+            return
+        seen = self.__dict__.setdefault("_tensorboard_seen", {})
+        upload = pathlib.Path(self._native.upload_dir)
+        upload.mkdir(parents=True, exist_ok=True)
+        rank = _DISTRIBUTED.get_rank()
+        for path in sorted(folder.rglob("*")):
+            if not path.is_file():
+                continue
+            stat = path.stat()
+            key = str(path.relative_to(folder))
+            if seen.get(key) == (stat.st_size, stat.st_mtime_ns):
+                continue
+            seen[key] = (stat.st_size, stat.st_mtime_ns)
+            shutil.copyfile(path, upload / f"tensorboard-{rank}-{key.replace('/', '__')}")
+
+
+class _Distributed:
+    """This worker's place among the job's workers (Determined's
+    ``DistributedContext`` as far as batch processing uses it)."""
+
+    @staticmethod
+    def _env(name: str, default: int) -> int:
+        import os
+
+        try:
+            return int(os.environ.get(name, default))
+        except ValueError:
+            return default
+
+    def get_rank(self) -> int:
+        return self._env("STOKE_WORKER_RANK", 0)
+
+    def get_size(self) -> int:
+        return max(1, self._env("STOKE_WORKER_COUNT", 1))
+
+    def get_local_rank(self) -> int:
+        return self.get_rank()
+
+    def get_local_size(self) -> int:
+        return self.get_size()
+
+    def get_cross_rank(self) -> int:
+        return 0
+
+    def get_cross_size(self) -> int:
         return 1
 
 
-def load(module: str, class_name: str, native: Any) -> Any:
+_DISTRIBUTED = _Distributed()
+
+
+def before_checkpoint(instance: Any) -> None:
+    """What the worker runs before a processor's ``on_checkpoint_start``."""
+    context = getattr(instance, "context", None)
+    if isinstance(context, Context):
+        context._sync_tensorboard()
+
+
+# The module name a spec gives code shipped by value (`[processor] code`).
+SHIPPED_MODULE = "__stoke_shipped__"
+_SHIPPED: dict[str, dict] = {}
+
+
+def load_shipped(uri: str, data: bytes) -> dict:
+    """The job's code shipped by value (a cloudpickled dict: ``processor``,
+    ``dataset``, ``dataloader_kwargs``), loaded once per job and process."""
+    shipped = _SHIPPED.get(uri)
+    if shipped is None:
+        import cloudpickle
+
+        try:
+            shipped = cloudpickle.loads(data)
+        except Exception as e:
+            raise _LoadError(f"loading the job's code from {uri}: {type(e).__name__}: {e}") from None
+        if not isinstance(shipped, dict) or "processor" not in shipped:
+            raise _LoadError(f"{uri} does not hold a job's code (a dict with the processor class)")
+        _SHIPPED.clear()
+        _SHIPPED[uri] = shipped
+    return shipped
+
+
+def load(module: str, class_name: str, native: Any, shipped: dict | None = None) -> Any:
     """Imports ``module``, checks ``class_name`` is a TorchBatchProcessor,
     and makes an instance with a fresh context."""
+    if module == SHIPPED_MODULE:
+        if shipped is None:
+            raise _LoadError(f"processor {module}:{class_name} names code shipped by value, but the spec has no [processor] code")
+        return shipped["processor"](Context(native))
     if module == _LOCAL_MODULE:
         cls = _LOCAL.get(class_name)
         if cls is None:
@@ -339,8 +472,27 @@ class _LoadError(Exception):
     pass
 
 
-def make_batch(columns: dict, ids: list, native_ptrs: dict) -> Batch:
-    return Batch(columns, ids, native_ptrs)
+def make_batch(columns: dict, ids: list, native_ptrs: dict, samples: list | None = None) -> Batch:
+    return Batch(columns, ids, native_ptrs, samples)
+
+
+def open_load_pool(instance: Any, workers: int) -> Any:
+    """The job's pool of load processes for the processor's ``load_fn``
+    (``None`` when it defines none; see ``stoke._loading``)."""
+    fn = _loading.load_fn_of(instance)
+    if fn is None:
+        return None
+    pool = _loading.LoadPool(fn, workers)
+    pool.start()
+    return pool
+
+
+def load_submit(pool: Any, columns: dict, n: int) -> Any:
+    return pool.submit(columns, n)
+
+
+def load_results(pool: Any, pending: Any) -> list:
+    return pool.results(pending)
 
 
 def bad_record(exc: BaseException):
@@ -363,6 +515,30 @@ def describe(exc: BaseException, tb: Any = None) -> str:
 # name the job spec gives them (`__stoke_local__:C<n>`).
 _LOCAL_MODULE = "__stoke_local__"
 _LOCAL: dict[str, type] = {}
+
+
+def register_local_dataset(dataset: Any, dataloader_kwargs: dict) -> str:
+    """The spec's ``[dataset] factory`` for a Dataset handed to
+    ``torch_batch_process`` in this process."""
+    return _dataset.register_local(_LOCAL_MODULE, dataset, dataloader_kwargs)
+
+
+def open_dataset(factory: str, batch_size: int, count: int, in_worker: bool, shipped: dict | None = None) -> Any:
+    """The feed of DataLoader batches for a job's ``format = "python"``
+    dataset (see ``stoke._dataset``)."""
+    try:
+        if factory.partition(":")[0] == SHIPPED_MODULE:
+            if shipped is None or "dataset" not in shipped:
+                raise _dataset.DatasetError(f"dataset factory {factory} names code shipped by value, but the job's code has no dataset")
+            given = (shipped["dataset"], shipped.get("dataloader_kwargs") or {})
+            return _dataset.open_feed(factory, _LOCAL_MODULE, batch_size, count, in_worker, given)
+        return _dataset.open_feed(factory, _LOCAL_MODULE, batch_size, count, in_worker)
+    except _dataset.DatasetError as e:
+        raise _LoadError(str(e)) from None
+
+
+def dataset_batch(feed: Any, indices: list) -> Any:
+    return feed.batch(indices)
 
 
 def register_local(cls: type) -> str:

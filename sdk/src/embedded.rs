@@ -22,8 +22,13 @@ pub struct EmbeddedOptions {
     pub device: Device,
     /// libtorch intra-op threads; `None` leaves libtorch's default.
     pub threads: Option<usize>,
-    /// A fixed job id: running again with the same id resumes that job.
+    /// A fixed job id: running again with the same id resumes that job
+    /// (also a paused one).
     pub job_id: Option<String>,
+    /// Cancelled to stop (SIGTERM, Ctrl-C): the worker finishes its
+    /// current batch, checkpoints and releases its lease, the job is
+    /// paused, and the run ends with [`EmbeddedError::Paused`].
+    pub stop: CancellationToken,
 }
 
 impl EmbeddedOptions {
@@ -33,6 +38,7 @@ impl EmbeddedOptions {
             device: Device::cuda_if_available(),
             threads: None,
             job_id: None,
+            stop: CancellationToken::new(),
         }
     }
 }
@@ -77,20 +83,49 @@ pub async fn run_embedded(
     let (handle, owner) =
         stoke_coordinator::start(config, stores.clone(), shutdown.child_token()).await?;
     let result = async {
-        let job = handle.submit(spec, options.job_id.clone()).await?;
+        let mut job = handle.submit(spec, options.job_id.clone()).await?;
+        if job.state == JobState::Paused {
+            // The same call again resumes a job it (or anyone) paused.
+            job = handle.resume(&job.job_id).await?;
+        }
         let mut worker = WorkerConfig::new("embedded");
         worker.devices = vec![options.device];
         worker.intra_op_threads = options.threads;
         worker.exit_when_idle = true;
-        stoke_worker::run(
+        // A stop asked for is the worker's SIGTERM: current batch,
+        // checkpoint, release, exit.
+        let worker_shutdown = shutdown.child_token();
+        let stopped = {
+            let stop = options.stop.clone();
+            let worker_shutdown = worker_shutdown.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = stop.cancelled() => worker_shutdown.cancel(),
+                    _ = worker_shutdown.cancelled() => {}
+                }
+            })
+        };
+        let ran = stoke_worker::run(
             LocalLink::new(handle.clone()),
             worker,
             registry,
             stores.clone(),
-            shutdown.child_token(),
+            worker_shutdown.clone(),
         )
-        .await?;
-        let job = handle.get_job(&job.job_id).await?;
+        .await;
+        worker_shutdown.cancel();
+        let _ = stopped.await;
+        ran?;
+        let mut job = handle.get_job(&job.job_id).await?;
+        if options.stop.is_cancelled() && !job.state.is_terminal() {
+            job = handle.pause(&job.job_id, "stopped by a signal").await?;
+            return Err(EmbeddedError::Paused {
+                job_id: job.job_id,
+                root: options.root.to_string(),
+                records_done: job.records_done,
+                records_total: job.records_total,
+            });
+        }
         if job.state != JobState::Succeeded {
             return Err(EmbeddedError::JobEnded {
                 job_id: job.job_id,

@@ -19,6 +19,16 @@ pub enum EmbeddedError {
         state: JobState,
         reason: String,
     },
+    #[error(
+        "job {job_id} paused after its last checkpoint ({records_done} of {} records committed): run the same call again with job id {job_id} and root {root} to resume it",
+        records_total.map_or_else(|| "?".to_string(), |t| t.to_string())
+    )]
+    Paused {
+        job_id: String,
+        root: String,
+        records_done: u64,
+        records_total: Option<u64>,
+    },
     #[error("starting the runtime: {0}")]
     Runtime(std::io::Error),
 }

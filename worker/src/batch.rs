@@ -32,7 +32,14 @@ pub struct Batch {
     skipped: Vec<SkippedRecord>,
     /// The collated output of the processor's `load` stage, when it has one.
     inputs: Option<Collated>,
+    /// What a processor's own prepare stage ([`crate::processor`]'s
+    /// `Prepare`) left for it, ahead of the model (a Python processor's
+    /// `load_fn` results in flight).
+    prepared: Option<Prepared>,
 }
+
+/// A prepare stage's result, for the processor that made it.
+pub(crate) type Prepared = Arc<dyn std::any::Any + Send + Sync>;
 
 /// Samples from the load stage, collated into one batch tensor.
 #[derive(Debug)]
@@ -104,6 +111,7 @@ impl Batch {
             offset: 0,
             skipped: Vec::new(),
             inputs: None,
+            prepared: None,
         }
     }
 
@@ -126,6 +134,16 @@ impl Batch {
     pub(crate) fn with_inputs(mut self, inputs: Collated) -> Self {
         self.inputs = Some(inputs);
         self
+    }
+
+    pub(crate) fn with_prepared(mut self, prepared: Prepared) -> Self {
+        self.prepared = Some(prepared);
+        self
+    }
+
+    /// What the processor's prepare stage left (none after `retain`).
+    pub(crate) fn prepared(&self) -> Option<&Prepared> {
+        self.prepared.as_ref()
     }
 
     /// A numeric list column padded to its longest list: the values as

@@ -69,6 +69,11 @@ pub struct WorkerArgs {
     pub check_config: bool,
 }
 
+/// A worker's place among the job's workers, read by Python processors'
+/// `context.distributed` (set by `stoke run --local N` and
+/// `torch_batch_process(..., workers=N)`).
+const PLACE_ENV_VARS: [&str; 2] = ["STOKE_WORKER_RANK", "STOKE_WORKER_COUNT"];
+
 /// `STOKE_*` variables in the environment that the worker does not read:
 /// most often a typo, or a coordinator's setting given to a worker.
 pub fn unknown_env_vars() -> Vec<String> {
@@ -77,7 +82,8 @@ pub fn unknown_env_vars() -> Vec<String> {
         WorkerArgs::command()
             .get_arguments()
             .filter_map(|a| a.get_env())
-            .map(|e| e.to_string_lossy().to_string()),
+            .map(|e| e.to_string_lossy().to_string())
+            .chain(PLACE_ENV_VARS.iter().map(|s| s.to_string())),
     )
 }
 
@@ -235,8 +241,26 @@ pub fn exit_now(code: i32) -> ! {
 /// `RUST_BACKTRACE` says (`STOKE_DEBUG` shows the error in full). The
 /// `Result` is there so `stoke::worker_main(registry)?` reads naturally.
 pub fn worker_main(registry: Registry) -> Result<std::convert::Infallible, WorkerError> {
+    worker_main_with(registry, WorkerArgs::parse())
+}
+
+/// [`worker_main`] with the command line given (`args[0]` is the
+/// program's name): for a process whose own arguments are another
+/// program's, such as a Python interpreter running `stoke._worker`.
+pub fn worker_main_from(
+    registry: Registry,
+    args: Vec<String>,
+) -> Result<std::convert::Infallible, WorkerError> {
+    let args = WorkerArgs::try_parse_from(args).unwrap_or_else(|e| e.exit());
+    worker_main_with(registry, args)
+}
+
+fn worker_main_with(
+    registry: Registry,
+    args: WorkerArgs,
+) -> Result<std::convert::Infallible, WorkerError> {
     stoke_core::logging::exit_quietly_on_broken_pipe();
-    match run_worker(registry) {
+    match run_worker(registry, args) {
         // Everything of the run is dropped by now, the runtime included.
         Ok(_) => exit_now(0),
         Err(e) => {
@@ -257,8 +281,7 @@ pub fn worker_main(registry: Registry) -> Result<std::convert::Infallible, Worke
     }
 }
 
-fn run_worker(registry: Registry) -> Result<WorkerExit, WorkerError> {
-    let args = WorkerArgs::parse();
+fn run_worker(registry: Registry, args: WorkerArgs) -> Result<WorkerExit, WorkerError> {
     if args.check_config {
         check_config(&args, &registry);
     }

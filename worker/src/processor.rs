@@ -102,8 +102,19 @@ impl Loader {
     }
 }
 
+/// A processor's own stage ahead of the model (a Python processor's
+/// `load_fn` pool): called on the load thread for each batch, in order,
+/// while the model works on earlier ones.
+pub(crate) trait Prepare: Send + Sync {
+    fn prepare(&self, batch: Batch) -> Result<Batch, crate::error::WorkerError>;
+}
+
 /// The object-safe face of a processor, used by the worker's pipeline.
 pub(crate) trait DynProcessor: Send {
+    /// Its stage ahead of the model, if it has one.
+    fn prepare_stage(&self) -> Option<Arc<dyn Prepare>> {
+        None
+    }
     fn process_batch(
         &mut self,
         batch: Batch,

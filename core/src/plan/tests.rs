@@ -377,3 +377,30 @@ fn nominal_cuts_stop_before_the_end() {
     assert_eq!(nominal_cuts(8, 4), vec![4]);
     assert!(nominal_cuts(3, 4).is_empty());
 }
+
+#[tokio::test]
+async fn a_python_datasets_shards_hold_whole_batches() {
+    let spec = JobSpec::from_toml(
+        "[dataset]\nformat = \"python\"\nfactory = \"d:make\"\ncount = 250\n\
+         [processor]\npython = \"m:C\"\n[batching]\nbatch_size = 16\n[sharding]\nrecords = 100\n",
+    )
+    .expect("spec");
+    let plan = plan_dataset(&spec, &Stores::default()).await.expect("plan");
+    let sources: Vec<_> = plan.shards.iter().map(|s| s.source.clone()).collect();
+    // 100 records rounds up to 7 batches of 16 (112).
+    assert_eq!(
+        sources,
+        vec![
+            ShardSource::Range { start: 0, end: 112 },
+            ShardSource::Range {
+                start: 112,
+                end: 224
+            },
+            ShardSource::Range {
+                start: 224,
+                end: 250
+            },
+        ]
+    );
+    assert_eq!(plan.records_total, Some(250));
+}

@@ -351,3 +351,74 @@ fn the_built_in_runners_model_path_resolves_against_the_spec_file() {
     assert_eq!(spec.processor.params["model"], "models/m.pt");
     assert!(spec.uri_params().is_empty());
 }
+
+#[test]
+fn a_python_dataset_needs_a_factory_a_count_and_a_python_processor() {
+    let good = "[dataset]\nformat = \"python\"\nfactory = \"my_data:make_dataset\"\ncount = 100\n\
+                [processor]\npython = \"m:C\"\n";
+    let spec = JobSpec::from_toml(good).expect("python dataset");
+    assert_eq!(spec.dataset.format, DatasetFormat::Python);
+    assert_eq!(
+        spec.dataset.factory.as_deref(),
+        Some("my_data:make_dataset")
+    );
+    for (from, to, field) in [
+        (
+            "factory = \"my_data:make_dataset\"\n",
+            "",
+            "dataset.factory",
+        ),
+        ("my_data:make_dataset", "my_data", "dataset.factory"),
+        ("my_data:make_dataset", "my-data:f", "dataset.factory"),
+        ("count = 100\n", "", "dataset.count"),
+        ("count = 100\n", "count = 0\n", "dataset.count"),
+        (
+            "count = 100\n",
+            "count = 100\nuri = \"file:///x\"\n",
+            "dataset.uri",
+        ),
+        (
+            "count = 100\n",
+            "count = 100\nid_column = \"id\"\n",
+            "dataset.id_column",
+        ),
+        ("python = \"m:C\"", "name = \"pytorch\"", "processor.python"),
+    ] {
+        let e = err(&good.replace(from, to));
+        assert!(e.contains(field), "{from:?} -> {to:?}: {e}");
+    }
+    // A factory is only for format "python".
+    let e = err(
+        "[dataset]\nformat = \"range\"\ncount = 1\nfactory = \"m:f\"\n[processor]\npython = \"m:C\"\n",
+    );
+    assert!(e.contains("dataset.factory"), "{e}");
+}
+
+#[test]
+fn a_python_datasets_path_resolves_against_the_spec_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("job.toml");
+    std::fs::write(
+        &path,
+        "[dataset]\nformat = \"python\"\nfactory = \"d:make\"\ncount = 3\npython_path = [\"lib\"]\n\
+         [processor]\npython = \"m:C\"\n",
+    )
+    .expect("write");
+    let spec = JobSpec::from_file(&path).expect("spec");
+    let lib = std::path::absolute(dir.path().join("lib")).expect("absolute");
+    assert_eq!(spec.dataset.python_path, vec![lib.display().to_string()]);
+}
+
+#[test]
+fn loading_workers_is_bounded_and_defaults_to_the_cores() {
+    let base = "[dataset]\nformat = \"range\"\ncount = 1\n[processor]\npython = \"m:C\"\n";
+    let spec = JobSpec::from_toml(base).expect("spec");
+    assert_eq!(spec.loading.workers_on(2), 2);
+    assert_eq!(spec.loading.workers_on(64), 8);
+    let zero = JobSpec::from_toml(&format!("{base}[loading]\nworkers = 0\n")).expect("spec");
+    assert_eq!(zero.loading.workers_on(2), 0);
+    let e = err(&format!("{base}[loading]\nworkers = 1000\n"));
+    assert!(e.contains("loading.workers"), "{e}");
+    let e = err(&format!("{base}[loading]\nthreads = 2\n"));
+    assert!(e.contains("threads"), "{e}");
+}

@@ -11,7 +11,7 @@ use tracing::warn;
 
 use crate::batch::{Batch, Collated};
 use crate::error::WorkerError;
-use crate::processor::{Collate, Loader};
+use crate::processor::{Collate, Loader, Prepare};
 
 /// Prepared batches buffered ahead of the model.
 const AHEAD: usize = 2;
@@ -35,6 +35,27 @@ pub(crate) fn spawn_prep(loader: Loader, device: Device, mut raw: BatchRx) -> Ba
         });
     if let Err(e) = spawned {
         warn!(error = %e, "cannot start the load thread");
+    }
+    rx
+}
+
+/// Starts a processor's own prepare stage over `raw` batches (see
+/// [`Prepare`]); prepared batches arrive, in order, on the returned
+/// channel, at most [`AHEAD`] ahead of the model.
+pub(crate) fn spawn_prepare(stage: Arc<dyn Prepare>, mut raw: BatchRx) -> BatchRx {
+    let (tx, rx) = mpsc::channel(AHEAD);
+    let spawned = std::thread::Builder::new()
+        .name("stoke-prepare".into())
+        .spawn(move || {
+            while let Some(item) = raw.blocking_recv() {
+                let prepared = item.and_then(|batch| stage.prepare(batch));
+                if tx.blocking_send(prepared).is_err() {
+                    break;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, "cannot start the prepare thread");
     }
     rx
 }

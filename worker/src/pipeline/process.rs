@@ -17,7 +17,7 @@ use crate::context::{ProcessorContext, ShardInfo};
 use crate::error::{WorkerError, processor_message};
 use crate::fatal::{Watchdog, is_sticky_device_error};
 use crate::pipeline::control::{Checkpoint, ShardControl};
-use crate::pipeline::prep::spawn_prep;
+use crate::pipeline::prep::{spawn_prep, spawn_prepare};
 use crate::pipeline::stages::{JobCause, StageCounters, StageTimes};
 use crate::processor::{DynProcessor, Loader, Registry};
 use stoke_core::lease::{BatchSpan, Isolation};
@@ -542,9 +542,10 @@ fn run_shard(
     };
     // With a load stage, batches go through the load pool first; it runs
     // ahead of the model on its own threads.
-    let mut prepared = match &shard.l.loader {
-        Some(loader) => spawn_prep(loader.clone(), shard.l.ctx.device(), batches),
-        None => batches,
+    let mut prepared = match (&shard.l.loader, shard.l.processor.prepare_stage()) {
+        (Some(loader), _) => spawn_prep(loader.clone(), shard.l.ctx.device(), batches),
+        (None, Some(stage)) => spawn_prepare(stage, batches),
+        (None, None) => batches,
     };
     let outcome = shard
         .run(

@@ -3,6 +3,7 @@
 //! Arrow IPC stream.
 
 use std::io::Cursor;
+use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
@@ -75,6 +76,48 @@ pub(super) fn column_tensor(column: &ArrayRef) -> Option<Tensor> {
         }
         _ => primitive_tensor(column),
     }
+}
+
+/// A variable-size list column of numbers without nulls (JSON Lines'
+/// lists, Parquet's `list<float>`), of the values' type: `[B, D]` when
+/// every row has `D` values (a view of the column's values, no copy),
+/// else one 1-D tensor per row.
+enum ListTensors {
+    Stacked(Tensor),
+    Ragged(Vec<Tensor>),
+}
+
+fn list_tensors(column: &ArrayRef) -> Option<ListTensors> {
+    if column.null_count() > 0 {
+        return None;
+    }
+    let (values, offsets): (ArrayRef, Vec<i64>) = match column.data_type() {
+        DataType::List(_) => {
+            let l = column.as_list::<i32>();
+            (
+                Arc::clone(l.values()),
+                l.value_offsets().iter().map(|o| i64::from(*o)).collect(),
+            )
+        }
+        DataType::LargeList(_) => {
+            let l = column.as_list::<i64>();
+            (Arc::clone(l.values()), l.value_offsets().to_vec())
+        }
+        _ => return None,
+    };
+    let first = *offsets.first()?;
+    let last = *offsets.last()?;
+    let start = usize::try_from(first).ok()?;
+    let len = usize::try_from(last - first).ok()?;
+    let flat = primitive_tensor(&values.slice(start, len))?;
+    let sizes: Vec<i64> = offsets.windows(2).map(|w| w[1] - w[0]).collect();
+    Some(match sizes.first() {
+        Some(&d) if sizes.iter().all(|s| *s == d) => {
+            ListTensors::Stacked(flat.reshape([sizes.len() as i64, d]))
+        }
+        Some(_) => ListTensors::Ragged(flat.split_with_sizes(&sizes, 0)),
+        None => ListTensors::Stacked(flat.reshape([0, 0])),
+    })
 }
 
 /// Any column as a Python list (nulls as None).
@@ -197,10 +240,25 @@ pub(super) fn batch_to_py<'py>(
     let ptrs = PyDict::new(py);
     for (field, column) in rows.schema().fields().iter().zip(rows.columns()) {
         let name = field.name();
-        match column_tensor(column) {
-            Some(tensor) => {
-                ptrs.set_item(name, tensor.data_ptr() as usize)?;
-                columns.set_item(name, wrap_tensor(py, interp, &tensor)?)?;
+        if let Some(tensor) = column_tensor(column) {
+            ptrs.set_item(name, tensor.data_ptr() as usize)?;
+            columns.set_item(name, wrap_tensor(py, interp, &tensor)?)?;
+            continue;
+        }
+        match list_tensors(column) {
+            // Lists of one length within the batch: `[B, D]`, as
+            // default_collate stacks them.
+            Some(ListTensors::Stacked(stacked)) => {
+                ptrs.set_item(name, stacked.data_ptr() as usize)?;
+                columns.set_item(name, wrap_tensor(py, interp, &stacked)?)?;
+            }
+            // Ragged: a list of 1-D tensors.
+            Some(ListTensors::Ragged(rows)) => {
+                let items = rows
+                    .iter()
+                    .map(|t| wrap_tensor(py, interp, t))
+                    .collect::<PyResult<Vec<_>>>()?;
+                columns.set_item(name, PyList::new(py, items)?)?;
             }
             None => columns.set_item(name, to_list(py, column)?)?,
         }
@@ -208,4 +266,15 @@ pub(super) fn batch_to_py<'py>(
     let ids_array = batch.ids();
     let ids: Vec<&str> = (0..ids_array.len()).map(|i| ids_array.value(i)).collect();
     Ok((columns, PyList::new(py, ids)?, ptrs))
+}
+
+/// The batch's columns, every one as a Python list (what a `load_fn`
+/// item is made of: one dict of a record's values per record).
+pub(super) fn batch_lists<'py>(py: Python<'py>, batch: &Batch) -> PyResult<Bound<'py, PyDict>> {
+    let rows = batch.rows();
+    let columns = PyDict::new(py);
+    for (field, column) in rows.schema().fields().iter().zip(rows.columns()) {
+        columns.set_item(field.name(), to_list(py, column)?)?;
+    }
+    Ok(columns)
 }

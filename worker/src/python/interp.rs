@@ -43,6 +43,9 @@ pub(crate) struct Interp {
     wrap: WrapFn,
     /// The interpreter, for messages.
     pub python: String,
+    /// Whether this process is a worker binary embedding Python (not a
+    /// Python process calling `stoke.torch_batch_process`).
+    pub in_worker: bool,
 }
 
 static INTERP: OnceLock<Result<Interp, String>> = OnceLock::new();
@@ -173,7 +176,11 @@ fn init() -> Result<Interp, String> {
             ));
         }
         let wrap = find_wrap()?;
-        Ok(Interp { wrap, python })
+        Ok(Interp {
+            wrap,
+            python,
+            in_worker: !embedded_in_python,
+        })
     })
 }
 

@@ -23,13 +23,15 @@ use bytes::Bytes;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use stoke_core::spec::DatasetFormat;
 use stoke_core::{StoreUri, Stores};
 
 use crate::batch::Batch;
 use crate::config::device_name;
 use crate::context::{ProcessorContext, ShardInfo, check_output_rows};
 use crate::error::ProcessorResult;
-use crate::processor::{Created, DynProcessor};
+use crate::error::WorkerError;
+use crate::processor::{Created, DynProcessor, Prepare};
 
 pub use interp::libtorch_cpu_copies;
 
@@ -193,6 +195,61 @@ struct PythonProcessor {
     runtime: Py<PyModule>,
     shared: Arc<Shared>,
     interp: &'static interp::Interp,
+    /// A `format = "python"` dataset: the feed that turns a batch of
+    /// indices into the DataLoader's batch.
+    feed: Option<Py<PyAny>>,
+    batch_size: u64,
+    /// The job's pool of load processes, when the class defines `load_fn`.
+    pool: Option<Arc<LoadPool>>,
+}
+
+/// A Python processor's `load_fn` pool (`stoke._loading.LoadPool`), as its
+/// prepare stage: each batch's records are submitted as soon as the
+/// reader cuts it, ahead of the model.
+struct LoadPool {
+    pool: Py<PyAny>,
+    runtime: Py<PyModule>,
+}
+
+impl LoadPool {
+    /// Submits a batch's records; the handle to wait on.
+    fn submit(&self, py: Python<'_>, batch: &Batch) -> PyResult<Py<PyAny>> {
+        let columns = convert::batch_lists(py, batch)?;
+        self.runtime
+            .bind(py)
+            .call_method1("load_submit", (self.pool.bind(py), columns, batch.len()))
+            .map(Bound::unbind)
+    }
+}
+
+impl Prepare for LoadPool {
+    fn prepare(&self, batch: Batch) -> Result<Batch, WorkerError> {
+        let submitted = Python::attach(|py| {
+            self.submit(py, &batch).map_err(|e| {
+                let runtime = self.runtime.bind(py);
+                describe(py, runtime, &e)
+            })
+        });
+        match submitted {
+            Ok(pending) => Ok(batch.with_prepared(Arc::new(pending))),
+            Err(message) => Err(WorkerError::Column {
+                batch_idx: batch.index(),
+                column: String::new(),
+                message: format!("submitting records to load_fn: {message}"),
+            }),
+        }
+    }
+}
+
+/// Puts `entries` first on `sys.path` (those not there yet).
+fn extend_sys_path(py: Python<'_>, entries: &[String]) -> PyResult<()> {
+    let sys_path = py.import("sys")?.getattr("path")?;
+    for entry in entries.iter().rev() {
+        if !sys_path.contains(entry)? {
+            sys_path.call_method1("insert", (0, entry))?;
+        }
+    }
+    Ok(())
 }
 
 /// The Python error as the job records it: the traceback.
@@ -210,6 +267,9 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
         return Err(PythonError::Setup("processor.python is not module:Class".into()).into());
     };
     let interp = interp::interp()?;
+    let dataset = ctx.spec().dataset.clone();
+    let batch_size = ctx.spec().batching.batch_size;
+    let loading = ctx.spec().loading.clone();
     let (stores, runtime) = ctx.stores_and_runtime();
     let shared = Arc::new(Shared {
         device: device_name(ctx.device()),
@@ -222,16 +282,7 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
     });
     let created = Python::attach(|py| -> Result<PythonProcessor, PythonError> {
         let setup = |e: PyErr| PythonError::Setup(e.to_string());
-        let sys_path = py
-            .import("sys")
-            .and_then(|s| s.getattr("path"))
-            .map_err(setup)?;
-        for entry in spec.python_path.iter().rev() {
-            let present: bool = sys_path.contains(entry).map_err(setup)?;
-            if !present {
-                sys_path.call_method1("insert", (0, entry)).map_err(setup)?;
-            }
-        }
+        extend_sys_path(py, &spec.python_path).map_err(setup)?;
         let runtime = py.import("stoke._runtime").map_err(|e| {
             PythonError::Setup(format!(
                 "the stoke Python package is not importable in {} ({e}); install it there (scripts/python-package.sh, or pip install the stoke wheel)",
@@ -248,6 +299,40 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
                 interp.python
             )));
         }
+        // Code shipped by value (cloudpickled by torch_batch_process),
+        // loaded once per job and process.
+        let shipped = match &spec.code {
+            Some(uri) => {
+                let data = fetch_code(&shared, uri)?;
+                let shipped = runtime
+                    .call_method1("load_shipped", (uri.as_str(), PyBytes::new(py, &data)))
+                    .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
+                Some(shipped)
+            }
+            None => None,
+        };
+        // The dataset first, as the user's script makes it before the
+        // processor: a dataset that cannot be made fails the attempt
+        // before the model loads.
+        let feed = match (&dataset.format, &dataset.factory) {
+            (DatasetFormat::Python, Some(factory)) => {
+                extend_sys_path(py, &dataset.python_path).map_err(setup)?;
+                let feed = runtime
+                    .call_method1(
+                        "open_dataset",
+                        (
+                            factory.as_str(),
+                            batch_size,
+                            dataset.count.unwrap_or(0),
+                            interp.in_worker,
+                            shipped.as_ref(),
+                        ),
+                    )
+                    .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
+                Some(feed.unbind())
+            }
+            _ => None,
+        };
         let native = Py::new(
             py,
             NativeContext {
@@ -256,18 +341,73 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
         )
         .map_err(setup)?;
         let instance = runtime
-            .call_method1("load", (module, class, native))
+            .call_method1("load", (module, class, native, shipped.as_ref()))
             .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
+        // Graphbook's `load_fn`: a pool of load processes for the job.
+        let pool = if feed.is_none() {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let pool = runtime
+                .call_method1("open_load_pool", (&instance, loading.workers_on(cores)))
+                .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
+            (!pool.is_none()).then(|| {
+                Arc::new(LoadPool {
+                    pool: pool.unbind(),
+                    runtime: runtime.clone().unbind(),
+                })
+            })
+        } else {
+            None
+        };
         Ok(PythonProcessor {
             instance: instance.unbind(),
             runtime: runtime.unbind(),
             shared,
             interp,
+            feed,
+            batch_size,
+            pool,
         })
     })?;
     let mut processor = created;
     processor.drain(ctx)?;
     Ok((Box::new(processor), None))
+}
+
+/// The bytes of the job's shipped code (`[processor] code`), read from
+/// the store with the GIL released.
+fn fetch_code(shared: &Shared, uri: &str) -> Result<Bytes, PythonError> {
+    let parsed = StoreUri::parse(uri)
+        .map_err(|e| PythonError::Setup(format!("processor.code {uri:?}: {e}")))?;
+    let stores = shared.stores.clone();
+    let runtime = shared.runtime.clone();
+    let fetched = Python::attach(|py| {
+        py.detach(|| runtime.block_on(async move { stores.get(&parsed).await }))
+    });
+    fetched.map_err(|e| PythonError::Setup(format!("reading the job's code {uri}: {e}")))
+}
+
+/// The dataset indices a batch of a `format = "python"` job holds (its
+/// `id` column, as the range reader writes it).
+fn dataset_indices(batch: &Batch) -> Result<Vec<i64>, PythonError> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    let column = batch
+        .rows()
+        .column_by_name("id")
+        .and_then(|c| c.as_primitive_opt::<Int64Type>())
+        .ok_or_else(|| {
+            PythonError::Setup("a dataset batch has no int64 `id` column of indices".to_string())
+        })?;
+    Ok((0..column.len()).map(|i| column.value(i)).collect())
+}
+
+/// The items of `values` where `keep` is true.
+fn keep_where<T>(values: Vec<T>, keep: &[bool]) -> Vec<T> {
+    values
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(v, k)| k.then_some(v))
+        .collect()
 }
 
 /// What one call into Python gave.
@@ -285,6 +425,58 @@ impl PythonProcessor {
             ctx.write_rows(r)?;
         }
         Ok(())
+    }
+
+    /// The batch's `load_fn` results (submitted by the prepare stage, or
+    /// now), with the records whose `load_fn` raised left out under the
+    /// job's error policy (`fail`: the attempt fails, naming the record
+    /// and the traceback).
+    fn loaded(
+        &self,
+        pool: &LoadPool,
+        batch: Batch,
+        batch_idx: u64,
+        ctx: &mut ProcessorContext,
+    ) -> ProcessorResult<(Batch, Option<Vec<Py<PyAny>>>)> {
+        let pending = batch
+            .prepared()
+            .and_then(|p| p.downcast_ref::<Py<PyAny>>())
+            .map(|p| Python::attach(|py| p.clone_ref(py)));
+        let results: Vec<(bool, Py<PyAny>)> = Python::attach(|py| {
+            let runtime = self.runtime.bind(py);
+            let raised = |e: PyErr| PythonError::Raised(describe(py, runtime, &e));
+            let pending = match pending {
+                Some(p) => p,
+                None => pool.submit(py, &batch).map_err(raised)?,
+            };
+            runtime
+                .call_method1("load_results", (pool.pool.bind(py), pending))
+                .and_then(|r| r.extract())
+                .map_err(raised)
+        })?;
+        if results.len() != batch.len() {
+            return Err(PythonError::Setup(format!(
+                "load_fn gave {} results for the {} records of batch {batch_idx}",
+                results.len(),
+                batch.len()
+            ))
+            .into());
+        }
+        let keep: Vec<bool> = results.iter().map(|(ok, _)| *ok).collect();
+        let mut samples = Vec::with_capacity(results.len());
+        for (i, (ok, value)) in results.into_iter().enumerate() {
+            if ok {
+                samples.push(value);
+                continue;
+            }
+            let error: String = Python::attach(|py| value.bind(py).extract()).unwrap_or_default();
+            let id = batch.ids().value(i).to_string();
+            ctx.skip_record(&id, format!("load_fn raised: {error}"))?;
+        }
+        if keep.iter().all(|k| *k) {
+            return Ok((batch, Some(samples)));
+        }
+        Ok((batch.retain(&keep)?, Some(samples)))
     }
 
     fn discard(&self) {
@@ -307,15 +499,41 @@ impl PythonProcessor {
         })
     }
 
-    fn call_batch(&self, batch: &Batch, batch_idx: u64) -> Result<Called, PythonError> {
+    fn call_batch(
+        &self,
+        batch: &Batch,
+        batch_idx: u64,
+        samples: Option<&[Py<PyAny>]>,
+    ) -> Result<Called, PythonError> {
         Python::attach(|py| {
             let runtime = self.runtime.bind(py);
             let raised = |e: PyErr| PythonError::Raised(describe(py, runtime, &e));
-            let (columns, ids, ptrs) =
-                convert::batch_to_py(py, self.interp, batch).map_err(raised)?;
-            let py_batch = runtime
-                .call_method1("make_batch", (columns, ids, ptrs))
-                .map_err(raised)?;
+            let (py_batch, batch_idx) = match &self.feed {
+                Some(feed) => {
+                    let indices = dataset_indices(batch)?;
+                    // The batch's index in the job: shards hold whole
+                    // batches, so it is its first index / batch_size.
+                    let job_idx = indices.first().map_or(batch_idx, |first| {
+                        first.unsigned_abs() / self.batch_size.max(1)
+                    });
+                    let py_batch = runtime
+                        .call_method1("dataset_batch", (feed.bind(py), indices))
+                        .map_err(raised)?;
+                    (py_batch, job_idx)
+                }
+                None => {
+                    let (columns, ids, ptrs) =
+                        convert::batch_to_py(py, self.interp, batch).map_err(raised)?;
+                    let samples = samples
+                        .map(|s| pyo3::types::PyList::new(py, s.iter().map(|o| o.bind(py))))
+                        .transpose()
+                        .map_err(raised)?;
+                    let py_batch = runtime
+                        .call_method1("make_batch", (columns, ids, ptrs, samples))
+                        .map_err(raised)?;
+                    (py_batch, batch_idx)
+                }
+            };
             match self
                 .instance
                 .bind(py)
@@ -339,6 +557,12 @@ impl PythonProcessor {
 }
 
 impl DynProcessor for PythonProcessor {
+    fn prepare_stage(&self) -> Option<Arc<dyn Prepare>> {
+        self.pool
+            .as_ref()
+            .map(|p| Arc::clone(p) as Arc<dyn Prepare>)
+    }
+
     fn process_batch(
         &mut self,
         batch: Batch,
@@ -346,9 +570,15 @@ impl DynProcessor for PythonProcessor {
         ctx: &mut ProcessorContext,
     ) -> ProcessorResult<()> {
         self.set_shard(ctx.shard());
-        let mut batch = batch;
+        let (mut batch, mut samples) = match &self.pool {
+            Some(pool) => self.loaded(pool, batch, batch_idx, ctx)?,
+            None => (batch, None),
+        };
+        if batch.is_empty() {
+            return Ok(());
+        }
         loop {
-            match self.call_batch(&batch, batch_idx) {
+            match self.call_batch(&batch, batch_idx, samples.as_deref()) {
                 Ok(Called::Done) => return self.drain(ctx),
                 Ok(Called::BadRecord(id, reason)) => {
                     // Rows of the failed call are dropped; the batch runs
@@ -365,6 +595,7 @@ impl DynProcessor for PythonProcessor {
                     }
                     ctx.skip_record(&id, reason)?;
                     batch = batch.retain(&keep)?;
+                    samples = samples.map(|s| keep_where(s, &keep));
                     if batch.is_empty() {
                         return Ok(());
                     }
@@ -379,6 +610,14 @@ impl DynProcessor for PythonProcessor {
 
     fn on_checkpoint_start(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()> {
         self.set_shard(ctx.shard());
+        // TensorBoard files that changed go with this checkpoint.
+        Python::attach(|py| {
+            let runtime = self.runtime.bind(py);
+            runtime
+                .call_method1("before_checkpoint", (self.instance.bind(py),))
+                .map(|_| ())
+                .map_err(|e| PythonError::Raised(describe(py, runtime, &e)))
+        })?;
         match self.call_method("on_checkpoint_start") {
             Ok(()) => self.drain(ctx),
             Err(e) => {
@@ -402,6 +641,13 @@ impl Drop for PythonProcessor {
         // Release the instance (and the model it holds) with the GIL.
         Python::attach(|py| {
             let _ = std::mem::replace(&mut self.instance, py.None());
+            // Stop the DataLoader's and load_fn's processes now, not at exit.
+            if let Some(feed) = self.feed.take() {
+                let _ = feed.bind(py).call_method0("close");
+            }
+            if let Some(pool) = self.pool.take() {
+                let _ = pool.pool.bind(py).call_method0("close");
+            }
         });
     }
 }

@@ -1,0 +1,200 @@
+"""Image workload (issue 32): PNG files, 96x96, decoded and transformed
+per record (PIL decode -> resize to 160x160 -> to_tensor -> Normalize),
+then a small CNN; predictions
+written out. One contender per call, timed from start to end inside the
+process (imports excluded), printing
+``result contender=NAME records=N seconds=S``.
+
+    python bench/images.py data DIR COUNT
+    python bench/images.py loop DIR OUT            # (a) DataLoader(num_workers=2) -> model -> torch.save
+    python bench/images.py stoke-dataset DIR ROOT  # (b) torch_batch_process(..., dataset, num_workers=2), in process
+    python bench/images.py stoke-load-fn DIR ROOT WORKERS  # (c) `stoke run --local 1`, load_fn on WORKERS load processes
+    python bench/images.py ray DIR OUT             # (d) Ray Data read_images + map_batches (bench venv)
+
+Every contender runs the model with one intra-op thread and loads with
+two processes, so all use the machine's two cores alike. With
+``STOKE_BENCH_DEVICE=cuda:0`` (a), (b) and (c) put the model on the GPU and
+(a), (b) pin memory.
+"""
+
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+BATCH = 64
+DEVICE = os.environ.get("STOKE_BENCH_DEVICE", "cpu")
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def get_model():
+    """A small CNN: the model is not the bottleneck here (about 3,000
+    images/s on one core), loading is."""
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 5, stride=4, padding=2), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(), torch.nn.Linear(16, 10),
+    )
+
+
+SIZE = 160
+# STOKE_BENCH_HEAVY=1: a CPU-heavy load (see transform_bytes).
+HEAVY = os.environ.get("STOKE_BENCH_HEAVY") == "1"
+
+
+def transform_bytes(data):
+    """Decode and transform one image (what every contender does per
+    record): PNG decode, resize to 160x160 (bilinear, antialiased),
+    to_tensor, normalize."""
+    import torchvision.transforms.functional as F
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data)).convert("RGB").resize((SIZE, SIZE), Image.BILINEAR)
+    tensor = F.normalize(F.to_tensor(image), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    if HEAVY:
+        # A CPU-heavy per-record step on top (augmentation-like): the
+        # load_fn's own cost dominates the per-record overhead around it.
+        tensor = F.gaussian_blur(tensor, kernel_size=[9, 9])
+    return tensor
+
+
+class PngFolder:
+    """A map-style Dataset over a folder of PNG files: (image, index)."""
+
+    def __init__(self, folder):
+        self.paths = sorted(str(p) for p in pathlib.Path(folder).glob("*.png"))
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with open(self.paths[i], "rb") as f:
+            return transform_bytes(f.read()), i
+
+
+def make_data(folder, count):
+    sys.path.insert(0, str(HERE.parent / "examples" / "graphbook"))
+    from make_images import write
+
+    write(folder, int(count), 96)
+
+
+def loop(folder, out):
+    import torch
+
+    torch.set_num_threads(1)
+    os.makedirs(out, exist_ok=True)
+    started = time.perf_counter()
+    model = get_model().eval().to(DEVICE)
+    loader = torch.utils.data.DataLoader(PngFolder(folder), batch_size=BATCH, num_workers=2,
+                                         pin_memory=DEVICE != "cpu")
+    records, buffered, part = 0, [], 0
+    with torch.no_grad():
+        for images, indices in loader:
+            pred = model(images.to(DEVICE, non_blocking=True)).argmax(1).cpu()
+            buffered.append({"indices": indices, "predictions": pred})
+            records += len(indices)
+            if len(buffered) == 10:
+                torch.save(buffered, os.path.join(out, f"part-{part:05d}.pt"))
+                buffered, part = [], part + 1
+    if buffered:
+        torch.save(buffered, os.path.join(out, f"part-{part:05d}.pt"))
+    return records, time.perf_counter() - started
+
+
+def stoke_dataset(folder, root):
+    import torch
+
+    import stoke
+
+    class Predict(stoke.TorchBatchProcessor):
+        def __init__(self, context):
+            self.context = context
+            self.model = context.prepare_model_for_inference(get_model())
+
+        def process_batch(self, batch, batch_idx):
+            with torch.no_grad():
+                pred = self.model(self.context.to_device(batch[0])).argmax(1)
+            self.context.write_rows({"id": batch.ids, "prediction": pred})
+
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    report = stoke.torch_batch_process(
+        Predict, PngFolder(folder), batch_size=BATCH, checkpoint_interval=10,
+        dataloader_kwargs={"num_workers": 2, "pin_memory": DEVICE != "cpu"},
+        root=root, device=DEVICE, threads=1)
+    return report["records"], time.perf_counter() - started
+
+
+def stoke_load_fn(folder, root, workers):
+    spec = {
+        "dataset": {"format": "files", "uri": os.path.abspath(folder)},
+        "processor": {"python": "images_processor:Predict", "python_path": [str(HERE)], "threads": 1},
+        "loading": {"workers": int(workers)},
+        "batching": {"batch_size": BATCH},
+        "checkpoint": {"interval": 10},
+    }
+    path = pathlib.Path(root).with_suffix(".json")
+    path.write_text(json.dumps(spec))
+    started = time.perf_counter()
+    out = subprocess.run(["stoke", "run", "--local", "1", str(path), "--root", root, "--device", DEVICE,
+                          "--threads", "1"], capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if out.returncode != 0:
+        raise SystemExit(out.stderr)
+    manifest = next(pathlib.Path(root).glob("jobs/*/manifest.json"))
+    return json.loads(manifest.read_text())["records_in"], seconds
+
+
+def ray_data(folder, out):
+    import numpy as np
+    import ray
+    import torch
+
+    class Predict:
+        def __init__(self):
+            torch.set_num_threads(1)
+            self.model = get_model().eval()
+
+        def __call__(self, batch):
+            images = torch.from_numpy(np.ascontiguousarray(batch["image"], dtype=np.float32)) / 255.0
+            images = (images.permute(0, 3, 1, 2) - 0.5) / 0.5
+            with torch.no_grad():
+                pred = self.model(images).argmax(1).numpy()
+            return {"path": batch["path"], "prediction": pred}
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    started = time.perf_counter()
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    # read_images decodes and resizes (PIL, bilinear) in its read tasks.
+    ds = ray.data.read_images(os.path.abspath(folder), mode="RGB", include_paths=True, size=(SIZE, SIZE))
+    ds = ds.map_batches(Predict, compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1, batch_size=BATCH,
+                        batch_format="numpy")
+    ds.write_parquet(os.path.abspath(out))
+    seconds = time.perf_counter() - started
+    import pyarrow.parquet as pq
+
+    records = sum(pq.ParquetFile(p).metadata.num_rows for p in pathlib.Path(out).glob("*.parquet"))
+    ray.shutdown()
+    return records, seconds
+
+
+def main():
+    what, args = sys.argv[1], sys.argv[2:]
+    if what == "data":
+        make_data(*args)
+        return
+    run = {"loop": loop, "stoke-dataset": stoke_dataset, "stoke-load-fn": stoke_load_fn, "ray": ray_data}[what]
+    records, seconds = run(*args)
+    name = what if what != "stoke-load-fn" else f"stoke-load-fn-{args[2]}"
+    print(f"result contender={name} records={records} seconds={seconds:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Issue 32's image benchmark: 20,000 PNG images (96x96), decoded and
+# transformed per record, then a small CNN, by four contenders side by
+# side in one run (see bench/images.py):
+#   (a) loop            DataLoader(batch_size=64, num_workers=2) -> model -> torch.save
+#   (b) stoke-dataset   torch_batch_process(..., dataset, dataloader_kwargs={"num_workers": 2}), in process
+#   (c) stoke-load-fn-2 stoke over the PNG files, load_fn on 2 load processes, `run --local 1`
+#       stoke-load-fn-1 the same with 1 load process (load_fn's records/s, 1 against 2)
+#   (d) ray             Ray Data read_images + map_batches
+#
+#   bench/images.sh [COUNT] [ROUNDS]     # defaults: 20000 images, 1 round
+#
+# Ray Data goes in its own venv (~/.cache/stoke/bench-ray-venv), which
+# sees the stoke venv's torch, torchvision and pillow through a .pth file
+# instead of installing torch again; the stoke venv stays free of Ray.
+# Prints one line per run and a table of records/s and ratios; nothing
+# asserts a wall-clock limit. STOKE_BENCH_DEVICE=cuda:0 puts the model of
+# (a)-(c) on a GPU.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
+cd "$STOKE_REPO"
+
+COUNT="${1:-20000}"
+ROUNDS="${2:-1}"
+DIR="$STOKE_CACHE/bench/images"
+DATA="$DIR/data-$COUNT"
+RESULTS="$DIR/results-$(date +%Y%m%d-%H%M%S).txt"
+RAY_VENV="$STOKE_CACHE/bench-ray-venv"
+RAY_REQS="ray[data]==2.60.0"
+mkdir -p "$DIR"
+
+if [ ! -f "$DATA/.done" ]; then
+  rm -rf "$DATA"
+  python bench/images.py data "$DATA" "$COUNT"
+  touch "$DATA/.done"
+fi
+
+ray_python=""
+if [ "${BENCH_RAY:-1}" != 0 ]; then
+  if [ ! -f "$RAY_VENV/.installed" ] || [ "$(cat "$RAY_VENV/.installed")" != "$RAY_REQS" ]; then
+    [ -x "$RAY_VENV/bin/pip" ] || python3 -m venv "$RAY_VENV"
+    "$RAY_VENV/bin/pip" install --disable-pip-version-check -q "$RAY_REQS" && echo "$RAY_REQS" >"$RAY_VENV/.installed"
+    site="$("$RAY_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' >"$site/stoke-venv.pth"
+  fi
+  ray_python="$RAY_VENV/bin/python"
+fi
+
+run() {
+  local name="$1"; shift
+  local work="$DIR/work/$name"
+  rm -rf "$work"; mkdir -p "$work"
+  local started ended
+  started=$(date +%s.%N)
+  if "$@" >"$work.log" 2>&1; then
+    ended=$(date +%s.%N)
+    echo "$(grep '^result ' "$work.log" | tail -1) wall=$(echo "$ended - $started" | bc)" | tee -a "$RESULTS"
+  else
+    echo "result contender=$name failed (see $work.log)" | tee -a "$RESULTS"
+  fi
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  echo "round $round of $ROUNDS" >&2
+  run loop python bench/images.py loop "$DATA" "$DIR/work/loop/out"
+  run stoke-dataset python bench/images.py stoke-dataset "$DATA" "$DIR/work/stoke-dataset/root"
+  run stoke-load-fn-2 python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-2/root" 2
+  run stoke-load-fn-1 python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-1/root" 1
+  if [ -n "$ray_python" ]; then
+    run ray "$ray_python" bench/images.py ray "$DATA" "$DIR/work/ray/out"
+  fi
+done
+
+python - "$RESULTS" <<'PY'
+import re, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"result contender=(\S+) records=(\d+) seconds=([\d.]+)", line)
+    if m:
+        runs.setdefault(m[1], []).append(int(m[2]) / float(m[3]))
+rate = {k: statistics.median(v) for k, v in runs.items()}
+a = rate.get("loop")
+print(f"\n{'contender':<18}{'records/s':>12}{'vs (a)':>9}{'vs (d)':>9}")
+for name in ["loop", "stoke-dataset", "stoke-load-fn-2", "stoke-load-fn-1", "ray"]:
+    if name in rate:
+        r = rate[name]
+        d = rate.get("ray")
+        print(f"{name:<18}{r:>12.0f}{(r / a if a else float('nan')):>9.2f}{(r / d if d else float('nan')):>9.2f}")
+print(f"\nresults: {sys.argv[1]}")
+PY

@@ -1,0 +1,27 @@
+"""Contender (c) of bench/images.py: Graphbook's load_fn (decode and
+transform one PNG) on stoke's load processes, then the CNN."""
+
+import sys
+import pathlib
+
+import torch
+
+from stoke import TorchBatchProcessor
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import images  # noqa: E402
+
+
+class Predict(TorchBatchProcessor):
+    def __init__(self, context):
+        self.context = context
+        self.model = context.prepare_model_for_inference(images.get_model())
+
+    @staticmethod
+    def load_fn(item):
+        return images.transform_bytes(item["bytes"])
+
+    def process_batch(self, batch, batch_idx):
+        with torch.no_grad():
+            pred = self.model(self.context.to_device(torch.stack(batch.samples))).argmax(1)
+        self.context.write_rows({"id": batch.ids, "prediction": pred})
