@@ -14,8 +14,8 @@ use crate::source::Source;
 pub async fn print(source: &Source, job_id: &str, json: bool) -> anyhow::Result<i32> {
     let job = source.job(job_id).await?;
     let outputs = source.outputs(job_id).await?;
-    let records: u64 = outputs.iter().map(|o| o.records).sum();
-    let bytes: u64 = outputs.iter().map(|o| o.bytes).sum();
+    let records: u64 = outputs.iter().map(|o| o.object.records).sum();
+    let bytes: u64 = outputs.iter().map(|o| o.object.bytes).sum();
     let complete = job.state == JobState::Succeeded;
     if json {
         let objects: Vec<_> = outputs.iter().map(object_json).collect();
@@ -63,11 +63,11 @@ pub async fn print(source: &Source, job_id: &str, json: bool) -> anyhow::Result<
 fn object_json(o: &ManifestEntry) -> serde_json::Value {
     serde_json::json!({
         "shard_id": o.shard_id,
-        "uri": o.uri,
-        "path": o.uri.starts_with("file://").then(|| local_path(&o.uri)),
-        "records": o.records,
-        "bytes": o.bytes,
-        "sha256": o.sha256,
+        "uri": o.object.uri,
+        "path": o.object.uri.starts_with("file://").then(|| local_path(&o.object.uri)),
+        "records": o.object.records,
+        "bytes": o.object.bytes,
+        "sha256": o.object.sha256,
     })
 }
 
@@ -78,9 +78,9 @@ fn table(outputs: &[ManifestEntry]) -> String {
         .map(|o| {
             [
                 o.shard_id.clone(),
-                o.records.to_string(),
-                o.bytes.to_string(),
-                local_path(&o.uri),
+                o.object.records.to_string(),
+                o.object.bytes.to_string(),
+                local_path(&o.object.uri),
             ]
         })
         .collect();
@@ -94,24 +94,29 @@ fn table(outputs: &[ManifestEntry]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stoke_core::records::OutputObject;
 
     #[test]
     fn the_table_aligns_whatever_the_lengths() {
         let outputs = vec![
-            ManifestEntry {
-                shard_id: "s00000".into(),
-                uri: "file:///r/jobs/j/outputs/s00000/a1/part-00000000.parquet".into(),
-                records: 400,
-                bytes: 12_345,
-                sha256: "ab".into(),
-            },
-            ManifestEntry {
-                shard_id: "s00001".into(),
-                uri: "s3://b/o/s00001/a2/part-00000000.parquet".into(),
-                records: 7,
-                bytes: 999,
-                sha256: "cd".into(),
-            },
+            ManifestEntry::new(
+                "s00000",
+                &OutputObject {
+                    uri: "file:///r/jobs/j/outputs/s00000/a1/part-00000000.parquet".into(),
+                    records: 400,
+                    bytes: 12_345,
+                    sha256: "ab".into(),
+                },
+            ),
+            ManifestEntry::new(
+                "s00001",
+                &OutputObject {
+                    uri: "s3://b/o/s00001/a2/part-00000000.parquet".into(),
+                    records: 7,
+                    bytes: 999,
+                    sha256: "cd".into(),
+                },
+            ),
         ];
         let text = table(&outputs);
         let lines: Vec<&str> = text.lines().collect();

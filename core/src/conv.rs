@@ -259,10 +259,10 @@ impl From<ManifestEntry> for pb::CommittedOutput {
     fn from(o: ManifestEntry) -> Self {
         Self {
             shard_id: o.shard_id,
-            uri: o.uri,
-            records: o.records,
-            bytes: o.bytes,
-            sha256: o.sha256,
+            uri: o.object.uri,
+            records: o.object.records,
+            bytes: o.object.bytes,
+            sha256: o.object.sha256,
         }
     }
 }
@@ -271,10 +271,12 @@ impl From<pb::CommittedOutput> for ManifestEntry {
     fn from(o: pb::CommittedOutput) -> Self {
         Self {
             shard_id: o.shard_id,
-            uri: o.uri,
-            records: o.records,
-            bytes: o.bytes,
-            sha256: o.sha256,
+            object: OutputObject {
+                uri: o.uri,
+                records: o.records,
+                bytes: o.bytes,
+                sha256: o.sha256,
+            },
         }
     }
 }

@@ -180,14 +180,23 @@ pub struct LockRecord {
     pub released: bool,
 }
 
-/// One committed output in the manifest.
+/// One committed output in the manifest: the object, and the shard that
+/// committed it. The JSON is flat (`shard_id`, `uri`, `records`, `bytes`,
+/// `sha256`), as tools read it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManifestEntry {
     pub shard_id: String,
-    pub uri: String,
-    pub records: u64,
-    pub bytes: u64,
-    pub sha256: String,
+    #[serde(flatten)]
+    pub object: OutputObject,
+}
+
+impl ManifestEntry {
+    pub fn new(shard_id: &str, object: &OutputObject) -> Self {
+        Self {
+            shard_id: shard_id.to_string(),
+            object: object.clone(),
+        }
+    }
 }
 
 /// `jobs/<job>/manifest.json`, written when every shard is committed.

@@ -270,7 +270,7 @@ fn run_embedded(
         let outputs: Vec<serde_json::Value> = m
             .outputs
             .iter()
-            .map(|o| serde_json::json!({"uri": o.uri, "records": o.records}))
+            .map(|o| serde_json::json!({"uri": o.object.uri, "records": o.object.records}))
             .collect();
         Ok(serde_json::json!({
             "job": serde_json::from_str::<serde_json::Value>(&job_json(&report.job)).unwrap_or_default(),

@@ -60,7 +60,7 @@ async fn outputs(stores: &Stores, manifest: &Manifest) -> BTreeMap<String, i64> 
     use stoke::arrow_array::types::Int64Type;
     let mut rows = BTreeMap::new();
     for entry in &manifest.outputs {
-        let uri = StoreUri::parse(&entry.uri).expect("output uri");
+        let uri = StoreUri::parse(&entry.object.uri).expect("output uri");
         let bytes = stores.get(&uri).await.expect("read output");
         let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
             .expect("parquet")

@@ -132,15 +132,20 @@ pub fn fixture_model_spec(format: &str, data: String, model: String, extra: &str
 pub fn committed_rows(manifest: &Manifest) -> HashMap<String, Vec<Prediction>> {
     let mut rows: HashMap<String, Vec<Prediction>> = HashMap::new();
     for entry in &manifest.outputs {
-        let bytes = read_object(&entry.uri);
-        assert_eq!(bytes.len() as u64, entry.bytes, "size of {}", entry.uri);
+        let bytes = read_object(&entry.object.uri);
+        assert_eq!(
+            bytes.len() as u64,
+            entry.object.bytes,
+            "size of {}",
+            entry.object.uri
+        );
         assert_eq!(
             stoke_core::sha256_hex(&bytes),
-            entry.sha256,
+            entry.object.sha256,
             "checksum of {}",
-            entry.uri
+            entry.object.uri
         );
-        if entry.records == 0 {
+        if entry.object.records == 0 {
             continue;
         }
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes))
@@ -170,7 +175,7 @@ pub fn committed_rows(manifest: &Manifest) -> HashMap<String, Vec<Prediction>> {
                     .push(Prediction { argmax, scores });
             }
         }
-        assert_eq!(n, entry.records, "row count of {}", entry.uri);
+        assert_eq!(n, entry.object.records, "row count of {}", entry.object.uri);
     }
     rows
 }
@@ -233,8 +238,8 @@ pub fn dataset_mismatch(folder: &Path, manifest: &Manifest) -> Option<String> {
 /// which hold no rows, are left out).
 pub fn output_batches(manifest: &Manifest) -> Vec<arrow_array::RecordBatch> {
     let mut out = Vec::new();
-    for entry in manifest.outputs.iter().filter(|o| o.records > 0) {
-        let bytes = read_object(&entry.uri);
+    for entry in manifest.outputs.iter().filter(|o| o.object.records > 0) {
+        let bytes = read_object(&entry.object.uri);
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes))
             .expect("parquet")
             .build()

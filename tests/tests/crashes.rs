@@ -67,7 +67,7 @@ fn skipped(root: &Path, job: &str) -> Vec<(String, String)> {
     let m = manifest(root, job);
     let mut out = Vec::new();
     for e in &m.errors {
-        let bytes = read_object(&e.uri);
+        let bytes = read_object(&e.object.uri);
         for line in String::from_utf8_lossy(&bytes).lines() {
             let v: serde_json::Value = serde_json::from_str(line).expect("error line");
             out.push((

@@ -61,7 +61,7 @@ fn two_workers_process_parquet_exactly_once_and_match_the_model(env) {
     // Only committed objects remain under the outputs folder.
     let mut on_disk = env.list(&format!("{}/jobs/{job_id}/outputs/", env.root()));
     on_disk.sort();
-    let mut listed: Vec<_> = committed.outputs.iter().map(|o| o.uri.clone()).collect();
+    let mut listed: Vec<_> = committed.outputs.iter().map(|o| o.object.uri.clone()).collect();
     listed.sort();
     assert_eq!(on_disk, listed);
 
@@ -163,13 +163,13 @@ fn custom_processor_in_a_users_own_worker_binary(env) {
 
     // Each checkpoint uploaded the processor's summary file, and the
     // summaries add up to every record once.
-    let summaries: Vec<_> = manifest.outputs.iter().filter(|o| o.records == 0).collect();
+    let summaries: Vec<_> = manifest.outputs.iter().filter(|o| o.object.records == 0).collect();
     assert!(!summaries.is_empty(), "no upload_path files were uploaded");
     let mut summed = 0u64;
     for s in &summaries {
-        assert!(s.uri.contains("/_files/"), "{}", s.uri);
+        assert!(s.object.uri.contains("/_files/"), "{}", s.object.uri);
         let v: serde_json::Value =
-            serde_json::from_slice(&read_object(&s.uri)).expect("summary json");
+            serde_json::from_slice(&read_object(&s.object.uri)).expect("summary json");
         summed += v["records"].as_u64().expect("records");
     }
     assert_eq!(summed, 3000);

@@ -31,7 +31,11 @@ fn assert_only_committed_objects(
         .map(|p| file_uri(p))
         .collect();
     on_disk.sort();
-    let mut listed: Vec<String> = manifest.outputs.iter().map(|o| o.uri.clone()).collect();
+    let mut listed: Vec<String> = manifest
+        .outputs
+        .iter()
+        .map(|o| o.object.uri.clone())
+        .collect();
     listed.sort();
     assert_eq!(on_disk, listed, "objects left that no commit counts");
 }

@@ -416,7 +416,7 @@ fn one_bad_json_line_is_a_bad_record_named_by_file_and_line() {
     let errors: String = m
         .errors
         .iter()
-        .map(|e| String::from_utf8(read_object(&e.uri)).expect("utf-8"))
+        .map(|e| String::from_utf8(read_object(&e.object.uri)).expect("utf-8"))
         .collect();
     assert!(errors.contains("\"id\":\"s00000:100\""), "{errors}");
     assert!(errors.contains("part-003.jsonl:101: "), "{errors}");
@@ -520,7 +520,7 @@ fn outputs_lists_committed_objects_and_the_folder_reads_in_pyarrow_and_duckdb() 
         .iter()
         .map(|o| o["uri"].as_str().expect("uri"))
         .collect();
-    let mut in_manifest: Vec<&str> = m.outputs.iter().map(|o| o.uri.as_str()).collect();
+    let mut in_manifest: Vec<&str> = m.outputs.iter().map(|o| o.object.uri.as_str()).collect();
     let mut sorted = uris.clone();
     sorted.sort();
     in_manifest.sort();

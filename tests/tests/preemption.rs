@@ -296,8 +296,8 @@ fn bad_records_are_skipped_and_listed_under_the_skip_policy() {
     // Each skipped record is listed once, with its reason.
     let mut listed = Vec::new();
     for e in &m.errors {
-        let text = std::fs::read_to_string(uri_path(&e.uri)).expect("errors object");
-        assert_eq!(sha256_of(text.as_bytes()), e.sha256);
+        let text = std::fs::read_to_string(uri_path(&e.object.uri)).expect("errors object");
+        assert_eq!(sha256_of(text.as_bytes()), e.object.sha256);
         for line in text.lines() {
             let v: serde_json::Value = serde_json::from_str(line).expect("error line");
             listed.push((

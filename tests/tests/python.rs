@@ -474,8 +474,8 @@ fn the_determined_seed_processor_runs_with_only_its_import_changed() {
     let files: Vec<String> = m
         .outputs
         .iter()
-        .filter(|o| o.uri.contains("prediction_output_"))
-        .map(|o| uri_path(&o.uri).display().to_string())
+        .filter(|o| o.object.uri.contains("prediction_output_"))
+        .map(|o| uri_path(&o.object.uri).display().to_string())
         .collect();
     assert!(!files.is_empty(), "no uploaded files in {:?}", m.outputs);
     // Read them back as a user would: torch.load, then count each id.
@@ -647,11 +647,16 @@ fn upload_path_files_are_committed_where_parquet_readers_of_the_outputs_do_not_l
     let _w = coordinator.worker("stoke-worker", "w1", tmp.path());
     coordinator.wait_success(&job);
     let m = manifest(&root, &job);
-    let files: Vec<_> = m.outputs.iter().filter(|o| o.records == 0).collect();
+    let files: Vec<_> = m.outputs.iter().filter(|o| o.object.records == 0).collect();
     assert!(!files.is_empty(), "no upload_path file was committed");
     for f in &files {
-        assert!(f.uri.contains("/_files/"), "{}", f.uri);
-        assert_eq!(read_object(&f.uri), b"a checkpoint's note\n", "{}", f.uri);
+        assert!(f.object.uri.contains("/_files/"), "{}", f.object.uri);
+        assert_eq!(
+            read_object(&f.object.uri),
+            b"a checkpoint's note\n",
+            "{}",
+            f.object.uri
+        );
     }
     // `pyarrow.dataset.dataset(outputs)` (as `pq.read_table("outputs/")`)
     // and DuckDB read the rows, and only the rows, each once.

@@ -396,7 +396,11 @@ fn failed_and_retried_copies_into_the_output_folder_leave_it_exact() {
     assert_matches_reference(&committed_rows(&manifest));
     let mut in_folder = env.list(&format!("{}/jobs/{job_id}/outputs/", env.root()));
     in_folder.sort();
-    let mut listed: Vec<String> = manifest.outputs.iter().map(|o| o.uri.clone()).collect();
+    let mut listed: Vec<String> = manifest
+        .outputs
+        .iter()
+        .map(|o| o.object.uri.clone())
+        .collect();
     listed.sort();
     assert_eq!(
         in_folder, listed,

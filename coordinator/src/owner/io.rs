@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use stoke_core::records::{JobState, Manifest, ManifestEntry, OutputObject, StatusRecord, now_ms};
+use stoke_core::records::{JobState, Manifest, ManifestEntry, StatusRecord, now_ms};
 use stoke_core::spec::JobSpec;
 use stoke_core::store::Listed;
 use stoke_core::{StoreError, StoreUri, Stores};
@@ -158,16 +158,6 @@ pub async fn write_snapshot(
     (Ok(()), deleted)
 }
 
-fn entry(shard_id: &str, o: &OutputObject) -> ManifestEntry {
-    ManifestEntry {
-        shard_id: shard_id.to_string(),
-        uri: o.uri.clone(),
-        records: o.records,
-        bytes: o.bytes,
-        sha256: o.sha256.clone(),
-    }
-}
-
 /// The objects of `listed` (under `folder`) that sit in a shard's
 /// subfolder (`<folder>/<shard id>/...`, for a shard of the job) and that
 /// no commit names: what attempts left that were never committed.
@@ -223,18 +213,18 @@ fn plan_finish(
     ));
     let outputs: Vec<ManifestEntry> = progress
         .iter()
-        .flat_map(|p| p.outputs.iter().map(|o| entry(&p.shard_id, o)))
+        .flat_map(|p| p.outputs.iter().map(|o| ManifestEntry::new(&p.shard_id, o)))
         .collect();
     let manifest = Manifest {
         job_id: finish.job_id.clone(),
         records_in: progress.iter().map(|p| p.records).sum(),
-        records_out: outputs.iter().map(|o| o.records).sum(),
+        records_out: outputs.iter().map(|o| o.object.records).sum(),
         shards: progress.len() as u64,
         outputs,
         records_skipped: progress.iter().map(|p| p.skipped).sum(),
         errors: progress
             .iter()
-            .flat_map(|p| p.errors.iter().map(|o| entry(&p.shard_id, o)))
+            .flat_map(|p| p.errors.iter().map(|o| ManifestEntry::new(&p.shard_id, o)))
             .collect(),
         created_ms: now_ms(),
     };

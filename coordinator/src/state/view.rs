@@ -333,13 +333,11 @@ impl State {
                 .iter()
                 .zip(&job.plan.shards)
                 .flat_map(|(shard, planned)| {
-                    shard.progress.outputs.iter().map(|o| ManifestEntry {
-                        shard_id: planned.id.clone(),
-                        uri: o.uri.clone(),
-                        records: o.records,
-                        bytes: o.bytes,
-                        sha256: o.sha256.clone(),
-                    })
+                    shard
+                        .progress
+                        .outputs
+                        .iter()
+                        .map(|o| ManifestEntry::new(&planned.id, o))
                 })
                 .collect(),
         ))

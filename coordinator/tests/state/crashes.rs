@@ -229,7 +229,7 @@ async fn a_poison_record_is_bisected_down_and_skipped_and_the_rest_is_committed_
         .await
         .expect("read manifest")
         .expect("manifest");
-    let records: u64 = manifest.outputs.iter().map(|o| o.records).sum();
+    let records: u64 = manifest.outputs.iter().map(|o| o.object.records).sum();
     assert_eq!(records, 15);
 }
 

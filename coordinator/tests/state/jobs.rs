@@ -69,13 +69,7 @@ async fn completed_job_has_a_manifest_of_committed_outputs_only() {
         .expect("manifest exists");
     let expected: Vec<ManifestEntry> = committed_objects
         .iter()
-        .map(|(shard_id, o)| ManifestEntry {
-            shard_id: shard_id.clone(),
-            uri: o.uri.clone(),
-            records: o.records,
-            bytes: o.bytes,
-            sha256: o.sha256.clone(),
-        })
+        .map(|(shard_id, o)| ManifestEntry::new(shard_id, o))
         .collect();
     assert_eq!(manifest.job_id, "j");
     assert_eq!(manifest.shards, 3);
@@ -546,7 +540,7 @@ async fn an_uncounted_job_knows_its_total_once_done_and_lists_its_outputs() {
         state.commit(commit).await.expect("commit");
         let outputs: Vec<(String, String)> = listed(state.job_outputs("j").expect("outputs"))
             .into_iter()
-            .map(|o| (o.shard_id, o.uri))
+            .map(|o| (o.shard_id, o.object.uri))
             .collect();
         assert_eq!(outputs, committed);
         let job = state.get_job("j").expect("job");

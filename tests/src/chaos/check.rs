@@ -109,8 +109,11 @@ pub fn compare(
 /// Files under the job's outputs folder that the manifest does not list
 /// (what uncommitted attempts wrote must be gone when the job succeeds).
 pub fn stray_outputs(root: &Path, job_id: &str, manifest: &Manifest) -> Vec<PathBuf> {
-    let listed: std::collections::HashSet<PathBuf> =
-        manifest.outputs.iter().map(|o| uri_path(&o.uri)).collect();
+    let listed: std::collections::HashSet<PathBuf> = manifest
+        .outputs
+        .iter()
+        .map(|o| uri_path(&o.object.uri))
+        .collect();
     files_under(&root.join("jobs").join(job_id).join("outputs"))
         .into_iter()
         .filter(|p| !listed.contains(p))
