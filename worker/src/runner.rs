@@ -418,15 +418,14 @@ impl<L: CoordinatorLink> Worker<L> {
             Ok(Ok(_)) => outcome,
             Err(_) => Err(WorkerError::ProcessorThread),
         };
-        let mut transient = false;
-        let error = match outcome {
+        let release = match outcome {
             Ok(ShardOutcome::Finished) => {
                 info!(job = %key.job_id, shard = %key.shard_id, token = key.token, "shard finished");
                 None
             }
             Ok(ShardOutcome::Stopped) => {
                 info!(job = %key.job_id, shard = %key.shard_id, "checkpointed; releasing lease");
-                Some(None)
+                Some(ReleaseOutcome::Checkpointed)
             }
             Ok(ShardOutcome::Aborted) => {
                 warn!(job = %key.job_id, shard = %key.shard_id, token = key.token, "attempt dropped (lease revoked or commit refused)");
@@ -437,7 +436,7 @@ impl<L: CoordinatorLink> Worker<L> {
                     warn!(job = %key.job_id, shard = %key.shard_id, error = %e, "commit refused; attempt dropped");
                     None
                 } else {
-                    transient = e.is_transient();
+                    let transient = e.is_transient();
                     let message = e.to_string();
                     // One mistake, one message: an error this worker said
                     // already is counted, not printed whole again.
@@ -453,12 +452,19 @@ impl<L: CoordinatorLink> Worker<L> {
                     } else {
                         warn!(job = %key.job_id, shard = %key.shard_id, times, transient, "attempt failed with the same error as before");
                     }
-                    Some(Some(message))
+                    Some(ReleaseOutcome::Failed { message, transient })
                 }
             }
         };
-        if let Some(error) = error {
-            self.release(&key, error, transient).await;
+        let transient = matches!(
+            release,
+            Some(ReleaseOutcome::Failed {
+                transient: true,
+                ..
+            })
+        );
+        if let Some(release) = release {
+            self.release(&key, release).await;
         }
         self.active
             .lock()
@@ -467,12 +473,7 @@ impl<L: CoordinatorLink> Worker<L> {
         transient
     }
 
-    async fn release(
-        &self,
-        key: &stoke_core::lease::LeaseKey,
-        error: Option<String>,
-        transient: bool,
-    ) {
+    async fn release(&self, key: &stoke_core::lease::LeaseKey, outcome: ReleaseOutcome) {
         let mut rx = self.session_rx.clone();
         let session_id = match session::current(&mut rx, Duration::from_secs(5)).await {
             Ok(id) => id,
@@ -480,6 +481,10 @@ impl<L: CoordinatorLink> Worker<L> {
                 warn!(error = %e, "cannot release the lease; it will time out instead");
                 return;
             }
+        };
+        let (error, transient) = match outcome {
+            ReleaseOutcome::Checkpointed => (None, false),
+            ReleaseOutcome::Failed { message, transient } => (Some(message), transient),
         };
         let release = Release {
             session_id,
@@ -491,6 +496,15 @@ impl<L: CoordinatorLink> Worker<L> {
             warn!(error = %e, "release failed; the lease will time out instead");
         }
     }
+}
+
+/// How an attempt that gives its lease back ended.
+enum ReleaseOutcome {
+    /// It checkpointed and stopped (a signal, a drain): nothing failed.
+    Checkpointed,
+    /// It failed: the error, and whether the infrastructure (the store)
+    /// rather than the data caused it.
+    Failed { message: String, transient: bool },
 }
 
 /// What asking for work gave.
