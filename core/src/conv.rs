@@ -16,6 +16,7 @@ use crate::records::{
     SkippedRecord, Suspect, WorkerInfo,
 };
 use crate::spec::JobSpec;
+use crate::store::StoreUri;
 
 impl From<JobState> for pb::JobState {
     fn from(s: JobState) -> Self {
@@ -459,13 +460,13 @@ impl From<Lease> for pb::Lease {
             shard: Some(l.shard.into()),
             next_batch: l.next_batch,
             records_done: l.records_done,
-            output_prefix: l.output_prefix,
+            output_prefix: l.output_prefix.to_string(),
             input_schema_json: l
                 .input_schema
                 .as_ref()
                 .and_then(|s| serde_json::to_string(s).ok())
                 .unwrap_or_default(),
-            errors_prefix: l.errors_prefix,
+            errors_prefix: l.errors_prefix.to_string(),
             outputs_staged: l.outputs_staged,
             isolate: l.isolate.map(|i| pb::Isolation {
                 from_record: i.from,
@@ -474,6 +475,14 @@ impl From<Lease> for pb::Lease {
             }),
         }
     }
+}
+
+/// A lease's URI prefix from the wire.
+fn prefix(field: &'static str, uri: &str) -> Result<StoreUri, ConvError> {
+    StoreUri::parse(uri).map_err(|e| ConvError::Invalid {
+        field,
+        message: e.to_string(),
+    })
 }
 
 impl TryFrom<pb::Lease> for Lease {
@@ -494,7 +503,7 @@ impl TryFrom<pb::Lease> for Lease {
                 .try_into()?,
             next_batch: l.next_batch,
             records_done: l.records_done,
-            output_prefix: l.output_prefix,
+            output_prefix: prefix("output_prefix", &l.output_prefix)?,
             input_schema: if l.input_schema_json.is_empty() {
                 None
             } else {
@@ -505,7 +514,7 @@ impl TryFrom<pb::Lease> for Lease {
                     }
                 })?)
             },
-            errors_prefix: l.errors_prefix,
+            errors_prefix: prefix("errors_prefix", &l.errors_prefix)?,
             outputs_staged: l.outputs_staged,
             isolate: l.isolate.map(|i| Isolation {
                 from: i.from_record,
@@ -728,8 +737,8 @@ mod tests {
             shard,
             next_batch: 3,
             records_done: 12,
-            output_prefix: "memory:///o/s00001/a42".into(),
-            errors_prefix: "memory:///r/jobs/j/errors/s00001/a42".into(),
+            output_prefix: StoreUri::parse("memory:///o/s00001/a42").expect("uri"),
+            errors_prefix: StoreUri::parse("memory:///r/jobs/j/errors/s00001/a42").expect("uri"),
             outputs_staged: true,
             isolate: Some(Isolation {
                 from: 5,

@@ -7,6 +7,7 @@ use crate::plan::Shard;
 use crate::records::OutputObject;
 pub use crate::records::StageTotals;
 use crate::spec::JobSpec;
+use crate::store::StoreUri;
 
 /// Identifies one attempt at one shard.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -27,12 +28,12 @@ pub struct Lease {
     pub shard: Shard,
     pub next_batch: u64,
     pub records_done: u64,
-    /// URI prefix under which this attempt writes.
-    pub output_prefix: String,
+    /// Where this attempt writes its outputs.
+    pub output_prefix: StoreUri,
     /// JSON Lines: the schema inferred at plan time.
     pub input_schema: Option<arrow_schema::Schema>,
-    /// URI prefix under which this attempt writes skipped bad records.
-    pub errors_prefix: String,
+    /// Where this attempt writes skipped bad records.
+    pub errors_prefix: StoreUri,
     /// `output_prefix` is a staging folder: the coordinator copies what a
     /// commit lists into the output folder when it accepts it, and the
     /// attempt deletes its staged objects once the commit is answered.

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use stoke_core::Stores;
 use stoke_core::lease::{AcquireOutcome, Lease, Registration, Release};
-use stoke_core::{StoreUri, Stores};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -332,8 +332,8 @@ impl<L: CoordinatorLink> Worker<L> {
             .unwrap_or_else(|p| p.into_inner())
             .insert(key.clone(), Arc::clone(&control));
         let spec = Arc::clone(&lease.spec);
-        let prefix = StoreUri::parse(&lease.output_prefix)?;
-        let errors_prefix = StoreUri::parse(&lease.errors_prefix)?;
+        let prefix = lease.output_prefix.clone();
+        let errors_prefix = lease.errors_prefix.clone();
         let (batch_tx, batch_rx) = mpsc::channel(self.config.prefetch_batches.max(1));
         let reader = tokio::spawn(tracing::Instrument::instrument(
             read_shard(

@@ -108,7 +108,7 @@ async fn a_commit_copies_staged_outputs_into_the_output_folder() {
     assert!(lease.outputs_staged);
     let staging = job_layout("j").staging();
     assert!(
-        lease.output_prefix.starts_with(staging.as_str()),
+        lease.output_prefix.as_str().starts_with(staging.as_str()),
         "{} is not under {staging}",
         lease.output_prefix
     );

@@ -92,8 +92,10 @@ pub fn body(uri: &str) -> String {
 /// The output object an attempt writes for its checkpoint starting at
 /// `from_batch`.
 pub fn output(lease: &Lease, from_batch: u64, records: u64) -> OutputObject {
-    let prefix = StoreUri::parse(&lease.output_prefix).expect("output prefix");
-    let uri = prefix.join(&part_name(from_batch, "parquet")).to_string();
+    let uri = lease
+        .output_prefix
+        .join(&part_name(from_batch, "parquet"))
+        .to_string();
     let body = body(&uri);
     OutputObject {
         bytes: body.len() as u64,
