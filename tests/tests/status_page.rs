@@ -486,6 +486,21 @@ fn the_status_page_shows_a_job_in_progress_as_the_coordinator_sees_it() {
     assert!(!dom.contains("data-job-id=\""), "{dom}");
 }
 
+/// A coordinator's page and `/api/status` answer with the fixture job
+/// submitted (no worker), the coordinator then stopped: (job id, page,
+/// answer).
+fn a_submitted_jobs_page(dir: &Path) -> (String, String, String) {
+    let coordinator = Coordinator::start(&dir.join("root"), dir, &[]);
+    let spec = dir.join("job.toml");
+    std::fs::write(&spec, fixture_spec("parquet", "")).expect("write spec");
+    let job_id = coordinator.submit(&spec.display().to_string());
+    let (code, page) = http_get(&coordinator.http_addr, "/").expect("GET /");
+    assert_eq!(code, 200);
+    let (code, api) = http_get(&coordinator.http_addr, "/api/status").expect("GET /api/status");
+    assert_eq!(code, 200);
+    (job_id, page, api)
+}
+
 /// Serves `page` at `/` and `api` once at `/api/status` on a loopback port,
 /// then stops listening, as a coordinator that stopped would: the page's
 /// next poll finds nobody. Returns the address.
@@ -530,16 +545,7 @@ fn serve_once_then_stop(page: String, api: String) -> String {
 fn the_page_keeps_its_last_data_marked_stale_when_the_coordinator_stops() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut browser = Browser::new(tmp.path());
-    let root = tmp.path().join("root");
-    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
-    let spec = tmp.path().join("job.toml");
-    std::fs::write(&spec, fixture_spec("parquet", "")).expect("write spec");
-    let job_id = coordinator.submit(&spec.display().to_string());
-    let (code, page) = http_get(&coordinator.http_addr, "/").expect("GET /");
-    assert_eq!(code, 200);
-    let (code, api) = http_get(&coordinator.http_addr, "/api/status").expect("GET /api/status");
-    assert_eq!(code, 200);
-    drop(coordinator);
+    let (job_id, page, api) = a_submitted_jobs_page(tmp.path());
     // The page's first poll gets the coordinator's answer, its next finds
     // the port closed (the browser's virtual time runs past several polls).
     let addr = serve_once_then_stop(page, api);
@@ -563,14 +569,7 @@ fn the_page_keeps_its_last_data_marked_stale_when_the_coordinator_stops() {
 fn an_estimated_total_is_shown_as_an_estimate() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut browser = Browser::new(tmp.path());
-    let root = tmp.path().join("root");
-    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
-    let spec = tmp.path().join("job.toml");
-    std::fs::write(&spec, fixture_spec("parquet", "")).expect("write spec");
-    let job_id = coordinator.submit(&spec.display().to_string());
-    let (_, page) = http_get(&coordinator.http_addr, "/").expect("GET /");
-    let (_, api) = http_get(&coordinator.http_addr, "/api/status").expect("GET /api/status");
-    drop(coordinator);
+    let (job_id, page, api) = a_submitted_jobs_page(tmp.path());
     let mut api: serde_json::Value = serde_json::from_str(&api).expect("api json");
     for job in api["jobs"].as_array_mut().expect("jobs") {
         job["records_total"] = serde_json::Value::Null;
