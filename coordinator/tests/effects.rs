@@ -5,7 +5,7 @@
 //! only once stored, and changes of one job apply in order.
 
 use stoke_coordinator::state::{
-    Answer, CommitStep, Effect, GroupWrite, GroupWritten, Io, IoId, State,
+    Answer, Effect, GroupWrite, GroupWritten, Io, IoId, Outcome, State,
 };
 use stoke_coordinator::{CoordinatorConfig, CoordinatorError};
 use stoke_core::StoreUri;
@@ -96,32 +96,85 @@ fn lease(state: &mut State, session: &str) -> Lease {
     }
 }
 
-/// Commits the lease's one batch as done, with the group's write
-/// reported stored.
-fn commit_done(state: &mut State, session: &str, lease: &Lease) {
-    let commit = Commit {
+fn checkpoint(session: &str, lease: &Lease, from: u64, next: u64, done: bool) -> Commit {
+    Commit {
         session_id: session.to_string(),
         key: lease.key(),
-        from_batch: 0,
-        next_batch: 1,
-        records: 10,
+        from_batch: from,
+        next_batch: next,
+        records: 10 * (next - from),
         outputs: Vec::new(),
-        shard_done: true,
+        shard_done: done,
         skipped: 0,
         error_objects: Vec::new(),
         last_skip_reason: None,
-    };
-    let CommitStep::Write(pending) = state.begin_commit(commit).expect("begin commit") else {
-        panic!("expected a write");
-    };
-    let group = vec![*pending];
-    let write = GroupWrite::of(&group).expect("a group");
-    let written = GroupWritten {
-        stored: true,
-        results: vec![Ok(())],
-    };
-    let answers = state.finish_group(&write, group, written, Instant::now());
-    assert!(matches!(answers[..], [Ok(false)]));
+    }
+}
+
+/// The one group commit among `fx`'s writes (taken out of them).
+fn take_group(fx: &mut Effects) -> (IoId, GroupWrite) {
+    let pos = fx
+        .io
+        .iter()
+        .position(|(_, io)| matches!(io, Io::Group(_)))
+        .unwrap_or_else(|| panic!("expected a group commit, got {:?}", fx.io));
+    let (id, io) = fx.io.remove(pos);
+    assert!(
+        !fx.io.iter().any(|(_, io)| matches!(io, Io::Group(_))),
+        "one group commit at a time: {:?}",
+        fx.io
+    );
+    match io {
+        Io::Group(write) => (id, write),
+        other => panic!("expected a group commit, got {other:?}"),
+    }
+}
+
+/// Hands back a group as stored, every commit in it with it.
+fn stored(state: &mut State, id: IoId, write: GroupWrite) {
+    let results = write.records.iter().map(|_| Ok(())).collect();
+    state.written(
+        id,
+        Outcome::Group {
+            write,
+            written: GroupWritten {
+                stored: true,
+                results,
+            },
+        },
+    );
+}
+
+/// The answer to commit `req` among `fx`'s replies (taken out of them).
+fn commit_answer(fx: &mut Effects, req: u64) -> Result<bool, CoordinatorError> {
+    let pos = fx
+        .replies
+        .iter()
+        .position(|(r, _)| *r == req)
+        .unwrap_or_else(|| panic!("no answer to commit {req} in {:?}", fx.replies));
+    match fx.replies.remove(pos).1 {
+        Answer::Commit(answer) => answer,
+        other => panic!("expected a commit's answer, got {other:?}"),
+    }
+}
+
+/// Commits the lease's one batch as done (request `req`), with the group's
+/// write reported stored; returns what the machine asked for after it,
+/// the commit's own answer taken out.
+fn commit_done(state: &mut State, req: u64, session: &str, lease: &Lease) -> Effects {
+    state.commit(req, checkpoint(session, lease, 0, 1, true), Instant::now());
+    let mut fx = effects(state);
+    assert!(
+        fx.replies.is_empty(),
+        "no answer before the record is stored"
+    );
+    let (id, write) = take_group(&mut fx);
+    assert!(fx.io.is_empty(), "{:?}", fx.io);
+    assert_eq!(write.records.len(), 1);
+    stored(state, id, write);
+    let mut fx = effects(state);
+    assert!(matches!(commit_answer(&mut fx, req), Ok(false)));
+    fx
 }
 
 #[tokio::test(start_paused = true)]
@@ -135,15 +188,15 @@ async fn a_finishing_job_is_one_write_off_the_loop_and_others_go_on() {
     submit_spec(&mut state, 1, "big", first, 30);
     submit(&mut state, 2, "other", 100);
     let (w, _events) = register(&mut state, "w");
-    for _ in 0..3 {
+    let mut fx = Effects::default();
+    for req in 10..13 {
         let l = lease(&mut state, &w);
         assert_eq!(l.job_id, "big");
-        commit_done(&mut state, &w, &l);
+        fx = commit_done(&mut state, req, &w, &l);
     }
     // Every shard of `big` is done: finishing it is one write for the
     // owner to run, with every shard's record; the job is not succeeded
     // until that write is done.
-    let fx = effects(&mut state);
     let [(finish_id, Io::Finish(finish))] = &fx.io[..] else {
         panic!("expected one Finish write, got {:?}", fx.io);
     };
@@ -152,12 +205,11 @@ async fn a_finishing_job_is_one_write_off_the_loop_and_others_go_on() {
     assert!(finish.progress.iter().all(|p| p.done));
     assert_eq!(state.get_job("big").expect("big").state, JobState::Running);
     // Meanwhile the other job leases and commits as usual.
-    for _ in 0..3 {
+    for req in 20..23 {
         let l = lease(&mut state, &w);
         assert_eq!(l.job_id, "other");
-        commit_done(&mut state, &w, &l);
+        assert!(commit_done(&mut state, req, &w, &l).io.is_empty());
     }
-    assert!(effects(&mut state).io.is_empty());
     // The write is done: the job succeeded, its staging is swept.
     state.written(*finish_id, Ok(()));
     let fx = effects(&mut state);
@@ -174,8 +226,7 @@ async fn a_failed_finish_is_retried_at_the_next_tick() {
     submit(&mut state, 1, "j", 10);
     let (w, _events) = register(&mut state, "w");
     let l = lease(&mut state, &w);
-    commit_done(&mut state, &w, &l);
-    let fx = effects(&mut state);
+    let fx = commit_done(&mut state, 2, &w, &l);
     let [(id, Io::Finish(_))] = &fx.io[..] else {
         panic!("expected a Finish write");
     };
@@ -326,4 +377,118 @@ async fn a_job_that_could_not_be_stored_does_not_exist() {
         state.get_job("j"),
         Err(CoordinatorError::JobNotFound { .. })
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn commits_arriving_while_a_group_is_written_go_out_together_next() {
+    let mut state = State::new(config(), 1);
+    submit(&mut state, 1, "j", 40);
+    let (w, _events) = register(&mut state, "w");
+    let leases: Vec<Lease> = (0..4).map(|_| lease(&mut state, &w)).collect();
+    // The first commit is written at once, a group of one.
+    state.commit(10, checkpoint(&w, &leases[0], 0, 1, true), Instant::now());
+    let mut fx = effects(&mut state);
+    let (first_id, first) = take_group(&mut fx);
+    assert_eq!(first.records.len(), 1);
+    // Three more arrive while it is written: no write, no answer yet.
+    for (i, l) in leases[1..].iter().enumerate() {
+        state.commit(11 + i as u64, checkpoint(&w, l, 0, 1, true), Instant::now());
+    }
+    let fx = effects(&mut state);
+    assert!(fx.io.is_empty() && fx.replies.is_empty(), "{:?}", fx.io);
+    // The first is stored: it is answered, and the three go out as one
+    // group, in arrival order, named after the first of them.
+    stored(&mut state, first_id, first);
+    let mut fx = effects(&mut state);
+    assert!(matches!(commit_answer(&mut fx, 10), Ok(false)));
+    let (id, group) = take_group(&mut fx);
+    let shards: Vec<&str> = group.records.iter().map(|p| p.shard_id.as_str()).collect();
+    let expected: Vec<&str> = leases[1..].iter().map(|l| l.shard.id.as_str()).collect();
+    assert_eq!(shards, expected);
+    assert!(
+        fx.replies.is_empty(),
+        "answered before stored: {:?}",
+        fx.replies
+    );
+    // A failed write refuses all three (their workers retry), and the
+    // shards can commit again.
+    let failed = GroupWritten {
+        stored: false,
+        results: group
+            .records
+            .iter()
+            .map(|_| {
+                Err(stoke_core::StoreError::Shared {
+                    message: "store unavailable".to_string(),
+                    transient: true,
+                })
+            })
+            .collect(),
+    };
+    state.written(
+        id,
+        Outcome::Group {
+            write: group,
+            written: failed,
+        },
+    );
+    let mut fx = effects(&mut state);
+    for req in 11..14 {
+        assert!(commit_answer(&mut fx, req).is_err());
+    }
+    assert!(fx.io.is_empty(), "nothing left to write: {:?}", fx.io);
+    for (i, l) in leases[1..].iter().enumerate() {
+        let fx = commit_done(&mut state, 20 + i as u64, &w, l);
+        assert!(fx.replies.is_empty());
+    }
+    assert_eq!(state.get_job("j").expect("j").records_done, 40);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_commit_being_written_keeps_its_lease_until_stored() {
+    let mut state = State::new(config(), 1);
+    // Two shards of 3 batches each.
+    let spec = JobSpec {
+        sharding: stoke_core::spec::ShardingSpec {
+            records: 30,
+            ..spec(60).sharding
+        },
+        ..spec(60)
+    };
+    submit_spec(&mut state, 1, "j", spec, 60);
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let held = lease(&mut state, &a);
+    let shard = held.shard.id.clone();
+    // A checkpoint of its first batch.
+    state.commit(10, checkpoint(&a, &held, 0, 1, false), Instant::now());
+    let mut fx = effects(&mut state);
+    let (id, write) = take_group(&mut fx);
+    // While the record is being written: a second commit of the shard is
+    // refused, the lease does not expire, and its worker's death does not
+    // move it.
+    state.commit(11, checkpoint(&a, &held, 0, 1, false), Instant::now());
+    let mut fx = effects(&mut state);
+    assert!(matches!(
+        commit_answer(&mut fx, 11),
+        Err(CoordinatorError::CommitInFlight { .. })
+    ));
+    tokio::time::advance(config().lease_timeout * 2).await;
+    state.tick(Instant::now());
+    state.session_closed(&a);
+    let _ = effects(&mut state);
+    let others: Vec<String> = std::iter::from_fn(|| match state.acquire(&b, Instant::now()) {
+        Ok(AcquireOutcome::Lease(l)) => Some(l.shard.id.clone()),
+        _ => None,
+    })
+    .collect();
+    assert!(!others.contains(&shard), "{others:?}");
+    // Once stored, the commit counts and the orphaned shard is requeued at
+    // the committed batch.
+    stored(&mut state, id, write);
+    let mut fx = effects(&mut state);
+    assert!(matches!(commit_answer(&mut fx, 10), Ok(false)));
+    let again = lease(&mut state, &b);
+    assert_eq!(again.shard.id, shard);
+    assert_eq!(again.next_batch, 1);
 }

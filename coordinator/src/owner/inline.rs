@@ -21,7 +21,7 @@ use super::io;
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
 use crate::progress::StatusReport;
-use crate::state::{Answer, CommitStep, Effect, GroupWrite, ReqId, State};
+use crate::state::{Answer, Effect, ReqId, State};
 
 pub struct Inline {
     state: State,
@@ -70,8 +70,8 @@ impl Inline {
             for effect in effects {
                 match effect {
                     Effect::Io(id, io) => {
-                        let result = io::perform(io, &self.stores).await;
-                        self.state.written(id, result);
+                        let outcome = io::perform(io, &self.stores).await;
+                        self.state.written(id, outcome);
                     }
                     Effect::Reply(req, answer) => {
                         self.answers.insert(req, answer);
@@ -104,6 +104,7 @@ impl Inline {
         match self.answer(req).await {
             Answer::Job(answer) => *answer,
             Answer::Done(answer) => answer.and(Err(CoordinatorError::ShuttingDown)),
+            Answer::Commit(answer) => answer.and(Err(CoordinatorError::ShuttingDown)),
         }
     }
 
@@ -157,6 +158,7 @@ impl Inline {
         match self.answer(req).await {
             Answer::Done(answer) => answer,
             Answer::Job(answer) => (*answer).map(|_| ()),
+            Answer::Commit(answer) => answer.map(|_| ()),
         }
     }
 
@@ -164,22 +166,12 @@ impl Inline {
     /// one), and only then applies it. `Ok(true)` for a commit already
     /// applied (a retry).
     pub async fn commit(&mut self, commit: Commit) -> Result<bool> {
-        let step = self.state.begin_commit(commit);
-        self.settle().await;
-        match step? {
-            CommitStep::Duplicate => Ok(true),
-            CommitStep::Write(pending) => {
-                let group = vec![*pending];
-                let Some(write) = GroupWrite::of(&group) else {
-                    return Ok(false);
-                };
-                let written = io::write_group(&write, &self.stores).await;
-                let mut answers = self
-                    .state
-                    .finish_group(&write, group, written, Instant::now());
-                self.settle().await;
-                answers.pop().unwrap_or(Ok(false))
-            }
+        let req = self.req();
+        self.state.commit(req, commit, Instant::now());
+        match self.answer(req).await {
+            Answer::Commit(answer) => answer,
+            Answer::Done(answer) => answer.and(Err(CoordinatorError::ShuttingDown)),
+            Answer::Job(answer) => (*answer).and(Err(CoordinatorError::ShuttingDown)),
         }
     }
 

@@ -14,7 +14,8 @@ use tracing::{info, warn};
 
 use crate::error::{CoordinatorError, Result};
 use crate::state::{
-    CreateJob, FinishJob, GroupWrite, GroupWritten, Io, SnapshotWrite, folder, progress_log,
+    CreateJob, FinishJob, GroupWrite, GroupWritten, Io, Outcome, SnapshotWrite, folder,
+    progress_log,
 };
 
 /// How many objects one group commit copies into the output folder at once.
@@ -23,7 +24,27 @@ const COPY_CONCURRENCY: usize = 16;
 const DELETE_CONCURRENCY: usize = 16;
 
 /// Runs one write the state machine asked for.
-pub async fn perform(io: Io, stores: &Stores) -> Result<()> {
+pub async fn perform(io: Io, stores: &Stores) -> Outcome {
+    match io {
+        Io::Group(write) => {
+            let mut done = write_groups(vec![write], stores).await;
+            match done.pop() {
+                Some((write, written)) => Outcome::Group { write, written },
+                None => Outcome::Done(Err(CoordinatorError::Recovery(
+                    "a group commit came back empty".to_string(),
+                ))),
+            }
+        }
+        Io::Snapshot(snapshot) => {
+            let (written, deleted) = write_snapshot(&snapshot, stores).await;
+            Outcome::Snapshot { written, deleted }
+        }
+        io => Outcome::Done(perform_one(io, stores).await),
+    }
+}
+
+/// A write with a plain result: stored, or why not.
+async fn perform_one(io: Io, stores: &Stores) -> Result<()> {
     match io {
         Io::CreateJob(create) => {
             let CreateJob {
@@ -59,35 +80,31 @@ pub async fn perform(io: Io, stores: &Stores) -> Result<()> {
             Ok(())
         }
         Io::Finish(finish) => finish_job(*finish, stores).await,
+        Io::Group(_) | Io::Snapshot(_) => Err(CoordinatorError::Recovery(
+            "a group or snapshot write has its own result".to_string(),
+        )),
     }
 }
 
-/// Copies every commit's staged objects into the output folder, then
-/// stores the records of the commits whose copies all succeeded. Copying
-/// again is harmless, so a retried commit simply copies again.
-pub async fn write_group(write: &GroupWrite, stores: &Stores) -> GroupWritten {
-    write_groups(&[write], stores)
-        .await
-        .pop()
-        .unwrap_or(GroupWritten {
-            stored: false,
-            results: Vec::new(),
-        })
-}
-
-/// [`write_group`] for several groups (of different jobs) at once: all
-/// their copies in one go, then all their progress objects in one go, so
-/// on the local file system a whole batch of groups costs two blocking
-/// tasks. One result per group, in order.
-pub async fn write_groups(writes: &[&GroupWrite], stores: &Stores) -> Vec<GroupWritten> {
+/// Writes group commits (each of another job) at once: all their copies
+/// in one go, then all their progress objects in one go, so on the local
+/// file system a whole batch of groups costs two blocking tasks. For each
+/// group: every commit's staged objects are copied into the output folder,
+/// then the records of the commits whose copies all succeeded are stored.
+/// Copying again is harmless, so a retried commit simply copies again.
+/// Each write comes back (its copies spent) with what it did, in order.
+pub async fn write_groups(
+    mut writes: Vec<GroupWrite>,
+    stores: &Stores,
+) -> Vec<(GroupWrite, GroupWritten)> {
     // (group, commit) of each copy.
     let mut owners: Vec<(usize, usize)> = Vec::new();
     let mut pairs: Vec<(StoreUri, StoreUri)> = Vec::new();
-    for (g, write) in writes.iter().enumerate() {
-        for (i, commit_copies) in write.copies.iter().enumerate() {
+    for (g, write) in writes.iter_mut().enumerate() {
+        for (i, commit_copies) in std::mem::take(&mut write.copies).into_iter().enumerate() {
             for pair in commit_copies {
                 owners.push((g, i));
-                pairs.push(pair.clone());
+                pairs.push(pair);
             }
         }
     }
@@ -130,10 +147,10 @@ pub async fn write_groups(writes: &[&GroupWrite], stores: &Stores) -> Vec<GroupW
             }
         }
     }
-    results
+    writes
         .into_iter()
-        .zip(stored)
-        .map(|(results, stored)| GroupWritten { stored, results })
+        .zip(results.into_iter().zip(stored))
+        .map(|(write, (results, stored))| (write, GroupWritten { stored, results }))
         .collect()
 }
 

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use stoke_core::Stores;
 use stoke_core::records::JobInfo;
-use stoke_core::{StoreError, StoreUri, Stores};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -27,10 +27,7 @@ use tracing::{debug, warn};
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
 use crate::root_lock;
-use crate::state::{
-    Answer, CommitStep, Effect, GroupWrite, GroupWritten, IoId, MAX_GROUP, PendingCommit, ReqId,
-    SnapshotWrite, State,
-};
+use crate::state::{Answer, Effect, GroupWrite, GroupWritten, Io, IoId, Outcome, ReqId, State};
 use crate::sweep::Sweeper;
 
 pub use handle::Handle;
@@ -81,36 +78,19 @@ pub async fn start(
     Ok((Handle { tx, stores }, task))
 }
 
-/// A commit waiting for its group to be stored, and who waits for it.
-type Queued = (PendingCommit, Reply<bool>, Instant);
-
 /// At most this many commands are applied in one turn of the owner loop.
 const COMMANDS_PER_TURN: usize = 8;
 /// How long a stopping owner waits for the writes it still owes (see
 /// `Owner::drain`).
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
-/// One job's group commit: the records of `pendings`, in one object.
-struct Group {
-    write: GroupWrite,
-    pendings: Vec<PendingCommit>,
-    /// Who waits for each commit, and when it arrived.
-    replies: Vec<(Reply<bool>, Instant)>,
-}
-
 /// A store write running off the owner loop.
 enum Done {
     /// Group commits of several jobs, written together, and what each
     /// write did.
-    Groups(Vec<(Group, GroupWritten)>),
-    /// A snapshot that replaces a job's older progress objects.
-    Snapshot {
-        snapshot: SnapshotWrite,
-        written: std::result::Result<(), StoreError>,
-        deleted: Vec<StoreUri>,
-    },
+    Groups(Vec<(IoId, GroupWrite, GroupWritten)>),
     /// Any other write the state machine asked for.
-    Io(IoId, Result<()>),
+    Io(IoId, Outcome),
 }
 
 type Write = Pin<Box<dyn Future<Output = Done> + Send>>;
@@ -119,6 +99,7 @@ type Write = Pin<Box<dyn Future<Output = Done> + Send>>;
 enum Waiter {
     Job(Reply<JobInfo>),
     Done(Reply<()>),
+    Commit(Reply<bool>),
 }
 
 /// The owner task's state: the machine, and the writes it runs for it.
@@ -126,12 +107,6 @@ struct Owner {
     state: State,
     stores: Stores,
     running: FuturesUnordered<Write>,
-    /// Group commit: jobs with a group or snapshot being written, and the
-    /// commits waiting for the next group.
-    busy: HashMap<String, Vec<Queued>>,
-    /// Groups ready to be written: at the end of each turn of the loop
-    /// they go out together (see `flush_groups`).
-    ready: Vec<Vec<Queued>>,
     waiters: HashMap<ReqId, Waiter>,
     next_req: ReqId,
     sweeper: Sweeper,
@@ -144,8 +119,6 @@ impl Owner {
             sweeper: Sweeper::new(stores.clone()),
             stores,
             running: FuturesUnordered::new(),
-            busy: HashMap::new(),
-            ready: Vec::new(),
             waiters: HashMap::new(),
             next_req: 0,
         }
@@ -161,14 +134,14 @@ impl Owner {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.effects();
-            self.flush_groups();
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 cmd = rx.recv() => match cmd {
                     Some(cmd) => {
                         self.apply(cmd);
                         // What else has arrived, in the same turn: under
-                        // load, their group commits go out together.
+                        // load, the group commits they start go out
+                        // together (see `effects`).
                         for _ in 1..COMMANDS_PER_TURN {
                             match rx.try_recv() {
                                 Ok(cmd) => self.apply(cmd),
@@ -201,7 +174,6 @@ impl Owner {
         self.state.tick(Instant::now());
         loop {
             self.effects();
-            self.flush_groups();
             if self.running.is_empty() && self.sweeper.running.is_empty() {
                 return;
             }
@@ -228,11 +200,16 @@ impl Owner {
         }
     }
 
-    /// Runs what the state machine asked for since the last call.
+    /// Runs what the state machine asked for since the last call. The
+    /// group commits it asked for (each of another job) are written
+    /// together: on the local file system, two blocking tasks for all of
+    /// them instead of two per group.
     fn effects(&mut self) {
         let mut sweeps = Vec::new();
+        let mut groups = Vec::new();
         for effect in self.state.take_effects() {
             match effect {
+                Effect::Io(id, Io::Group(write)) => groups.push((id, write)),
                 Effect::Io(id, io) => {
                     // A task of its own, not just a future of this loop: a
                     // finishing job's manifest is seconds of CPU for a big
@@ -243,12 +220,12 @@ impl Owner {
                         io::perform(io, &stores).await
                     }));
                     self.running.push(Box::pin(async move {
-                        let result = task.await.unwrap_or_else(|e| {
-                            Err(CoordinatorError::Recovery(format!(
+                        let outcome = task.await.unwrap_or_else(|e| {
+                            Outcome::Done(Err(CoordinatorError::Recovery(format!(
                                 "a store write stopped: {e}"
-                            )))
+                            ))))
                         });
-                        Done::Io(id, result)
+                        Done::Io(id, outcome)
                     }));
                 }
                 Effect::Reply(req, answer) => {
@@ -259,6 +236,9 @@ impl Owner {
                             let _ = reply.send(*answer);
                         }
                         (Some(Waiter::Done(reply)), Answer::Done(answer)) => {
+                            let _ = reply.send(answer);
+                        }
+                        (Some(Waiter::Commit(reply)), Answer::Commit(answer)) => {
                             let _ = reply.send(answer);
                         }
                         (waiter, answer) => {
@@ -275,6 +255,19 @@ impl Owner {
             }
         }
         self.sweeper.add(sweeps);
+        if !groups.is_empty() {
+            let stores = self.stores.clone();
+            self.running.push(Box::pin(async move {
+                let (ids, writes): (Vec<IoId>, Vec<GroupWrite>) = groups.into_iter().unzip();
+                let written = io::write_groups(writes, &stores).await;
+                Done::Groups(
+                    ids.into_iter()
+                        .zip(written)
+                        .map(|(id, (write, written))| (id, write, written))
+                        .collect(),
+                )
+            }));
+        }
     }
 
     fn wait(&mut self, waiter: Waiter) -> ReqId {
@@ -379,15 +372,10 @@ impl Owner {
             Command::Acquire { session_id, reply } => {
                 let _ = reply.send(state.acquire(&session_id, Instant::now()));
             }
-            Command::Commit { commit, reply } => match state.begin_commit(commit) {
-                Ok(CommitStep::Duplicate) => {
-                    let _ = reply.send(Ok(true));
-                }
-                Ok(CommitStep::Write(pending)) => self.enqueue(*pending, reply, Instant::now()),
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
-            },
+            Command::Commit { commit, reply } => {
+                let req = self.wait(Waiter::Commit(reply));
+                self.state.commit(req, commit, Instant::now());
+            }
             Command::Release { release, reply } => {
                 let req = self.wait(Waiter::Done(reply));
                 self.state.release(req, release, Instant::now());
@@ -395,119 +383,14 @@ impl Owner {
         }
     }
 
-    // -- group commit -------------------------------------------------------
-    //
-    // Commits are validated and applied in order; their progress records
-    // are stored one group per job at a time: while a group (or a snapshot)
-    // of a job is written, the commits that arrive queue up and go out
-    // together in the next one. Under load, many commits share one store
-    // write; alone, a commit is written at once.
-
-    fn enqueue(&mut self, pending: PendingCommit, reply: Reply<bool>, arrived: Instant) {
-        match self.busy.get_mut(pending.job_id()) {
-            Some(queued) => queued.push((pending, reply, arrived)),
-            None => {
-                self.busy.insert(pending.job_id().to_string(), Vec::new());
-                self.ready.push(vec![(pending, reply, arrived)]);
-            }
-        }
-    }
-
-    /// Writes the groups made ready this turn (each of another job) as one
-    /// batch: on the local file system, two blocking tasks for all of them
-    /// instead of two per group.
-    fn flush_groups(&mut self) {
-        if self.ready.is_empty() {
-            return;
-        }
-        let mut groups = Vec::with_capacity(self.ready.len());
-        for queued in std::mem::take(&mut self.ready) {
-            let mut pendings = Vec::with_capacity(queued.len());
-            let mut replies = Vec::with_capacity(queued.len());
-            for (pending, reply, arrived) in queued {
-                pendings.push(pending);
-                replies.push((reply, arrived));
-            }
-            if let Some(write) = GroupWrite::of(&pendings) {
-                groups.push(Group {
-                    write,
-                    pendings,
-                    replies,
-                });
-            }
-        }
-        let stores = self.stores.clone();
-        self.running.push(Box::pin(async move {
-            let writes: Vec<&GroupWrite> = groups.iter().map(|g| &g.write).collect();
-            let written = io::write_groups(&writes, &stores).await;
-            Done::Groups(groups.into_iter().zip(written).collect())
-        }));
-    }
-
-    /// After a write of `job_id`: the next group, if commits wait, else the
-    /// job is no longer busy.
-    fn next_group(&mut self, job_id: &str) {
-        let Some(queued) = self.busy.get_mut(job_id) else {
-            return;
-        };
-        if queued.is_empty() {
-            self.busy.remove(job_id);
-            return;
-        }
-        let rest = queued.split_off(queued.len().min(MAX_GROUP));
-        let group = std::mem::replace(queued, rest);
-        self.ready.push(group);
-    }
-
     fn finish(&mut self, done: Done) {
         match done {
             Done::Groups(groups) => {
-                for (group, written) in groups {
-                    self.finish_group(group, written);
+                for (id, write, written) in groups {
+                    self.state.written(id, Outcome::Group { write, written });
                 }
             }
-            Done::Snapshot {
-                snapshot,
-                written,
-                deleted,
-            } => {
-                self.state.finish_snapshot(&snapshot, written, &deleted);
-                self.next_group(&snapshot.job_id);
-            }
-            Done::Io(id, result) => self.state.written(id, result),
-        }
-    }
-
-    /// One job's group is written: apply it, answer its commits, then a
-    /// snapshot if one is due, else the job's next group.
-    fn finish_group(&mut self, group: Group, written: GroupWritten) {
-        let Group {
-            write,
-            pendings,
-            replies,
-        } = group;
-        let answers = self
-            .state
-            .finish_group(&write, pendings, written, Instant::now());
-        let commit_seconds = &self.state.histograms().commit;
-        let now = Instant::now();
-        for ((reply, arrived), answer) in replies.into_iter().zip(answers) {
-            commit_seconds.observe(now.saturating_duration_since(arrived).as_secs_f64());
-            let _ = reply.send(answer);
-        }
-        // A snapshot, when one is due, goes before the next group.
-        if let Some(snapshot) = self.state.snapshot_due(&write.job_id) {
-            let stores = self.stores.clone();
-            self.running.push(Box::pin(async move {
-                let (written, deleted) = io::write_snapshot(&snapshot, &stores).await;
-                Done::Snapshot {
-                    snapshot,
-                    written,
-                    deleted,
-                }
-            }));
-        } else {
-            self.next_group(&write.job_id);
+            Done::Io(id, outcome) => self.state.written(id, outcome),
         }
     }
 }

@@ -35,8 +35,7 @@ use stoke_core::report::{CauseSeconds, DeviceReport, EfficiencyReport, ReportSoF
 use stoke_core::store::to_json_bytes;
 use tokio::time::Instant;
 
-use super::effects::Then;
-use super::{Io, Job, Session, State};
+use super::{Io, Job, Session, State, Then};
 use crate::error::Result;
 
 /// How often, at most, the workers' time is given to jobs.

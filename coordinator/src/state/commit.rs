@@ -1,40 +1,32 @@
-//! The commit protocol. `begin_commit` checks the fencing token and the
-//! batch range and builds the progress record; the owner stores it (in a
-//! group commit, with the attempt's staged outputs copied into the output
-//! folder first, see `owner/io.rs`); `finish_group` applies it. Snapshots
-//! replace a job's piled-up progress logs.
+//! The commit protocol, and every write of a job's progress. `commit`
+//! checks the fencing token and the batch range and builds the progress
+//! record; the job's commit queue sends it to the store in a group commit
+//! ([`Io::Group`], with the attempt's staged outputs copied into the output
+//! folder first, see `owner/io.rs`); `group_written` applies it and answers.
+//! One group (or snapshot) of a job is written at a time: commits that
+//! arrive meanwhile queue up and go out together in the next group. Under
+//! load many commits share one store write; alone, a commit is written at
+//! once. Snapshots ([`Io::Snapshot`]) replace a job's piled-up progress
+//! logs, between two groups.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 
-use bytes::Bytes;
 use stoke_core::layout::{attempt_prefix, committed_uri};
 use stoke_core::lease::{Commit, LeaseKey};
-use stoke_core::records::{JobState, OutputObject, ProgressLogRef, ProgressRecord};
-use stoke_core::store::to_json_bytes;
+use stoke_core::records::{JobState, OutputObject, ProgressRecord};
 use stoke_core::{StoreError, StoreUri};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::account::Lost;
-use super::{Effect, Job, State, folder};
+use super::{
+    Answer, Effect, GroupWrite, GroupWritten, Io, Job, ReqId, SnapshotWrite, StagedCopy, State,
+    Then, folder, progress_log,
+};
 use crate::error::{CoordinatorError, Result};
 
-/// What `begin_commit` decided.
-#[derive(Debug)]
-pub enum CommitStep {
-    /// Already applied: acknowledge again.
-    Duplicate,
-    /// Store this progress record, then call `finish_group`.
-    Write(Box<PendingCommit>),
-}
-
-/// (staged, committed): an object an attempt uploaded, and where the
-/// output folder gets its copy.
-pub type StagedCopy = (StoreUri, StoreUri);
-
 /// A validated commit whose progress record is to be stored.
-#[derive(Debug)]
-pub struct PendingCommit {
+struct PendingCommit {
     idx: usize,
     progress: ProgressRecord,
     /// The progress log this record goes to if it leads its group.
@@ -43,66 +35,28 @@ pub struct PendingCommit {
     /// stored.
     copies: Vec<StagedCopy>,
     commit: Commit,
+    /// Who waits for the answer, and since when (the commit-latency
+    /// histogram).
+    req: ReqId,
+    arrived: Instant,
 }
 
-impl PendingCommit {
-    pub fn job_id(&self) -> &str {
-        &self.commit.key.job_id
-    }
+/// A commit whose record is being stored in a group: what applying it
+/// needs besides the record (which travels in the [`GroupWrite`]).
+pub(super) struct Committing {
+    idx: usize,
+    commit: Commit,
+    req: ReqId,
+    arrived: Instant,
 }
 
-/// Progress records as one stored object (a log or a snapshot).
-pub fn progress_log<'a>(records: impl Iterator<Item = &'a ProgressRecord>) -> Bytes {
-    Bytes::from(to_json_bytes(&ProgressLogRef {
-        records: records.collect(),
-    }))
-}
-
-/// The progress records of several commits of one job, stored as one
-/// object (a group commit): one write per group instead of one per commit.
-/// Each commit's staged objects are copied into the output folder first,
-/// so an object is there before any record names it; a commit whose copy
-/// failed is left out of the object and answered with the error.
-#[derive(Debug)]
-pub struct GroupWrite {
-    pub job_id: String,
-    pub uri: StoreUri,
-    pub records: Vec<ProgressRecord>,
-    /// Per commit, its copies.
-    pub copies: Vec<Vec<StagedCopy>>,
-}
-
-/// What storing a group did: one result per commit, in order.
-#[derive(Debug)]
-pub struct GroupWritten {
-    /// The progress object was stored (with the records of the commits
-    /// whose result is `Ok`).
-    pub stored: bool,
-    pub results: Vec<std::result::Result<(), StoreError>>,
-}
-
-impl GroupWrite {
-    /// The object that stores the records of `group` (commits of one job,
-    /// from `begin_commit`), named after its first; `None` for no commits.
-    pub fn of(group: &[PendingCommit]) -> Option<Self> {
-        let first = group.first()?;
-        Some(Self {
-            job_id: first.job_id().to_string(),
-            uri: first.log_uri.clone(),
-            records: group.iter().map(|p| p.progress.clone()).collect(),
-            copies: group.iter().map(|p| p.copies.clone()).collect(),
-        })
-    }
-}
-
-/// A snapshot of a job's progress that replaces its older progress
-/// objects: they are deleted once it is stored.
-#[derive(Debug)]
-pub struct SnapshotWrite {
-    pub job_id: String,
-    pub uri: StoreUri,
-    pub bytes: Bytes,
-    pub replaces: Vec<StoreUri>,
+/// A job's commits on their way to the store.
+#[derive(Default)]
+pub(super) struct CommitQueue {
+    /// A group or a snapshot of the job is being written.
+    writing: bool,
+    /// Commits waiting for the next group, in arrival order.
+    queued: VecDeque<PendingCommit>,
 }
 
 /// A snapshot is taken once a job has this many progress objects...
@@ -127,21 +81,25 @@ impl Job {
         (error, attempt)
     }
 
-    /// The outputs of `commit` as the progress record names them (in the
-    /// output folder), and the copies that put them there. Objects staged
-    /// by the attempt are copied; objects already under the attempt's
-    /// output prefix (written there by a worker of a version before
-    /// staging) are taken as they are; anything else is refused.
-    fn committed_outputs(&self, commit: &Commit) -> Result<(Vec<OutputObject>, Vec<StagedCopy>)> {
-        let key = &commit.key;
+    /// The outputs an attempt staged (`staged`, taken from its commit) as
+    /// the progress record names them (in the output folder), and the
+    /// copies that put them there. Objects staged by the attempt are
+    /// copied; objects already under the attempt's output prefix (written
+    /// there by a worker of a version before staging) are taken as they
+    /// are; anything else is refused.
+    fn committed_outputs(
+        &self,
+        key: &LeaseKey,
+        staged: Vec<OutputObject>,
+    ) -> Result<(Vec<OutputObject>, Vec<StagedCopy>)> {
         let direct = attempt_prefix(&self.output, &key.shard_id, key.token);
-        let mut outputs = Vec::with_capacity(commit.outputs.len());
-        let mut copies = Vec::with_capacity(commit.outputs.len());
-        for o in &commit.outputs {
-            let foreign = || CoordinatorError::ForeignOutput {
+        let mut outputs = Vec::with_capacity(staged.len());
+        let mut copies = Vec::with_capacity(staged.len());
+        for mut o in staged {
+            let foreign = |uri: String| CoordinatorError::ForeignOutput {
                 job_id: key.job_id.clone(),
                 shard_id: key.shard_id.clone(),
-                uri: o.uri.clone(),
+                uri,
                 prefix: attempt_prefix(&self.staging, &key.shard_id, key.token).to_string(),
             };
             if let Some(to) = committed_uri(
@@ -151,41 +109,103 @@ impl Job {
                 &key.shard_id,
                 key.token,
             ) {
-                let from = StoreUri::parse(&o.uri).map_err(|_| foreign())?;
-                outputs.push(OutputObject {
-                    uri: to.to_string(),
-                    ..o.clone()
-                });
+                let from = StoreUri::parse(&o.uri).map_err(|_| foreign(o.uri.clone()))?;
+                o.uri = to.to_string();
+                outputs.push(o);
                 copies.push((from, to));
             } else if o
                 .uri
                 .strip_prefix(direct.as_str())
                 .is_some_and(|rest| rest.starts_with('/'))
             {
-                outputs.push(o.clone());
+                outputs.push(o);
             } else {
-                return Err(foreign());
+                return Err(foreign(o.uri));
             }
         }
         Ok((outputs, copies))
     }
 }
 
+/// What `check_commit` decided.
+enum Step {
+    /// Already applied (a retry whose answer was lost): acknowledge again.
+    Duplicate,
+    /// Store this progress record, then apply it.
+    Write(Box<PendingCommit>),
+}
+
 impl State {
-    /// Validates a commit and builds the progress record to store. Marks
-    /// the shard as being written: its lease neither expires nor moves
-    /// until `finish_group`.
-    pub fn begin_commit(&mut self, commit: Commit) -> Result<CommitStep> {
-        let step = self.check_commit(commit);
-        match &step {
-            Ok(CommitStep::Duplicate) => self.counters.commits_duplicate += 1,
-            Ok(CommitStep::Write(_)) => {}
-            Err(_) => self.counters.commits_refused += 1,
+    /// A worker's commit: validated now; its progress record goes to the
+    /// store in the job's next group commit, and `req` is answered once it
+    /// is stored and applied (or at once, for a refusal or a retry of a
+    /// commit already applied). Marks the shard as being written: its
+    /// lease neither expires nor moves until then.
+    pub fn commit(&mut self, req: ReqId, commit: Commit, now: Instant) {
+        match self.check_commit(commit, req, now) {
+            Ok(Step::Duplicate) => {
+                self.counters.commits_duplicate += 1;
+                self.reply(Some(req), Answer::Commit(Ok(true)));
+            }
+            Ok(Step::Write(pending)) => self.enqueue(*pending),
+            Err(e) => {
+                self.counters.commits_refused += 1;
+                self.reply(Some(req), Answer::Commit(Err(e)));
+            }
         }
-        step
     }
 
-    fn check_commit(&mut self, commit: Commit) -> Result<CommitStep> {
+    /// Queues a validated commit behind the job's write in flight, or
+    /// writes it at once when there is none.
+    fn enqueue(&mut self, pending: PendingCommit) {
+        let job_id = pending.commit.key.job_id.clone();
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            // `check_commit` found the job among the live ones; nothing
+            // since could have let go of it.
+            let error = CoordinatorError::JobNotFound { job_id };
+            return self.reply(Some(pending.req), Answer::Commit(Err(error)));
+        };
+        job.commits.queued.push_back(pending);
+        if !job.commits.writing {
+            self.next_group(&job_id);
+        }
+    }
+
+    /// Writes the job's queued commits (at most [`MAX_GROUP`]) as one
+    /// group, or marks the job as writing nothing when none wait.
+    fn next_group(&mut self, job_id: &str) {
+        let Some(job) = self.jobs.get_mut(job_id) else {
+            return;
+        };
+        let n = job.commits.queued.len().min(MAX_GROUP);
+        job.commits.writing = n > 0;
+        let mut pendings = job.commits.queued.drain(..n).peekable();
+        let Some(uri) = pendings.peek().map(|p| p.log_uri.clone()) else {
+            return;
+        };
+        let mut records = Vec::with_capacity(n);
+        let mut copies = Vec::with_capacity(n);
+        let mut committing = Vec::with_capacity(n);
+        for p in pendings {
+            records.push(p.progress);
+            copies.push(p.copies);
+            committing.push(Committing {
+                idx: p.idx,
+                commit: p.commit,
+                req: p.req,
+                arrived: p.arrived,
+            });
+        }
+        let write = GroupWrite {
+            job_id: job_id.to_string(),
+            uri,
+            records,
+            copies,
+        };
+        self.start_io(Io::Group(write), Then::Group(committing));
+    }
+
+    fn check_commit(&mut self, mut commit: Commit, req: ReqId, arrived: Instant) -> Result<Step> {
         let key = &commit.key;
         let job = self.job(&key.job_id)?;
         if job.ended.is_some() {
@@ -202,7 +222,7 @@ impl State {
             && commit.next_batch <= shard.progress.next_batch
             && (shard.progress.done || !commit.shard_done)
         {
-            return Ok(CommitStep::Duplicate);
+            return Ok(Step::Duplicate);
         }
         if job.state.is_terminal() {
             let (error, attempt) = job.refuse_after_end(key);
@@ -252,7 +272,8 @@ impl State {
                 return Err(error);
             }
         }
-        let (outputs, copies) = job.committed_outputs(&commit)?;
+        let staged = std::mem::take(&mut commit.outputs);
+        let (outputs, copies) = job.committed_outputs(key, staged)?;
         let mut progress = (*shard.progress).clone();
         progress.token = key.token;
         progress.next_batch = commit.next_batch;
@@ -260,7 +281,9 @@ impl State {
         progress.outputs.extend(outputs);
         progress.done = commit.shard_done;
         progress.skipped += commit.skipped;
-        progress.errors.extend(commit.error_objects.iter().cloned());
+        progress
+            .errors
+            .extend(std::mem::take(&mut commit.error_objects));
         let reach = plan_shard.from_record() + progress.records;
         // The suspected records all passed (isolated probes, or a death
         // that was not theirs): nothing is suspected any more.
@@ -280,12 +303,14 @@ impl State {
         {
             lease.current = None;
         }
-        Ok(CommitStep::Write(Box::new(PendingCommit {
+        Ok(Step::Write(Box::new(PendingCommit {
             idx,
             log_uri: job.layout.progress_log(progress.seq),
             progress,
             copies,
             commit,
+            req,
+            arrived,
         })))
     }
 
@@ -312,42 +337,79 @@ impl State {
         }
     }
 
-    /// Applies the commits of a group once their object is stored (or
-    /// refuses those whose copy or write failed); one answer per commit.
-    pub fn finish_group(
+    /// A group is written: applies its commits (or refuses those whose
+    /// copy or write failed) and answers each, in order; then writes a
+    /// snapshot if one is due, else the job's next group.
+    pub(super) fn group_written(
         &mut self,
-        write: &GroupWrite,
-        group: Vec<PendingCommit>,
+        write: GroupWrite,
+        group: Vec<Committing>,
         written: GroupWritten,
         now: Instant,
-    ) -> Vec<Result<bool>> {
+    ) {
         self.account_time(now);
+        let GroupWrite {
+            job_id,
+            uri,
+            records,
+            ..
+        } = write;
         if written.stored
-            && let Some(job) = self.jobs.get_mut(&write.job_id)
+            && let Some(job) = self.jobs.get_mut(&job_id)
         {
-            job.progress_objects.push(write.uri.clone());
+            job.progress_objects.push(uri);
             job.totals.logged += written.results.iter().filter(|r| r.is_ok()).count() as u64;
         }
-        let mut answers = Vec::with_capacity(group.len());
-        for (pending, result) in group.into_iter().zip(written.results) {
-            if pending.commit.shard_done {
+        for ((committing, progress), result) in group.into_iter().zip(records).zip(written.results)
+        {
+            if committing.commit.shard_done {
                 // Its lease ends here: its time so far went to the shard.
-                self.settle_session(&pending.commit.session_id, now);
+                self.settle_session(&committing.commit.session_id, now);
             }
-            let applied = self.apply_commit(pending, result, now);
+            let (req, arrived) = (committing.req, committing.arrived);
+            let applied = self.apply_commit(committing, progress, result, now);
             match &applied {
                 Ok(_) => self.counters.commits_accepted += 1,
                 Err(_) => self.counters.commits_refused += 1,
             }
-            answers.push(applied);
+            self.histograms
+                .commit
+                .observe(now.saturating_duration_since(arrived).as_secs_f64());
+            self.reply(Some(req), Answer::Commit(applied));
         }
-        answers
+        match self.snapshot_due(&job_id) {
+            Some(snapshot) => {
+                let uri = snapshot.uri.clone();
+                self.start_io(Io::Snapshot(snapshot), Then::Snapshot { job_id, uri });
+            }
+            None => self.next_group(&job_id),
+        }
+    }
+
+    /// A group whose write came back without a result per commit: each
+    /// commit is refused (its worker retries it), the shards are free to
+    /// commit again, and the job's next group goes out.
+    pub(super) fn group_failed(&mut self, group: Vec<Committing>, why: &str) {
+        let mut job_id = None;
+        for committing in group {
+            let key = &committing.commit.key;
+            if let Some(job) = self.jobs.get_mut(&key.job_id) {
+                job.shards[committing.idx].writing = false;
+            }
+            job_id.get_or_insert_with(|| key.job_id.clone());
+            self.counters.commits_refused += 1;
+            let error = CoordinatorError::Recovery(why.to_string());
+            self.reply(Some(committing.req), Answer::Commit(Err(error)));
+        }
+        if let Some(job_id) = job_id {
+            self.next_group(&job_id);
+        }
     }
 
     /// A snapshot of the job's progress when its logs have piled up enough
-    /// to be worth replacing (call only while no group of the job is being
-    /// written: the snapshot holds what is applied).
-    pub fn snapshot_due(&mut self, job_id: &str) -> Option<SnapshotWrite> {
+    /// to be worth replacing (only between groups: the snapshot holds what
+    /// is applied).
+    fn snapshot_due(&mut self, job_id: &str) -> Option<SnapshotWrite> {
         let job = self.jobs.get(job_id)?;
         if job.progress_objects.len() < SNAPSHOT_MIN_OBJECTS
             || job.totals.logged * SNAPSHOT_AMORTISE < job.totals.recorded
@@ -370,43 +432,43 @@ impl State {
         })
     }
 
-    /// Records a stored snapshot in place of the objects it replaced.
-    pub fn finish_snapshot(
+    /// A snapshot is written (or not): records it in place of the objects
+    /// it replaced, then the job's next group goes out.
+    pub(super) fn snapshot_written(
         &mut self,
-        snapshot: &SnapshotWrite,
+        job_id: &str,
+        uri: StoreUri,
         written: std::result::Result<(), StoreError>,
         deleted: &[StoreUri],
     ) {
-        let Some(job) = self.jobs.get_mut(&snapshot.job_id) else {
-            return;
-        };
-        if let Err(e) = written {
-            // The logs still hold everything; try again after the next group.
-            warn!(job = %snapshot.job_id, error = %e, "writing a progress snapshot failed");
-            return;
+        match (self.jobs.get_mut(job_id), written) {
+            (None, _) => return,
+            (Some(_), Err(e)) => {
+                // The logs still hold everything; try again after the next group.
+                warn!(job = %job_id, error = %e, "writing a progress snapshot failed");
+            }
+            (Some(job), Ok(())) => {
+                let deleted: HashSet<&str> = deleted.iter().map(StoreUri::as_str).collect();
+                job.progress_objects
+                    .retain(|u| !deleted.contains(u.as_str()));
+                job.progress_objects.insert(0, uri);
+                job.totals.logged = 0;
+                debug!(job = %job_id, records = job.totals.recorded, objects = job.progress_objects.len(), "progress snapshot stored");
+            }
         }
-        let deleted: HashSet<&str> = deleted.iter().map(StoreUri::as_str).collect();
-        job.progress_objects
-            .retain(|u| !deleted.contains(u.as_str()));
-        job.progress_objects.insert(0, snapshot.uri.clone());
-        job.totals.logged = 0;
-        debug!(job = %snapshot.job_id, records = job.totals.recorded, objects = job.progress_objects.len(), "progress snapshot stored");
+        self.next_group(job_id);
     }
 
     /// Applies a commit once its progress record is stored (or clears the
     /// mark when the write failed, so the worker's retry can go through).
     fn apply_commit(
         &mut self,
-        pending: PendingCommit,
+        committing: Committing,
+        progress: ProgressRecord,
         written: std::result::Result<(), StoreError>,
         now: Instant,
     ) -> Result<bool> {
-        let PendingCommit {
-            idx,
-            progress,
-            commit,
-            ..
-        } = pending;
+        let Committing { idx, commit, .. } = committing;
         let key = &commit.key;
         let deadline = now + self.config.lease_timeout;
         let worker = self.worker_of(&commit.session_id);

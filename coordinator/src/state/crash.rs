@@ -33,8 +33,7 @@ use stoke_core::spec::ErrorPolicy;
 use tokio::time::Instant;
 use tracing::{error, warn};
 
-use super::effects::Then;
-use super::{ActiveLease, Io, State, progress_log};
+use super::{ActiveLease, Io, State, Then, progress_log};
 
 /// How the holder of a lease was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

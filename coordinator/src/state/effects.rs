@@ -5,15 +5,15 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use stoke_core::StoreUri;
 use stoke_core::layout::JobLayout;
-use stoke_core::lease::Release;
 use stoke_core::plan::Plan;
 use stoke_core::records::{JobInfo, ProgressRecord, StatusRecord};
 use stoke_core::spec::JobSpec;
+use stoke_core::{StoreError, StoreUri};
 
-use super::Job;
-use super::jobs::JobCmd;
+use stoke_core::records::ProgressLogRef;
+use stoke_core::store::to_json_bytes;
+
 use crate::error::Result;
 
 /// Names a caller waiting for an answer (the owner keeps its reply
@@ -43,6 +43,8 @@ pub enum Answer {
     Job(Box<Result<JobInfo>>),
     /// Release.
     Done(Result<()>),
+    /// Commit: `true` for a retry of a commit already applied.
+    Commit(Result<bool>),
 }
 
 impl Answer {
@@ -63,6 +65,36 @@ pub enum Io {
     /// Several objects, in order, each stored before the next is written:
     /// a crash's error object, then the progress record that lists it.
     Puts(Vec<(StoreUri, Bytes)>),
+    /// A group commit of one job (see [`GroupWrite`]). The owner may write
+    /// the groups of several jobs that it is handed at once together.
+    Group(GroupWrite),
+    /// A snapshot of one job's progress (see [`SnapshotWrite`]).
+    Snapshot(SnapshotWrite),
+}
+
+/// What a write did, handed back to [`super::State::written`].
+#[derive(Debug)]
+pub enum Outcome {
+    /// Any write but a group or a snapshot: stored, or why not.
+    Done(Result<()>),
+    /// A group commit: the write itself comes back (its records move into
+    /// the state, not copied), with one result per commit.
+    Group {
+        write: GroupWrite,
+        written: GroupWritten,
+    },
+    /// A snapshot: stored or not, and the older objects it replaced that
+    /// were deleted.
+    Snapshot {
+        written: std::result::Result<(), StoreError>,
+        deleted: Vec<StoreUri>,
+    },
+}
+
+impl From<Result<()>> for Outcome {
+    fn from(result: Result<()>) -> Self {
+        Self::Done(result)
+    }
 }
 
 /// A new job's spec (create-only: one already there must be the same
@@ -94,38 +126,46 @@ pub struct FinishJob {
     pub progress: Vec<Arc<ProgressRecord>>,
 }
 
-/// What to do when a write is done (kept by the state, by [`IoId`]).
-pub(super) enum Then {
-    /// The job is stored: add it.
-    Created { job: Box<Job> },
-    /// A status change of a job is stored: apply it.
-    Status {
-        job_id: String,
-        req: Option<ReqId>,
-        cmd: JobCmd,
-    },
-    /// A failed attempt's progress record is stored: apply it.
-    AttemptFailed(Box<AttemptFailed>),
-    /// The job's manifest and status are stored: it succeeded.
-    Finished { job_id: String },
-    /// A split's progress records are stored: apply it.
-    Split(Box<super::split::SplitWrite>),
-    /// An ended job's `report.json` is stored (or not).
-    Report { job_id: String },
-    /// A running job's `report-so-far.json` is stored (or not).
-    ReportSaved { job_id: String },
-    /// A succeeded job's `ended.json` is stored (or not).
-    EndedSaved { job_id: String },
-    /// A crash's progress record is stored: apply it.
-    Crashed(Box<super::crash::Crashed>),
+/// (staged, committed): an object an attempt uploaded, and where the
+/// output folder gets its copy.
+pub type StagedCopy = (StoreUri, StoreUri);
+
+/// The progress records of several commits of one job, stored as one
+/// object (a group commit): one write per group instead of one per commit.
+/// Each commit's staged objects are copied into the output folder first,
+/// so an object is there before any record names it; a commit whose copy
+/// failed is left out of the object and answered with the error.
+#[derive(Debug)]
+pub struct GroupWrite {
+    pub job_id: String,
+    pub uri: StoreUri,
+    pub records: Vec<ProgressRecord>,
+    /// Per commit, its copies.
+    pub copies: Vec<Vec<StagedCopy>>,
 }
 
-/// A failed attempt whose progress record is being stored.
-pub(super) struct AttemptFailed {
-    pub req: ReqId,
-    pub release: Release,
-    pub idx: usize,
-    pub progress: ProgressRecord,
-    pub log_uri: StoreUri,
-    pub counts_as_failure: bool,
+/// What storing a group did: one result per commit, in order.
+#[derive(Debug)]
+pub struct GroupWritten {
+    /// The progress object was stored (with the records of the commits
+    /// whose result is `Ok`).
+    pub stored: bool,
+    pub results: Vec<std::result::Result<(), StoreError>>,
+}
+
+/// A snapshot of a job's progress that replaces its older progress
+/// objects: they are deleted once it is stored.
+#[derive(Debug)]
+pub struct SnapshotWrite {
+    pub job_id: String,
+    pub uri: StoreUri,
+    pub bytes: Bytes,
+    pub replaces: Vec<StoreUri>,
+}
+
+/// Progress records as one stored object (a log or a snapshot).
+pub fn progress_log<'a>(records: impl Iterator<Item = &'a ProgressRecord>) -> Bytes {
+    Bytes::from(to_json_bytes(&ProgressLogRef {
+        records: records.collect(),
+    }))
 }

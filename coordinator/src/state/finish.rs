@@ -17,8 +17,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::account::ReportFile;
-use super::effects::Then;
-use super::{Effect, Ended, FinishJob, Io, Job, State, has_errors};
+use super::{Effect, Ended, FinishJob, Io, Job, State, Then, has_errors};
 use crate::error::Result;
 use stoke_core::records::JobState;
 

@@ -15,8 +15,7 @@ use stoke_core::spec::JobSpec;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::effects::Then;
-use super::{Answer, CreateJob, Effect, Io, Job, ReqId, State};
+use super::{Answer, CreateJob, Effect, Io, Job, ReqId, State, Then};
 use crate::error::{CoordinatorError, Result};
 
 /// A job being stored, and who else asked for it with the same spec.

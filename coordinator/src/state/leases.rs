@@ -12,9 +12,8 @@ use tracing::{info, warn};
 
 use super::account::Lost;
 use super::crash::Death;
-use super::effects::{AttemptFailed, Then};
 use super::repeats::Repeat;
-use super::{ActiveLease, Answer, Io, ReqId, State, progress_log};
+use super::{ActiveLease, Answer, AttemptFailed, Io, ReqId, State, Then, progress_log};
 use crate::error::{CoordinatorError, Result};
 
 /// Attempts of one shard that may fail on the store before they count

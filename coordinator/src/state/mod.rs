@@ -59,7 +59,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use stoke_core::layout::{JobLayout, RootLayout};
-use stoke_core::lease::{SessionEvent, StageTotals};
+use stoke_core::lease::{Release, SessionEvent, StageTotals};
 use stoke_core::plan::Plan;
 use stoke_core::records::{JobState, ProgressRecord};
 use stoke_core::schedule::Schedule;
@@ -73,11 +73,12 @@ use crate::error::{CoordinatorError, Result};
 use crate::metrics::{Counters, Histograms};
 use crate::progress::RateWindow;
 
-pub use commit::{
-    CommitStep, GroupWrite, GroupWritten, MAX_GROUP, PendingCommit, SnapshotWrite, progress_log,
-};
+pub use commit::MAX_GROUP;
 pub use crash::{Verdict, judge};
-pub use effects::{Answer, CreateJob, Effect, FinishJob, Io, IoId, ReqId};
+pub use effects::{
+    Answer, CreateJob, Effect, FinishJob, GroupWrite, GroupWritten, Io, IoId, Outcome, ReqId,
+    SnapshotWrite, StagedCopy, progress_log,
+};
 pub use schedule::WaitReason;
 pub use split::{PROBE_LEAD, SPLIT_IN_PROCESS_BATCHES, Share, SplitPoint, split_point};
 pub use view::ErrorSources;
@@ -160,6 +161,8 @@ struct Job {
     /// The job's progress objects (logs, snapshots) the next snapshot
     /// replaces, oldest first.
     progress_objects: Vec<StoreUri>,
+    /// Its commits on their way to the store (see `commit.rs`).
+    commits: commit::CommitQueue,
     /// A write of the job's status (or its finish) is in flight: its
     /// other status changes wait in `deferred`, and no lease goes out.
     busy: bool,
@@ -280,6 +283,7 @@ impl Job {
             totals: Totals::default(),
             rate: RateWindow::default(),
             progress_objects: Vec::new(),
+            commits: Default::default(),
             busy: false,
             deferred: VecDeque::new(),
             must_fail: None,
@@ -418,7 +422,7 @@ pub struct State {
     /// What the owner is to do, in order (see [`State::take_effects`]).
     effects: Vec<Effect>,
     /// Writes in flight, and what to do when each is done.
-    in_flight: HashMap<IoId, effects::Then>,
+    in_flight: HashMap<IoId, Then>,
     io_seq: IoId,
     /// Stride scheduling's virtual time: the pass of the job served last.
     vtime: f64,
@@ -486,7 +490,7 @@ impl State {
     }
 
     /// Asks the owner to run `io`; `then` says what to do with its result.
-    fn start_io(&mut self, io: Io, then: effects::Then) {
+    fn start_io(&mut self, io: Io, then: Then) {
         self.io_seq += 1;
         let id = self.io_seq;
         self.in_flight.insert(id, then);
@@ -499,23 +503,43 @@ impl State {
         }
     }
 
-    /// The result of the write `id`: finishes what started it.
-    pub fn written(&mut self, id: IoId, result: Result<()>) {
+    /// What the write `id` did: finishes what started it. A plain write's
+    /// result converts (`state.written(id, Ok(()))`).
+    pub fn written(&mut self, id: IoId, outcome: impl Into<Outcome>) {
         let Some(then) = self.in_flight.remove(&id) else {
             return;
         };
-        match then {
-            effects::Then::Created { job } => self.job_created(*job, result),
-            effects::Then::Status { job_id, req, cmd } => {
-                self.status_written(&job_id, req, cmd, result);
+        // A result of another kind than the write (a bug in the owner)
+        // counts as a failed write.
+        let mismatch = || "a store write's result does not match the write".to_string();
+        let (then, result) = match (then, outcome.into()) {
+            (Then::Group(commits), Outcome::Group { write, written }) => {
+                return self.group_written(write, commits, written, Instant::now());
             }
-            effects::Then::AttemptFailed(failed) => self.attempt_failed(*failed, result),
-            effects::Then::Finished { job_id } => self.job_finished(&job_id, result),
-            effects::Then::Split(write) => self.split_written(*write, result),
-            effects::Then::Report { job_id } => self.report_written(&job_id, result),
-            effects::Then::ReportSaved { job_id } => self.report_saved(&job_id, result),
-            effects::Then::EndedSaved { job_id } => self.ended_saved(&job_id, result),
-            effects::Then::Crashed(crashed) => self.crash_stored(*crashed, result),
+            (Then::Snapshot { job_id, uri }, Outcome::Snapshot { written, deleted }) => {
+                return self.snapshot_written(&job_id, uri, written, &deleted);
+            }
+            (then, Outcome::Done(result)) => (then, result),
+            (then, _) => (then, Err(CoordinatorError::Recovery(mismatch()))),
+        };
+        match then {
+            Then::Created { job } => self.job_created(*job, result),
+            Then::Status { job_id, req, cmd } => self.status_written(&job_id, req, cmd, result),
+            Then::AttemptFailed(failed) => self.attempt_failed(*failed, result),
+            Then::Finished { job_id } => self.job_finished(&job_id, result),
+            Then::Split(write) => self.split_written(*write, result),
+            Then::Report { job_id } => self.report_written(&job_id, result),
+            Then::ReportSaved { job_id } => self.report_saved(&job_id, result),
+            Then::EndedSaved { job_id } => self.ended_saved(&job_id, result),
+            Then::Crashed(crashed) => self.crash_stored(*crashed, result),
+            Then::Group(commits) => self.group_failed(commits, &mismatch()),
+            Then::Snapshot { job_id, uri } => {
+                let error = stoke_core::StoreError::Shared {
+                    message: mismatch(),
+                    transient: true,
+                };
+                self.snapshot_written(&job_id, uri, Err(error), &[]);
+            }
         }
     }
 
@@ -561,4 +585,46 @@ impl State {
         self.record_seq += 1;
         (self.epoch << TOKEN_EPOCH_SHIFT) | self.record_seq
     }
+}
+
+/// What to do when a write is done (kept by the state, by [`IoId`]): the
+/// machine's side of [`Effect::Io`], never seen by the owner.
+enum Then {
+    /// The job is stored: add it.
+    Created { job: Box<Job> },
+    /// A status change of a job is stored: apply it.
+    Status {
+        job_id: String,
+        req: Option<ReqId>,
+        cmd: jobs::JobCmd,
+    },
+    /// A failed attempt's progress record is stored: apply it.
+    AttemptFailed(Box<AttemptFailed>),
+    /// The job's manifest and status are stored: it succeeded.
+    Finished { job_id: String },
+    /// A split's progress records are stored: apply it.
+    Split(Box<split::SplitWrite>),
+    /// An ended job's `report.json` is stored (or not).
+    Report { job_id: String },
+    /// A running job's `report-so-far.json` is stored (or not).
+    ReportSaved { job_id: String },
+    /// A succeeded job's `ended.json` is stored (or not).
+    EndedSaved { job_id: String },
+    /// A crash's progress record is stored: apply it.
+    Crashed(Box<crash::Crashed>),
+    /// A group commit of the job is stored: apply its commits and answer
+    /// them, in order.
+    Group(Vec<commit::Committing>),
+    /// A snapshot of the job's progress is stored (or not).
+    Snapshot { job_id: String, uri: StoreUri },
+}
+
+/// A failed attempt whose progress record is being stored.
+struct AttemptFailed {
+    req: ReqId,
+    release: Release,
+    idx: usize,
+    progress: ProgressRecord,
+    log_uri: StoreUri,
+    counts_as_failure: bool,
 }

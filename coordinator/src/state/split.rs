@@ -48,8 +48,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::account::Lost;
-use super::effects::Then;
-use super::{Io, Job, Session, ShardState, State, progress_log};
+use super::{Io, Job, Session, ShardState, State, Then, progress_log};
 use crate::error::Result;
 
 /// Batches a holder may have processed past its last commit on top of a

@@ -155,49 +155,6 @@ async fn a_commit_copies_staged_outputs_into_the_output_folder() {
     assert_eq!(progress.outputs, vec![copy]);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_commit_being_written_keeps_its_lease_until_stored() {
-    let stores = Stores::new();
-    let mut state = recover(&stores).await;
-    submit(&mut state, &stores, "j", 10).await;
-    let (a, _a_events) = register(&mut state, "a");
-    let (b, _b_events) = register(&mut state, "b");
-    let lease = leased(state.acquire(&a));
-    let step = state
-        .begin_commit(staged(&stores, checkpoint(&a, &lease, 0, 2)).await)
-        .expect("begin");
-    let stoke_coordinator::state::CommitStep::Write(pending) = step else {
-        panic!("expected a write");
-    };
-    // While the record is being written: a second commit must wait, the
-    // lease does not expire, and the worker's death does not move it.
-    assert!(matches!(
-        state.begin_commit(checkpoint(&a, &lease, 0, 2)),
-        Err(CoordinatorError::CommitInFlight { .. })
-    ));
-    advance(lease_timeout() * 2).await;
-    state.tick().await;
-    state.session_closed(&a);
-    assert!(matches!(state.acquire(&b), Ok(AcquireOutcome::Wait(_))));
-    // Once stored, the commit counts and the orphaned shard is requeued at
-    // the committed batch.
-    let group = vec![*pending];
-    let write = stoke_coordinator::state::GroupWrite::of(&group).expect("group");
-    let written = stoke_coordinator::owner::io::write_group(&write, &stores).await;
-    let mut answers = state.finish_group(&write, group, written, tokio::time::Instant::now());
-    let dup = answers.pop().expect("one answer").expect("finish");
-    assert!(!dup);
-    let again = leased(state.acquire(&b));
-    assert_eq!(again.shard.id, lease.shard.id);
-    assert_eq!(again.next_batch, 2);
-    assert_eq!(
-        stored_progress(&stores, "j", &lease.shard.id)
-            .await
-            .next_batch,
-        2
-    );
-}
-
 /// Commits go through the owner task's group commit: under load several
 /// share one stored object; piled-up logs are replaced by a snapshot; and a
 /// restarted coordinator reads back exactly what was acknowledged.
