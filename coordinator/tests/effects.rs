@@ -492,3 +492,50 @@ async fn a_commit_being_written_keeps_its_lease_until_stored() {
     assert_eq!(again.shard.id, shard);
     assert_eq!(again.next_batch, 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_whose_write_failed_is_retried_at_the_tick_before_other_changes() {
+    let mut state = State::new(config(), 1);
+    let mut strict = spec(30);
+    strict.errors.max_skipped = 0;
+    submit_spec(&mut state, 1, "j", strict, 30);
+    let (w, _events) = register(&mut state, "w");
+    let held = lease(&mut state, &w);
+    // A skipped record past `errors.max_skipped = 0`: the job must fail.
+    let mut commit = checkpoint(&w, &held, 0, 1, true);
+    commit.skipped = 1;
+    state.commit(10, commit, Instant::now());
+    let mut fx = effects(&mut state);
+    let (id, write) = take_group(&mut fx);
+    stored(&mut state, id, write);
+    let mut fx = effects(&mut state);
+    assert!(matches!(commit_answer(&mut fx, 10), Ok(false)));
+    let [(fail_id, Io::Put { uri, .. })] = &fx.io[..] else {
+        panic!("expected the failed status's write, got {:?}", fx.io);
+    };
+    assert!(uri.as_str().ends_with("/status.json"), "{uri}");
+    state.written(
+        *fail_id,
+        Err(CoordinatorError::Recovery("store unavailable".to_string())),
+    );
+    assert_eq!(state.get_job("j").expect("j").state, JobState::Running);
+    // A pause now waits for the failure it owes: no write of its own.
+    state.pause(11, "j", "later".to_string());
+    let fx = effects(&mut state);
+    assert!(fx.io.is_empty() && fx.replies.is_empty(), "{:?}", fx.io);
+    // The tick tries the failure again; once stored the job failed, and
+    // the pause is refused: a failed job does not pause.
+    state.tick(Instant::now());
+    let fx = effects(&mut state);
+    let [(fail_id, Io::Put { .. })] = &fx.io[..] else {
+        panic!("expected the failure's write again, got {:?}", fx.io);
+    };
+    state.written(*fail_id, Ok(()));
+    let fx = effects(&mut state);
+    assert_eq!(state.get_job("j").expect("j").state, JobState::Failed);
+    assert!(
+        matches!(&fx.replies[..], [(11, Answer::Job(a))] if matches!(a.as_ref(), Err(CoordinatorError::JobNotRunning { .. }))),
+        "{:?}",
+        fx.replies
+    );
+}

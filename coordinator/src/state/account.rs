@@ -496,7 +496,7 @@ impl State {
                 saves.push((job.id.clone(), job.layout.report_so_far(), so_far));
             }
             if !job.state.is_terminal()
-                || job.busy
+                || job.phase.storing()
                 || job.account.report_file != ReportFile::Unwritten
             {
                 continue;

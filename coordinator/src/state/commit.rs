@@ -208,7 +208,7 @@ impl State {
     fn check_commit(&mut self, mut commit: Commit, req: ReqId, arrived: Instant) -> Result<Step> {
         let key = &commit.key;
         let job = self.job(&key.job_id)?;
-        if job.ended.is_some() {
+        if job.phase.ended().is_some() {
             // A zombie of a job that succeeded long ago (its shards have
             // left memory): refused like one just after the end.
             let (error, attempt) = job.refuse_after_end(key);

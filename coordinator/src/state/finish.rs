@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::account::ReportFile;
-use super::{Effect, Ended, FinishJob, Io, Job, State, Then, has_errors};
+use super::{Effect, Ended, FinishJob, Io, Job, JobPhase, State, Then, has_errors};
 use crate::error::Result;
 use stoke_core::records::JobState;
 
@@ -26,9 +26,8 @@ impl Job {
     /// report), so it may let go of its shards.
     pub(super) fn may_let_go(&self) -> bool {
         self.state == JobState::Succeeded
-            && self.manifest_written
+            && matches!(self.phase, JobPhase::Open)
             && self.account.report_file == ReportFile::Stored
-            && !self.busy
             && self.leased == 0
             && self.deferred.is_empty()
     }
@@ -36,7 +35,7 @@ impl Job {
     /// Keeps what the job's views show (`Ended`) and drops its plan and
     /// its shards' states.
     pub(super) fn let_go(&mut self) {
-        if self.ended.is_some() {
+        if self.phase.ended().is_some() {
             return;
         }
         let errors = self
@@ -58,12 +57,12 @@ impl Job {
         self.shards = Vec::new();
         self.shard_index = HashMap::new();
         self.pending = VecDeque::new();
-        self.ended = Some(ended);
+        self.phase = JobPhase::Ended(ended);
     }
 
     /// What `ended.json` holds, once the job let go of its shards.
     fn ended_record(&self) -> Option<EndedRecord> {
-        let ended = self.ended.as_ref()?;
+        let ended = self.phase.ended()?;
         Some(EndedRecord {
             shards_total: ended.shards_total,
             shards_done: self.totals.shards_done,
@@ -97,7 +96,7 @@ impl Job {
         job.totals.skipped = record.records_skipped;
         job.totals.failed_attempts = record.failed_attempts;
         job.totals.store_failures = record.store_failures;
-        job.ended = Some(Ended {
+        job.phase = JobPhase::Ended(Ended {
             shards_total: record.shards_total,
             shards_split: record.shards_split,
             errors: record.errors,
@@ -113,10 +112,11 @@ impl State {
         let Some(job) = self.jobs.get_mut(job_id) else {
             return;
         };
-        if job.state != JobState::Running || job.busy || !job.all_done() {
+        if job.state != JobState::Running || !matches!(job.phase, JobPhase::Open) || !job.all_done()
+        {
             return;
         }
-        job.busy = true;
+        job.phase = JobPhase::Finishing;
         let finish = FinishJob {
             job_id: job_id.to_string(),
             layout: job.layout.clone(),
@@ -138,13 +138,12 @@ impl State {
         let Some(job) = self.jobs.get_mut(job_id) else {
             return;
         };
-        job.busy = false;
+        job.phase = JobPhase::Open;
         match result {
             Ok(()) => {
                 job.state = JobState::Succeeded;
                 job.account.end(tokio::time::Instant::now());
                 job.reason = None;
-                job.manifest_written = true;
                 let staging = job.staging_dir();
                 info!(job = %job_id, records = job.totals.records, shards = job.shards.len(), "job succeeded; manifest written");
                 self.effects.push(Effect::Sweep(staging));

@@ -15,7 +15,7 @@ use stoke_core::spec::JobSpec;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{Answer, CreateJob, Effect, Io, Job, ReqId, State, Then};
+use super::{Answer, CreateJob, Effect, Io, Job, JobPhase, ReqId, State, Then};
 use crate::error::{CoordinatorError, Result};
 
 /// A job being stored, and who else asked for it with the same spec.
@@ -224,9 +224,14 @@ impl State {
             Ok(job) => job,
             Err(e) => return self.reply(req, Answer::job(Err(e))),
         };
-        if job.busy {
-            job.deferred.push_back((req, cmd));
-            return;
+        match (&job.phase, &cmd) {
+            // The failure it owes, tried again.
+            (JobPhase::Failing(_), JobCmd::Fail(_)) => job.phase = JobPhase::Open,
+            (phase, _) if phase.holds_changes() => {
+                job.deferred.push_back((req, cmd));
+                return;
+            }
+            _ => {}
         }
         // What the change means in the job's state now: nothing to do,
         // refused, or a status to store.
@@ -246,9 +251,6 @@ impl State {
             }
             _ => None,
         };
-        if let JobCmd::Fail(_) = cmd {
-            job.must_fail = None;
-        }
         if let Some(answer) = noop {
             let answer = answer.and_then(|()| self.get_job(job_id));
             return self.reply(req, Answer::job(answer));
@@ -282,7 +284,7 @@ impl State {
             // Only `Set` stores no status, and it is matched above.
             (None, _) => return self.run_deferred(job_id),
         };
-        job.busy = true;
+        job.phase = JobPhase::Changing;
         self.start_io(
             io,
             Then::Status {
@@ -303,7 +305,7 @@ impl State {
         let Ok(job) = self.job_mut(job_id) else {
             return;
         };
-        job.busy = false;
+        job.phase = JobPhase::Open;
         match result {
             Ok(()) => {
                 self.apply_job_cmd(job_id, cmd);
@@ -319,7 +321,7 @@ impl State {
                 if let JobCmd::Fail(reason) = cmd
                     && let Ok(job) = self.job_mut(job_id)
                 {
-                    job.must_fail = Some(reason);
+                    job.phase = JobPhase::Failing(reason);
                 }
                 self.reply(req, Answer::job(Err(e)));
             }
@@ -333,7 +335,7 @@ impl State {
             let Ok(job) = self.job_mut(job_id) else {
                 return;
             };
-            if job.busy {
+            if job.phase.holds_changes() {
                 return;
             }
             let Some((req, cmd)) = job.deferred.pop_front() else {
@@ -429,7 +431,6 @@ impl State {
         job.account.end(Instant::now());
         job.reason = Some(reason.clone());
         job.pending.clear();
-        job.must_fail = None;
         let staging = job.staging_dir();
         let mut revoked: HashMap<String, Vec<LeaseKey>> = HashMap::new();
         job.leased = 0;

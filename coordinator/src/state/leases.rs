@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use super::account::Lost;
 use super::crash::Death;
 use super::repeats::Repeat;
-use super::{ActiveLease, Answer, AttemptFailed, Io, ReqId, State, Then, progress_log};
+use super::{ActiveLease, Answer, AttemptFailed, Io, JobPhase, ReqId, State, Then, progress_log};
 use crate::error::{CoordinatorError, Result};
 
 /// Attempts of one shard that may fail on the store before they count
@@ -107,7 +107,7 @@ impl State {
         self.settle_session(&release.session_id, now);
         let key = &release.key;
         let job = self.job(&key.job_id)?;
-        if job.ended.is_some() {
+        if job.phase.ended().is_some() {
             // The job succeeded long ago: a stale release, nothing to do.
             self.reply(Some(req), Answer::Done(Ok(())));
             return Ok(());
@@ -332,9 +332,14 @@ impl State {
         let retry: Vec<(String, Option<String>)> = self
             .jobs
             .values()
-            .filter(|j| !j.busy && !j.state.is_terminal())
-            .filter(|j| j.must_fail.is_some() || (j.state == JobState::Running && j.all_done()))
-            .map(|j| (j.id.clone(), j.must_fail.clone()))
+            .filter(|j| !j.state.is_terminal())
+            .filter_map(|j| match &j.phase {
+                JobPhase::Failing(reason) => Some((j.id.clone(), Some(reason.clone()))),
+                JobPhase::Open if j.state == JobState::Running && j.all_done() => {
+                    Some((j.id.clone(), None))
+                }
+                _ => None,
+            })
             .collect();
         for (job_id, must_fail) in retry {
             match must_fail {

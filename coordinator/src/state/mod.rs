@@ -152,7 +152,6 @@ struct Job {
     /// Indices of shards waiting for a worker.
     pending: VecDeque<usize>,
     shard_index: HashMap<String, usize>,
-    manifest_written: bool,
     /// Running totals over the shards' progress, kept by `set_progress`
     /// so status calls and commits never walk every shard.
     totals: Totals,
@@ -163,12 +162,10 @@ struct Job {
     progress_objects: Vec<StoreUri>,
     /// Its commits on their way to the store (see `commit.rs`).
     commits: commit::CommitQueue,
-    /// A write of the job's status (or its finish) is in flight: its
-    /// other status changes wait in `deferred`, and no lease goes out.
-    busy: bool,
+    /// Where it is in its life (see [`JobPhase`]).
+    phase: JobPhase,
+    /// Changes of its status waiting for the one being stored.
     deferred: VecDeque<(Option<ReqId>, jobs::JobCmd)>,
-    /// The job must fail, but storing that failed; tried again each tick.
-    must_fail: Option<String>,
     /// Priority, weight and lease cap as they apply now (the spec's, or
     /// what `stoke set` stored since).
     schedule: Schedule,
@@ -180,11 +177,52 @@ struct Job {
     pass: f64,
     /// Its processor time by cause.
     account: account::Account,
-    /// Set once the job succeeded and its end is stored: its plan and its
-    /// shards' states have left memory (`State::release_ended`).
-    ended: Option<Ended>,
     /// Its failed attempts' errors so far (see `repeats.rs`).
     repeats: repeats::Repeats,
+}
+
+/// Where a job is in its life, beside its stored status (`Job::state`):
+/// which write of its status is in flight, and whether its shards are
+/// still in memory.
+#[derive(Debug)]
+enum JobPhase {
+    /// Its shards are in memory and no change of its status is being
+    /// stored.
+    Open,
+    /// A change of its status is being stored: its other changes wait in
+    /// `deferred`, and no lease goes out.
+    Changing,
+    /// Every shard is done: its manifest and `succeeded` status are being
+    /// stored (changes wait likewise).
+    Finishing,
+    /// It must fail, but storing that failed: tried again at each tick;
+    /// its other changes wait until it is stored.
+    Failing(String),
+    /// It succeeded and its end is stored: it let go of its plan and its
+    /// shards' states (`State::release_ended`), and lives in
+    /// `State::released`.
+    Ended(Ended),
+}
+
+impl JobPhase {
+    /// A write of the job's status (or its finish) is in flight.
+    fn storing(&self) -> bool {
+        matches!(self, Self::Changing | Self::Finishing)
+    }
+
+    /// Changes of its status wait in `deferred` (one is being stored, or a
+    /// failure it owes goes first).
+    fn holds_changes(&self) -> bool {
+        matches!(self, Self::Changing | Self::Finishing | Self::Failing(_))
+    }
+
+    /// What an ended job keeps, once it let go of its shards.
+    fn ended(&self) -> Option<&Ended> {
+        match self {
+            Self::Ended(ended) => Some(ended),
+            _ => None,
+        }
+    }
 }
 
 /// What a succeeded job keeps in memory once its end is stored: what its
@@ -279,20 +317,17 @@ impl Job {
             reason: None,
             shards,
             shard_index,
-            manifest_written: false,
             totals: Totals::default(),
             rate: RateWindow::default(),
             progress_objects: Vec::new(),
             commits: Default::default(),
-            busy: false,
+            phase: JobPhase::Open,
             deferred: VecDeque::new(),
-            must_fail: None,
             schedule: spec.schedule(),
             leased: 0,
             pass: 0.0,
             spec,
             account: account::Account::new(now),
-            ended: None,
             repeats: Default::default(),
         }
     }
@@ -353,13 +388,13 @@ impl Job {
     }
 
     fn shards_total(&self) -> u64 {
-        self.ended
-            .as_ref()
+        self.phase
+            .ended()
             .map_or(self.shards.len() as u64, |e| e.shards_total)
     }
 
     fn shard(&self, shard_id: &str) -> Result<usize> {
-        if self.ended.is_some() {
+        if self.phase.ended().is_some() {
             return Err(CoordinatorError::JobNotRunning {
                 job_id: self.id.clone(),
                 state: self.state.to_string(),

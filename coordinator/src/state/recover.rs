@@ -161,7 +161,6 @@ async fn load(config: CoordinatorConfig, stores: &Stores, epoch: u64) -> Result<
         }
         job.state = status.state;
         job.reason = status.reason;
-        job.manifest_written = status.state == JobState::Succeeded;
         if let Some(stored) = stored {
             let mut progress = stored.records;
             job.progress_objects = stored.objects;

@@ -192,7 +192,7 @@ impl State {
             any_unfinished = true;
             // A job whose status change is being stored leases nothing
             // until it is.
-            if job.state != JobState::Running || job.busy || job.pending.is_empty() {
+            if job.state != JobState::Running || job.phase.storing() || job.pending.is_empty() {
                 continue;
             }
             if job.schedule.max_workers.is_some_and(|m| job.leased >= m) {
@@ -440,7 +440,7 @@ impl State {
         let over: Vec<(String, u64)> = self
             .jobs
             .values()
-            .filter(|j| j.state == JobState::Running && !j.busy)
+            .filter(|j| j.state == JobState::Running && !j.phase.storing())
             .filter_map(|j| {
                 let cap = j.schedule.max_workers?;
                 (j.leased > cap).then(|| (j.id.clone(), cap))
@@ -503,7 +503,7 @@ impl State {
     fn claimant(&self, usage: &HashMap<String, u64>) -> Option<(String, u64)> {
         let mut best: Option<(Rank, &str, u64)> = None;
         for job in self.jobs.values() {
-            if job.state != JobState::Running || job.busy || job.pending.is_empty() {
+            if job.state != JobState::Running || job.phase.storing() || job.pending.is_empty() {
                 continue;
             }
             let mut room = job.pending.len() as u64;

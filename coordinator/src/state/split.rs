@@ -223,7 +223,7 @@ pub(super) fn apply_stored(plan: &mut Plan, progress: &HashMap<String, ProgressR
 impl Job {
     /// Shards made by splits.
     pub(super) fn shards_split(&self) -> u64 {
-        if let Some(ended) = &self.ended {
+        if let Some(ended) = self.phase.ended() {
             return ended.shards_split;
         }
         self.plan
@@ -239,7 +239,7 @@ impl Job {
         // Adaptive batches are cut by content: the coordinator cannot
         // tell where a batch boundary falls.
         self.state == JobState::Running
-            && !self.busy
+            && !self.phase.storing()
             && spec.sharding.split
             && spec.batching.max_elements.is_none()
     }

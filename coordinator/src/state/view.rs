@@ -51,8 +51,7 @@ impl Job {
                 .or_else(|| (self.state == JobState::Succeeded).then_some(self.totals.records)),
             records_total_estimate: self.records_total_estimate(),
             output_uri: self.output.to_string(),
-            manifest_uri: self
-                .manifest_written
+            manifest_uri: (self.state == JobState::Succeeded)
                 .then(|| self.layout.manifest().to_string()),
             processor: self.spec.processor.label(),
             records_skipped: self.totals.skipped,
@@ -79,7 +78,7 @@ impl Job {
     /// the total, and not for the rate.
     fn records_total_estimate(&self) -> Option<u64> {
         if self.plan.records_total.is_some()
-            || self.ended.is_some()
+            || self.phase.ended().is_some()
             || self.state == JobState::Succeeded
         {
             return None;
@@ -120,7 +119,7 @@ impl Job {
     /// shard s00012, batch 7 (2 crashes)". Walks the shards only while one
     /// has a suspect.
     fn isolating(&self) -> Option<String> {
-        if self.totals.suspects == 0 || self.ended.is_some() {
+        if self.totals.suspects == 0 || self.phase.ended().is_some() {
             return None;
         }
         let (planned, state) = self
@@ -282,7 +281,7 @@ impl State {
         let job = self.job(job_id)?;
         let mut shards = Vec::new();
         let mut objects = Vec::new();
-        let with_errors: Vec<(&str, &ProgressRecord)> = match &job.ended {
+        let with_errors: Vec<(&str, &ProgressRecord)> = match job.phase.ended() {
             Some(ended) => ended
                 .errors
                 .iter()
@@ -325,7 +324,7 @@ impl State {
     /// whose shards left memory points at its manifest instead.
     pub fn job_outputs(&self, job_id: &str) -> Result<JobOutputs> {
         let job = self.job(job_id)?;
-        if job.ended.is_some() {
+        if job.phase.ended().is_some() {
             return Ok(JobOutputs::InManifest(job.layout.manifest()));
         }
         Ok(JobOutputs::Listed(
