@@ -388,7 +388,7 @@ impl State {
         for w in work {
             if let Some(job) = self.jobs.get_mut(&w.lease.job_id)
                 && let Some(&idx) = job.shard_index.get(&w.lease.shard_id)
-                && let Some(lease) = job.shards[idx].lease.as_mut()
+                && let Some(lease) = job.shards[idx].lease_mut()
                 && lease.token == w.lease.token
                 && lease.session_id == session_id
             {

@@ -230,8 +230,7 @@ impl State {
             return Err(error);
         }
         let lease_ok = shard
-            .lease
-            .as_ref()
+            .lease()
             .is_some_and(|l| l.token == key.token && l.session_id == commit.session_id);
         if !lease_ok {
             return Err(CoordinatorError::StaleToken {
@@ -239,12 +238,11 @@ impl State {
                 shard_id: key.shard_id.clone(),
                 token: key.token,
                 current: shard
-                    .lease
-                    .as_ref()
+                    .lease()
                     .map_or("no active lease".to_string(), |l| l.token.to_string()),
             });
         }
-        if shard.writing {
+        if shard.writing() {
             return Err(CoordinatorError::CommitInFlight {
                 job_id: key.job_id.clone(),
                 shard_id: key.shard_id.clone(),
@@ -293,9 +291,9 @@ impl State {
         }
         progress.seq = self.next_seq();
         let job = self.job_mut(&commit.key.job_id)?;
-        job.shards[idx].writing = true;
+        job.shards[idx].slot.begin_write();
         // A batch this commit covers is no longer in progress.
-        if let Some(lease) = job.shards[idx].lease.as_mut()
+        if let Some(lease) = job.shards[idx].lease_mut()
             && lease
                 .current
                 .as_ref()
@@ -394,7 +392,7 @@ impl State {
         for committing in group {
             let key = &committing.commit.key;
             if let Some(job) = self.jobs.get_mut(&key.job_id) {
-                job.shards[committing.idx].writing = false;
+                job.shards[committing.idx].slot.end_write();
             }
             job_id.get_or_insert_with(|| key.job_id.clone());
             self.counters.commits_refused += 1;
@@ -480,7 +478,7 @@ impl State {
                 job_id: key.job_id.clone(),
             })?;
         let shard = &mut job.shards[idx];
-        shard.writing = false;
+        shard.slot.end_write();
         written.map_err(|e| match e {
             StoreError::NotFound { uri } => CoordinatorError::StagedObjectMissing {
                 job_id: key.job_id.clone(),
@@ -501,14 +499,13 @@ impl State {
             session.committed(&key.job_id, commit.records, now);
         }
         // What the holder had at risk is committed now.
-        if let Some(lease) = job.shards[idx].lease.as_mut() {
+        if let Some(lease) = job.shards[idx].lease_mut() {
             lease.work = Default::default();
         }
         // The holder went away while its commit was being written: the
         // commit stands, and the shard goes back to the queue now.
         let orphaned = job.shards[idx]
-            .lease
-            .as_ref()
+            .lease()
             .is_some_and(|l| !sessions.contains_key(&l.session_id));
         if commit.shard_done || orphaned {
             job.take_lease(idx);
@@ -521,7 +518,7 @@ impl State {
                 job.pending.push_front(idx);
                 self.wake(1);
             }
-        } else if let Some(lease) = job.shards[idx].lease.as_mut() {
+        } else if let Some(lease) = job.shards[idx].lease_mut() {
             lease.deadline = lease.deadline.max(deadline);
         }
         if commit.skipped > 0 {

@@ -242,7 +242,7 @@ impl State {
             }
         }
         puts.push((log_uri.clone(), progress_log(std::iter::once(&progress))));
-        job.shards[idx].writing = true;
+        job.shards[idx].slot.begin_write();
         self.counters.worker_crashes += 1;
         let crashed = Crashed {
             job_id: job_id.to_string(),
@@ -274,7 +274,7 @@ impl State {
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return;
         };
-        job.shards[idx].writing = false;
+        job.shards[idx].slot.end_write();
         let stored = result.is_ok();
         if let Err(e) = result {
             // Nothing changed: the shard goes on as after any lost lease

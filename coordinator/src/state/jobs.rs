@@ -378,7 +378,7 @@ impl State {
         job.reason = Some(reason.clone());
         let mut draining: HashMap<String, Vec<LeaseKey>> = HashMap::new();
         for (i, shard) in job.shards.iter().enumerate() {
-            if let Some(lease) = &shard.lease {
+            if let Some(lease) = shard.lease() {
                 draining
                     .entry(lease.session_id.clone())
                     .or_default()
@@ -400,7 +400,7 @@ impl State {
         job.state = JobState::Running;
         job.reason = None;
         job.pending = (0..job.shards.len())
-            .filter(|&i| !job.shards[i].progress.done && job.shards[i].lease.is_none())
+            .filter(|&i| !job.shards[i].progress.done && job.shards[i].lease().is_none())
             .collect();
         info!(job = %job_id, "job resumed");
         self.wake_all();
@@ -435,7 +435,7 @@ impl State {
         let mut revoked: HashMap<String, Vec<LeaseKey>> = HashMap::new();
         job.leased = 0;
         for (i, shard) in job.shards.iter_mut().enumerate() {
-            if let Some(lease) = shard.lease.take() {
+            if let Some(lease) = shard.slot.take_lease() {
                 revoked.entry(lease.session_id).or_default().push(LeaseKey {
                     job_id: job_id.to_string(),
                     shard_id: job.plan.shards[i].id.clone(),

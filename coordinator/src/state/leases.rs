@@ -114,18 +114,17 @@ impl State {
         }
         let idx = job.shard(&key.shard_id)?;
         let holds = job.shards[idx]
-            .lease
-            .as_ref()
+            .lease()
             .is_some_and(|l| l.token == key.token && l.session_id == release.session_id);
         if !holds {
             // Stale or repeated: nothing to do (releases are idempotent).
             self.reply(Some(req), Answer::Done(Ok(())));
             return Ok(());
         }
-        if job.shards[idx].writing {
+        if job.shards[idx].writing() {
             // A record of this lease is being stored: let the lease lapse
             // once it is, rather than move the shard under it.
-            if let Some(lease) = self.job_mut(&key.job_id)?.shards[idx].lease.as_mut() {
+            if let Some(lease) = self.job_mut(&key.job_id)?.shards[idx].lease_mut() {
                 lease.deadline = now;
             }
             self.reply(Some(req), Answer::Done(Ok(())));
@@ -165,7 +164,7 @@ impl State {
         progress.seq = self.next_seq();
         let job = self.job_mut(&key.job_id)?;
         let log_uri = job.layout.progress_log(progress.seq);
-        job.shards[idx].writing = true;
+        job.shards[idx].slot.begin_write();
         let io = Io::Put {
             uri: log_uri.clone(),
             bytes: progress_log(std::iter::once(&progress)),
@@ -200,7 +199,7 @@ impl State {
         let Ok(job) = self.job_mut(&key.job_id) else {
             return self.reply(Some(req), Answer::Done(result));
         };
-        job.shards[idx].writing = false;
+        job.shards[idx].slot.end_write();
         if let Err(e) = result {
             // Nothing changed. The holder retries its release; one that is
             // gone gets its shard requeued, as when it went.
@@ -294,7 +293,7 @@ impl State {
                     continue;
                 };
                 let shard = &job.shards[*idx];
-                if !shard.writing && shard.lease.as_ref().is_some_and(|l| l.deadline <= now) {
+                if !shard.writing() && shard.lease().is_some_and(|l| l.deadline <= now) {
                     expired.push((session_id.clone(), job_id.clone(), *idx));
                 }
             }

@@ -125,14 +125,115 @@ struct ShardState {
     /// Shared, so a finishing job hands every record to the writer of its
     /// manifest without copying them.
     progress: Arc<ProgressRecord>,
-    lease: Option<ActiveLease>,
-    /// A progress record of this shard (a commit's, or a failed
-    /// attempt's) is being written: the lease stays put until it is.
-    writing: bool,
-    /// Made by a split for this session (sized to its pace), until then:
-    /// other workers leave it while that session waits for it (see
-    /// `split.rs`).
-    reserved: Option<(String, Instant)>,
+    /// Who has it now.
+    slot: ShardSlot,
+}
+
+impl ShardState {
+    fn new(progress: ProgressRecord) -> Self {
+        Self {
+            progress: Arc::new(progress),
+            slot: ShardSlot::default(),
+        }
+    }
+
+    fn lease(&self) -> Option<&ActiveLease> {
+        self.slot.lease()
+    }
+
+    fn lease_mut(&mut self) -> Option<&mut ActiveLease> {
+        self.slot.lease_mut()
+    }
+
+    /// A record of it is being stored.
+    fn writing(&self) -> bool {
+        matches!(self.slot, ShardSlot::Writing(_))
+    }
+}
+
+/// Who has a shard now. Whether it is done is its progress's.
+enum ShardSlot {
+    /// No one: it waits for a worker (in `Job::pending` while its job
+    /// runs), or it is done. A split's new shard is reserved for the
+    /// session it was sized for, until the instant given: other workers
+    /// leave it while that session comes for it (see `split.rs`).
+    Free { reserved: Option<(String, Instant)> },
+    /// A worker holds it.
+    Leased(ActiveLease),
+    /// A record of it (a commit's, a failed attempt's, a crash's, a
+    /// split's) is being stored: its lease, if it has one, stays put until
+    /// it is.
+    Writing(Option<ActiveLease>),
+}
+
+impl Default for ShardSlot {
+    fn default() -> Self {
+        Self::Free { reserved: None }
+    }
+}
+
+impl ShardSlot {
+    fn lease(&self) -> Option<&ActiveLease> {
+        match self {
+            Self::Leased(lease) | Self::Writing(Some(lease)) => Some(lease),
+            Self::Free { .. } | Self::Writing(None) => None,
+        }
+    }
+
+    fn lease_mut(&mut self) -> Option<&mut ActiveLease> {
+        match self {
+            Self::Leased(lease) | Self::Writing(Some(lease)) => Some(lease),
+            Self::Free { .. } | Self::Writing(None) => None,
+        }
+    }
+
+    /// A record of the shard starts being stored; its lease stays.
+    fn begin_write(&mut self) {
+        *self = match std::mem::take(self) {
+            Self::Leased(lease) => Self::Writing(Some(lease)),
+            Self::Free { .. } => Self::Writing(None),
+            writing @ Self::Writing(_) => writing,
+        };
+    }
+
+    /// The record is stored (or not): the lease, if any, is held again.
+    fn end_write(&mut self) {
+        *self = match std::mem::take(self) {
+            Self::Writing(Some(lease)) => Self::Leased(lease),
+            Self::Writing(None) => Self::default(),
+            other => other,
+        };
+    }
+
+    /// Gives it `lease`; whether it had none.
+    fn put_lease(&mut self, lease: ActiveLease) -> bool {
+        match self {
+            Self::Free { .. } => {
+                *self = Self::Leased(lease);
+                true
+            }
+            Self::Leased(held) => {
+                *held = lease;
+                false
+            }
+            Self::Writing(held) => held.replace(lease).is_none(),
+        }
+    }
+
+    /// Takes its lease away (a record being stored stays so).
+    fn take_lease(&mut self) -> Option<ActiveLease> {
+        match std::mem::take(self) {
+            Self::Leased(lease) => Some(lease),
+            Self::Writing(lease) => {
+                *self = Self::Writing(None);
+                lease
+            }
+            free @ Self::Free { .. } => {
+                *self = free;
+                None
+            }
+        }
+    }
 }
 
 struct Job {
@@ -289,14 +390,11 @@ impl Job {
         let shards: Vec<ShardState> = plan
             .shards
             .iter()
-            .map(|s| ShardState {
-                progress: Arc::new(ProgressRecord {
+            .map(|s| {
+                ShardState::new(ProgressRecord {
                     shard_id: s.id.clone(),
                     ..Default::default()
-                }),
-                lease: None,
-                writing: false,
-                reserved: None,
+                })
             })
             .collect();
         let shard_index = plan
@@ -334,14 +432,14 @@ impl Job {
 
     /// Gives shard `idx` a lease, keeping the count of leases held.
     fn put_lease(&mut self, idx: usize, lease: ActiveLease) {
-        if self.shards[idx].lease.replace(lease).is_none() {
+        if self.shards[idx].slot.put_lease(lease) {
             self.leased += 1;
         }
     }
 
     /// Takes shard `idx`'s lease away, keeping the count of leases held.
     fn take_lease(&mut self, idx: usize) -> Option<ActiveLease> {
-        let lease = self.shards[idx].lease.take();
+        let lease = self.shards[idx].slot.take_lease();
         if lease.is_some() {
             self.leased = self.leased.saturating_sub(1);
         }
@@ -662,4 +760,40 @@ struct AttemptFailed {
     progress: ProgressRecord,
     log_uri: StoreUri,
     counts_as_failure: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(token: u64) -> ActiveLease {
+        let now = Instant::now();
+        ActiveLease::new("s", token, now, now)
+    }
+
+    #[test]
+    fn a_shard_slot_keeps_its_lease_through_a_write_and_loses_it_only_when_taken() {
+        let mut slot = ShardSlot::default();
+        assert!(slot.put_lease(lease(1)), "a free slot had no lease");
+        assert!(!slot.put_lease(lease(2)), "a leased slot had one");
+        slot.begin_write();
+        assert!(matches!(slot, ShardSlot::Writing(Some(_))));
+        assert_eq!(slot.lease().map(|l| l.token), Some(2));
+        // Taken while its record is stored: still writing, now without it.
+        assert_eq!(slot.take_lease().map(|l| l.token), Some(2));
+        assert!(matches!(slot, ShardSlot::Writing(None)));
+        slot.end_write();
+        assert!(matches!(slot, ShardSlot::Free { reserved: None }));
+        // A write that ends with the lease still there gives it back.
+        slot.put_lease(lease(3));
+        slot.begin_write();
+        slot.end_write();
+        assert!(matches!(&slot, ShardSlot::Leased(l) if l.token == 3));
+        // Taking the lease of a free slot keeps its reservation.
+        let mut reserved = ShardSlot::Free {
+            reserved: Some(("asker".to_string(), Instant::now())),
+        };
+        assert!(reserved.take_lease().is_none());
+        assert!(matches!(reserved, ShardSlot::Free { reserved: Some(_) }));
+    }
 }

@@ -346,7 +346,7 @@ impl State {
                     continue;
                 };
                 let shard = &job.shards[*idx];
-                let Some(lease) = shard.lease.as_ref() else {
+                let Some(lease) = shard.lease() else {
                     continue;
                 };
                 if lease.preempted {
@@ -354,7 +354,7 @@ impl State {
                     *given.entry(job.spec.queue_name().to_string()).or_default() += 1;
                     continue;
                 }
-                if shard.writing
+                if shard.writing()
                     || now.saturating_duration_since(lease.granted) < self.config.preempt_min_age
                 {
                     continue;
@@ -412,7 +412,7 @@ impl State {
                 }
                 *given += 1;
             }
-            if let Some(lease) = job.shards[idx].lease.as_mut() {
+            if let Some(lease) = job.shards[idx].lease_mut() {
                 lease.preempted = true;
             }
             info!(job = %job_id, shard = %job.plan.shards[idx].id, token, for_job = %claimant, priority, "lease preempted");
@@ -462,12 +462,12 @@ impl State {
                         continue;
                     };
                     let shard = &job.shards[*idx];
-                    let Some(lease) = shard.lease.as_ref() else {
+                    let Some(lease) = shard.lease() else {
                         continue;
                     };
                     if lease.preempted {
                         asked += 1;
-                    } else if !shard.writing {
+                    } else if !shard.writing() {
                         held.push((lease.granted, lease.token, session_id.clone(), *idx));
                     }
                 }
@@ -482,7 +482,7 @@ impl State {
             held.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
             let mut drains: HashMap<String, Vec<LeaseKey>> = HashMap::new();
             for (_, token, session_id, idx) in held.into_iter().take(excess) {
-                if let Some(lease) = job.shards[idx].lease.as_mut() {
+                if let Some(lease) = job.shards[idx].lease_mut() {
                     lease.preempted = true;
                 }
                 info!(job = %job_id, shard = %job.plan.shards[idx].id, token, max_workers = cap, "lease asked back: the job is over its max_workers");

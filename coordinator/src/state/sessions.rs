@@ -88,7 +88,7 @@ impl State {
         let valid = (key.token >> TOKEN_EPOCH_SHIFT) < epoch
             && key.token >= shard.progress.token
             && !shard.progress.done
-            && shard.lease.is_none();
+            && shard.lease().is_none();
         if !valid {
             return false;
         }
@@ -123,15 +123,12 @@ impl State {
         for (job_id, idx) in session.leases {
             if let Some(job) = self.jobs.get_mut(&job_id) {
                 let shard = &job.shards[idx];
-                if shard.writing {
+                if shard.writing() {
                     // A record of this lease is being written; the shard is
                     // requeued once it is stored.
                     continue;
                 }
-                let held_here = shard
-                    .lease
-                    .as_ref()
-                    .is_some_and(|l| l.session_id == session_id);
+                let held_here = shard.lease().is_some_and(|l| l.session_id == session_id);
                 let Some(lease) = held_here.then(|| job.take_lease(idx)).flatten() else {
                     continue;
                 };
@@ -177,7 +174,7 @@ impl State {
         for key in leases {
             if let Some(job) = self.jobs.get_mut(&key.job_id)
                 && let Some(&idx) = job.shard_index.get(&key.shard_id)
-                && let Some(lease) = job.shards[idx].lease.as_mut()
+                && let Some(lease) = job.shards[idx].lease_mut()
                 && lease.token == key.token
                 && lease.session_id == session_id
                 // An expired lease stays expired, even before the next tick.
@@ -207,7 +204,7 @@ impl State {
                 continue;
             };
             let position = job.plan.shards[idx].from_record() + job.shards[idx].progress.records;
-            let Some(lease) = job.shards[idx].lease.as_mut() else {
+            let Some(lease) = job.shards[idx].lease_mut() else {
                 continue;
             };
             if lease.token != w.lease.token || lease.session_id != session_id {

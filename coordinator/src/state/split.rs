@@ -48,7 +48,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::account::Lost;
-use super::{Io, Job, Session, ShardState, State, Then, progress_log};
+use super::{Io, Job, Session, ShardSlot, ShardState, State, Then, progress_log};
 use crate::error::Result;
 
 /// Batches a holder may have processed past its last commit on top of a
@@ -265,8 +265,8 @@ impl Job {
         let state = &self.shards[idx];
         // A shard that isolates a crash is not split: one attempt at a time
         // narrows its suspect down.
-        if state.lease.is_none()
-            || state.writing
+        if state.lease().is_none()
+            || state.writing()
             || state.progress.done
             || state.progress.suspect.is_some()
         {
@@ -453,7 +453,7 @@ impl State {
             shard: Some(child_shard),
             ..Default::default()
         };
-        job.shards[idx].writing = true;
+        job.shards[idx].slot.begin_write();
         let log_uri = job.layout.progress_log(holder_seq);
         let io = Io::Put {
             uri: log_uri.clone(),
@@ -488,7 +488,7 @@ impl State {
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return;
         };
-        job.shards[idx].writing = false;
+        job.shards[idx].slot.end_write();
         if let Err(e) = result {
             // Nothing changed: the holder goes on to its old end, and the
             // next idle ask tries again.
@@ -512,12 +512,12 @@ impl State {
                 shard_id: child.shard_id.clone(),
                 ..Default::default()
             }),
-            lease: None,
-            writing: false,
             // Sized for the asker: others leave it to it while it comes
             // for it (it is woken below, and asks at least every
             // `wait_retry` anyway).
-            reserved: Some((asker.clone(), Instant::now() + self.config.wait_retry)),
+            slot: ShardSlot::Free {
+                reserved: Some((asker.clone(), Instant::now() + self.config.wait_retry)),
+            },
         });
         job.shard_index.insert(child.shard_id.clone(), child_idx);
         job.set_progress(idx, holder);
@@ -526,7 +526,7 @@ impl State {
         if running {
             job.pending.push_front(child_idx);
         }
-        let holder_lease = job.shards[idx].lease.as_ref().map(|l| {
+        let holder_lease = job.shards[idx].lease().map(|l| {
             (
                 l.session_id.clone(),
                 LeaseKey {
@@ -594,9 +594,13 @@ impl State {
         session_id: &str,
         now: Instant,
     ) -> bool {
-        shard.reserved.as_ref().is_some_and(|(asker, until)| {
-            asker != session_id && *until > now && self.waiting.iter().any(|s| s == asker)
-        })
+        let ShardSlot::Free {
+            reserved: Some((asker, until)),
+        } = &shard.slot
+        else {
+            return false;
+        };
+        asker != session_id && *until > now && self.waiting.iter().any(|s| s == asker)
     }
 
     /// The holder of shard `idx` went away while a write of the shard was
@@ -608,8 +612,7 @@ impl State {
             return;
         };
         let orphaned = job.shards[idx]
-            .lease
-            .as_ref()
+            .lease()
             .is_some_and(|l| !sessions.contains_key(&l.session_id));
         // Through take_lease, which keeps the job's count of leases held.
         let Some(lease) = orphaned.then(|| job.take_lease(idx)).flatten() else {

@@ -168,7 +168,7 @@ impl State {
                     .iter()
                     .filter_map(|(job_id, idx)| {
                         let job = self.jobs.get(job_id)?;
-                        let token = job.shards.get(*idx)?.lease.as_ref()?.token;
+                        let token = job.shards.get(*idx)?.lease()?.token;
                         Some((job_id.clone(), job.plan.shards.get(*idx)?.id.clone(), token))
                     })
                     .collect();
