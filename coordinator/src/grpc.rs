@@ -319,6 +319,15 @@ impl WorkerService for WorkerApi {
         Ok(Response::new(pb::CommitResponse { duplicate }))
     }
 
+    async fn get_job_terms(
+        &self,
+        req: Request<pb::GetJobTermsRequest>,
+    ) -> Result<Response<pb::GetJobTermsResponse>, Status> {
+        let job_id = req.into_inner().job_id;
+        require_job_id(&job_id)?;
+        Ok(Response::new(self.handle.job_terms(&job_id).await?.into()))
+    }
+
     async fn release(
         &self,
         req: Request<pb::ReleaseRequest>,

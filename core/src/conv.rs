@@ -1,14 +1,12 @@
 //! Conversions between wire (`stoke_proto::v1`) and domain types, in one
 //! place for both sides.
 
-use std::time::Duration;
-
 use stoke_proto::v1 as pb;
 
 use crate::error::ConvError;
 use crate::lease::{
-    AcquireOutcome, BatchSpan, Commit, Heartbeat, Isolation, JobStages, Lease, LeaseKey, LeaseWork,
-    Release, SessionEvent, StageTotals,
+    AcquireOutcome, BatchSpan, Commit, Heartbeat, Isolation, JobStages, JobTerms, Lease, LeaseKey,
+    LeaseWork, Release, SessionEvent, StageTotals,
 };
 use crate::plan::{Cut, Shard, ShardSource};
 use crate::records::{
@@ -456,7 +454,11 @@ impl From<Lease> for pb::Lease {
             shard_id: l.shard.id.clone(),
             token: l.token,
             attempt: l.attempt,
-            spec_json: l.spec.to_json(),
+            spec_json: if l.carries_terms {
+                l.spec.to_json()
+            } else {
+                String::new()
+            },
             shard: Some(l.shard.into()),
             next_batch: l.next_batch,
             records_done: l.records_done,
@@ -464,6 +466,7 @@ impl From<Lease> for pb::Lease {
             input_schema_json: l
                 .input_schema
                 .as_ref()
+                .filter(|_| l.carries_terms)
                 .and_then(|s| serde_json::to_string(s).ok())
                 .unwrap_or_default(),
             errors_prefix: l.errors_prefix.to_string(),
@@ -485,18 +488,64 @@ fn prefix(field: &'static str, uri: &str) -> Result<StoreUri, ConvError> {
     })
 }
 
-impl TryFrom<pb::Lease> for Lease {
-    type Error = ConvError;
-    fn try_from(l: pb::Lease) -> Result<Self, ConvError> {
-        let spec = JobSpec::from_json(&l.spec_json).map_err(|e| ConvError::Invalid {
+impl JobTerms {
+    /// A job's terms as the wire carries them (with a lease, or in a
+    /// `GetJobTerms` answer).
+    pub fn from_wire(spec_json: &str, input_schema_json: &str) -> Result<Self, ConvError> {
+        let spec = JobSpec::from_json(spec_json).map_err(|e| ConvError::Invalid {
             field: "spec_json",
             message: e.to_string(),
         })?;
+        let input_schema = if input_schema_json.is_empty() {
+            None
+        } else {
+            Some(
+                serde_json::from_str(input_schema_json).map_err(|e| ConvError::Invalid {
+                    field: "input_schema_json",
+                    message: e.to_string(),
+                })?,
+            )
+        };
         Ok(Self {
+            spec: std::sync::Arc::new(spec),
+            input_schema,
+        })
+    }
+
+    /// The terms a lease from the wire carries (`None`: it left them out,
+    /// as every lease after a session's first of its job does).
+    pub fn of_lease(l: &pb::Lease) -> Result<Option<Self>, ConvError> {
+        if l.spec_json.is_empty() {
+            return Ok(None);
+        }
+        Self::from_wire(&l.spec_json, &l.input_schema_json).map(Some)
+    }
+}
+
+impl From<JobTerms> for pb::GetJobTermsResponse {
+    fn from(t: JobTerms) -> Self {
+        Self {
+            spec_json: t.spec.to_json(),
+            input_schema_json: t
+                .input_schema
+                .as_ref()
+                .and_then(|s| serde_json::to_string(s).ok())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl Lease {
+    /// A lease from the wire, with its job's terms (carried by it, or
+    /// known from an earlier one).
+    pub fn from_wire(l: pb::Lease, terms: &JobTerms) -> Result<Self, ConvError> {
+        require(&l.job_id, "lease.job_id")?;
+        Ok(Self {
+            carries_terms: !l.spec_json.is_empty(),
             job_id: l.job_id,
             token: l.token,
             attempt: l.attempt,
-            spec: std::sync::Arc::new(spec),
+            spec: std::sync::Arc::clone(&terms.spec),
             shard: l
                 .shard
                 .ok_or(ConvError::Missing("lease.shard"))?
@@ -504,16 +553,7 @@ impl TryFrom<pb::Lease> for Lease {
             next_batch: l.next_batch,
             records_done: l.records_done,
             output_prefix: prefix("output_prefix", &l.output_prefix)?,
-            input_schema: if l.input_schema_json.is_empty() {
-                None
-            } else {
-                Some(serde_json::from_str(&l.input_schema_json).map_err(|e| {
-                    ConvError::Invalid {
-                        field: "input_schema_json",
-                        message: e.to_string(),
-                    }
-                })?)
-            },
+            input_schema: terms.input_schema.clone(),
             errors_prefix: prefix("errors_prefix", &l.errors_prefix)?,
             outputs_staged: l.outputs_staged,
             isolate: l.isolate.map(|i| Isolation {
@@ -538,18 +578,6 @@ impl From<AcquireOutcome> for pb::AcquireLeaseResponse {
         Self {
             outcome: Some(outcome),
         }
-    }
-}
-
-impl TryFrom<pb::AcquireLeaseResponse> for AcquireOutcome {
-    type Error = ConvError;
-    fn try_from(r: pb::AcquireLeaseResponse) -> Result<Self, ConvError> {
-        use pb::acquire_lease_response::Outcome;
-        Ok(match r.outcome.ok_or(ConvError::Missing("outcome"))? {
-            Outcome::Lease(l) => Self::Lease(Box::new(l.try_into()?)),
-            Outcome::Wait(w) => Self::Wait(Duration::from_millis(w.retry_after_ms)),
-            Outcome::Idle(_) => Self::Idle,
-        })
     }
 }
 
@@ -750,9 +778,33 @@ mod tests {
                 arrow_schema::DataType::Int64,
                 true,
             )])),
+            carries_terms: true,
         };
-        let back = Lease::try_from(pb::Lease::from(lease.clone())).expect("convert");
+        let wire = pb::Lease::from(lease.clone());
+        let terms = JobTerms::of_lease(&wire)
+            .expect("terms decode")
+            .expect("a first lease carries its job's terms");
+        assert_eq!(terms.spec, lease.spec);
+        assert_eq!(terms.input_schema, lease.input_schema);
+        let back = Lease::from_wire(wire, &terms).expect("convert");
         assert_eq!(back, lease);
+
+        // A later lease of the job leaves the terms out; with the ones
+        // known from the first it reads back the same.
+        let later = Lease {
+            carries_terms: false,
+            token: 43,
+            ..lease.clone()
+        };
+        let wire = pb::Lease::from(later.clone());
+        assert!(wire.spec_json.is_empty() && wire.input_schema_json.is_empty());
+        assert_eq!(JobTerms::of_lease(&wire).expect("no terms"), None);
+        let back = Lease::from_wire(wire, &terms).expect("convert");
+        assert_eq!(back, later);
+        let asked = pb::GetJobTermsResponse::from(terms.clone());
+        let asked = JobTerms::from_wire(&asked.spec_json, &asked.input_schema_json)
+            .expect("asked terms decode");
+        assert_eq!(asked, terms);
     }
 
     #[test]

@@ -40,6 +40,19 @@ pub struct Lease {
     pub outputs_staged: bool,
     /// Set while the shard isolates a crash (see [`Isolation`]).
     pub isolate: Option<Isolation>,
+    /// The wire form carries the job's terms (its spec and input schema):
+    /// the session's first lease of the job. Later ones leave them out, and
+    /// the worker takes them from its cache (or asks, see [`JobTerms`]).
+    pub carries_terms: bool,
+}
+
+/// What every lease of a job shares, sent to a worker once per session and
+/// job rather than with every lease: its spec, and for JSON Lines the
+/// schema inferred at plan time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobTerms {
+    pub spec: Arc<JobSpec>,
+    pub input_schema: Option<arrow_schema::Schema>,
 }
 
 /// Records `[from, until)` are suspected of killing workers: the attempt

@@ -41,8 +41,9 @@ pub use error::{ConfigError, ConvError, PlanError, SpecError, StoreError, UriErr
 pub use store::{StoreConfig, StoreUri, Stores};
 
 /// The protocol version every conversation starts with. A peer with another
-/// version is refused with an error that names both.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// version is refused with an error that names both. 2: a lease carries
+/// its job's spec only as a session's first lease of the job.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// `STOKE_*` variables that the project's own scripts export (cache and
 /// venv locations), and `STOKE_DEBUG` (errors in full, see

@@ -459,11 +459,131 @@ fn protocol_version_mismatch_names_both_versions() {
             .expect_err("refused")
     });
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    let ours = format!("version {}", stoke_core::PROTOCOL_VERSION);
     assert!(
-        status.message().contains("99") && status.message().contains("version 1"),
+        status.message().contains("99") && status.message().contains(&ours),
         "{}",
         status.message()
     );
+}
+
+/// A raw worker session over gRPC: its id, and the halves that keep it open.
+async fn raw_session(
+    addr: &str,
+    worker_id: &str,
+) -> (
+    stoke_proto::v1::worker_service_client::WorkerServiceClient<tonic::transport::Channel>,
+    String,
+    tokio::sync::mpsc::Sender<stoke_proto::v1::SessionRequest>,
+    tonic::Streaming<stoke_proto::v1::SessionEvent>,
+) {
+    use stoke_proto::v1 as pb;
+    let mut client = pb::worker_service_client::WorkerServiceClient::connect(addr.to_string())
+        .await
+        .expect("connect");
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::SessionRequest {
+        msg: Some(pb::session_request::Msg::Register(pb::Register {
+            protocol_version: stoke_core::PROTOCOL_VERSION,
+            worker_id: worker_id.to_string(),
+            devices: vec!["cpu".to_string()],
+            hostname: "test".to_string(),
+            held: Vec::new(),
+        })),
+    })
+    .await
+    .expect("queue register");
+    let mut events = client
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("open session")
+        .into_inner();
+    let first = events.message().await.expect("session").expect("an event");
+    let Some(pb::session_event::Event::Registered(registered)) = first.event else {
+        panic!("the first event is not `registered`: {first:?}");
+    };
+    (client, registered.session_id, tx, events)
+}
+
+/// A lease carries its job's spec (and input schema) the first time a
+/// session leases from the job only; the worker asks GetJobTerms when it
+/// lacks them, and a real worker runs a many-shard job that way.
+#[test]
+fn a_lease_carries_its_jobs_spec_only_with_the_sessions_first_lease_of_it() {
+    use stoke_proto::v1 as pb;
+    use stoke_proto::v1::acquire_lease_response::Outcome;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let spec = tmp.path().join("job.toml");
+    // JSON Lines: its input schema travels with the spec.
+    std::fs::write(&spec, fixture_spec("jsonl", "")).expect("spec");
+    let job_id = coordinator.submit(&spec.display().to_string());
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let lease = |client: &mut pb::worker_service_client::WorkerServiceClient<_>,
+                     session_id: &str| {
+            let mut client = client.clone();
+            let session_id = session_id.to_string();
+            async move {
+                match client
+                    .acquire_lease(pb::AcquireLeaseRequest { session_id })
+                    .await
+                    .expect("acquire")
+                    .into_inner()
+                    .outcome
+                {
+                    Some(Outcome::Lease(l)) => l,
+                    other => panic!("expected a lease, got {other:?}"),
+                }
+            }
+        };
+        let (mut a, a_id, _a_tx, _a_events) = raw_session(&coordinator.addr, "a").await;
+        let first = lease(&mut a, &a_id).await;
+        assert_eq!(first.job_id, job_id);
+        let sent = stoke_core::spec::JobSpec::from_json(&first.spec_json).expect("spec json");
+        assert_eq!(sent.sharding.records, 400);
+        assert!(!first.input_schema_json.is_empty(), "{first:?}");
+        for _ in 0..2 {
+            let later = lease(&mut a, &a_id).await;
+            assert_eq!(later.job_id, job_id);
+            assert_ne!(later.shard_id, first.shard_id);
+            assert!(
+                later.spec_json.is_empty() && later.input_schema_json.is_empty(),
+                "terms sent again: {later:?}"
+            );
+        }
+        // Asked for, the terms are the job's.
+        let terms = a
+            .get_job_terms(pb::GetJobTermsRequest {
+                job_id: job_id.clone(),
+            })
+            .await
+            .expect("terms")
+            .into_inner();
+        assert_eq!(terms.spec_json, first.spec_json);
+        assert_eq!(terms.input_schema_json, first.input_schema_json);
+        let missing = a
+            .get_job_terms(pb::GetJobTermsRequest {
+                job_id: "no-such-job".to_string(),
+            })
+            .await
+            .expect_err("no such job");
+        assert_eq!(missing.code(), tonic::Code::NotFound, "{missing:?}");
+        // Another session's first lease of the job carries them again.
+        let (mut b, b_id, _b_tx, _b_events) = raw_session(&coordinator.addr, "b").await;
+        let other = lease(&mut b, &b_id).await;
+        assert_eq!(other.spec_json, first.spec_json);
+    });
+    // The raw sessions are gone (their leases go back at once); a real
+    // worker runs the job over many leases, its spec sent once.
+    drop(rt);
+    let mut w = coordinator.worker("stoke-worker", "w1", tmp.path());
+    coordinator.wait_success(&job_id);
+    assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
+    let manifest = stoke_sandbox::manifest(&root, &job_id);
+    assert!(manifest.outputs.len() > 3, "{manifest:?}");
+    assert_matches_reference(&committed_rows(&manifest));
 }
 
 #[test]

@@ -3,12 +3,15 @@
 //! in the SDK, which composes the worker and the coordinator). The worker's
 //! lease loop is written once against [`CoordinatorLink`].
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stoke_core::PROTOCOL_VERSION;
 use stoke_core::lease::{
-    AcquireOutcome, Commit, Heartbeat, Registration, Release, SessionEvent, SessionGrant,
+    AcquireOutcome, Commit, Heartbeat, JobTerms, Lease, Registration, Release, SessionEvent,
+    SessionGrant,
 };
 use stoke_core::security::{AuthChannel, ClientSecurity};
 use stoke_proto::v1 as pb;
@@ -53,7 +56,14 @@ pub struct GrpcLink {
     channel: AuthChannel,
     /// The coordinator's address as given, for errors that name it.
     addr: String,
+    /// The terms (spec, input schema) of the jobs this worker leased from,
+    /// by job id: a session's leases carry them only the first time.
+    terms: Arc<Mutex<HashMap<String, JobTerms>>>,
 }
+
+/// At most this many jobs' terms are kept; past it the cache starts over
+/// (a job whose terms are gone is asked for with `GetJobTerms`).
+const MAX_CACHED_TERMS: usize = 64;
 
 /// Largest gRPC message accepted from the coordinator.
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -82,6 +92,7 @@ impl GrpcLink {
         Ok(Self {
             channel: InterceptedService::new(endpoint.connect_lazy(), interceptor),
             addr: uri.to_string(),
+            terms: Arc::default(),
         })
     }
 
@@ -97,6 +108,51 @@ impl GrpcLink {
 
     fn client(&self) -> WorkerServiceClient<AuthChannel> {
         WorkerServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// A lease from the wire, with its job's terms: the ones it carries
+    /// (kept for its job's later leases), else the ones kept, else asked
+    /// for.
+    async fn lease_of(&self, l: pb::Lease) -> Result<Lease, LinkError> {
+        let invalid_lease = |e: stoke_core::error::ConvError| invalid(e.to_string());
+        let terms = match JobTerms::of_lease(&l).map_err(invalid_lease)? {
+            Some(terms) => {
+                self.keep_terms(&l.job_id, terms.clone());
+                terms
+            }
+            None => match self.kept_terms(&l.job_id) {
+                Some(terms) => terms,
+                None => {
+                    debug!(job = %l.job_id, "asking for the terms of a job leased before");
+                    let resp = self
+                        .client()
+                        .get_job_terms(pb::GetJobTermsRequest {
+                            job_id: l.job_id.clone(),
+                        })
+                        .await
+                        .map_err(|s| self.status_error(s))?
+                        .into_inner();
+                    let terms = JobTerms::from_wire(&resp.spec_json, &resp.input_schema_json)
+                        .map_err(invalid_lease)?;
+                    self.keep_terms(&l.job_id, terms.clone());
+                    terms
+                }
+            },
+        };
+        Lease::from_wire(l, &terms).map_err(invalid_lease)
+    }
+
+    fn kept_terms(&self, job_id: &str) -> Option<JobTerms> {
+        let kept = self.terms.lock().unwrap_or_else(|e| e.into_inner());
+        kept.get(job_id).cloned()
+    }
+
+    fn keep_terms(&self, job_id: &str, terms: JobTerms) {
+        let mut kept = self.terms.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() >= MAX_CACHED_TERMS && !kept.contains_key(job_id) {
+            kept.clear();
+        }
+        kept.insert(job_id.to_string(), terms);
     }
 }
 
@@ -223,7 +279,15 @@ impl CoordinatorLink for GrpcLink {
             .await
             .map_err(|s| self.status_error(s))?
             .into_inner();
-        AcquireOutcome::try_from(resp).map_err(|e| invalid(e.to_string()))
+        use pb::acquire_lease_response::Outcome;
+        match resp.outcome {
+            Some(Outcome::Lease(l)) => Ok(AcquireOutcome::Lease(Box::new(self.lease_of(l).await?))),
+            Some(Outcome::Wait(w)) => Ok(AcquireOutcome::Wait(Duration::from_millis(
+                w.retry_after_ms,
+            ))),
+            Some(Outcome::Idle(_)) => Ok(AcquireOutcome::Idle),
+            None => Err(invalid("missing field `outcome`")),
+        }
     }
 
     async fn commit(&self, commit: Commit) -> Result<bool, LinkError> {

@@ -3,7 +3,7 @@
 //! answered on a oneshot channel.
 
 use stoke_core::lease::{
-    AcquireOutcome, Commit, Heartbeat, Registration, Release, SessionEvent, SessionGrant,
+    AcquireOutcome, Commit, Heartbeat, JobTerms, Registration, Release, SessionEvent, SessionGrant,
 };
 use stoke_core::plan::plan_dataset;
 use stoke_core::records::{JobErrors, JobInfo, Manifest, ManifestEntry, SkippedRecord};
@@ -30,6 +30,10 @@ pub(super) enum Command {
     GetJob {
         job_id: String,
         reply: Reply<JobInfo>,
+    },
+    JobTerms {
+        job_id: String,
+        reply: Reply<JobTerms>,
     },
     Report {
         job_id: String,
@@ -167,6 +171,12 @@ impl Handle {
     pub async fn get_job(&self, job_id: &str) -> Result<JobInfo> {
         let job_id = job_id.to_string();
         self.call(|reply| Command::GetJob { job_id, reply }).await
+    }
+
+    /// A job's terms (spec, input schema), for a worker that lacks them.
+    pub async fn job_terms(&self, job_id: &str) -> Result<JobTerms> {
+        let job_id = job_id.to_string();
+        self.call(|reply| Command::JobTerms { job_id, reply }).await
     }
 
     /// A job's efficiency report.

@@ -294,6 +294,9 @@ impl Owner {
             Command::GetJob { job_id, reply } => {
                 let _ = reply.send(state.get_job(&job_id));
             }
+            Command::JobTerms { job_id, reply } => {
+                let _ = reply.send(state.job_terms(&job_id));
+            }
             Command::Report { job_id, reply } => {
                 let _ = reply.send(state.report(&job_id, Instant::now()));
             }

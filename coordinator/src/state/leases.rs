@@ -78,8 +78,12 @@ impl State {
             shard: plan_shard,
             outputs_staged: true,
             isolate: super::crash::isolation(&shard.progress),
+            carries_terms: true,
         };
+        let mut lease = lease;
         if let Some(session) = self.sessions.get_mut(session_id) {
+            // The job's terms go with the session's first lease of it only.
+            lease.carries_terms = session.terms_sent.insert(job_id.clone());
             session.leases.insert((job_id.clone(), idx));
             if let Some(since) = session.waiting_since.take() {
                 self.histograms

@@ -526,6 +526,9 @@ struct Session {
     reported: HashMap<String, stoke_core::lease::JobStages>,
     /// Its time is given to jobs up to here (see `account.rs`).
     accounted_at: Instant,
+    /// Jobs whose terms (spec, input schema) it was sent with a lease:
+    /// its later leases of them leave the terms out.
+    terms_sent: HashSet<String>,
 }
 
 /// The coordinator's whole in-memory state.

@@ -48,6 +48,7 @@ impl State {
                 paces: Default::default(),
                 reported: Default::default(),
                 accounted_at: now,
+                terms_sent: HashSet::new(),
             },
         );
         let refused: Vec<LeaseKey> = registration

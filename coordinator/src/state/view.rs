@@ -10,8 +10,12 @@ use stoke_core::records::{
 };
 use tokio::time::Instant;
 
+use std::sync::Arc;
+
+use stoke_core::lease::JobTerms;
+
 use super::{Job, State, WaitReason, failed_unfinished, has_errors};
-use crate::error::Result;
+use crate::error::{CoordinatorError, Result};
 use crate::metrics::{Snapshot, WorkerInfo};
 use crate::progress::{JobProgress, ShardCounts, StatusReport, eta};
 
@@ -155,6 +159,23 @@ impl State {
 
     pub fn get_job(&self, job_id: &str) -> Result<JobInfo> {
         self.job(job_id).map(|j| self.info_of(j))
+    }
+
+    /// A job's terms (spec, input schema), for a worker whose lease left
+    /// them out and that no longer has them. A job that let go of its
+    /// shards has no leases to work on.
+    pub fn job_terms(&self, job_id: &str) -> Result<JobTerms> {
+        let job = self.job(job_id)?;
+        if job.phase.ended().is_some() {
+            return Err(CoordinatorError::JobNotRunning {
+                job_id: job_id.to_string(),
+                state: job.state.to_string(),
+            });
+        }
+        Ok(JobTerms {
+            spec: Arc::clone(&job.spec),
+            input_schema: job.plan.jsonl_schema.clone(),
+        })
     }
 
     /// The counters and the connected workers, for `/metrics` and the CLI.
