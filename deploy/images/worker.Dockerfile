@@ -24,7 +24,8 @@
 # "module:Class"`, docs/src/adr/004) run in the worker's embedded CPython with
 # this venv's torch, numpy, pyarrow and the stoke package. Add your code as a
 # layer (COPY to /opt/stoke/code, pip install your dependencies into
-# /opt/stoke/venv) or mount it there; see the README.
+# /opt/stoke/venv) or mount it there; see the book,
+# docs/src/guide/processors/python.md ("Kubernetes").
 
 ARG RUST_VERSION=1.95
 ARG DEBIAN=bookworm
