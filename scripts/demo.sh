@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's first command (its Quick start): a real job on the embedded default (file
+# The README's first command: a real job on the embedded default (file
 # storage, a local coordinator and 2 worker processes on this machine).
 #
 # Classifies the 1,797 handwritten digits that ship inside scikit-learn with a
