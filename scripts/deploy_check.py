@@ -7,7 +7,7 @@ with the deploy venv's Python (PyYAML comes with yamllint).
   deploy_check.py json RENDERED.yaml           the documents as one JSON array
   deploy_check.py dockerfiles DIR              rules the Dockerfiles in DIR keep
 
-The rules are the ones a reader of deploy/README.md relies on: one
+The rules are the ones a reader of docs/src/operations/deploy.md relies on: one
 coordinator replicated once with Recreate, probes on the HTTP port's health
 paths, a Service in front of the ports the binary listens on, a worker grace
 period that ends before Kubernetes kills the pod, GPU workers one per node,
@@ -28,7 +28,7 @@ import yaml
 # terminationGracePeriodSeconds ends and the kubelet sends SIGKILL.
 GRACE_MARGIN_S = 5
 HEALTH_PATHS = {"readinessProbe": "/readyz", "livenessProbe": "/healthz"}
-# Secrets the user creates (deploy/README.md): the store credentials may be
+# Secrets the user creates (docs/src/operations/deploy.md): the store credentials may be
 # absent (workload identity), so references to them are optional; tokens
 # and TLS must be there, so references to them are not.
 EXTERNAL_SECRETS = {"stoke-store-credentials": True, "stoke-tokens": False, "stoke-tls": False}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's second command: every check CI runs. Installs what it needs
 # (the Python venv with torch, cached in ~/.cache/stoke), then formatting,
-# lints, the coordinator's libtorch-free build, and the whole test suite.
+# lints, the coordinator's libtorch-free build, the deploy manifests, the
+# book and its links, and the whole test suite.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$STOKE_REPO"
@@ -23,6 +24,12 @@ done
 # deploy/: yamllint, Dockerfile rules, every kustomization rendered and
 # validated against the Kubernetes schemas (tools cached in ~/.cache/stoke).
 "$STOKE_REPO/scripts/check-deploy.sh"
+
+echo "== book"
+# The book (docs/, mdBook) builds and none of its links is broken, nor any
+# from the READMEs into it (tools cached in ~/.cache/stoke/tools). The job
+# specs it prints are checked by core/tests/doc_specs.rs, under cargo test.
+"$STOKE_REPO/scripts/book.sh"
 
 echo "== cargo test"
 # The S3-protocol server the integration tests start (cached in ~/.cache/stoke).

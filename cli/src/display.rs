@@ -6,7 +6,7 @@ use std::time::Duration;
 use stoke_client::summary::{job_json, summary, total};
 use stoke_core::records::{JobInfo, JobState};
 
-/// The exit codes scripts can rely on (README, "Exit codes").
+/// The exit codes scripts can rely on (`docs/src/guide/cli.md`, "Exit codes").
 pub(crate) mod exit {
     /// The command did what it was asked; a followed job succeeded.
     pub const OK: i32 = 0;

@@ -3,7 +3,8 @@
 //! commit latency, lease wait and batch time. The state owner keeps them;
 //! `/metrics` renders a [`Snapshot`] with `prometheus-client` ([`render`]):
 //! typed metrics in one registry per scrape, in the OpenMetrics text
-//! format. The names are documented in `deploy/README.md`; keep them.
+//! format. The names are documented in
+//! `docs/src/operations/status-and-metrics.md`; keep them.
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -353,7 +354,8 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
 /// One number of a [`QueueDemand`].
 type DemandField = fn(&QueueDemand) -> u64;
 
-/// The autoscaling signal, overall and per queue (see `deploy/README.md`).
+/// The autoscaling signal, overall and per queue (see `docs/src/operations/deploy.md`,
+/// "Autoscaling").
 fn register_demand(registry: &mut Registry, queues: &[QueueDemand]) {
     let total = queues
         .iter()

@@ -21,10 +21,11 @@
 # shadow those libraries, and no variable leaks into other processes. (An
 # LD_LIBRARY_PATH would have to list torch/lib and every nvidia/*/lib.)
 # The venv itself is kept whole: Python processors (`[processor] python =
-# "module:Class"`, docs/adr/004) run in the worker's embedded CPython with
+# "module:Class"`, docs/src/adr/004) run in the worker's embedded CPython with
 # this venv's torch, numpy, pyarrow and the stoke package. Add your code as a
 # layer (COPY to /opt/stoke/code, pip install your dependencies into
-# /opt/stoke/venv) or mount it there; see the README.
+# /opt/stoke/venv) or mount it there; see the book,
+# docs/src/guide/processors/python.md ("Kubernetes").
 
 ARG RUST_VERSION=1.95
 ARG DEBIAN=bookworm

@@ -1,4 +1,4 @@
-"""What `context.fetch(uri)` returns works as the README and the docstring
+"""What `context.fetch(uri)` returns works as the book and the docstring
 say: with torch.load (a state_dict, as Determined users load an eager
 model), torch.jit.load, io-style readers and bytes operations alike."""
 

@@ -242,7 +242,7 @@ fn rust_backtrace_does_not_turn_user_errors_into_backtraces() {
         ],
     ] {
         let out = stoke_within(&args, &[("RUST_BACKTRACE", "1")], QUICK);
-        // A malformed spec is bad input: exit 2 (README, "Exit codes").
+        // A malformed spec is bad input: exit 2 (`docs/src/guide/cli.md`, "Exit codes").
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert_eq!(lines(&out.stderr), vec![message.clone()], "{args:?}");
     }
@@ -814,7 +814,7 @@ fn a_running_jobs_report_counts_model_time_and_a_cancel_exits_3() {
     assert!((causes - processor).abs() < 1e-6, "{report}");
 
     // Cancelled from another terminal: `run` follows the job to its end
-    // and exits 3 (README, "Exit codes").
+    // and exits 3 (`docs/src/guide/cli.md`, "Exit codes").
     let out = stoke_within(&["cancel", "r"], &env, QUICK);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let exit = run.wait_exit(DEADLINE);

@@ -1,6 +1,7 @@
-//! A user's processor crate outside this workspace, as the README tells
-//! them to write it: `stoke` as a dependency, `stoke-build` as a build
-//! dependency, a one-line `build.rs`. It builds, its binary runs without
+//! A user's processor crate outside this workspace, as the book tells
+//! them to write it (`docs/src/guide/processors/rust.md`, "A processor
+//! crate of your own"): `stoke` as a dependency, `stoke-build` as a build
+//! dependency, the one-line `build.rs` as printed there. It builds, its binary runs without
 //! `LD_LIBRARY_PATH` (an rpath to libtorch) and keeps `libtorch_cuda`
 //! linked (or it would never see a GPU), and it runs a job through
 //! `stoke run --local --worker-bin`, writing its rows with
@@ -54,6 +55,32 @@ fn target_dir() -> PathBuf {
     exe.ancestors().nth(3).expect("target folder").to_path_buf()
 }
 
+/// The ```rust block of the book's page on Rust processors that starts
+/// with `// build.rs`: what a user copies into their crate.
+fn book_build_rs(repo: &Path) -> String {
+    let page = repo.join("docs/src/guide/processors/rust.md");
+    let text = std::fs::read_to_string(&page)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", page.display()));
+    let mut blocks = text.split("\n```rust\n").skip(1);
+    let block = blocks
+        .find(|b| b.starts_with("// build.rs\n"))
+        .unwrap_or_else(|| {
+            panic!(
+                "{} has no ```rust block starting `// build.rs`",
+                page.display()
+            )
+        });
+    let end = block
+        .find("\n```")
+        .unwrap_or_else(|| panic!("an unclosed ```rust block in {}", page.display()));
+    let code = format!("{}\n", &block[..end]);
+    assert!(
+        code.contains("stoke_build::link_libtorch()"),
+        "the book's build.rs no longer calls stoke_build::link_libtorch(): {code}"
+    );
+    code
+}
+
 fn write(path: &Path, text: &str) {
     std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
     std::fs::write(path, text).expect("write");
@@ -93,11 +120,8 @@ opt-level = 1
             helper = repo.join("build-helper").display(),
         ),
     );
-    // The README's one line.
-    write(
-        &krate.join("build.rs"),
-        "fn main() {\n    stoke_build::link_libtorch();\n}\n",
-    );
+    // The book's one line, as printed.
+    write(&krate.join("build.rs"), &book_build_rs(&repo));
     write(&krate.join("src/main.rs"), MAIN_RS);
     // The workspace's versions of every dependency: built already, and no
     // registry needed.

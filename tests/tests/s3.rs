@@ -125,7 +125,8 @@ fn a_second_coordinator_is_refused_and_a_crashed_ones_root_is_taken_over() {
     env.assert_no_secrets_in_logs();
 }
 
-/// README: "a coordinator that cannot renew stops writing when its lease
+/// `docs/src/guide/cli.md`, "One coordinator per state root": "a
+/// coordinator that cannot renew stops writing when its lease
 /// would expire, and one that finds its lease taken stops".
 #[test]
 fn a_coordinator_that_cannot_renew_its_root_stops_writing_and_yields_it() {

@@ -94,7 +94,7 @@ fn tokens_keep_clients_and_workers_apart_on_grpc_and_http() {
         ),
     ] {
         let out = stoke_cli_env(&["--coordinator", addr, "submit", &spec], &env);
-        // A refused token is bad input: exit 2 (README, "Exit codes").
+        // A refused token is bad input: exit 2 (`docs/src/guide/cli.md`, "Exit codes").
         assert_eq!(out.status.code(), Some(2), "submit with {what}");
         let err = text(&out.stderr);
         assert!(
@@ -446,7 +446,7 @@ fn limits_on_spec_size_request_size_and_unfinished_jobs() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let _third = coordinator.submit(&spec);
 
-    // HTTP takes no body over 64 KiB (README, "Limits"): one declared
+    // HTTP takes no body over 64 KiB (`docs/src/operations/security.md`, "Limits"): one declared
     // over it is refused before any route; one under it is served.
     let http_status = |head: &str, body: &[u8]| -> String {
         use std::io::{Read, Write};

@@ -710,10 +710,11 @@ async fn a_holder_gone_while_its_split_is_stored_has_its_part_requeued() {
     assert_eq!(holder.shard.until_record(), Some(198));
 }
 
-/// README, "Splitting at the tail": never adaptive batches (`max_elements`:
-/// batch boundaries depend on the data) nor shards of unknown size (JSON
-/// Lines the plan did not count). A holder that commits slowly and an idle
-/// asker would split either otherwise (the first case shows it).
+/// `docs/src/guide/guarantees.md`, "Splitting at the tail": never adaptive
+/// batches (`max_elements`: batch boundaries depend on the data) nor shards
+/// of unknown size (JSON Lines the plan did not count). A holder that
+/// commits slowly and an idle asker would split either otherwise (the first
+/// case shows it).
 #[tokio::test(start_paused = true)]
 async fn adaptive_batches_and_shards_of_unknown_size_are_never_split() {
     for case in ["splittable", "max_elements", "unknown size"] {

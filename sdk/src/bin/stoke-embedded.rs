@@ -30,8 +30,9 @@ fn main() {
     }
 }
 
-/// The `stoke` CLI's exit codes (README, "Exit codes"): 2 for bad input,
-/// 3 for a cancelled job, 1 for a failed one and anything else.
+/// The `stoke` CLI's exit codes (`docs/src/guide/cli.md`, "Exit codes"):
+/// 2 for bad input, 3 for a cancelled job, 1 for a failed one and anything
+/// else.
 fn exit_code(e: &anyhow::Error) -> i32 {
     for cause in e.chain() {
         if cause.downcast_ref::<stoke_core::SpecError>().is_some()

@@ -1,7 +1,9 @@
-"""The README's Python section, run as printed: its code blocks are taken
-from README.md itself, only the paths filled in (the data folder, the
-model file, the coordinator's address), so a snippet that stops working
-as the README shows it fails here."""
+"""The book's Python code, run as printed: the code blocks are taken from
+the book's pages themselves (docs/src/getting-started/python.md, "For
+Python users", and docs/src/guide/results.md, "Finding and reading
+results"), only the paths filled in (the data folder, the model file, the
+coordinator's address), so a snippet that stops working as the book shows
+it fails here."""
 
 import json
 import os
@@ -14,26 +16,29 @@ import textwrap
 
 from conftest import DEADLINE, bin_path
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+BOOK = pathlib.Path(__file__).resolve().parents[2] / "docs" / "src"
+# The pages whose code this file runs.
+PYTHON_USERS = BOOK / "getting-started" / "python.md"
+RESULTS = BOOK / "guide" / "results.md"
 
 
-def blocks(lang):
-    """The README's fenced code blocks in `lang`, in order."""
-    return re.findall(rf"^```{lang}\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+def blocks(page, lang):
+    """The page's fenced code blocks in `lang`, in order."""
+    return re.findall(rf"^```{lang}\n(.*?)^```", page.read_text(), flags=re.S | re.M)
 
 
-def block_starting(lang, first_line):
-    for b in blocks(lang):
+def block_starting(page, lang, first_line):
+    for b in blocks(page, lang):
         if b.startswith(first_line):
             return b
-    raise AssertionError(f"README.md has no ```{lang} block starting {first_line!r}")
+    raise AssertionError(f"{page} has no ```{lang} block starting {first_line!r}")
 
 
 def python_section(tmp_path, fixture_dir):
     """my_processor.py and job.toml as printed, in a folder of their own,
     with the data the spec names (`data/`) and the model path filled in."""
-    processor = block_starting("python", "# my_processor.py")
-    spec = block_starting("toml", "# job.toml")
+    processor = block_starting(PYTHON_USERS, "python", "# my_processor.py")
+    spec = block_starting(PYTHON_USERS, "toml", "# job.toml")
     assert 'model = "file:///models/m.pt"' in spec, spec
     spec = spec.replace("file:///models/m.pt", f"file://{fixture_dir / 'model.pt'}")
     (tmp_path / "my_processor.py").write_text(processor)
@@ -57,7 +62,7 @@ def run_python(code, cwd, env=None):
 
 def test_the_processor_and_torch_batch_process_as_printed(tmp_path, fixture_dir):
     folder = python_section(tmp_path, fixture_dir)
-    snippet = block_starting("python", "import stoke\n")
+    snippet = block_starting(PYTHON_USERS, "python", "import stoke\n")
     # Its first part runs in process; the client part needs a cluster
     # (the next test).
     in_process = snippet.split("\n\n")[0]
@@ -70,9 +75,9 @@ def test_the_processor_and_torch_batch_process_as_printed(tmp_path, fixture_dir)
     assert sum(o["records"] for o in ids) == 3000
     # upload_path()'s files (none here: the example leaves `...`) would be
     # under _files/; the output folder reads as one table with pyarrow, as
-    # the README's reading section says.
+    # the book's page on reading results says.
     output = pathlib.Path(manifest["outputs"][0]["uri"].removeprefix("file://")).parents[2]
-    reading = block_starting("python", "pyarrow.parquet.read_table")
+    reading = block_starting(RESULTS, "python", "pyarrow.parquet.read_table")
     pyarrow_line = next(line for line in reading.splitlines() if line.startswith("pyarrow."))
     duckdb_line = next(line for line in reading.splitlines() if line.startswith("duckdb."))
     out = run_python(
@@ -87,14 +92,14 @@ def test_the_processor_and_torch_batch_process_as_printed(tmp_path, fixture_dir)
 
 def test_the_client_as_printed(cluster, tmp_path, fixture_dir):
     folder = python_section(tmp_path, fixture_dir)
-    snippet = block_starting("python", "import stoke\n")
+    snippet = block_starting(PYTHON_USERS, "python", "import stoke\n")
     client_part = snippet.split("\n\n", 1)[1]
     assert 'stoke.Client("coordinator:7070")' in client_part, client_part
     client_part = client_part.replace("coordinator:7070", cluster.address)
     # A worker that waits for the job the snippet submits.
-    log = open(tmp_path / "worker-readme.log", "w")
+    log = open(tmp_path / "worker-docs.log", "w")
     cluster.procs.append(subprocess.Popen(
-        [str(bin_path("stoke-worker")), "--coordinator", cluster.address, "--worker-id", "readme",
+        [str(bin_path("stoke-worker")), "--coordinator", cluster.address, "--worker-id", "docs",
          "--device", "cpu", "--threads", "1"],
         stdout=log, stderr=subprocess.STDOUT))
     out = run_python(
