@@ -68,6 +68,26 @@ fn is_true(value: Option<String>) -> bool {
     value.is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"))
 }
 
+/// A credentials file's settings (of `profile`'s section, if given) as the
+/// store's configuration keys; a key the store does not know is refused,
+/// naming the file.
+fn file_settings<K: std::str::FromStr>(
+    uri: &StoreUri,
+    path: &FsPath,
+    profile: Option<&str>,
+) -> Result<Vec<(K, String)>, StoreError> {
+    read_key_values(uri, path, profile)?
+        .into_iter()
+        .map(|(key, value)| {
+            let parsed = key.parse::<K>().map_err(|_| StoreError::Config {
+                uri: uri.to_string(),
+                message: format!("{}: unknown key {key:?}", path.display()),
+            })?;
+            Ok((parsed, value))
+        })
+        .collect()
+}
+
 fn bucket_root(uri: &StoreUri) -> String {
     format!("{}://{}", uri.scheme(), uri.authority())
 }
@@ -76,14 +96,8 @@ fn open_s3(uri: &StoreUri, config: &StoreConfig) -> Result<Arc<dyn ObjectStore>,
     let mut builder = AmazonS3Builder::from_env().with_url(bucket_root(uri));
     if let Some(path) = &config.credentials_file {
         let profile = std::env::var("AWS_PROFILE").unwrap_or_else(|_| "default".to_string());
-        for (key, value) in read_key_values(uri, path, Some(&profile))? {
-            let parsed = key
-                .parse::<AmazonS3ConfigKey>()
-                .map_err(|_| StoreError::Config {
-                    uri: uri.to_string(),
-                    message: format!("{}: unknown key {key:?}", path.display()),
-                })?;
-            builder = builder.with_config(parsed, value);
+        for (key, value) in file_settings::<AmazonS3ConfigKey>(uri, path, Some(&profile))? {
+            builder = builder.with_config(key, value);
         }
     }
     if let Some(endpoint) = &config.endpoint {
@@ -156,14 +170,8 @@ fn open_gcs(uri: &StoreUri, config: &StoreConfig) -> Result<Arc<dyn ObjectStore>
 fn open_azure(uri: &StoreUri, config: &StoreConfig) -> Result<Arc<dyn ObjectStore>, StoreError> {
     let mut builder = MicrosoftAzureBuilder::from_env().with_url(bucket_root(uri));
     if let Some(path) = &config.credentials_file {
-        for (key, value) in read_key_values(uri, path, None)? {
-            let parsed = key
-                .parse::<AzureConfigKey>()
-                .map_err(|_| StoreError::Config {
-                    uri: uri.to_string(),
-                    message: format!("{}: unknown key {key:?}", path.display()),
-                })?;
-            builder = builder.with_config(parsed, value);
+        for (key, value) in file_settings::<AzureConfigKey>(uri, path, None)? {
+            builder = builder.with_config(key, value);
         }
     }
     if let Some(endpoint) = &config.endpoint {
