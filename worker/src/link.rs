@@ -16,7 +16,7 @@ use stoke_core::lease::{
 use stoke_core::security::{AuthChannel, ClientSecurity};
 use stoke_proto::v1 as pb;
 use stoke_proto::v1::worker_service_client::WorkerServiceClient;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
@@ -306,5 +306,38 @@ impl CoordinatorLink for GrpcLink {
             .await
             .map_err(|s| self.status_error(s))?;
         Ok(())
+    }
+}
+
+/// The current session: `Some(id)` while one is open, or the error that
+/// makes opening one pointless (a protocol mismatch).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum SessionState {
+    Connecting,
+    Open(String),
+    Fatal(String),
+}
+
+/// Waits for an open session; `Err` when the coordinator refused this
+/// worker for good, or `deadline` passed.
+pub(crate) async fn current(
+    rx: &mut watch::Receiver<SessionState>,
+    deadline: Duration,
+) -> Result<String, LinkError> {
+    let wait = rx.wait_for(|s| !matches!(s, SessionState::Connecting));
+    match tokio::time::timeout(deadline, wait).await {
+        Ok(Ok(state)) => match &*state {
+            SessionState::Open(id) => Ok(id.clone()),
+            SessionState::Fatal(e) => Err(LinkError::new(LinkErrorKind::Invalid, e.clone())),
+            SessionState::Connecting => Err(LinkError::new(LinkErrorKind::Transient, "no session")),
+        },
+        Ok(Err(_)) => Err(LinkError::new(
+            LinkErrorKind::Invalid,
+            "session keeper stopped",
+        )),
+        Err(_) => Err(LinkError::new(
+            LinkErrorKind::Transient,
+            format!("no session with the coordinator within {deadline:?}"),
+        )),
     }
 }

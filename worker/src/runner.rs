@@ -17,13 +17,14 @@ use crate::config::{WorkerConfig, device_name};
 use crate::context::ShardInfo;
 use crate::error::{LinkErrorKind, WorkerError};
 use crate::link::CoordinatorLink;
+use crate::link::{self, SessionState};
 use crate::pipeline::commit::Committer;
 use crate::pipeline::control::ShardControl;
 use crate::pipeline::process::{ProcMsg, ProcessorThread, ShardOutcome, ShardRun};
 use crate::pipeline::read::{ShardRead, read_shard};
 use crate::pipeline::stages::StageCounters;
 use crate::processor::Registry;
-use crate::session::{self, Active, SessionState};
+use crate::session::{self, Active};
 
 /// How the worker's run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,7 +207,7 @@ impl<L: CoordinatorLink> Worker<L> {
         let mut rx = self.session_rx.clone();
         tokio::select! {
             _ = self.shutdown.cancelled() => Ok(None),
-            id = session::current(&mut rx, SESSION_WAIT) => match id {
+            id = link::current(&mut rx, SESSION_WAIT) => match id {
                 Ok(id) => Ok(Some(id)),
                 Err(e) if e.is_transient() => {
                     warn!(error = %e, "still no session with the coordinator");
@@ -475,7 +476,7 @@ impl<L: CoordinatorLink> Worker<L> {
 
     async fn release(&self, key: &stoke_core::lease::LeaseKey, outcome: ReleaseOutcome) {
         let mut rx = self.session_rx.clone();
-        let session_id = match session::current(&mut rx, Duration::from_secs(5)).await {
+        let session_id = match link::current(&mut rx, Duration::from_secs(5)).await {
             Ok(id) => id,
             Err(e) => {
                 warn!(error = %e, "cannot release the lease; it will time out instead");

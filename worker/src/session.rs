@@ -13,22 +13,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::error::{LinkError, LinkErrorKind};
-use crate::link::{CoordinatorLink, Session};
+use crate::error::LinkErrorKind;
+use crate::link::{CoordinatorLink, Session, SessionState};
 use crate::pipeline::control::ShardControl;
 use crate::pipeline::stages::StageCounters;
 
 /// The leases this worker works on, and how to steer each attempt.
 pub(crate) type Active = Arc<Mutex<HashMap<LeaseKey, Arc<ShardControl>>>>;
-
-/// The current session: `Some(id)` while one is open, or the error that
-/// makes opening one pointless (a protocol mismatch).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum SessionState {
-    Connecting,
-    Open(String),
-    Fatal(String),
-}
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -249,29 +240,5 @@ fn apply(event: SessionEvent, active: &Active) {
             }
         }
         SessionEvent::Wake => {}
-    }
-}
-
-/// Waits for an open session; `Err` when the coordinator refused this
-/// worker for good, or `deadline` passed.
-pub(crate) async fn current(
-    rx: &mut watch::Receiver<SessionState>,
-    deadline: Duration,
-) -> Result<String, LinkError> {
-    let wait = rx.wait_for(|s| !matches!(s, SessionState::Connecting));
-    match tokio::time::timeout(deadline, wait).await {
-        Ok(Ok(state)) => match &*state {
-            SessionState::Open(id) => Ok(id.clone()),
-            SessionState::Fatal(e) => Err(LinkError::new(LinkErrorKind::Invalid, e.clone())),
-            SessionState::Connecting => Err(LinkError::new(LinkErrorKind::Transient, "no session")),
-        },
-        Ok(Err(_)) => Err(LinkError::new(
-            LinkErrorKind::Invalid,
-            "session keeper stopped",
-        )),
-        Err(_) => Err(LinkError::new(
-            LinkErrorKind::Transient,
-            format!("no session with the coordinator within {deadline:?}"),
-        )),
     }
 }

@@ -21,9 +21,9 @@ use tracing::{debug, warn};
 
 use crate::error::{LinkError, LinkErrorKind, WorkerError};
 use crate::link::CoordinatorLink;
+use crate::link::{self, SessionState};
 use crate::pipeline::control::{Checkpoint, ShardControl};
 use crate::pipeline::output::encode;
-use crate::session::{self, SessionState};
 
 pub(crate) struct Committer<L> {
     pub link: Arc<L>,
@@ -193,7 +193,7 @@ impl<L: CoordinatorLink> Committer<L> {
         loop {
             let mut rx = self.session_rx.clone();
             let left = COMMIT_RETRY_BUDGET.saturating_sub(started.elapsed());
-            let result = match session::current(&mut rx, left).await {
+            let result = match link::current(&mut rx, left).await {
                 Ok(id) => {
                     commit.session_id = id;
                     self.link.commit(commit.clone()).await.map(|_| ())
