@@ -3,7 +3,8 @@
 //! predictions keyed by record id. The model is a TorchScript file
 //! (`torch.jit.save`) or an AOTInductor package (`.pt2`, from
 //! `torch._inductor.aoti_compile_and_package`); which one is told by the
-//! file's content, not its name.
+//! file's content, not its name. `pt2.rs` loads a package (after the
+//! checks in `compat.rs`); this file is the processor.
 //!
 //! Params:
 //! - `model` (required): URI of the model file;
@@ -23,20 +24,24 @@
 //! - `pass_lengths` (optional, with `pad_value`): call `forward(x, lengths)`
 //!   with the int64 lengths `[B]` as a second input.
 
-use std::collections::HashMap;
-use std::io::{Cursor, Write};
+use std::io::Cursor;
 use std::sync::Arc;
 
 use arrow_array::builder::{FixedSizeListBuilder, Float32Builder};
 use arrow_array::{ArrayRef, Int64Array, RecordBatch};
 use tch::{CModule, Device, Kind, Tensor};
 
-use crate::aoti::{self, AotiModel};
 use crate::batch::Batch;
 use crate::context::ProcessorContext;
 use crate::error::ProcessorResult;
-use crate::model_format::{self, InputSpec, ModelFormat};
+use crate::model_format::{self, ModelFormat};
 use crate::processor::TorchBatchProcessor;
+
+mod compat;
+mod pt2;
+
+use compat::JobInputs;
+use pt2::{Pt2Model, fill_rows, load_pt2};
 
 /// The name job specs use.
 pub const NAME: &str = "pytorch";
@@ -72,19 +77,6 @@ enum OutputColumn {
 enum Model {
     TorchScript(CModule),
     Pt2(Box<Pt2Model>),
-}
-
-/// A loaded `.pt2` package and what it takes.
-#[derive(Debug)]
-struct Pt2Model {
-    model: AotiModel,
-    /// Input specs read from the package (None: it carries none stoke can
-    /// read, and the package's own checks are all there is).
-    inputs: Option<Vec<InputSpec>>,
-    /// The smallest batch the package takes: a smaller batch (a shard's
-    /// last) is filled up with copies of its last record, whose outputs
-    /// are dropped.
-    min_batch: i64,
 }
 
 #[derive(Debug)]
@@ -278,238 +270,6 @@ impl TorchBatchProcessor for PyTorchProcessor {
     }
 }
 
-/// What the job feeds the model, for checking a package before the first
-/// batch.
-struct JobInputs<'a> {
-    /// Input columns, one model input each.
-    columns: usize,
-    input_shape: Option<&'a [i64]>,
-    padded: bool,
-    pass_lengths: bool,
-    batch_size: i64,
-}
-
-/// Checks a package against the worker and the job, and loads it.
-fn load_pt2(
-    uri: &str,
-    bytes: &[u8],
-    inputs: Option<Vec<InputSpec>>,
-    job: &JobInputs<'_>,
-    device: Device,
-) -> ProcessorResult<(Pt2Model, Vec<String>)> {
-    // The loader takes a path: the package goes to a temporary file, which
-    // may go once the loader has unpacked it.
-    let mut file = tempfile::Builder::new()
-        .prefix("stoke-model-")
-        .suffix(".pt2")
-        .tempfile()
-        .map_err(|e| format!("loading model {uri}: creating a temporary file: {e}"))?;
-    file.write_all(bytes)
-        .and_then(|()| file.flush())
-        .map_err(|e| format!("loading model {uri}: writing a temporary file: {e}"))?;
-    let metadata = aoti::package_metadata(file.path())
-        .map_err(|e| format!("loading model {uri}: not a readable .pt2 package: {e}"))?;
-    check_worker(uri, &metadata, device)?;
-    if let Some(specs) = &inputs {
-        check_job(uri, specs, job)?;
-    } else {
-        tracing::warn!(model = %uri, "the package carries no input checks stoke can read; inputs are not checked before they reach the model");
-    }
-    let model =
-        AotiModel::load(file.path(), device).map_err(|e| format!("loading model {uri}: {e}"))?;
-    let (_, out_spec) = model
-        .call_spec()
-        .map_err(|e| format!("loading model {uri}: {e}"))?;
-    let names = model_format::output_names(&out_spec);
-    let min_batch = inputs
-        .as_ref()
-        .and_then(|specs| specs.first())
-        .and_then(|s| s.dims.first())
-        .map_or(1, |d| d.bounds().0.max(1));
-    tracing::info!(model = %uri, device = ?device, outputs = ?names, "loaded .pt2 package");
-    Ok((
-        Pt2Model {
-            model,
-            inputs,
-            min_batch,
-        },
-        names,
-    ))
-}
-
-/// The package's device and compiler against this worker.
-fn check_worker(
-    uri: &str,
-    metadata: &HashMap<String, String>,
-    device: Device,
-) -> ProcessorResult<()> {
-    let package_device = metadata
-        .get("AOTI_DEVICE_KEY")
-        .map_or("cpu", String::as_str);
-    let worker_device = match device {
-        Device::Cuda(_) => "cuda",
-        Device::Cpu => "cpu",
-        _ => "other",
-    };
-    if package_device != worker_device {
-        return Err(format!(
-            "model {uri}: the .pt2 package was compiled for {package_device}, but this worker runs it on {worker} (compile the package on and for {worker_device}, or run the job on {package_device} workers)",
-            worker = device_text(device),
-        )
-        .into());
-    }
-    if let Some(compiled_by) = metadata.get(TORCH_VERSION_KEY) {
-        let compiled = compiled_by.split('+').next().unwrap_or(compiled_by);
-        let here = aoti::torch_version();
-        if compiled != here {
-            return Err(format!(
-                "model {uri}: the .pt2 package was compiled by torch {compiled_by}, but this worker's libtorch is {here} (compile it with torch=={here})"
-            )
-            .into());
-        }
-    }
-    if let Some(isa) = metadata.get("AOTI_CPU_ISA")
-        && package_device == "cpu"
-        && let Some(missing) = missing_cpu_feature(isa)
-    {
-        return Err(format!(
-            "model {uri}: the .pt2 package was compiled for CPUs with {isa}, and this worker's CPU lacks {missing} (compile it on a machine like the workers')"
-        )
-        .into());
-    }
-    Ok(())
-}
-
-fn device_text(device: Device) -> String {
-    match device {
-        Device::Cuda(i) => format!("cuda:{i}"),
-        Device::Cpu => "cpu".to_string(),
-        other => format!("{other:?}"),
-    }
-}
-
-/// The first instruction set a package's `AOTI_CPU_ISA` names that this
-/// CPU lacks (the package's kernels use it unconditionally).
-fn missing_cpu_feature(isa: &str) -> Option<String> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        for name in isa.split_whitespace() {
-            let present = match name {
-                "AVX512" => std::arch::is_x86_feature_detected!("avx512f"),
-                "AVX512_VNNI" => std::arch::is_x86_feature_detected!("avx512vnni"),
-                "AVX2" => std::arch::is_x86_feature_detected!("avx2"),
-                _ => true,
-            };
-            if !present {
-                return Some(name.to_string());
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = isa;
-    None
-}
-
-/// The package's inputs against what the job will feed it.
-fn check_job(uri: &str, specs: &[InputSpec], job: &JobInputs<'_>) -> ProcessorResult<()> {
-    let given = job.columns + usize::from(job.pass_lengths);
-    if specs.len() != given {
-        let what = if job.pass_lengths {
-            "2 (the input column and its lengths, with `pass_lengths`)".to_string()
-        } else if job.columns == 1 {
-            "1 (the input column)".to_string()
-        } else {
-            format!("{} (the input columns)", job.columns)
-        };
-        return Err(format!(
-            "model {uri}: the .pt2 package takes {} inputs, the job gives {what}",
-            specs.len()
-        )
-        .into());
-    }
-    let x = &specs[0];
-    let job_shape = match job.input_shape {
-        Some(shape) => {
-            let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
-            format!("[batch, {}] (input_shape)", dims.join(", "))
-        }
-        None if job.padded => "[batch, length] (padded lists)".to_string(),
-        None => "[batch, width] (a list column without input_shape)".to_string(),
-    };
-    let job_rank = job.input_shape.map_or(2, |s| s.len() + 1);
-    if x.dims.len() != job_rank {
-        return Err(format!(
-            "model {uri}: the .pt2 package takes a rank-{} input {}, the job gives rank {job_rank}: {job_shape}",
-            x.dims.len(),
-            x.shape_text()
-        )
-        .into());
-    }
-    if let Some(shape) = job.input_shape
-        && let Some((d, (spec, n))) = x.dims[1..]
-            .iter()
-            .zip(shape)
-            .enumerate()
-            .find(|(_, (spec, n))| !spec.admits(**n))
-    {
-        return Err(format!(
-            "model {uri}: the .pt2 package takes input {}, the job gives {job_shape}: dim {} is {n}, the package takes {spec}",
-            x.shape_text(),
-            d + 1
-        )
-        .into());
-    }
-    let (_, max) = x.dims[0].bounds();
-    if let Some(max) = max
-        && job.batch_size > max
-    {
-        return Err(format!(
-            "model {uri}: the .pt2 package takes batches of {} records, the job's batching.batch_size is {} (lower it, or export with a larger Dim max)",
-            x.dims[0], job.batch_size
-        )
-        .into());
-    }
-    Ok(())
-}
-
-impl Pt2Model {
-    /// A batch's inputs against the package's specs (all but the batch
-    /// size, which [`fill_rows`] takes care of).
-    fn check_batch(&self, uri: &str, inputs: &[Tensor]) -> ProcessorResult<()> {
-        let Some(specs) = &self.inputs else {
-            return Ok(());
-        };
-        for (i, (t, spec)) in inputs.iter().zip(specs).enumerate() {
-            let size = t.size();
-            let fits = size.len() == spec.dims.len()
-                && size
-                    .iter()
-                    .zip(&spec.dims)
-                    .skip(1)
-                    .all(|(n, d)| d.admits(*n));
-            let batch_fits = spec.dims[0].bounds().1.is_none_or(|m| size[0] <= m);
-            if !fits || !batch_fits {
-                return Err(format!(
-                    "model {uri}: the .pt2 package takes input {i} as {}, the batch gives {size:?}",
-                    spec.shape_text()
-                )
-                .into());
-            }
-        }
-        Ok(())
-    }
-}
-
-/// `t` with its last row repeated up to `rows` rows.
-fn fill_rows(t: &Tensor, rows: i64) -> Result<Tensor, tch::TchError> {
-    let have = t.size().first().copied().unwrap_or(0);
-    let last = t.f_narrow(0, have - 1, 1)?;
-    let mut shape = t.size();
-    shape[0] = rows - have;
-    let extra = last.f_expand(shape.as_slice(), false)?;
-    Tensor::f_cat(&[t.shallow_clone(), extra], 0)
-}
-
 impl PyTorchProcessor {
     /// Records whose input has the wrong shape (or is null) go to the job's
     /// error policy. The expected width is `input_shape`'s size when given,
@@ -652,93 +412,4 @@ fn scores_column(scores: &Tensor) -> ProcessorResult<ArrayRef> {
         builder.append(true);
     }
     Ok(Arc::new(builder.finish()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model_format::DimSpec;
-
-    fn mlp_spec() -> Vec<InputSpec> {
-        vec![InputSpec {
-            kind: Some(Kind::Float),
-            dims: vec![
-                DimSpec::Range {
-                    min: 2,
-                    max: Some(256),
-                },
-                DimSpec::Fixed(64),
-            ],
-        }]
-    }
-
-    fn job(input_shape: Option<&[i64]>, batch_size: i64) -> JobInputs<'_> {
-        JobInputs {
-            columns: 1,
-            input_shape,
-            padded: false,
-            pass_lengths: false,
-            batch_size,
-        }
-    }
-
-    #[test]
-    fn a_batch_size_past_the_exported_range_is_refused_naming_both() {
-        let e = check_job("file:///m.pt2", &mlp_spec(), &job(None, 512))
-            .expect_err("too big")
-            .to_string();
-        assert!(e.contains("file:///m.pt2"), "{e}");
-        assert!(e.contains("2..=256"), "{e}");
-        assert!(e.contains("batch_size is 512"), "{e}");
-        check_job("file:///m.pt2", &mlp_spec(), &job(None, 256)).expect("fits");
-    }
-
-    #[test]
-    fn a_wrong_rank_is_refused_naming_both_shapes() {
-        let e = check_job("m.pt2", &mlp_spec(), &job(Some(&[1, 8, 8]), 64))
-            .expect_err("rank 4 vs 2")
-            .to_string();
-        assert!(e.contains("rank-2 input [2..=256, 64]"), "{e}");
-        assert!(e.contains("rank 4: [batch, 1, 8, 8]"), "{e}");
-    }
-
-    #[test]
-    fn a_fixed_dim_that_differs_is_refused() {
-        let e = check_job("m.pt2", &mlp_spec(), &job(Some(&[32]), 64))
-            .expect_err("32 vs 64")
-            .to_string();
-        assert!(e.contains("dim 1 is 32, the package takes 64"), "{e}");
-    }
-
-    #[test]
-    fn a_cuda_package_on_a_cpu_worker_is_refused() {
-        let metadata = HashMap::from([("AOTI_DEVICE_KEY".to_string(), "cuda".to_string())]);
-        let e = check_worker("m.pt2", &metadata, Device::Cpu)
-            .expect_err("cuda on cpu")
-            .to_string();
-        assert!(e.contains("compiled for cuda"), "{e}");
-        assert!(e.contains("runs it on cpu"), "{e}");
-    }
-
-    #[test]
-    fn another_torch_version_is_refused() {
-        let metadata = HashMap::from([
-            ("AOTI_DEVICE_KEY".to_string(), "cpu".to_string()),
-            (TORCH_VERSION_KEY.to_string(), "1.0.0+cpu".to_string()),
-        ]);
-        let e = check_worker("m.pt2", &metadata, Device::Cpu)
-            .expect_err("old torch")
-            .to_string();
-        assert!(e.contains("compiled by torch 1.0.0+cpu"), "{e}");
-        assert!(e.contains(&aoti::torch_version()), "{e}");
-    }
-
-    #[test]
-    fn small_batches_are_filled_with_their_last_row() {
-        let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).reshape([2, 2]);
-        let filled = fill_rows(&t, 4).expect("filled");
-        assert_eq!(filled.size(), vec![4, 2]);
-        let v = Vec::<f32>::try_from(&filled.flatten(0, -1)).expect("values");
-        assert_eq!(v, vec![1.0, 2.0, 3.0, 4.0, 3.0, 4.0, 3.0, 4.0]);
-    }
 }
