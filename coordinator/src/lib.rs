@@ -12,22 +12,30 @@
 //!
 //! Tested by state-machine tests with no store (`tests/effects.rs`), with a
 //! paused clock through the owner's write path (`tests/state/`), and
-//! by the process tests in `stoke-tests`.
+//! by the process tests in `stoke-tests`. The state machine, `Inline` and
+//! the staging sweep are public only with the `test-util` feature, which
+//! those tests and the scale benchmark turn on.
 
 pub mod config;
 pub mod error;
-pub mod grpc;
-pub mod http;
-pub mod metrics;
+mod grpc;
+mod http;
+mod metrics;
 pub mod offline;
 pub mod owner;
 pub mod progress;
 pub mod queues;
-pub mod root_lock;
+mod root_lock;
 pub mod security;
+#[cfg(feature = "test-util")]
 pub mod state;
-pub mod status;
+#[cfg(not(feature = "test-util"))]
+mod state;
+mod status;
+#[cfg(feature = "test-util")]
 pub mod sweep;
+#[cfg(not(feature = "test-util"))]
+mod sweep;
 
 use stoke_core::Stores;
 use stoke_proto::v1::job_service_server::JobServiceServer;
@@ -41,7 +49,9 @@ use tracing::info;
 
 pub use config::CoordinatorConfig;
 pub use error::{CoordinatorError, Result};
-pub use owner::{Handle, Inline, start};
+#[cfg(feature = "test-util")]
+pub use owner::Inline;
+pub use owner::{Handle, start};
 
 /// Serves the coordinator's gRPC on an already bound listener until
 /// `shutdown` is cancelled.

@@ -6,8 +6,9 @@
 //! machine and writes one at a time in the caller's task, for tests.
 
 pub(crate) mod handle;
+#[cfg(feature = "test-util")]
 mod inline;
-pub mod io;
+pub(crate) mod io;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -32,6 +33,7 @@ use crate::sweep::Sweeper;
 
 pub use handle::Handle;
 use handle::{Command, Reply};
+#[cfg(feature = "test-util")]
 pub use inline::Inline;
 
 /// Takes the state root (refused if another coordinator holds it), loads

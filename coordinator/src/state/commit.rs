@@ -423,7 +423,6 @@ impl State {
                 .filter(|p| p.seq > 0),
         );
         Some(SnapshotWrite {
-            job_id: job_id.to_string(),
             uri: job.layout.progress_snapshot(seq),
             bytes,
             replaces: job.progress_objects.clone(),

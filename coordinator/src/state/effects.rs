@@ -157,7 +157,6 @@ pub struct GroupWritten {
 /// objects: they are deleted once it is stored.
 #[derive(Debug)]
 pub struct SnapshotWrite {
-    pub job_id: String,
     pub uri: StoreUri,
     pub bytes: Bytes,
     pub replaces: Vec<StoreUri>,

@@ -73,13 +73,14 @@ use crate::error::{CoordinatorError, Result};
 use crate::metrics::{Counters, Histograms};
 use crate::progress::RateWindow;
 
-pub use commit::MAX_GROUP;
+#[cfg(feature = "test-util")]
 pub use crash::{Verdict, judge};
 pub use effects::{
     Answer, CreateJob, Effect, FinishJob, GroupWrite, GroupWritten, Io, IoId, Outcome, ReqId,
     SnapshotWrite, StagedCopy, progress_log,
 };
 pub use schedule::WaitReason;
+#[cfg(feature = "test-util")]
 pub use split::{PROBE_LEAD, SPLIT_IN_PROCESS_BATCHES, Share, SplitPoint, split_point};
 pub use view::ErrorSources;
 pub use view::JobOutputs;
@@ -608,14 +609,9 @@ impl State {
         recover::read_only(config, &stores).await
     }
 
+    #[cfg(feature = "test-util")]
     pub fn epoch(&self) -> u64 {
         self.epoch
-    }
-
-    /// The histograms `/metrics` shows (shared: the owner observes commit
-    /// latency into the same ones).
-    pub fn histograms(&self) -> &Histograms {
-        &self.histograms
     }
 
     /// What the owner is to do since the last call: store writes to run

@@ -147,6 +147,7 @@ impl State {
     /// A worker's pace on a job at `now`: records committed per second of
     /// lease held, over its last commits (`None` before its first commit
     /// of the job, or for an unknown session).
+    #[cfg(feature = "test-util")]
     pub fn pace(&self, session_id: &str, job_id: &str, now: Instant) -> Option<f64> {
         self.sessions.get(session_id)?.pace(job_id, now)
     }
