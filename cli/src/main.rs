@@ -21,8 +21,8 @@ use display::{exit, exit_code, jobs_table, print_job, print_status};
 use source::Source;
 use stoke_client::Client;
 use stoke_client::summary::{count, job_json};
-use stoke_core::StoreUri;
 use stoke_core::spec::JobSpec;
+use stoke_store::StoreUri;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -234,7 +234,7 @@ fn error_exit_code(e: &anyhow::Error) -> i32 {
             };
         }
         if cause.downcast_ref::<stoke_core::SpecError>().is_some()
-            || cause.downcast_ref::<stoke_core::UriError>().is_some()
+            || cause.downcast_ref::<stoke_store::UriError>().is_some()
         {
             return exit::BAD_INPUT;
         }

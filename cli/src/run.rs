@@ -12,7 +12,7 @@ use stoke_client::summary::{count, total};
 use stoke_coordinator::CoordinatorConfig;
 use stoke_core::records::JobInfo;
 use stoke_core::spec::JobSpec;
-use stoke_core::{StoreUri, Stores};
+use stoke_store::{StoreUri, Stores};
 use tokio_util::sync::CancellationToken;
 
 use crate::display::{exit_code, print_summary};

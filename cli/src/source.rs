@@ -10,7 +10,7 @@ use stoke_client::Client;
 use stoke_coordinator::offline::Offline;
 use stoke_core::records::{JobErrors, JobInfo, ManifestEntry};
 use stoke_core::report::EfficiencyReport;
-use stoke_core::{StoreUri, Stores};
+use stoke_store::{StoreUri, Stores};
 
 pub enum Source {
     Live(Box<Client>),

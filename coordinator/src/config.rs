@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use stoke_core::StoreUri;
+use stoke_store::StoreUri;
 
 use crate::security::ServerSecurity;
 

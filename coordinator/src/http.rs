@@ -22,9 +22,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use stoke_core::StoreUri;
 use stoke_core::layout::RootLayout;
 use stoke_core::security::Token;
+use stoke_store::StoreUri;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 

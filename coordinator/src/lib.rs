@@ -37,9 +37,9 @@ pub mod sweep;
 #[cfg(not(feature = "test-util"))]
 mod sweep;
 
-use stoke_core::Stores;
 use stoke_proto::v1::job_service_server::JobServiceServer;
 use stoke_proto::v1::worker_service_server::WorkerServiceServer;
+use stoke_store::Stores;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

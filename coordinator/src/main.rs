@@ -11,7 +11,7 @@ use stoke_coordinator::security::{ServerSecurity, ServerTls};
 use stoke_core::security::{
     CLIENT_TOKEN_FILE_VAR, CLIENT_TOKEN_VAR, Token, WORKER_TOKEN_FILE_VAR, WORKER_TOKEN_VAR,
 };
-use stoke_core::{StoreConfig, StoreUri, Stores};
+use stoke_store::{StoreConfig, StoreUri, Stores};
 use tokio_util::sync::CancellationToken;
 
 /// stoke's coordinator: plans jobs, leases shards to workers, commits progress.

@@ -16,7 +16,7 @@ use std::pin::Pin;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use stoke_core::{StoreError, StoreUri, Stores};
+use stoke_store::{StoreError, StoreUri, Stores};
 use tracing::{debug, info, warn};
 
 /// Prefixes swept at once.

@@ -8,11 +8,11 @@ use stoke_coordinator::state::{
     Answer, Effect, GroupWrite, GroupWritten, Io, IoId, Outcome, State,
 };
 use stoke_coordinator::{CoordinatorConfig, CoordinatorError};
-use stoke_core::StoreUri;
 use stoke_core::lease::{AcquireOutcome, Commit, Lease, Registration, Release, SessionEvent};
 use stoke_core::plan::plan_range;
 use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::JobSpec;
+use stoke_store::StoreUri;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -418,7 +418,7 @@ async fn commits_arriving_while_a_group_is_written_go_out_together_next() {
             .records
             .iter()
             .map(|_| {
-                Err(stoke_core::StoreError::Shared {
+                Err(stoke_store::StoreError::Shared {
                     message: "store unavailable".to_string(),
                     transient: true,
                 })

@@ -14,7 +14,7 @@ use crate::records::{
     SkippedRecord, Suspect, WorkerInfo,
 };
 use crate::spec::JobSpec;
-use crate::store::StoreUri;
+use stoke_store::StoreUri;
 
 impl From<JobState> for pb::JobState {
     fn from(s: JobState) -> Self {

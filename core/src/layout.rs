@@ -27,7 +27,7 @@
 //! another bucket stages in `<output>/_staging/`, which Spark, Hadoop,
 //! pyarrow and pandas skip because of the leading `_`.
 
-use crate::store::StoreUri;
+use stoke_store::StoreUri;
 
 /// The paths of a coordinator's state root.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use crate::plan::Shard;
 use crate::records::OutputObject;
 pub use crate::records::StageTotals;
 use crate::spec::JobSpec;
-use crate::store::StoreUri;
+use stoke_store::StoreUri;
 
 /// Identifies one attempt at one shard.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -4,7 +4,6 @@
 //! - [`spec`]: the job spec (TOML/JSON), strict parsing and validation;
 //! - [`plan`]: cutting a dataset into shards (Parquet row groups, JSON Lines
 //!   byte ranges, `files` objects, synthetic `range`);
-//! - [`store`]: store URIs and the one place that opens an `object_store`;
 //! - [`float_list`]: the worker's fast Parquet decoder for fixed-size float
 //!   lists, here (libtorch-free) so that it is fuzzed;
 //! - [`layout`]: where every durable object lives under the state root;
@@ -16,8 +15,8 @@
 //! - [`report`]: a job's efficiency report (processor time by cause);
 //! - [`refusal`]: refusals a peer matches on, carried on gRPC statuses.
 //!
-//! Tested by unit tests next to the code, against `memory://` and temporary
-//! `file://` stores.
+//! Store URIs and stores are `stoke-store`'s (ADR 010). Tested by unit tests
+//! next to the code, against `memory://` and temporary `file://` stores.
 
 pub mod conv;
 pub mod error;
@@ -35,10 +34,8 @@ pub mod report;
 pub mod schedule;
 pub mod security;
 pub mod spec;
-pub mod store;
 
-pub use error::{ConfigError, ConvError, PlanError, SpecError, StoreError, UriError};
-pub use store::{StoreConfig, StoreUri, Stores};
+pub use error::{ConvError, PlanError, SpecError};
 
 /// The protocol version every conversation starts with. A peer with another
 /// version is refused with an error that names both. 2: a lease carries
@@ -64,7 +61,7 @@ pub const TOOLING_ENV_VARS: [&str; 5] = [
 pub fn unknown_env_vars(flag_vars: impl IntoIterator<Item = String>) -> Vec<String> {
     let known: Vec<String> = flag_vars
         .into_iter()
-        .chain(store::STORE_ENV_VARS.iter().map(|s| s.to_string()))
+        .chain(stoke_store::STORE_ENV_VARS.iter().map(|s| s.to_string()))
         .chain(TOOLING_ENV_VARS.iter().map(|s| s.to_string()))
         .chain(security::SECURITY_ENV_VARS.iter().map(|s| s.to_string()))
         .collect();

@@ -14,8 +14,8 @@ use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 
-use crate::error::StoreError;
-use crate::store::{StoreUri, Stores};
+use stoke_store::StoreError;
+use stoke_store::{StoreUri, Stores};
 
 /// Bytes read at once from the end of a file to find its footer.
 const FOOTER_PREFETCH: usize = 64 * 1024;

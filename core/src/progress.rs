@@ -12,10 +12,10 @@ use std::collections::HashMap;
 
 use futures::StreamExt;
 
-use crate::StoreError;
 use crate::layout::JobLayout;
 use crate::records::{ProgressLog, ProgressRecord};
-use crate::store::{StoreUri, Stores};
+use stoke_store::StoreError;
+use stoke_store::{StoreUri, Stores};
 
 /// How many progress objects are read at once.
 const READ_CONCURRENCY: usize = 32;
@@ -103,7 +103,7 @@ mod tests {
     use super::*;
     use crate::layout::RootLayout;
     use crate::records::ProgressLogRef;
-    use crate::store::to_json_bytes;
+    use stoke_store::to_json_bytes;
 
     fn record(shard: &str, seq: u64, next_batch: u64) -> ProgressRecord {
         ProgressRecord {

@@ -9,7 +9,7 @@ use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
 use crate::error::SpecError;
-use crate::store::StoreUri;
+use stoke_store::StoreUri;
 
 /// A whole job: dataset, processor, batching, checkpoints, outputs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -32,8 +32,8 @@ use stoke_core::records::{
     EpochRecord, LockRecord, Manifest, ProgressLog, ProgressRecord, StatusRecord,
 };
 use stoke_core::spec::{JobSpec, MAX_SHARDS};
-use stoke_core::store::to_json_bytes;
 use stoke_proto::v1 as pb;
+use stoke_store::to_json_bytes;
 
 /// A job spec submitted as TOML (`stoke submit job.toml`).
 pub fn spec_toml(data: &[u8]) {
@@ -61,7 +61,7 @@ pub fn progress_record(data: &[u8]) {
     let _ = record_round_trips::<ProgressLog>(data);
     // What recovery decodes a progress object with (a log, a snapshot or
     // a single record): an error, never a panic.
-    if let Ok(uri) = stoke_core::StoreUri::parse("memory:///r/jobs/j/progress/log-1.json") {
+    if let Ok(uri) = stoke_store::StoreUri::parse("memory:///r/jobs/j/progress/log-1.json") {
         let _ = stoke_core::progress::decode(&uri, data);
     }
     let _ = record_round_trips::<StatusRecord>(data);

@@ -209,7 +209,7 @@ pub fn text(bytes: &[u8]) -> String {
 
 /// A `file://` URI for a local path.
 pub fn file_uri(path: &Path) -> String {
-    stoke_core::StoreUri::from_local_path(path)
+    stoke_store::StoreUri::from_local_path(path)
         .expect("uri")
         .to_string()
 }

@@ -16,7 +16,7 @@ pub fn manifest(root: &Path, job_id: &str) -> Manifest {
 
 /// A job's committed progress record for one shard, if written yet.
 pub fn progress(root: &Path, job_id: &str, shard_id: &str) -> Option<ProgressRecord> {
-    let root = stoke_core::StoreUri::parse(&format!("file://{}", root.display())).ok()?;
+    let root = stoke_store::StoreUri::parse(&format!("file://{}", root.display())).ok()?;
     let layout = stoke_core::layout::RootLayout::new(root).job(job_id);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -24,7 +24,7 @@ pub fn progress(root: &Path, job_id: &str, shard_id: &str) -> Option<ProgressRec
         .ok()?;
     let mut stored = runtime
         .block_on(stoke_core::progress::load(
-            &stoke_core::Stores::new(),
+            &stoke_store::Stores::new(),
             &layout,
         ))
         .ok()?;

@@ -6,7 +6,7 @@ use stoke_coordinator::CoordinatorConfig;
 use stoke_core::layout::RootLayout;
 use stoke_core::records::{JobInfo, JobState, Manifest};
 use stoke_core::spec::JobSpec;
-use stoke_core::{StoreUri, Stores};
+use stoke_store::{StoreUri, Stores};
 use stoke_worker::{Registry, TorchBatchProcessor, WorkerConfig};
 use tch::Device;
 use tokio_util::sync::CancellationToken;
@@ -139,7 +139,7 @@ pub async fn run_embedded(
             .job(&job.job_id)
             .manifest();
         let manifest: Manifest = stores.get_json(&manifest_uri).await?.ok_or_else(|| {
-            stoke_core::StoreError::NotFound {
+            stoke_store::StoreError::NotFound {
                 uri: manifest_uri.to_string(),
             }
         })?;

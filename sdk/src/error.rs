@@ -10,9 +10,9 @@ pub enum EmbeddedError {
     #[error(transparent)]
     Worker(#[from] stoke_worker::WorkerError),
     #[error(transparent)]
-    Store(#[from] stoke_core::StoreError),
+    Store(#[from] stoke_store::StoreError),
     #[error("store configuration: {0}")]
-    StoreConfig(#[from] stoke_core::ConfigError),
+    StoreConfig(#[from] stoke_store::ConfigError),
     #[error("job {job_id} {state}: {reason}")]
     JobEnded {
         job_id: String,

@@ -26,7 +26,7 @@ pub use stoke_core::records::{
     JobErrors, JobInfo, JobState, Manifest, ManifestEntry, ShardErrors, SkippedRecord, WorkerInfo,
 };
 pub use stoke_core::spec::{JobSpec, OutputFormat};
-pub use stoke_core::{StoreUri, Stores};
+pub use stoke_store::{StoreUri, Stores};
 pub use stoke_worker::block_stop_signals_at_start;
 pub use stoke_worker::cli::worker_main;
 pub use stoke_worker::pytorch::PyTorchProcessor;

@@ -11,7 +11,7 @@ use std::sync::{Mutex, OnceLock};
 
 use bytes::Bytes;
 use stoke_core::records::{Manifest, ProgressRecord};
-use stoke_core::{StoreConfig, StoreUri, Stores};
+use stoke_store::{StoreConfig, StoreUri, Stores};
 
 use crate::s3::{ACCESS_KEY, S3Server, SECRET_KEY};
 use crate::{Coordinator, file_uri, fixture, stoke_cli_env, summary_field, text, uri_path};

@@ -265,7 +265,7 @@ fn a_missing_model_fails_the_job_with_a_reason_naming_the_file(env) {
     let job_id = coordinator.submit(&spec);
     env.block_on(
         env.stores()
-            .delete(&stoke_core::StoreUri::parse(&vanishing).expect("uri")),
+            .delete(&stoke_store::StoreUri::parse(&vanishing).expect("uri")),
     )
     .expect("delete the model");
     let mut w = coordinator.worker("stoke-worker", "w1", env.dir());

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
-use stoke_core::{StoreConfig, StoreError, StoreUri, Stores};
+use stoke_store::{StoreConfig, StoreError, StoreUri, Stores};
 use stoke_tests::s3_proxy::{Faults, S3Proxy};
 use stoke_tests::*;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use stoke_core::security::{ClientSecurity, Role};
-use stoke_core::{StoreConfig, Stores};
+use stoke_store::{StoreConfig, Stores};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 

@@ -10,7 +10,7 @@ use arrow_schema::DataType;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use stoke_core::spec::{ErrorPolicy, JobSpec};
-use stoke_core::{StoreUri, Stores};
+use stoke_store::{StoreUri, Stores};
 use tch::{CModule, Device, Tensor};
 
 pub use crate::batch::SkippedRecord;

@@ -1,7 +1,7 @@
 //! The worker's errors.
 
 use stoke_core::refusal::Refusal;
-use stoke_core::{StoreError, UriError};
+use stoke_store::{StoreError, UriError};
 use thiserror::Error;
 
 /// What a processor's methods return on failure: any error type converts

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use stoke_core::Stores;
 use stoke_core::lease::{AcquireOutcome, Lease, Registration, Release};
+use stoke_store::Stores;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};

@@ -16,7 +16,7 @@ use stoke_coordinator::{CoordinatorConfig, Inline};
 use stoke_core::lease::{AcquireOutcome, Commit, Lease, Registration, Release, SessionEvent};
 use stoke_core::plan::plan_dataset;
 use stoke_core::spec::JobSpec;
-use stoke_core::{StoreUri, Stores};
+use stoke_store::{StoreUri, Stores};
 use tokio::sync::mpsc;
 
 use crate::coordinator::range_spec;

@@ -425,7 +425,7 @@ async fn cycles(
 pub(crate) async fn stage_object(lease: &pb::Lease) -> anyhow::Result<pb::OutputObject> {
     let prefix = lease.output_prefix.trim_end_matches('/');
     let staged = format!("{prefix}/part-{:08}.parquet", lease.next_batch);
-    let path = stoke_core::StoreUri::parse(&staged)?
+    let path = stoke_store::StoreUri::parse(&staged)?
         .local_path()
         .with_context(|| format!("{staged}: the bench runs on a file:// root"))?;
     // One blocking task for the folder and the file, as a real worker's

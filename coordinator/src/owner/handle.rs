@@ -10,7 +10,7 @@ use stoke_core::records::{JobErrors, JobInfo, Manifest, ManifestEntry, SkippedRe
 use stoke_core::report::EfficiencyReport;
 use stoke_core::schedule::ScheduleChange;
 use stoke_core::spec::JobSpec;
-use stoke_core::{StoreError, Stores};
+use stoke_store::{StoreError, Stores};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{CoordinatorError, Result};

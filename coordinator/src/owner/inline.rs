@@ -13,7 +13,7 @@ use stoke_core::lease::{
 use stoke_core::plan::Plan;
 use stoke_core::records::JobInfo;
 use stoke_core::spec::JobSpec;
-use stoke_core::{StoreUri, Stores};
+use stoke_store::{StoreUri, Stores};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use stoke_core::records::{JobState, Manifest, ManifestEntry, StatusRecord, now_ms};
 use stoke_core::spec::JobSpec;
-use stoke_core::store::Listed;
-use stoke_core::{StoreError, StoreUri, Stores};
+use stoke_store::Listed;
+use stoke_store::{StoreError, StoreUri, Stores};
 use tracing::{info, warn};
 
 use crate::error::{CoordinatorError, Result};

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use stoke_core::Stores;
 use stoke_core::records::JobInfo;
+use stoke_store::Stores;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

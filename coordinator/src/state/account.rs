@@ -32,7 +32,7 @@ use stoke_core::lease::{JobStages, LeaseWork};
 use stoke_core::records::JobState;
 use stoke_core::records::now_ms;
 use stoke_core::report::{CauseSeconds, DeviceReport, EfficiencyReport, ReportSoFar};
-use stoke_core::store::to_json_bytes;
+use stoke_store::to_json_bytes;
 use tokio::time::Instant;
 
 use super::{Io, Job, Session, State, Then};

@@ -14,7 +14,7 @@ use std::collections::{HashSet, VecDeque};
 use stoke_core::layout::{attempt_prefix, committed_uri};
 use stoke_core::lease::{Commit, LeaseKey};
 use stoke_core::records::{JobState, OutputObject, ProgressRecord};
-use stoke_core::{StoreError, StoreUri};
+use stoke_store::{StoreError, StoreUri};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 

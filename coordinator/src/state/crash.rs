@@ -25,11 +25,11 @@
 //! cleared by the commit that reaches its end (`commit.rs`).
 
 use bytes::Bytes;
-use stoke_core::StoreUri;
 use stoke_core::lease::{BatchSpan, Isolation};
 use stoke_core::records::{JobState, OutputObject, ProgressRecord, Suspect};
 use stoke_core::sha256_hex;
 use stoke_core::spec::ErrorPolicy;
+use stoke_store::StoreUri;
 use tokio::time::Instant;
 use tracing::{error, warn};
 

@@ -9,10 +9,10 @@ use stoke_core::layout::JobLayout;
 use stoke_core::plan::Plan;
 use stoke_core::records::{JobInfo, ProgressRecord, StatusRecord};
 use stoke_core::spec::JobSpec;
-use stoke_core::{StoreError, StoreUri};
+use stoke_store::{StoreError, StoreUri};
 
 use stoke_core::records::ProgressLogRef;
-use stoke_core::store::to_json_bytes;
+use stoke_store::to_json_bytes;
 
 use crate::error::Result;
 

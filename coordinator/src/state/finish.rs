@@ -12,7 +12,7 @@ use stoke_core::layout::JobLayout;
 use stoke_core::plan::Plan;
 use stoke_core::records::EndedRecord;
 use stoke_core::spec::JobSpec;
-use stoke_core::store::to_json_bytes;
+use stoke_store::to_json_bytes;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 

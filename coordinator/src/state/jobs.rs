@@ -258,7 +258,7 @@ impl State {
         let io = match (cmd.target(), &cmd) {
             (Some((state, reason)), _) => Io::Put {
                 uri: job.layout.status(),
-                bytes: stoke_core::store::to_json_bytes(&StatusRecord {
+                bytes: stoke_store::to_json_bytes(&StatusRecord {
                     state,
                     reason,
                     updated_ms: now_ms(),
@@ -268,7 +268,7 @@ impl State {
             (None, JobCmd::Set(change)) => match change.apply(&job.schedule) {
                 Ok(next) => Io::Put {
                     uri: job.layout.schedule(),
-                    bytes: stoke_core::store::to_json_bytes(&ScheduleRecord {
+                    bytes: stoke_store::to_json_bytes(&ScheduleRecord {
                         priority: next.priority,
                         weight: next.weight,
                         max_workers: next.max_workers,

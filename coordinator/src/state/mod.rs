@@ -64,7 +64,7 @@ use stoke_core::plan::Plan;
 use stoke_core::records::{JobState, ProgressRecord};
 use stoke_core::schedule::Schedule;
 use stoke_core::spec::JobSpec;
-use stoke_core::{StoreUri, Stores};
+use stoke_store::{StoreUri, Stores};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -666,7 +666,7 @@ impl State {
             Then::Crashed(crashed) => self.crash_stored(*crashed, result),
             Then::Group(commits) => self.group_failed(commits, &mismatch()),
             Then::Snapshot { job_id, uri } => {
-                let error = stoke_core::StoreError::Shared {
+                let error = stoke_store::StoreError::Shared {
                     message: mismatch(),
                     transient: true,
                 };

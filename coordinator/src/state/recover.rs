@@ -13,7 +13,7 @@ use stoke_core::records::{EndedRecord, EpochRecord, JobState, StatusRecord};
 use stoke_core::report::{EfficiencyReport, ReportSoFar};
 use stoke_core::schedule::{Schedule, ScheduleRecord};
 use stoke_core::spec::JobSpec;
-use stoke_core::{StoreError, StoreUri, Stores};
+use stoke_store::{StoreError, StoreUri, Stores};
 use tracing::info;
 
 use super::account::ReportFile;
@@ -30,7 +30,7 @@ async fn next_epoch(stores: &Stores, uri: &StoreUri) -> Result<u64> {
     };
     let written = match stores.get_versioned(uri).await? {
         None => {
-            let bytes = Bytes::from(stoke_core::store::to_json_bytes(&EpochRecord { epoch: 1 }));
+            let bytes = Bytes::from(stoke_store::to_json_bytes(&EpochRecord { epoch: 1 }));
             stores.put_new_versioned(uri, bytes).await.map(|_| 1)
         }
         Some((bytes, version)) => {
@@ -40,7 +40,7 @@ async fn next_epoch(stores: &Stores, uri: &StoreUri) -> Result<u64> {
                     source,
                 })?;
             let epoch = previous.epoch + 1;
-            let bytes = Bytes::from(stoke_core::store::to_json_bytes(&EpochRecord { epoch }));
+            let bytes = Bytes::from(stoke_store::to_json_bytes(&EpochRecord { epoch }));
             stores.put_if(uri, bytes, &version).await.map(|_| epoch)
         }
     };

@@ -40,10 +40,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use stoke_core::StoreUri;
 use stoke_core::lease::{LeaseKey, SessionEvent};
 use stoke_core::plan::{Cut, Plan, Shard};
 use stoke_core::records::{JobState, ProgressRecord};
+use stoke_store::StoreUri;
 use tokio::time::Instant;
 use tracing::{info, warn};
 

@@ -4,10 +4,10 @@
 
 use std::collections::HashMap;
 
-use stoke_core::StoreUri;
 use stoke_core::records::{
     JobInfo, JobScheduling, JobState, ManifestEntry, ProgressRecord, ShardErrors,
 };
+use stoke_store::StoreUri;
 use tokio::time::Instant;
 
 use std::sync::Arc;

@@ -17,8 +17,9 @@ pub use stoke_core::records::{
     EndedRecord, JobInfo, JobState, Manifest, ManifestEntry, OutputObject, ProgressRecord,
     StatusRecord,
 };
+pub use stoke_core::sha256_hex;
 pub use stoke_core::spec::JobSpec;
-pub use stoke_core::{StoreUri, Stores, sha256_hex};
+pub use stoke_store::{StoreUri, Stores};
 pub use tokio::sync::mpsc;
 pub use tokio::time::advance;
 pub use tokio_util::sync::CancellationToken;

@@ -6,7 +6,7 @@ use super::schema::infer_jsonl_schema;
 use super::{Plan, Shard, ShardSource, check_columns, shard_id, with_extension};
 use crate::error::PlanError;
 use crate::spec::JobSpec;
-use crate::store::{Listed, StoreUri, Stores};
+use stoke_store::{Listed, StoreUri, Stores};
 
 /// Byte offsets where shards of a `len`-byte object may start, one per
 /// `target` bytes, before alignment to line starts.
@@ -38,7 +38,7 @@ pub(super) async fn align_to_line(
     uri: &StoreUri,
     cut: u64,
     len: u64,
-) -> Result<Option<u64>, crate::StoreError> {
+) -> Result<Option<u64>, stoke_store::StoreError> {
     let mut from = cut.saturating_sub(1);
     while from < len {
         let to = (from + SCAN_WINDOW).min(len);

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::PlanError;
 use crate::spec::{DatasetFormat, JobSpec};
-use crate::store::{Listed, StoreUri, Stores};
+use stoke_store::{Listed, StoreUri, Stores};
 
 mod jsonl;
 mod row_groups;

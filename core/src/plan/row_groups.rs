@@ -7,7 +7,7 @@ use super::{Plan, Shard, ShardSource, check_columns, shard_id, with_extension};
 use crate::error::PlanError;
 use crate::parquet_source::ParquetSource;
 use crate::spec::JobSpec;
-use crate::store::{Listed, Stores};
+use stoke_store::{Listed, Stores};
 
 /// Groups each file's consecutive row groups until a group holds at least
 /// `target` rows. `files` holds (uri, rows of each row group).

@@ -36,7 +36,7 @@ fn main() {
 fn exit_code(e: &anyhow::Error) -> i32 {
     for cause in e.chain() {
         if cause.downcast_ref::<stoke_core::SpecError>().is_some()
-            || cause.downcast_ref::<stoke_core::UriError>().is_some()
+            || cause.downcast_ref::<stoke_store::UriError>().is_some()
         {
             return 2;
         }

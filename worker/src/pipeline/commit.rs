@@ -14,8 +14,9 @@ use bytes::Bytes;
 use stoke_core::layout::part_name;
 use stoke_core::lease::{Commit, LeaseKey};
 use stoke_core::records::OutputObject;
+use stoke_core::sha256_hex;
 use stoke_core::spec::OutputFormat;
-use stoke_core::{StoreUri, Stores, sha256_hex};
+use stoke_store::{StoreUri, Stores};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn};
 

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stoke_core::Stores;
 use stoke_core::spec::JobSpec;
+use stoke_store::Stores;
 use tch::Device;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};

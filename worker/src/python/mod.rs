@@ -24,7 +24,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use stoke_core::spec::DatasetFormat;
-use stoke_core::{StoreUri, Stores};
+use stoke_store::{StoreUri, Stores};
 
 use crate::batch::Batch;
 use crate::config::device_name;

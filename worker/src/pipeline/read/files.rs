@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use arrow_array::{BinaryArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
-use stoke_core::StoreUri;
+use stoke_store::StoreUri;
 
 use crate::error::WorkerError;
 use crate::pipeline::batcher::{Emitter, Flow};

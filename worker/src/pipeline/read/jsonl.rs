@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use arrow_schema::Schema;
 use arrow_select::concat::concat_batches;
-use stoke_core::{StoreUri, Stores};
+use stoke_store::{StoreUri, Stores};
 
 use crate::batch::SkippedRecord;
 use crate::error::WorkerError;

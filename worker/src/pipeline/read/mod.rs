@@ -126,7 +126,7 @@ mod tests {
     use arrow_schema::{DataType, Field, Schema};
     use stoke_core::plan::plan_range;
     use stoke_core::spec::JobSpec;
-    use stoke_core::{StoreUri, Stores};
+    use stoke_store::{StoreUri, Stores};
     use tokio::sync::mpsc;
 
     use super::parquet::FAST_ROW_GROUPS;

@@ -14,7 +14,7 @@ use parquet::arrow::arrow_reader::{
 use parquet::arrow::async_reader::{ParquetRecordBatchStream, ParquetRecordBatchStreamBuilder};
 use stoke_core::float_list::{ChunkSource, FloatListColumn, FloatListField, NotFast};
 use stoke_core::parquet_source::ParquetSource;
-use stoke_core::{StoreError, StoreUri};
+use stoke_store::{StoreError, StoreUri};
 use tracing::debug;
 
 use crate::error::WorkerError;

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use arrow_schema::Schema;
-use stoke_core::Stores;
 use stoke_core::plan::Shard;
 use stoke_core::spec::JobSpec;
+use stoke_store::Stores;
 
 use crate::error::WorkerError;
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::error::ConfigError;
+use crate::ConfigError;
 
 /// Settings for opening cloud stores. `Default` is what a process gets with
 /// no `STOKE_STORE_*` variables set.

@@ -18,7 +18,7 @@ use object_store::{BackoffConfig, ClientConfigKey, ObjectStore, RetryConfig};
 
 use super::StoreUri;
 use super::config::StoreConfig;
-use crate::error::StoreError;
+use crate::StoreError;
 
 /// Opens the store that holds `uri` (its scheme and bucket/container).
 pub(super) fn open(

@@ -1,4 +1,5 @@
-//! Store URIs and the one place that turns a URI into an `object_store`.
+//! stoke's object stores: store URIs, and the one place that turns a URI
+//! into an `object_store`.
 //!
 //! Everything stoke reads or writes (datasets, models, outputs, its own
 //! durable state) is named by a URI: `file:///abs/path`, `memory:///key`,
@@ -8,10 +9,12 @@
 //! [`StoreConfig`] and the cloud SDKs' environment variables.
 
 mod config;
+mod error;
 mod local;
 mod open;
 
 pub use config::{STORE_ENV_VARS, StoreConfig};
+pub use error::{ConfigError, StoreError, UriError};
 
 use std::collections::HashMap;
 use std::path::Path as FsPath;
@@ -24,8 +27,6 @@ use object_store::{
     ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion, WriteMultipart,
 };
 use url::Url;
-
-use crate::error::{StoreError, UriError};
 
 const SCHEMES: [&str; 5] = ["file", "memory", "s3", "gs", "az"];
 
@@ -239,7 +240,7 @@ impl Stores {
     }
 
     /// Stores configured by this process's `STOKE_STORE_*` variables.
-    pub fn from_env() -> Result<Self, crate::error::ConfigError> {
+    pub fn from_env() -> Result<Self, ConfigError> {
         Ok(Self::with_config(StoreConfig::from_env()?))
     }
 
