@@ -1,6 +1,6 @@
 //! Typed errors of the shared layer, in the user's words.
 
-pub use stoke_store::{ConfigError, StoreError, UriError};
+use stoke_store::StoreError;
 use thiserror::Error;
 
 /// A job spec that cannot be accepted.

@@ -65,7 +65,7 @@ impl State {
         job.put_lease(idx, ActiveLease::new(session_id, token, deadline, now));
         let shard = &job.shards[idx];
         let plan_shard = job.plan.shards[idx].clone();
-        let lease = Lease {
+        let mut lease = Lease {
             job_id: job_id.clone(),
             token,
             attempt,
@@ -80,7 +80,6 @@ impl State {
             isolate: super::crash::isolation(&shard.progress),
             carries_terms: true,
         };
-        let mut lease = lease;
         if let Some(session) = self.sessions.get_mut(session_id) {
             // The job's terms go with the session's first lease of it only.
             lease.carries_terms = session.terms_sent.insert(job_id.clone());
