@@ -14,7 +14,7 @@
 STOKE_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STOKE_CACHE="${STOKE_CACHE:-$HOME/.cache/stoke}"
 STOKE_VENV="${STOKE_VENV:-$STOKE_CACHE/venv}"
-STOKE_PY_REQS="torch==2.11.0 numpy pyarrow scikit-learn duckdb torchvision==0.26.0 pillow==13.0.0 cloudpickle==3.1.3"
+STOKE_PY_REQS="torch==2.11.0 numpy pyarrow scikit-learn duckdb torchvision==0.26.0 pillow==13.0.0 cloudpickle==3.1.3 deltalake==1.6.6"
 export STOKE_REPO STOKE_CACHE STOKE_VENV
 
 stoke_venv() {

@@ -14,6 +14,8 @@ pub enum CoordinatorError {
     Spec(#[from] SpecError),
     #[error(transparent)]
     Plan(#[from] PlanError),
+    #[error(transparent)]
+    Delta(#[from] crate::owner::delta::DeltaError),
     #[error("job {job_id} not found")]
     JobNotFound { job_id: String },
     #[error("job {job_id} already exists with a different spec")]
@@ -144,6 +146,8 @@ impl From<CoordinatorError> for Status {
                 transient: true, ..
             }) => Status::unavailable(msg),
             Plan(_) => Status::invalid_argument(msg),
+            Delta(ref d) if d.is_permanent() => Status::failed_precondition(msg),
+            Delta(_) => Status::unavailable(msg),
             UnknownSession { .. } => {
                 let mut status = Status::not_found(msg);
                 Refusal::UnknownSession.attach(&mut status);

@@ -144,6 +144,12 @@ impl JobLayout {
     }
 }
 
+/// The folder of a job's data files inside the Delta table at `table`
+/// (`<table>/stoke/<job>`): jobs appending to one table never share one.
+pub fn delta_job_folder(table: &StoreUri, job_id: &str) -> StoreUri {
+    table.join(&format!("stoke/{job_id}"))
+}
+
 /// Where one attempt of one shard writes its outputs.
 pub fn attempt_prefix(output: &StoreUri, shard_id: &str, token: u64) -> StoreUri {
     output.join(&format!("{shard_id}/a{token}"))

@@ -216,6 +216,18 @@ pub struct Manifest {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<ManifestEntry>,
     pub created_ms: u64,
+    /// `format = "delta"`: the table and the versions the job committed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<DeltaVersions>,
+}
+
+/// The Delta table a job wrote to, and the table versions of its commits
+/// (one with `commit = "end"`, one per progress group with
+/// `commit = "checkpoint"`), in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaVersions {
+    pub table: String,
+    pub versions: Vec<u64>,
 }
 
 /// A job as clients see it.

@@ -321,6 +321,16 @@ pub struct OutputSpec {
     pub uri: Option<String>,
     #[serde(default)]
     pub format: OutputFormat,
+    /// `format = "delta"` only: when the table shows the job's rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<DeltaCommit>,
+}
+
+impl OutputSpec {
+    /// The Delta commit mode, for a job that writes a Delta table.
+    pub fn delta(&self) -> Option<DeltaCommit> {
+        (self.format == OutputFormat::Delta).then(|| self.commit.unwrap_or_default())
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -329,15 +339,39 @@ pub enum OutputFormat {
     #[default]
     Parquet,
     Jsonl,
+    /// Parquet data files in a Delta Lake table at `output.uri`, added to
+    /// its log by the coordinator (see `output.commit`).
+    Delta,
 }
 
 impl OutputFormat {
     pub fn extension(self) -> &'static str {
         match self {
-            Self::Parquet => "parquet",
+            Self::Parquet | Self::Delta => "parquet",
             Self::Jsonl => "jsonl",
         }
     }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Parquet => "parquet",
+            Self::Jsonl => "jsonl",
+            Self::Delta => "delta",
+        }
+    }
+}
+
+/// When a Delta job's rows become visible in its table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeltaCommit {
+    /// One Delta commit when the job succeeds: readers see all of the job
+    /// or none of it.
+    #[default]
+    End,
+    /// One Delta commit per progress group: readers of a long job see its
+    /// committed rows as they land.
+    Checkpoint,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -811,6 +845,15 @@ impl JobSpec {
         }
         if let Some(uri) = &self.output.uri {
             StoreUri::parse(uri).map_err(|e| SpecError::invalid("output.uri", e.to_string()))?;
+        }
+        if self.output.commit.is_some() && self.output.format != OutputFormat::Delta {
+            return Err(SpecError::invalid(
+                "output.commit",
+                format!(
+                    "only for format \"delta\", not \"{}\"",
+                    self.output.format.as_str()
+                ),
+            ));
         }
         let threshold = self.errors.crash_threshold;
         if threshold == 0 || threshold > MAX_CRASH_THRESHOLD {

@@ -6,16 +6,17 @@ use std::collections::HashSet;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use stoke_core::records::{JobState, Manifest, ManifestEntry, StatusRecord, now_ms};
+use stoke_core::records::{DeltaVersions, JobState, Manifest, ManifestEntry, StatusRecord, now_ms};
 use stoke_core::spec::JobSpec;
 use stoke_store::Listed;
 use stoke_store::{StoreError, StoreUri, Stores};
 use tracing::{info, warn};
 
+use super::delta::{self, DeltaAppend};
 use crate::error::{CoordinatorError, Result};
 use crate::state::{
-    CreateJob, FinishJob, GroupWrite, GroupWritten, Io, Outcome, SnapshotWrite, folder,
-    progress_log,
+    CreateJob, DeltaTarget, FinishJob, GroupWrite, GroupWritten, Io, Outcome, SnapshotWrite,
+    folder, progress_log,
 };
 
 /// How many objects one group commit copies into the output folder at once.
@@ -205,6 +206,7 @@ fn plan_finish(
     finish: &FinishJob,
     outputs_listed: Vec<Listed>,
     errors_listed: Vec<Listed>,
+    delta: Option<DeltaVersions>,
 ) -> (Manifest, Vec<StoreUri>) {
     let progress = &finish.progress;
     let shard_ids: HashSet<&str> = finish.plan.shards.iter().map(|s| s.id.as_str()).collect();
@@ -244,8 +246,37 @@ fn plan_finish(
             .flat_map(|p| p.errors.iter().map(|o| ManifestEntry::new(&p.shard_id, o)))
             .collect(),
         created_ms: now_ms(),
+        delta,
     };
     (manifest, orphans)
+}
+
+/// A Delta job's committed objects, added to its table in one commit
+/// (or found there: a finish run again after a crash).
+async fn commit_to_table(
+    finish: &FinishJob,
+    target: &DeltaTarget,
+    stores: &Stores,
+) -> Result<DeltaVersions> {
+    let append = DeltaAppend {
+        table: target.table.clone(),
+        job_id: finish.job_id.clone(),
+        seq: finish.progress.iter().map(|p| p.seq).max().unwrap_or(0),
+        objects: finish
+            .progress
+            .iter()
+            .flat_map(|p| p.outputs.iter().cloned())
+            .collect(),
+    };
+    let appended = delta::append(stores, append).await?;
+    fail::fail_point!("coordinator::after_delta_commit", |_| std::process::abort());
+    if appended.already {
+        info!(job = %finish.job_id, table = %target.table, version = ?appended.version, "the job's objects were in the Delta table already");
+    }
+    Ok(DeltaVersions {
+        table: target.table.to_string(),
+        versions: appended.version.into_iter().collect(),
+    })
 }
 
 /// Every shard is committed: remove what uncommitted attempts wrote (so
@@ -256,9 +287,13 @@ fn plan_finish(
 async fn finish_job(finish: FinishJob, stores: &Stores) -> Result<()> {
     let outputs_listed = stores.list(&folder(&finish.output)).await?;
     let errors_listed = stores.list(&finish.layout.errors_root()).await?;
+    let delta = match &finish.delta {
+        Some(target) => Some(commit_to_table(&finish, target, stores).await?),
+        None => None,
+    };
     let (job_id, layout) = (finish.job_id.clone(), finish.layout.clone());
     let (manifest, bytes, orphans) = tokio::task::spawn_blocking(move || {
-        let (manifest, orphans) = plan_finish(&finish, outputs_listed, errors_listed);
+        let (manifest, orphans) = plan_finish(&finish, outputs_listed, errors_listed, delta);
         let bytes = Bytes::from(serde_json::to_vec_pretty(&manifest).unwrap_or_default());
         (manifest, bytes, orphans)
     })

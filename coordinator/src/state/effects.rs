@@ -8,7 +8,7 @@ use bytes::Bytes;
 use stoke_core::layout::JobLayout;
 use stoke_core::plan::Plan;
 use stoke_core::records::{JobInfo, ProgressRecord, StatusRecord};
-use stoke_core::spec::JobSpec;
+use stoke_core::spec::{DeltaCommit, JobSpec};
 use stoke_store::{StoreError, StoreUri};
 
 use stoke_core::records::ProgressLogRef;
@@ -124,6 +124,18 @@ pub struct FinishJob {
     pub plan: Arc<Plan>,
     /// Every shard's committed progress, in plan order.
     pub progress: Vec<Arc<ProgressRecord>>,
+    /// `format = "delta"`: the table the objects go into, in one Delta
+    /// commit before the manifest (`commit = "end"`; with
+    /// `"checkpoint"` the groups' commits added them already, and this
+    /// one adds what a crash left out).
+    pub delta: Option<DeltaTarget>,
+}
+
+/// A Delta table a job writes to, and when its rows become visible.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeltaTarget {
+    pub table: StoreUri,
+    pub commit: DeltaCommit,
 }
 
 /// (staged, committed): an object an attempt uploaded, and where the

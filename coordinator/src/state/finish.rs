@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 
 use super::account::ReportFile;
 use super::{Effect, Ended, FinishJob, Io, Job, JobPhase, State, Then, has_errors};
-use crate::error::Result;
+use crate::error::{CoordinatorError, Result};
 use stoke_core::records::JobState;
 
 impl Job {
@@ -123,6 +123,7 @@ impl State {
             output: job.output.clone(),
             plan: job.plan.clone(),
             progress: job.shards.iter().map(|s| s.progress.clone()).collect(),
+            delta: job.delta.clone(),
         };
         info!(job = %job_id, shards = job.shards.len(), "every shard done; finishing the job");
         self.start_io(
@@ -148,6 +149,10 @@ impl State {
                 info!(job = %job_id, records = job.totals.records, shards = job.shards.len(), "job succeeded; manifest written");
                 self.effects.push(Effect::Sweep(staging));
                 self.wake_all();
+            }
+            Err(CoordinatorError::Delta(e)) if e.is_permanent() => {
+                warn!(job = %job_id, error = %e, "finishing job failed; the job fails");
+                self.fail_job(job_id, e.to_string());
             }
             Err(e) => warn!(job = %job_id, error = %e, "finishing job failed; will retry"),
         }

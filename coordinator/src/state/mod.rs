@@ -76,8 +76,8 @@ use crate::progress::RateWindow;
 #[cfg(feature = "test-util")]
 pub use crash::{Verdict, judge};
 pub use effects::{
-    Answer, CreateJob, Effect, FinishJob, GroupWrite, GroupWritten, Io, IoId, Outcome, ReqId,
-    SnapshotWrite, StagedCopy, progress_log,
+    Answer, CreateJob, DeltaTarget, Effect, FinishJob, GroupWrite, GroupWritten, Io, IoId, Outcome,
+    ReqId, SnapshotWrite, StagedCopy, progress_log,
 };
 pub use schedule::WaitReason;
 #[cfg(feature = "test-util")]
@@ -246,6 +246,9 @@ struct Job {
     plan: Arc<Plan>,
     layout: JobLayout,
     output: StoreUri,
+    /// `format = "delta"`: the table the job's objects are added to (its
+    /// `output` is the job's folder inside it).
+    delta: Option<DeltaTarget>,
     /// Where attempts upload (see `stoke_core::layout`).
     staging: StoreUri,
     state: JobState,
@@ -381,12 +384,23 @@ impl Job {
         layout: JobLayout,
         now: Instant,
     ) -> Self {
-        let output = spec
+        let location = spec
             .output
             .uri
             .as_deref()
             .and_then(|u| StoreUri::parse(u).ok())
             .unwrap_or_else(|| layout.default_output());
+        // A Delta job's objects go into its own folder in the table.
+        let (output, delta) = match spec.output.delta() {
+            Some(commit) => (
+                stoke_core::layout::delta_job_folder(&location, &id),
+                Some(DeltaTarget {
+                    table: location,
+                    commit,
+                }),
+            ),
+            None => (location, None),
+        };
         let staging = layout.staging_for(&output);
         let shards: Vec<ShardState> = plan
             .shards
@@ -411,6 +425,7 @@ impl Job {
             plan,
             layout,
             output,
+            delta,
             staging,
             state: JobState::Running,
             reason: None,

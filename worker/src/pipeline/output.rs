@@ -16,7 +16,8 @@ pub(crate) fn encode(rows: &[RecordBatch], format: OutputFormat) -> Result<Bytes
     };
     let mut buf = Vec::new();
     match format {
-        OutputFormat::Parquet => {
+        // A Delta table's data files are Parquet.
+        OutputFormat::Parquet | OutputFormat::Delta => {
             let props = WriterProperties::builder()
                 .set_compression(Compression::ZSTD(ZstdLevel::default()))
                 // Record ids are unique: a dictionary for them never pays

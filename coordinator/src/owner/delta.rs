@@ -1,0 +1,404 @@
+//! Adding a job's committed Parquet objects to a Delta Lake table, with
+//! Delta's own kernel (`delta_kernel`) and its object_store engine: the
+//! log is never written by hand (ADR 012).
+//!
+//! Every Delta commit carries a `txn` action whose appId is the stoke job
+//! id and whose version is the coordinator's commit sequence (the highest
+//! progress `seq` the commit covers). Before committing, the table's txn
+//! version for the job is read: at or past the sequence, the files are in
+//! the table already (a coordinator that crashed after the Delta commit
+//! and before recording it), and nothing is added twice. A conflict with
+//! another writer (another job appending to the same table) is retried on
+//! a fresh snapshot, which reads the txn version again.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use delta_kernel::arrow::array::{
+    Array, ArrayRef, BooleanArray, Int64Array, MapBuilder, MapFieldNames, RecordBatch, StringArray,
+    StringBuilder, StructArray,
+};
+use delta_kernel::arrow::datatypes::{DataType, Field, Schema};
+use delta_kernel::committer::FileSystemCommitter;
+use delta_kernel::engine::arrow_data::ArrowEngineData;
+use delta_kernel::object_store::ObjectStore;
+use delta_kernel::schema::{SchemaRef, StructField, StructType};
+use delta_kernel::transaction::create_table::create_table;
+use delta_kernel::transaction::{CommitResult, UpdateTableOperation};
+use delta_kernel::{Engine, FileMeta, Snapshot};
+use delta_kernel_default_engine::DefaultEngineBuilder;
+use stoke_core::records::OutputObject;
+use stoke_store::{StoreError, StoreUri, Stores};
+use thiserror::Error;
+use tracing::{info, warn};
+
+/// What the commits name as their writer.
+const ENGINE_INFO: &str = concat!("stoke/", env!("CARGO_PKG_VERSION"));
+/// Conflicts with other writers retried before giving up (the finish or
+/// the group is tried again later anyway).
+const MAX_CONFLICTS: usize = 50;
+
+#[derive(Debug, Error)]
+pub enum DeltaError {
+    #[error("Delta table {table}: {source}")]
+    Kernel {
+        table: String,
+        #[source]
+        source: Box<delta_kernel::KernelError>,
+    },
+    #[error(
+        "Delta table {table} has schema {table_schema}, but job {job_id} writes {job_schema}: write to another table, or make the processor's output columns match"
+    )]
+    SchemaClash {
+        table: String,
+        job_id: String,
+        table_schema: String,
+        job_schema: String,
+    },
+    #[error("Delta table {table}: {object} is not under the table's folder")]
+    Outside { table: String, object: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("Delta table {table}: gave up after {MAX_CONFLICTS} conflicting commits")]
+    Conflicts { table: String },
+    #[error("Delta commit task of table {table} failed: {reason}")]
+    Task { table: String, reason: String },
+}
+
+impl DeltaError {
+    /// Errors no retry can fix: the job fails with them.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Self::SchemaClash { .. } | Self::Outside { .. })
+    }
+}
+
+/// One Delta commit to make: `objects` (committed, under `table`) added
+/// with the txn `(job_id, seq)`.
+#[derive(Debug, Clone)]
+pub struct DeltaAppend {
+    pub table: StoreUri,
+    pub job_id: String,
+    pub seq: u64,
+    pub objects: Vec<OutputObject>,
+}
+
+/// What a commit did: the table version it made, or the version that
+/// already held it (`None` when that version could not be found in the
+/// log any more), and whether it was already there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    pub version: Option<u64>,
+    pub already: bool,
+}
+
+/// Commits `append` to its table (creating the table with the objects'
+/// schema if it has no log yet). Runs the kernel on a blocking thread.
+pub async fn append(stores: &Stores, append: DeltaAppend) -> Result<Appended, DeltaError> {
+    let table = append.table.clone();
+    let (store, _) = stores.resolve(&table)?;
+    let exists = !stores.list(&log_folder(&table)).await?.is_empty();
+    let result = tokio::task::spawn_blocking(move || commit_blocking(store, append, exists))
+        .await
+        .map_err(|e| DeltaError::Task {
+            table: table.to_string(),
+            reason: e.to_string(),
+        })??;
+    match result {
+        Committed::New(version) => Ok(Appended {
+            version: Some(version),
+            already: false,
+        }),
+        Committed::Nothing => Ok(Appended {
+            version: None,
+            already: false,
+        }),
+        Committed::Already { job_id, seq } => {
+            let version = version_with_txn(stores, &table, &job_id, seq).await?;
+            Ok(Appended {
+                version,
+                already: true,
+            })
+        }
+    }
+}
+
+enum Committed {
+    New(u64),
+    /// No table and no rows to create it with.
+    Nothing,
+    Already {
+        job_id: String,
+        seq: u64,
+    },
+}
+
+fn log_folder(table: &StoreUri) -> StoreUri {
+    table.join("_delta_log/")
+}
+
+/// The table's root as the kernel names it (a folder URL).
+fn table_url(table: &StoreUri) -> String {
+    let s = table.as_str();
+    if s.ends_with('/') {
+        s.to_string()
+    } else {
+        format!("{s}/")
+    }
+}
+
+fn kernel(table: &StoreUri) -> impl Fn(delta_kernel::KernelError) -> DeltaError + Copy + '_ {
+    move |e| DeltaError::Kernel {
+        table: table.to_string(),
+        source: Box::new(e),
+    }
+}
+
+fn commit_blocking(
+    store: Arc<dyn ObjectStore>,
+    append: DeltaAppend,
+    mut exists: bool,
+) -> Result<Committed, DeltaError> {
+    let DeltaAppend {
+        table,
+        job_id,
+        seq,
+        objects,
+    } = append;
+    let url = table_url(&table);
+    let engine = DefaultEngineBuilder::new(store).build();
+    let txn_version = i64::try_from(seq).unwrap_or(i64::MAX);
+    let err = kernel(&table);
+    let job_schema = match objects.iter().find(|o| o.records > 0) {
+        Some(first) => Some(file_schema(&engine, first).map_err(err)?),
+        None => None,
+    };
+    for _ in 0..MAX_CONFLICTS {
+        let adds = add_files(&table, &objects)?;
+        let result = if !exists {
+            // No log yet: create the table, with these files.
+            let Some(schema) = job_schema.clone() else {
+                return Ok(Committed::Nothing);
+            };
+            exists = true;
+            let mut txn = create_table(&url, table_schema(&schema), ENGINE_INFO, true)
+                .with_transaction_id(job_id.clone(), txn_version)
+                .build(&engine, Box::new(FileSystemCommitter::new()))
+                .map_err(err)?;
+            txn.add_files(adds);
+            match txn.commit(&engine) {
+                Ok(CommitResult::Committed(done)) => Ok(done.commit_version()),
+                Ok(_) => Err(()),
+                // Another writer created it first.
+                Err(
+                    delta_kernel::KernelError::FileAlreadyExists(_)
+                    | delta_kernel::KernelError::TableAlreadyExistsAtPath(_),
+                ) => Err(()),
+                Err(e) => return Err(err(e)),
+            }
+        } else {
+            let snapshot = Snapshot::builder_for(&url).build(&engine).map_err(err)?;
+            if snapshot
+                .get_app_id_version(&job_id, &engine)
+                .map_err(err)?
+                .is_some_and(|v| v >= txn_version)
+            {
+                return Ok(Committed::Already { job_id, seq });
+            }
+            if let Some(schema) = &job_schema {
+                check_schema(&table, &job_id, &snapshot.schema(), schema)?;
+            }
+            let mut txn = snapshot
+                .update_table(UpdateTableOperation::Write, ENGINE_INFO, true)
+                .with_transaction_id(job_id.clone(), txn_version)
+                .build(&engine, Box::new(FileSystemCommitter::new()))
+                .map_err(err)?;
+            if !objects.is_empty() {
+                txn.add_files(adds);
+            }
+            match txn.commit(&engine) {
+                Ok(CommitResult::Committed(done)) => Ok(done.commit_version()),
+                Ok(_) | Err(delta_kernel::KernelError::FileAlreadyExists(_)) => Err(()),
+                Err(e) => return Err(err(e)),
+            }
+        };
+        match result {
+            Ok(version) => {
+                info!(table = %table, job = %job_id, version, files = objects.len(), "Delta commit");
+                return Ok(Committed::New(version));
+            }
+            Err(()) => {
+                warn!(table = %table, job = %job_id, "Delta commit conflicted with another writer; retrying");
+            }
+        }
+    }
+    Err(DeltaError::Conflicts {
+        table: table.to_string(),
+    })
+}
+
+/// The schema a data file was written with, from its Parquet footer.
+fn file_schema(
+    engine: &dyn Engine,
+    object: &OutputObject,
+) -> delta_kernel::KernelResult<SchemaRef> {
+    let location = url::Url::parse(&object.uri)?;
+    let meta = FileMeta {
+        location,
+        last_modified: 0,
+        size: object.bytes,
+    };
+    Ok(engine.parquet_handler().read_parquet_footer(&meta)?.schema)
+}
+
+/// A new table's schema: the files' columns, all nullable, so a later
+/// job whose files leave a column null still fits.
+fn table_schema(files: &SchemaRef) -> SchemaRef {
+    let fields = files
+        .fields()
+        .map(|f| StructField::nullable(f.name().clone(), f.data_type().clone()));
+    Arc::new(StructType::new_unchecked(fields))
+}
+
+/// Columns by name and type: the table's and the files' must be the same
+/// set (order and nullability aside).
+fn check_schema(
+    table: &StoreUri,
+    job_id: &str,
+    table_schema: &SchemaRef,
+    files: &SchemaRef,
+) -> Result<(), DeltaError> {
+    let columns = |s: &SchemaRef| -> BTreeMap<String, String> {
+        s.fields()
+            .map(|f| (f.name().clone(), f.data_type().to_string()))
+            .collect()
+    };
+    let (want, got) = (columns(table_schema), columns(files));
+    if want == got {
+        return Ok(());
+    }
+    let show = |c: &BTreeMap<String, String>| {
+        let cols: Vec<String> = c.iter().map(|(n, t)| format!("{n}: {t}")).collect();
+        format!("({})", cols.join(", "))
+    };
+    Err(DeltaError::SchemaClash {
+        table: table.to_string(),
+        job_id: job_id.to_string(),
+        table_schema: show(&want),
+        job_schema: show(&got),
+    })
+}
+
+/// The add actions' data for `objects` (see the kernel's
+/// `Transaction::add_files_schema`): paths relative to the table, no
+/// partition values, and each file's record count as its stats.
+fn add_files(
+    table: &StoreUri,
+    objects: &[OutputObject],
+) -> Result<Box<ArrowEngineData>, DeltaError> {
+    let root = table_url(table);
+    let mut paths = Vec::with_capacity(objects.len());
+    for o in objects {
+        let relative = o
+            .uri
+            .strip_prefix(&root)
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| DeltaError::Outside {
+                table: table.to_string(),
+                object: o.uri.clone(),
+            })?;
+        paths.push(relative.to_string());
+    }
+    let now = i64::try_from(stoke_core::records::now_ms()).unwrap_or(i64::MAX);
+    let n = objects.len();
+    let names = MapFieldNames {
+        entry: "key_value".to_string(),
+        key: "key".to_string(),
+        value: "value".to_string(),
+    };
+    let mut partitions = MapBuilder::new(Some(names), StringBuilder::new(), StringBuilder::new());
+    for _ in 0..n {
+        partitions.append(true).map_err(|e| arrow_error(table, e))?;
+    }
+    let records: Vec<i64> = objects
+        .iter()
+        .map(|o| i64::try_from(o.records).unwrap_or(i64::MAX))
+        .collect();
+    let stats = StructArray::from(vec![
+        (
+            Arc::new(Field::new("numRecords", DataType::Int64, true)),
+            Arc::new(Int64Array::from(records)) as ArrayRef,
+        ),
+        (
+            Arc::new(Field::new("tightBounds", DataType::Boolean, true)),
+            Arc::new(BooleanArray::from(vec![true; n])) as ArrayRef,
+        ),
+    ]);
+    let sizes: Vec<i64> = objects
+        .iter()
+        .map(|o| i64::try_from(o.bytes).unwrap_or(i64::MAX))
+        .collect();
+    let partitions = Arc::new(partitions.finish());
+    let schema = Schema::new(vec![
+        Field::new("path", DataType::Utf8, false),
+        Field::new("partitionValues", partitions.data_type().clone(), false),
+        Field::new("size", DataType::Int64, false),
+        Field::new("modificationTime", DataType::Int64, false),
+        Field::new("stats", stats.data_type().clone(), true),
+    ]);
+    let batch = RecordBatch::try_new(
+        Arc::new(schema),
+        vec![
+            Arc::new(StringArray::from(paths)),
+            partitions,
+            Arc::new(Int64Array::from(sizes)),
+            Arc::new(Int64Array::from(vec![now; n])),
+            Arc::new(stats),
+        ],
+    )
+    .map_err(|e| arrow_error(table, e))?;
+    Ok(Box::new(ArrowEngineData::new(batch)))
+}
+
+fn arrow_error(table: &StoreUri, e: delta_kernel::arrow::error::ArrowError) -> DeltaError {
+    DeltaError::Kernel {
+        table: table.to_string(),
+        source: Box::new(delta_kernel::KernelError::Arrow(e)),
+    }
+}
+
+/// The table version whose commit carries the txn `(job_id, seq)`: the
+/// log is read from its newest commit back (a recovery only: a
+/// coordinator that crashed between its Delta commit and its record).
+async fn version_with_txn(
+    stores: &Stores,
+    table: &StoreUri,
+    job_id: &str,
+    seq: u64,
+) -> Result<Option<u64>, DeltaError> {
+    let mut commits: Vec<(u64, StoreUri)> = stores
+        .list(&log_folder(table))
+        .await?
+        .into_iter()
+        .filter_map(|listed| {
+            let name = listed.uri.file_name().to_string();
+            let version = name.strip_suffix(".json")?.parse::<u64>().ok()?;
+            Some((version, listed.uri))
+        })
+        .collect();
+    commits.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
+    for (version, uri) in commits {
+        let bytes = stores.get(&uri).await?;
+        let found = bytes
+            .split(|b| *b == b'\n')
+            .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
+            .any(|action| {
+                let txn = &action["txn"];
+                txn["appId"].as_str() == Some(job_id) && txn["version"].as_u64() == Some(seq)
+            });
+        if found {
+            return Ok(Some(version));
+        }
+    }
+    warn!(table = %table, job = %job_id, "the Delta commit of this job is no longer in the table's log");
+    Ok(None)
+}
