@@ -99,6 +99,11 @@ impl JobLayout {
     pub fn manifest(&self) -> StoreUri {
         self.dir.join("manifest.json")
     }
+    /// The Delta table versions a `commit = "checkpoint"` job made so far
+    /// (a `DeltaVersions`), for its manifest.
+    pub fn delta_versions(&self) -> StoreUri {
+        self.dir.join("delta.json")
+    }
     /// The job's efficiency report, written when it ends.
     pub fn report(&self) -> StoreUri {
         self.dir.join("report.json")

@@ -79,7 +79,124 @@ fn assert_rows_match_reference(table: &Table, times: usize) {
     assert_eq!(table.rows.len(), reference.len() * times);
 }
 
+/// The versions of the table's commits, oldest first.
+fn job_versions(table: &Table) -> Vec<u64> {
+    table.commits.iter().map(|c| c.version).collect()
+}
+
+/// The coordinator stops at `coordinator::after_delta_commit` (the Delta
+/// commit made, not yet recorded: as `kill -9` there would), then starts
+/// again: the job succeeds and the table holds each record once.
+fn crash_after_the_delta_commit(env: &TestEnv, commit: &str) {
+    let table_uri = env.uri("tables/crash");
+    let mut coordinator = env.coordinator_with_env(
+        &[],
+        &[("FAILPOINTS", "coordinator::after_delta_commit=return")],
+    );
+    let spec = delta_spec(
+        env,
+        "job.toml",
+        &table_uri,
+        &format!("commit = \"{commit}\""),
+    );
+    let job = coordinator.submit(&spec);
+    let _w = coordinator.worker("stoke-worker", "w1", env.dir());
+    let status = coordinator.proc.wait_exit(DEADLINE);
+    assert!(
+        !status.success(),
+        "the fault point should have stopped the coordinator"
+    );
+    let before = read_table(env, &table_uri, &[&job]);
+    assert!(before.txns[&job].is_some(), "the Delta commit was made");
+
+    coordinator.restart(&[]);
+    let _w2 = coordinator.worker("stoke-worker", "w2", env.dir());
+    coordinator.wait_success(&job);
+    let table = read_table(env, &table_uri, &[&job]);
+    assert_rows_match_reference(&table, 1);
+    let manifest = env.manifest(&job);
+    let versions = manifest.delta.expect("the manifest's delta").versions;
+    assert_eq!(
+        versions,
+        job_versions(&table),
+        "{commit}: every version is the job's"
+    );
+    if commit == "end" {
+        assert_eq!(versions, [0], "one commit, not two");
+    }
+}
+
 backend_tests! {
+    fn with_commit_checkpoint_rows_land_as_groups_commit(env) {
+        let table_uri = env.uri("tables/live");
+        let coordinator = env.coordinator(&[]);
+        let spec = delta_spec(&env, "job.toml", &table_uri, "commit = \"checkpoint\"");
+        let job = coordinator.submit(&spec);
+        let _w = coordinator.worker("stoke-worker", "w1", env.dir());
+        coordinator.wait_success(&job);
+        let table = read_table(&env, &table_uri, &[&job]);
+        assert_rows_match_reference(&table, 1);
+        // Many commits, each a group's objects (the fixture job commits
+        // 23 times); the manifest names every one.
+        assert!(table.commits.len() > 1, "{:?}", table.commits);
+        let manifest = env.manifest(&job);
+        let delta = manifest.delta.expect("the manifest's delta");
+        assert_eq!(delta.versions, job_versions(&table));
+        // The last txn is the job's highest progress seq.
+        assert!(table.txns[&job].is_some());
+    }
+
+    fn a_coordinator_killed_between_the_delta_commit_and_its_record_adds_nothing_twice(env) {
+        crash_after_the_delta_commit(&env, "end");
+    }
+
+    fn with_commit_checkpoint_a_crash_after_a_delta_commit_adds_nothing_twice(env) {
+        crash_after_the_delta_commit(&env, "checkpoint");
+    }
+
+    fn two_jobs_append_to_one_table_at_once(env) {
+        let table_uri = env.uri("tables/shared");
+        let coordinator = env.coordinator(&[]);
+        let a = coordinator.submit(&delta_spec(&env, "a.toml", &table_uri, "commit = \"checkpoint\""));
+        let b = coordinator.submit(&delta_spec(&env, "b.toml", &table_uri, "commit = \"checkpoint\""));
+        let _w1 = coordinator.worker("stoke-worker", "w1", env.dir());
+        let _w2 = coordinator.worker("stoke-worker", "w2", env.dir());
+        coordinator.wait_success(&a);
+        coordinator.wait_success(&b);
+        let table = read_table(&env, &table_uri, &[&a, &b]);
+        assert_rows_match_reference(&table, 2);
+        let va = env.manifest(&a).delta.expect("delta").versions;
+        let vb = env.manifest(&b).delta.expect("delta").versions;
+        let mut all: Vec<u64> = va.iter().chain(&vb).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, job_versions(&table), "each version is one job's");
+    }
+
+    fn a_table_with_other_columns_fails_the_job_naming_both_schemas(env) {
+        let table_uri = env.uri("tables/clash");
+        let coordinator = env.coordinator(&[]);
+        let first = coordinator.submit(&delta_spec(&env, "a.toml", &table_uri, ""));
+        let _w1 = coordinator.worker("stoke-worker", "w1", env.dir());
+        coordinator.wait_success(&first);
+        // The same model, writing only its prediction.
+        let text = std::fs::read_to_string(env.dir().join("a.toml"))
+            .expect("spec")
+            .replace("outputs = [\"argmax\", \"scores\"]", "outputs = [\"argmax\"]");
+        let second = coordinator.submit(&env.write_spec("b.toml", &text));
+        let _w2 = coordinator.worker("stoke-worker", "w2", env.dir());
+        let end = coordinator.wait_job(&second);
+        assert_eq!(end["state"], "failed", "{end}");
+        let reason = end["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("scores") && reason.contains(&table_uri) && reason.contains("prediction"),
+            "{reason}"
+        );
+        // The table is as the first job left it.
+        let table = read_table(&env, &table_uri, &[&first, &second]);
+        assert_rows_match_reference(&table, 1);
+        assert_eq!(table.txns[&second], None);
+    }
+
     fn a_job_commits_its_rows_to_a_delta_table_once_at_the_end(env) {
         let table_uri = env.uri("tables/predictions");
         let coordinator = env.coordinator(&[]);

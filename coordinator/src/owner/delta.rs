@@ -11,7 +11,7 @@
 //! another writer (another job appending to the same table) is retried on
 //! a fresh snapshot, which reads the txn version again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use delta_kernel::arrow::array::{
@@ -80,56 +80,53 @@ pub struct DeltaAppend {
     pub job_id: String,
     pub seq: u64,
     pub objects: Vec<OutputObject>,
+    /// Some of `objects` may be in the table already (the first commit
+    /// after a coordinator restart, a job's finish with `commit =
+    /// "checkpoint"`): the table's files in the job's folder are listed
+    /// and only the others added.
+    pub reconcile: bool,
 }
 
-/// What a commit did: the table version it made, or the version that
-/// already held it (`None` when that version could not be found in the
-/// log any more), and whether it was already there.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a commit did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Appended {
+    /// The table version it made (none: nothing to add, or the table held
+    /// the txn already).
     pub version: Option<u64>,
-    pub already: bool,
+    /// The version holding the job's txn the table had before, when it
+    /// was at or past `seq` or the append reconciled (none when there was
+    /// none, or it is no longer in the log).
+    pub prior: Option<u64>,
 }
 
 /// Commits `append` to its table (creating the table with the objects'
 /// schema if it has no log yet). Runs the kernel on a blocking thread.
 pub async fn append(stores: &Stores, append: DeltaAppend) -> Result<Appended, DeltaError> {
     let table = append.table.clone();
+    let job_id = append.job_id.clone();
     let (store, _) = stores.resolve(&table)?;
     let exists = !stores.list(&log_folder(&table)).await?.is_empty();
-    let result = tokio::task::spawn_blocking(move || commit_blocking(store, append, exists))
+    let committed = tokio::task::spawn_blocking(move || commit_blocking(store, append, exists))
         .await
         .map_err(|e| DeltaError::Task {
             table: table.to_string(),
             reason: e.to_string(),
         })??;
-    match result {
-        Committed::New(version) => Ok(Appended {
-            version: Some(version),
-            already: false,
-        }),
-        Committed::Nothing => Ok(Appended {
-            version: None,
-            already: false,
-        }),
-        Committed::Already { job_id, seq } => {
-            let version = version_with_txn(stores, &table, &job_id, seq).await?;
-            Ok(Appended {
-                version,
-                already: true,
-            })
-        }
-    }
+    let prior = match committed.prior_txn {
+        Some(txn) => version_with_txn(stores, &table, &job_id, txn).await?,
+        None => None,
+    };
+    Ok(Appended {
+        version: committed.version,
+        prior,
+    })
 }
 
-enum Committed {
-    New(u64),
-    /// No table and no rows to create it with.
-    Nothing,
-    Already {
-        job_id: String,
-        seq: u64,
-    },
+/// What the blocking part did: the version it made, and the job's txn
+/// version the table had, where the caller must find its table version.
+struct Committed {
+    version: Option<u64>,
+    prior_txn: Option<i64>,
 }
 
 fn log_folder(table: &StoreUri) -> StoreUri {
@@ -163,46 +160,65 @@ fn commit_blocking(
         job_id,
         seq,
         objects,
+        reconcile,
     } = append;
     let url = table_url(&table);
     let engine = DefaultEngineBuilder::new(store).build();
     let txn_version = i64::try_from(seq).unwrap_or(i64::MAX);
     let err = kernel(&table);
-    let job_schema = match objects.iter().find(|o| o.records > 0) {
+    // Objects without rows are scratch files (a processor's uploads), not
+    // data files.
+    let objects: Vec<OutputObject> = objects.into_iter().filter(|o| o.records > 0).collect();
+    let job_schema = match objects.first() {
         Some(first) => Some(file_schema(&engine, first).map_err(err)?),
         None => None,
     };
     for _ in 0..MAX_CONFLICTS {
-        let adds = add_files(&table, &objects)?;
         let result = if !exists {
             // No log yet: create the table, with these files.
             let Some(schema) = job_schema.clone() else {
-                return Ok(Committed::Nothing);
+                return Ok(Committed {
+                    version: None,
+                    prior_txn: None,
+                });
             };
             exists = true;
             let mut txn = create_table(&url, table_schema(&schema), ENGINE_INFO, true)
                 .with_transaction_id(job_id.clone(), txn_version)
                 .build(&engine, Box::new(FileSystemCommitter::new()))
                 .map_err(err)?;
-            txn.add_files(adds);
+            txn.add_files(add_files(&table, &objects)?);
             match txn.commit(&engine) {
                 Ok(CommitResult::Committed(done)) => Ok(done.commit_version()),
-                Ok(_) => Err(()),
                 // Another writer created it first.
-                Err(
-                    delta_kernel::KernelError::FileAlreadyExists(_)
-                    | delta_kernel::KernelError::TableAlreadyExistsAtPath(_),
-                ) => Err(()),
+                Ok(_) => Err(()),
                 Err(e) => return Err(err(e)),
             }
         } else {
             let snapshot = Snapshot::builder_for(&url).build(&engine).map_err(err)?;
-            if snapshot
-                .get_app_id_version(&job_id, &engine)
-                .map_err(err)?
-                .is_some_and(|v| v >= txn_version)
-            {
-                return Ok(Committed::Already { job_id, seq });
+            let prior_txn = snapshot.get_app_id_version(&job_id, &engine).map_err(err)?;
+            if prior_txn.is_some_and(|v| v >= txn_version) {
+                return Ok(Committed {
+                    version: None,
+                    prior_txn,
+                });
+            }
+            let prior_txn = prior_txn.filter(|_| reconcile);
+            let adding: Vec<OutputObject> = if reconcile {
+                let present = files_in(&snapshot, &engine, &table, &job_id).map_err(err)?;
+                objects
+                    .iter()
+                    .filter(|o| !present.contains(relative(&table, &o.uri).unwrap_or("")))
+                    .cloned()
+                    .collect()
+            } else {
+                objects.clone()
+            };
+            if adding.is_empty() {
+                return Ok(Committed {
+                    version: None,
+                    prior_txn,
+                });
             }
             if let Some(schema) = &job_schema {
                 check_schema(&table, &job_id, &snapshot.schema(), schema)?;
@@ -212,19 +228,27 @@ fn commit_blocking(
                 .with_transaction_id(job_id.clone(), txn_version)
                 .build(&engine, Box::new(FileSystemCommitter::new()))
                 .map_err(err)?;
-            if !objects.is_empty() {
-                txn.add_files(adds);
-            }
+            txn.add_files(add_files(&table, &adding)?);
             match txn.commit(&engine) {
-                Ok(CommitResult::Committed(done)) => Ok(done.commit_version()),
-                Ok(_) | Err(delta_kernel::KernelError::FileAlreadyExists(_)) => Err(()),
+                Ok(CommitResult::Committed(done)) => {
+                    let version = done.commit_version();
+                    info!(table = %table, job = %job_id, version, files = adding.len(), "Delta commit");
+                    return Ok(Committed {
+                        version: Some(version),
+                        prior_txn,
+                    });
+                }
+                Ok(_) => Err(()),
                 Err(e) => return Err(err(e)),
             }
         };
         match result {
             Ok(version) => {
-                info!(table = %table, job = %job_id, version, files = objects.len(), "Delta commit");
-                return Ok(Committed::New(version));
+                info!(table = %table, job = %job_id, version, files = objects.len(), "Delta table created");
+                return Ok(Committed {
+                    version: Some(version),
+                    prior_txn: None,
+                });
             }
             Err(()) => {
                 warn!(table = %table, job = %job_id, "Delta commit conflicted with another writer; retrying");
@@ -234,6 +258,40 @@ fn commit_blocking(
     Err(DeltaError::Conflicts {
         table: table.to_string(),
     })
+}
+
+/// The paths (relative to the table) of the table's files in the job's
+/// folder.
+fn files_in(
+    snapshot: &delta_kernel::SnapshotRef,
+    engine: &dyn Engine,
+    table: &StoreUri,
+    job_id: &str,
+) -> delta_kernel::KernelResult<HashSet<String>> {
+    let folder = relative(
+        table,
+        stoke_core::layout::delta_job_folder(table, job_id).as_str(),
+    )
+    .map(|f| format!("{f}/"))
+    .unwrap_or_default();
+    let scan = snapshot.clone().scan_builder().build()?;
+    let mut found: (String, HashSet<String>) = (folder, HashSet::new());
+    for metadata in scan.scan_metadata(engine)? {
+        found = metadata?.visit_scan_files(found, |(folder, paths), file| {
+            if file.path.starts_with(folder.as_str()) {
+                paths.insert(file.path);
+            }
+        })?;
+    }
+    Ok(found.1)
+}
+
+/// `uri` relative to the table's root, if it is under it.
+fn relative<'a>(table: &StoreUri, uri: &'a str) -> Option<&'a str> {
+    let root = table.as_str().trim_end_matches('/');
+    uri.strip_prefix(root)?
+        .strip_prefix('/')
+        .filter(|p| !p.is_empty())
 }
 
 /// The schema a data file was written with, from its Parquet footer.
@@ -295,18 +353,13 @@ fn add_files(
     table: &StoreUri,
     objects: &[OutputObject],
 ) -> Result<Box<ArrowEngineData>, DeltaError> {
-    let root = table_url(table);
     let mut paths = Vec::with_capacity(objects.len());
     for o in objects {
-        let relative = o
-            .uri
-            .strip_prefix(&root)
-            .filter(|p| !p.is_empty())
-            .ok_or_else(|| DeltaError::Outside {
-                table: table.to_string(),
-                object: o.uri.clone(),
-            })?;
-        paths.push(relative.to_string());
+        let path = relative(table, &o.uri).ok_or_else(|| DeltaError::Outside {
+            table: table.to_string(),
+            object: o.uri.clone(),
+        })?;
+        paths.push(path.to_string());
     }
     let now = i64::try_from(stoke_core::records::now_ms()).unwrap_or(i64::MAX);
     let n = objects.len();
@@ -373,7 +426,7 @@ async fn version_with_txn(
     stores: &Stores,
     table: &StoreUri,
     job_id: &str,
-    seq: u64,
+    txn_version: i64,
 ) -> Result<Option<u64>, DeltaError> {
     let mut commits: Vec<(u64, StoreUri)> = stores
         .list(&log_folder(table))
@@ -393,7 +446,8 @@ async fn version_with_txn(
             .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
             .any(|action| {
                 let txn = &action["txn"];
-                txn["appId"].as_str() == Some(job_id) && txn["version"].as_u64() == Some(seq)
+                txn["appId"].as_str() == Some(job_id)
+                    && txn["version"].as_i64() == Some(txn_version)
             });
         if found {
             return Ok(Some(version));

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use bytes::Bytes;
 use futures::StreamExt;
 use stoke_core::records::{DeltaVersions, JobState, Manifest, ManifestEntry, StatusRecord, now_ms};
-use stoke_core::spec::JobSpec;
+use stoke_core::spec::{DeltaCommit, JobSpec};
 use stoke_store::Listed;
 use stoke_store::{StoreError, StoreUri, Stores};
 use tracing::{info, warn};
@@ -15,8 +15,8 @@ use tracing::{info, warn};
 use super::delta::{self, DeltaAppend};
 use crate::error::{CoordinatorError, Result};
 use crate::state::{
-    CreateJob, DeltaTarget, FinishJob, GroupWrite, GroupWritten, Io, Outcome, SnapshotWrite,
-    folder, progress_log,
+    CreateJob, DeltaTarget, DeltaWrite, FinishJob, GroupWrite, GroupWritten, Io, Outcome,
+    SnapshotWrite, folder, progress_log,
 };
 
 /// How many objects one group commit copies into the output folder at once.
@@ -81,6 +81,7 @@ async fn perform_one(io: Io, stores: &Stores) -> Result<()> {
             Ok(())
         }
         Io::Finish(finish) => finish_job(*finish, stores).await,
+        Io::Delta(write) => delta_write(*write, stores).await,
         Io::Group(_) | Io::Snapshot(_) => Err(CoordinatorError::Recovery(
             "a group or snapshot write has its own result".to_string(),
         )),
@@ -251,13 +252,16 @@ fn plan_finish(
     (manifest, orphans)
 }
 
-/// A Delta job's committed objects, added to its table in one commit
-/// (or found there: a finish run again after a crash).
+/// A Delta job's committed objects, added to its table: in one commit
+/// (`commit = "end"`), or those the groups' commits left out (a crash
+/// between a group and its Delta commit; `"checkpoint"`). Run again after
+/// a crash, the job's txn in the table shows what is there already.
 async fn commit_to_table(
     finish: &FinishJob,
     target: &DeltaTarget,
     stores: &Stores,
 ) -> Result<DeltaVersions> {
+    let checkpoint = target.commit == DeltaCommit::Checkpoint;
     let append = DeltaAppend {
         table: target.table.clone(),
         job_id: finish.job_id.clone(),
@@ -267,16 +271,65 @@ async fn commit_to_table(
             .iter()
             .flat_map(|p| p.outputs.iter().cloned())
             .collect(),
+        reconcile: checkpoint,
     };
     let appended = delta::append(stores, append).await?;
-    fail::fail_point!("coordinator::after_delta_commit", |_| std::process::abort());
-    if appended.already {
-        info!(job = %finish.job_id, table = %target.table, version = ?appended.version, "the job's objects were in the Delta table already");
+    if appended.version.is_some() {
+        fail::fail_point!("coordinator::after_delta_commit", |_| std::process::abort());
     }
+    let versions = if checkpoint {
+        let made = appended.version.into_iter().chain(appended.prior);
+        record_versions(stores, &finish.layout.delta_versions(), &target.table, made).await?
+    } else {
+        appended.version.or(appended.prior).into_iter().collect()
+    };
     Ok(DeltaVersions {
         table: target.table.to_string(),
-        versions: appended.version.into_iter().collect(),
+        versions,
     })
+}
+
+/// A `commit = "checkpoint"` job's Delta commit: its objects added, then
+/// the version made (or found) recorded in the job's `delta.json`.
+async fn delta_write(write: DeltaWrite, stores: &Stores) -> Result<()> {
+    let DeltaWrite { append, record } = write;
+    let table = append.table.clone();
+    let appended = delta::append(stores, append).await?;
+    if appended.version.is_some() {
+        fail::fail_point!("coordinator::after_delta_commit", |_| std::process::abort());
+    }
+    let made = appended.version.into_iter().chain(appended.prior);
+    record_versions(stores, &record, &table, made).await?;
+    Ok(())
+}
+
+/// Adds `made` to the versions `record` lists (written only if it
+/// changes); returns them all, in order.
+async fn record_versions(
+    stores: &Stores,
+    record: &StoreUri,
+    table: &StoreUri,
+    made: impl Iterator<Item = u64>,
+) -> Result<Vec<u64>> {
+    let mut versions: DeltaVersions =
+        stores
+            .get_json(record)
+            .await?
+            .unwrap_or_else(|| DeltaVersions {
+                table: table.to_string(),
+                versions: Vec::new(),
+            });
+    let before = versions.versions.len();
+    for v in made {
+        if !versions.versions.contains(&v) {
+            versions.versions.push(v);
+        }
+    }
+    versions.versions.sort_unstable();
+    if versions.versions.len() != before {
+        stores.put_json(record, &versions).await?;
+    }
+    Ok(versions.versions)
 }
 
 /// Every shard is committed: remove what uncommitted attempts wrote (so

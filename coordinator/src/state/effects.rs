@@ -15,6 +15,7 @@ use stoke_core::records::ProgressLogRef;
 use stoke_store::to_json_bytes;
 
 use crate::error::Result;
+pub use crate::owner::delta::DeltaAppend;
 
 /// Names a caller waiting for an answer (the owner keeps its reply
 /// channel).
@@ -70,6 +71,18 @@ pub enum Io {
     Group(GroupWrite),
     /// A snapshot of one job's progress (see [`SnapshotWrite`]).
     Snapshot(SnapshotWrite),
+    /// A Delta commit of a `commit = "checkpoint"` job (see
+    /// [`DeltaWrite`]).
+    Delta(Box<DeltaWrite>),
+}
+
+/// Committed objects of a job added to its Delta table (see
+/// `owner::delta`), then the table version recorded in `record` (the
+/// job's `delta.json`, which its manifest lists at the end).
+#[derive(Debug)]
+pub struct DeltaWrite {
+    pub append: DeltaAppend,
+    pub record: StoreUri,
 }
 
 /// What a write did, handed back to [`super::State::written`].

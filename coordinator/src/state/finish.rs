@@ -112,7 +112,10 @@ impl State {
         let Some(job) = self.jobs.get_mut(job_id) else {
             return;
         };
-        if job.state != JobState::Running || !matches!(job.phase, JobPhase::Open) || !job.all_done()
+        if job.state != JobState::Running
+            || !matches!(job.phase, JobPhase::Open)
+            || !job.all_done()
+            || job.delta_log.as_ref().is_some_and(|l| !l.idle())
         {
             return;
         }

@@ -43,6 +43,7 @@
 mod account;
 mod commit;
 mod crash;
+mod delta;
 mod effects;
 mod finish;
 mod jobs;
@@ -61,9 +62,9 @@ use std::sync::Arc;
 use stoke_core::layout::{JobLayout, RootLayout};
 use stoke_core::lease::{Release, SessionEvent, StageTotals};
 use stoke_core::plan::Plan;
-use stoke_core::records::{JobState, ProgressRecord};
+use stoke_core::records::{JobState, OutputObject, ProgressRecord};
 use stoke_core::schedule::Schedule;
-use stoke_core::spec::JobSpec;
+use stoke_core::spec::{DeltaCommit, JobSpec};
 use stoke_store::{StoreUri, Stores};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -76,8 +77,8 @@ use crate::progress::RateWindow;
 #[cfg(feature = "test-util")]
 pub use crash::{Verdict, judge};
 pub use effects::{
-    Answer, CreateJob, DeltaTarget, Effect, FinishJob, GroupWrite, GroupWritten, Io, IoId, Outcome,
-    ReqId, SnapshotWrite, StagedCopy, progress_log,
+    Answer, CreateJob, DeltaAppend, DeltaTarget, DeltaWrite, Effect, FinishJob, GroupWrite,
+    GroupWritten, Io, IoId, Outcome, ReqId, SnapshotWrite, StagedCopy, progress_log,
 };
 pub use schedule::WaitReason;
 #[cfg(feature = "test-util")]
@@ -249,6 +250,8 @@ struct Job {
     /// `format = "delta"`: the table the job's objects are added to (its
     /// `output` is the job's folder inside it).
     delta: Option<DeltaTarget>,
+    /// `commit = "checkpoint"`: the committed objects not yet in the table.
+    delta_log: Option<delta::DeltaLog>,
     /// Where attempts upload (see `stoke_core::layout`).
     staging: StoreUri,
     state: JobState,
@@ -425,6 +428,10 @@ impl Job {
             plan,
             layout,
             output,
+            delta_log: delta
+                .as_ref()
+                .filter(|d| d.commit == DeltaCommit::Checkpoint)
+                .map(|_| delta::DeltaLog::default()),
             delta,
             staging,
             state: JobState::Running,
@@ -465,6 +472,9 @@ impl Job {
     /// Replaces a shard's progress, keeping the totals.
     fn set_progress(&mut self, idx: usize, progress: ProgressRecord) {
         let old = &self.shards[idx].progress;
+        if let Some(log) = self.delta_log.as_mut() {
+            log.note(&old.outputs, &progress);
+        }
         let t = &mut self.totals;
         // `old` is part of the totals, so the subtractions cannot go below 0.
         t.shards_done =
@@ -678,6 +688,11 @@ impl State {
             Then::Report { job_id } => self.report_written(&job_id, result),
             Then::ReportSaved { job_id } => self.report_saved(&job_id, result),
             Then::EndedSaved { job_id } => self.ended_saved(&job_id, result),
+            Then::Delta {
+                job_id,
+                objects,
+                reconcile,
+            } => self.delta_written(&job_id, objects, reconcile, result),
             Then::Crashed(crashed) => self.crash_stored(*crashed, result),
             Then::Group(commits) => self.group_failed(commits, &mismatch()),
             Then::Snapshot { job_id, uri } => {
@@ -764,6 +779,12 @@ enum Then {
     Group(Vec<commit::Committing>),
     /// A snapshot of the job's progress is stored (or not).
     Snapshot { job_id: String, uri: StoreUri },
+    /// A Delta commit of the job is made (or not): `objects` were in it.
+    Delta {
+        job_id: String,
+        objects: Vec<OutputObject>,
+        reconcile: bool,
+    },
 }
 
 /// A failed attempt whose progress record is being stored.

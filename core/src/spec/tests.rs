@@ -422,3 +422,24 @@ fn loading_workers_is_bounded_and_defaults_to_the_cores() {
     let e = err(&format!("{base}[loading]\nthreads = 2\n"));
     assert!(e.contains("threads"), "{e}");
 }
+
+#[test]
+fn a_delta_output_defaults_to_one_commit_at_the_end_and_commit_is_delta_only() {
+    let delta = |output: &str| format!("{GOOD}[output]\nuri = \"s3://b/t\"\n{output}\n");
+    let spec = JobSpec::from_toml(&delta("format = \"delta\"")).expect("delta spec");
+    assert_eq!(spec.output.format, OutputFormat::Delta);
+    assert_eq!(spec.output.delta(), Some(DeltaCommit::End));
+    assert_eq!(spec.output.format.extension(), "parquet");
+    let live = JobSpec::from_toml(&delta("format = \"delta\"\ncommit = \"checkpoint\""))
+        .expect("checkpoint spec");
+    assert_eq!(live.output.delta(), Some(DeltaCommit::Checkpoint));
+    assert_eq!(JobSpec::from_json(&live.to_json()).expect("json"), live);
+    assert_eq!(JobSpec::from_toml(GOOD).expect("spec").output.delta(), None);
+    let e = err(&delta("commit = \"checkpoint\""));
+    assert!(
+        e.contains("output.commit") && e.contains("only for format \"delta\""),
+        "{e}"
+    );
+    let e = err(&delta("format = \"delta\"\ncommit = \"sometimes\""));
+    assert!(e.contains("sometimes"), "{e}");
+}

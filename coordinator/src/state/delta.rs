@@ -1,0 +1,207 @@
+//! `[output] format = "delta"` with `commit = "checkpoint"`: each stored
+//! group's new objects go into the job's Delta table in a commit of their
+//! own, one Delta commit in flight per job, so readers of a long job see
+//! its rows as they land. The state keeps the objects not yet in the table
+//! and hands them to the owner as an [`Io::Delta`]; a failed commit keeps
+//! them for the next try (the next group or tick).
+//!
+//! The first Delta commit after a coordinator (re)start *reconciles*: it
+//! hands over every committed object of the job, and the owner adds only
+//! those the table lacks, so objects stored in a group just before a crash
+//! still reach the table, once. The job's finish reconciles again.
+
+use std::collections::HashSet;
+
+use stoke_core::records::{OutputObject, ProgressRecord};
+use tracing::warn;
+
+use super::{DeltaAppend, DeltaWrite, Io, JobPhase, State, Then};
+use crate::error::{CoordinatorError, Result};
+use stoke_core::records::JobState;
+
+/// A `commit = "checkpoint"` job's objects on their way to its table.
+#[derive(Debug, Default)]
+pub(super) struct DeltaLog {
+    /// Committed objects no Delta commit has added yet, in commit order.
+    pending: Vec<OutputObject>,
+    /// The highest progress `seq` applied: the next commit's txn version.
+    seq: u64,
+    in_flight: bool,
+    /// A commit since this coordinator started has reconciled the table
+    /// with the job's committed objects.
+    reconciled: bool,
+    /// The table refused the job (a schema clash): nothing more is tried.
+    refused: bool,
+}
+
+impl DeltaLog {
+    /// A shard's progress moves from `old` outputs to `progress`: its new
+    /// objects wait for the next Delta commit.
+    pub(super) fn note(&mut self, old: &[OutputObject], progress: &ProgressRecord) {
+        self.seq = self.seq.max(progress.seq);
+        let new = &progress.outputs;
+        if new.len() > old.len() && new[..old.len()] == *old {
+            self.pending.extend(new[old.len()..].iter().cloned());
+        } else if *new != *old {
+            let known: HashSet<&str> = old.iter().map(|o| o.uri.as_str()).collect();
+            self.pending.extend(
+                new.iter()
+                    .filter(|o| !known.contains(o.uri.as_str()))
+                    .cloned(),
+            );
+        }
+    }
+
+    /// No Delta commit of the job is being made.
+    pub(super) fn idle(&self) -> bool {
+        !self.in_flight
+    }
+}
+
+impl State {
+    /// Starts the job's next Delta commit, if it has objects waiting (or
+    /// has not reconciled since the start) and none is in flight. Not
+    /// while the job finishes: its finish adds what is left itself.
+    pub(super) fn delta_next(&mut self, job_id: &str) {
+        let Some(job) = self.jobs.get_mut(job_id) else {
+            return;
+        };
+        let Some(target) = job.delta.clone() else {
+            return;
+        };
+        let finishing =
+            matches!(job.phase, JobPhase::Finishing) || job.state == JobState::Succeeded;
+        let all: Vec<OutputObject>;
+        let Some(log) = job.delta_log.as_mut() else {
+            return;
+        };
+        if log.in_flight || log.refused || finishing || (log.reconciled && log.pending.is_empty()) {
+            return;
+        }
+        let reconcile = !log.reconciled;
+        let objects = if reconcile {
+            log.pending.clear();
+            all = job
+                .shards
+                .iter()
+                .flat_map(|s| s.progress.outputs.iter().cloned())
+                .collect();
+            all
+        } else {
+            std::mem::take(&mut log.pending)
+        };
+        let Some(log) = job.delta_log.as_mut() else {
+            return;
+        };
+        log.in_flight = true;
+        let write = DeltaWrite {
+            append: DeltaAppend {
+                table: target.table.clone(),
+                job_id: job_id.to_string(),
+                seq: log.seq,
+                objects: objects.clone(),
+                reconcile,
+            },
+            record: job.layout.delta_versions(),
+        };
+        self.start_io(
+            Io::Delta(Box::new(write)),
+            Then::Delta {
+                job_id: job_id.to_string(),
+                objects,
+                reconcile,
+            },
+        );
+    }
+
+    /// A Delta commit of the job is made, or not: a failed one's objects
+    /// wait for the next try; a refusal (another schema) fails the job.
+    pub(super) fn delta_written(
+        &mut self,
+        job_id: &str,
+        objects: Vec<OutputObject>,
+        reconcile: bool,
+        result: Result<()>,
+    ) {
+        let Some(log) = self.jobs.get_mut(job_id).and_then(|j| j.delta_log.as_mut()) else {
+            return;
+        };
+        log.in_flight = false;
+        match result {
+            Ok(()) => log.reconciled |= reconcile,
+            Err(CoordinatorError::Delta(e)) if e.is_permanent() => {
+                log.refused = true;
+                warn!(job = %job_id, error = %e, "the Delta table refused the job's objects; the job fails");
+                self.fail_job(job_id, e.to_string());
+            }
+            Err(e) => {
+                warn!(job = %job_id, error = %e, "a Delta commit failed; its objects go in the next one");
+                if !reconcile {
+                    let later = std::mem::take(&mut log.pending);
+                    log.pending = objects;
+                    log.pending.extend(later);
+                }
+            }
+        }
+        self.finish_if_done(job_id);
+    }
+
+    /// The tick's retry: jobs with objects waiting and no commit in flight.
+    pub(super) fn delta_retry(&mut self) {
+        let due: Vec<String> = self
+            .jobs
+            .values()
+            .filter(|j| {
+                j.delta_log
+                    .as_ref()
+                    .is_some_and(|l| l.idle() && (!l.reconciled || !l.pending.is_empty()))
+            })
+            .map(|j| j.id.clone())
+            .collect();
+        for job_id in due {
+            self.delta_next(&job_id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(name: &str) -> OutputObject {
+        OutputObject {
+            uri: format!("memory:///t/stoke/j/{name}"),
+            records: 1,
+            bytes: 1,
+            sha256: String::new(),
+        }
+    }
+
+    fn progress(seq: u64, outputs: &[&str]) -> ProgressRecord {
+        ProgressRecord {
+            seq,
+            outputs: outputs.iter().map(|n| object(n)).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_shards_new_objects_wait_for_the_next_delta_commit_once() {
+        let mut log = DeltaLog::default();
+        log.note(&[], &progress(5, &["a", "b"]));
+        let old = progress(5, &["a", "b"]).outputs;
+        log.note(&old, &progress(9, &["a", "b", "c"]));
+        // A record with the same objects (a crash's) adds none.
+        let old = progress(9, &["a", "b", "c"]).outputs;
+        log.note(&old, &progress(11, &["a", "b", "c"]));
+        // Objects in another order: only those not there before.
+        log.note(&old, &progress(12, &["c", "a", "d", "b"]));
+        let names: Vec<&str> = log
+            .pending
+            .iter()
+            .map(|o| o.uri.rsplit('/').next().unwrap_or(""))
+            .collect();
+        assert_eq!(names, ["a", "b", "c", "d"]);
+        assert_eq!(log.seq, 12);
+    }
+}
