@@ -6,14 +6,14 @@
 //! counts.
 
 use stoke_client::summary::{count, local_path};
-use stoke_core::records::{JobState, ManifestEntry};
+use stoke_core::records::{CommittedOutputs, DeltaVersions, JobState, ManifestEntry};
 
 use crate::source::Source;
 
 /// Prints the job's committed outputs: a table, or JSON with `--json`.
 pub async fn print(source: &Source, job_id: &str, json: bool) -> anyhow::Result<i32> {
     let job = source.job(job_id).await?;
-    let outputs = source.outputs(job_id).await?;
+    let CommittedOutputs { outputs, delta } = source.outputs(job_id).await?;
     let records: u64 = outputs.iter().map(|o| o.object.records).sum();
     let bytes: u64 = outputs.iter().map(|o| o.object.bytes).sum();
     let complete = job.state == JobState::Succeeded;
@@ -28,6 +28,10 @@ pub async fn print(source: &Source, job_id: &str, json: bool) -> anyhow::Result<
             "records": records,
             "bytes": bytes,
             "objects": objects,
+            "delta": delta.as_ref().map(|d| serde_json::json!({
+                "table": d.table,
+                "versions": d.versions,
+            })),
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(0);
@@ -46,6 +50,10 @@ pub async fn print(source: &Source, job_id: &str, json: bool) -> anyhow::Result<
         job.job_id,
         job.state
     );
+    if let Some(d) = &delta {
+        println!("{}", delta_line(d, complete));
+        return Ok(0);
+    }
     if complete {
         println!(
             "every committed object is under {} (read the folder with any Parquet reader)",
@@ -58,6 +66,23 @@ pub async fn print(source: &Source, job_id: &str, json: bool) -> anyhow::Result<
         );
     }
     Ok(0)
+}
+
+/// Where a Delta job's rows are, and which table versions hold them.
+fn delta_line(d: &DeltaVersions, complete: bool) -> String {
+    let versions: Vec<String> = d.versions.iter().map(u64::to_string).collect();
+    let table = local_path(&d.table);
+    match (versions.is_empty(), complete) {
+        (true, true) => format!("Delta table {table}: the job added no rows"),
+        (true, false) => format!(
+            "Delta table {table}: no version of it holds this job's rows yet (with commit = \"end\" they land when the job succeeds)"
+        ),
+        (false, _) => format!(
+            "Delta table {table}: the job's rows are in version{} {} (read the table with any Delta reader: deltalake, Polars, Spark, DuckDB)",
+            if versions.len() == 1 { "" } else { "s" },
+            versions.join(", ")
+        ),
+    }
 }
 
 fn object_json(o: &ManifestEntry) -> serde_json::Value {

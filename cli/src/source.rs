@@ -8,7 +8,7 @@ use std::path::Path;
 
 use stoke_client::Client;
 use stoke_coordinator::offline::Offline;
-use stoke_core::records::{JobErrors, JobInfo, ManifestEntry};
+use stoke_core::records::{CommittedOutputs, JobErrors, JobInfo};
 use stoke_core::report::EfficiencyReport;
 use stoke_store::{StoreUri, Stores};
 
@@ -55,7 +55,7 @@ impl Source {
         })
     }
 
-    pub async fn outputs(&self, job_id: &str) -> anyhow::Result<Vec<ManifestEntry>> {
+    pub async fn outputs(&self, job_id: &str) -> anyhow::Result<CommittedOutputs> {
         Ok(match self {
             Self::Live(c) => c.job_outputs(job_id).await?,
             Self::Stored(o) => o.outputs(job_id).await?,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use stoke_core::PROTOCOL_VERSION;
-use stoke_core::records::{JobErrors, JobInfo, ManifestEntry, WorkerInfo};
+use stoke_core::records::{CommittedOutputs, DeltaVersions, JobErrors, JobInfo, WorkerInfo};
 use stoke_core::report::EfficiencyReport;
 use stoke_core::security::{AuthChannel, ClientSecurity, Role};
 use stoke_core::spec::JobSpec;
@@ -182,7 +182,7 @@ impl Client {
 
     /// The output objects a job has committed so far (shard order, then
     /// commit order); all of them once it succeeded.
-    pub async fn job_outputs(&self, job_id: &str) -> Result<Vec<ManifestEntry>, ClientError> {
+    pub async fn job_outputs(&self, job_id: &str) -> Result<CommittedOutputs, ClientError> {
         let resp = self
             .call("get job outputs", |mut c| async move {
                 c.get_job_outputs(pb::GetJobOutputsRequest {
@@ -191,7 +191,13 @@ impl Client {
                 .await
             })
             .await?;
-        Ok(resp.outputs.into_iter().map(Into::into).collect())
+        Ok(CommittedOutputs {
+            outputs: resp.outputs.into_iter().map(Into::into).collect(),
+            delta: resp.delta.map(|d| DeltaVersions {
+                table: d.table,
+                versions: d.versions,
+            }),
+        })
     }
 
     /// A job's efficiency report: its processors' time by cause.

@@ -145,7 +145,11 @@ impl JobService for JobApi {
         require_job_id(&req.job_id)?;
         let outputs = self.handle.job_outputs(&req.job_id).await?;
         Ok(Response::new(pb::GetJobOutputsResponse {
-            outputs: outputs.into_iter().map(Into::into).collect(),
+            outputs: outputs.outputs.into_iter().map(Into::into).collect(),
+            delta: outputs.delta.map(|d| pb::DeltaVersions {
+                table: d.table,
+                versions: d.versions,
+            }),
         }))
     }
 

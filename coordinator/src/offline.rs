@@ -8,7 +8,7 @@
 //! reads the same here as from its coordinator, less what only a running
 //! coordinator knows (leases held now, the recent rate).
 
-use stoke_core::records::{JobErrors, JobInfo, ManifestEntry};
+use stoke_core::records::{CommittedOutputs, JobErrors, JobInfo};
 use stoke_core::report::EfficiencyReport;
 use stoke_store::{StoreUri, Stores};
 use tokio::time::Instant;
@@ -46,8 +46,9 @@ impl Offline {
     }
 
     /// The output objects a job has committed.
-    pub async fn outputs(&self, job_id: &str) -> Result<Vec<ManifestEntry>> {
-        read_outputs(job_id, self.state.job_outputs(job_id)?, &self.stores).await
+    pub async fn outputs(&self, job_id: &str) -> Result<CommittedOutputs> {
+        let delta = self.state.job_delta(job_id)?;
+        read_outputs(job_id, self.state.job_outputs(job_id)?, delta, &self.stores).await
     }
 
     /// A job's efficiency report: an ended job's as stored with it, a

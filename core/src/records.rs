@@ -221,6 +221,14 @@ pub struct Manifest {
     pub delta: Option<DeltaVersions>,
 }
 
+/// A job's committed outputs as `stoke outputs` shows them: its objects
+/// and, for a Delta job, its table and the versions committed so far.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CommittedOutputs {
+    pub outputs: Vec<ManifestEntry>,
+    pub delta: Option<DeltaVersions>,
+}
+
 /// The Delta table a job wrote to, and the table versions of its commits
 /// (one with `commit = "end"`, one per progress group with
 /// `commit = "checkpoint"`), in order.

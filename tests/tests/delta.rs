@@ -232,6 +232,15 @@ backend_tests! {
         let delta = manifest.delta.as_ref().expect("the manifest's delta");
         assert_eq!(delta.table, table_uri);
         assert_eq!(delta.versions, [0]);
+        // `stoke outputs` names the table and the version.
+        let out = coordinator.cli(&["outputs", &job, "--json"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(listed["delta"]["table"], table_uri.as_str());
+        assert_eq!(listed["delta"]["versions"], serde_json::json!([0]));
+        let out = coordinator.cli(&["outputs", &job]);
+        let said = text(&out.stdout);
+        assert!(said.contains("Delta table") && said.contains("version 0"), "{said}");
         let folder = format!("{table_uri}/stoke/{job}/");
         let mut listed: Vec<String> = manifest
             .outputs

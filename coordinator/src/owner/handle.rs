@@ -6,17 +6,19 @@ use stoke_core::lease::{
     AcquireOutcome, Commit, Heartbeat, JobTerms, Registration, Release, SessionEvent, SessionGrant,
 };
 use stoke_core::plan::plan_dataset;
-use stoke_core::records::{JobErrors, JobInfo, Manifest, ManifestEntry, SkippedRecord};
+use stoke_core::records::{
+    CommittedOutputs, DeltaVersions, JobErrors, JobInfo, Manifest, SkippedRecord,
+};
 use stoke_core::report::EfficiencyReport;
 use stoke_core::schedule::ScheduleChange;
 use stoke_core::spec::JobSpec;
-use stoke_store::{StoreError, Stores};
+use stoke_store::{StoreError, StoreUri, Stores};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{CoordinatorError, Result};
 use crate::metrics::Snapshot;
 use crate::progress::StatusReport;
-use crate::state::{ErrorSources, JobOutputs};
+use crate::state::{DeltaRecord, ErrorSources, JobOutputs};
 
 pub(super) type Reply<T> = oneshot::Sender<Result<T>>;
 
@@ -54,7 +56,7 @@ pub(super) enum Command {
     },
     JobOutputs {
         job_id: String,
-        reply: Reply<JobOutputs>,
+        reply: Reply<(JobOutputs, Option<DeltaRecord>)>,
     },
     Cancel {
         job_id: String,
@@ -212,15 +214,15 @@ impl Handle {
     }
 
     /// The output objects a job has committed so far (`stoke outputs`).
-    pub async fn job_outputs(&self, job_id: &str) -> Result<Vec<ManifestEntry>> {
+    pub async fn job_outputs(&self, job_id: &str) -> Result<CommittedOutputs> {
         let owned = job_id.to_string();
-        let outputs = self
+        let (outputs, delta) = self
             .call(|reply| Command::JobOutputs {
                 job_id: owned,
                 reply,
             })
             .await?;
-        read_outputs(job_id, outputs, &self.stores).await
+        read_outputs(job_id, outputs, delta, &self.stores).await
     }
 
     pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<JobInfo> {
@@ -354,17 +356,50 @@ pub(crate) async fn read_errors(
 pub(crate) async fn read_outputs(
     job_id: &str,
     outputs: JobOutputs,
+    delta: Option<DeltaRecord>,
     stores: &Stores,
-) -> Result<Vec<ManifestEntry>> {
-    match outputs {
-        JobOutputs::Listed(entries) => Ok(entries),
+) -> Result<CommittedOutputs> {
+    let read_manifest = |uri: StoreUri| async move {
+        let manifest: Option<Manifest> = stores.get_json(&uri).await?;
+        manifest.ok_or_else(|| {
+            CoordinatorError::Recovery(format!(
+                "job {job_id} succeeded but its manifest {uri} is missing"
+            ))
+        })
+    };
+    let mut manifest = None;
+    let outputs = match outputs {
+        JobOutputs::Listed(entries) => entries,
         JobOutputs::InManifest(uri) => {
-            let manifest: Manifest = stores.get_json(&uri).await?.ok_or_else(|| {
-                CoordinatorError::Recovery(format!(
-                    "job {job_id} succeeded but its manifest {uri} is missing"
-                ))
-            })?;
-            Ok(manifest.outputs)
+            let m = read_manifest(uri).await?;
+            let outputs = m.outputs.clone();
+            manifest = Some(m);
+            outputs
         }
-    }
+    };
+    let delta = match delta {
+        None => None,
+        Some(DeltaRecord {
+            table,
+            record,
+            in_manifest,
+        }) => {
+            let none = || DeltaVersions {
+                table: table.to_string(),
+                versions: Vec::new(),
+            };
+            Some(match (record, in_manifest) {
+                (None, _) => none(),
+                (Some(uri), true) => {
+                    let m = match manifest {
+                        Some(m) => m,
+                        None => read_manifest(uri).await?,
+                    };
+                    m.delta.unwrap_or_else(none)
+                }
+                (Some(uri), false) => stores.get_json(&uri).await?.unwrap_or_else(none),
+            })
+        }
+    };
+    Ok(CommittedOutputs { outputs, delta })
 }

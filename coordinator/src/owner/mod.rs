@@ -316,7 +316,10 @@ impl Owner {
                 let _ = reply.send(state.job_errors(&job_id));
             }
             Command::JobOutputs { job_id, reply } => {
-                let _ = reply.send(state.job_outputs(&job_id));
+                let both = state
+                    .job_outputs(&job_id)
+                    .and_then(|o| Ok((o, state.job_delta(&job_id)?)));
+                let _ = reply.send(both);
             }
             Command::Cancel {
                 job_id,

@@ -84,7 +84,7 @@ pub use schedule::WaitReason;
 #[cfg(feature = "test-util")]
 pub use split::{PROBE_LEAD, SPLIT_IN_PROCESS_BATCHES, Share, SplitPoint, split_point};
 pub use view::ErrorSources;
-pub use view::JobOutputs;
+pub use view::{DeltaRecord, JobOutputs};
 
 /// Fencing tokens: the coordinator's epoch in the high 32 bits, a counter in
 /// the low 32. Epochs grow at every start, so tokens grow across restarts.

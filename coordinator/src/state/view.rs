@@ -18,6 +18,7 @@ use super::{Job, State, WaitReason, failed_unfinished, has_errors};
 use crate::error::{CoordinatorError, Result};
 use crate::metrics::{Snapshot, WorkerInfo};
 use crate::progress::{JobProgress, ShardCounts, StatusReport, eta};
+use stoke_core::spec::DeltaCommit;
 
 /// A job's shards with errors, and (shard id, object) for every object
 /// that lists skipped records.
@@ -34,6 +35,16 @@ pub struct ErrorSources {
 pub enum JobOutputs {
     Listed(Vec<ManifestEntry>),
     InManifest(StoreUri),
+}
+
+/// Where a Delta job's table versions are recorded: its manifest once it
+/// succeeded, else its `delta.json` (`commit = "checkpoint"`; none yet
+/// with `"end"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeltaRecord {
+    pub table: StoreUri,
+    pub record: Option<StoreUri>,
+    pub in_manifest: bool,
 }
 
 impl Job {
@@ -361,6 +372,26 @@ impl State {
                 })
                 .collect(),
         ))
+    }
+
+    /// Where a Delta job's table versions are recorded (`None`: not a
+    /// Delta job).
+    pub fn job_delta(&self, job_id: &str) -> Result<Option<DeltaRecord>> {
+        let job = self.job(job_id)?;
+        let Some(target) = &job.delta else {
+            return Ok(None);
+        };
+        let succeeded = job.state == JobState::Succeeded;
+        let record = if succeeded {
+            Some(job.layout.manifest())
+        } else {
+            (target.commit == DeltaCommit::Checkpoint).then(|| job.layout.delta_versions())
+        };
+        Ok(Some(DeltaRecord {
+            table: target.table.clone(),
+            record,
+            in_manifest: succeeded,
+        }))
     }
 
     pub fn list_jobs(&self) -> Vec<JobInfo> {
