@@ -36,7 +36,7 @@ pub(crate) async fn read_jsonl(
     let lines: Vec<(u64, &[u8])> = data
         .split(|&b| b == b'\n')
         .enumerate()
-        .filter(|(_, l)| stoke_core::plan::is_record_line(l))
+        .filter(|(_, l)| stoke_data::plan::is_record_line(l))
         .map(|(i, l)| (i as u64, l))
         .collect();
     let mut lines_before = first_line;

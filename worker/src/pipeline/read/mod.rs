@@ -124,8 +124,8 @@ mod tests {
     use arrow_array::cast::AsArray;
     use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
     use arrow_schema::{DataType, Field, Schema};
-    use stoke_core::plan::plan_range;
     use stoke_core::spec::JobSpec;
+    use stoke_data::plan::plan_range;
     use stoke_store::{StoreUri, Stores};
     use tokio::sync::mpsc;
 
@@ -271,7 +271,7 @@ mod tests {
              [batching]\nbatch_size = 4\nmax_elements = 8\nlength_column = \"x\"\n"
         ))
         .expect("spec");
-        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
+        let plan = stoke_data::plan::plan_dataset(&spec, &stores)
             .await
             .expect("plan");
         let read = |start_batch, start_record| ShardRead {
@@ -368,7 +368,7 @@ mod tests {
              [processor]\nname = \"p\"\n[batching]\nbatch_size = {bs}\n[sharding]\nrecords = 1000\n"
         ))
         .expect("spec");
-        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
+        let plan = stoke_data::plan::plan_dataset(&spec, &stores)
             .await
             .expect("plan");
         assert_eq!(plan.shards.len(), 1);
@@ -467,7 +467,7 @@ mod tests {
              [processor]\nname = \"p\"\n[batching]\nbatch_size = 16\n[sharding]\nrecords = 100000\n"
         ))
         .expect("spec");
-        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
+        let plan = stoke_data::plan::plan_dataset(&spec, &stores)
             .await
             .expect("plan");
         let total: u64 = plan.shards.iter().filter_map(|s| s.records).sum();
@@ -523,7 +523,7 @@ mod tests {
             "[dataset]\nformat = \"jsonl\"\nuri = \"{uri}\"\n[processor]\nname = \"p\"\n[batching]\nbatch_size = 3\n"
         ))
         .expect("spec");
-        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
+        let plan = stoke_data::plan::plan_dataset(&spec, &stores)
             .await
             .expect("plan");
         let read = ShardRead {
@@ -562,7 +562,7 @@ mod tests {
              [batching]\nbatch_size = {batch_size}\n[sharding]\nbytes = \"{bytes}\"\n[errors]\npolicy = \"skip\"\n"
         ))
         .expect("spec");
-        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
+        let plan = stoke_data::plan::plan_dataset(&spec, &stores)
             .await
             .expect("plan");
         let spec = Arc::new(spec);

@@ -1,5 +1,5 @@
 //! Parquet datasets: a shard's row groups in order, each through the fast
-//! path for fixed-size float lists (`stoke_core::float_list`) when it has
+//! path for fixed-size float lists (`stoke_data::float_list`) when it has
 //! such columns, else through Arrow's generic reader.
 
 use std::sync::Arc;
@@ -12,8 +12,8 @@ use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
 };
 use parquet::arrow::async_reader::{ParquetRecordBatchStream, ParquetRecordBatchStreamBuilder};
-use stoke_core::float_list::{ChunkSource, FloatListColumn, FloatListField, NotFast};
-use stoke_core::parquet_source::ParquetSource;
+use stoke_data::float_list::{ChunkSource, FloatListColumn, FloatListField, NotFast};
+use stoke_data::parquet_source::ParquetSource;
 use stoke_store::{StoreError, StoreUri};
 use tracing::debug;
 
@@ -37,7 +37,7 @@ fn parquet_error(shard: &str, uri: &str, e: parquet::errors::ParquetError) -> Wo
 
 /// A Parquet shard: its row groups in order, each through the fast path
 /// for fixed-size float lists when it has such columns (see
-/// [`float_list`](stoke_core::float_list)), else (or from the first record the
+/// [`float_list`](stoke_data::float_list)), else (or from the first record the
 /// fast path refuses) through Arrow's generic reader.
 pub(crate) async fn read_parquet(
     read: &ShardRead,
