@@ -1,6 +1,6 @@
 //! Typed errors of the data path, in the user's words.
 
-use stoke_store::StoreError;
+use stoke_store::{StoreError, UriError};
 use thiserror::Error;
 
 /// A dataset that cannot be split into shards.
@@ -39,4 +39,37 @@ pub enum PlanError {
         /// The store was failing, not refusing: a later submit may pass.
         transient: bool,
     },
+}
+
+/// A shard that cannot be read, or a batch's column that cannot be used.
+#[derive(Debug, Error)]
+pub enum DataError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Uri(#[from] UriError),
+    #[error("reading shard {shard} ({source_uri}): {message}")]
+    Read {
+        shard: String,
+        source_uri: String,
+        message: String,
+    },
+    #[error("batch {batch_idx}: column {column:?}: {message}")]
+    Column {
+        batch_idx: u64,
+        column: String,
+        message: String,
+    },
+}
+
+impl DataError {
+    /// True when the read failed on the store (unreachable or failing past
+    /// its retries), not on the data: the shard is retried without using
+    /// up an attempt.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Store(e) => e.is_transient(),
+            _ => false,
+        }
+    }
 }
