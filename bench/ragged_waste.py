@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Padding waste of the ragged workload under a batching rule: the share of
 padded tensor elements that are padding. Replays stoke's cut rule
-(worker/src/pipeline/read.rs `budget_cut`) over the stored lengths, shard by
+(data/src/batcher.rs `budget_cut`) over the stored lengths, shard by
 shard (one shard per file here).
 
 Usage: ragged_waste.py LENGTHS_NPY FILES BATCH_SIZE [MAX_ELEMENTS]

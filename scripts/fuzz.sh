@@ -7,10 +7,10 @@
 #                          status, manifest, epoch, lock)
 #   plan                   a stored plan.json
 #   float_list             Parquet files through the worker's fast path for
-#                          fixed-size float lists (stoke_core::float_list),
+#                          fixed-size float lists (stoke_data::float_list),
 #                          checked against Arrow's reader
-# The checks live in fuzz/src/lib.rs; core/tests/fuzz_regressions.rs replays
-# the inputs kept in core/tests/fuzz-regressions/<target>/ in every test run.
+# The checks live in fuzz/src/lib.rs; data/tests/fuzz_regressions.rs replays
+# the inputs kept in data/tests/fuzz-regressions/<target>/ in every test run.
 # Not part of scripts/test.sh: it takes minutes.
 #
 # Usage: scripts/fuzz.sh [target...]        (all five by default)
@@ -29,7 +29,7 @@
 # than 2 GiB), printing the input's path. Then: minimise it
 #   RUSTC_BOOTSTRAP=1 cargo fuzz tmin --target-dir ~/.cache/stoke/fuzz-target <target> <path>
 # fix the bug, and keep the minimised input in
-# core/tests/fuzz-regressions/<target>/crash-<what>.
+# data/tests/fuzz-regressions/<target>/crash-<what>.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$STOKE_REPO"
@@ -84,7 +84,7 @@ seed_corpora() {
   local target
   for target in "${TARGETS[@]}"; do
     mkdir -p "$CORPORA/$target"
-    cp core/tests/fuzz-regressions/"$target"/* "$CORPORA/$target/"
+    cp data/tests/fuzz-regressions/"$target"/* "$CORPORA/$target/"
   done
   seed_examples
 }

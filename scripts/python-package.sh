@@ -21,7 +21,7 @@ fi
 
 # Everything the extension module is compiled from.
 key="$(
-  { git ls-files -z -- python worker core client coordinator proto sdk build-helper Cargo.toml Cargo.lock \
+  { git ls-files -z -- python worker data core store client coordinator proto sdk build-helper Cargo.toml Cargo.lock \
       | sort -z | xargs -0 sha256sum; } | sha256sum | cut -c1-16
 )"
 wheels="$STOKE_CACHE/wheels"

@@ -13,8 +13,8 @@ cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -q -- -D warnings
 
-echo "== the coordinator and the stoke CLI do not link libtorch (nor Python)"
-for pkg in stoke-coordinator stoke-cli; do
+echo "== the coordinator, the stoke CLI and the data crate do not link libtorch (nor Python)"
+for pkg in stoke-coordinator stoke-cli stoke-data; do
   if cargo tree -p "$pkg" -e normal,build --prefix none | grep -Eq '^(tch|torch-sys|pyo3|pyo3-ffi) '; then
     echo "$pkg depends on tch/torch-sys/pyo3" >&2
     exit 1

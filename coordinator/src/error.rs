@@ -3,7 +3,8 @@
 //! (`InvalidArgument`, `FailedPrecondition`, `NotFound`).
 
 use stoke_core::refusal::Refusal;
-use stoke_core::{ConvError, PlanError, SpecError};
+use stoke_core::{ConvError, SpecError};
+use stoke_data::PlanError;
 use stoke_store::StoreError;
 use thiserror::Error;
 use tonic::Status;

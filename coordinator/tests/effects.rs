@@ -9,9 +9,9 @@ use stoke_coordinator::state::{
 };
 use stoke_coordinator::{CoordinatorConfig, CoordinatorError};
 use stoke_core::lease::{AcquireOutcome, Commit, Lease, Registration, Release, SessionEvent};
-use stoke_core::plan::plan_range;
 use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::JobSpec;
+use stoke_data::plan::plan_range;
 use stoke_store::StoreUri;
 use tokio::sync::mpsc;
 use tokio::time::Instant;

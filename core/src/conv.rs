@@ -748,7 +748,6 @@ fn require(value: &str, field: &'static str) -> Result<(), ConvError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::plan_range;
 
     #[test]
     fn lease_round_trips() {
@@ -756,7 +755,12 @@ mod tests {
             "[dataset]\nformat = \"range\"\ncount = 9\n[processor]\nname = \"p\"\n",
         )
         .expect("spec");
-        let shard = plan_range(9, 4).shards.remove(1);
+        let shard = Shard {
+            id: "s00001".into(),
+            records: Some(4),
+            source: ShardSource::Range { start: 4, end: 8 },
+            cut: None,
+        };
         let lease = Lease {
             job_id: "j".into(),
             token: 42,

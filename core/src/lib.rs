@@ -2,10 +2,8 @@
 //! links libtorch), the worker and the SDK.
 //!
 //! - [`spec`]: the job spec (TOML/JSON), strict parsing and validation;
-//! - [`plan`]: cutting a dataset into shards (Parquet row groups, JSON Lines
-//!   byte ranges, `files` objects, synthetic `range`);
-//! - [`float_list`]: the worker's fast Parquet decoder for fixed-size float
-//!   lists, here (libtorch-free) so that it is fuzzed;
+//! - [`plan`]: the shard plan a job stores and leases carry (cutting a
+//!   dataset into shards is `stoke-data`'s, ADR 011);
 //! - [`layout`]: where every durable object lives under the state root;
 //! - [`records`]: the durable JSON records (status, progress, manifest);
 //! - [`lease`]: leases, commits and releases as domain values;
@@ -15,17 +13,16 @@
 //! - [`report`]: a job's efficiency report (processor time by cause);
 //! - [`refusal`]: refusals a peer matches on, carried on gRPC statuses.
 //!
-//! Store URIs and stores are `stoke-store`'s (ADR 010). Tested by unit tests
+//! Store URIs and stores are `stoke-store`'s (ADR 010); the planners and
+//! the readers are `stoke-data`'s (ADR 011). Tested by unit tests
 //! next to the code, against `memory://` and temporary `file://` stores.
 
 pub mod conv;
 pub mod error;
-pub mod float_list;
 pub mod hints;
 pub mod layout;
 pub mod lease;
 pub mod logging;
-pub mod parquet_source;
 pub mod plan;
 pub mod progress;
 pub mod records;
@@ -35,7 +32,7 @@ pub mod schedule;
 pub mod security;
 pub mod spec;
 
-pub use error::{ConvError, PlanError, SpecError};
+pub use error::{ConvError, SpecError};
 
 /// The protocol version every conversation starts with. A peer with another
 /// version is refused with an error that names both. 2: a lease carries

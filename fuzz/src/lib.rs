@@ -1,6 +1,6 @@
 //! What each fuzz target checks, one function per target, so that the
 //! targets (`fuzz_targets/`) and the regression test that replays the kept
-//! inputs (`core/tests/fuzz_regressions.rs`, which includes this file as a
+//! inputs (`data/tests/fuzz_regressions.rs`, which includes this file as a
 //! module) run the same code.
 //!
 //! The property for every input: no panic, no abort, no unbounded
@@ -26,12 +26,13 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersi
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use stoke_core::float_list::{ChunkSource, FloatListColumn, FloatListField};
-use stoke_core::plan::{Plan, Shard, ShardSource, plan_range};
+use stoke_core::plan::{Plan, Shard, ShardSource};
 use stoke_core::records::{
     EpochRecord, LockRecord, Manifest, ProgressLog, ProgressRecord, StatusRecord,
 };
 use stoke_core::spec::{JobSpec, MAX_SHARDS};
+use stoke_data::float_list::{ChunkSource, FloatListColumn, FloatListField};
+use stoke_data::plan::plan_range;
 use stoke_proto::v1 as pb;
 use stoke_store::to_json_bytes;
 
@@ -81,7 +82,7 @@ pub fn plan(data: &[u8]) {
 }
 
 /// The worker's fast decoder for fixed-size float32 lists in Parquet
-/// (`stoke_core::float_list`), which parses pages by hand, against Arrow's
+/// (`stoke_data::float_list`), which parses pages by hand, against Arrow's
 /// reader as the oracle. The first byte chooses how the rest is read: even,
 /// the rest is a Parquet file as it is; odd, the rest describes a file to
 /// write (width, records, encodings, codec, page sizes, nulls) and then

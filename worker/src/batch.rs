@@ -1,35 +1,26 @@
-//! A batch as the processor sees it: record ids, the raw rows (Arrow), and
-//! helpers that turn numeric columns into tensors.
+//! A batch as the processor sees it: the rows a reader cut
+//! ([`RowBatch`]: record ids, the raw rows in Arrow, bad records left
+//! out), what the load stage made of them, and helpers that turn numeric
+//! columns into tensors.
 
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Float32Type;
-use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, StringArray};
+use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow_schema::DataType;
-use arrow_select::filter::{filter, filter_record_batch};
+use stoke_data::RowBatch;
 use tch::Tensor;
 
 use crate::error::WorkerError;
 
-/// A bad record left out under the job's error policy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkippedRecord {
-    pub id: String,
-    pub reason: String,
-}
+/// The reader's: a bad record left out under the job's error policy.
+pub use stoke_data::SkippedRecord;
 
 /// One batch of a shard.
 #[derive(Debug, Clone)]
 pub struct Batch {
-    ids: Arc<StringArray>,
-    rows: RecordBatch,
-    index: u64,
-    /// The record offset (in the shard's origin) of its first record.
-    offset: u64,
-    /// Records of this batch the reader could not decode (they are not in
-    /// `rows`); the worker applies the job's error policy to them.
-    skipped: Vec<SkippedRecord>,
+    rows: RowBatch,
     /// The collated output of the processor's `load` stage, when it has one.
     inputs: Option<Collated>,
     /// What a processor's own prepare stage ([`crate::processor`]'s
@@ -102,27 +93,24 @@ impl Collated {
     }
 }
 
-impl Batch {
-    pub fn new(ids: StringArray, rows: RecordBatch, index: u64) -> Self {
+impl From<RowBatch> for Batch {
+    fn from(rows: RowBatch) -> Self {
         Self {
-            ids: Arc::new(ids),
             rows,
-            index,
-            offset: 0,
-            skipped: Vec::new(),
             inputs: None,
             prepared: None,
         }
     }
+}
 
-    pub(crate) fn at_offset(mut self, offset: u64) -> Self {
-        self.offset = offset;
-        self
+impl Batch {
+    pub fn new(ids: StringArray, rows: RecordBatch, index: u64) -> Self {
+        Self::from(RowBatch::new(ids, rows, index))
     }
 
     /// The record offset (in the shard's origin) of its first record.
     pub(crate) fn offset(&self) -> u64 {
-        self.offset
+        self.rows.offset()
     }
 
     /// The collated samples of the processor's `load` stage (`None` when
@@ -150,11 +138,7 @@ impl Batch {
     /// float32 `[B, L]`, a mask and the lengths.
     pub fn padded(&self, name: &str, value: f64) -> Result<Collated, WorkerError> {
         let column = self.column(name)?;
-        let err = |message: String| WorkerError::Column {
-            batch_idx: self.index,
-            column: name.to_string(),
-            message,
-        };
+        let err = |message: String| self.column_error(name, message);
         let samples: Vec<Tensor> = (0..column.len())
             .map(|i| {
                 let row = match column.data_type() {
@@ -170,119 +154,69 @@ impl Batch {
         Collated::pad(&samples, value).map_err(err)
     }
 
-    pub(crate) fn with_skipped(mut self, skipped: Vec<SkippedRecord>) -> Self {
-        self.skipped = skipped;
-        self
-    }
-
     pub(crate) fn take_skipped(&mut self) -> Vec<SkippedRecord> {
-        std::mem::take(&mut self.skipped)
+        self.rows.take_skipped()
     }
 
     /// Input records this batch stands for: its rows and those the reader
     /// had to leave out.
     pub(crate) fn consumed(&self) -> u64 {
-        (self.rows.num_rows() + self.skipped.len()) as u64
+        self.rows.consumed()
     }
 
     /// The batch with only the rows where `keep` is true (same index).
     pub fn retain(&self, keep: &[bool]) -> Result<Batch, WorkerError> {
-        let mask = BooleanArray::from(keep.to_vec());
-        let rows = filter_record_batch(&self.rows, &mask).map_err(|e| WorkerError::Column {
-            batch_idx: self.index,
-            column: String::new(),
-            message: e.to_string(),
-        })?;
-        let ids = filter(self.ids.as_ref(), &mask).map_err(|e| WorkerError::Column {
-            batch_idx: self.index,
-            column: "id".to_string(),
-            message: e.to_string(),
-        })?;
-        let ids = ids.as_string::<i32>().clone();
-        Ok(Batch::new(ids, rows, self.index).at_offset(self.offset))
+        Ok(Batch::from(self.rows.retain(keep)?))
     }
 
     /// For a list column: each row's length (`None` for a null row). For
     /// other columns: 1 per non-null row.
     pub fn row_widths(&self, name: &str) -> Result<Vec<Option<usize>>, WorkerError> {
-        let column = self.column(name)?;
-        let widths = match column.data_type() {
-            DataType::FixedSizeList(_, w) => (0..column.len())
-                .map(|i| column.is_valid(i).then_some(*w as usize))
-                .collect(),
-            DataType::List(_) => {
-                let l = column.as_list::<i32>();
-                (0..l.len())
-                    .map(|i| l.is_valid(i).then(|| l.value_length(i) as usize))
-                    .collect()
-            }
-            DataType::LargeList(_) => {
-                let l = column.as_list::<i64>();
-                (0..l.len())
-                    .map(|i| l.is_valid(i).then(|| l.value_length(i) as usize))
-                    .collect()
-            }
-            _ => (0..column.len())
-                .map(|i| column.is_valid(i).then_some(1))
-                .collect(),
-        };
-        Ok(widths)
+        Ok(self.rows.row_widths(name)?)
     }
 
     /// The batch index within its shard (stable across retries).
     pub fn index(&self) -> u64 {
-        self.index
+        self.rows.index()
     }
 
     pub fn len(&self) -> usize {
-        self.rows.num_rows()
+        self.rows.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows.num_rows() == 0
+        self.rows.is_empty()
     }
 
     /// Record ids: the dataset's id column, or `<shard>:<offset>`.
     pub fn ids(&self) -> &StringArray {
-        &self.ids
+        self.rows.ids()
     }
 
     /// The ids as an Arrow array, ready to be an output column.
     pub fn ids_array(&self) -> ArrayRef {
-        Arc::clone(&self.ids) as ArrayRef
+        self.rows.ids_array()
     }
 
     /// The raw rows.
     pub fn rows(&self) -> &RecordBatch {
-        &self.rows
+        self.rows.rows()
     }
 
     pub fn column(&self, name: &str) -> Result<&ArrayRef, WorkerError> {
-        self.rows.column_by_name(name).ok_or_else(|| {
-            let have: Vec<_> = self
-                .rows
-                .schema()
-                .fields()
-                .iter()
-                .map(|f| f.name().clone())
-                .collect();
-            WorkerError::Column {
-                batch_idx: self.index,
-                column: name.to_string(),
-                message: format!("no such column (columns: {})", have.join(", ")),
-            }
-        })
+        Ok(self.rows.column(name)?)
     }
 
     /// A numeric column as a float32 tensor: `[B]` for scalars, `[B, D]` for
     /// lists (fixed-size, or variable lists that all have the same length).
     pub fn tensor(&self, name: &str) -> Result<Tensor, WorkerError> {
         let column = self.column(name)?;
-        column_to_tensor(column).map_err(|message| WorkerError::Column {
-            batch_idx: self.index,
-            column: name.to_string(),
-            message,
-        })
+        column_to_tensor(column).map_err(|message| self.column_error(name, message))
+    }
+
+    /// An error about `column` of this batch (`""`: the batch as a whole).
+    pub(crate) fn column_error(&self, column: &str, message: String) -> WorkerError {
+        WorkerError::Data(self.rows.column_error(column, message))
     }
 }
 

@@ -1,6 +1,7 @@
 //! The worker's errors.
 
 use stoke_core::refusal::Refusal;
+use stoke_data::DataError;
 use stoke_store::{StoreError, UriError};
 use thiserror::Error;
 
@@ -17,18 +18,10 @@ pub enum WorkerError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Uri(#[from] UriError),
-    #[error("reading shard {shard} ({source_uri}): {message}")]
-    Read {
-        shard: String,
-        source_uri: String,
-        message: String,
-    },
-    #[error("batch {batch_idx}: column {column:?}: {message}")]
-    Column {
-        batch_idx: u64,
-        column: String,
-        message: String,
-    },
+    /// Reading the shard, or a batch's column (`stoke-data`'s errors, as
+    /// they are).
+    #[error(transparent)]
+    Data(#[from] DataError),
     #[error("shard {shard}, batch {batch_idx}: {source}")]
     InBatch {
         shard: String,
@@ -75,6 +68,7 @@ impl WorkerError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Store(e) => e.is_transient(),
+            Self::Data(e) => e.is_transient(),
             Self::InBatch { source, .. } => source.is_transient(),
             _ => false,
         }

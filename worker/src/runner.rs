@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stoke_core::lease::{AcquireOutcome, Lease, Registration, Release};
+use stoke_data::batcher::BatchTx;
+use stoke_data::read::{ShardRead, read_shard};
 use stoke_store::Stores;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -21,7 +23,6 @@ use crate::link::{self, SessionState};
 use crate::pipeline::commit::Committer;
 use crate::pipeline::control::ShardControl;
 use crate::pipeline::process::{ProcMsg, ProcessorThread, ShardOutcome, ShardRun};
-use crate::pipeline::read::{ShardRead, read_shard};
 use crate::pipeline::stages::StageCounters;
 use crate::processor::Registry;
 use crate::session::{self, Active};
@@ -348,7 +349,7 @@ impl<L: CoordinatorLink> Worker<L> {
                     until: Some(control.until_handle()),
                     isolate: lease.isolate,
                 },
-                batch_tx,
+                BatchTx::new(batch_tx),
             ),
             span.clone(),
         ));

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use stoke_coordinator::{CoordinatorConfig, Inline};
 use stoke_core::lease::{AcquireOutcome, Commit, Lease, Registration, Release, SessionEvent};
-use stoke_core::plan::plan_dataset;
 use stoke_core::spec::JobSpec;
+use stoke_data::plan::plan_dataset;
 use stoke_store::{StoreUri, Stores};
 use tokio::sync::mpsc;
 

@@ -5,13 +5,13 @@
 use stoke_core::lease::{
     AcquireOutcome, Commit, Heartbeat, JobTerms, Registration, Release, SessionEvent, SessionGrant,
 };
-use stoke_core::plan::plan_dataset;
 use stoke_core::records::{
     CommittedOutputs, DeltaVersions, JobErrors, JobInfo, Manifest, SkippedRecord,
 };
 use stoke_core::report::EfficiencyReport;
 use stoke_core::schedule::ScheduleChange;
 use stoke_core::spec::JobSpec;
+use stoke_data::plan::plan_dataset;
 use stoke_store::{StoreError, StoreUri, Stores};
 use tokio::sync::{mpsc, oneshot};
 

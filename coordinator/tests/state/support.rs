@@ -12,13 +12,13 @@ pub use stoke_core::layout::{RootLayout, part_name};
 pub use stoke_core::lease::{
     AcquireOutcome, Commit, Lease, LeaseKey, Registration, Release, SessionEvent,
 };
-pub use stoke_core::plan::plan_dataset;
 pub use stoke_core::records::{
     EndedRecord, JobInfo, JobState, Manifest, ManifestEntry, OutputObject, ProgressRecord,
     StatusRecord,
 };
 pub use stoke_core::sha256_hex;
 pub use stoke_core::spec::JobSpec;
+pub use stoke_data::plan::plan_dataset;
 pub use stoke_store::{StoreUri, Stores};
 pub use tokio::sync::mpsc;
 pub use tokio::time::advance;

@@ -66,11 +66,7 @@ fn prepare(loader: &Loader, device: Device, batch: Batch) -> Result<Batch, Worke
     let threads = loader.threads.min(n).max(1);
     let per_thread = n.div_ceil(threads);
     let load = Arc::clone(&loader.load);
-    let err = |message: String| WorkerError::Column {
-        batch_idx: batch.index(),
-        column: String::new(),
-        message,
-    };
+    let err = |message: String| batch.column_error("", message);
     // Each thread loads a contiguous run of rows; results keep row order.
     let results: Vec<Result<Vec<Tensor>, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)

@@ -232,11 +232,9 @@ impl Prepare for LoadPool {
         });
         match submitted {
             Ok(pending) => Ok(batch.with_prepared(Arc::new(pending))),
-            Err(message) => Err(WorkerError::Column {
-                batch_idx: batch.index(),
-                column: String::new(),
-                message: format!("submitting records to load_fn: {message}"),
-            }),
+            Err(message) => {
+                Err(batch.column_error("", format!("submitting records to load_fn: {message}")))
+            }
         }
     }
 }

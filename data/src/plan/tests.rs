@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use super::*;
 use arrow_array::{Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field};

@@ -1,6 +1,6 @@
 //! Reading a shard: one module per dataset format ([`range`], [`parquet`],
 //! [`jsonl`], [`files`]), each pushing rows into the batcher
-//! (`pipeline/batcher.rs`), which cuts them into numbered batches.
+//! ([`crate::batcher`]), which cuts them into numbered batches.
 
 mod files;
 mod jsonl;
@@ -18,14 +18,14 @@ use self::files::read_files;
 use self::jsonl::read_jsonl;
 use self::parquet::read_parquet;
 use self::range::read_range;
-pub(crate) use self::shard::ShardRead;
+pub use self::shard::ShardRead;
 use self::shard::source_error;
-use crate::error::WorkerError;
-use crate::pipeline::batcher::{BatchTx, Emitter, Flow};
+use crate::batcher::{BatchTx, Emitter, Flow};
+use crate::error::DataError;
 
 /// Reads the shard and sends its batches; stops early when the receiver is
 /// gone (the attempt was aborted). Errors are sent as the last item.
-pub(crate) async fn read_shard(read: ShardRead, tx: BatchTx) {
+pub async fn read_shard(read: ShardRead, tx: BatchTx) {
     let bs = read.spec.batching.batch_size;
     let id_column = read
         .spec
@@ -103,12 +103,12 @@ pub(crate) async fn read_shard(read: ShardRead, tx: BatchTx) {
         Err(e) => Err(e),
     };
     if let Err(e) = result {
-        let _ = tx.send(Err(e)).await;
+        tx.send(Err(e)).await;
     }
 }
 
 /// The error a reader's panic becomes, with the panic's message.
-fn reader_panicked(shard: &str, panic: &(dyn Any + Send)) -> WorkerError {
+fn reader_panicked(shard: &str, panic: &(dyn Any + Send)) -> DataError {
     let message = panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -124,18 +124,19 @@ mod tests {
     use arrow_array::cast::AsArray;
     use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
     use arrow_schema::{DataType, Field, Schema};
-    use stoke_core::plan::plan_range;
     use stoke_core::spec::JobSpec;
     use stoke_store::{StoreUri, Stores};
     use tokio::sync::mpsc;
 
     use super::parquet::FAST_ROW_GROUPS;
     use super::*;
-    use crate::batch::Batch;
+    use crate::batch::RowBatch;
+    use crate::error::DataError;
+    use crate::plan::{plan_dataset, plan_range};
 
-    async fn collect(read: ShardRead) -> Vec<Batch> {
-        let (tx, mut rx) = mpsc::channel(4);
-        tokio::spawn(read_shard(read, tx));
+    async fn collect(read: ShardRead) -> Vec<RowBatch> {
+        let (tx, mut rx) = mpsc::channel::<Result<RowBatch, DataError>>(4);
+        tokio::spawn(read_shard(read, BatchTx::new(tx)));
         let mut out = Vec::new();
         while let Some(b) = rx.recv().await {
             out.push(b.expect("batch"));
@@ -160,7 +161,7 @@ mod tests {
         }
     }
 
-    fn batch_ids(batches: &[Batch]) -> Vec<(u64, u64, Vec<String>)> {
+    fn batch_ids(batches: &[RowBatch]) -> Vec<(u64, u64, Vec<String>)> {
         batches
             .iter()
             .map(|b| {
@@ -271,9 +272,7 @@ mod tests {
              [batching]\nbatch_size = 4\nmax_elements = 8\nlength_column = \"x\"\n"
         ))
         .expect("spec");
-        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
-            .await
-            .expect("plan");
+        let plan = plan_dataset(&spec, &stores).await.expect("plan");
         let read = |start_batch, start_record| ShardRead {
             stores: stores.clone(),
             spec: Arc::new(spec.clone()),
@@ -287,11 +286,11 @@ mod tests {
         // lengths 1 1 1 6 | 2 2 2 2 | 9 | 1 under budget 8, at most 4:
         // [1,1,1] (a 4th of 6 would pad to 24), [6], [2,2,2,2], [9], [1].
         let batches = collect(read(0, 0)).await;
-        let sizes: Vec<_> = batches.iter().map(Batch::len).collect();
+        let sizes: Vec<_> = batches.iter().map(RowBatch::len).collect();
         assert_eq!(sizes, vec![3, 1, 4, 1, 1]);
         // Resuming at batch 2 = record 4 cuts the same batches from there.
         let resumed = collect(read(2, 4)).await;
-        let sizes: Vec<_> = resumed.iter().map(Batch::len).collect();
+        let sizes: Vec<_> = resumed.iter().map(RowBatch::len).collect();
         assert_eq!(sizes, vec![4, 1, 1]);
         assert_eq!(resumed[0].index(), 2);
         assert_eq!(resumed[0].ids().value(0), "s00000:4");
@@ -360,7 +359,7 @@ mod tests {
         columns: &str,
         start_batch: u64,
         bs: u64,
-    ) -> Vec<Batch> {
+    ) -> Vec<RowBatch> {
         let stores = Stores::new();
         stores.put(uri, file).await.expect("put");
         let spec = JobSpec::from_toml(&format!(
@@ -368,9 +367,7 @@ mod tests {
              [processor]\nname = \"p\"\n[batching]\nbatch_size = {bs}\n[sharding]\nrecords = 1000\n"
         ))
         .expect("spec");
-        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
-            .await
-            .expect("plan");
+        let plan = plan_dataset(&spec, &stores).await.expect("plan");
         assert_eq!(plan.shards.len(), 1);
         collect(ShardRead {
             stores,
@@ -467,11 +464,9 @@ mod tests {
              [processor]\nname = \"p\"\n[batching]\nbatch_size = 16\n[sharding]\nrecords = 100000\n"
         ))
         .expect("spec");
-        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
-            .await
-            .expect("plan");
+        let plan = plan_dataset(&spec, &stores).await.expect("plan");
         let total: u64 = plan.shards.iter().filter_map(|s| s.records).sum();
-        let (tx, mut rx) = mpsc::channel(4);
+        let (tx, mut rx) = mpsc::channel::<Result<RowBatch, DataError>>(4);
         tokio::spawn(read_shard(
             ShardRead {
                 stores,
@@ -483,7 +478,7 @@ mod tests {
                 until: None,
                 isolate: None,
             },
-            tx,
+            BatchTx::new(tx),
         ));
         let mut records = 0u64;
         let mut error = None;
@@ -501,7 +496,7 @@ mod tests {
     #[tokio::test]
     async fn range_batches_are_exact_and_resume_at_a_batch() {
         let all = collect(range_read(10, 4, 0)).await;
-        let sizes: Vec<_> = all.iter().map(Batch::len).collect();
+        let sizes: Vec<_> = all.iter().map(RowBatch::len).collect();
         assert_eq!(sizes, vec![4, 4, 2]);
         assert_eq!(all[1].ids().value(0), "4");
         let resumed = collect(range_read(10, 4, 1)).await;
@@ -523,9 +518,7 @@ mod tests {
             "[dataset]\nformat = \"jsonl\"\nuri = \"{uri}\"\n[processor]\nname = \"p\"\n[batching]\nbatch_size = 3\n"
         ))
         .expect("spec");
-        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
-            .await
-            .expect("plan");
+        let plan = plan_dataset(&spec, &stores).await.expect("plan");
         let read = ShardRead {
             stores,
             spec: Arc::new(spec),
@@ -537,10 +530,13 @@ mod tests {
             isolate: None,
         };
         let batches = collect(read).await;
-        let sizes: Vec<_> = batches.iter().map(Batch::len).collect();
+        let sizes: Vec<_> = batches.iter().map(RowBatch::len).collect();
         assert_eq!(sizes, vec![3, 1]);
         assert_eq!(batches[0].ids().value(0), "s00000:3");
-        assert_eq!(batches[0].tensor("x").expect("tensor").size(), vec![3, 2]);
+        assert_eq!(
+            batches[0].row_widths("x").expect("widths"),
+            vec![Some(2); 3]
+        );
     }
 
     /// Reads every shard of a JSON Lines dataset planned from `text`.
@@ -550,7 +546,7 @@ mod tests {
         bytes: &str,
         batch_size: u64,
         counted: bool,
-    ) -> Vec<(String, Batch)> {
+    ) -> Vec<(String, RowBatch)> {
         let stores = Stores::new();
         let uri = StoreUri::parse(&format!("memory:///bad/{name}")).expect("uri");
         stores
@@ -562,9 +558,7 @@ mod tests {
              [batching]\nbatch_size = {batch_size}\n[sharding]\nbytes = \"{bytes}\"\n[errors]\npolicy = \"skip\"\n"
         ))
         .expect("spec");
-        let plan = stoke_core::plan::plan_dataset(&spec, &stores)
-            .await
-            .expect("plan");
+        let plan = plan_dataset(&spec, &stores).await.expect("plan");
         let spec = Arc::new(spec);
         let mut out = Vec::new();
         for shard in &plan.shards {
@@ -619,8 +613,14 @@ mod tests {
         let mut bad = Vec::new();
         for (shard, mut batch) in batches {
             good += batch.len();
-            // Every batch still has the columns, bad records or not.
-            let _ = batch.tensor("features").expect("features decode as floats");
+            // Every batch still has the columns, bad records or not, and
+            // its features decode as floats.
+            let features = batch.column("features").expect("features");
+            let DataType::List(item) = features.data_type() else {
+                panic!("features: {}", features.data_type());
+            };
+            assert!(item.data_type().is_floating(), "{item:?}");
+            assert_eq!(features.null_count(), 0);
             for s in batch.take_skipped() {
                 bad.push((shard.clone(), s));
             }

@@ -3,10 +3,11 @@
 
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 
-use super::{Plan, Shard, ShardSource, check_columns, shard_id, with_extension};
+use super::{check_columns, shard_id, with_extension};
 use crate::error::PlanError;
 use crate::parquet_source::ParquetSource;
-use crate::spec::JobSpec;
+use stoke_core::plan::{Plan, Shard, ShardSource};
+use stoke_core::spec::JobSpec;
 use stoke_store::{Listed, Stores};
 
 /// Groups each file's consecutive row groups until a group holds at least

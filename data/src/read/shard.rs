@@ -9,11 +9,11 @@ use stoke_core::plan::Shard;
 use stoke_core::spec::JobSpec;
 use stoke_store::Stores;
 
-use crate::error::WorkerError;
+use crate::error::DataError;
 
 /// Everything needed to read one shard from a batch index on.
 #[derive(Debug, Clone)]
-pub(crate) struct ShardRead {
+pub struct ShardRead {
     pub stores: Stores,
     pub spec: Arc<JobSpec>,
     pub shard: Shard,
@@ -30,8 +30,8 @@ pub(crate) struct ShardRead {
     pub isolate: Option<stoke_core::lease::Isolation>,
 }
 
-pub(crate) fn source_error(shard: &str, uri: &str, message: impl ToString) -> WorkerError {
-    WorkerError::Read {
+pub(crate) fn source_error(shard: &str, uri: &str, message: impl ToString) -> DataError {
+    DataError::Read {
         shard: shard.to_string(),
         source_uri: uri.to_string(),
         message: message.to_string(),

@@ -1,9 +1,11 @@
 //! Parquet datasets: a shard's row groups in order, each through the fast
-//! path for fixed-size float lists (`stoke_core::float_list`) when it has
+//! path for fixed-size float lists (`crate::float_list`) when it has
 //! such columns, else through Arrow's generic reader.
 
 use std::sync::Arc;
 
+use crate::float_list::{ChunkSource, FloatListColumn, FloatListField, NotFast};
+use crate::parquet_source::ParquetSource;
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::SchemaRef;
 use futures::StreamExt;
@@ -12,22 +14,20 @@ use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
 };
 use parquet::arrow::async_reader::{ParquetRecordBatchStream, ParquetRecordBatchStreamBuilder};
-use stoke_core::float_list::{ChunkSource, FloatListColumn, FloatListField, NotFast};
-use stoke_core::parquet_source::ParquetSource;
 use stoke_store::{StoreError, StoreUri};
 use tracing::debug;
 
-use crate::error::WorkerError;
-use crate::pipeline::batcher::{Emitter, Flow};
-use crate::pipeline::read::shard::{ShardRead, source_error};
+use crate::batcher::{Emitter, Flow};
+use crate::error::DataError;
+use crate::read::shard::{ShardRead, source_error};
 
 /// A Parquet error; a failed store read inside it stays a store error, so
 /// the attempt is known to have failed on the store, not on the data.
-fn parquet_error(shard: &str, uri: &str, e: parquet::errors::ParquetError) -> WorkerError {
+fn parquet_error(shard: &str, uri: &str, e: parquet::errors::ParquetError) -> DataError {
     match e {
         parquet::errors::ParquetError::External(inner) => {
             match inner.downcast::<object_store::Error>() {
-                Ok(store_error) => WorkerError::Store(StoreError::io("reading", uri, *store_error)),
+                Ok(store_error) => DataError::Store(StoreError::io("reading", uri, *store_error)),
                 Err(other) => source_error(shard, uri, other),
             }
         }
@@ -37,14 +37,14 @@ fn parquet_error(shard: &str, uri: &str, e: parquet::errors::ParquetError) -> Wo
 
 /// A Parquet shard: its row groups in order, each through the fast path
 /// for fixed-size float lists when it has such columns (see
-/// [`float_list`](stoke_core::float_list)), else (or from the first record the
+/// [`float_list`](crate::float_list)), else (or from the first record the
 /// fast path refuses) through Arrow's generic reader.
 pub(crate) async fn read_parquet(
     read: &ShardRead,
     emitter: &mut Emitter,
     uri: &str,
     row_groups: std::ops::Range<u64>,
-) -> Result<Flow, WorkerError> {
+) -> Result<Flow, DataError> {
     let err = |m: String| source_error(&read.shard.id, uri, m);
     let perr = |e: parquet::errors::ParquetError| parquet_error(&read.shard.id, uri, e);
     let store_uri = StoreUri::parse(uri)?;
@@ -182,7 +182,7 @@ async fn read_row_group(
     uri: &str,
     shape: &RowGroupShape,
     group: &RowGroupRead<'_>,
-) -> Result<Flow, WorkerError> {
+) -> Result<Flow, DataError> {
     let perr = |e: parquet::errors::ParquetError| parquet_error(&read.shard.id, uri, e);
     let skip = emitter.tail_offset().saturating_sub(group.first_record) as usize;
     let mut stream = group
@@ -215,7 +215,7 @@ impl FastColumns {
         store_uri: &StoreUri,
         shape: &RowGroupShape,
         group: &RowGroupRead<'_>,
-    ) -> Result<Result<Self, NotFast>, WorkerError> {
+    ) -> Result<Result<Self, NotFast>, DataError> {
         let rg = group.reader_meta.metadata().row_group(group.index);
         let rows = group.rows as usize;
         let local = store_uri.local_path();
@@ -323,7 +323,7 @@ async fn read_row_group_fast(
     store_uri: &StoreUri,
     shape: &RowGroupShape,
     group: &RowGroupRead<'_>,
-) -> Result<Result<Flow, NotFast>, WorkerError> {
+) -> Result<Result<Flow, NotFast>, DataError> {
     let uri = store_uri.to_string();
     let perr = |e: parquet::errors::ParquetError| parquet_error(&read.shard.id, &uri, e);
     let rows = group.rows as usize;

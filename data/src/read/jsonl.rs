@@ -10,9 +10,9 @@ use arrow_select::concat::concat_batches;
 use stoke_store::{StoreUri, Stores};
 
 use crate::batch::SkippedRecord;
-use crate::error::WorkerError;
-use crate::pipeline::batcher::{Emitter, Flow};
-use crate::pipeline::read::shard::{ShardRead, source_error};
+use crate::batcher::{Emitter, Flow};
+use crate::error::DataError;
+use crate::read::shard::{ShardRead, source_error};
 
 pub(crate) async fn read_jsonl(
     read: &ShardRead,
@@ -20,7 +20,7 @@ pub(crate) async fn read_jsonl(
     uri: &str,
     bytes: std::ops::Range<u64>,
     first_line: Option<u64>,
-) -> Result<Flow, WorkerError> {
+) -> Result<Flow, DataError> {
     let err = |m: String| source_error(&read.shard.id, uri, m);
     let schema = Arc::new(
         read.input_schema
@@ -36,7 +36,7 @@ pub(crate) async fn read_jsonl(
     let lines: Vec<(u64, &[u8])> = data
         .split(|&b| b == b'\n')
         .enumerate()
-        .filter(|(_, l)| stoke_core::plan::is_record_line(l))
+        .filter(|(_, l)| crate::plan::is_record_line(l))
         .map(|(i, l)| (i as u64, l))
         .collect();
     let mut lines_before = first_line;

@@ -15,11 +15,10 @@
 //! reader from the first record not yet sent, which also reports real
 //! corruption with its own error.
 //!
-//! The worker's Parquet reader (`worker/src/pipeline/read/parquet.rs`) is
-//! its one user. It lives in this libtorch-free crate so that it can be
-//! fuzzed: it parses untrusted pages by hand, and the `float_list` fuzz
-//! target (`fuzz/`, run by `scripts/fuzz.sh`) checks it against Arrow's
-//! reader as the oracle.
+//! The Parquet reader beside it (`read/parquet.rs`) is its one user. Both
+//! live in this libtorch-free crate so that it can be fuzzed: it parses
+//! untrusted pages by hand, and the `float_list` fuzz target (`fuzz/`, run
+//! by `scripts/fuzz.sh`) checks it against Arrow's reader as the oracle.
 //!
 //! One file of about 900 lines, past the usual 800 on purpose: it does one
 //! job (a column chunk's pages to fixed-size lists), its parts (levels,

@@ -11,14 +11,44 @@ use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Schema, SchemaRef};
 use arrow_select::concat::concat_batches;
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 
 use stoke_core::lease::Isolation;
 
-use crate::batch::{Batch, SkippedRecord};
-use crate::error::WorkerError;
+use crate::batch::{RowBatch, SkippedRecord};
+use crate::error::DataError;
 
-pub(crate) type BatchTx = mpsc::Sender<Result<Batch, WorkerError>>;
+/// Where a shard's batches go: a bounded channel of the receiver's own
+/// batch and error types (the worker's batches carry tensors too), so a
+/// batch is sent as it is cut, with no stage in between.
+#[derive(Clone)]
+pub struct BatchTx {
+    send: Arc<dyn Fn(Result<RowBatch, DataError>) -> BoxFuture<'static, bool> + Send + Sync>,
+}
+
+impl BatchTx {
+    /// Sends on `tx`, each batch and error converted to the channel's types.
+    pub fn new<B, E>(tx: mpsc::Sender<Result<B, E>>) -> Self
+    where
+        B: From<RowBatch> + Send + 'static,
+        E: From<DataError> + Send + 'static,
+    {
+        let send = move |item: Result<RowBatch, DataError>| {
+            let tx = tx.clone();
+            async move { tx.send(item.map(B::from).map_err(E::from)).await.is_ok() }.boxed()
+        };
+        Self {
+            send: Arc::new(send),
+        }
+    }
+
+    /// Sends `item`; false once the receiver is gone.
+    pub async fn send(&self, item: Result<RowBatch, DataError>) -> bool {
+        (self.send)(item).await
+    }
+}
 
 /// Whether a reader goes on: `Stop` once the receiver is gone.
 #[derive(Debug, PartialEq, Eq)]
@@ -68,7 +98,7 @@ struct Budget {
 /// Records per batch for a run of record lengths: as many as fit the budget
 /// (at least one) and at most `batch_size`. `None` when the run ends before
 /// a limit is reached (more records may still fit).
-pub(crate) fn budget_cut(lengths: &[u64], batch_size: usize, max_elements: u64) -> Option<usize> {
+fn budget_cut(lengths: &[u64], batch_size: usize, max_elements: u64) -> Option<usize> {
     let mut longest = 0u64;
     for (n, &len) in lengths.iter().enumerate() {
         if n == batch_size {
@@ -156,7 +186,7 @@ impl Emitter {
     }
 
     /// Queues rows at consecutive offsets after the last record pushed.
-    pub async fn push(&mut self, rows: RecordBatch) -> Result<Flow, WorkerError> {
+    pub async fn push(&mut self, rows: RecordBatch) -> Result<Flow, DataError> {
         let n = rows.num_rows() as u64;
         let offsets = (self.tail_offset..self.tail_offset + n).collect();
         self.push_at(rows, offsets, Vec::new()).await
@@ -168,7 +198,7 @@ impl Emitter {
         rows: RecordBatch,
         offsets: Vec<u64>,
         skipped: Vec<(u64, SkippedRecord)>,
-    ) -> Result<Flow, WorkerError> {
+    ) -> Result<Flow, DataError> {
         let last = offsets
             .last()
             .copied()
@@ -194,7 +224,7 @@ impl Emitter {
 
     /// Drops the rows and bad records at or past the shard's end; true
     /// once the reader has reached it.
-    fn clip(&mut self) -> Result<bool, WorkerError> {
+    fn clip(&mut self) -> Result<bool, DataError> {
         let until = self.until.load(Ordering::SeqCst);
         if self.tail_offset < until {
             return Ok(false);
@@ -218,7 +248,7 @@ impl Emitter {
 
     /// Emits every batch the pending rows complete (at the end, the rest,
     /// and a last batch for bad records after the last row).
-    async fn drain(&mut self, at_end: bool) -> Result<Flow, WorkerError> {
+    async fn drain(&mut self, at_end: bool) -> Result<Flow, DataError> {
         while !self.pending_offsets.is_empty() {
             let all = self.take_pending()?;
             let cut = match &self.budget {
@@ -269,7 +299,7 @@ impl Emitter {
         Ok(Flow::Continue)
     }
 
-    fn take_pending(&mut self) -> Result<RecordBatch, WorkerError> {
+    fn take_pending(&mut self) -> Result<RecordBatch, DataError> {
         let parts = std::mem::take(&mut self.pending);
         let empty = || {
             RecordBatch::new_empty(
@@ -299,7 +329,7 @@ impl Emitter {
         rows: RecordBatch,
         offsets: &[u64],
         end: u64,
-    ) -> Result<Flow, WorkerError> {
+    ) -> Result<Flow, DataError> {
         let ids = self.ids(&rows, offsets)?;
         let mut skipped = Vec::new();
         while self.skipped.front().is_some_and(|(o, _)| *o < end) {
@@ -307,20 +337,20 @@ impl Emitter {
                 skipped.push(s);
             }
         }
-        let batch = Batch::new(ids, rows, self.next_index)
+        let batch = RowBatch::new(ids, rows, self.next_index)
             .with_skipped(skipped)
             .at_offset(self.next_offset);
         debug_assert_eq!(batch.consumed(), end - self.next_offset);
         self.next_index += 1;
         self.next_offset = end;
-        Ok(if self.tx.send(Ok(batch)).await.is_err() {
-            Flow::Stop
-        } else {
+        Ok(if self.tx.send(Ok(batch)).await {
             Flow::Continue
+        } else {
+            Flow::Stop
         })
     }
 
-    fn ids(&self, rows: &RecordBatch, offsets: &[u64]) -> Result<StringArray, WorkerError> {
+    fn ids(&self, rows: &RecordBatch, offsets: &[u64]) -> Result<StringArray, DataError> {
         let Some(name) = &self.id_column else {
             let shard = &self.shard_id;
             return Ok(offsets
@@ -350,7 +380,7 @@ impl Emitter {
         Ok(ids)
     }
 
-    fn lengths(&self, rows: &RecordBatch, column: &str) -> Result<Vec<u64>, WorkerError> {
+    fn lengths(&self, rows: &RecordBatch, column: &str) -> Result<Vec<u64>, DataError> {
         let col = rows
             .column_by_name(column)
             .ok_or_else(|| self.read_error(format!("length column {column:?} is missing")))?;
@@ -384,15 +414,15 @@ impl Emitter {
         Ok(lengths)
     }
 
-    pub fn read_error(&self, message: String) -> WorkerError {
-        WorkerError::Read {
+    pub fn read_error(&self, message: String) -> DataError {
+        DataError::Read {
             shard: self.shard_id.clone(),
             source_uri: String::new(),
             message,
         }
     }
 
-    pub async fn finish(mut self) -> Result<Flow, WorkerError> {
+    pub async fn finish(mut self) -> Result<Flow, DataError> {
         self.drain(true).await
     }
 }

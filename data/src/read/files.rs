@@ -7,15 +7,15 @@ use arrow_array::{BinaryArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use stoke_store::StoreUri;
 
-use crate::error::WorkerError;
-use crate::pipeline::batcher::{Emitter, Flow};
-use crate::pipeline::read::shard::{ShardRead, source_error};
+use crate::batcher::{Emitter, Flow};
+use crate::error::DataError;
+use crate::read::shard::{ShardRead, source_error};
 
 pub(crate) async fn read_files(
     read: &ShardRead,
     emitter: &mut Emitter,
     uris: &[String],
-) -> Result<Flow, WorkerError> {
+) -> Result<Flow, DataError> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("uri", DataType::Utf8, false),
         Field::new("bytes", DataType::Binary, false),

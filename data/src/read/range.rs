@@ -5,14 +5,14 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 
-use crate::error::WorkerError;
-use crate::pipeline::batcher::{Emitter, Flow};
+use crate::batcher::{Emitter, Flow};
+use crate::error::DataError;
 
 pub(crate) async fn read_range(
     emitter: &mut Emitter,
     start: u64,
     end: u64,
-) -> Result<Flow, WorkerError> {
+) -> Result<Flow, DataError> {
     let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
     let mut from = start + emitter.tail_offset();
     while from < end {

@@ -3,9 +3,10 @@
 //! inferred from a sample (`schema.rs`).
 
 use super::schema::infer_jsonl_schema;
-use super::{Plan, Shard, ShardSource, check_columns, shard_id, with_extension};
+use super::{check_columns, shard_id, with_extension};
 use crate::error::PlanError;
-use crate::spec::JobSpec;
+use stoke_core::plan::{Plan, Shard, ShardSource};
+use stoke_core::spec::JobSpec;
 use stoke_store::{Listed, StoreUri, Stores};
 
 /// Byte offsets where shards of a `len`-byte object may start, one per

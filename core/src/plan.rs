@@ -1,0 +1,110 @@
+//! The shard plan as stored with a job (`plan.json`) and carried by
+//! leases: a job's shards, what each reads, and the part of its planned
+//! shard a split shard covers. Cutting a dataset into shards is
+//! `stoke-data`'s (`stoke_data::plan`); the plan is stored with the job,
+//! so a resumed job sees exactly the same shards and the same batch
+//! numbering.
+
+use std::sync::Arc;
+
+use arrow_schema::Schema;
+use serde::{Deserialize, Serialize};
+
+/// The shards of a job, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub shards: Vec<Shard>,
+    /// Total input records when known up front (JSON Lines: when the
+    /// objects were small enough to count their lines at plan time).
+    pub records_total: Option<u64>,
+    /// JSON Lines: the schema inferred at plan time, so every worker decodes
+    /// every shard the same way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jsonl_schema: Option<Schema>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    pub id: String,
+    /// Records in the shard when known.
+    pub records: Option<u64>,
+    pub source: ShardSource,
+    /// Set once the shard took part in a split (see [`Cut`]): which
+    /// records of its source it covers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<Cut>,
+}
+
+/// The part of a planned shard's records a shard covers after splits.
+///
+/// A split keeps the planned shard's source and record offsets, so the
+/// records keep their ids (`<origin>:<offset>`) and both halves cut the
+/// same batches the unsplit shard would have: the holder stops at
+/// `until_record`, and the new shard reads the same source from
+/// `from_record` on, numbering its first batch `first_batch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cut {
+    /// The planned shard whose source and record offsets this one shares.
+    pub origin: String,
+    /// The first record (offset in the origin) of this shard.
+    pub from_record: u64,
+    /// The record (offset in the origin) this shard stops before.
+    pub until_record: u64,
+    /// The batch index of its first batch.
+    pub first_batch: u64,
+}
+
+impl Shard {
+    /// The shard whose records' offsets (and generated ids) this one uses.
+    pub fn origin(&self) -> &str {
+        self.cut.as_ref().map_or(&self.id, |c| &c.origin)
+    }
+
+    /// The first record of this shard, as an offset in its origin.
+    pub fn from_record(&self) -> u64 {
+        self.cut.as_ref().map_or(0, |c| c.from_record)
+    }
+
+    /// The offset in its origin this shard stops before, when split.
+    pub fn until_record(&self) -> Option<u64> {
+        self.cut.as_ref().map(|c| c.until_record)
+    }
+
+    /// The batch index of its first batch.
+    pub fn first_batch(&self) -> u64 {
+        self.cut.as_ref().map_or(0, |c| c.first_batch)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ShardSource {
+    /// Records `start..end` of a synthetic range.
+    Range { start: u64, end: u64 },
+    /// Row groups `row_group_start..row_group_end` of one Parquet object.
+    Parquet {
+        uri: String,
+        row_group_start: u64,
+        row_group_end: u64,
+    },
+    /// Bytes `byte_start..byte_end` of one JSON Lines object; both ends sit
+    /// at line starts.
+    Jsonl {
+        uri: String,
+        byte_start: u64,
+        byte_end: u64,
+        /// Lines of the object before `byte_start` (blank ones included),
+        /// when counted at plan time: a bad record is then named by file
+        /// and line (`part-003.jsonl:101`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        first_line: Option<u64>,
+    },
+    /// Whole objects, one record each.
+    Files { uris: Vec<String> },
+}
+
+impl Plan {
+    pub fn shared(self) -> Arc<Plan> {
+        Arc::new(self)
+    }
+}
