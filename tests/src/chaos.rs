@@ -136,7 +136,7 @@ pub fn spec(dataset: &str, interval: u32) -> String {
 }
 
 mod check;
-pub use check::{ChaosReport, Comparison, compare, stray_outputs};
+pub use check::{ChaosReport, Comparison, compare, stray_outputs, stray_outputs_in};
 
 /// Torch's outputs for the records of `dataset` (the data folder, or one
 /// file of it, relative to the fixture), as `scripts/chaos_fixture.py`
@@ -195,6 +195,9 @@ pub struct ChaosPlan {
     /// For each progress threshold, and for the job to end after the last
     /// event.
     pub deadline: Duration,
+    /// `Some(commit)`: the job writes a Delta table (`[output] format =
+    /// "delta"` with this `commit`), which is read back with `deltalake`.
+    pub delta: Option<&'static str>,
 }
 
 impl ChaosPlan {
@@ -209,6 +212,16 @@ impl ChaosPlan {
             lease_timeout: LEASE_TIMEOUT,
             window: (0.04, 0.75),
             deadline: Duration::from_secs(240),
+            delta: None,
+        }
+    }
+
+    /// The CI-sized schedule, the job writing a Delta table with
+    /// `commit` ("end" or "checkpoint").
+    pub fn ci_delta(commit: &'static str) -> Self {
+        Self {
+            delta: Some(commit),
+            ..Self::ci()
         }
     }
 
@@ -302,7 +315,14 @@ pub fn run(plan: &ChaosPlan) -> ChaosReport {
     let mut cluster = Cluster::start("stoke-chaos-", &["--lease-timeout", &lease_timeout]);
     let root = cluster.root();
     println!("chaos: logs in {}", cluster.log_dir().display());
-    let job_id = cluster.submit_spec("chaos.toml", &spec("parquet", 4));
+    let table = file_uri(&cluster.path().join("table"));
+    let mut text = spec("parquet", 4);
+    if let Some(commit) = plan.delta {
+        text.push_str(&format!(
+            "\n[output]\nformat = \"delta\"\nuri = \"{table}\"\ncommit = \"{commit}\"\n"
+        ));
+    }
+    let job_id = cluster.submit_spec("chaos.toml", &text);
     let mut watch = cluster.coordinator.watch();
     let first = wait_until("the job's status", DEADLINE, || watch.info(&job_id));
     let total = first.records_total.unwrap_or(FIXTURE_RECORDS);
@@ -548,6 +568,11 @@ pub fn run(plan: &ChaosPlan) -> ChaosReport {
         panics,
         stray_outputs: 0,
         dataset_mismatch: None,
+        readers: if plan.delta.is_some() {
+            "deltalake (the Delta table)"
+        } else {
+            "pyarrow and DuckDB"
+        },
         records_total: total,
         comparison: Comparison::default(),
         job_wall,
@@ -556,10 +581,19 @@ pub fn run(plan: &ChaosPlan) -> ChaosReport {
     };
     if end.state == JobState::Succeeded {
         let committed = manifest(&root, &job_id);
-        report.stray_outputs = stray_outputs(&root, &job_id, &committed).len();
-        // What a user reading the folder with pyarrow or DuckDB gets.
-        report.dataset_mismatch =
-            crate::dataset_mismatch(&root.join("jobs").join(&job_id).join("outputs"), &committed);
+        if plan.delta.is_some() {
+            // What a user reading the table with deltalake gets.
+            let folder = crate::uri_path(&format!("{table}/stoke/{job_id}"));
+            report.stray_outputs = stray_outputs_in(&folder, &committed).len();
+            report.dataset_mismatch = crate::delta::delta_mismatch(&table, &committed);
+        } else {
+            report.stray_outputs = stray_outputs(&root, &job_id, &committed).len();
+            // What a user reading the folder with pyarrow or DuckDB gets.
+            report.dataset_mismatch = crate::dataset_mismatch(
+                &root.join("jobs").join(&job_id).join("outputs"),
+                &committed,
+            );
+        }
         let rows = committed_rows(&committed);
         report.comparison = compare(&rows, &reference("parquet"));
     }

@@ -10,6 +10,7 @@
 
 pub mod backend;
 pub mod chaos;
+pub mod delta;
 pub mod deploy;
 pub mod pt2;
 pub mod s3;

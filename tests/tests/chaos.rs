@@ -30,6 +30,20 @@ fn chaos_ci_schedule_commits_every_record_exactly_once() {
     check(&ChaosPlan::ci());
 }
 
+/// The CI schedule with the job writing a Delta table, one commit at the
+/// end: read back with `deltalake`, every record once.
+#[test]
+fn chaos_ci_schedule_into_a_delta_table_commits_every_record_exactly_once() {
+    check(&ChaosPlan::ci_delta("end"));
+}
+
+/// The same with a Delta commit per progress group: the coordinator's
+/// restarts land between groups and their Delta commits.
+#[test]
+fn chaos_ci_schedule_into_a_delta_table_per_checkpoint_commits_every_record_exactly_once() {
+    check(&ChaosPlan::ci_delta("checkpoint"));
+}
+
 /// The full schedule: 20 worker kill -9, 5 SIGTERM, 3 coordinator kill -9 +
 /// restart, 1 SIGSTOP past the lease. Run by `scripts/chaos.sh`.
 #[test]

@@ -6,43 +6,13 @@
 //! crashes, and two jobs must be able to share one table.
 
 use std::collections::HashMap;
-use std::process::Command;
 
-use serde::Deserialize;
+use stoke_tests::delta::{self, Table};
 use stoke_tests::*;
-
-/// What `scripts/read_delta.py` reads from a table.
-#[derive(Debug, Deserialize)]
-struct Table {
-    version: u64,
-    rows: Vec<(String, Option<i64>)>,
-    files: Vec<String>,
-    txns: HashMap<String, Option<i64>>,
-    schema: Vec<String>,
-    commits: Vec<Commit>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Commit {
-    version: u64,
-    engine: Option<String>,
-}
 
 /// Reads the table at `uri` with `deltalake`, and each job's txn version.
 fn read_table(env: &TestEnv, uri: &str, jobs: &[&str]) -> Table {
-    let out = Command::new(python())
-        .arg(repo_root().join("scripts/read_delta.py"))
-        .arg(uri)
-        .args(jobs)
-        .envs(env.store_env())
-        .output()
-        .expect("running scripts/read_delta.py");
-    assert!(
-        out.status.success(),
-        "read_delta.py {uri}: {}",
-        text(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("read_delta.py json")
+    delta::read_table(uri, jobs, &env.store_env())
 }
 
 /// The fixture job (3,000 records in 8 shards) writing to the Delta table
@@ -79,11 +49,6 @@ fn assert_rows_match_reference(table: &Table, times: usize) {
     assert_eq!(table.rows.len(), reference.len() * times);
 }
 
-/// The versions of the table's commits, oldest first.
-fn job_versions(table: &Table) -> Vec<u64> {
-    table.commits.iter().map(|c| c.version).collect()
-}
-
 /// The coordinator stops at `coordinator::after_delta_commit` (the Delta
 /// commit made, not yet recorded: as `kill -9` there would), then starts
 /// again: the job succeeds and the table holds each record once.
@@ -118,7 +83,7 @@ fn crash_after_the_delta_commit(env: &TestEnv, commit: &str) {
     let versions = manifest.delta.expect("the manifest's delta").versions;
     assert_eq!(
         versions,
-        job_versions(&table),
+        table.versions(),
         "{commit}: every version is the job's"
     );
     if commit == "end" {
@@ -141,7 +106,7 @@ backend_tests! {
         assert!(table.commits.len() > 1, "{:?}", table.commits);
         let manifest = env.manifest(&job);
         let delta = manifest.delta.expect("the manifest's delta");
-        assert_eq!(delta.versions, job_versions(&table));
+        assert_eq!(delta.versions, table.versions());
         // The last txn is the job's highest progress seq.
         assert!(table.txns[&job].is_some());
     }
@@ -152,6 +117,30 @@ backend_tests! {
 
     fn with_commit_checkpoint_a_crash_after_a_delta_commit_adds_nothing_twice(env) {
         crash_after_the_delta_commit(&env, "checkpoint");
+    }
+
+    fn failed_delta_commits_and_lost_answers_add_each_object_once(env) {
+        // A quarter of the Delta commits fail before they are made, and a
+        // quarter land but report a failure: the next commit must add what
+        // the table lacks, and only that.
+        let table_uri = env.uri("tables/lost");
+        let coordinator = env.coordinator_with_env(
+            &[],
+            &[(
+                "FAILPOINTS",
+                "coordinator::before_delta_commit=25%return;coordinator::delta_answer_lost=25%return",
+            )],
+        );
+        let spec = delta_spec(&env, "job.toml", &table_uri, "commit = \"checkpoint\"");
+        let job = coordinator.submit(&spec);
+        let _w = coordinator.worker("stoke-worker", "w1", env.dir());
+        coordinator.wait_success(&job);
+        let table = read_table(&env, &table_uri, &[&job]);
+        assert_rows_match_reference(&table, 1);
+        assert!(
+            coordinator.all_logs().contains("a Delta commit failed"),
+            "the fault point never fired"
+        );
     }
 
     fn two_jobs_append_to_one_table_at_once(env) {
@@ -169,7 +158,7 @@ backend_tests! {
         let vb = env.manifest(&b).delta.expect("delta").versions;
         let mut all: Vec<u64> = va.iter().chain(&vb).copied().collect();
         all.sort_unstable();
-        assert_eq!(all, job_versions(&table), "each version is one job's");
+        assert_eq!(all, table.versions(), "each version is one job's");
     }
 
     fn a_table_with_other_columns_fails_the_job_naming_both_schemas(env) {
@@ -209,8 +198,7 @@ backend_tests! {
         assert_rows_match_reference(&table, 1);
         // One commit: the table's creation with every file of the job.
         assert_eq!(table.version, 0, "{:?}", table.commits);
-        let versions: Vec<u64> = table.commits.iter().map(|c| c.version).collect();
-        assert_eq!(versions, [0]);
+        assert_eq!(table.versions(), [0]);
         assert!(
             table.commits[0].engine.as_deref().is_some_and(|e| e.starts_with("stoke/")),
             "{:?}",

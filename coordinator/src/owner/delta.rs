@@ -11,8 +11,8 @@
 //! another writer (another job appending to the same table) is retried on
 //! a fresh snapshot, which reads the txn version again.
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use delta_kernel::arrow::array::{
     Array, ArrayRef, BooleanArray, Int64Array, MapBuilder, MapFieldNames, RecordBatch, StringArray,
@@ -103,6 +103,11 @@ pub struct Appended {
 /// schema if it has no log yet). Runs the kernel on a blocking thread.
 pub async fn append(stores: &Stores, append: DeltaAppend) -> Result<Appended, DeltaError> {
     let table = append.table.clone();
+    // One commit at a time per table from this coordinator: its jobs do
+    // not conflict with each other, and do not rely on the store's
+    // create-only write being atomic among themselves.
+    let lock = table_lock(&table);
+    let _turn = lock.lock().await;
     let job_id = append.job_id.clone();
     let (store, _) = stores.resolve(&table)?;
     let exists = !stores.list(&log_folder(&table)).await?.is_empty();
@@ -120,6 +125,18 @@ pub async fn append(stores: &Stores, append: DeltaAppend) -> Result<Appended, De
         version: committed.version,
         prior,
     })
+}
+
+/// The lock of one table's commits (one per table URI, for the life of
+/// the process: a coordinator writes to a handful of tables).
+fn table_lock(table: &StoreUri) -> Arc<tokio::sync::Mutex<()>> {
+    static LOCKS: LazyLock<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>> =
+        LazyLock::new(Default::default);
+    let mut locks = LOCKS.lock().unwrap_or_else(|p| p.into_inner());
+    locks
+        .entry(table_url(table))
+        .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+        .clone()
 }
 
 /// What the blocking part did: the version it made, and the job's txn
@@ -183,15 +200,22 @@ fn commit_blocking(
                 });
             };
             exists = true;
-            let mut txn = create_table(&url, table_schema(&schema), ENGINE_INFO, true)
+            let adds = add_files(&table, &objects)?;
+            let created = create_table(&url, table_schema(&schema), ENGINE_INFO, true)
                 .with_transaction_id(job_id.clone(), txn_version)
                 .build(&engine, Box::new(FileSystemCommitter::new()))
-                .map_err(err)?;
-            txn.add_files(add_files(&table, &objects)?);
-            match txn.commit(&engine) {
+                .and_then(|mut txn| {
+                    txn.add_files(adds);
+                    txn.commit(&engine)
+                });
+            match created {
                 Ok(CommitResult::Committed(done)) => Ok(done.commit_version()),
-                // Another writer created it first.
-                Ok(_) => Err(()),
+                // Another writer created it first: append to it.
+                Ok(_)
+                | Err(
+                    delta_kernel::KernelError::TableAlreadyExistsAtPath(_)
+                    | delta_kernel::KernelError::FileAlreadyExists(_),
+                ) => Err(()),
                 Err(e) => return Err(err(e)),
             }
         } else {

@@ -294,9 +294,17 @@ async fn commit_to_table(
 async fn delta_write(write: DeltaWrite, stores: &Stores) -> Result<()> {
     let DeltaWrite { append, record } = write;
     let table = append.table.clone();
+    fail::fail_point!("coordinator::before_delta_commit", |_| Err(
+        CoordinatorError::Recovery("fault point: a Delta commit failed".into())
+    ));
     let appended = delta::append(stores, append).await?;
     if appended.version.is_some() {
         fail::fail_point!("coordinator::after_delta_commit", |_| std::process::abort());
+        // Fault injection: the commit landed, but the answer is lost (a
+        // connection broken after the store took the write).
+        fail::fail_point!("coordinator::delta_answer_lost", |_| Err(
+            CoordinatorError::Recovery("fault point: a Delta commit's answer was lost".into())
+        ));
     }
     let made = appended.version.into_iter().chain(appended.prior);
     record_versions(stores, &record, &table, made).await?;

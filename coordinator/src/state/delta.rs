@@ -5,10 +5,12 @@
 //! and hands them to the owner as an [`Io::Delta`]; a failed commit keeps
 //! them for the next try (the next group or tick).
 //!
-//! The first Delta commit after a coordinator (re)start *reconciles*: it
-//! hands over every committed object of the job, and the owner adds only
-//! those the table lacks, so objects stored in a group just before a crash
-//! still reach the table, once. The job's finish reconciles again.
+//! The first Delta commit after a coordinator (re)start, and the one after
+//! a failed commit (whose answer may have been lost after it landed),
+//! *reconciles*: it hands over every committed object of the job, and the
+//! owner adds only those the table lacks, so objects stored in a group just
+//! before a crash still reach the table, once. The job's finish reconciles
+//! again.
 
 use std::collections::HashSet;
 
@@ -99,7 +101,7 @@ impl State {
                 table: target.table.clone(),
                 job_id: job_id.to_string(),
                 seq: log.seq,
-                objects: objects.clone(),
+                objects,
                 reconcile,
             },
             record: job.layout.delta_versions(),
@@ -108,21 +110,14 @@ impl State {
             Io::Delta(Box::new(write)),
             Then::Delta {
                 job_id: job_id.to_string(),
-                objects,
                 reconcile,
             },
         );
     }
 
-    /// A Delta commit of the job is made, or not: a failed one's objects
-    /// wait for the next try; a refusal (another schema) fails the job.
-    pub(super) fn delta_written(
-        &mut self,
-        job_id: &str,
-        objects: Vec<OutputObject>,
-        reconcile: bool,
-        result: Result<()>,
-    ) {
+    /// A Delta commit of the job is made, or not: after a failed one the
+    /// next reconciles; a refusal (another schema) fails the job.
+    pub(super) fn delta_written(&mut self, job_id: &str, reconcile: bool, result: Result<()>) {
         let Some(log) = self.jobs.get_mut(job_id).and_then(|j| j.delta_log.as_mut()) else {
             return;
         };
@@ -135,12 +130,11 @@ impl State {
                 self.fail_job(job_id, e.to_string());
             }
             Err(e) => {
-                warn!(job = %job_id, error = %e, "a Delta commit failed; its objects go in the next one");
-                if !reconcile {
-                    let later = std::mem::take(&mut log.pending);
-                    log.pending = objects;
-                    log.pending.extend(later);
-                }
+                // A commit whose answer was lost may have landed: the next
+                // one reconciles (adds only what the table lacks), so its
+                // objects are not added twice.
+                warn!(job = %job_id, error = %e, "a Delta commit failed; the next one adds what the table lacks");
+                log.reconciled = false;
             }
         }
         self.finish_if_done(job_id);

@@ -62,7 +62,7 @@ use std::sync::Arc;
 use stoke_core::layout::{JobLayout, RootLayout};
 use stoke_core::lease::{Release, SessionEvent, StageTotals};
 use stoke_core::plan::Plan;
-use stoke_core::records::{JobState, OutputObject, ProgressRecord};
+use stoke_core::records::{JobState, ProgressRecord};
 use stoke_core::schedule::Schedule;
 use stoke_core::spec::{DeltaCommit, JobSpec};
 use stoke_store::{StoreUri, Stores};
@@ -688,11 +688,7 @@ impl State {
             Then::Report { job_id } => self.report_written(&job_id, result),
             Then::ReportSaved { job_id } => self.report_saved(&job_id, result),
             Then::EndedSaved { job_id } => self.ended_saved(&job_id, result),
-            Then::Delta {
-                job_id,
-                objects,
-                reconcile,
-            } => self.delta_written(&job_id, objects, reconcile, result),
+            Then::Delta { job_id, reconcile } => self.delta_written(&job_id, reconcile, result),
             Then::Crashed(crashed) => self.crash_stored(*crashed, result),
             Then::Group(commits) => self.group_failed(commits, &mismatch()),
             Then::Snapshot { job_id, uri } => {
@@ -779,12 +775,9 @@ enum Then {
     Group(Vec<commit::Committing>),
     /// A snapshot of the job's progress is stored (or not).
     Snapshot { job_id: String, uri: StoreUri },
-    /// A Delta commit of the job is made (or not): `objects` were in it.
-    Delta {
-        job_id: String,
-        objects: Vec<OutputObject>,
-        reconcile: bool,
-    },
+    /// A Delta commit of the job is made (or not); `reconcile`: it added
+    /// only what the table lacked.
+    Delta { job_id: String, reconcile: bool },
 }
 
 /// A failed attempt whose progress record is being stored.

@@ -109,12 +109,17 @@ pub fn compare(
 /// Files under the job's outputs folder that the manifest does not list
 /// (what uncommitted attempts wrote must be gone when the job succeeds).
 pub fn stray_outputs(root: &Path, job_id: &str, manifest: &Manifest) -> Vec<PathBuf> {
+    stray_outputs_in(&root.join("jobs").join(job_id).join("outputs"), manifest)
+}
+
+/// Files under `folder` that the manifest does not list.
+pub fn stray_outputs_in(folder: &Path, manifest: &Manifest) -> Vec<PathBuf> {
     let listed: std::collections::HashSet<PathBuf> = manifest
         .outputs
         .iter()
         .map(|o| uri_path(&o.object.uri))
         .collect();
-    files_under(&root.join("jobs").join(job_id).join("outputs"))
+    files_under(folder)
         .into_iter()
         .filter(|p| !listed.contains(p))
         .collect()
@@ -160,8 +165,11 @@ pub struct ChaosReport {
     /// Output files the manifest does not list.
     pub stray_outputs: usize,
     /// How the output folder, read as a Parquet dataset by pyarrow and
-    /// DuckDB, differs from the manifest's rows (`None`: it does not).
+    /// DuckDB (or the Delta table, read by deltalake), differs from the
+    /// manifest's rows (`None`: it does not).
     pub dataset_mismatch: Option<String>,
+    /// Who read the outputs back: "pyarrow and DuckDB", or "deltalake".
+    pub readers: &'static str,
     pub records_total: u64,
     pub comparison: Comparison,
     /// From the first worker's start to the job's success.
@@ -224,7 +232,7 @@ impl ChaosReport {
             p.push(format!("{} stray output files", self.stray_outputs));
         }
         if let Some(problem) = &self.dataset_mismatch {
-            p.push(format!("the output folder read as a dataset: {problem}"));
+            p.push(format!("the outputs read by {}: {problem}", self.readers));
         }
         if !self.comparison.ok() {
             p.push(format!(
@@ -297,9 +305,10 @@ impl fmt::Display for ChaosReport {
         writeln!(
             f,
             "  outputs as dataset: {}",
-            self.dataset_mismatch
-                .as_deref()
-                .unwrap_or("pyarrow and DuckDB read every committed record once, nothing else")
+            self.dataset_mismatch.clone().unwrap_or_else(|| format!(
+                "{} read every committed record once, nothing else",
+                self.readers
+            ))
         )?;
         for e in &c.examples {
             writeln!(f, "    e.g. {e}")?;
