@@ -22,6 +22,8 @@
 #                          #   (the slow process never given work)
 #   bench/run.sh split     # W1 with shard splitting on and off (--local 1 and 2),
 #                          #   against the floor
+#   bench/run.sh delta     # W1 with --local 2 writing Parquet objects vs a Delta
+#                          #   table (commit = "end", and "checkpoint"), interleaved
 #   bench/run.sh s3        # W1 with --local 2 on file:// vs the local S3 server,
 #                          #   and store requests per checkpoint (a counting proxy)
 #
@@ -41,9 +43,9 @@ set -euo pipefail
 
 what="${1:-all}"
 case "$what" in
-  all | w1 | scale | ragged | s3 | pt2 | python | split | straggler | straggler-late) ;;
+  all | w1 | scale | ragged | s3 | pt2 | python | split | delta | straggler | straggler-late) ;;
   *)
-    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python|split|straggler|straggler-late]" >&2
+    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python|split|delta|straggler|straggler-late]" >&2
     exit 2
     ;;
 esac
@@ -229,6 +231,17 @@ contender() {
         '"$0" --coordinator "$1" submit "$2" --job-id "$3" --wait && "$0" --coordinator "$1" report "$3" --json' \
         "$BIN/stoke" "$FLEET_ADDR" "$spec" "$name-r$round"
       ;;
+    stoke-local-2-delta | stoke-local-2-delta-checkpoint)
+      # The same job writing a Delta table (a fresh one each run, in the
+      # run's folder): one Delta commit at the end, or one per group.
+      local commit=end
+      [ "$name" = stoke-local-2-delta-checkpoint ] && commit=checkpoint
+      # W1's spec ends with its [output] section: replace it.
+      sed '/^\[output\]$/,$d' "$SPEC" >"$work/job.toml"
+      printf '[output]\nformat = "delta"\nuri = "file://%s/table"\ncommit = "%s"\n' "$work" "$commit" >>"$work/job.toml"
+      run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
+        "$BIN/stoke" run "$work/job.toml" --local 2 --device cpu --threads 1 --root "$work/root"
+      ;;
     stoke-local-2-pt2)
       # The same job with W1's model exported as a .pt2 package.
       run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
@@ -350,6 +363,15 @@ run_w1() {
   run_rounds "${contenders[@]}"
 }
 
+# W1 writing Parquet objects against a Delta table (commit at the end, and
+# per checkpoint group).
+run_delta() {
+  prepare_w1
+  rm -f "$RESULTS"
+  echo "not run (bench/run.sh delta)." >"$BENCH_DIR/ray-status.txt"
+  run_rounds stoke-local-2 stoke-local-2-delta stoke-local-2-delta-checkpoint
+}
+
 # W1 with shard splitting on (the default) and off, against the floor.
 run_split() {
   prepare_w1
@@ -440,6 +462,10 @@ case "$what" in
   split)
     rm -f "$BENCH_DIR/scale-results.txt"
     run_split
+    ;;
+  delta)
+    rm -f "$BENCH_DIR/scale-results.txt"
+    run_delta
     ;;
   ragged)
     "$BENCH_SRC/ragged.sh"
