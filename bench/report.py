@@ -30,6 +30,7 @@ ORDER = [
     ("stoke-local-1-nosplit", "(e) as (e) --local 1 --device cpu,cpu, shard splitting off"),
     ("stoke-local-2-nosplit", "(e) as (e) --local 2, shard splitting off"),
     ("stoke-local-2-pt2", "(f) as (e) --local 2, the model as a .pt2 package (AOTInductor)"),
+    ("stoke-local-2-base", "(e) as (e) --local 2, with another build (BENCH_BASE_BIN)"),
     ("stoke-local-2-delta", "(i) as (e) --local 2, into a Delta table, one commit at the end"),
     ("stoke-local-2-delta-checkpoint", "(i) as (e) --local 2, into a Delta table, one commit per group"),
     ("stoke-local-2-python", "(g) as (e) --local 2, through a Python processor (bench/w1_python_processor.py)"),
@@ -123,13 +124,18 @@ def w1_section(bench_dir):
             f"command), {job_ratio} in the job phase.",
             "",
         ]
-    for key in ("stoke-local-2-delta", "stoke-local-2-delta-checkpoint"):
-        if med.get("stoke-local-2") and med.get(key):
-            jobs = job_rate(by[key]), job_rate(by["stoke-local-2"])
+    # (this, against): this build vs the base build, a Delta table vs
+    # Parquet objects.
+    for this, against, what in (
+        ("stoke-local-2", "stoke-local-2-base", "This build vs the base build (BENCH_BASE_BIN)"),
+        ("stoke-local-2-delta", "stoke-local-2", "Delta table (commit = end) vs Parquet objects"),
+        ("stoke-local-2-delta-checkpoint", "stoke-local-2", "Delta table (commit = checkpoint) vs Parquet objects"),
+    ):
+        if med.get(this) and med.get(against):
+            jobs = job_rate(by[this]), job_rate(by[against])
             job_part = f", {jobs[0] / jobs[1]:.2f}x in the job phase" if all(jobs) else ""
             out += [
-                f"Delta table vs Parquet objects, {key}: {med[key] / med['stoke-local-2']:.2f}x "
-                f"records/s (median, whole command){job_part}.",
+                f"{what}, --local 2: {med[this] / med[against]:.2f}x records/s (median, whole command){job_part}.",
                 "",
             ]
     for n in ("1", "2"):

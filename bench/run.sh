@@ -24,6 +24,9 @@
 #                          #   against the floor
 #   bench/run.sh delta     # W1 with --local 2 writing Parquet objects vs a Delta
 #                          #   table (commit = "end", and "checkpoint"), interleaved
+#   BENCH_BASE_BIN=DIR bench/run.sh compare
+#                          # W1 with --local 2, this build vs another's binaries in
+#                          #   DIR (an older commit's target/release), and the floor
 #   bench/run.sh s3        # W1 with --local 2 on file:// vs the local S3 server,
 #                          #   and store requests per checkpoint (a counting proxy)
 #
@@ -43,9 +46,9 @@ set -euo pipefail
 
 what="${1:-all}"
 case "$what" in
-  all | w1 | scale | ragged | s3 | pt2 | python | split | delta | straggler | straggler-late) ;;
+  all | w1 | scale | ragged | s3 | pt2 | python | split | delta | compare | straggler | straggler-late) ;;
   *)
-    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python|split|delta|straggler|straggler-late]" >&2
+    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python|split|delta|compare|straggler|straggler-late]" >&2
     exit 2
     ;;
 esac
@@ -197,6 +200,13 @@ contender() {
     stoke-local-2)
       run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
         "$BIN/stoke" run "$SPEC" --local 2 --device cpu --threads 1 --root "$work/root"
+      ;;
+    stoke-local-2-base)
+      # As stoke-local-2, with another build's binaries (BENCH_BASE_BIN,
+      # e.g. an older commit's target/release): a change's cost, side by
+      # side in one run.
+      run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
+        "$BENCH_BASE_BIN/stoke" run "$SPEC" --local 2 --device cpu --threads 1 --root "$work/root"
       ;;
     stoke-local-1-nosplit | stoke-local-2-nosplit)
       # As without -nosplit, with shard splitting off ([sharding] split =
@@ -363,6 +373,19 @@ run_w1() {
   run_rounds "${contenders[@]}"
 }
 
+# W1 with --local 2 against the same with another build (BENCH_BASE_BIN),
+# and the floor.
+run_compare() {
+  [ -x "${BENCH_BASE_BIN:-}/stoke" ] || {
+    log "bench/run.sh compare needs BENCH_BASE_BIN, a folder with another build's stoke, stoke-worker and stoke-coordinator"
+    exit 2
+  }
+  prepare_w1
+  rm -f "$RESULTS"
+  echo "not run (bench/run.sh compare)." >"$BENCH_DIR/ray-status.txt"
+  run_rounds floor stoke-local-2 stoke-local-2-base
+}
+
 # W1 writing Parquet objects against a Delta table (commit at the end, and
 # per checkpoint group).
 run_delta() {
@@ -466,6 +489,10 @@ case "$what" in
   delta)
     rm -f "$BENCH_DIR/scale-results.txt"
     run_delta
+    ;;
+  compare)
+    rm -f "$BENCH_DIR/scale-results.txt"
+    run_compare
     ;;
   ragged)
     "$BENCH_SRC/ragged.sh"
