@@ -107,16 +107,18 @@ pub async fn append(stores: &Stores, append: DeltaAppend) -> Result<Appended, De
     // not conflict with each other, and do not rely on the store's
     // create-only write being atomic among themselves.
     let lock = table_lock(&table);
-    let _turn = lock.lock().await;
+    let mut known_to_exist = lock.lock().await;
     let job_id = append.job_id.clone();
     let (store, _) = stores.resolve(&table)?;
-    let exists = !stores.list(&log_folder(&table)).await?.is_empty();
+    // A table once seen does not go away: its log is listed once.
+    let exists = *known_to_exist || !stores.list(&log_folder(&table)).await?.is_empty();
     let committed = tokio::task::spawn_blocking(move || commit_blocking(store, append, exists))
         .await
         .map_err(|e| DeltaError::Task {
             table: table.to_string(),
             reason: e.to_string(),
         })??;
+    *known_to_exist = exists || committed.version.is_some();
     let prior = match committed.prior_txn {
         Some(txn) => version_with_txn(stores, &table, &job_id, txn).await?,
         None => None,
@@ -127,15 +129,16 @@ pub async fn append(stores: &Stores, append: DeltaAppend) -> Result<Appended, De
     })
 }
 
-/// The lock of one table's commits (one per table URI, for the life of
-/// the process: a coordinator writes to a handful of tables).
-fn table_lock(table: &StoreUri) -> Arc<tokio::sync::Mutex<()>> {
-    static LOCKS: LazyLock<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>> =
-        LazyLock::new(Default::default);
+/// The lock of one table's commits, holding whether the table is known to
+/// exist (one per table URI, for the life of the process: a coordinator
+/// writes to a handful of tables).
+fn table_lock(table: &StoreUri) -> Arc<tokio::sync::Mutex<bool>> {
+    type Locks = HashMap<String, Arc<tokio::sync::Mutex<bool>>>;
+    static LOCKS: LazyLock<Mutex<Locks>> = LazyLock::new(Default::default);
     let mut locks = LOCKS.lock().unwrap_or_else(|p| p.into_inner());
     locks
         .entry(table_url(table))
-        .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+        .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(false)))
         .clone()
 }
 
@@ -186,14 +189,22 @@ fn commit_blocking(
     // Objects without rows are scratch files (a processor's uploads), not
     // data files.
     let objects: Vec<OutputObject> = objects.into_iter().filter(|o| o.records > 0).collect();
-    let job_schema = match objects.first() {
-        Some(first) => Some(file_schema(&engine, first).map_err(err)?),
-        None => None,
+    // The files' schema, from the first one's footer: read only to
+    // create the table or for the job's first commit to it (later ones
+    // passed the check already).
+    let mut job_schema: Option<SchemaRef> = None;
+    let mut schema = |engine: &dyn Engine| -> Result<Option<SchemaRef>, DeltaError> {
+        if job_schema.is_none()
+            && let Some(first) = objects.first()
+        {
+            job_schema = Some(file_schema(engine, first).map_err(err)?);
+        }
+        Ok(job_schema.clone())
     };
     for _ in 0..MAX_CONFLICTS {
         let result = if !exists {
             // No log yet: create the table, with these files.
-            let Some(schema) = job_schema.clone() else {
+            let Some(schema) = schema(&engine)? else {
                 return Ok(Committed {
                     version: None,
                     prior_txn: None,
@@ -227,6 +238,7 @@ fn commit_blocking(
                     prior_txn,
                 });
             }
+            let first_of_job = prior_txn.is_none();
             let prior_txn = prior_txn.filter(|_| reconcile);
             let adding: Vec<OutputObject> = if reconcile {
                 let present = files_in(&snapshot, &engine, &table, &job_id).map_err(err)?;
@@ -244,8 +256,8 @@ fn commit_blocking(
                     prior_txn,
                 });
             }
-            if let Some(schema) = &job_schema {
-                check_schema(&table, &job_id, &snapshot.schema(), schema)?;
+            if first_of_job && let Some(files) = schema(&engine)? {
+                check_schema(&table, &job_id, &snapshot.schema(), &files)?;
             }
             let mut txn = snapshot
                 .update_table(UpdateTableOperation::Write, ENGINE_INFO, true)

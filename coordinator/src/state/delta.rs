@@ -73,8 +73,8 @@ impl State {
         };
         let finishing =
             matches!(job.phase, JobPhase::Finishing) || job.state == JobState::Succeeded;
-        let all: Vec<OutputObject>;
-        let Some(log) = job.delta_log.as_mut() else {
+        // Split borrows: the log changes while the shards are read.
+        let (shards, Some(log)) = (&job.shards, job.delta_log.as_mut()) else {
             return;
         };
         if log.in_flight || log.refused || finishing || (log.reconciled && log.pending.is_empty()) {
@@ -83,24 +83,20 @@ impl State {
         let reconcile = !log.reconciled;
         let objects = if reconcile {
             log.pending.clear();
-            all = job
-                .shards
+            shards
                 .iter()
                 .flat_map(|s| s.progress.outputs.iter().cloned())
-                .collect();
-            all
+                .collect()
         } else {
             std::mem::take(&mut log.pending)
         };
-        let Some(log) = job.delta_log.as_mut() else {
-            return;
-        };
         log.in_flight = true;
+        let seq = log.seq;
         let write = DeltaWrite {
             append: DeltaAppend {
                 table: target.table.clone(),
                 job_id: job_id.to_string(),
-                seq: log.seq,
+                seq,
                 objects,
                 reconcile,
             },
