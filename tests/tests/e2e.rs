@@ -576,14 +576,31 @@ fn a_lease_carries_its_jobs_spec_only_with_the_sessions_first_lease_of_it() {
         assert_eq!(other.spec_json, first.spec_json);
     });
     // The raw sessions are gone (their leases go back at once); a real
-    // worker runs the job over many leases, its spec sent once.
+    // worker runs the job over many leases, its spec sent once. Its kept
+    // terms forgotten (as past its cache's bound), every lease after the
+    // first asks GetJobTerms, and the job still succeeds.
     drop(rt);
-    let mut w = coordinator.worker("stoke-worker", "w1", tmp.path());
+    let mut w = coordinator.worker_with(
+        "stoke-worker",
+        "w1",
+        tmp.path(),
+        &[],
+        &[
+            ("FAILPOINTS", "worker::forget_terms=return"),
+            ("RUST_LOG", "info,stoke_worker=debug"),
+        ],
+    );
     coordinator.wait_success(&job_id);
     assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
     let manifest = stoke_sandbox::manifest(&root, &job_id);
     assert!(manifest.outputs.len() > 3, "{manifest:?}");
     assert_matches_reference(&committed_rows(&manifest));
+    let asked = w
+        .log_text()
+        .matches("asking for the terms of a job leased before")
+        .count();
+    // 3,000 records in shards of 400: 8 leases at least, 7 of them asking.
+    assert!(asked >= 7, "{asked} GetJobTerms calls:\n{}", w.log_text());
 }
 
 #[test]

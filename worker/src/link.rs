@@ -143,6 +143,11 @@ impl GrpcLink {
     }
 
     fn kept_terms(&self, job_id: &str) -> Option<JobTerms> {
+        // Fault injection for tests: every job's terms as if evicted, so
+        // each lease after a job's first asks for them.
+        if fail::eval("worker::forget_terms", |_| ()).is_some() {
+            return None;
+        }
         let kept = self.terms.lock().unwrap_or_else(|e| e.into_inner());
         kept.get(job_id).cloned()
     }
@@ -339,5 +344,49 @@ pub(crate) async fn current(
             LinkErrorKind::Transient,
             format!("no session with the coordinator within {deadline:?}"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link() -> GrpcLink {
+        // Lazily connected: nothing is dialled.
+        GrpcLink::new("http://127.0.0.1:9", &ClientSecurity::default()).expect("link")
+    }
+
+    fn terms(records: u64) -> JobTerms {
+        let spec = stoke_core::spec::JobSpec::from_toml(&format!(
+            "name = \"t\"\n[dataset]\nformat = \"range\"\ncount = 10\n\
+             [processor]\nname = \"p\"\n[sharding]\nrecords = {records}\n"
+        ))
+        .expect("spec");
+        JobTerms::from_wire(&spec.to_json(), "").expect("terms")
+    }
+
+    /// The kept terms are bounded: past `MAX_CACHED_TERMS` jobs the cache
+    /// starts over, and an evicted job's next lease asks `GetJobTerms`.
+    #[tokio::test]
+    async fn kept_terms_start_over_past_the_bound() {
+        let link = link();
+        for i in 0..MAX_CACHED_TERMS {
+            link.keep_terms(&format!("job-{i}"), terms(i as u64 + 1));
+        }
+        assert_eq!(
+            link.kept_terms("job-3").map(|t| t.spec.sharding.records),
+            Some(4)
+        );
+        // A kept job again does not evict anything.
+        link.keep_terms("job-3", terms(4));
+        assert!(link.kept_terms("job-0").is_some());
+        // One job more, and every other job's terms are gone.
+        link.keep_terms("job-new", terms(99));
+        assert!(link.kept_terms("job-0").is_none());
+        assert!(link.kept_terms("job-3").is_none());
+        assert_eq!(
+            link.kept_terms("job-new").map(|t| t.spec.sharding.records),
+            Some(99)
+        );
     }
 }
