@@ -26,6 +26,7 @@ fn job(id: &str, shards: u64, records: Option<u64>) -> JobInfo {
         schedule: Default::default(),
         crashes: 0,
         isolating: None,
+        already_done: None,
     }
 }
 

@@ -20,7 +20,7 @@ use clap::{Parser, Subcommand};
 use display::{exit, exit_code, jobs_table, print_job, print_status};
 use source::Source;
 use stoke_client::Client;
-use stoke_client::summary::{count, job_json};
+use stoke_client::summary::{already_done_line, count, job_json};
 use stoke_core::spec::JobSpec;
 use stoke_store::StoreUri;
 
@@ -269,6 +269,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                         job.job_id,
                         count(job.shards_total, "shard")
                     );
+                    if let Some(line) = already_done_line(&job) {
+                        println!("{line}");
+                    }
                 }
                 return Ok(exit::OK);
             }
@@ -280,6 +283,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     job.job_id,
                     count(job.shards_total, "shard")
                 );
+                if let Some(line) = already_done_line(&job) {
+                    eprintln!("{line}");
+                }
             }
             let job = watch::watch(&client, &job.job_id, watch::POLL).await?;
             print_job(&job, json);

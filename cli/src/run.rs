@@ -147,6 +147,9 @@ impl LocalRun {
             count(job.shards_total, "shard"),
             count(self.workers as u64, "worker"),
         );
+        if let Some(line) = stoke_client::summary::already_done_line(&job) {
+            eprintln!("{line}");
+        }
         if let Some(note) = idle_workers_note(&spec, &job, self.workers) {
             eprintln!("{note}");
         }

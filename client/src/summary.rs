@@ -28,6 +28,9 @@ pub fn total(job: &JobInfo) -> String {
     match (job.records_total, job.records_total_estimate) {
         (Some(n), _) => n.to_string(),
         (None, Some(n)) => format!("~{n} (estimated from bytes)"),
+        // A job with nothing to read (an incremental re-run with nothing
+        // new): the wire's 0 reads as unknown.
+        (None, None) if job.shards_total == 0 => "0".to_string(),
         (None, None) => "?".to_string(),
     }
 }
@@ -60,11 +63,27 @@ pub fn summary(job: &JobInfo) -> String {
     if let Some(what) = &job.isolating {
         let _ = writeln!(out, "isolating: {what}");
     }
+    if let Some(line) = already_done_line(job) {
+        let _ = writeln!(out, "{line}");
+    }
     let _ = writeln!(out, "outputs: {}", local_path(&job.output_uri));
     if let Some(m) = &job.manifest_uri {
         let _ = writeln!(out, "manifest: {}", local_path(m));
     }
     out
+}
+
+/// An incremental job's skipped inputs, in one line: "already done: 40
+/// input objects (1000000 records), skipped (incremental)".
+pub fn already_done_line(job: &JobInfo) -> Option<String> {
+    let done = job.already_done.filter(|d| d.objects > 0)?;
+    Some(format!(
+        "already done: {} input object{} ({} record{}), skipped (incremental)",
+        done.objects,
+        if done.objects == 1 { "" } else { "s" },
+        done.records,
+        if done.records == 1 { "" } else { "s" },
+    ))
 }
 
 /// A job as JSON, with the field names `stoke status --json` prints.
@@ -97,5 +116,10 @@ pub fn job_json(job: &JobInfo) -> serde_json::Value {
         "waiting": job.schedule.waiting,
         "crashes": job.crashes,
         "isolating": job.isolating,
+        // `[dataset] incremental = true`: inputs skipped as done.
+        "already_done": job.already_done.map(|a| serde_json::json!({
+            "objects": a.objects,
+            "records": a.records,
+        })),
     })
 }

@@ -478,6 +478,7 @@ mod tests {
             schedule: Default::default(),
             crashes: 2,
             isolating: None,
+            already_done: None,
         };
         let body = render(&[job], &snapshot).expect("render");
         assert_eq!(line(&body, "stoke_leases_granted_total"), Some("7"));

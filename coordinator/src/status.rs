@@ -563,6 +563,7 @@ mod tests {
                 schedule: Default::default(),
                 crashes: 0,
                 isolating: None,
+                already_done: None,
             },
             shards: ShardCounts::split(8, 3, 2, 1, 0),
             records_per_s: Some(100.0),

@@ -69,6 +69,10 @@ impl From<JobInfo> for pb::JobInfo {
             }),
             crashes: j.crashes,
             isolating: j.isolating.unwrap_or_default(),
+            already_done: j.already_done.map(|a| pb::AlreadyDone {
+                objects: a.objects,
+                records: a.records,
+            }),
         }
     }
 }
@@ -109,6 +113,10 @@ impl TryFrom<pb::JobInfo> for JobInfo {
                 .unwrap_or_default(),
             crashes: j.crashes,
             isolating: non_empty(j.isolating),
+            already_done: j.already_done.map(|a| crate::plan::AlreadyDone {
+                objects: a.objects,
+                records: a.records,
+            }),
         })
     }
 }
@@ -858,6 +866,10 @@ mod tests {
             },
             crashes: 3,
             isolating: Some("isolating a crash in shard s00001, batch 7 (2 crashes)".into()),
+            already_done: Some(crate::plan::AlreadyDone {
+                objects: 3,
+                records: 30,
+            }),
         };
         let back = JobInfo::try_from(pb::JobInfo::from(job.clone())).expect("convert");
         assert_eq!(back, job);

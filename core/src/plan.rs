@@ -5,6 +5,7 @@
 //! so a resumed job sees exactly the same shards and the same batch
 //! numbering.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow_schema::Schema;
@@ -21,6 +22,82 @@ pub struct Plan {
     /// every shard the same way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jsonl_schema: Option<Schema>,
+    /// `[dataset] incremental = true`: the objects this job reads, and
+    /// what it skipped as done by earlier jobs of its pipeline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incremental: Option<Box<Incremental>>,
+}
+
+/// An incremental job's inputs (ADR 013). The job's Delta commit records
+/// `inputs` as done for its pipeline, in the table, in the same commit as
+/// their rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incremental {
+    /// The pipeline's fingerprint (16 hex digits of a SHA-256): the table
+    /// keeps its done inputs in the domain `stoke.inputs.<fingerprint>`.
+    pub fingerprint: String,
+    /// What the fingerprint covers (processor, params, model objects), as
+    /// recorded beside the done inputs.
+    pub pipeline: serde_json::Value,
+    /// The objects this job reads.
+    pub inputs: Vec<InputObject>,
+    /// What it skipped.
+    pub already_done: AlreadyDone,
+}
+
+/// One input object as listed at plan time: a later object at the same
+/// URI with another size, entity tag or version is another object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputObject {
+    pub uri: String,
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e_tag: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+/// Inputs an incremental job skipped because earlier jobs of its pipeline
+/// processed them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlreadyDone {
+    pub objects: u64,
+    /// Their records, as the jobs that processed them counted.
+    pub records: u64,
+}
+
+/// A pipeline's done inputs, as its Delta table keeps them (the
+/// configuration of the domain `stoke.inputs.<fingerprint>`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DoneInputs {
+    /// What the fingerprint covers.
+    #[serde(default)]
+    pub pipeline: serde_json::Value,
+    /// By URI.
+    #[serde(default)]
+    pub inputs: BTreeMap<String, DoneInput>,
+}
+
+/// An input a pipeline's job processed fully, and what it was then.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DoneInput {
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e_tag: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Records read from it.
+    pub records: u64,
+    /// The job that processed it.
+    pub job: String,
+}
+
+impl DoneInput {
+    /// The same object as `input` (a changed one has another size, entity
+    /// tag or version).
+    pub fn is(&self, input: &InputObject) -> bool {
+        self.size == input.size && self.e_tag == input.e_tag && self.version == input.version
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

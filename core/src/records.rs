@@ -268,6 +268,9 @@ pub struct JobInfo {
     /// While the job isolates a crash: "isolating a crash in shard s00012,
     /// batch 7 (2 crashes)".
     pub isolating: Option<String>,
+    /// `[dataset] incremental = true`: the inputs skipped as done by
+    /// earlier jobs of the pipeline.
+    pub already_done: Option<crate::plan::AlreadyDone>,
 }
 
 /// How a job shares the fleet now, and why it waits (see
@@ -406,4 +409,7 @@ pub struct EndedRecord {
     /// failure or skipped records (what `stoke errors` lists).
     #[serde(default)]
     pub errors: Vec<ProgressRecord>,
+    /// An incremental job's inputs skipped as done before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub already_done: Option<crate::plan::AlreadyDone>,
 }

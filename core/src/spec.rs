@@ -179,6 +179,12 @@ pub struct DatasetSpec {
     /// file's folder.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub python_path: Vec<String>,
+    /// Skip the input objects that earlier succeeded jobs of the same
+    /// pipeline (processor, model, params) wrote to the output's Delta
+    /// table (`[output] format = "delta"`): a re-run processes only what
+    /// is new. The table records which inputs are done (ADR 013).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub incremental: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -855,6 +861,7 @@ impl JobSpec {
                 ),
             ));
         }
+        self.validate_incremental()?;
         let threshold = self.errors.crash_threshold;
         if threshold == 0 || threshold > MAX_CRASH_THRESHOLD {
             return Err(SpecError::invalid(
@@ -873,6 +880,43 @@ impl JobSpec {
             crate::schedule::validate_queue(queue)?;
         }
         Ok(())
+    }
+
+    /// `dataset.incremental` needs objects to skip and a Delta table to
+    /// record them in, committed at the end (see ADR 013).
+    fn validate_incremental(&self) -> Result<(), SpecError> {
+        if !self.dataset.incremental {
+            return Ok(());
+        }
+        let field = "dataset.incremental";
+        let format = self.dataset.format;
+        if matches!(format, DatasetFormat::Range | DatasetFormat::Python) {
+            return Err(SpecError::invalid(
+                field,
+                format!(
+                    "needs a dataset of objects to skip (parquet, jsonl or files), not format \"{}\"",
+                    format.as_str()
+                ),
+            ));
+        }
+        match self.output.delta() {
+            None => Err(SpecError::invalid(
+                field,
+                format!(
+                    "needs [output] format = \"delta\", not \"{}\": the table records which inputs are done",
+                    self.output.format.as_str()
+                ),
+            )),
+            Some(DeltaCommit::Checkpoint) => Err(SpecError::invalid(
+                field,
+                "needs [output] commit = \"end\": with \"checkpoint\", a job that fails leaves rows of inputs it did not finish in the table, and a re-run would add them again",
+            )),
+            Some(DeltaCommit::End) if self.output.uri.is_none() => Err(SpecError::invalid(
+                field,
+                "needs [output] uri, the table re-runs share (without it, each job writes a table of its own)",
+            )),
+            Some(DeltaCommit::End) => Ok(()),
+        }
     }
 
     fn validate_processor(&self) -> Result<(), SpecError> {

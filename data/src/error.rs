@@ -30,6 +30,17 @@ pub enum PlanError {
     },
     #[error("planning dataset {dataset}: {message}")]
     Invalid { dataset: String, message: String },
+    /// `[dataset] incremental = true`: objects an earlier job of the
+    /// pipeline processed have changed since; their old rows are in the
+    /// table.
+    #[error(
+        "planning dataset {dataset}: dataset.incremental: {count} input object(s) changed since an earlier job of this pipeline processed them, and their old rows are in the table: {objects}. Restore them, or write to another table ([output] uri)"
+    )]
+    Changed {
+        dataset: String,
+        count: usize,
+        objects: String,
+    },
     /// An object a processor param names (the built-in runner's `model`)
     /// is missing or unreadable: said at submit, not after retries.
     #[error("job spec: processor.params.{param}: {message}")]

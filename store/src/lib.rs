@@ -163,6 +163,23 @@ impl std::fmt::Display for StoreUri {
 pub struct Listed {
     pub uri: StoreUri,
     pub size: u64,
+    /// The store's entity tag of the object, when it gives one (S3, GCS
+    /// and Azure from the content or upload; local files from inode,
+    /// modification time and size): what tells a changed object apart.
+    pub e_tag: Option<String>,
+    /// The object's version, on a versioned bucket.
+    pub version: Option<String>,
+}
+
+impl Listed {
+    fn of(uri: StoreUri, meta: object_store::ObjectMeta) -> Self {
+        Self {
+            uri,
+            size: meta.size,
+            e_tag: meta.e_tag,
+            version: meta.version,
+        }
+    }
 }
 
 /// The version of an object as read, for a later compare-and-swap write.
@@ -302,12 +319,17 @@ impl Stores {
     }
 
     pub async fn size(&self, uri: &StoreUri) -> Result<u64, StoreError> {
+        Ok(self.head(uri).await?.size)
+    }
+
+    /// One object's size, entity tag and version.
+    pub async fn head(&self, uri: &StoreUri) -> Result<Listed, StoreError> {
         let (store, path) = self.resolve(uri)?;
         let meta = store
             .head(&path)
             .await
             .map_err(|e| StoreError::io("looking up", uri.as_str(), e))?;
-        Ok(meta.size)
+        Ok(Listed::of(uri.clone(), meta))
     }
 
     /// Writes an object, replacing what was there. Objects over the
@@ -590,17 +612,11 @@ impl Stores {
             .map_err(|e| StoreError::io("listing", prefix.as_str(), e))?;
         let mut out: Vec<Listed> = metas
             .into_iter()
-            .map(|m| Listed {
-                uri: prefix.with_object_path(&m.location),
-                size: m.size,
-            })
+            .map(|m| Listed::of(prefix.with_object_path(&m.location), m))
             .collect();
         if out.is_empty() && !prefix.as_str().ends_with('/') {
             match store.head(&path).await {
-                Ok(meta) => out.push(Listed {
-                    uri: prefix.clone(),
-                    size: meta.size,
-                }),
+                Ok(meta) => out.push(Listed::of(prefix.clone(), meta)),
                 Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(StoreError::io("looking up", prefix.as_str(), e)),
             }

@@ -261,4 +261,136 @@ backend_tests! {
         assert_eq!(table.txns[&job], Some(seq));
         assert_eq!(env.manifest(&second).delta.expect("delta").versions, [1]);
     }
+
+    fn an_incremental_rerun_processes_only_new_objects_and_refuses_changed_ones(env) {
+        incremental_rerun(&env);
+    }
+}
+
+/// The fixture's Parquet objects `names` (of part-0 .. part-4, 600
+/// records each) copied into this test's `data/` folder.
+fn put_inputs(env: &TestEnv, names: &[&str]) {
+    for name in names {
+        let bytes = std::fs::read(fixture().join("parquet").join(name)).expect("fixture object");
+        env.put(&env.uri(&format!("data/{name}")), bytes);
+    }
+}
+
+/// An incremental job over `data/` into the table at `table`.
+fn incremental_spec(env: &TestEnv, table: &str) -> String {
+    let text = with_dataset_line(
+        &fixture_model_spec("parquet", env.uri("data/"), env.fixture_uri("model.pt"), "").toml(),
+        "incremental = true",
+    );
+    env.write_spec(
+        "incremental.toml",
+        &format!("{text}\n[output]\nformat = \"delta\"\nuri = \"{table}\"\n"),
+    )
+}
+
+/// `spec` with `line` added to its `[dataset]` section.
+fn with_dataset_line(spec: &str, line: &str) -> String {
+    spec.replacen("[dataset]\n", &format!("[dataset]\n{line}\n"), 1)
+}
+
+/// Submits with `stoke submit --json`; the job as JSON.
+fn submit_json(coordinator: &Coordinator, spec: &str) -> serde_json::Value {
+    let out = coordinator.cli(&["submit", spec, "--json"]);
+    assert!(
+        out.status.success(),
+        "submit: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("submit --json")
+}
+
+/// Run, add objects, run again: only the new objects are processed;
+/// nothing new, nothing to do; a changed object is refused by name.
+fn incremental_rerun(env: &TestEnv) {
+    let table_uri = env.uri("tables/nightly");
+    let coordinator = env.coordinator(&[]);
+    let spec = incremental_spec(env, &table_uri);
+
+    // The first night: 3 objects.
+    put_inputs(env, &["part-0.parquet", "part-1.parquet", "part-2.parquet"]);
+    let first = submit_json(&coordinator, &spec);
+    let first_id = first["job_id"].as_str().expect("job id").to_string();
+    assert_eq!(first["already_done"]["objects"], 0, "{first}");
+    let _w1 = coordinator.worker("stoke-worker", "w1", env.dir());
+    coordinator.wait_success(&first_id);
+    assert_eq!(env.manifest(&first_id).records_in, 1800);
+
+    // Two new objects: only they are processed.
+    put_inputs(env, &["part-3.parquet", "part-4.parquet"]);
+    let out = coordinator.cli(&["submit", &spec]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("already done: 3 input objects (1800 records), skipped (incremental)"),
+        "{text}"
+    );
+    let second_id = text
+        .split_whitespace()
+        .nth(2)
+        .and_then(|s| s.strip_suffix(':'))
+        .expect("submitted job <id>:")
+        .to_string();
+    let _w2 = coordinator.worker("stoke-worker", "w2", env.dir());
+    coordinator.wait_success(&second_id);
+    let manifest = env.manifest(&second_id);
+    assert_eq!(manifest.records_in, 1200, "only the new objects' records");
+    let table = read_table(env, &table_uri, &[&first_id, &second_id]);
+    assert_rows_match_reference(&table, 1);
+    assert_eq!(table.versions(), vec![0, 1]);
+
+    // Nothing new: the job has nothing to do, and the table is as it was.
+    let third = submit_json(&coordinator, &spec);
+    let third_id = third["job_id"].as_str().expect("job id").to_string();
+    assert_eq!(third["already_done"]["objects"], 5, "{third}");
+    assert_eq!(third["already_done"]["records"], 3000, "{third}");
+    assert_eq!(third["shards_total"], 0, "{third}");
+    coordinator.wait_success(&third_id);
+    let status = coordinator.cli(&["status", &third_id]);
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("already done: 5 input objects"),
+        "{}",
+        String::from_utf8_lossy(&status.stdout)
+    );
+    assert_eq!(read_table(env, &table_uri, &[]).versions(), vec![0, 1]);
+
+    // An object processed before changes: the submit is refused, naming it.
+    let other = std::fs::read(fixture().join("parquet").join("part-4.parquet")).expect("fixture");
+    env.put(&env.uri("data/part-1.parquet"), other);
+    let out = coordinator.cli(&["submit", &spec]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("changed since an earlier job"), "{err}");
+    assert!(err.contains("data/part-1.parquet"), "{err}");
+    assert!(!err.contains("part-2.parquet"), "{err}");
+}
+
+#[test]
+fn incremental_without_a_delta_table_shared_by_reruns_is_refused_at_submit() {
+    let env = TestEnv::new(Backend::File);
+    let coordinator = env.coordinator(&[]);
+    let base = with_dataset_line(&env.spec("parquet", ""), "incremental = true");
+    for (output, says) in [
+        ("", "needs [output] format = \"delta\""),
+        ("[output]\nformat = \"delta\"\n", "needs [output] uri"),
+        (
+            "[output]\nformat = \"delta\"\nuri = \"file:///tmp/t\"\ncommit = \"checkpoint\"\n",
+            "needs [output] commit = \"end\"",
+        ),
+    ] {
+        let spec = env.write_spec("bad.toml", &format!("{base}\n{output}"));
+        let out = coordinator.cli(&["submit", &spec]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("dataset.incremental"), "{err}");
+        assert!(err.contains(says), "{err}");
+    }
 }

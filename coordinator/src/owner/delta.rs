@@ -23,10 +23,12 @@ use delta_kernel::committer::FileSystemCommitter;
 use delta_kernel::engine::arrow_data::ArrowEngineData;
 use delta_kernel::object_store::ObjectStore;
 use delta_kernel::schema::{SchemaRef, StructField, StructType};
+use delta_kernel::table_features::TableFeature;
 use delta_kernel::transaction::create_table::create_table;
 use delta_kernel::transaction::{CommitResult, UpdateTableOperation};
 use delta_kernel::{Engine, FileMeta, Snapshot};
 use delta_kernel_default_engine::DefaultEngineBuilder;
+use stoke_core::plan::{DoneInput, DoneInputs};
 use stoke_core::records::OutputObject;
 use stoke_store::{StoreError, StoreUri, Stores};
 use thiserror::Error;
@@ -63,13 +65,109 @@ pub enum DeltaError {
     Conflicts { table: String },
     #[error("Delta commit task of table {table} failed: {reason}")]
     Task { table: String, reason: String },
+    #[error(
+        "Delta table {table} does not support domain metadata, where incremental re-runs record which inputs are done: it was made without it (stoke makes it so for incremental jobs). Write to a new table ([output] uri), or leave out dataset.incremental"
+    )]
+    NoDomainMetadata { table: String },
+    #[error("Delta table {table}: the done inputs in domain {domain} cannot be read: {message}")]
+    BadDomain {
+        table: String,
+        domain: String,
+        message: String,
+    },
 }
 
 impl DeltaError {
     /// Errors no retry can fix: the job fails with them.
     pub fn is_permanent(&self) -> bool {
-        matches!(self, Self::SchemaClash { .. } | Self::Outside { .. })
+        matches!(
+            self,
+            Self::SchemaClash { .. }
+                | Self::Outside { .. }
+                | Self::NoDomainMetadata { .. }
+                | Self::BadDomain { .. }
+        )
     }
+}
+
+/// The Delta domain that keeps the done inputs of the pipeline with
+/// `fingerprint` (ADR 013).
+pub fn inputs_domain(fingerprint: &str) -> String {
+    format!("stoke.inputs.{fingerprint}")
+}
+
+/// What an incremental job's commit records as done for its pipeline, in
+/// the same Delta commit as the rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DoneUpdate {
+    pub fingerprint: String,
+    pub pipeline: serde_json::Value,
+    /// By URI.
+    pub inputs: Vec<(String, DoneInput)>,
+}
+
+/// The inputs `table` records as done for the pipeline with
+/// `fingerprint` (none when the table does not exist yet).
+pub async fn done_inputs(
+    stores: &Stores,
+    table: &StoreUri,
+    fingerprint: &str,
+) -> Result<DoneInputs, DeltaError> {
+    let (store, _) = stores.resolve(table)?;
+    if stores.list(&log_folder(table)).await?.is_empty() {
+        return Ok(DoneInputs::default());
+    }
+    let (t, domain) = (table.clone(), inputs_domain(fingerprint));
+    tokio::task::spawn_blocking(move || {
+        let engine = DefaultEngineBuilder::new(store).build();
+        let snapshot = Snapshot::builder_for(table_url(&t))
+            .build(&engine)
+            .map_err(kernel(&t))?;
+        read_done(&snapshot, &engine, &t, &domain)
+    })
+    .await
+    .map_err(|e| DeltaError::Task {
+        table: table.to_string(),
+        reason: e.to_string(),
+    })?
+}
+
+fn read_done(
+    snapshot: &delta_kernel::SnapshotRef,
+    engine: &dyn Engine,
+    table: &StoreUri,
+    domain: &str,
+) -> Result<DoneInputs, DeltaError> {
+    if !snapshot
+        .table_configuration()
+        .is_feature_supported(&TableFeature::DomainMetadata)
+    {
+        return Err(DeltaError::NoDomainMetadata {
+            table: table.to_string(),
+        });
+    }
+    match snapshot
+        .get_domain_metadata(domain, engine)
+        .map_err(kernel(table))?
+    {
+        None => Ok(DoneInputs::default()),
+        Some(config) => serde_json::from_str(&config).map_err(|e| DeltaError::BadDomain {
+            table: table.to_string(),
+            domain: domain.to_string(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// `before` with `update`'s inputs added, as the domain's configuration.
+fn merged_done(before: DoneInputs, update: &DoneUpdate) -> String {
+    let mut done = before;
+    done.pipeline = update.pipeline.clone();
+    for (uri, input) in &update.inputs {
+        done.inputs.insert(uri.clone(), input.clone());
+    }
+    // Plain data: serialising cannot fail.
+    serde_json::to_string(&done).unwrap_or_default()
 }
 
 /// One Delta commit to make: `objects` (committed, under `table`) added
@@ -85,6 +183,8 @@ pub struct DeltaAppend {
     /// "checkpoint"`): the table's files in the job's folder are listed
     /// and only the others added.
     pub reconcile: bool,
+    /// An incremental job's inputs, recorded as done in the same commit.
+    pub done: Option<DoneUpdate>,
 }
 
 /// What a commit did.
@@ -181,6 +281,7 @@ fn commit_blocking(
         seq,
         objects,
         reconcile,
+        done,
     } = append;
     let url = table_url(&table);
     let engine = DefaultEngineBuilder::new(store).build();
@@ -212,8 +313,19 @@ fn commit_blocking(
             };
             exists = true;
             let adds = add_files(&table, &objects)?;
-            let created = create_table(&url, table_schema(&schema), ENGINE_INFO, true)
-                .with_transaction_id(job_id.clone(), txn_version)
+            let mut builder = create_table(&url, table_schema(&schema), ENGINE_INFO, true)
+                .with_transaction_id(job_id.clone(), txn_version);
+            if let Some(update) = &done {
+                // Incremental jobs record their inputs in domain metadata,
+                // a writer feature a table has from its creation.
+                builder = builder
+                    .with_table_properties([("delta.feature.domainMetadata", "supported")])
+                    .with_domain_metadata(
+                        inputs_domain(&update.fingerprint),
+                        merged_done(DoneInputs::default(), update),
+                    );
+            }
+            let created = builder
                 .build(&engine, Box::new(FileSystemCommitter::new()))
                 .and_then(|mut txn| {
                     txn.add_files(adds);
@@ -250,7 +362,7 @@ fn commit_blocking(
             } else {
                 objects.clone()
             };
-            if adding.is_empty() {
+            if adding.is_empty() && done.is_none() {
                 return Ok(Committed {
                     version: None,
                     prior_txn,
@@ -259,9 +371,18 @@ fn commit_blocking(
             if first_of_job && let Some(files) = schema(&engine)? {
                 check_schema(&table, &job_id, &snapshot.schema(), &files)?;
             }
-            let mut txn = snapshot
+            let mut builder = snapshot
+                .clone()
                 .update_table(UpdateTableOperation::Write, ENGINE_INFO, true)
-                .with_transaction_id(job_id.clone(), txn_version)
+                .with_transaction_id(job_id.clone(), txn_version);
+            if let Some(update) = &done {
+                // Read again on each try: another job of the pipeline may
+                // have recorded inputs since.
+                let domain = inputs_domain(&update.fingerprint);
+                let before = read_done(&snapshot, &engine, &table, &domain)?;
+                builder = builder.with_domain_metadata(domain, merged_done(before, update));
+            }
+            let mut txn = builder
                 .build(&engine, Box::new(FileSystemCommitter::new()))
                 .map_err(err)?;
             txn.add_files(add_files(&table, &adding)?);

@@ -155,7 +155,11 @@ impl Handle {
                 format!("{name}-{}", &suffix[..8])
             }
         };
-        let plan = plan_dataset(&spec, &self.stores).await?;
+        let plan = if spec.dataset.incremental {
+            super::incremental::plan(&spec, &self.stores).await?
+        } else {
+            plan_dataset(&spec, &self.stores).await?
+        };
         self.call(|reply| Command::CreateJob {
             job_id,
             spec: Box::new(spec),

@@ -2,7 +2,7 @@
 //! machine decides them (`state::Io`, group commits, snapshots) and the
 //! owner runs them here, off its loop.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -12,12 +12,13 @@ use stoke_store::Listed;
 use stoke_store::{StoreError, StoreUri, Stores};
 use tracing::{info, warn};
 
-use super::delta::{self, DeltaAppend};
+use super::delta::{self, DeltaAppend, DoneUpdate};
 use crate::error::{CoordinatorError, Result};
 use crate::state::{
     CreateJob, DeltaTarget, DeltaWrite, FinishJob, GroupWrite, GroupWritten, Io, Outcome,
     SnapshotWrite, folder, progress_log,
 };
+use stoke_core::plan::{DoneInput, ShardSource};
 
 /// How many objects one group commit copies into the output folder at once.
 const COPY_CONCURRENCY: usize = 16;
@@ -272,6 +273,7 @@ async fn commit_to_table(
             .flat_map(|p| p.outputs.iter().cloned())
             .collect(),
         reconcile: checkpoint,
+        done: done_update(finish),
     };
     let appended = delta::append(stores, append).await?;
     if appended.version.is_some() {
@@ -286,6 +288,56 @@ async fn commit_to_table(
     Ok(DeltaVersions {
         table: target.table.to_string(),
         versions,
+    })
+}
+
+/// An incremental job's inputs as done: each with the records its shards
+/// read (a Parquet or JSON Lines object's shards, split ones included;
+/// one record per object of a `files` dataset).
+fn done_update(finish: &FinishJob) -> Option<DoneUpdate> {
+    let incremental = finish
+        .plan
+        .incremental
+        .as_ref()
+        .filter(|i| !i.inputs.is_empty())?;
+    let sources: HashMap<&str, &ShardSource> = finish
+        .plan
+        .shards
+        .iter()
+        .map(|s| (s.id.as_str(), &s.source))
+        .collect();
+    let mut records: HashMap<&str, u64> = HashMap::new();
+    for p in &finish.progress {
+        match sources.get(p.shard_id.as_str()) {
+            Some(ShardSource::Parquet { uri, .. } | ShardSource::Jsonl { uri, .. }) => {
+                *records.entry(uri.as_str()).or_default() += p.records;
+            }
+            Some(ShardSource::Files { uris }) => {
+                for uri in uris {
+                    records.insert(uri.as_str(), 1);
+                }
+            }
+            Some(ShardSource::Range { .. }) | None => {}
+        }
+    }
+    let inputs = incremental
+        .inputs
+        .iter()
+        .map(|i| {
+            let done = DoneInput {
+                size: i.size,
+                e_tag: i.e_tag.clone(),
+                version: i.version.clone(),
+                records: records.get(i.uri.as_str()).copied().unwrap_or(0),
+                job: finish.job_id.clone(),
+            };
+            (i.uri.clone(), done)
+        })
+        .collect();
+    Some(DoneUpdate {
+        fingerprint: incremental.fingerprint.clone(),
+        pipeline: incremental.pipeline.clone(),
+        inputs,
     })
 }
 

@@ -7,6 +7,7 @@
 
 pub(crate) mod delta;
 pub(crate) mod handle;
+pub(crate) mod incremental;
 #[cfg(feature = "test-util")]
 mod inline;
 pub(crate) mod io;

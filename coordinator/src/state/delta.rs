@@ -99,6 +99,8 @@ impl State {
                 seq,
                 objects,
                 reconcile,
+                // Incremental jobs commit at the end only.
+                done: None,
             },
             record: job.layout.delta_versions(),
         };

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use stoke_core::layout::JobLayout;
-use stoke_core::plan::Plan;
+use stoke_core::plan::{Incremental, Plan};
 use stoke_core::records::EndedRecord;
 use stoke_core::spec::JobSpec;
 use stoke_store::to_json_bytes;
@@ -53,6 +53,12 @@ impl Job {
             shards: Vec::new(),
             records_total: self.plan.records_total,
             jsonl_schema: None,
+            incremental: self.plan.incremental.as_ref().map(|i| {
+                Box::new(Incremental {
+                    inputs: Vec::new(),
+                    ..(**i).clone()
+                })
+            }),
         });
         self.shards = Vec::new();
         self.shard_index = HashMap::new();
@@ -73,6 +79,7 @@ impl Job {
             failed_attempts: self.totals.failed_attempts,
             store_failures: self.totals.store_failures,
             errors: ended.errors.clone(),
+            already_done: self.plan.incremental.as_ref().map(|i| i.already_done),
         })
     }
 
@@ -89,6 +96,15 @@ impl Job {
             shards: Vec::new(),
             records_total: record.records_total,
             jsonl_schema: None,
+            // What an ended incremental job still shows: what it skipped.
+            incremental: record.already_done.map(|already_done| {
+                Box::new(Incremental {
+                    fingerprint: String::new(),
+                    pipeline: serde_json::Value::Null,
+                    inputs: Vec::new(),
+                    already_done,
+                })
+            }),
         });
         let mut job = Job::new(id, spec, plan, layout, now);
         job.totals.shards_done = record.shards_done;

@@ -84,6 +84,7 @@ impl Job {
             },
             crashes: self.totals.crashes,
             isolating: self.isolating(),
+            already_done: self.plan.incremental.as_ref().map(|i| i.already_done),
         }
     }
 

@@ -744,6 +744,7 @@ async fn a_total_not_counted_up_front_is_estimated_from_bytes() {
             .collect(),
         records_total: None,
         jsonl_schema: None,
+        incremental: None,
     };
     state
         .create_job("j".to_string(), spec, plan)

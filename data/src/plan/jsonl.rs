@@ -177,5 +177,6 @@ pub(super) async fn plan_jsonl(
         shards,
         records_total: count.then_some(records_total),
         jsonl_schema: Some(schema),
+        incremental: None,
     })
 }

@@ -9,7 +9,9 @@
 //! them.
 
 use arrow_schema::Schema;
-use stoke_core::plan::{Plan, Shard, ShardSource};
+use stoke_core::plan::{
+    AlreadyDone, DoneInputs, Incremental, InputObject, Plan, Shard, ShardSource,
+};
 use stoke_core::spec::{DatasetFormat, JobSpec};
 use stoke_store::{Listed, StoreUri, Stores};
 
@@ -33,20 +35,145 @@ pub fn shard_id(index: usize) -> String {
 
 /// Plans the spec's dataset.
 pub async fn plan_dataset(spec: &JobSpec, stores: &Stores) -> Result<Plan, PlanError> {
+    plan_skipping(spec, stores, None).await.map(|p| p.plan)
+}
+
+/// Plans an incremental job (`[dataset] incremental = true`, ADR 013):
+/// the listed objects that `done` holds, unchanged, are left out; the plan
+/// names the objects the job reads and counts what it skipped. An object
+/// `done` holds that changed since (another size, entity tag or version)
+/// is an error naming it: its old rows are in the table.
+pub async fn plan_incremental(
+    spec: &JobSpec,
+    stores: &Stores,
+    fingerprint: String,
+    pipeline: serde_json::Value,
+    done: &DoneInputs,
+) -> Result<Plan, PlanError> {
+    let mut plan = plan_skipping(spec, stores, Some(done)).await?;
+    let (plan_inputs, already_done) = plan.skipped.take().unwrap_or_default();
+    plan.plan.incremental = Some(Box::new(Incremental {
+        fingerprint,
+        pipeline,
+        inputs: plan_inputs,
+        already_done,
+    }));
+    Ok(plan.plan)
+}
+
+/// A plan, and with `done` given, the inputs it reads and what it skipped.
+struct Planned {
+    plan: Plan,
+    skipped: Option<(Vec<InputObject>, AlreadyDone)>,
+}
+
+impl From<Plan> for Planned {
+    fn from(plan: Plan) -> Self {
+        Self {
+            plan,
+            skipped: None,
+        }
+    }
+}
+
+/// The listed objects `done` does not hold; those it holds unchanged are
+/// counted, changed ones refused.
+fn skip_done(
+    dataset: &str,
+    listed: Vec<Listed>,
+    done: &DoneInputs,
+) -> Result<(Vec<Listed>, AlreadyDone), PlanError> {
+    let mut kept = Vec::with_capacity(listed.len());
+    let mut already = AlreadyDone::default();
+    let mut changed = Vec::new();
+    for l in listed {
+        let Some(before) = done.inputs.get(l.uri.as_str()) else {
+            kept.push(l);
+            continue;
+        };
+        if before.is(&input_object(&l)) {
+            already.objects += 1;
+            already.records += before.records;
+        } else {
+            changed.push(format!(
+                "{} (job {} read {} bytes{}; now {} bytes{})",
+                l.uri,
+                before.job,
+                before.size,
+                before
+                    .e_tag
+                    .as_deref()
+                    .map(|t| format!(", entity tag {t}"))
+                    .unwrap_or_default(),
+                l.size,
+                l.e_tag
+                    .as_deref()
+                    .map(|t| format!(", entity tag {t}"))
+                    .unwrap_or_default(),
+            ));
+        }
+    }
+    if !changed.is_empty() {
+        return Err(PlanError::Changed {
+            dataset: dataset.to_string(),
+            count: changed.len(),
+            objects: changed.into_iter().take(10).collect::<Vec<_>>().join(", "),
+        });
+    }
+    Ok((kept, already))
+}
+
+fn input_object(l: &Listed) -> InputObject {
+    InputObject {
+        uri: l.uri.to_string(),
+        size: l.size,
+        e_tag: l.e_tag.clone(),
+        version: l.version.clone(),
+    }
+}
+
+/// The objects `plan`'s shards read, as listed.
+fn plan_inputs(plan: &Plan, listed: &[Listed]) -> Vec<InputObject> {
+    let by_uri: std::collections::HashMap<&str, &Listed> =
+        listed.iter().map(|l| (l.uri.as_str(), l)).collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut inputs = Vec::new();
+    for shard in &plan.shards {
+        let uris: Vec<&str> = match &shard.source {
+            ShardSource::Parquet { uri, .. } | ShardSource::Jsonl { uri, .. } => vec![uri],
+            ShardSource::Files { uris } => uris.iter().map(String::as_str).collect(),
+            ShardSource::Range { .. } => Vec::new(),
+        };
+        for uri in uris {
+            if seen.insert(uri)
+                && let Some(l) = by_uri.get(uri)
+            {
+                inputs.push(input_object(l));
+            }
+        }
+    }
+    inputs
+}
+
+async fn plan_skipping(
+    spec: &JobSpec,
+    stores: &Stores,
+    done: Option<&DoneInputs>,
+) -> Result<Planned, PlanError> {
     check_uri_params(spec, stores).await?;
     let target = spec.sharding.records;
     let d = &spec.dataset;
     match d.format {
-        DatasetFormat::Range => Ok(plan_range(d.count.unwrap_or(0), target)),
+        DatasetFormat::Range => Ok(plan_range(d.count.unwrap_or(0), target).into()),
         // A torch Dataset's indices, in shards of whole batches: a batch's
         // index in the job is then its first index / batch_size, the same
         // on every resume (Determined's `batch_idx`).
         DatasetFormat::Python => {
             let batch = spec.batching.batch_size.max(1);
             let target = target.div_ceil(batch).saturating_mul(batch);
-            Ok(plan_range(d.count.unwrap_or(0), target))
+            Ok(plan_range(d.count.unwrap_or(0), target).into())
         }
-        format => {
+        _ => {
             let dataset = d.uri.clone().unwrap_or_default();
             let uri = StoreUri::parse(&dataset).map_err(|e| PlanError::Store {
                 dataset: dataset.clone(),
@@ -56,15 +183,47 @@ pub async fn plan_dataset(spec: &JobSpec, stores: &Stores) -> Result<Plan, PlanE
                 dataset: dataset.clone(),
                 source: Box::new(source),
             })?;
-            match format {
-                DatasetFormat::Parquet => plan_parquet(spec, stores, &dataset, listed).await,
-                DatasetFormat::Jsonl => {
-                    plan_jsonl(spec, stores, &dataset, listed, spec.sharding.bytes.as_u64()).await
-                }
-                DatasetFormat::Files => plan_files(&dataset, listed, target),
-                DatasetFormat::Range | DatasetFormat::Python => Ok(plan_range(0, target)),
-            }
+            let Some(done) = done else {
+                return plan_listed(spec, stores, &dataset, listed)
+                    .await
+                    .map(Into::into);
+            };
+            let (kept, already_done) = skip_done(&dataset, listed, done)?;
+            let plan = match plan_listed(spec, stores, &dataset, kept.clone()).await {
+                Ok(plan) => plan,
+                // Everything is done already: a job with nothing to do.
+                Err(PlanError::Empty { .. }) if already_done.objects > 0 => Plan {
+                    shards: Vec::new(),
+                    records_total: Some(0),
+                    jsonl_schema: None,
+                    incremental: None,
+                },
+                Err(e) => return Err(e),
+            };
+            let inputs = plan_inputs(&plan, &kept);
+            Ok(Planned {
+                plan,
+                skipped: Some((inputs, already_done)),
+            })
         }
+    }
+}
+
+/// Plans the listed objects of a dataset of objects.
+async fn plan_listed(
+    spec: &JobSpec,
+    stores: &Stores,
+    dataset: &str,
+    listed: Vec<Listed>,
+) -> Result<Plan, PlanError> {
+    let target = spec.sharding.records;
+    match spec.dataset.format {
+        DatasetFormat::Parquet => plan_parquet(spec, stores, dataset, listed).await,
+        DatasetFormat::Jsonl => {
+            plan_jsonl(spec, stores, dataset, listed, spec.sharding.bytes.as_u64()).await
+        }
+        DatasetFormat::Files => plan_files(dataset, listed, target),
+        DatasetFormat::Range | DatasetFormat::Python => Ok(plan_range(0, target)),
     }
 }
 
@@ -89,6 +248,7 @@ pub fn plan_range(count: u64, target: u64) -> Plan {
         shards,
         records_total: Some(count),
         jsonl_schema: None,
+        incremental: None,
     }
 }
 
@@ -207,6 +367,7 @@ fn plan_files(dataset: &str, listed: Vec<Listed>, target: u64) -> Result<Plan, P
         shards,
         records_total: Some(total),
         jsonl_schema: None,
+        incremental: None,
     })
 }
 

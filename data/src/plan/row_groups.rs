@@ -95,5 +95,6 @@ pub(super) async fn plan_parquet(
         shards,
         records_total: Some(records_total),
         jsonl_schema: None,
+        incremental: None,
     })
 }
