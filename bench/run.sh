@@ -46,9 +46,9 @@ set -euo pipefail
 
 what="${1:-all}"
 case "$what" in
-  all | w1 | scale | ragged | s3 | pt2 | python | split | delta | compare | straggler | straggler-late) ;;
+  all | w1 | scale | ragged | s3 | pt2 | python | split | delta | compare | straggler | straggler-late | incremental) ;;
   *)
-    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python|split|delta|compare|straggler|straggler-late]" >&2
+    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python|split|delta|compare|straggler|straggler-late|incremental]" >&2
     exit 2
     ;;
 esac
@@ -446,7 +446,7 @@ run_scale() {
   rm -rf "$BENCH_DIR/scale"
 }
 
-if [ "$what" = pt2 ] || [ "$what" = straggler-late ]; then
+if [ "$what" = pt2 ] || [ "$what" = straggler-late ] || [ "$what" = incremental ]; then
   # Only stoke runs here: the stoke venv has all the Python this needs
   # (torch to export the model, pyarrow to check outputs).
   BENCH_VENV="$STOKE_VENV"
@@ -532,6 +532,21 @@ case "$what" in
       done
     done
     "$BPY" "$BENCH_SRC/straggler.py" summary "$results"
+    exit 0
+    ;;
+  incremental)
+    # Issue 35: a nightly job into a Delta table with `incremental = true`;
+    # the re-run adds 1% new input (1 object of 100) to the first run's.
+    W1="$BENCH_DIR/w1"
+    "$BPY" "$BENCH_SRC/w1_data.py" "$W1"
+    pool="$BENCH_DIR/incremental-pool"
+    log "incremental: tiling W1 into ${BENCH_INCR_RECORDS:-2000000} records in 100 objects (if missing)"
+    "$BPY" "$BENCH_SRC/incremental.py" data "$W1" "$pool" --records "${BENCH_INCR_RECORDS:-2000000}"
+    results="$BENCH_DIR/incremental-results.jsonl"
+    rm -f "$results"
+    log "incremental: first run and re-run, run --local 2 and a fleet already up, $RUNS rounds"
+    "$BPY" "$BENCH_SRC/incremental.py" run "$BIN" "$pool" "$W1/model.pt" "$BENCH_DIR/runs" "$results" --runs "$RUNS"
+    "$BPY" "$BENCH_SRC/incremental.py" report "$results" | tee "$BENCH_DIR/incremental-report.md"
     exit 0
     ;;
   straggler-late)

@@ -69,7 +69,7 @@ pub async fn print(source: &Source, job_id: &str, json: bool) -> anyhow::Result<
 }
 
 /// Where a Delta job's rows are, and which table versions hold them.
-fn delta_line(d: &DeltaVersions, complete: bool) -> String {
+pub(crate) fn delta_line(d: &DeltaVersions, complete: bool) -> String {
     let versions: Vec<String> = d.versions.iter().map(u64::to_string).collect();
     let table = local_path(&d.table);
     match (versions.is_empty(), complete) {

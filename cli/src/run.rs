@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use stoke_client::Client;
 use stoke_client::summary::{count, total};
 use stoke_coordinator::CoordinatorConfig;
-use stoke_core::records::JobInfo;
+use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::JobSpec;
 use stoke_store::{StoreUri, Stores};
 use tokio_util::sync::CancellationToken;
@@ -150,6 +150,13 @@ impl LocalRun {
         if let Some(line) = stoke_client::summary::already_done_line(&job) {
             eprintln!("{line}");
         }
+        if job.shards_total == 0 {
+            // Nothing to read (an incremental re-run with nothing new): no
+            // worker is started; the job ends by itself.
+            let job = watch::watch(&client, &job.job_id, Duration::from_millis(20)).await?;
+            print_summary(&job);
+            return Ok(exit_code(&job));
+        }
         if let Some(note) = idle_workers_note(&spec, &job, self.workers) {
             eprintln!("{note}");
         }
@@ -213,6 +220,13 @@ impl LocalRun {
         };
         workers.finish(Duration::from_secs(60)).await;
         print_summary(&job);
+        if job.state == JobState::Succeeded && spec.output.delta().is_some() {
+            // Where the rows are: the table and the versions holding them.
+            let outputs = client.job_outputs(&job.job_id).await?;
+            if let Some(d) = &outputs.delta {
+                println!("{}", crate::outputs::delta_line(d, true));
+            }
+        }
         eprintln!("took {:.1}s", started.elapsed().as_secs_f64());
         Ok(exit_code(&job))
     }

@@ -161,18 +161,41 @@ backend_tests! {
         assert_eq!(all, table.versions(), "each version is one job's");
     }
 
-    fn a_table_with_other_columns_fails_the_job_naming_both_schemas(env) {
+    fn a_table_with_other_columns_refuses_a_builtin_job_at_submit_and_fails_another_at_its_commit(env) {
         let table_uri = env.uri("tables/clash");
         let coordinator = env.coordinator(&[]);
         let first = coordinator.submit(&delta_spec(&env, "a.toml", &table_uri, ""));
         let _w1 = coordinator.worker("stoke-worker", "w1", env.dir());
         coordinator.wait_success(&first);
-        // The same model, writing only its prediction.
+
+        // The built-in processor's columns are known at submit: the same
+        // model writing only its prediction is refused there.
         let text = std::fs::read_to_string(env.dir().join("a.toml"))
             .expect("spec")
             .replace("outputs = [\"argmax\", \"scores\"]", "outputs = [\"argmax\"]");
-        let second = coordinator.submit(&env.write_spec("b.toml", &text));
-        let _w2 = coordinator.worker("stoke-worker", "w2", env.dir());
+        let out = coordinator.cli(&["submit", &env.write_spec("b.toml", &text)]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains(&table_uri)
+                && err.contains("scores: array<float>")
+                && err.contains("(id: string, prediction: long)"),
+            "{err}"
+        );
+
+        // A processor of the user's own (columns known only from its
+        // files): the job fails at its first Delta commit, naming both.
+        let data = env.fixture_uri("parquet");
+        let custom = env.write_spec(
+            "c.toml",
+            &format!(
+                "[dataset]\nformat = \"parquet\"\nuri = \"{data}/\"\nid_column = \"id\"\ncolumns = [\"features\"]\n\
+                 [processor]\nname = \"feature-stats\"\nparams = {{ column = \"features\" }}\n\
+                 [sharding]\nrecords = 600\n[output]\nformat = \"delta\"\nuri = \"{table_uri}\"\n"
+            ),
+        );
+        let second = coordinator.submit(&custom);
+        let _w2 = coordinator.worker("stoke-example-worker", "w2", env.dir());
         let end = coordinator.wait_job(&second);
         assert_eq!(end["state"], "failed", "{end}");
         let reason = end["reason"].as_str().unwrap_or_default();
@@ -393,4 +416,32 @@ fn incremental_without_a_delta_table_shared_by_reruns_is_refused_at_submit() {
         assert!(err.contains("dataset.incremental"), "{err}");
         assert!(err.contains(says), "{err}");
     }
+}
+
+/// `stoke run` ends by naming the table and the version holding the rows.
+#[test]
+fn stoke_run_names_the_table_and_its_version() {
+    let env = TestEnv::new(Backend::File);
+    let table_uri = env.uri("tables/run");
+    let spec = delta_spec(&env, "job.toml", &table_uri, "");
+    let out = env.stoke_run(&spec, &["--local", "1"], "cpu", &env.root());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = env.local_path(&table_uri);
+    assert!(
+        stdout.contains(&format!(
+            "Delta table {}: the job's rows are in version 0",
+            path.display()
+        )),
+        "{stdout}"
+    );
+    let job = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("job: "))
+        .expect("job id");
+    assert_rows_match_reference(&read_table(&env, &table_uri, &[job]), 1);
 }

@@ -159,6 +159,87 @@ fn read_done(
     }
 }
 
+/// A column a job is known to write before it runs, by its Delta type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KnownType {
+    String,
+    Long,
+    /// A list of float32 (a fixed-size list in the files).
+    FloatList,
+}
+
+impl KnownType {
+    fn matches(self, t: &delta_kernel::schema::DataType) -> bool {
+        use delta_kernel::schema::DataType;
+        match self {
+            Self::String => *t == DataType::STRING,
+            Self::Long => *t == DataType::LONG,
+            Self::FloatList => {
+                matches!(t, DataType::Array(a) if *a.element_type() == DataType::FLOAT)
+            }
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::String => "string",
+            Self::Long => "long",
+            Self::FloatList => "array<float>",
+        }
+    }
+}
+
+/// Refuses a job whose columns are known at submit (the built-in
+/// processor's) when the table at `table` exists with other columns: said
+/// now, not after the job's work at its first Delta commit.
+pub async fn check_known_columns(
+    stores: &Stores,
+    table: &StoreUri,
+    job: &str,
+    columns: Vec<(String, KnownType)>,
+) -> Result<(), DeltaError> {
+    let (store, _) = stores.resolve(table)?;
+    if stores.list(&log_folder(table)).await?.is_empty() {
+        return Ok(());
+    }
+    let (t, job) = (table.clone(), job.to_string());
+    tokio::task::spawn_blocking(move || {
+        let engine = DefaultEngineBuilder::new(store).build();
+        let snapshot = Snapshot::builder_for(table_url(&t))
+            .build(&engine)
+            .map_err(kernel(&t))?;
+        let have: BTreeMap<String, delta_kernel::schema::DataType> = snapshot
+            .schema()
+            .fields()
+            .map(|f| (f.name().clone(), f.data_type().clone()))
+            .collect();
+        let fits = have.len() == columns.len()
+            && columns
+                .iter()
+                .all(|(name, kind)| have.get(name).is_some_and(|t| kind.matches(t)));
+        if fits {
+            return Ok(());
+        }
+        let mut want: Vec<String> = columns
+            .iter()
+            .map(|(n, k)| format!("{n}: {}", k.name()))
+            .collect();
+        want.sort();
+        let have: Vec<String> = have.iter().map(|(n, t)| format!("{n}: {t}")).collect();
+        Err(DeltaError::SchemaClash {
+            table: t.to_string(),
+            job_id: job,
+            table_schema: format!("({})", have.join(", ")),
+            job_schema: format!("({})", want.join(", ")),
+        })
+    })
+    .await
+    .map_err(|e| DeltaError::Task {
+        table: table.to_string(),
+        reason: e.to_string(),
+    })?
+}
+
 /// `before` with `update`'s inputs added, as the domain's configuration.
 fn merged_done(before: DoneInputs, update: &DoneUpdate) -> String {
     let mut done = before;

@@ -15,6 +15,7 @@ use stoke_data::plan::plan_dataset;
 use stoke_store::{StoreError, StoreUri, Stores};
 use tokio::sync::{mpsc, oneshot};
 
+use super::delta::{self, KnownType};
 use crate::error::{CoordinatorError, Result};
 use crate::metrics::Snapshot;
 use crate::progress::StatusReport;
@@ -130,6 +131,28 @@ fn check_job_id(job_id: &str) -> Result<()> {
     Ok(())
 }
 
+/// The columns the built-in `pytorch` processor writes for `spec`: `id`,
+/// then per `outputs` entry `prediction` (argmax), `scores`, or a `.pt2`
+/// package's named output, each a float32 list but the prediction.
+fn builtin_columns(spec: &JobSpec) -> Option<Vec<(String, KnownType)>> {
+    let p = &spec.processor;
+    if p.python.is_some() || !matches!(p.name.as_str(), "pytorch" | "torchscript") {
+        return None;
+    }
+    let outputs: Vec<String> = match p.params.get("outputs") {
+        None => vec!["argmax".to_string()],
+        Some(v) => serde_json::from_value(v.clone()).ok()?,
+    };
+    let mut columns = vec![("id".to_string(), KnownType::String)];
+    for o in outputs {
+        columns.push(match o.as_str() {
+            "argmax" => ("prediction".to_string(), KnownType::Long),
+            _ => (o, KnownType::FloatList),
+        });
+    }
+    Some(columns)
+}
+
 impl Handle {
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T> {
         let (reply, rx) = oneshot::channel();
@@ -155,6 +178,15 @@ impl Handle {
                 format!("{name}-{}", &suffix[..8])
             }
         };
+        // The built-in processor's columns are known now: a table with
+        // other columns refuses the job at once.
+        if let (Some(table), Some(columns)) = (&spec.output.uri, builtin_columns(&spec))
+            && spec.output.delta().is_some()
+        {
+            let table = StoreUri::parse(table)
+                .map_err(|e| CoordinatorError::InvalidRequest(format!("output.uri: {e}")))?;
+            delta::check_known_columns(&self.stores, &table, &job_id, columns).await?;
+        }
         let plan = if spec.dataset.incremental {
             super::incremental::plan(&spec, &self.stores).await?
         } else {
