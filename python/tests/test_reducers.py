@@ -162,3 +162,82 @@ class NotJson(stoke.TorchBatchProcessor):
 def test_a_reducer_whose_result_is_not_json_fails_the_job_naming_it(tmp_path):
     with pytest.raises(stoke.StokeError, match=r"reducer function .*<lambda>\(\) \(name=None\) returned metric 'where' that is not JSON"):
         stoke.torch_batch_process(NotJson, Numbers(20), batch_size=10, root=str(tmp_path / "root"))
+
+
+def run_metrics_job(root, options, env_extra):
+    import os
+    import subprocess
+
+    env = dict(os.environ, **env_extra)
+    return subprocess.Popen([sys.executable, str(JOB), str(root), json.dumps(options)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_local_workers_with_one_killed_count_each_committed_batch_once(tmp_path):
+    """workers=2, one killed with kill -9 while it holds uncommitted
+    batches (its reducers' updates for them die with it): the metrics are
+    those of a single pass."""
+    import os
+    import signal
+
+    from conftest import wait_for
+
+    root = tmp_path / "root"
+    hold, go = tmp_path / "hold", tmp_path / "go"
+    n = 400
+    options = {"records": n, "batch_size": 10, "checkpoint_interval": 2, "job_id": "k9m", "workers": 2,
+               "shard_records": 100, "device": "cpu"}
+    proc = run_metrics_job(root, options, {"STOKE_TEST_HOLD_AT": "15", "STOKE_TEST_HOLD_FILE": str(hold),
+                                           "STOKE_TEST_GO_FILE": str(go)})
+    try:
+        pid = int(wait_for("batch 15 to start", lambda: hold.exists() and hold.read_text()))
+        os.kill(pid, signal.SIGKILL)
+        go.touch()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["metrics"] == expected(n)
+
+
+def test_stoke_run_local_2_reduces_on_a_worker_and_stoke_report_shows_the_metrics(tmp_path):
+    """A spec run by the CLI (no Python in it): a worker reduces; `stoke
+    report` prints the metrics and `--json` has them under `metrics`."""
+    import os
+    import subprocess
+
+    from conftest import bin_path
+
+    processors = JOB.parent
+    spec = tmp_path / "job.toml"
+    spec.write_text(
+        "[dataset]\n"
+        'format = "python"\n'
+        'factory = "metrics_job:make_dataset"\n'
+        "count = 250\n"
+        f"python_path = [{str(processors)!r}]\n"
+        "[processor]\n"
+        'python = "metrics_job:Metered"\n'
+        f"python_path = [{str(processors)!r}]\n"
+        "[batching]\nbatch_size = 10\n"
+        "[checkpoint]\ninterval = 3\n"
+        "[sharding]\nrecords = 60\n"
+    )
+    root = tmp_path / "root"
+    env = dict(os.environ, STOKE_TEST_RECORDS="250")
+    out = subprocess.run(
+        [str(bin_path("stoke")), "run", str(spec), "--local", "2", "--device", "cpu", "--root", str(root),
+         "--job-id", "cli"], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((root / "jobs" / "cli" / "metrics.json").read_text()) == expected(250)
+    as_json = subprocess.run([str(bin_path("stoke")), "report", "cli", "--json", "--root", str(root)],
+                             capture_output=True, text=True, timeout=60)
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["metrics"] == expected(250)
+    plain = subprocess.run([str(bin_path("stoke")), "report", "cli", "--root", str(root)],
+                           capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    assert "metrics:" in plain.stdout and "label_sum" in plain.stdout and "[250,250]" in plain.stdout, plain.stdout

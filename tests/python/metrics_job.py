@@ -9,8 +9,9 @@ so a test can tell a batch counted twice or lost. At batch
 ``$STOKE_TEST_HOLD_AT`` it creates ``$STOKE_TEST_HOLD_FILE`` (its process
 id) and waits for ``$STOKE_TEST_GO_FILE``; with
 ``$STOKE_TEST_HOLD_REDUCE`` set, the reduce does the same with
-``$STOKE_TEST_HOLD_REDUCE`` as its hold file, once (a second reduce goes
-on), so a test can kill a worker mid-job or mid-reduce."""
+``$STOKE_TEST_HOLD_REDUCE`` as its hold file and that name plus ``.go``
+as its go file, once (a second reduce goes on), so a test can kill a
+worker mid-job or mid-reduce."""
 
 import json
 import os
@@ -67,7 +68,7 @@ class MeanPrediction(MetricReducer):
     def cross_slot_reduce(self, per_slot_metrics):
         hold_file = os.environ.get("STOKE_TEST_HOLD_REDUCE")
         if hold_file and not pathlib.Path(hold_file).exists():
-            hold(hold_file, os.environ["STOKE_TEST_GO_FILE"])
+            hold(hold_file, hold_file + ".go")
         total = sum(t for t, _ in per_slot_metrics)
         count = sum(c for _, c in per_slot_metrics)
         return {"records": count, "mean_prediction": total / count if count else None}
