@@ -54,7 +54,22 @@ pub fn render(r: &EfficiencyReport) -> String {
             d.processor_s
         );
     }
+    if !r.metrics.is_empty() {
+        let _ = writeln!(out, "metrics:");
+        let width = r.metrics.keys().map(|k| k.len()).max().unwrap_or(0);
+        for (name, value) in &r.metrics {
+            let _ = writeln!(out, "  {name:<width$}  {}", metric_text(value));
+        }
+    }
     out
+}
+
+/// A metric as one line: numbers as they are, the rest as compact JSON.
+fn metric_text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -90,6 +105,7 @@ mod tests {
                 processor_s: 20.0,
                 busy_fraction: 0.5,
             }],
+            metrics: BTreeMap::new(),
         };
         let text = render(&report);
         assert!(text.contains("  model            10.0 s   50.0%"), "{text}");
@@ -99,5 +115,27 @@ mod tests {
         assert!(text.contains("attempts failed: lost 1"), "{text}");
         assert!(text.contains("batches redone: 4"), "{text}");
         assert!(text.contains("worker w1 [cpu]: model busy 50.0%"), "{text}");
+        assert!(
+            !text.contains("metrics:"),
+            "no reducers, no metrics: {text}"
+        );
+    }
+
+    #[test]
+    fn metrics_show_one_per_line_by_name() {
+        let report = EfficiencyReport {
+            job_id: "j1".into(),
+            metrics: BTreeMap::from([
+                ("records".to_string(), serde_json::json!(1797)),
+                ("mean_prediction".to_string(), serde_json::json!(4.5)),
+                ("per_class".to_string(), serde_json::json!([1, 2])),
+            ]),
+            ..Default::default()
+        };
+        let text = render(&report);
+        assert!(text.contains("metrics:\n"), "{text}");
+        assert!(text.contains("  mean_prediction  4.5\n"), "{text}");
+        assert!(text.contains("  records          1797\n"), "{text}");
+        assert!(text.contains("  per_class        [1,2]\n"), "{text}");
     }
 }

@@ -40,6 +40,10 @@ pub enum CoordinatorError {
         current: String,
     },
     #[error(
+        "stale metrics for job {job_id}: token {token} no longer holds its reduce task (it went to another worker)"
+    )]
+    StaleReduce { job_id: String, token: u64 },
+    #[error(
         "commit for shard {shard_id} of job {job_id} reaches record {reaches}, past the end of the shard after a split ({until}); the shard goes to another attempt"
     )]
     PastSplit {
@@ -157,6 +161,7 @@ impl From<CoordinatorError> for Status {
             JobNotFound { .. } | ShardNotFound { .. } => Status::not_found(msg),
             JobExists { .. } => Status::already_exists(msg),
             StaleToken { .. }
+            | StaleReduce { .. }
             | PastSplit { .. }
             | JobNotRunning { .. }
             | BatchMismatch { .. }

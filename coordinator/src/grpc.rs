@@ -5,7 +5,7 @@ use std::pin::Pin;
 
 use futures::Stream;
 use stoke_core::PROTOCOL_VERSION;
-use stoke_core::lease::{Commit, Registration, Release};
+use stoke_core::lease::{Commit, MetricsDone, Registration, Release};
 use stoke_core::schedule::ScheduleChange;
 use stoke_core::spec::JobSpec;
 use stoke_proto::v1 as pb;
@@ -339,6 +339,15 @@ impl WorkerService for WorkerApi {
         let release = Release::try_from(req.into_inner()).map_err(CoordinatorError::from)?;
         self.handle.release(release).await?;
         Ok(Response::new(pb::ReleaseResponse {}))
+    }
+
+    async fn commit_metrics(
+        &self,
+        req: Request<pb::CommitMetricsRequest>,
+    ) -> Result<Response<pb::CommitMetricsResponse>, Status> {
+        let done = MetricsDone::try_from(req.into_inner()).map_err(CoordinatorError::from)?;
+        self.handle.commit_metrics(done).await?;
+        Ok(Response::new(pb::CommitMetricsResponse {}))
     }
 }
 

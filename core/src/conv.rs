@@ -1,12 +1,14 @@
 //! Conversions between wire (`stoke_proto::v1`) and domain types, in one
 //! place for both sides.
 
+use std::sync::Arc;
+
 use stoke_proto::v1 as pb;
 
 use crate::error::ConvError;
 use crate::lease::{
     AcquireOutcome, BatchSpan, Commit, Heartbeat, Isolation, JobStages, JobTerms, Lease, LeaseKey,
-    LeaseWork, Release, SessionEvent, StageTotals,
+    LeaseWork, MetricsDone, ReduceFailure, ReduceTask, Release, SessionEvent, StageTotals,
 };
 use crate::plan::{Cut, Shard, ShardSource};
 use crate::records::{
@@ -582,10 +584,79 @@ impl From<AcquireOutcome> for pb::AcquireLeaseResponse {
                 retry_after_ms: d.as_millis() as u64,
             }),
             AcquireOutcome::Idle => Outcome::Idle(pb::Idle {}),
+            AcquireOutcome::Reduce(t) => Outcome::Reduce((*t).into()),
         };
         Self {
             outcome: Some(outcome),
         }
+    }
+}
+
+impl From<ReduceTask> for pb::ReduceMetrics {
+    fn from(t: ReduceTask) -> Self {
+        Self {
+            job_id: t.job_id,
+            token: t.token,
+            spec_json: t.spec.to_json(),
+            partials: t.partials,
+        }
+    }
+}
+
+impl TryFrom<pb::ReduceMetrics> for ReduceTask {
+    type Error = ConvError;
+    fn try_from(t: pb::ReduceMetrics) -> Result<Self, ConvError> {
+        require(&t.job_id, "job_id")?;
+        let spec = JobSpec::from_json(&t.spec_json).map_err(|e| ConvError::Invalid {
+            field: "spec_json",
+            message: e.to_string(),
+        })?;
+        Ok(Self {
+            job_id: t.job_id,
+            token: t.token,
+            spec: Arc::new(spec),
+            partials: t.partials,
+        })
+    }
+}
+
+impl From<MetricsDone> for pb::CommitMetricsRequest {
+    fn from(m: MetricsDone) -> Self {
+        let (metrics_json, error, transient) = match m.outcome {
+            Ok(json) => (json, String::new(), false),
+            Err(f) => (String::new(), f.message, f.transient),
+        };
+        Self {
+            session_id: m.session_id,
+            job_id: m.job_id,
+            token: m.token,
+            metrics_json,
+            error,
+            transient,
+        }
+    }
+}
+
+impl TryFrom<pb::CommitMetricsRequest> for MetricsDone {
+    type Error = ConvError;
+    fn try_from(m: pb::CommitMetricsRequest) -> Result<Self, ConvError> {
+        require(&m.session_id, "session_id")?;
+        require(&m.job_id, "job_id")?;
+        let outcome = if m.error.is_empty() {
+            require(&m.metrics_json, "metrics_json")?;
+            Ok(m.metrics_json)
+        } else {
+            Err(ReduceFailure {
+                message: m.error,
+                transient: m.transient,
+            })
+        };
+        Ok(Self {
+            session_id: m.session_id,
+            job_id: m.job_id,
+            token: m.token,
+            outcome,
+        })
     }
 }
 

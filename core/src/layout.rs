@@ -10,9 +10,11 @@
 //! <root>/jobs/<job>/progress/log-<seq>.json  committed progress of the shards in one group commit
 //! <root>/jobs/<job>/progress/snapshot-<seq>.json  the latest progress of every shard, replacing older logs
 //! <root>/jobs/<job>/manifest.json         written at success
+//! <root>/jobs/<job>/metrics.json          the job's reduced metrics (Python reducers), before success
 //! <root>/jobs/<job>/errors/<shard>/a<token>/part-<batch>.jsonl   skipped bad records
 //! <root>/jobs/<job>/staging/<shard>/a<token>/part-<batch>.<ext>  what an attempt uploads
 //! <output>/<shard>/a<token>/part-<batch>.<ext>   committed outputs only
+//! <output>/<shard>/a<token>/_metrics/<batch>.pkl  a checkpoint's metric partial (Python reducers)
 //! ```
 //!
 //! Attempts upload into a staging folder that readers of the output folder
@@ -104,6 +106,11 @@ impl JobLayout {
     pub fn delta_versions(&self) -> StoreUri {
         self.dir.join("delta.json")
     }
+    /// The job's metrics, reduced from its committed metric partials
+    /// (JSON: name -> value), stored before the job succeeds.
+    pub fn metrics(&self) -> StoreUri {
+        self.dir.join("metrics.json")
+    }
     /// The job's efficiency report, written when it ends.
     pub fn report(&self) -> StoreUri {
         self.dir.join("report.json")
@@ -192,9 +199,43 @@ pub fn part_name(from_batch: u64, extension: &str) -> String {
     format!("part-{from_batch:08}.{extension}")
 }
 
+/// The folder, inside an attempt's prefix, of its checkpoints' metric
+/// partials (the leading `_` keeps Parquet readers of the output folder
+/// from seeing them, as `_files/`).
+pub const METRICS_FOLDER: &str = "_metrics";
+
+/// The name of a checkpoint's metric partial, by its first batch.
+pub fn metrics_partial_name(from_batch: u64) -> String {
+    format!("{METRICS_FOLDER}/{from_batch:08}.pkl")
+}
+
+/// Whether a committed output object is a checkpoint's metric partial.
+pub fn is_metrics_partial(uri: &str) -> bool {
+    uri.rsplit_once('/').is_some_and(|(folder, name)| {
+        folder.ends_with(&format!("/{METRICS_FOLDER}")) && name.ends_with(".pkl")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metric_partials_are_told_from_outputs() {
+        let prefix = attempt_prefix(&StoreUri::parse("file:///r/out").expect("uri"), "s00001", 7);
+        let partial = prefix.join(&metrics_partial_name(12));
+        assert_eq!(
+            partial.as_str(),
+            "file:///r/out/s00001/a7/_metrics/00000012.pkl"
+        );
+        assert!(is_metrics_partial(partial.as_str()));
+        assert!(!is_metrics_partial(
+            prefix.join(&part_name(12, "parquet")).as_str()
+        ));
+        assert!(!is_metrics_partial(
+            prefix.join("_files/00000012-_metrics.pkl").as_str()
+        ));
+    }
 
     #[test]
     fn paths() {

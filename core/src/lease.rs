@@ -123,10 +123,47 @@ impl Lease {
 #[derive(Debug, Clone, PartialEq)]
 pub enum AcquireOutcome {
     Lease(Box<Lease>),
+    /// Reduce a job's metrics (its last step, see [`ReduceTask`]).
+    Reduce(Box<ReduceTask>),
     /// Jobs are running but every shard is leased.
     Wait(Duration),
     /// No job is running.
     Idle,
+}
+
+/// A job's last step when its processor's metric reducers committed
+/// partials: a worker runs the reducers' `cross_slot_reduce` over every
+/// committed partial (the coordinator runs no Python) and answers with
+/// [`MetricsDone`]. Leased like a shard: a holder that dies or goes
+/// silent loses it to the next worker, and its answer is then refused.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReduceTask {
+    pub job_id: String,
+    /// Fencing token: only the holder's answer counts.
+    pub token: u64,
+    pub spec: Arc<JobSpec>,
+    /// The committed metric partials, in record order (plan order, then
+    /// commit order).
+    pub partials: Vec<String>,
+}
+
+/// A worker's answer to a [`ReduceTask`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsDone {
+    pub session_id: String,
+    pub job_id: String,
+    pub token: u64,
+    /// The metrics as a JSON object, or why they could not be reduced.
+    pub outcome: Result<String, ReduceFailure>,
+}
+
+/// Why a job's metrics could not be reduced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReduceFailure {
+    /// Names the reducer (or the partial that could not be read).
+    pub message: String,
+    /// The store failed, not the reducer: another try may succeed.
+    pub transient: bool,
 }
 
 /// A checkpoint a worker asks the coordinator to make count.

@@ -36,8 +36,10 @@ pub use error::{ConvError, SpecError};
 
 /// The protocol version every conversation starts with. A peer with another
 /// version is refused with an error that names both. 2: a lease carries
-/// its job's spec only as a session's first lease of the job.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// its job's spec only as a session's first lease of the job. 3: a job's
+/// metrics reduce task (`ReduceMetrics`, `CommitMetrics`), which a worker
+/// of version 2 could not take.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// `STOKE_*` variables that the project's own scripts export (cache and
 /// venv locations), and `STOKE_DEBUG` (errors in full, see

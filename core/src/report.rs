@@ -109,6 +109,12 @@ pub struct EfficiencyReport {
     /// Batches counted in `redone`.
     pub redone_batches: u64,
     pub devices: Vec<DeviceReport>,
+    /// The job's metrics: what its Python processor's metric reducers
+    /// (`context.wrap_reducer`) reduced to over every committed batch,
+    /// by name. Empty until they are reduced (just before the job
+    /// succeeds), and for a job without reducers.
+    #[serde(default)]
+    pub metrics: BTreeMap<String, serde_json::Value>,
 }
 
 /// What a coordinator had counted of a running job when it last saved it
@@ -194,6 +200,12 @@ impl EfficiencyReport {
             attempts_failed,
             redone_batches: before.redone_batches + self.redone_batches,
             devices,
+            // Reduced once: by this coordinator, or by one before it.
+            metrics: if self.metrics.is_empty() {
+                before.metrics.clone()
+            } else {
+                self.metrics
+            },
         }
     }
 

@@ -280,6 +280,7 @@ fn run_embedded(
             "records_skipped": m.records_skipped,
             "manifest_uri": report.manifest_uri,
             "outputs": outputs,
+            "metrics": report.metrics,
         })
         .to_string())
     })

@@ -2,7 +2,7 @@
 
 The processor API (what a worker runs)::
 
-    from stoke import TorchBatchProcessor
+    from stoke import TorchBatchProcessor, MetricReducer
 
 and, from the compiled part of the package, :class:`Client` (talks to a
 coordinator) and :func:`torch_batch_process` (runs a job in this process).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._reducer import MetricReducer
 from ._runtime import Batch, Context
 from .processor import BadRecord, TorchBatchProcessor
 
@@ -21,6 +22,7 @@ __all__ = [
     "Context",
     "Client",
     "JobPaused",
+    "MetricReducer",
     "StokeError",
     "TorchBatchProcessor",
     "torch_batch_process",

@@ -3,11 +3,13 @@
 import os
 import pathlib
 from contextlib import AbstractContextManager
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar, overload
 
 import torch
 
 __version__: str
+
+_M = TypeVar("_M", bound="MetricReducer")
 
 class StokeError(Exception):
     """An error from stoke, with the message the CLI prints."""
@@ -31,6 +33,20 @@ class Batch(Mapping[str, Any]):
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[str]: ...
 
+class MetricReducer:
+    """A metric reduced over the whole job (Determined's
+    ``determined.pytorch.MetricReducer``)."""
+    def reset(self) -> None: ...
+    def per_slot_reduce(self) -> Any: ...
+    def cross_slot_reduce(self, per_slot_metrics: list[Any]) -> Any: ...
+
+class _SimpleReducer(MetricReducer):
+    def update(self, value: Any) -> None: ...
+
+class _Distributed:
+    def get_rank(self) -> int: ...
+    def get_size(self) -> int: ...
+
 class Context:
     @property
     def device(self) -> torch.device: ...
@@ -49,6 +65,21 @@ class Context:
     def write_rows(self, rows: Mapping[str, Any] | Any) -> None: ...
     def get_distributed_rank(self) -> int: ...
     def get_distributed_size(self) -> int: ...
+    @property
+    def distributed(self) -> _Distributed: ...
+    def get_tensorboard_path(self) -> pathlib.Path: ...
+    @overload
+    def wrap_reducer(
+        self, reducer: _M, name: str | None = None, for_training: bool = True, for_validation: bool = True
+    ) -> _M: ...
+    @overload
+    def wrap_reducer(
+        self,
+        reducer: Callable[[list[Any]], Any],
+        name: str | None = None,
+        for_training: bool = True,
+        for_validation: bool = True,
+    ) -> _SimpleReducer: ...
 
 class TorchBatchProcessor:
     context: Context

@@ -66,7 +66,9 @@ class Client:
         by cause: ``startup``, ``model``, ``input_wait``, ``checkpoint``,
         ``redone``, ``crashed``, ``paused``, ``tail_idle``, ``other``; they
         add up to ``processor_s``), ``shards_split``, ``attempts_failed``,
-        ``redone_batches`` and ``devices`` (per worker)."""
+        ``redone_batches``, ``devices`` (per worker) and ``metrics`` (the
+        processor's metric reducers' results, once the job reduced
+        them)."""
         return json.loads(self._native.report(job))
 
     def set(
@@ -202,7 +204,9 @@ def torch_batch_process(
 ) -> dict:
     """Runs ``batch_processor_cls`` over ``dataset`` and returns the report:
     ``job_id``, ``records``, ``manifest_uri``, ``outputs`` (each ``uri`` and
-    ``records``). Determined's call, with stoke's additions keyword-only.
+    ``records``) and ``metrics`` (what the processor's metric reducers,
+    ``self.context.wrap_reducer(...)``, reduced to over every committed
+    batch, by name). Determined's call, with stoke's additions keyword-only.
 
     ``dataset``: a map-style ``torch.utils.data.Dataset`` (records are its
     indices; each shard's batches are what ``DataLoader(Subset(dataset,

@@ -135,6 +135,8 @@ def _report(client: Any, job_id: str) -> dict:
     report["records_out"] = manifest.get("records_out")
     report["records_skipped"] = manifest.get("records_skipped", 0)
     report["outputs"] = [{"uri": o["uri"], "records": o["records"]} for o in manifest["outputs"]]
+    # The metric reducers' results, stored before the job succeeded.
+    report["metrics"] = client.report(job_id).get("metrics", {})
     return report
 
 

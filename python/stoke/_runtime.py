@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any, Iterator
 
-from . import _dataset, _loading
+from . import _dataset, _loading, _reducer
 from .processor import BadRecord, TorchBatchProcessor
 
 # The worker checks this: a package of another protocol is refused with a
@@ -259,8 +259,9 @@ class _UploadPath:
         return None
 
 
-class Context:
-    """What a processor can reach (Determined's ``TorchBatchProcessorContext``)."""
+class Context(_reducer.ReducerContext):
+    """What a processor can reach (Determined's ``TorchBatchProcessorContext``,
+    with its metric reducers: ``wrap_reducer``)."""
 
     def __init__(self, native: Any) -> None:
         import torch
@@ -418,6 +419,38 @@ def before_checkpoint(instance: Any) -> None:
     context = getattr(instance, "context", None)
     if isinstance(context, Context):
         context._sync_tensorboard()
+
+
+def metrics_reset(instance: Any) -> None:
+    """A new attempt starts: the reducers forget what the last one did not
+    commit."""
+    _reducer.reset(instance)
+
+
+def metrics_snapshot(instance: Any) -> Any:
+    """The reducers' state before a batch (``None`` without reducers)."""
+    return _reducer.snapshot(instance)
+
+
+def metrics_restore(saved: Any) -> None:
+    """A call raised ``BadRecord``: what it gathered does not count."""
+    _reducer.restore(saved)
+
+
+def metrics_take(instance: Any, batches: int) -> bytes | None:
+    """The checkpoint's metric partial (see ``stoke._reducer``)."""
+    return _reducer.take_partial(instance, batches)
+
+
+def reduce_metrics(blobs: list, shipped: dict | None = None) -> str:
+    """The job's metrics as JSON text, from its committed partials in
+    record order. ``shipped``: the job's code, loaded first so the
+    reducers' classes are there."""
+    try:
+        metrics = _reducer.reduce_partials(blobs)
+    except _reducer.ReduceError as e:
+        raise _LoadError(f"reducing the job's metrics: {e}") from None
+    return json.dumps(metrics, allow_nan=False, sort_keys=True)
 
 
 # The module name a spec gives code shipped by value (`[processor] code`).

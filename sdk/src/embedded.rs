@@ -49,6 +49,9 @@ pub struct JobReport {
     pub job: JobInfo,
     pub manifest: Manifest,
     pub manifest_uri: String,
+    /// The job's metrics (a Python processor's metric reducers), by name;
+    /// empty without reducers.
+    pub metrics: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// Runs `spec` with processor `P` in this process and returns when the job
@@ -143,10 +146,12 @@ pub async fn run_embedded(
                 uri: manifest_uri.to_string(),
             }
         })?;
+        let metrics = handle.report(&job.job_id).await?.metrics;
         Ok(JobReport {
             job,
             manifest,
             manifest_uri: manifest_uri.to_string(),
+            metrics,
         })
     }
     .await;

@@ -4,7 +4,7 @@
 //! two, so the worker never depends on the coordinator.
 
 use stoke_coordinator::{CoordinatorError, Handle};
-use stoke_core::lease::{AcquireOutcome, Commit, Heartbeat, Registration, Release};
+use stoke_core::lease::{AcquireOutcome, Commit, Heartbeat, MetricsDone, Registration, Release};
 use stoke_worker::LinkError;
 use stoke_worker::link::{CoordinatorLink, Session};
 use tokio::sync::mpsc;
@@ -62,6 +62,10 @@ impl CoordinatorLink for LocalLink {
 
     async fn release(&self, release: Release) -> Result<(), LinkError> {
         self.handle.release(release).await.map_err(link_error)
+    }
+
+    async fn commit_metrics(&self, done: MetricsDone) -> Result<(), LinkError> {
+        self.handle.commit_metrics(done).await.map_err(link_error)
     }
 }
 

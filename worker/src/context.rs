@@ -38,6 +38,8 @@ pub struct ProcessorContext {
     shard: Option<ShardInfo>,
     rows: Vec<RecordBatch>,
     skipped: Vec<SkippedRecord>,
+    /// The metric partial of the batches since the last checkpoint.
+    metrics: Option<Bytes>,
     scratch: PathBuf,
     stores: Stores,
     runtime: tokio::runtime::Handle,
@@ -62,6 +64,7 @@ impl ProcessorContext {
             shard: None,
             rows: Vec::new(),
             skipped: Vec::new(),
+            metrics: None,
             scratch,
             stores,
             runtime,
@@ -219,6 +222,17 @@ impl ProcessorContext {
 
     pub(crate) fn take_skipped(&mut self) -> Vec<SkippedRecord> {
         std::mem::take(&mut self.skipped)
+    }
+
+    /// The metric partial of the batches since the last checkpoint
+    /// (a Python processor's reducers), committed with the checkpoint.
+    #[cfg_attr(not(feature = "python"), allow(dead_code))]
+    pub(crate) fn set_metrics_partial(&mut self, partial: Bytes) {
+        self.metrics = Some(partial);
+    }
+
+    pub(crate) fn take_metrics_partial(&mut self) -> Option<Bytes> {
+        self.metrics.take()
     }
 
     /// A local folder whose files are uploaded with the next checkpoint

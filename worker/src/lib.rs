@@ -29,6 +29,7 @@ pub mod processor;
 #[cfg(feature = "python")]
 pub mod python;
 pub mod pytorch;
+mod reduce;
 pub mod runner;
 mod session;
 pub mod signals;

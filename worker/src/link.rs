@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use stoke_core::PROTOCOL_VERSION;
 use stoke_core::lease::{
-    AcquireOutcome, Commit, Heartbeat, JobTerms, Lease, Registration, Release, SessionEvent,
-    SessionGrant,
+    AcquireOutcome, Commit, Heartbeat, JobTerms, Lease, MetricsDone, ReduceTask, Registration,
+    Release, SessionEvent, SessionGrant,
 };
 use stoke_core::security::{AuthChannel, ClientSecurity};
 use stoke_proto::v1 as pb;
@@ -48,6 +48,11 @@ pub trait CoordinatorLink: Send + Sync + 'static {
     /// `Ok(true)` when the coordinator had already applied this commit.
     fn commit(&self, commit: Commit) -> impl Future<Output = Result<bool, LinkError>> + Send;
     fn release(&self, release: Release) -> impl Future<Output = Result<(), LinkError>> + Send;
+    /// The answer to a job's metrics reduce task.
+    fn commit_metrics(
+        &self,
+        done: MetricsDone,
+    ) -> impl Future<Output = Result<(), LinkError>> + Send;
 }
 
 /// A link over gRPC.
@@ -291,6 +296,9 @@ impl CoordinatorLink for GrpcLink {
                 w.retry_after_ms,
             ))),
             Some(Outcome::Idle(_)) => Ok(AcquireOutcome::Idle),
+            Some(Outcome::Reduce(t)) => Ok(AcquireOutcome::Reduce(Box::new(
+                ReduceTask::try_from(t).map_err(|e| invalid(e.to_string()))?,
+            ))),
             None => Err(invalid("missing field `outcome`")),
         }
     }
@@ -308,6 +316,14 @@ impl CoordinatorLink for GrpcLink {
     async fn release(&self, release: Release) -> Result<(), LinkError> {
         self.client()
             .release(pb::ReleaseRequest::from(release))
+            .await
+            .map_err(|s| self.status_error(s))?;
+        Ok(())
+    }
+
+    async fn commit_metrics(&self, done: MetricsDone) -> Result<(), LinkError> {
+        self.client()
+            .commit_metrics(pb::CommitMetricsRequest::from(done))
             .await
             .map_err(|s| self.status_error(s))?;
         Ok(())

@@ -123,6 +123,11 @@ pub(crate) trait DynProcessor: Send {
     ) -> ProcessorResult<()>;
     fn on_checkpoint_start(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()>;
     fn on_finish(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()>;
+    /// An attempt starts: forget what the last one gathered and did not
+    /// commit (a Python processor's metric reducers).
+    fn begin_attempt(&mut self) -> ProcessorResult<()> {
+        Ok(())
+    }
 }
 
 impl<P: TorchBatchProcessor> DynProcessor for P {

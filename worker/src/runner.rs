@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use stoke_core::lease::{AcquireOutcome, Lease, Registration, Release};
+use stoke_core::lease::{AcquireOutcome, Lease, ReduceTask, Registration, Release};
 use stoke_data::batcher::BatchTx;
 use stoke_data::read::{ShardRead, read_shard};
 use stoke_store::Stores;
@@ -229,6 +229,10 @@ impl<L: CoordinatorLink> Worker<L> {
                 Some(started) => started,
                 None => match self.next_lease(true).await? {
                     Next::Lease(lease) => self.start(*lease).await?,
+                    Next::Reduce(task, session_id) => {
+                        crate::reduce::run(&*self.link, &self.stores, *task, session_id).await;
+                        continue;
+                    }
                     Next::Exit(exit) => return Ok(exit),
                     Next::Retry => continue,
                 },
@@ -240,11 +244,17 @@ impl<L: CoordinatorLink> Worker<L> {
                 _ = &mut current.reader => true,
                 _ = self.shutdown.cancelled() => false,
             };
-            if read_all
-                && !self.shutdown.is_cancelled()
-                && let Ok(Next::Lease(lease)) = self.next_lease(false).await
-            {
-                ahead = Some(self.start(*lease).await?);
+            if read_all && !self.shutdown.is_cancelled() {
+                match self.next_lease(false).await {
+                    Ok(Next::Lease(lease)) => ahead = Some(self.start(*lease).await?),
+                    // Another job's last step: done now, while this
+                    // attempt's last batches run (the task is held until
+                    // it is answered).
+                    Ok(Next::Reduce(task, session_id)) => {
+                        crate::reduce::run(&*self.link, &self.stores, *task, session_id).await;
+                    }
+                    _ => {}
+                }
             }
             let store_failed = self.finish(current).await;
             // An attempt that failed on the store: wait before the next
@@ -282,11 +292,13 @@ impl<L: CoordinatorLink> Worker<L> {
         if !wait {
             return Ok(match answer {
                 Ok(AcquireOutcome::Lease(lease)) => Next::Lease(lease),
+                Ok(AcquireOutcome::Reduce(task)) => Next::Reduce(task, session_id),
                 _ => Next::Retry,
             });
         }
         match answer {
             Ok(AcquireOutcome::Lease(lease)) => Ok(Next::Lease(lease)),
+            Ok(AcquireOutcome::Reduce(task)) => Ok(Next::Reduce(task, session_id)),
             Ok(AcquireOutcome::Wait(d)) => Ok(if self.pause_for_work(d, wake).await {
                 Next::Exit(WorkerExit::Shutdown)
             } else {
@@ -512,6 +524,8 @@ enum ReleaseOutcome {
 /// What asking for work gave.
 enum Next {
     Lease(Box<Lease>),
+    /// A job's metrics reduce task, and the session it came on.
+    Reduce(Box<ReduceTask>, String),
     Exit(WorkerExit),
     Retry,
 }

@@ -390,7 +390,8 @@ async fn cycles(
                 tokio::time::sleep(retry.min(deadline.saturating_duration_since(begin))).await;
                 continue;
             }
-            Some(Outcome::Idle(_)) | None => {
+            // Range jobs have no metrics to reduce.
+            Some(Outcome::Idle(_)) | Some(Outcome::Reduce(_)) | None => {
                 tally.ran_out = true;
                 return Ok(());
             }

@@ -3,7 +3,8 @@
 //! answered on a oneshot channel.
 
 use stoke_core::lease::{
-    AcquireOutcome, Commit, Heartbeat, JobTerms, Registration, Release, SessionEvent, SessionGrant,
+    AcquireOutcome, Commit, Heartbeat, JobTerms, MetricsDone, Registration, Release, SessionEvent,
+    SessionGrant,
 };
 use stoke_core::records::{
     CommittedOutputs, DeltaVersions, JobErrors, JobInfo, Manifest, SkippedRecord,
@@ -101,6 +102,10 @@ pub(super) enum Command {
     },
     Release {
         release: Release,
+        reply: Reply<()>,
+    },
+    CommitMetrics {
+        done: MetricsDone,
         reply: Reply<()>,
     },
 }
@@ -346,6 +351,12 @@ impl Handle {
 
     pub async fn release(&self, release: Release) -> Result<()> {
         self.call(|reply| Command::Release { release, reply }).await
+    }
+
+    /// A worker's answer to a job's metrics reduce task.
+    pub async fn commit_metrics(&self, done: MetricsDone) -> Result<()> {
+        self.call(|reply| Command::CommitMetrics { done, reply })
+            .await
     }
 }
 

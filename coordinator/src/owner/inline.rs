@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 
 use stoke_core::lease::{
-    AcquireOutcome, Commit, LeaseKey, Registration, Release, SessionEvent, SessionGrant,
+    AcquireOutcome, Commit, LeaseKey, MetricsDone, Registration, Release, SessionEvent,
+    SessionGrant,
 };
 use stoke_core::plan::Plan;
 use stoke_core::records::JobInfo;
@@ -155,6 +156,17 @@ impl Inline {
     pub async fn release(&mut self, release: Release) -> Result<()> {
         let req = self.req();
         self.state.release(req, release, Instant::now());
+        match self.answer(req).await {
+            Answer::Done(answer) => answer,
+            Answer::Job(answer) => (*answer).map(|_| ()),
+            Answer::Commit(answer) => answer.map(|_| ()),
+        }
+    }
+
+    /// A worker's answer to a job's metrics reduce task.
+    pub async fn commit_metrics(&mut self, done: MetricsDone) -> Result<()> {
+        let req = self.req();
+        self.state.commit_metrics(req, done, Instant::now());
         match self.answer(req).await {
             Answer::Done(answer) => answer,
             Answer::Job(answer) => (*answer).map(|_| ()),

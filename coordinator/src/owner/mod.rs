@@ -390,6 +390,10 @@ impl Owner {
                 let req = self.wait(Waiter::Done(reply));
                 self.state.release(req, release, Instant::now());
             }
+            Command::CommitMetrics { done, reply } => {
+                let req = self.wait(Waiter::Done(reply));
+                self.state.commit_metrics(req, done, Instant::now());
+            }
         }
     }
 

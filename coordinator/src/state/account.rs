@@ -143,6 +143,8 @@ pub(super) struct Account {
     saved: Instant,
     /// A save is being written.
     saving: bool,
+    /// The job's reduced metrics, once stored (see `metrics.rs`).
+    pub metrics: BTreeMap<String, serde_json::Value>,
 }
 
 impl Account {
@@ -168,6 +170,7 @@ impl Account {
             before: None,
             saved: now,
             saving: false,
+            metrics: BTreeMap::new(),
         }
     }
 
@@ -340,6 +343,7 @@ impl Account {
                 .collect(),
             redone_batches: self.redone_batches,
             devices,
+            metrics: self.metrics.clone(),
         };
         match &self.before {
             Some(before) => report.after(before),

@@ -135,6 +135,13 @@ impl State {
         {
             return;
         }
+        // The job's metrics are reduced (on a worker) first.
+        if self.metrics_hold_finish(job_id) {
+            return;
+        }
+        let Some(job) = self.jobs.get_mut(job_id) else {
+            return;
+        };
         job.phase = JobPhase::Finishing;
         let finish = FinishJob {
             job_id: job_id.to_string(),

@@ -29,6 +29,11 @@ impl State {
             });
         };
         let worker_id = session.worker_id.clone();
+        // A job whose shards are all done reduces its metrics first: it
+        // ends with that.
+        if let Some(task) = self.grant_reduce(session_id, now) {
+            return Ok(task);
+        }
         // Which job goes first: `schedule.rs`.
         let (chosen, any_unfinished) = self.choose(session_id, &worker_id, now);
         let Some(super::schedule::Choice { job_id, pos }) = chosen else {
@@ -331,6 +336,7 @@ impl State {
             }
         }
         self.wake(requeued);
+        self.take_back_reduces(None, now);
         let retry: Vec<(String, Option<String>)> = self
             .jobs
             .values()

@@ -35,6 +35,8 @@
 //!   tail;
 //! - `pace.rs`: each worker's pace on each job (records committed per
 //!   second of lease held), which splits go by;
+//! - `metrics.rs`: a job's metric partials reduced on a worker (a leased
+//!   task) before it finishes;
 //! - `finish.rs`: a job whose every shard is done: manifest and success;
 //! - `account.rs`: each job's processor time by cause (its efficiency
 //!   report);
@@ -48,6 +50,7 @@ mod effects;
 mod finish;
 mod jobs;
 mod leases;
+mod metrics;
 mod pace;
 mod recover;
 mod repeats;
@@ -287,6 +290,8 @@ struct Job {
     account: account::Account,
     /// Its failed attempts' errors so far (see `repeats.rs`).
     repeats: repeats::Repeats,
+    /// Its metrics' reduce task (see `metrics.rs`).
+    reduce: metrics::Reduce,
 }
 
 /// Where a job is in its life, beside its stored status (`Job::state`):
@@ -450,6 +455,7 @@ impl Job {
             spec,
             account: account::Account::new(now),
             repeats: Default::default(),
+            reduce: Default::default(),
         }
     }
 
@@ -690,6 +696,7 @@ impl State {
             Then::EndedSaved { job_id } => self.ended_saved(&job_id, result),
             Then::Delta { job_id, reconcile } => self.delta_written(&job_id, reconcile, result),
             Then::Crashed(crashed) => self.crash_stored(*crashed, result),
+            Then::Metrics(write) => self.metrics_stored(*write, result),
             Then::Group(commits) => self.group_failed(commits, &mismatch()),
             Then::Snapshot { job_id, uri } => {
                 let error = stoke_store::StoreError::Shared {
@@ -778,6 +785,8 @@ enum Then {
     /// A Delta commit of the job is made (or not); `reconcile`: it added
     /// only what the table lacked.
     Delta { job_id: String, reconcile: bool },
+    /// A job's reduced metrics are stored (or not).
+    Metrics(Box<metrics::MetricsWrite>),
 }
 
 /// A failed attempt whose progress record is being stored.

@@ -161,6 +161,14 @@ async fn load(config: CoordinatorConfig, stores: &Stores, epoch: u64) -> Result<
         }
         job.state = status.state;
         job.reason = status.reason;
+        // A Python job's metrics reduced before a restart.
+        if job.spec.processor.python.is_some()
+            && let Some(metrics) = stores
+                .get_json::<super::metrics::Metrics>(&job.layout.metrics())
+                .await?
+        {
+            job.metrics_recovered(metrics);
+        }
         if let Some(stored) = stored {
             let mut progress = stored.records;
             job.progress_objects = stored.objects;

@@ -161,6 +161,7 @@ impl State {
             job.account.worker_gone(&session.worker_id, lost);
         }
         self.wake(requeued);
+        self.take_back_reduces(Some(session_id), now);
         info!(session = %session_id, worker = %session.worker_id, "session closed");
     }
 
@@ -184,6 +185,7 @@ impl State {
                 lease.deadline = deadline;
             }
         }
+        self.renew_reduces(session_id, deadline, now);
         Ok(())
     }
 

@@ -237,6 +237,7 @@ async fn owner_task_takes_back_expired_leases_on_its_own() {
             // Paused clock: this sleep only moves virtual time forward.
             AcquireOutcome::Wait(retry) => tokio::time::sleep(retry).await,
             AcquireOutcome::Idle => panic!("the job is still running"),
+            AcquireOutcome::Reduce(_) => panic!("the job has no metrics to reduce"),
         }
     }
     let next = next.expect("the expired lease is handed out again");

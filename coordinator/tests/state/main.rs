@@ -7,6 +7,7 @@ mod commits;
 mod crashes;
 mod jobs;
 mod leases;
+mod metrics;
 mod report;
 mod schedule;
 mod split;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use stoke_core::layout::part_name;
+use stoke_core::layout::{metrics_partial_name, part_name};
 use stoke_core::lease::{Commit, LeaseKey};
 use stoke_core::records::OutputObject;
 use stoke_core::sha256_hex;
@@ -129,6 +129,12 @@ impl<L: CoordinatorLink> Committer<L> {
             staged.push(uri.clone());
             outputs.push(self.upload(uri, Bytes::from(bytes), 0).await?);
             let _ = tokio::fs::remove_file(file).await;
+        }
+        if let Some(partial) = cp.metrics {
+            // Committed with the checkpoint's batches, or never.
+            let uri = self.prefix.join(&metrics_partial_name(cp.from_batch));
+            staged.push(uri.clone());
+            outputs.push(self.upload(uri, partial, 0).await?);
         }
         let mut error_objects = Vec::new();
         let skipped = cp.skipped.len() as u64;

@@ -164,6 +164,9 @@ pub(crate) struct Checkpoint {
     pub files: Vec<PathBuf>,
     /// Bad records skipped since the previous checkpoint.
     pub skipped: Vec<SkippedRecord>,
+    /// The processor's metric partial for these batches (Python
+    /// reducers), committed as one more object.
+    pub metrics: Option<bytes::Bytes>,
     pub done: bool,
     /// Told `true` once the coordinator acknowledged the commit.
     pub ack: oneshot::Sender<bool>,

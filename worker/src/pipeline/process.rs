@@ -297,6 +297,7 @@ impl ShardLoop<'_> {
         })?;
         let rows = l.ctx.take_rows();
         let skipped = l.ctx.take_skipped();
+        let metrics = l.ctx.take_metrics_partial();
         let files = stage_scratch(l.ctx.upload_path(), self.from_batch).map_err(|e| {
             WorkerError::Encode {
                 shard: self.shard_id.clone(),
@@ -311,6 +312,7 @@ impl ShardLoop<'_> {
             rows,
             files,
             skipped,
+            metrics,
             done,
             ack: ack_tx,
         };
@@ -524,6 +526,17 @@ fn run_shard(
     l.ctx.set_shard(Some(info));
     let _ = l.ctx.take_rows();
     let _ = l.ctx.take_skipped();
+    let _ = l.ctx.take_metrics_partial();
+    // What an earlier attempt gathered and did not commit never counts.
+    if let Err(e) = l.processor.begin_attempt() {
+        let outcome = ShardOutcome::Failed(WorkerError::ProcessorBatch {
+            processor: spec.processor.label(),
+            shard: shard_id,
+            batch_idx: start_batch,
+            message: processor_message(&e),
+        });
+        return (outcome, reply);
+    }
     let mut shard = ShardLoop {
         l,
         processor_name: spec.processor.label(),

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use stoke_core::spec::DatasetFormat;
+use stoke_core::spec::{DatasetFormat, JobSpec};
 use stoke_store::{StoreUri, Stores};
 
 use crate::batch::Batch;
@@ -201,6 +201,13 @@ struct PythonProcessor {
     batch_size: u64,
     /// The job's pool of load processes, when the class defines `load_fn`.
     pool: Option<Arc<LoadPool>>,
+    /// Batches processed since the metric reducers were last taken (or
+    /// reset): a checkpoint without any commits no metric partial.
+    batches_since_partial: u64,
+    /// Under `[errors] policy = "skip"` a call that raises `BadRecord`
+    /// runs again without the record: what it gathered in the metric
+    /// reducers is undone first (under `fail` the attempt ends instead).
+    undo_reducers: bool,
 }
 
 /// A Python processor's `load_fn` pool (`stoke._loading.LoadPool`), as its
@@ -268,6 +275,7 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
     let dataset = ctx.spec().dataset.clone();
     let batch_size = ctx.spec().batching.batch_size;
     let loading = ctx.spec().loading.clone();
+    let skip_policy = ctx.spec().errors.policy == stoke_core::spec::ErrorPolicy::Skip;
     let (stores, runtime) = ctx.stores_and_runtime();
     let shared = Arc::new(Shared {
         device: device_name(ctx.device()),
@@ -364,11 +372,35 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
             feed,
             batch_size,
             pool,
+            batches_since_partial: 0,
+            undo_reducers: skip_policy,
         })
     })?;
     let mut processor = created;
     processor.drain(ctx)?;
     Ok((Box::new(processor), None))
+}
+
+/// A job's metrics from its committed metric partials (in record order),
+/// as a JSON object: the reducers' `cross_slot_reduce` in this process's
+/// Python (see `stoke._reducer`). The error names the reducer.
+pub fn reduce_metrics(spec: &JobSpec, partials: &[Bytes]) -> Result<String, PythonError> {
+    interp::interp()?;
+    Python::attach(|py| {
+        let setup = |e: PyErr| PythonError::Setup(e.to_string());
+        // Reducers pickled by reference import from the job's paths.
+        extend_sys_path(py, &spec.processor.python_path).map_err(setup)?;
+        extend_sys_path(py, &spec.dataset.python_path).map_err(setup)?;
+        let runtime = py
+            .import("stoke._runtime")
+            .map_err(|e| PythonError::Setup(format!("import stoke: {e}")))?;
+        let blobs = pyo3::types::PyList::new(py, partials.iter().map(|b| PyBytes::new(py, b)))
+            .map_err(setup)?;
+        runtime
+            .call_method1("reduce_metrics", (blobs,))
+            .and_then(|m| m.extract::<String>())
+            .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))
+    })
 }
 
 /// The bytes of the job's shipped code (`[processor] code`), read from
@@ -532,11 +564,17 @@ impl PythonProcessor {
                     (py_batch, batch_idx)
                 }
             };
-            match self
-                .instance
-                .bind(py)
-                .call_method1("process_batch", (py_batch, batch_idx))
-            {
+            let instance = self.instance.bind(py);
+            let saved = if self.undo_reducers {
+                Some(
+                    runtime
+                        .call_method1("metrics_snapshot", (instance,))
+                        .map_err(raised)?,
+                )
+            } else {
+                None
+            };
+            match instance.call_method1("process_batch", (py_batch, batch_idx)) {
                 Ok(_) => Ok(Called::Done),
                 Err(e) => {
                     let bad = runtime
@@ -545,7 +583,14 @@ impl PythonProcessor {
                         .ok()
                         .flatten();
                     match bad {
-                        Some((id, reason)) => Ok(Called::BadRecord(id, reason)),
+                        Some((id, reason)) => {
+                            if let Some(saved) = saved {
+                                runtime
+                                    .call_method1("metrics_restore", (saved,))
+                                    .map_err(raised)?;
+                            }
+                            Ok(Called::BadRecord(id, reason))
+                        }
                         None => Err(raised(e)),
                     }
                 }
@@ -577,7 +622,10 @@ impl DynProcessor for PythonProcessor {
         }
         loop {
             match self.call_batch(&batch, batch_idx, samples.as_deref()) {
-                Ok(Called::Done) => return self.drain(ctx),
+                Ok(Called::Done) => {
+                    self.batches_since_partial += 1;
+                    return self.drain(ctx);
+                }
                 Ok(Called::BadRecord(id, reason)) => {
                     // Rows of the failed call are dropped; the batch runs
                     // again without the record (under `skip`), or the
@@ -617,12 +665,44 @@ impl DynProcessor for PythonProcessor {
                 .map_err(|e| PythonError::Raised(describe(py, runtime, &e)))
         })?;
         match self.call_method("on_checkpoint_start") {
-            Ok(()) => self.drain(ctx),
+            Ok(()) => self.drain(ctx)?,
             Err(e) => {
                 self.discard();
-                Err(e.into())
+                return Err(e.into());
             }
         }
+        // The reducers' values for this checkpoint's batches, committed
+        // with them (after on_checkpoint_start, which may still update
+        // them).
+        let batches = std::mem::take(&mut self.batches_since_partial);
+        let partial = Python::attach(|py| -> Result<Option<Vec<u8>>, PythonError> {
+            let runtime = self.runtime.bind(py);
+            let raised = |e: PyErr| PythonError::Raised(describe(py, runtime, &e));
+            let partial = runtime
+                .call_method1("metrics_take", (self.instance.bind(py), batches))
+                .map_err(raised)?;
+            if partial.is_none() {
+                return Ok(None);
+            }
+            let bytes = partial.cast::<PyBytes>().map_err(|e| raised(e.into()))?;
+            Ok(Some(bytes.as_bytes().to_vec()))
+        })?;
+        if let Some(partial) = partial {
+            ctx.set_metrics_partial(Bytes::from(partial));
+        }
+        Ok(())
+    }
+
+    fn begin_attempt(&mut self) -> ProcessorResult<()> {
+        self.batches_since_partial = 0;
+        Python::attach(|py| {
+            let runtime = self.runtime.bind(py);
+            runtime
+                .call_method1("metrics_reset", (self.instance.bind(py),))
+                .map(|_| ())
+                .map_err(|e| PythonError::Raised(describe(py, runtime, &e)))
+        })?;
+        Ok(())
     }
 
     fn on_finish(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()> {
