@@ -597,7 +597,7 @@ case "$what" in
     "$STOKE_REPO/scripts/s3-server.sh" >/dev/null
     log "W1 on file:// vs S3 (s3s-fs on loopback, through a counting proxy), $RUNS rounds"
     (cd "$STOKE_REPO" && STOKE_W1_DIR="$W1" BENCH_RUNS="$RUNS" \
-      cargo test --release -q -p stoke-tests --test bench_s3 -- --ignored --nocapture) |
+      cargo test --release -q -p stoke-tests --test bench_s3 -- --ignored --nocapture --test-threads=1) |
       grep '^{' | tee "$BENCH_DIR/s3-results.jsonl"
     exit 0
     ;;

@@ -118,7 +118,14 @@ fn kind(method: &str, target: &str, copy: bool) -> String {
     } else {
         ""
     };
-    format!("{method}{tag}")
+    // Requests for a Delta table's log, counted apart (the cost of its
+    // commits: bench_s3's Delta run).
+    let log = if target.contains("_delta_log") {
+        " delta-log"
+    } else {
+        ""
+    };
+    format!("{method}{tag}{log}")
 }
 
 fn serve(client: TcpStream, upstream_port: u16, shared: &Mutex<Shared>) -> std::io::Result<()> {

@@ -16,20 +16,20 @@ fn w1_dir() -> Option<PathBuf> {
     std::env::var_os("STOKE_W1_DIR").map(PathBuf::from)
 }
 
-#[test]
-#[ignore = "benchmark; run by bench/run.sh s3"]
-fn w1_on_s3_vs_file() {
-    let Some(w1) = w1_dir() else {
-        panic!("set STOKE_W1_DIR to the W1 folder bench/run.sh writes (data/, model.pt)");
-    };
-    let runs: usize = std::env::var("BENCH_RUNS")
+/// Runs per contender (`BENCH_RUNS`, default 3).
+fn bench_runs() -> usize {
+    std::env::var("BENCH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+        .unwrap_or(3)
+}
+
+/// An S3 test server with W1 (data/ and model.pt) in its bucket under
+/// `w1/`, and a counting proxy in front of it.
+fn w1_in_a_bucket(w1: &std::path::Path) -> (TestEnv, S3Proxy) {
     let env = TestEnv::new(Backend::S3);
     let server = env.s3.as_ref().expect("server");
     let proxy = S3Proxy::start(server.port);
-    // The workload into the bucket.
     for path in files_under(&w1.join("data")) {
         let name = path.file_name().and_then(|n| n.to_str()).expect("name");
         env.put(
@@ -41,6 +41,17 @@ fn w1_on_s3_vs_file() {
         &env.uri("w1/model.pt"),
         std::fs::read(w1.join("model.pt")).expect("model"),
     );
+    (env, proxy)
+}
+
+#[test]
+#[ignore = "benchmark; run by bench/run.sh s3"]
+fn w1_on_s3_vs_file() {
+    let Some(w1) = w1_dir() else {
+        panic!("set STOKE_W1_DIR to the W1 folder bench/run.sh writes (data/, model.pt)");
+    };
+    let runs = bench_runs();
+    let (env, proxy) = w1_in_a_bucket(&w1);
     let template = std::fs::read_to_string(repo_root().join("bench/w1.toml")).expect("w1.toml");
     let file_spec = env.write_spec(
         "w1-file.toml",
@@ -156,6 +167,130 @@ fn w1_on_s3_vs_file() {
             "file_records_per_s": best("file"),
             "s3_records_per_s": best("s3"),
             "s3_over_file": best("s3") / best("file"),
+        })
+    );
+}
+
+/// Benchmark: W1 into a Delta table on the S3 server (through the counting
+/// proxy), `commit = "end"` and `"checkpoint"`, against Parquet objects,
+/// alternating in one run: records/s of the whole command, and the store
+/// requests the Delta commits cost (those on the table's `_delta_log/`,
+/// and all of them over the Parquet run's).
+#[test]
+#[ignore = "benchmark; run by bench/run.sh s3"]
+fn w1_into_a_delta_table_on_s3() {
+    let Some(w1) = w1_dir() else {
+        panic!("set STOKE_W1_DIR to the W1 folder bench/run.sh writes (data/, model.pt)");
+    };
+    let runs = bench_runs();
+    let (env, proxy) = w1_in_a_bucket(&w1);
+    let template = std::fs::read_to_string(repo_root().join("bench/w1.toml"))
+        .expect("w1.toml")
+        .replace("file://@W1_DIR@", &env.uri("w1"));
+    let s3_env = S3Server::env_for(&proxy.endpoint());
+    let mut parquet_requests: Vec<u64> = Vec::new();
+    let mut rates: Vec<(String, f64)> = Vec::new();
+    for round in 0..runs {
+        for mode in ["parquet", "delta-end", "delta-checkpoint"] {
+            let table = env.uri(&format!("tables/w1-{round}-{mode}"));
+            let spec_text = match mode {
+                "parquet" => template.clone(),
+                _ => template.replace(
+                    "[output]\nformat = \"parquet\"",
+                    &format!(
+                        "[output]\nformat = \"delta\"\nuri = \"{table}\"\ncommit = \"{}\"",
+                        mode.trim_start_matches("delta-")
+                    ),
+                ),
+            };
+            assert!(
+                mode == "parquet" || spec_text.contains("delta"),
+                "{spec_text}"
+            );
+            let spec = env.write_spec(&format!("w1-{mode}.toml"), &spec_text);
+            let root = env.uri(&format!("root-{round}-{mode}"));
+            proxy.reset_counts();
+            let mut cmd = Command::new(bin("stoke"));
+            cmd.args([
+                "run",
+                &spec,
+                "--local",
+                "2",
+                "--device",
+                "cpu",
+                "--threads",
+                "1",
+            ])
+            .args(["--root", &root])
+            .env("RUST_LOG", "warn")
+            .envs(s3_env.iter().map(|(k, v)| (k, v)));
+            let started = Instant::now();
+            let out = output_within(cmd, DEADLINE);
+            let secs = started.elapsed().as_secs_f64();
+            let stdout = text(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{mode}: {stdout}\n{}",
+                text(&out.stderr)
+            );
+            let job = summary_field(&stdout, "job").expect("job id");
+            let manifest = env.manifest_in(&root, &job);
+            assert_eq!(manifest.records_in, 200_000);
+            let counts = proxy.counts();
+            let times = proxy.times();
+            let requests: u64 = counts.values().sum();
+            let log_requests: u64 = counts
+                .iter()
+                .filter(|(k, _)| k.ends_with(" delta-log"))
+                .map(|(_, n)| n)
+                .sum();
+            let log_seconds: f64 = times
+                .iter()
+                .filter(|(k, _)| k.ends_with(" delta-log"))
+                .map(|(_, t)| t.as_secs_f64())
+                .sum();
+            let commits = manifest.delta.as_ref().map_or(0, |d| d.versions.len());
+            if mode == "parquet" {
+                parquet_requests.push(requests);
+            }
+            let over_parquet =
+                requests as i64 - parquet_requests.last().copied().unwrap_or(0) as i64;
+            println!(
+                "{}",
+                serde_json::json!({
+                    "bench": "delta-on-s3",
+                    "mode": mode,
+                    "round": round,
+                    "seconds": secs,
+                    "records_per_s": 200_000.0 / secs,
+                    "delta_commits": commits,
+                    "store_requests": requests,
+                    "store_requests_over_parquet": over_parquet,
+                    "delta_log_requests": log_requests,
+                    "delta_log_requests_per_commit": if commits > 0 { log_requests as f64 / commits as f64 } else { 0.0 },
+                    "delta_log_seconds": log_seconds,
+                    "store_requests_by_kind": counts,
+                })
+            );
+            rates.push((mode.to_string(), 200_000.0 / secs));
+        }
+    }
+    let median = |m: &str| {
+        let mut r: Vec<f64> = rates
+            .iter()
+            .filter(|(k, _)| k == m)
+            .map(|(_, v)| *v)
+            .collect();
+        r.sort_by(f64::total_cmp);
+        r.get(r.len() / 2).copied().unwrap_or(0.0)
+    };
+    println!(
+        "{}",
+        serde_json::json!({
+            "summary": "delta-on-s3, medians",
+            "parquet_records_per_s": median("parquet"),
+            "delta_end_over_parquet": median("delta-end") / median("parquet"),
+            "delta_checkpoint_over_parquet": median("delta-checkpoint") / median("parquet"),
         })
     );
 }

@@ -109,6 +109,12 @@ backend_tests! {
         assert_eq!(delta.versions, table.versions());
         // The last txn is the job's highest progress seq.
         assert!(table.txns[&job].is_some());
+        // A checkpoint every 10 commits: readers replay at most 10 JSON
+        // commits (deltalake read the table above through them).
+        let log = env.list(&format!("{table_uri}/_delta_log/"));
+        let checkpoints = log.iter().filter(|p| p.ends_with(".checkpoint.parquet")).count();
+        assert_eq!(checkpoints, table.commits.len() / 10, "{log:?}");
+        assert!(log.iter().any(|p| p.ends_with("_last_checkpoint")), "{log:?}");
     }
 
     fn a_coordinator_killed_between_the_delta_commit_and_its_record_adds_nothing_twice(env) {

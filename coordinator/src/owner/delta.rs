@@ -27,7 +27,8 @@ use delta_kernel::table_features::TableFeature;
 use delta_kernel::transaction::create_table::create_table;
 use delta_kernel::transaction::{CommitResult, UpdateTableOperation};
 use delta_kernel::{Engine, FileMeta, Snapshot};
-use delta_kernel_default_engine::DefaultEngineBuilder;
+use delta_kernel_default_engine::executor::tokio::TokioMultiThreadExecutor;
+use delta_kernel_default_engine::{DefaultEngine, DefaultEngineBuilder};
 use stoke_core::plan::{DoneInput, DoneInputs};
 use stoke_core::records::OutputObject;
 use stoke_store::{StoreError, StoreUri, Stores};
@@ -119,7 +120,7 @@ pub async fn done_inputs(
     }
     let (t, domain) = (table.clone(), inputs_domain(fingerprint));
     tokio::task::spawn_blocking(move || {
-        let engine = DefaultEngineBuilder::new(store).build();
+        let engine = engine(store, &t)?;
         let snapshot = Snapshot::builder_for(table_url(&t))
             .build(&engine)
             .map_err(kernel(&t))?;
@@ -204,7 +205,7 @@ pub async fn check_known_columns(
     }
     let (t, job) = (table.clone(), job.to_string());
     tokio::task::spawn_blocking(move || {
-        let engine = DefaultEngineBuilder::new(store).build();
+        let engine = engine(store, &t)?;
         let snapshot = Snapshot::builder_for(table_url(&t))
             .build(&engine)
             .map_err(kernel(&t))?;
@@ -288,18 +289,21 @@ pub async fn append(stores: &Stores, append: DeltaAppend) -> Result<Appended, De
     // not conflict with each other, and do not rely on the store's
     // create-only write being atomic among themselves.
     let lock = table_lock(&table);
-    let mut known_to_exist = lock.lock().await;
+    let mut known = lock.lock().await;
     let job_id = append.job_id.clone();
     let (store, _) = stores.resolve(&table)?;
     // A table once seen does not go away: its log is listed once.
-    let exists = *known_to_exist || !stores.list(&log_folder(&table)).await?.is_empty();
-    let committed = tokio::task::spawn_blocking(move || commit_blocking(store, append, exists))
-        .await
-        .map_err(|e| DeltaError::Task {
-            table: table.to_string(),
-            reason: e.to_string(),
-        })??;
-    *known_to_exist = exists || committed.version.is_some();
+    let exists = known.exists || !stores.list(&log_folder(&table)).await?.is_empty();
+    let cached = known.snapshot.take();
+    let committed =
+        tokio::task::spawn_blocking(move || commit_blocking(store, append, exists, cached))
+            .await
+            .map_err(|e| DeltaError::Task {
+                table: table.to_string(),
+                reason: e.to_string(),
+            })??;
+    known.exists = exists || committed.version.is_some();
+    known.snapshot = committed.snapshot;
     let prior = match committed.prior_txn {
         Some(txn) => version_with_txn(stores, &table, &job_id, txn).await?,
         None => None,
@@ -310,17 +314,25 @@ pub async fn append(stores: &Stores, append: DeltaAppend) -> Result<Appended, De
     })
 }
 
-/// The lock of one table's commits, holding whether the table is known to
-/// exist (one per table URI, for the life of the process: a coordinator
-/// writes to a handful of tables).
-fn table_lock(table: &StoreUri) -> Arc<tokio::sync::Mutex<bool>> {
-    type Locks = HashMap<String, Arc<tokio::sync::Mutex<bool>>>;
-    static LOCKS: LazyLock<Mutex<Locks>> = LazyLock::new(Default::default);
+/// What this coordinator knows of a table between its commits.
+#[derive(Default)]
+struct Known {
+    /// The table has a log.
+    exists: bool,
+    /// The table as this coordinator's last commit left it: the next
+    /// commit reads only the log entries after it, not the whole log.
+    snapshot: Option<delta_kernel::SnapshotRef>,
+}
+
+type TableLock = Arc<tokio::sync::Mutex<Known>>;
+
+/// The lock of one table's commits, holding what is known of it (one per
+/// table URI, for the life of the process: a coordinator writes to a
+/// handful of tables).
+fn table_lock(table: &StoreUri) -> TableLock {
+    static LOCKS: LazyLock<Mutex<HashMap<String, TableLock>>> = LazyLock::new(Default::default);
     let mut locks = LOCKS.lock().unwrap_or_else(|p| p.into_inner());
-    locks
-        .entry(table_url(table))
-        .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(false)))
-        .clone()
+    locks.entry(table_url(table)).or_default().clone()
 }
 
 /// What the blocking part did: the version it made, and the job's txn
@@ -328,6 +340,88 @@ fn table_lock(table: &StoreUri) -> Arc<tokio::sync::Mutex<bool>> {
 struct Committed {
     version: Option<u64>,
     prior_txn: Option<i64>,
+    /// The table after it, for the next commit.
+    snapshot: Option<delta_kernel::SnapshotRef>,
+}
+
+/// The table now: `cached` brought up to date (the log entries after it
+/// only), or read whole.
+fn current(
+    engine: &dyn Engine,
+    url: &str,
+    cached: Option<delta_kernel::SnapshotRef>,
+) -> delta_kernel::KernelResult<delta_kernel::SnapshotRef> {
+    match cached {
+        Some(snapshot) => Snapshot::builder_from(snapshot).build(engine),
+        None => Snapshot::builder_for(url).build(engine),
+    }
+}
+
+/// The kernel's engine on `store`. Its tasks run on one multi-threaded
+/// runtime for every table: writing a checkpoint blocks on reads from
+/// inside the engine, which the default one-thread background executor
+/// cannot serve (it hung).
+fn engine(
+    store: Arc<dyn ObjectStore>,
+    table: &StoreUri,
+) -> Result<DefaultEngine<TokioMultiThreadExecutor>, DeltaError> {
+    static EXECUTOR: LazyLock<Result<Arc<TokioMultiThreadExecutor>, String>> =
+        LazyLock::new(|| {
+            TokioMultiThreadExecutor::new_owned_runtime(Some(2), None)
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        });
+    let executor = EXECUTOR.as_ref().map_err(|reason| DeltaError::Task {
+        table: table.to_string(),
+        reason: reason.clone(),
+    })?;
+    Ok(DefaultEngineBuilder::new(store)
+        .with_task_executor(Arc::clone(executor))
+        .build())
+}
+
+/// Delta's checkpoint interval when the table sets none.
+const CHECKPOINT_INTERVAL: u64 = 10;
+
+/// After a commit: a checkpoint of the table every `delta.checkpointInterval`
+/// commits (10 by default, as other Delta writers), so that reading the
+/// table (each later commit, every reader) replays at most that many JSON
+/// commits. A failed checkpoint costs only speed: logged, not returned.
+/// The table after it, when known.
+fn after_commit(
+    engine: &dyn Engine,
+    table: &StoreUri,
+    done: &delta_kernel::transaction::CommittedTransaction,
+) -> Option<delta_kernel::SnapshotRef> {
+    let snapshot = done.post_commit_snapshot().cloned();
+    let since = done.post_commit_stats().commits_since_checkpoint;
+    let interval = snapshot
+        .as_ref()
+        .and_then(|s| s.table_properties().checkpoint_interval)
+        .map_or(CHECKPOINT_INTERVAL, |n| n.get());
+    if since < interval {
+        return snapshot;
+    }
+    let snapshot = match snapshot {
+        Some(s) => s,
+        None => match Snapshot::builder_for(table_url(table)).build(engine) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(table = %table, error = %e, "reading the table for its checkpoint failed");
+                return None;
+            }
+        },
+    };
+    match snapshot.checkpoint(engine, None) {
+        Ok((_, checkpointed)) => {
+            info!(table = %table, version = checkpointed.version(), "Delta checkpoint written");
+            Some(checkpointed)
+        }
+        Err(e) => {
+            warn!(table = %table, error = %e, "writing a Delta checkpoint failed; the next commit tries again");
+            Some(snapshot)
+        }
+    }
 }
 
 fn log_folder(table: &StoreUri) -> StoreUri {
@@ -355,6 +449,7 @@ fn commit_blocking(
     store: Arc<dyn ObjectStore>,
     append: DeltaAppend,
     mut exists: bool,
+    mut cached: Option<delta_kernel::SnapshotRef>,
 ) -> Result<Committed, DeltaError> {
     let DeltaAppend {
         table,
@@ -365,7 +460,7 @@ fn commit_blocking(
         done,
     } = append;
     let url = table_url(&table);
-    let engine = DefaultEngineBuilder::new(store).build();
+    let engine = engine(store, &table)?;
     let txn_version = i64::try_from(seq).unwrap_or(i64::MAX);
     let err = kernel(&table);
     // Objects without rows are scratch files (a processor's uploads), not
@@ -390,6 +485,7 @@ fn commit_blocking(
                 return Ok(Committed {
                     version: None,
                     prior_txn: None,
+                    snapshot: None,
                 });
             };
             exists = true;
@@ -413,7 +509,9 @@ fn commit_blocking(
                     txn.commit(&engine)
                 });
             match created {
-                Ok(CommitResult::Committed(done)) => Ok(done.commit_version()),
+                Ok(CommitResult::Committed(done)) => {
+                    Ok((done.commit_version(), after_commit(&engine, &table, &done)))
+                }
                 // Another writer created it first: append to it.
                 Ok(_)
                 | Err(
@@ -423,12 +521,15 @@ fn commit_blocking(
                 Err(e) => return Err(err(e)),
             }
         } else {
-            let snapshot = Snapshot::builder_for(&url).build(&engine).map_err(err)?;
+            let snapshot = current(&engine, &url, cached.take()).map_err(err)?;
+            // A conflict's retry brings this one up to date.
+            cached = Some(snapshot.clone());
             let prior_txn = snapshot.get_app_id_version(&job_id, &engine).map_err(err)?;
             if prior_txn.is_some_and(|v| v >= txn_version) {
                 return Ok(Committed {
                     version: None,
                     prior_txn,
+                    snapshot: Some(snapshot),
                 });
             }
             let first_of_job = prior_txn.is_none();
@@ -447,6 +548,7 @@ fn commit_blocking(
                 return Ok(Committed {
                     version: None,
                     prior_txn,
+                    snapshot: Some(snapshot),
                 });
             }
             if first_of_job && let Some(files) = schema(&engine)? {
@@ -474,6 +576,7 @@ fn commit_blocking(
                     return Ok(Committed {
                         version: Some(version),
                         prior_txn,
+                        snapshot: after_commit(&engine, &table, &done),
                     });
                 }
                 Ok(_) => Err(()),
@@ -481,11 +584,12 @@ fn commit_blocking(
             }
         };
         match result {
-            Ok(version) => {
+            Ok((version, snapshot)) => {
                 info!(table = %table, job = %job_id, version, files = objects.len(), "Delta table created");
                 return Ok(Committed {
                     version: Some(version),
                     prior_txn: None,
+                    snapshot,
                 });
             }
             Err(()) => {
