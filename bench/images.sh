@@ -40,9 +40,11 @@ if [ "${BENCH_RAY:-1}" != 0 ]; then
   if [ ! -f "$RAY_VENV/.installed" ] || [ "$(cat "$RAY_VENV/.installed")" != "$RAY_REQS" ]; then
     [ -x "$RAY_VENV/bin/pip" ] || python3 -m venv "$RAY_VENV"
     "$RAY_VENV/bin/pip" install --disable-pip-version-check -q "$RAY_REQS" && echo "$RAY_REQS" >"$RAY_VENV/.installed"
-    site="$("$RAY_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' >"$site/stoke-venv.pth"
   fi
+  # Every run: the stoke venv may have moved (STOKE_VENV) since the Ray
+  # venv was made, and a stale path hides torch from Ray's workers.
+  site="$("$RAY_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' >"$site/stoke-venv.pth"
   ray_python="$RAY_VENV/bin/python"
 fi
 
