@@ -201,3 +201,70 @@ async fn a_job_without_partials_finishes_without_a_task() {
             .is_empty()
     );
 }
+
+/// A pause while a worker holds the reduce task takes it back: the
+/// holder's answer is refused, and after the resume the task is offered
+/// again and its answer ends the job. A cancel then refuses any answer
+/// and stores no metrics.
+#[tokio::test(start_paused = true)]
+async fn a_pause_or_a_cancel_takes_the_reduce_task_back() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    let (a, _a_events) = register(&mut state, "a");
+    every_shard_done(&mut state, &stores, "j", &a).await;
+    state.tick().await;
+    let held = reduce_task(state.acquire(&a));
+    state
+        .pause("j", "maintenance".to_string())
+        .await
+        .expect("pause");
+    state.tick().await;
+    let err = state
+        .commit_metrics(answer(&a, &held, Ok("{\"x\": 1}".to_string())))
+        .await
+        .expect_err("an answer after the pause");
+    assert!(
+        matches!(
+            err,
+            CoordinatorError::JobNotRunning { .. } | CoordinatorError::StaleReduce { .. }
+        ),
+        "{err}"
+    );
+    assert_eq!(state.get_job("j").expect("job").state, JobState::Paused);
+
+    state.resume("j").await.expect("resume");
+    state.tick().await;
+    let again = reduce_task(state.acquire(&a));
+    assert!(again.token > held.token);
+    assert_eq!(again.partials, held.partials);
+    state
+        .commit_metrics(answer(&a, &again, Ok("{\"x\": 2}".to_string())))
+        .await
+        .expect("metrics stored");
+    state.tick().await;
+    assert_eq!(state.get_job("j").expect("job").state, JobState::Succeeded);
+
+    // Another job, cancelled while its reduce task is held.
+    let (b, _b_events) = register(&mut state, "b");
+    every_shard_done(&mut state, &stores, "k", &b).await;
+    state.tick().await;
+    let held = reduce_task(state.acquire(&b));
+    state
+        .cancel("k", "not needed".to_string())
+        .await
+        .expect("cancel");
+    state.tick().await;
+    assert!(
+        state
+            .commit_metrics(answer(&b, &held, Ok("{\"x\": 3}".to_string())))
+            .await
+            .is_err(),
+        "an answer after the cancel"
+    );
+    assert_eq!(state.get_job("k").expect("job").state, JobState::Cancelled);
+    let none: Option<serde_json::Value> = stores
+        .get_json(&job_layout("k").metrics())
+        .await
+        .expect("read metrics");
+    assert!(none.is_none(), "no metrics.json for a cancelled job");
+}
