@@ -536,6 +536,9 @@ impl ProcessorSpec {
 /// `processor.name`: `pytorch` (its canonical name) and `torchscript`.
 pub const BUILTIN_RUNNER_NAMES: [&str; 2] = ["pytorch", "torchscript"];
 
+/// The column the built-in runner writes for its `argmax` output (int64).
+pub const BUILTIN_PREDICTION_COLUMN: &str = "prediction";
+
 /// The built-in runner's params that hold store URIs of objects it reads:
 /// a relative path in them is resolved against the spec file's folder
 /// (like `dataset.uri`), and the object is checked at submit.

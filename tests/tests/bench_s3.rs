@@ -44,6 +44,28 @@ fn w1_in_a_bucket(w1: &std::path::Path) -> (TestEnv, S3Proxy) {
     (env, proxy)
 }
 
+/// `stoke run SPEC --local 2` (1 thread per worker) on `root` with the
+/// store settings `vars`; its output and wall time in seconds.
+fn timed_run(spec: &str, root: &str, vars: &[(String, String)]) -> (std::process::Output, f64) {
+    let mut cmd = Command::new(bin("stoke"));
+    cmd.args([
+        "run",
+        spec,
+        "--local",
+        "2",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+    ])
+    .args(["--root", root])
+    .env("RUST_LOG", "warn")
+    .envs(vars.iter().map(|(k, v)| (k, v)));
+    let started = Instant::now();
+    let out = output_within(cmd, DEADLINE);
+    (out, started.elapsed().as_secs_f64())
+}
+
 #[test]
 #[ignore = "benchmark; run by bench/run.sh s3"]
 fn w1_on_s3_vs_file() {
@@ -81,23 +103,7 @@ fn w1_on_s3_vs_file() {
                 ),
             };
             proxy.reset_counts();
-            let mut cmd = Command::new(bin("stoke"));
-            cmd.args([
-                "run",
-                spec,
-                "--local",
-                "2",
-                "--device",
-                "cpu",
-                "--threads",
-                "1",
-            ])
-            .args(["--root", &root])
-            .env("RUST_LOG", "warn")
-            .envs(vars.iter().map(|(k, v)| (k, v)));
-            let started = Instant::now();
-            let out = output_within(cmd, DEADLINE);
-            let secs = started.elapsed().as_secs_f64();
+            let (out, secs) = timed_run(spec, &root, &vars);
             assert!(
                 out.status.success(),
                 "{backend}: {}\n{}",
@@ -210,23 +216,7 @@ fn w1_into_a_delta_table_on_s3() {
             let spec = env.write_spec(&format!("w1-{mode}.toml"), &spec_text);
             let root = env.uri(&format!("root-{round}-{mode}"));
             proxy.reset_counts();
-            let mut cmd = Command::new(bin("stoke"));
-            cmd.args([
-                "run",
-                &spec,
-                "--local",
-                "2",
-                "--device",
-                "cpu",
-                "--threads",
-                "1",
-            ])
-            .args(["--root", &root])
-            .env("RUST_LOG", "warn")
-            .envs(s3_env.iter().map(|(k, v)| (k, v)));
-            let started = Instant::now();
-            let out = output_within(cmd, DEADLINE);
-            let secs = started.elapsed().as_secs_f64();
+            let (out, secs) = timed_run(&spec, &root, &s3_env);
             let stdout = text(&out.stdout);
             assert!(
                 out.status.success(),

@@ -107,32 +107,6 @@ pub struct DoneUpdate {
     pub inputs: Vec<(String, DoneInput)>,
 }
 
-/// The inputs `table` records as done for the pipeline with
-/// `fingerprint` (none when the table does not exist yet).
-pub async fn done_inputs(
-    stores: &Stores,
-    table: &StoreUri,
-    fingerprint: &str,
-) -> Result<DoneInputs, DeltaError> {
-    let (store, _) = stores.resolve(table)?;
-    if stores.list(&log_folder(table)).await?.is_empty() {
-        return Ok(DoneInputs::default());
-    }
-    let (t, domain) = (table.clone(), inputs_domain(fingerprint));
-    tokio::task::spawn_blocking(move || {
-        let engine = engine(store, &t)?;
-        let snapshot = Snapshot::builder_for(table_url(&t))
-            .build(&engine)
-            .map_err(kernel(&t))?;
-        read_done(&snapshot, &engine, &t, &domain)
-    })
-    .await
-    .map_err(|e| DeltaError::Task {
-        table: table.to_string(),
-        reason: e.to_string(),
-    })?
-}
-
 fn read_done(
     snapshot: &delta_kernel::SnapshotRef,
     engine: &dyn Engine,
@@ -190,55 +164,78 @@ impl KnownType {
     }
 }
 
-/// Refuses a job whose columns are known at submit (the built-in
-/// processor's) when the table at `table` exists with other columns: said
-/// now, not after the job's work at its first Delta commit.
-pub async fn check_known_columns(
+/// What submit needs of the table at `table`, from one read of it (none
+/// when it has no log yet): a job whose columns are known now (the
+/// built-in processor's) is refused if the table has others, said now
+/// rather than at its first Delta commit; and with `fingerprint`, the
+/// inputs the table records as done for that pipeline.
+pub async fn at_submit(
     stores: &Stores,
     table: &StoreUri,
     job: &str,
-    columns: Vec<(String, KnownType)>,
-) -> Result<(), DeltaError> {
+    columns: Option<Vec<(String, KnownType)>>,
+    fingerprint: Option<&str>,
+) -> Result<DoneInputs, DeltaError> {
     let (store, _) = stores.resolve(table)?;
     if stores.list(&log_folder(table)).await?.is_empty() {
-        return Ok(());
+        return Ok(DoneInputs::default());
     }
-    let (t, job) = (table.clone(), job.to_string());
+    let (t, job, domain) = (
+        table.clone(),
+        job.to_string(),
+        fingerprint.map(inputs_domain),
+    );
     tokio::task::spawn_blocking(move || {
         let engine = engine(store, &t)?;
         let snapshot = Snapshot::builder_for(table_url(&t))
             .build(&engine)
             .map_err(kernel(&t))?;
-        let have: BTreeMap<String, delta_kernel::schema::DataType> = snapshot
-            .schema()
-            .fields()
-            .map(|f| (f.name().clone(), f.data_type().clone()))
-            .collect();
-        let fits = have.len() == columns.len()
-            && columns
-                .iter()
-                .all(|(name, kind)| have.get(name).is_some_and(|t| kind.matches(t)));
-        if fits {
-            return Ok(());
+        if let Some(columns) = &columns {
+            check_known_columns(&snapshot, &t, &job, columns)?;
         }
-        let mut want: Vec<String> = columns
-            .iter()
-            .map(|(n, k)| format!("{n}: {}", k.name()))
-            .collect();
-        want.sort();
-        let have: Vec<String> = have.iter().map(|(n, t)| format!("{n}: {t}")).collect();
-        Err(DeltaError::SchemaClash {
-            table: t.to_string(),
-            job_id: job,
-            table_schema: format!("({})", have.join(", ")),
-            job_schema: format!("({})", want.join(", ")),
-        })
+        match &domain {
+            Some(domain) => read_done(&snapshot, &engine, &t, domain),
+            None => Ok(DoneInputs::default()),
+        }
     })
     .await
     .map_err(|e| DeltaError::Task {
         table: table.to_string(),
         reason: e.to_string(),
     })?
+}
+
+/// The table's columns are `columns`, by name and type.
+fn check_known_columns(
+    snapshot: &delta_kernel::SnapshotRef,
+    table: &StoreUri,
+    job: &str,
+    columns: &[(String, KnownType)],
+) -> Result<(), DeltaError> {
+    let have: BTreeMap<String, delta_kernel::schema::DataType> = snapshot
+        .schema()
+        .fields()
+        .map(|f| (f.name().clone(), f.data_type().clone()))
+        .collect();
+    let fits = have.len() == columns.len()
+        && columns
+            .iter()
+            .all(|(name, kind)| have.get(name).is_some_and(|t| kind.matches(t)));
+    if fits {
+        return Ok(());
+    }
+    let mut want: Vec<String> = columns
+        .iter()
+        .map(|(n, k)| format!("{n}: {}", k.name()))
+        .collect();
+    want.sort();
+    let have: Vec<String> = have.iter().map(|(n, t)| format!("{n}: {t}")).collect();
+    Err(DeltaError::SchemaClash {
+        table: table.to_string(),
+        job_id: job.to_string(),
+        table_schema: format!("({})", have.join(", ")),
+        job_schema: format!("({})", want.join(", ")),
+    })
 }
 
 /// `before` with `update`'s inputs added, as the domain's configuration.

@@ -6,17 +6,19 @@ use stoke_core::lease::{
     AcquireOutcome, Commit, Heartbeat, JobTerms, MetricsDone, Registration, Release, SessionEvent,
     SessionGrant,
 };
+use stoke_core::plan::Plan;
 use stoke_core::records::{
     CommittedOutputs, DeltaVersions, JobErrors, JobInfo, Manifest, SkippedRecord,
 };
 use stoke_core::report::EfficiencyReport;
 use stoke_core::schedule::ScheduleChange;
-use stoke_core::spec::JobSpec;
-use stoke_data::plan::plan_dataset;
+use stoke_core::spec::{BUILTIN_PREDICTION_COLUMN, BUILTIN_RUNNER_NAMES, JobSpec};
+use stoke_data::plan::{plan_dataset, plan_incremental};
 use stoke_store::{StoreError, StoreUri, Stores};
 use tokio::sync::{mpsc, oneshot};
 
 use super::delta::{self, KnownType};
+use super::incremental;
 use crate::error::{CoordinatorError, Result};
 use crate::metrics::Snapshot;
 use crate::progress::StatusReport;
@@ -141,7 +143,7 @@ fn check_job_id(job_id: &str) -> Result<()> {
 /// package's named output, each a float32 list but the prediction.
 fn builtin_columns(spec: &JobSpec) -> Option<Vec<(String, KnownType)>> {
     let p = &spec.processor;
-    if p.python.is_some() || !matches!(p.name.as_str(), "pytorch" | "torchscript") {
+    if p.python.is_some() || !BUILTIN_RUNNER_NAMES.contains(&p.name.as_str()) {
         return None;
     }
     let outputs: Vec<String> = match p.params.get("outputs") {
@@ -151,7 +153,7 @@ fn builtin_columns(spec: &JobSpec) -> Option<Vec<(String, KnownType)>> {
     let mut columns = vec![("id".to_string(), KnownType::String)];
     for o in outputs {
         columns.push(match o.as_str() {
-            "argmax" => ("prediction".to_string(), KnownType::Long),
+            "argmax" => (BUILTIN_PREDICTION_COLUMN.to_string(), KnownType::Long),
             _ => (o, KnownType::FloatList),
         });
     }
@@ -183,20 +185,7 @@ impl Handle {
                 format!("{name}-{}", &suffix[..8])
             }
         };
-        // The built-in processor's columns are known now: a table with
-        // other columns refuses the job at once.
-        if let (Some(table), Some(columns)) = (&spec.output.uri, builtin_columns(&spec))
-            && spec.output.delta().is_some()
-        {
-            let table = StoreUri::parse(table)
-                .map_err(|e| CoordinatorError::InvalidRequest(format!("output.uri: {e}")))?;
-            delta::check_known_columns(&self.stores, &table, &job_id, columns).await?;
-        }
-        let plan = if spec.dataset.incremental {
-            super::incremental::plan(&spec, &self.stores).await?
-        } else {
-            plan_dataset(&spec, &self.stores).await?
-        };
+        let plan = self.plan(&spec, &job_id).await?;
         self.call(|reply| Command::CreateJob {
             job_id,
             spec: Box::new(spec),
@@ -204,6 +193,41 @@ impl Handle {
             reply,
         })
         .await
+    }
+
+    /// The job's shard plan. A Delta job reads its table once first when
+    /// it needs to: the built-in processor's columns are checked against
+    /// the table's, and an incremental job skips the inputs the table
+    /// records as done for its pipeline.
+    async fn plan(&self, spec: &JobSpec, job_id: &str) -> Result<Plan> {
+        let columns = builtin_columns(spec);
+        let table = match (&spec.output.uri, spec.output.delta()) {
+            (Some(uri), Some(_)) if columns.is_some() || spec.dataset.incremental => {
+                StoreUri::parse(uri)
+                    .map_err(|e| CoordinatorError::InvalidRequest(format!("output.uri: {e}")))?
+            }
+            _ => return Ok(plan_dataset(spec, &self.stores).await?),
+        };
+        let pipeline = if spec.dataset.incremental {
+            Some(incremental::pipeline(spec, &self.stores).await?)
+        } else {
+            None
+        };
+        let fingerprint = pipeline.as_ref().map(incremental::fingerprint);
+        let done = delta::at_submit(
+            &self.stores,
+            &table,
+            job_id,
+            columns,
+            fingerprint.as_deref(),
+        )
+        .await?;
+        Ok(match (pipeline, fingerprint) {
+            (Some(pipeline), Some(fingerprint)) => {
+                plan_incremental(spec, &self.stores, fingerprint, pipeline, &done).await?
+            }
+            _ => plan_dataset(spec, &self.stores).await?,
+        })
     }
 
     /// The stores the coordinator reads and writes its state through.

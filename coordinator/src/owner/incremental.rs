@@ -1,6 +1,5 @@
 //! `[dataset] incremental = true` at submit (ADR 013): the pipeline's
-//! fingerprint, the inputs its table records as done, and the plan of the
-//! rest.
+//! fingerprint, under which its table records the inputs done.
 //!
 //! The fingerprint covers what decides a record's result: the processor
 //! (built-in name, or a Python processor's `module:Class`), its params,
@@ -11,36 +10,14 @@
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use stoke_core::plan::Plan;
 use stoke_core::spec::JobSpec;
 use stoke_data::PlanError;
-use stoke_data::plan::plan_incremental;
 use stoke_store::{StoreUri, Stores};
 
-use super::delta;
 use crate::error::{CoordinatorError, Result};
 
-/// Plans an incremental job: the inputs its table holds as done for its
-/// pipeline are skipped.
-pub(crate) async fn plan(spec: &JobSpec, stores: &Stores) -> Result<Plan> {
-    let pipeline = pipeline(spec, stores).await?;
-    let fingerprint = fingerprint(&pipeline);
-    let table = spec
-        .output
-        .uri
-        .as_deref()
-        .map(StoreUri::parse)
-        .transpose()
-        .map_err(|e| CoordinatorError::InvalidRequest(format!("output.uri: {e}")))?
-        .ok_or_else(|| {
-            CoordinatorError::InvalidRequest("dataset.incremental needs [output] uri".to_string())
-        })?;
-    let done = delta::done_inputs(stores, &table, &fingerprint).await?;
-    Ok(plan_incremental(spec, stores, fingerprint, pipeline, &done).await?)
-}
-
 /// What the fingerprint covers, as JSON with sorted keys.
-async fn pipeline(spec: &JobSpec, stores: &Stores) -> Result<Value> {
+pub(crate) async fn pipeline(spec: &JobSpec, stores: &Stores) -> Result<Value> {
     let mut objects = serde_json::Map::new();
     for (param, value) in spec.uri_params() {
         // Said as the plan's own check of these params says it.
@@ -78,7 +55,7 @@ async fn pipeline(spec: &JobSpec, stores: &Stores) -> Result<Value> {
 }
 
 /// 16 hex digits of the SHA-256 of the pipeline's JSON.
-fn fingerprint(pipeline: &Value) -> String {
+pub(crate) fn fingerprint(pipeline: &Value) -> String {
     let digest = Sha256::digest(pipeline.to_string().as_bytes());
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use arrow_array::builder::{FixedSizeListBuilder, Float32Builder};
 use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+use stoke_core::spec::BUILTIN_PREDICTION_COLUMN;
 use tch::{CModule, Device, Kind, Tensor};
 
 use crate::batch::Batch;
@@ -343,8 +344,10 @@ impl PyTorchProcessor {
                     if *column == OutputColumn::Argmax {
                         let pred = scores.argmax(1, false).to_kind(Kind::Int64);
                         let values = Vec::<i64>::try_from(&pred)?;
-                        columns
-                            .push(("prediction".to_string(), Arc::new(Int64Array::from(values))));
+                        columns.push((
+                            BUILTIN_PREDICTION_COLUMN.to_string(),
+                            Arc::new(Int64Array::from(values)),
+                        ));
                     } else {
                         columns.push(("scores".to_string(), scores_column(scores)?));
                     }
