@@ -1,9 +1,13 @@
 """Image workload (issue 32): PNG files, 96x96, decoded and transformed
 per record (PIL decode -> resize to 160x160 -> to_tensor -> Normalize),
 then a small CNN; predictions
-written out. One contender per call, timed from start to end inside the
-process (imports excluded), printing
-``result contender=NAME records=N seconds=S``.
+written out. One contender per call, printing
+``result contender=NAME records=N seconds=S steady=R``: ``seconds`` is
+timed inside the process (imports excluded), ``steady`` is the records/s
+of the steady state, between the first output part written (after 10
+batches) and the last, so that start-up (importing torch, starting
+processes) is left out alike for every contender that writes parts.
+``bench/images.sh`` adds the whole command's wall time.
 
     python bench/images.py data DIR COUNT
     python bench/images.py loop DIR OUT            # (a) DataLoader(num_workers=2) -> model -> torch.save
@@ -78,6 +82,15 @@ class PngFolder:
             return transform_bytes(f.read()), i
 
 
+def steady(parts, records):
+    """Records/s between the first output part written and the last: the
+    first part holds the first 10 batches, written once the pipeline runs."""
+    times = sorted(os.path.getmtime(p) for p in parts)
+    if len(times) < 3:
+        return None
+    return (records - 10 * BATCH) / (times[-1] - times[0])
+
+
 def make_data(folder, count):
     sys.path.insert(0, str(HERE.parent / "examples" / "graphbook"))
     from make_images import write
@@ -105,7 +118,8 @@ def loop(folder, out):
                 buffered, part = [], part + 1
     if buffered:
         torch.save(buffered, os.path.join(out, f"part-{part:05d}.pt"))
-    return records, time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    return records, seconds, steady(pathlib.Path(out).glob("part-*.pt"), records)
 
 
 def stoke_dataset(folder, root):
@@ -129,7 +143,9 @@ def stoke_dataset(folder, root):
         Predict, PngFolder(folder), batch_size=BATCH, checkpoint_interval=10,
         dataloader_kwargs={"num_workers": 2, "pin_memory": DEVICE != "cpu"},
         root=root, device=DEVICE, threads=1)
-    return report["records"], time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    parts = pathlib.Path(root).glob("jobs/*/outputs/**/*.parquet")
+    return report["records"], seconds, steady(parts, report["records"])
 
 
 def stoke_load_fn(folder, root, workers):
@@ -149,7 +165,8 @@ def stoke_load_fn(folder, root, workers):
     if out.returncode != 0:
         raise SystemExit(out.stderr)
     manifest = next(pathlib.Path(root).glob("jobs/*/manifest.json"))
-    return json.loads(manifest.read_text())["records_in"], seconds
+    records = json.loads(manifest.read_text())["records_in"]
+    return records, seconds, steady(pathlib.Path(root).glob("jobs/*/outputs/**/*.parquet"), records)
 
 
 def ray_data(folder, out):
@@ -182,7 +199,9 @@ def ray_data(folder, out):
 
     records = sum(pq.ParquetFile(p).metadata.num_rows for p in pathlib.Path(out).glob("*.parquet"))
     ray.shutdown()
-    return records, seconds
+    # Ray writes its Parquet files as its blocks finish, not by batch
+    # count: no steady state to compare.
+    return records, seconds, None
 
 
 def main():
@@ -191,9 +210,9 @@ def main():
         make_data(*args)
         return
     run = {"loop": loop, "stoke-dataset": stoke_dataset, "stoke-load-fn": stoke_load_fn, "ray": ray_data}[what]
-    records, seconds = run(*args)
+    records, seconds, rate = run(*args)
     name = what if what != "stoke-load-fn" else f"stoke-load-fn-{args[2]}"
-    print(f"result contender={name} records={records} seconds={seconds:.3f}")
+    print(f"result contender={name} records={records} seconds={seconds:.3f} steady={rate or 0:.1f}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@
 # Ray Data goes in its own venv (~/.cache/stoke/bench-ray-venv), which
 # sees the stoke venv's torch, torchvision and pillow through a .pth file
 # instead of installing torch again; the stoke venv stays free of Ray.
-# Prints one line per run and a table of records/s and ratios; nothing
+# Prints one line per run and two tables of records/s and ratios (the
+# whole command, and the steady state; see bench/images.py); nothing
 # asserts a wall-clock limit. STOKE_BENCH_DEVICE=cuda:0 puts the model of
 # (a)-(c) on a GPU.
 set -euo pipefail
@@ -28,6 +29,14 @@ RESULTS="$DIR/results-$(date +%Y%m%d-%H%M%S).txt"
 RAY_VENV="$STOKE_CACHE/bench-ray-venv"
 RAY_REQS="ray[data]==2.60.0"
 mkdir -p "$DIR"
+
+# (c) runs the `stoke` command: the release build, as users run it (the
+# other benchmarks in bench/run.sh use release builds too). (b) runs
+# through the stoke Python package the venv has (scripts/python-package.sh).
+echo "building stoke (release)" >&2
+cargo build --release -q -p stoke-cli -p stoke-worker
+export PATH="$CARGO_TARGET_DIR/release:$PATH"
+scripts/python-package.sh
 
 if [ ! -f "$DATA/.done" ]; then
   rm -rf "$DATA"
@@ -75,18 +84,23 @@ done
 
 python - "$RESULTS" <<'PY'
 import re, statistics, sys
-runs = {}
+wall, steady = {}, {}
 for line in open(sys.argv[1]):
-    m = re.match(r"result contender=(\S+) records=(\d+) seconds=([\d.]+)", line)
+    m = re.match(r"result contender=(\S+) records=(\d+) seconds=[\d.]+ steady=([\d.]+) wall=([\d.]+)", line)
     if m:
-        runs.setdefault(m[1], []).append(int(m[2]) / float(m[3]))
-rate = {k: statistics.median(v) for k, v in runs.items()}
-a = rate.get("loop")
-print(f"\n{'contender':<18}{'records/s':>12}{'vs (a)':>9}{'vs (d)':>9}")
-for name in ["loop", "stoke-dataset", "stoke-load-fn-2", "stoke-load-fn-1", "ray"]:
-    if name in rate:
-        r = rate[name]
-        d = rate.get("ray")
-        print(f"{name:<18}{r:>12.0f}{(r / a if a else float('nan')):>9.2f}{(r / d if d else float('nan')):>9.2f}")
+        wall.setdefault(m[1], []).append(int(m[2]) / float(m[4]))
+        if float(m[3]) > 0:
+            steady.setdefault(m[1], []).append(float(m[3]))
+names = ["loop", "stoke-dataset", "stoke-load-fn-2", "stoke-load-fn-1", "ray"]
+for title, runs in (("whole command (records / wall time, start-up included)", wall),
+                    ("steady state (records/s from the first output part to the last)", steady)):
+    rate = {k: statistics.median(v) for k, v in runs.items()}
+    a, d = rate.get("loop"), rate.get("ray")
+    print(f"\n{title}\n{'contender':<18}{'records/s':>12}{'vs (a)':>9}{'vs (d)':>9}{'runs':>6}")
+    for name in names:
+        if name in rate:
+            r = rate[name]
+            print(f"{name:<18}{r:>12.0f}{(r / a if a else float('nan')):>9.2f}{(r / d if d else float('nan')):>9.2f}"
+                  f"{len(runs[name]):>6}")
 print(f"\nresults: {sys.argv[1]}")
 PY

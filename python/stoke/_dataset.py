@@ -14,9 +14,9 @@ Not a public module.
 from __future__ import annotations
 
 import importlib
-import multiprocessing
-import sys
 from typing import Any
+
+from . import _loading
 
 # DataLoader arguments the shards own: refused, as Determined refuses them.
 _REFUSED = {
@@ -260,21 +260,9 @@ class _ShippedCall:
         return (_ShippedCall, (_ByValue(self.fn),))
 
 
-_FORK_SERVER = None
-
-
 def _fork_server():
-    """A ``forkserver`` context whose server runs the venv's Python (in an
-    embedded interpreter ``sys.executable`` is set to it by the worker)
-    with torch imported, so each DataLoader worker forks from a clean,
-    single-threaded process that has torch already."""
-    global _FORK_SERVER
-    if _FORK_SERVER is None:
-        multiprocessing.set_executable(sys.executable)
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "cloudpickle"])
-        _FORK_SERVER = ctx
-    return _FORK_SERVER
+    """The worker's ``forkserver`` context (see ``_loading.fork_server``)."""
+    return _loading.fork_server()
 
 
 # Datasets handed to stoke.torch_batch_process in this process, by the

@@ -29,6 +29,24 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 _FN = None
+_FORK_SERVER = None
+_PRELOAD = ["torch", "cloudpickle"]
+
+
+def fork_server(extra: list | None = None) -> Any:
+    """The ``forkserver`` context for this process's load processes and
+    DataLoader workers. The server runs the venv's Python (in a worker's
+    embedded interpreter ``sys.executable`` is set to it) with torch
+    imported, so each process forks from a clean, single-threaded process
+    that has torch already (never from the worker, which is a
+    multi-threaded process). ``extra``: modules the server imports too,
+    when it is not running yet."""
+    global _FORK_SERVER
+    if _FORK_SERVER is None:
+        multiprocessing.set_executable(sys.executable)
+        _FORK_SERVER = multiprocessing.get_context("forkserver")
+    _FORK_SERVER.set_forkserver_preload(_PRELOAD + [m for m in extra or [] if m not in _PRELOAD])
+    return _FORK_SERVER
 
 
 def _init(data: bytes) -> None:
@@ -64,7 +82,13 @@ def _pack(out: list) -> Any:
         isinstance(first, torch.Tensor)
         and all(ok and isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype for ok, v in out)
     ):
-        return _Stacked(torch.stack([v for _, v in out]))
+        # Stacked straight into shared memory, as a DataLoader worker
+        # collates (torch.utils.data's default_collate does it this way):
+        # the chunk then crosses to the worker without another copy.
+        storage = first._typed_storage()._new_shared(first.numel() * len(out), device=first.device)
+        stacked = first.new(storage).resize_(len(out), *first.shape)
+        torch.stack([v for _, v in out], out=stacked)
+        return _Stacked(stacked)
     return out
 
 
@@ -132,16 +156,11 @@ class LoadPool:
 
             if self._data is None:
                 self._data = cloudpickle.dumps(self.fn)
-            multiprocessing.set_executable(sys.executable)
-            ctx = multiprocessing.get_context("forkserver")
-            # The fork server imports these once; each load process forks
-            # from it with them loaded (torch, and load_fn's own module
-            # when it is importable by name, with what it imports).
-            preload = ["torch", "cloudpickle"]
+            # load_fn's own module too, when it is importable by name and
+            # the server is not running yet (with what it imports).
             module = getattr(self.fn, "__module__", None)
-            if module and module != "__main__" and module in sys.modules:
-                preload.append(module)
-            ctx.set_forkserver_preload(preload)
+            extra = [module] if module and module != "__main__" and module in sys.modules else []
+            ctx = fork_server(extra)
             self._executor = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.workers, mp_context=ctx, initializer=_init, initargs=(self._data,))
         return self._executor
@@ -151,9 +170,10 @@ class LoadPool:
         items = [{name: columns[name][i] for name in names} for i in range(n)]
         if self.workers == 0:
             return Pending(items, [])
-        # A few chunks per process: each process gets work, and the
-        # results come back in order.
-        size = max(1, -(-n // (self.workers * 2)))
+        # One chunk per process: each process gets work, the results come
+        # back in order, and a batch costs one call and one transfer per
+        # process (the batches queued ahead keep every process busy).
+        size = max(1, -(-n // self.workers))
         chunks = []
         for start in range(0, n, size):
             chunks.append((start, self._submit(items[start:start + size])))

@@ -306,6 +306,42 @@ impl Stores {
             .map_err(|e| StoreError::io("reading", uri.as_str(), e))
     }
 
+    /// Reads each object whole, as [`Stores::get`] does: the bodies in
+    /// order, or the first error. When every object is on the local file
+    /// system they are read on one blocking thread, one after another: a
+    /// small file is read in microseconds, where `object_store`'s local
+    /// `get` takes two blocking tasks per object, whose thread hand-offs
+    /// cost more than the read. Others are read all at once.
+    pub async fn get_all(&self, uris: &[StoreUri]) -> Result<Vec<Bytes>, StoreError> {
+        let local: Option<Vec<std::path::PathBuf>> =
+            uris.iter().map(StoreUri::local_path).collect();
+        if let Some(paths) = local {
+            let read = tokio::task::spawn_blocking(move || {
+                paths.iter().map(std::fs::read).collect::<Vec<_>>()
+            })
+            .await;
+            // A blocking thread that died: the general path below.
+            if let Ok(read) = read {
+                let mut bodies = Vec::with_capacity(uris.len());
+                for (uri, body) in uris.iter().zip(read) {
+                    match body {
+                        Ok(body) => bodies.push(Bytes::from(body)),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                            return Err(StoreError::NotFound {
+                                uri: uri.as_str().to_string(),
+                            });
+                        }
+                        // Anything unusual (a folder, no permission): the
+                        // general path, which says what went wrong.
+                        Err(_) => bodies.push(self.get(uri).await?),
+                    }
+                }
+                return Ok(bodies);
+            }
+        }
+        futures::future::try_join_all(uris.iter().map(|uri| self.get(uri))).await
+    }
+
     pub async fn get_range(
         &self,
         uri: &StoreUri,

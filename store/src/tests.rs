@@ -228,3 +228,47 @@ async fn file_store_lists_a_single_object_and_create_only_holds() {
         Bytes::from_static(b"abc")
     );
 }
+
+#[tokio::test]
+async fn get_all_reads_local_and_other_objects_in_order_and_names_a_missing_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = StoreUri::from_local_path(dir.path()).expect("uri");
+    let stores = Stores::new();
+    let a = root.join("data/a.png");
+    let b = root.join("data/b.png");
+    stores
+        .put(&a, Bytes::from_static(b"alpha"))
+        .await
+        .expect("put");
+    stores
+        .put(&b, Bytes::from_static(b"beta"))
+        .await
+        .expect("put");
+    // All local: the fast path, in the order asked for.
+    let bodies = stores
+        .get_all(&[b.clone(), a.clone(), b.clone()])
+        .await
+        .expect("get_all");
+    assert_eq!(bodies, vec![&b"beta"[..], &b"alpha"[..], &b"beta"[..]]);
+    // A folder is no object: the general path says so, as `get` does.
+    let folder = root.join("data");
+    let err = stores.get_all(&[a.clone(), folder.clone()]).await;
+    assert!(err.is_err(), "{err:?}");
+    // A missing object is named, as `get` names it.
+    let missing = root.join("data/missing.png");
+    match stores.get_all(&[a.clone(), missing.clone()]).await {
+        Err(StoreError::NotFound { uri }) => assert_eq!(uri, missing.as_str()),
+        other => panic!("expected NotFound for {missing:?}, got {other:?}"),
+    }
+    // Another store: the general path.
+    let m = StoreUri::parse("memory:///d/c.png").expect("uri");
+    stores
+        .put(&m, Bytes::from_static(b"gamma"))
+        .await
+        .expect("put");
+    let bodies = stores
+        .get_all(&[m.clone(), a.clone()])
+        .await
+        .expect("get_all");
+    assert_eq!(bodies, vec![&b"gamma"[..], &b"alpha"[..]]);
+}

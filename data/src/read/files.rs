@@ -26,8 +26,7 @@ pub(crate) async fn read_files(
         for uri in chunk {
             parsed.push(StoreUri::parse(uri)?);
         }
-        let bodies =
-            futures::future::try_join_all(parsed.iter().map(|u| read.stores.get(u))).await?;
+        let bodies = read.stores.get_all(&parsed).await?;
         let rows = RecordBatch::try_new(
             Arc::clone(&schema),
             vec![
