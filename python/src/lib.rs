@@ -288,7 +288,8 @@ fn run_embedded(
 
 /// Reads the FIFO Python's `signal.set_wakeup_fd` writes signal numbers
 /// to (`stoke._api._stop_on_signals`): SIGTERM or SIGINT stops the job at
-/// once, whatever the main thread is doing. The thread ends when Python
+/// once, whatever the main thread is doing, and says so on stderr (the
+/// first time). The thread ends when Python
 /// closes the FIFO's write end, after the call.
 fn watch_signals(path: &str, stop: tokio_util::sync::CancellationToken) -> PyResult<()> {
     use std::io::Read;
@@ -302,8 +303,23 @@ fn watch_signals(path: &str, stop: tokio_util::sync::CancellationToken) -> PyRes
                 if n == 0 {
                     return;
                 }
-                if buf[..n].iter().any(|b| STOPPING.contains(b)) {
+                if let Some(signal) = buf[..n].iter().find(|b| STOPPING.contains(b)) {
+                    let first = !stop.is_cancelled();
                     stop.cancel();
+                    if first {
+                        // Said once the stop is set, so whoever sent the
+                        // signal knows it was heard while the current
+                        // batch finishes.
+                        let name = if i32::from(*signal) == libc::SIGTERM {
+                            "SIGTERM"
+                        } else {
+                            "SIGINT"
+                        };
+                        eprintln!(
+                            "stoke: stopping ({name}): the job pauses after the current batch and \
+                             its checkpoint; the same call with the same job_id and root resumes it"
+                        );
+                    }
                 }
             }
         })

@@ -82,6 +82,8 @@ def _pack(out: list) -> Any:
         isinstance(first, torch.Tensor)
         and all(ok and isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype for ok, v in out)
     ):
+        if first.device.type != "cpu":
+            return _Stacked(torch.stack([v for _, v in out]))
         # Stacked straight into shared memory, as a DataLoader worker
         # collates (torch.utils.data's default_collate does it this way):
         # the chunk then crosses to the worker without another copy.

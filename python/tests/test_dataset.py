@@ -102,8 +102,8 @@ def test_refusals(tmp_path, kwargs, dataset, message):
 
 def run_job(root, options, env_extra, **popen):
     env = dict(os.environ, **env_extra)
-    return subprocess.Popen([sys.executable, str(JOB), str(root), json.dumps(options)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
+    return subprocess.Popen([sys.executable, str(JOB), str(root), json.dumps(options)], env=env, **popen)
 
 
 def batches_logged(path):
@@ -116,15 +116,21 @@ def test_stopped_then_the_same_call_resumes(tmp_path, how):
     options = {"records": 400, "batch_size": 10, "checkpoint_interval": 3, "job_id": "resume", "device": "cpu"}
     hold, go = tmp_path / "hold", tmp_path / "go"
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    proc = run_job(root, options, {
-        "STOKE_TEST_BATCH_LOG": str(first_log), "STOKE_TEST_HOLD_AT": "13",
-        "STOKE_TEST_HOLD_FILE": str(hold), "STOKE_TEST_GO_FILE": str(go)})
+    # stderr to a file, read while the call runs: SIGTERM is heard on a
+    # thread of its own, and batch 13 goes on only once it has been.
+    err_path = tmp_path / "first.err"
+    with open(err_path, "w") as err_file:
+        proc = run_job(root, options, {
+            "STOKE_TEST_BATCH_LOG": str(first_log), "STOKE_TEST_HOLD_AT": "13",
+            "STOKE_TEST_HOLD_FILE": str(hold), "STOKE_TEST_GO_FILE": str(go)}, stderr=err_file)
     try:
         wait_for("batch 13 to start", hold.exists)
         if how == "sigterm":
             proc.send_signal(signal.SIGTERM)
+            wait_for("the SIGTERM to be heard", lambda: "stoke: stopping (SIGTERM)" in err_path.read_text())
             go.touch()
-            out, err = proc.communicate(timeout=120)
+            proc.communicate(timeout=120)
+            err = err_path.read_text()
             assert proc.returncode != 0
             assert "JobPaused" in err and "paused after its last checkpoint" in err, err
             assert "job id resume" in err and str(root) in err, err
