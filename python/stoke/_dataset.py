@@ -202,7 +202,7 @@ class DatasetFeed:
             # unsafe there) and its interpreter is embedded: start the
             # DataLoader's processes from a fork server run by the venv's
             # Python, and ship the dataset and callables by value.
-            kwargs["multiprocessing_context"] = _fork_server()
+            kwargs["multiprocessing_context"] = _loading.fork_server()
             dataset = _ShippedDataset(dataset)
             for key in _SHIPPED_CALLABLES:
                 if kwargs.get(key) is not None:
@@ -258,11 +258,6 @@ class _ShippedCall:
 
     def __reduce__(self):
         return (_ShippedCall, (_ByValue(self.fn),))
-
-
-def _fork_server():
-    """The worker's ``forkserver`` context (see ``_loading.fork_server``)."""
-    return _loading.fork_server()
 
 
 # Datasets handed to stoke.torch_batch_process in this process, by the
