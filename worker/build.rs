@@ -1,9 +1,9 @@
 // Bake an rpath to libtorch (torch-sys reports its lib folder as
 // DEP_TCH_LIBTORCH_LIB) so the binaries and tests of this crate run without
-// LD_LIBRARY_PATH. Link libtorch_cuda even though no symbol of it is used
-// directly: its CUDA kernels register themselves when it loads, and the
-// linker's --as-needed would otherwise drop it, leaving a binary that never
-// sees a GPU (tch-rs issue #980).
+// LD_LIBRARY_PATH. libtorch_cuda is not linked (no symbol of it is used, so
+// the linker's --as-needed drops it): `src/cuda.rs` loads it at run time when
+// a device needs CUDA, so a worker on a host without a GPU never pays its
+// start-up (tch-rs issue #980 is what linking it used to work around).
 //
 // Also compile the AOTInductor shim (shim/aoti_shim.cpp, used by
 // src/aoti.rs) against the same libtorch headers torch-sys compiles its
@@ -15,9 +15,6 @@ fn main() {
     let lib_dir = std::env::var("DEP_TCH_LIBTORCH_LIB").ok();
     if let Some(dir) = &lib_dir {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
-        if std::path::Path::new(dir).join("libtorch_cuda.so").exists() {
-            println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
-        }
     }
     compile_shim(lib_dir.as_deref());
     python_facts();

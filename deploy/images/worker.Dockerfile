@@ -51,12 +51,12 @@ RUN cargo chef prepare --recipe-path recipe.json
 
 FROM toolchain AS builder
 COPY --from=planner /src/recipe.json recipe.json
-# Link libtorch_cuda.so even though no symbol of it is used directly: it
-# registers the CUDA backend when loaded, and the linker's default
-# --as-needed drops it, leaving a binary that sees no GPU (tch-rs issue
-# #980). The flags go to the target only (--target), so build scripts and
-# proc macros, which have no -L to torch/lib, are linked as usual.
-ENV RUSTFLAGS="-C link-arg=-Wl,--no-as-needed -C link-arg=-ltorch_cuda -C link-arg=-Wl,--as-needed"
+# libtorch_cuda.so is not linked into stoke-worker: the worker loads it at
+# run time, from the folder libtorch_cpu.so came from, when a device needs
+# CUDA and the host has the driver (worker/src/cuda.rs). So it must be in
+# torch/lib, with every library it needs resolving (checked below and in the
+# runtime stage). --target keeps build scripts and proc macros apart from
+# the target's flags, as cargo-chef's recipe was cooked.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     cargo chef cook --release --locked --recipe-path recipe.json \
       --target "$(rustc -vV | sed -n 's/^host: //p')" -p stoke-worker -p stoke -p stoke-cli
@@ -66,7 +66,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
  && cargo build --release --locked --target "$host" -p stoke-worker -p stoke -p stoke-cli --bins \
  && mkdir -p /out \
  && cp "target/$host/release/stoke-worker" "target/$host/release/stoke" "target/$host/release/stoke-embedded" /out/ \
- && readelf -d /out/stoke-worker | grep -q 'NEEDED.*\[libtorch_cuda.so\]' \
+ && test -f "$STOKE_VENV/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so" \
  && readelf -d /out/stoke-worker | grep -q "R.*PATH.*$STOKE_VENV/lib/python3.11/site-packages/torch/lib" \
  && maturin build --release --locked -m python/Cargo.toml --interpreter "$STOKE_VENV/bin/python" --out /out/wheels \
  && "$STOKE_VENV/bin/pip" install --no-cache-dir --no-deps /out/wheels/stoke-*.whl \
@@ -80,9 +80,11 @@ RUN apt-get update \
  && useradd --uid 10001 --gid 10001 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin stoke
 COPY --from=builder /opt/stoke/venv /opt/stoke/venv
 COPY --from=builder /out/stoke-worker /out/stoke /out/stoke-embedded /usr/local/bin/
-# Every library resolves (the driver's libcuda.so comes from the host at
-# run time, through the NVIDIA container runtime, and is loaded lazily).
+# Every library resolves, libtorch_cuda.so's too, which the worker loads when
+# a device needs it (the driver's libcuda.so comes from the host at run
+# time, through the NVIDIA container runtime, and is loaded lazily).
 RUN ! ldd /usr/local/bin/stoke-worker | grep 'not found' \
+ && ! ldd /opt/stoke/venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so | grep 'not found' \
  && ! ldd /usr/local/bin/stoke | grep 'not found' \
  && /opt/stoke/venv/bin/python -c "import stoke, torch; assert torch.__version__.startswith('2.11.0')"
 # How libtorch's OpenMP threads wait (stoke_core::OPENMP_WAIT: spin about

@@ -35,7 +35,10 @@ impl EmbeddedOptions {
     pub fn new(root: StoreUri) -> Self {
         Self {
             root,
-            device: Device::cuda_if_available(),
+            device: {
+                stoke_worker::cuda::load();
+                Device::cuda_if_available()
+            },
             threads: None,
             job_id: None,
             stop: CancellationToken::new(),

@@ -816,6 +816,36 @@ fn health_readiness_and_metrics_over_http() {
 /// A worker started without OpenMP wait settings runs itself again (same
 /// pid) with stoke's (`stoke_core::OPENMP_WAIT`); a setting the user gave
 /// stands, and nothing is added to it.
+/// libtorch's CUDA half (and cuBLAS, cuDNN, NCCL… behind it) loads only
+/// where it can serve: a worker on `cpu` never maps it, and one on `auto`
+/// maps it exactly when the host has the NVIDIA driver. Without it a worker
+/// starts on 0.2 s less CPU and 350 MiB less memory.
+#[test]
+fn a_worker_loads_libtorch_cuda_only_where_a_driver_is() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let driver = stoke_worker::cuda::driver_present();
+    for (device, want) in [("cpu", false), ("auto", driver)] {
+        let mut cmd = std::process::Command::new(bin("stoke-worker"));
+        // Nothing listens on the discard port: the worker keeps trying to
+        // register until it is killed, after its devices are resolved.
+        cmd.args(["--coordinator", "http://127.0.0.1:9", "--device", device])
+            .env("RUST_LOG", "info");
+        let mut worker = Proc::spawn(&format!("worker-{device}"), cmd, dir.path());
+        wait_until("the worker to start", DEADLINE, || {
+            worker.log_text().contains("worker starting").then_some(())
+        });
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", worker.pid()))
+            .expect("the worker's maps");
+        assert!(maps.contains("libtorch_cpu.so"), "{maps}");
+        assert_eq!(
+            maps.contains("libtorch_cuda.so"),
+            want,
+            "--device {device}, driver present: {driver}"
+        );
+        worker.kill9();
+    }
+}
+
 #[test]
 fn workers_get_the_openmp_wait_settings_unless_the_user_chose() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -50,6 +50,7 @@ impl WorkerConfig {
 /// is none), or a comma-separated list of `auto`, `cpu`, `cuda`, `cuda:N`.
 pub fn parse_devices(text: &str) -> Result<Vec<Device>, WorkerError> {
     if text == "all" {
+        crate::cuda::load();
         let n = tch::Cuda::device_count();
         return Ok(if n > 0 {
             (0..n as usize).map(Device::Cuda).collect()
@@ -71,7 +72,10 @@ pub fn parse_devices(text: &str) -> Result<Vec<Device>, WorkerError> {
 /// Parses `auto`, `cpu`, `cuda` or `cuda:N`.
 pub fn parse_device(text: &str) -> Result<Device, WorkerError> {
     match text {
-        "auto" => Ok(Device::cuda_if_available()),
+        "auto" => {
+            crate::cuda::load();
+            Ok(Device::cuda_if_available())
+        }
         "cpu" => Ok(Device::Cpu),
         "cuda" => Ok(Device::Cuda(0)),
         other => other
@@ -89,7 +93,22 @@ pub fn parse_device(text: &str) -> Result<Device, WorkerError> {
 /// once with one line, instead of every model load failing (and being
 /// retried) deep inside libtorch.
 pub fn check_devices(devices: &[Device]) -> Result<(), WorkerError> {
-    check_devices_against(devices, tch::Cuda::device_count().max(0) as usize)
+    if !devices.iter().any(|d| matches!(d, Device::Cuda(_))) {
+        return Ok(());
+    }
+    // Why torch may see fewer devices than asked: no driver (whether or not
+    // libtorch_cuda is in), or libtorch_cuda not loading.
+    let why = match crate::cuda::load() {
+        _ if !crate::cuda::driver_present() => Some(crate::cuda::NO_DRIVER.to_string()),
+        crate::cuda::CudaLibs::Absent(why) => Some(why.clone()),
+        crate::cuda::CudaLibs::Loaded => None,
+    };
+    check_devices_against(devices, tch::Cuda::device_count().max(0) as usize).map_err(|e| {
+        match (e, why) {
+            (WorkerError::Device(msg), Some(why)) => WorkerError::Device(format!("{msg}: {why}")),
+            (e, _) => e,
+        }
+    })
 }
 
 /// [`check_devices`] for a host where torch sees `visible` CUDA devices.

@@ -1,8 +1,10 @@
 //! stoke's worker: the lease loop, the data pipeline (read -> processor
 //! thread -> committer), the processor lifecycle, checkpoint upload, and the
 //! built-in `pytorch` processor (TorchScript files and AOTInductor `.pt2`
-//! packages; alias `torchscript`). `aoti` is the workspace's one module
-//! with `unsafe` code: the FFI to the AOTInductor shim (`shim/`).
+//! packages; alias `torchscript`). `unsafe` code is allowed module by
+//! module: `aoti` (the FFI to the AOTInductor shim, `shim/`), `cuda`
+//! (loading libtorch's CUDA half when a device needs it), `fatal`,
+//! `signals`, `python::interp` and two calls in `cli`.
 //!
 //! Main types: [`TorchBatchProcessor`] (the user's logic),
 //! [`ProcessorContext`], [`Batch`], [`Registry`] (processors by name),
@@ -20,6 +22,7 @@ pub mod cli;
 pub mod columns;
 pub mod config;
 pub mod context;
+pub mod cuda;
 pub mod error;
 pub mod fatal;
 pub mod link;
