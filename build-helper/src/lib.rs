@@ -51,6 +51,22 @@ pub fn libtorch_lib() -> Option<PathBuf> {
 /// installation has it. Returns the folder (`None`, with a build warning,
 /// when it cannot be found).
 pub fn link_libtorch() -> Option<PathBuf> {
+    link(true)
+}
+
+/// As [`link_libtorch`], but without keeping `libtorch_cuda` linked: for
+/// stoke's own binaries, whose every question about CUDA devices goes
+/// through `stoke_worker::cuda::load`, which loads it at run time when a
+/// device needs it and the host has the driver (a start on a host without
+/// a GPU then skips its 0.2 s of CPU and 350 MiB of mappings). A binary
+/// whose own code asks torch about CUDA before the worker resolves its
+/// devices must use [`link_libtorch`]: torch answers "no CUDA" for good
+/// once asked before `libtorch_cuda` is loaded.
+pub fn link_libtorch_loading_cuda_on_demand() -> Option<PathBuf> {
+    link(false)
+}
+
+fn link(keep_cuda: bool) -> Option<PathBuf> {
     for var in ["DEP_STOKE_LIBTORCH_LIB", "DEP_TCH_LIBTORCH_LIB", "LIBTORCH"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -60,7 +76,7 @@ pub fn link_libtorch() -> Option<PathBuf> {
         );
         return None;
     };
-    for line in link_args(&dir, dir.join("libtorch_cuda.so").exists()) {
+    for line in link_args(&dir, keep_cuda && dir.join("libtorch_cuda.so").exists()) {
         println!("{line}");
     }
     link_libpython(&dir);

@@ -51,8 +51,8 @@ RUN cargo chef prepare --recipe-path recipe.json
 
 FROM toolchain AS builder
 COPY --from=planner /src/recipe.json recipe.json
-# libtorch_cuda.so is not linked into stoke-worker: the worker loads it at
-# run time, from the folder libtorch_cpu.so came from, when a device needs
+# libtorch_cuda.so is not linked into stoke-worker or stoke-embedded: they
+# load it at run time, from the folder libtorch_cpu.so came from, when a device needs
 # CUDA and the host has the driver (worker/src/cuda.rs). So it must be in
 # torch/lib, with every library it needs resolving (checked below and in the
 # runtime stage). --target keeps build scripts and proc macros apart from

@@ -844,6 +844,21 @@ fn a_worker_loads_libtorch_cuda_only_where_a_driver_is() {
         );
         worker.kill9();
     }
+    // Neither stoke binary that runs jobs links it (`stoke` links no
+    // libtorch at all); both load it through the same device parsing.
+    for binary in ["stoke-worker", "stoke-embedded"] {
+        let out = std::process::Command::new("readelf")
+            .arg("-d")
+            .arg(bin(binary))
+            .output()
+            .expect("readelf");
+        let dynamic = text(&out.stdout);
+        assert!(dynamic.contains("[libtorch_cpu.so]"), "{binary}: {dynamic}");
+        assert!(
+            !dynamic.contains("[libtorch_cuda.so]"),
+            "{binary}: {dynamic}"
+        );
+    }
 }
 
 #[test]

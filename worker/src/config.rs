@@ -77,14 +77,23 @@ pub fn parse_device(text: &str) -> Result<Device, WorkerError> {
             Ok(Device::cuda_if_available())
         }
         "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::Cuda(0)),
-        other => other
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse::<usize>().ok())
-            .map(Device::Cuda)
-            .ok_or_else(|| {
-                WorkerError::Config(format!("device {other:?}: use auto, cpu, cuda or cuda:N"))
-            }),
+        // A CUDA device: libtorch_cuda loads now, before anything can ask
+        // torch about CUDA (torch answers "none" for good if asked first).
+        "cuda" => {
+            crate::cuda::load();
+            Ok(Device::Cuda(0))
+        }
+        other => {
+            let device = other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse::<usize>().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| {
+                    WorkerError::Config(format!("device {other:?}: use auto, cpu, cuda or cuda:N"))
+                })?;
+            crate::cuda::load();
+            Ok(device)
+        }
     }
 }
 

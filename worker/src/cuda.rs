@@ -11,6 +11,11 @@
 //! (`libcuda.so.1`). Python's `import torch` loads the same library, and
 //! binaries linked with it (processor crates through `stoke-build`) have it
 //! from the start: both are found as already loaded.
+//!
+//! It must load before anything asks torch about CUDA: libtorch settles its
+//! CUDA hooks once, at the first question, and answers "no CUDA" for good
+//! if `libtorch_cuda` was not there then. So device parsing loads it as
+//! soon as a device names CUDA, before any other code runs on it.
 
 #![allow(unsafe_code)]
 
