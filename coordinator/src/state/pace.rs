@@ -46,6 +46,9 @@ pub(super) struct Pace {
     /// (lease time, records committed) when the first lease began and at
     /// each commit since: the last `PACE_COMMITS + 1`, oldest first.
     marks: VecDeque<(Duration, u64)>,
+    /// Lease time held when its first records were committed: its start
+    /// on the job (model load, first read, a checkpoint interval).
+    first_commit: Option<Duration>,
 }
 
 impl Default for Pace {
@@ -54,6 +57,7 @@ impl Default for Pace {
             held: Duration::ZERO,
             committed: 0,
             marks: VecDeque::from([(Duration::ZERO, 0)]),
+            first_commit: None,
         }
     }
 }
@@ -67,6 +71,9 @@ impl Pace {
     /// `records` committed, with `unadded` lease time held since the last
     /// `hold`.
     pub fn commit(&mut self, records: u64, unadded: Duration) {
+        if self.committed == 0 && records > 0 {
+            self.first_commit = Some(self.held + unadded);
+        }
         self.committed += records;
         self.marks.push_back((self.held + unadded, self.committed));
         while self.marks.len() > PACE_COMMITS + 1 {
@@ -136,6 +143,12 @@ impl Session {
             .rate(self.lease_time_since(job_id, now))
     }
 
+    /// Lease time it held on `job_id` before its first records were
+    /// committed (`None`: none committed yet).
+    fn first_commit(&self, job_id: &str) -> Option<Duration> {
+        self.paces.get(job_id)?.first_commit
+    }
+
     /// `records` of `job_id` committed at `now`.
     pub(super) fn committed(&mut self, job_id: &str, records: u64, now: Instant) {
         let unadded = self.lease_time_since(job_id, now);
@@ -162,6 +175,20 @@ impl State {
             .collect();
         paces.sort_by(f64::total_cmp);
         paces.get(paces.len() / 2).copied()
+    }
+
+    /// How long the connected workers took on `job_id` from their first
+    /// lease to their first committed records, the median (the upper one
+    /// of an even count): what a new worker's start on the job costs
+    /// (`None` before any committed).
+    pub(super) fn median_first_commit(&self, job_id: &str) -> Option<Duration> {
+        let mut starts: Vec<Duration> = self
+            .sessions
+            .values()
+            .filter_map(|s| s.first_commit(job_id))
+            .collect();
+        starts.sort();
+        starts.get(starts.len() / 2).copied()
     }
 }
 
@@ -191,6 +218,19 @@ mod tests {
         // Nothing committed for 2.5 s more: 500 in 5 s.
         p.hold(S / 2 + 2 * S);
         assert_eq!(p.rate(S / 2), Some(100.0));
+    }
+
+    #[test]
+    fn the_first_commit_is_the_lease_time_before_the_first_records() {
+        let mut p = Pace::default();
+        p.hold(2 * S);
+        p.commit(0, S / 2);
+        assert_eq!(p.first_commit, None, "no records yet");
+        p.commit(10, S);
+        assert_eq!(p.first_commit, Some(3 * S));
+        p.hold(5 * S);
+        p.commit(10, Duration::ZERO);
+        assert_eq!(p.first_commit, Some(3 * S), "only the first");
     }
 
     #[test]

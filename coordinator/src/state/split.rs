@@ -56,10 +56,15 @@ use crate::error::Result;
 pub const SPLIT_IN_PROCESS_BATCHES: u64 = 1;
 
 /// A probe is split only off a shard with at least this many probes'
-/// worth of records left: a new worker ten times as slow as the holder,
-/// its start-up (model load, first read) included, still ends its probe
-/// before the holder ends. Later in a shard the probe would risk the tail
-/// for little: the holder is nearly through.
+/// worth of records left, and that its holder ends no sooner than this
+/// many times what the job's workers took from their first lease to their
+/// first commit: a new worker ten times as slow as the others, its start
+/// on the job (model load, first read, a checkpoint interval) included,
+/// still ends its probe before the holder ends. A start is time, not
+/// records: a probe off a remainder of 0.8 s, to a worker throttled to a
+/// quarter of a core that then loads its model, held a 2 s job's tail
+/// for 0.3–0.5 s (issue 31). Later in a shard the probe would risk the
+/// tail for little: the holder is nearly through.
 pub const PROBE_LEAD: u64 = 10;
 
 /// A split whose progress records are being stored.
@@ -356,7 +361,7 @@ impl State {
         let busy = self.busy_for(asker, now);
         // Per job: the asker's pace, and the fleet's median (which ranks
         // a holder that has none yet).
-        let mut paces: HashMap<&str, (Option<f64>, Option<f64>)> = HashMap::new();
+        let mut paces: HashMap<&str, (Option<f64>, Option<f64>, Option<f64>)> = HashMap::new();
         let mut best: Option<Candidate> = None;
         for (holder_id, holder) in &self.sessions {
             if holder_id == session_id {
@@ -369,9 +374,14 @@ impl State {
                 if !job.splittable() || !may_lease.contains(job_id.as_str()) {
                     continue;
                 }
-                let (asker_pace, median) = *paces
-                    .entry(job_id.as_str())
-                    .or_insert_with(|| (asker.pace(job_id, now), self.median_pace(job_id, now)));
+                let (asker_pace, median, start) =
+                    *paces.entry(job_id.as_str()).or_insert_with(|| {
+                        (
+                            asker.pace(job_id, now),
+                            self.median_pace(job_id, now),
+                            self.median_first_commit(job_id).map(|d| d.as_secs_f64()),
+                        )
+                    });
                 let Some(left) = job.records_left(*idx) else {
                     continue;
                 };
@@ -380,8 +390,15 @@ impl State {
                 let Some(point) = job.split_point_of(*idx, share) else {
                     continue;
                 };
-                // One probe at a time, and not near a shard's end.
-                let probe_ok = busy == 0.0 && left >= PROBE_LEAD.saturating_mul(point.records);
+                // One probe at a time, and not near a shard's end, in
+                // records or in the time a new worker's start takes.
+                let lead = PROBE_LEAD as f64;
+                let in_time = match (holder_pace.or(median), start) {
+                    (Some(pace), Some(start)) => ends_in(left, Some(pace)) >= lead * start,
+                    _ => true,
+                };
+                let probe_ok =
+                    busy == 0.0 && left >= PROBE_LEAD.saturating_mul(point.records) && in_time;
                 if share == Share::Probe && !probe_ok {
                     continue;
                 }

@@ -245,6 +245,48 @@ async fn no_probe_is_split_off_a_shard_near_its_end() {
     assert_eq!(state.status().jobs[0].info.shards_total, 2);
 }
 
+/// One shard of `count` records held by a, which took 1 s of lease to its
+/// first commit (its start on the job) and then commits 200 records a
+/// second; then b, new, asks. Whether b got a probe.
+async fn probe_for_a_newcomer(count: u64) -> bool {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_one_shard(&mut state, &stores, count).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let mut held = Holder::new(&a, leased(state.acquire(&a)));
+    advance(Duration::from_secs(1)).await;
+    held.commit(&mut state, &stores, 1).await;
+    paced(&mut state, &stores, &mut [(&mut held, 10)], 10).await;
+    assert!(
+        close(pace(&state, &a).unwrap_or(0.0), 200.0),
+        "{:?}",
+        pace(&state, &a)
+    );
+    match state.acquire(&b).expect("acquire") {
+        AcquireOutcome::Wait(_) => {}
+        other => panic!("nothing pending: {other:?}"),
+    }
+    state.run_writes().await;
+    match state.acquire(&b).expect("acquire after the split") {
+        AcquireOutcome::Wait(_) => false,
+        other => {
+            assert_eq!(leased(Ok(other)).shard.records, Some(BATCH), "a probe");
+            true
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_probe_off_a_remainder_shorter_than_the_lead_of_a_start() {
+    // 1,798 records left, 9 s at a's pace: less than PROBE_LEAD times the
+    // 1 s a's start took, so a new worker as slow to start could still be
+    // at its probe when a ends. b waits (a remainder many probes long).
+    assert!(!probe_for_a_newcomer(2_000).await);
+    // 5,798 left, 29 s: b gets its probe.
+    assert!(probe_for_a_newcomer(6_000).await);
+}
+
 #[tokio::test(start_paused = true)]
 async fn once_both_paces_are_known_the_asker_gets_its_share_of_what_is_left() {
     let stores = Stores::new();
