@@ -359,9 +359,10 @@ impl State {
         // A worker asks ahead, while it finishes its last shard (so it can
         // read the next one meanwhile): its part starts when that ends.
         let busy = self.busy_for(asker, now);
-        // Per job: the asker's pace, and the fleet's median (which ranks
-        // a holder that has none yet).
-        let mut paces: HashMap<&str, (Option<f64>, Option<f64>, Option<f64>)> = HashMap::new();
+        // Per job: the asker's pace, the fleet's median (which ranks a
+        // holder that has none yet), and the median start on the job (s).
+        type JobPaces = (Option<f64>, Option<f64>, Option<f64>);
+        let mut paces: HashMap<&str, JobPaces> = HashMap::new();
         let mut best: Option<Candidate> = None;
         for (holder_id, holder) in &self.sessions {
             if holder_id == session_id {
