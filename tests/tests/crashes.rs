@@ -295,12 +295,16 @@ impl<'a> RestartingFleet<'a> {
         }
     }
 
-    /// Starts again every worker that died.
+    /// Starts again every worker that exited; counts those that died. A
+    /// worker that leaves because no job is left exits 0: once both jobs
+    /// end, that is not a death (counting it raced the test's last poll).
     fn restart_dead(&mut self) {
         for (id, proc) in &mut self.workers {
-            if proc.exited().is_some() {
-                self.deaths += 1;
-                self.first_death.get_or_insert_with(Instant::now);
+            if let Some(status) = proc.exited() {
+                if !status.success() {
+                    self.deaths += 1;
+                    self.first_death.get_or_insert_with(Instant::now);
+                }
                 *proc = self.coordinator.worker("stoke-worker", id, &self.dir);
             }
         }
