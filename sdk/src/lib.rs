@@ -27,7 +27,6 @@ pub use stoke_core::records::{
 };
 pub use stoke_core::spec::{JobSpec, OutputFormat};
 pub use stoke_store::{StoreUri, Stores};
-pub use stoke_worker::block_stop_signals_at_start;
 pub use stoke_worker::cli::worker_main;
 pub use stoke_worker::pytorch::PyTorchProcessor;
 pub use stoke_worker::torchscript::TorchScriptProcessor;
@@ -35,6 +34,7 @@ pub use stoke_worker::{
     Batch, BoxError, Collate, Collated, Column, Loader, ProcessorContext, ProcessorResult,
     Registry, ShardInfo, TorchBatchProcessor, WorkerError,
 };
+pub use stoke_worker::{block_stop_signals_at_start, openmp_wait_at_start};
 
 /// The versions of libtorch bindings and Arrow the processor API uses, so a
 /// processor crate needs no separate dependency on them.

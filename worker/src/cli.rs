@@ -154,10 +154,97 @@ impl WorkerArgs {
     }
 }
 
+/// Runs this process again at once, with the OpenMP wait settings of
+/// [`stoke_core::OPENMP_WAIT`] added to its environment, when the user set
+/// neither: an entry of the executable's `.preinit_array`
+/// ([`crate::openmp_wait_at_start!`]), which the dynamic loader runs before
+/// the initialisers of the shared libraries (libgomp reads the settings in
+/// its own, and libtorch registers its operators in its, about 0.3 s of
+/// CPU). [`ensure_openmp_wait`] does the same from `main`, after those
+/// initialisers ran, so they ran twice. The environment cannot be changed
+/// in place this early: libc's initialiser resets it to the one the process
+/// was started with.
+///
+/// # Safety
+///
+/// Only as a `.preinit_array` entry: `argv` and `envp` must be the
+/// loader's NULL-terminated arrays of NUL-terminated strings (or null).
+#[allow(unsafe_code)]
+pub unsafe extern "C" fn openmp_wait_preinit(
+    _argc: libc::c_int,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) {
+    use std::ffi::{CStr, CString};
+    if argv.is_null() || envp.is_null() {
+        return;
+    }
+    let mut env: Vec<*const libc::c_char> = Vec::new();
+    // SAFETY: the loader passes the process's NULL-terminated environment
+    // array of NUL-terminated strings; it is only read.
+    unsafe {
+        let mut at = envp;
+        while !(*at).is_null() {
+            let entry = CStr::from_ptr(*at).to_bytes();
+            let named = |name: &str| {
+                entry.len() > name.len()
+                    && entry.starts_with(name.as_bytes())
+                    && entry[name.len()] == b'='
+            };
+            if stoke_core::OPENMP_WAIT.iter().any(|(name, _)| named(name)) {
+                return;
+            }
+            env.push(*at);
+            at = at.add(1);
+        }
+    }
+    let added: Vec<CString> = stoke_core::OPENMP_WAIT
+        .iter()
+        .filter_map(|(name, value)| CString::new(format!("{name}={value}")).ok())
+        .collect();
+    env.extend(added.iter().map(|v| v.as_ptr()));
+    env.push(std::ptr::null());
+    // SAFETY: `argv` is the loader's NULL-terminated argument array and
+    // `env` a NULL-terminated array of NUL-terminated strings that outlive
+    // the call; execve returns only on failure, and then `main` runs again
+    // with `ensure_openmp_wait` as the fallback.
+    unsafe {
+        libc::execve(c"/proc/self/exe".as_ptr(), argv, env.as_ptr());
+    }
+}
+
+/// Runs the process again with the OpenMP wait settings before libtorch
+/// loads, so its start-up is paid once ([`openmp_wait_preinit`]). Put it
+/// once in a worker binary's `main.rs`, outside any function:
+///
+/// ```ignore
+/// stoke_worker::openmp_wait_at_start!();
+/// ```
+#[macro_export]
+macro_rules! openmp_wait_at_start {
+    () => {
+        #[used]
+        #[allow(unsafe_code)]
+        #[unsafe(link_section = ".preinit_array")]
+        static STOKE_OPENMP_WAIT: unsafe extern "C" fn(
+            $crate::cli::CInt,
+            *const *const $crate::cli::CChar,
+            *const *const $crate::cli::CChar,
+        ) = $crate::cli::openmp_wait_preinit;
+    };
+}
+
+/// C's `int` and `char`, for [`crate::openmp_wait_at_start!`]'s entry.
+pub type CInt = libc::c_int;
+/// See [`CInt`].
+pub type CChar = libc::c_char;
+
 /// Runs this process again, once (same pid, same arguments), with the
 /// OpenMP wait settings of [`stoke_core::OPENMP_WAIT`] when it was started
 /// without them: libgomp reads them when it loads, before `main`. Settings
-/// the user gave are left alone.
+/// the user gave are left alone. A binary with
+/// [`crate::openmp_wait_at_start!`] has them already and is not run again
+/// here.
 pub fn ensure_openmp_wait() {
     use std::os::unix::process::CommandExt;
     let env = stoke_core::openmp_wait_env();

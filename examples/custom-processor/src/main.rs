@@ -136,6 +136,9 @@ impl TorchBatchProcessor for RaggedMean {
 // A SIGTERM while libtorch starts waits until the worker listens for it
 // (a pod preempted while starting still exits 0).
 stoke::block_stop_signals_at_start!();
+// libtorch's OpenMP wait settings before it loads (else the worker runs
+// itself again to set them, paying libtorch's start-up twice).
+stoke::openmp_wait_at_start!();
 
 fn main() -> anyhow::Result<()> {
     let mut registry = Registry::with_builtins();

@@ -53,6 +53,9 @@ fn exit_code(e: &anyhow::Error) -> i32 {
     1
 }
 
+// The OpenMP wait settings before libtorch loads: no second start.
+stoke_worker::openmp_wait_at_start!();
+
 fn run() -> anyhow::Result<()> {
     stoke_worker::cli::ensure_openmp_wait();
     stoke_worker::cli::keep_freed_memory();
