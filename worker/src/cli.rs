@@ -202,6 +202,10 @@ pub unsafe extern "C" fn openmp_wait_preinit(
         .iter()
         .filter_map(|(name, value)| CString::new(format!("{name}={value}")).ok())
         .collect();
+    if added.len() != stoke_core::OPENMP_WAIT.len() {
+        // Never run again without them: that would loop.
+        return;
+    }
     env.extend(added.iter().map(|v| v.as_ptr()));
     env.push(std::ptr::null());
     // SAFETY: `argv` is the loader's NULL-terminated argument array and
