@@ -35,10 +35,7 @@ impl EmbeddedOptions {
     pub fn new(root: StoreUri) -> Self {
         Self {
             root,
-            device: {
-                stoke_worker::cuda::load();
-                Device::cuda_if_available()
-            },
+            device: stoke_worker::config::auto_device(),
             threads: None,
             job_id: None,
             stop: CancellationToken::new(),

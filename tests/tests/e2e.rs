@@ -813,9 +813,26 @@ fn health_readiness_and_metrics_over_http() {
     assert_eq!(http_get(&http, "/nothing").map(|r| r.0), Some(404));
 }
 
-/// A worker started without OpenMP wait settings runs itself again (same
-/// pid) with stoke's (`stoke_core::OPENMP_WAIT`); a setting the user gave
-/// stands, and nothing is added to it.
+/// A `stoke-worker` on `device` pointed at the discard port, where nothing
+/// listens: it keeps trying to register until it is killed. Returned once
+/// it has logged its start (its devices resolved, libtorch loaded).
+fn started_worker(
+    dir: &std::path::Path,
+    name: &str,
+    device: &str,
+    configure: impl FnOnce(&mut std::process::Command),
+) -> Proc {
+    let mut cmd = std::process::Command::new(bin("stoke-worker"));
+    cmd.args(["--coordinator", "http://127.0.0.1:9", "--device", device])
+        .env("RUST_LOG", "info");
+    configure(&mut cmd);
+    let worker = Proc::spawn(name, cmd, dir);
+    wait_until("the worker to start", DEADLINE, || {
+        worker.log_text().contains("worker starting").then_some(())
+    });
+    worker
+}
+
 /// libtorch's CUDA half (and cuBLAS, cuDNN, NCCL… behind it) loads only
 /// where it can serve: a worker on `cpu` never maps it, and one on `auto`
 /// maps it exactly when the host has the NVIDIA driver. Without it a worker
@@ -825,15 +842,7 @@ fn a_worker_loads_libtorch_cuda_only_where_a_driver_is() {
     let dir = tempfile::tempdir().expect("temp dir");
     let driver = stoke_worker::cuda::driver_present();
     for (device, want) in [("cpu", false), ("auto", driver)] {
-        let mut cmd = std::process::Command::new(bin("stoke-worker"));
-        // Nothing listens on the discard port: the worker keeps trying to
-        // register until it is killed, after its devices are resolved.
-        cmd.args(["--coordinator", "http://127.0.0.1:9", "--device", device])
-            .env("RUST_LOG", "info");
-        let mut worker = Proc::spawn(&format!("worker-{device}"), cmd, dir.path());
-        wait_until("the worker to start", DEADLINE, || {
-            worker.log_text().contains("worker starting").then_some(())
-        });
+        let mut worker = started_worker(dir.path(), &format!("worker-{device}"), device, |_| {});
         let maps = std::fs::read_to_string(format!("/proc/{}/maps", worker.pid()))
             .expect("the worker's maps");
         assert!(maps.contains("libtorch_cpu.so"), "{maps}");
@@ -894,22 +903,15 @@ fn workers_get_the_openmp_wait_settings_unless_the_user_chose() {
         ),
     ];
     for (i, (given, want, unwanted)) in cases.into_iter().enumerate() {
-        let mut cmd = std::process::Command::new(bin("stoke-worker"));
-        // Nothing listens on the discard port: the worker keeps trying to
-        // register until it is killed.
-        cmd.args(["--coordinator", "http://127.0.0.1:9", "--device", "cpu"])
-            .env_remove("OMP_WAIT_POLICY")
-            .env_remove("GOMP_SPINCOUNT")
-            .env("OMP_DISPLAY_ENV", "verbose")
-            .env("RUST_LOG", "info");
-        if let Some((name, value)) = given {
-            cmd.env(name, value);
-        }
-        let mut worker = Proc::spawn(&format!("worker-{i}"), cmd, dir.path());
         // libgomp displays as it loads, before `main`: once the worker
         // logs, every start it made has displayed.
-        wait_until("the worker to start", DEADLINE, || {
-            worker.log_text().contains("worker starting").then_some(())
+        let mut worker = started_worker(dir.path(), &format!("worker-{i}"), "cpu", |cmd| {
+            cmd.env_remove("OMP_WAIT_POLICY")
+                .env_remove("GOMP_SPINCOUNT")
+                .env("OMP_DISPLAY_ENV", "verbose");
+            if let Some((name, value)) = given {
+                cmd.env(name, value);
+            }
         });
         let log = worker.log_text();
         worker.kill9();

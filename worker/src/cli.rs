@@ -231,17 +231,12 @@ macro_rules! openmp_wait_at_start {
         #[allow(unsafe_code)]
         #[unsafe(link_section = ".preinit_array")]
         static STOKE_OPENMP_WAIT: unsafe extern "C" fn(
-            $crate::cli::CInt,
-            *const *const $crate::cli::CChar,
-            *const *const $crate::cli::CChar,
+            ::std::ffi::c_int,
+            *const *const ::std::ffi::c_char,
+            *const *const ::std::ffi::c_char,
         ) = $crate::cli::openmp_wait_preinit;
     };
 }
-
-/// C's `int` and `char`, for [`crate::openmp_wait_at_start!`]'s entry.
-pub type CInt = libc::c_int;
-/// See [`CInt`].
-pub type CChar = libc::c_char;
 
 /// Runs this process again, once (same pid, same arguments), with the
 /// OpenMP wait settings of [`stoke_core::OPENMP_WAIT`] when it was started

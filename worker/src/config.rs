@@ -71,30 +71,29 @@ pub fn parse_devices(text: &str) -> Result<Vec<Device>, WorkerError> {
 
 /// Parses `auto`, `cpu`, `cuda` or `cuda:N`.
 pub fn parse_device(text: &str) -> Result<Device, WorkerError> {
-    match text {
-        "auto" => {
-            crate::cuda::load();
-            Ok(Device::cuda_if_available())
-        }
-        "cpu" => Ok(Device::Cpu),
-        // A CUDA device: libtorch_cuda loads now, before anything can ask
-        // torch about CUDA (torch answers "none" for good if asked first).
-        "cuda" => {
-            crate::cuda::load();
-            Ok(Device::Cuda(0))
-        }
-        other => {
-            let device = other
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse::<usize>().ok())
-                .map(Device::Cuda)
-                .ok_or_else(|| {
-                    WorkerError::Config(format!("device {other:?}: use auto, cpu, cuda or cuda:N"))
-                })?;
-            crate::cuda::load();
-            Ok(device)
-        }
-    }
+    let device = match text {
+        "cpu" => return Ok(Device::Cpu),
+        "auto" => return Ok(auto_device()),
+        "cuda" => Device::Cuda(0),
+        other => other
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse::<usize>().ok())
+            .map(Device::Cuda)
+            .ok_or_else(|| {
+                WorkerError::Config(format!("device {other:?}: use auto, cpu, cuda or cuda:N"))
+            })?,
+    };
+    // A CUDA device: libtorch_cuda loads now, before anything can ask
+    // torch about CUDA (torch answers "none" for good if asked first).
+    crate::cuda::load();
+    Ok(device)
+}
+
+/// `auto`: the first CUDA device when torch sees one, else the cpu
+/// (libtorch_cuda loaded first, where the host has a driver).
+pub fn auto_device() -> Device {
+    crate::cuda::load();
+    Device::cuda_if_available()
 }
 
 /// Checks that this host can run on every device given, before anything
@@ -107,10 +106,13 @@ pub fn check_devices(devices: &[Device]) -> Result<(), WorkerError> {
     }
     // Why torch may see fewer devices than asked: no driver (whether or not
     // libtorch_cuda is in), or libtorch_cuda not loading.
-    let why = match crate::cuda::load() {
-        _ if !crate::cuda::driver_present() => Some(crate::cuda::NO_DRIVER.to_string()),
-        crate::cuda::CudaLibs::Absent(why) => Some(why.clone()),
-        crate::cuda::CudaLibs::Loaded => None,
+    let libs = crate::cuda::load();
+    let why = if !crate::cuda::driver_present() {
+        Some(crate::cuda::NO_DRIVER.to_string())
+    } else if let crate::cuda::CudaLibs::Absent(why) = libs {
+        Some(why.clone())
+    } else {
+        None
     };
     check_devices_against(devices, tch::Cuda::device_count().max(0) as usize).map_err(|e| {
         match (e, why) {

@@ -52,7 +52,14 @@ pub fn load() -> &'static CudaLibs {
 
 /// Whether `libtorch_cuda.so` is in this process now (loaded or linked).
 pub fn is_loaded() -> bool {
-    loaded_handle(c"libtorch_cuda.so").is_some()
+    let Some(handle) = loaded_handle(c"libtorch_cuda.so") else {
+        return false;
+    };
+    // SAFETY: drops only the reference RTLD_NOLOAD added.
+    unsafe {
+        libc::dlclose(handle);
+    }
+    true
 }
 
 /// Whether this host has the NVIDIA driver's library, without which no
@@ -70,9 +77,14 @@ fn try_load() -> CudaLibs {
     if !driver_present() {
         return CudaLibs::Absent(NO_DRIVER.to_string());
     }
-    let Some(folder) = torch_folder() else {
-        return CudaLibs::Absent("libtorch_cpu.so is not loaded".to_string());
-    };
+    match torch_folder() {
+        Some(folder) => load_from(&folder),
+        None => CudaLibs::Absent("libtorch_cpu.so is not loaded".to_string()),
+    }
+}
+
+/// Loads `libtorch_cuda.so` from `folder` (libtorch_cpu's).
+fn load_from(folder: &str) -> CudaLibs {
     let path = format!("{folder}/libtorch_cuda.so");
     if !std::path::Path::new(&path).exists() {
         return CudaLibs::Absent(format!("{folder} is a CPU-only libtorch"));
@@ -153,10 +165,11 @@ mod tests {
     fn libtorch_cuda_loads_next_to_libtorch_cpu() {
         let driver = driver_present();
         let folder = torch_folder().expect("libtorch_cpu is linked");
-        let path = format!("{folder}/libtorch_cuda.so");
-        if std::path::Path::new(&path).exists() {
-            let c_path = CString::new(path).expect("path");
-            open(&c_path, libc::RTLD_NOW | libc::RTLD_GLOBAL).expect("loads");
+        if std::path::Path::new(&folder)
+            .join("libtorch_cuda.so")
+            .exists()
+        {
+            assert_eq!(load_from(&folder), CudaLibs::Loaded);
             assert!(is_loaded());
             let n = tch::Cuda::device_count();
             assert!(driver || n == 0, "{n} CUDA devices without a driver");
