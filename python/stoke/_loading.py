@@ -30,7 +30,8 @@ from typing import Any
 
 _FN = None
 _FORK_SERVER = None
-_PRELOAD = ["torch", "cloudpickle"]
+# stoke._fork_server: the server leaves without finalising torch.
+_PRELOAD = ["stoke._fork_server", "torch", "cloudpickle"]
 
 
 def fork_server(extra: list | None = None) -> Any:
@@ -47,6 +48,18 @@ def fork_server(extra: list | None = None) -> Any:
         _FORK_SERVER = multiprocessing.get_context("forkserver")
     _FORK_SERVER.set_forkserver_preload(_PRELOAD + [m for m in extra or [] if m not in _PRELOAD])
     return _FORK_SERVER
+
+
+def start_fork_server(extra: list | None = None) -> Any:
+    """Starts the fork server now, and returns its pid (``None`` where Python does not say): a worker started
+    for a job with load processes (``stoke-worker
+    --python-prewarm-loading``) calls it before its own ``import torch``,
+    so the server's import runs beside the worker's instead of after it."""
+    from multiprocessing import forkserver
+
+    fork_server(extra)
+    forkserver.ensure_running()
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
 
 
 def _init(data: bytes) -> None:
@@ -68,10 +81,29 @@ def _load_chunk(items: list) -> Any:
     out = []
     for item in items:
         try:
-            out.append((True, _FN(item)))
+            out.append((True, _FN(_with_bytes(item))))
         except BaseException:
             out.append((False, traceback.format_exc().rstrip()))
     return _pack(out)
+
+
+class _LocalFile:
+    """A ``files`` record's item whose ``bytes`` the load process reads
+    from the local file itself (the worker passes its path instead of the
+    bytes: they need not cross a pipe)."""
+
+    __slots__ = ("item", "path")
+
+    def __init__(self, item: dict, path: str) -> None:
+        self.item = item
+        self.path = path
+
+
+def _with_bytes(item: Any) -> dict:
+    if isinstance(item, _LocalFile):
+        with open(item.path, "rb") as f:
+            return {**item.item, "bytes": f.read()}
+    return item
 
 
 def _pack(out: list) -> Any:
@@ -116,7 +148,7 @@ def _load_here(fn: Any, items: list) -> list:
     out = []
     for item in items:
         try:
-            out.append((True, fn(item)))
+            out.append((True, fn(_with_bytes(item))))
         except Exception:
             out.append((False, traceback.format_exc().rstrip()))
     return out
@@ -167,9 +199,13 @@ class LoadPool:
                 max_workers=self.workers, mp_context=ctx, initializer=_init, initargs=(self._data,))
         return self._executor
 
-    def submit(self, columns: dict, n: int) -> Pending:
+    def submit(self, columns: dict, n: int, paths: list | None = None) -> Pending:
+        """``paths``: a local ``files`` batch's files, whose ``bytes`` are
+        not in ``columns``: each item's is read where ``load_fn`` runs."""
         names = list(columns)
         items = [{name: columns[name][i] for name in names} for i in range(n)]
+        if paths is not None:
+            items = [_LocalFile(item, path) for item, path in zip(items, paths)]
         if self.workers == 0:
             return Pending(items, [])
         # One chunk per process: each process gets work, the results come

@@ -520,8 +520,8 @@ def open_load_pool(instance: Any, workers: int) -> Any:
     return pool
 
 
-def load_submit(pool: Any, columns: dict, n: int) -> Any:
-    return pool.submit(columns, n)
+def load_submit(pool: Any, columns: dict, n: int, paths: list | None = None) -> Any:
+    return pool.submit(columns, n, paths)
 
 
 def load_results(pool: Any, pending: Any) -> list:

@@ -103,3 +103,103 @@ def test_json_lists_arrive_as_tensors_and_pad(tmp_path):
     for i in range(100):
         n = i % 5 + 1
         assert got[f"r{i}"] == (pytest.approx(float(i)), n, n * (n - 1) // 2)
+
+
+TEARDOWN_PROBE = '''
+import os
+
+open(os.environ["PROBE_DIR"] + f"/imported-{os.getpid()}", "w").close()
+
+
+class _AtTeardown:
+    # What __del__ needs, held here: teardown may have cleared the globals.
+    def __del__(self, _open=open, _path=os.environ["PROBE_DIR"] + f"/torn-down-{os.getpid()}"):
+        _open(_path, "w").close()
+
+
+probe = _AtTeardown()
+'''
+
+START_SERVER = '''
+import os
+from stoke import _loading
+pid = _loading.start_fork_server(["teardown_probe"])
+ctx = _loading.fork_server()
+# A process forked from the server: its preload (torch, the probe) is done.
+p = ctx.Process(target=os.getpid)
+p.start()
+p.join()
+print(pid, flush=True)
+'''
+
+
+def _gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+def test_the_fork_server_leaves_without_finalising_torch(tmp_path):
+    """The fork server's end skips the interpreter's teardown (half a
+    second with torch imported, while it holds the worker's output pipe):
+    a module it preloaded is never torn down, where the same module in a
+    plain Python process is."""
+    import subprocess
+    import time
+
+    (tmp_path / "teardown_probe.py").write_text(TEARDOWN_PROBE)
+    env = dict(os.environ, PROBE_DIR=str(tmp_path))
+    # The probe sees a plain interpreter's teardown.
+    env["PYTHONPATH"] = str(tmp_path)
+    plain = subprocess.run([sys.executable, "-c", "import teardown_probe; import os; print(os.getpid())"],
+                           env=env, capture_output=True, text=True, check=True)
+    assert (tmp_path / f"torn-down-{plain.stdout.strip()}").exists()
+    # On PYTHONPATH: the server (Python 3.11's) does not take its parent's
+    # sys.path for its preload.
+    out = subprocess.run([sys.executable, "-c", START_SERVER], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    server = int(out.stdout.strip())
+    assert (tmp_path / f"imported-{server}").exists(), list(tmp_path.iterdir())
+    # Its parent has ended: the server leaves, without the teardown.
+    deadline = time.monotonic() + 60
+    while not _gone(server):
+        assert time.monotonic() < deadline, f"the fork server {server} is still running"
+        time.sleep(0.05)
+    assert not (tmp_path / f"torn-down-{server}").exists()
+
+
+@pytest.mark.parametrize("load_workers", [0, 2])
+def test_a_files_dataset_gives_load_fn_each_files_bytes(tmp_path, load_workers):
+    """A local ``files`` dataset: each load process reads its records'
+    files itself (the bytes do not cross a pipe), and ``load_fn`` gets
+    the same ``uri`` and ``bytes`` as ever; the batch keeps its ``bytes``."""
+    import urllib.parse
+    import zlib
+
+    from load_job import FileDigests
+
+    folder = tmp_path / "files"
+    folder.mkdir()
+    want = {}
+    for i in range(60):
+        # Names a URI must escape, too.
+        name = f"f {i:02d}%{'x' * (i % 3)}.bin"
+        data = os.urandom(100 + 37 * i)
+        (folder / name).write_bytes(data)
+        want[name] = (len(data), zlib.crc32(data))
+    report = stoke.torch_batch_process(FileDigests, {"dataset": {"format": "files", "uri": str(folder)}, "processor": {}},
+                                       batch_size=16, root=tmp_path / "root", device="cpu", load_workers=load_workers)
+    got = {}
+    for o in report["outputs"]:
+        t = pq.read_table(o["uri"].removeprefix("file://")).to_pydict()
+        for i, rid in enumerate(t["id"]):
+            got[rid] = (t["size"][i], t["crc"][i], t["column_crc"][i], t["pid"][i])
+    assert len(got) == 60
+    for rid, (size, crc, column_crc, pid) in got.items():
+        name = urllib.parse.unquote(rid.rsplit("/", 1)[-1])
+        assert (size, crc) == want[name], rid
+        assert column_crc == crc, rid
+        assert (pid == os.getpid()) == (load_workers == 0), rid

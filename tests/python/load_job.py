@@ -35,3 +35,31 @@ class Squares(TorchBatchProcessor):
             "square": stacked[:, 1].long(),
             "pid": stacked[:, 2].long(),
         })
+
+
+class FileDigests(TorchBatchProcessor):
+    """Over a ``files`` dataset: ``load_fn`` gets each file's ``uri`` and
+    ``bytes`` and returns ``[len, crc32, pid]``; ``process_batch`` writes
+    them with the CRC of the batch's own ``bytes`` column."""
+
+    def __init__(self, context):
+        self.context = context
+
+    @staticmethod
+    def load_fn(item):
+        import zlib
+
+        assert sorted(item) == ["bytes", "uri"], sorted(item)
+        return torch.tensor([len(item["bytes"]), zlib.crc32(item["bytes"]), os.getpid()], dtype=torch.int64)
+
+    def process_batch(self, batch, batch_idx):
+        import zlib
+
+        stacked = torch.stack(batch.samples)
+        self.context.write_rows({
+            "id": batch.ids,
+            "size": stacked[:, 0],
+            "crc": stacked[:, 1],
+            "pid": stacked[:, 2],
+            "column_crc": torch.tensor([zlib.crc32(b) for b in batch["bytes"]], dtype=torch.int64),
+        })

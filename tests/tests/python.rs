@@ -586,6 +586,67 @@ fn run_local_prewarms_python_for_a_python_job_only() {
     }
 }
 
+/// `stoke run` of a spec with `[loading] workers`: the worker starts the
+/// fork server of load processes before its own `import torch`, the job
+/// runs on it, and nothing of it is left when the command ends.
+#[test]
+fn run_local_starts_the_fork_server_of_load_processes_before_import_torch() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("records.jsonl");
+    let lines: String = (0..40)
+        .map(|x| format!("{{\"id\": \"r{x:02}\", \"x\": {x}, \"fault\": \"\"}}\n"))
+        .collect();
+    std::fs::write(&data, lines).expect("write records");
+    for (tag, loading) in [("early", "[loading]\nworkers = 1\n"), ("default", "")] {
+        let spec = format!(
+            "[dataset]\nformat = \"jsonl\"\nuri = \"{}\"\n\n[processor]\npython = \"load_job:Squares\"\npython_path = [\"{}\"]\n\n[batching]\nbatch_size = 8\n\n{loading}",
+            data.display(),
+            processors_dir().display()
+        );
+        let path = write_spec(tmp.path(), &format!("{tag}.toml"), &spec);
+        let root = tmp.path().join(tag);
+        let mut cmd = Command::new(bin("stoke"));
+        cmd.args(["run", &path, "--local", "1", "--device", "cpu", "--root"])
+            .arg(&root)
+            .env("RUST_LOG", "info");
+        let out = output_within(cmd, DEADLINE);
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{tag}: {stderr}");
+        let at = |needle: &str| stderr.lines().position(|l| l.contains(needle));
+        let server = at("fork server for load processes started");
+        let python = at("Python ready for processors (prewarmed)");
+        assert!(python.is_some(), "{tag}: {stderr}");
+        if tag == "default" {
+            // Without `[loading] workers` the pool starts its server when
+            // the processor is made, as before.
+            assert_eq!(server, None, "{tag}: {stderr}");
+            continue;
+        }
+        let (Some(server), Some(python)) = (server, python) else {
+            panic!("{tag}: no early fork server: {stderr}");
+        };
+        assert!(server < python, "{tag}: the server starts first: {stderr}");
+        let summary = format!("{}{stderr}", text(&out.stdout));
+        assert!(summary.contains("records: 40/40"), "{tag}: {summary}");
+        // The command waits for everything that holds its workers' output:
+        // the server (which has it) is gone by the time it returns.
+        let line = stderr.lines().nth(server).unwrap_or_default();
+        let pid: i32 = line
+            .split("pid=")
+            .nth(1)
+            .and_then(|p| p.split_whitespace().next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no pid in {line}"));
+        wait_until("the fork server to exit", DEADLINE, || {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+            // Gone, or a zombie nobody has reaped yet.
+            state
+                .is_none_or(|s| s.rsplit(") ").next().is_some_and(|f| f.starts_with('Z')))
+                .then_some(())
+        });
+    }
+}
+
 #[test]
 fn a_prewarmed_worker_starts_python_before_any_job_and_serves_jobs_one_after_another() {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -62,6 +62,18 @@ pub struct WorkerArgs {
     /// memory and a second of CPU where none ever runs.
     #[arg(long, env = "STOKE_PYTHON_PREWARM")]
     pub python_prewarm: bool,
+    /// With --python-prewarm: also start, before that `import torch`, the
+    /// fork server that a `load_fn`'s load processes (`[loading]`) and
+    /// DataLoader workers start from, so its own `import torch` runs
+    /// beside the worker's. For workers whose jobs use load processes: it
+    /// costs another process with torch imported where none do. `stoke run
+    /// --local` passes it when the spec sets `[loading] workers` above 0.
+    #[arg(
+        long,
+        env = "STOKE_PYTHON_PREWARM_LOADING",
+        requires = "python_prewarm"
+    )]
+    pub python_prewarm_loading: bool,
     /// Check the flags and environment (unknown STOKE_* variables
     /// included), print the resolved configuration as JSON and exit: 0 when
     /// valid, 2 otherwise.
@@ -388,7 +400,7 @@ fn run_worker(registry: Registry, args: WorkerArgs) -> Result<WorkerExit, Worker
     }
     #[cfg(feature = "python")]
     if args.python_prewarm {
-        crate::python::prewarm();
+        crate::python::prewarm(args.python_prewarm_loading);
     }
     #[cfg(not(feature = "python"))]
     if args.python_prewarm {

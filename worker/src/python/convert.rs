@@ -269,11 +269,19 @@ pub(super) fn batch_to_py<'py>(
 }
 
 /// The batch's columns, every one as a Python list (what a `load_fn`
-/// item is made of: one dict of a record's values per record).
-pub(super) fn batch_lists<'py>(py: Python<'py>, batch: &Batch) -> PyResult<Bound<'py, PyDict>> {
+/// item is made of: one dict of a record's values per record), but for
+/// `skip`.
+pub(super) fn batch_lists<'py>(
+    py: Python<'py>,
+    batch: &Batch,
+    skip: Option<&str>,
+) -> PyResult<Bound<'py, PyDict>> {
     let rows = batch.rows();
     let columns = PyDict::new(py);
     for (field, column) in rows.schema().fields().iter().zip(rows.columns()) {
+        if Some(field.name().as_str()) == skip {
+            continue;
+        }
         columns.set_item(field.name(), to_list(py, column)?)?;
     }
     Ok(columns)

@@ -17,6 +17,7 @@ use std::ffi::c_void;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -49,6 +50,18 @@ pub(crate) struct Interp {
 }
 
 static INTERP: OnceLock<Result<Interp, String>> = OnceLock::new();
+
+/// Start the fork server of load processes before `import torch`
+/// (`stoke-worker --python-prewarm-loading`).
+static START_FORK_SERVER: AtomicBool = AtomicBool::new(false);
+
+/// The worker's interpreter starts stoke's fork server (that load
+/// processes and DataLoader workers fork from) before it imports torch, so
+/// the server's own `import torch` runs beside the worker's instead of
+/// after it. Call before the interpreter starts.
+pub(crate) fn start_fork_server_first() {
+    START_FORK_SERVER.store(true, Ordering::Relaxed);
+}
 
 /// The interpreter, started and checked on first use.
 pub(crate) fn interp() -> Result<&'static Interp, PythonError> {
@@ -155,6 +168,9 @@ fn init() -> Result<Interp, String> {
             sys.setattr("path", path).map_err(py_err)?;
             sys.setattr("executable", &p.executable).map_err(py_err)?;
         }
+        if probed.is_some() && START_FORK_SERVER.load(Ordering::Relaxed) {
+            start_fork_server(py);
+        }
         let torch = py
             .import("torch")
             .map_err(|e| format!("import torch in the Python for processors ({python}): {e}"))?;
@@ -182,6 +198,21 @@ fn init() -> Result<Interp, String> {
             in_worker: !embedded_in_python,
         })
     })
+}
+
+/// Starts the fork server; a failure is logged, and the load pool starts
+/// it later as it would without the flag (and reports any error then).
+fn start_fork_server(py: Python<'_>) {
+    let started = py
+        .import("stoke._loading")
+        .and_then(|m| m.call_method0("start_fork_server"))
+        .and_then(|pid| pid.extract::<Option<u32>>());
+    match started {
+        Ok(pid) => tracing::info!(pid, "fork server for load processes started"),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not start the fork server for load processes early")
+        }
+    }
 }
 
 /// The distinct `libtorch_cpu.so` files mapped into this process.

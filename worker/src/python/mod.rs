@@ -18,7 +18,8 @@ mod interp;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use arrow_array::RecordBatch;
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, RecordBatch};
 use bytes::Bytes;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -70,7 +71,14 @@ pub fn use_python(python: &str) {
 /// torch`) while it connects and waits for work, not after its first
 /// lease. The first processor waits for it if it is not done yet. A
 /// failure is logged here and is the first Python processor's error too.
-pub fn prewarm() {
+///
+/// `loading`: the worker is started for a job with load processes
+/// (`--python-prewarm-loading`): the fork server they come from starts
+/// first, and imports torch beside the worker's own import.
+pub fn prewarm(loading: bool) {
+    if loading {
+        interp::start_fork_server_first();
+    }
     let spawned = std::thread::Builder::new()
         .name("python-prewarm".to_string())
         .spawn(|| {
@@ -216,17 +224,46 @@ struct PythonProcessor {
 struct LoadPool {
     pool: Py<PyAny>,
     runtime: Py<PyModule>,
+    /// A `files` dataset: where its objects are local files, each load
+    /// process reads the file itself for its item's `bytes`, so the bytes
+    /// do not cross a pipe to it.
+    files: bool,
 }
 
 impl LoadPool {
     /// Submits a batch's records; the handle to wait on.
     fn submit(&self, py: Python<'_>, batch: &Batch) -> PyResult<Py<PyAny>> {
-        let columns = convert::batch_lists(py, batch)?;
+        let paths = self.files.then(|| local_paths(batch)).flatten();
+        let skip = if paths.is_some() {
+            Some(FILE_BYTES)
+        } else {
+            None
+        };
+        let columns = convert::batch_lists(py, batch, skip)?;
         self.runtime
             .bind(py)
-            .call_method1("load_submit", (self.pool.bind(py), columns, batch.len()))
+            .call_method1(
+                "load_submit",
+                (self.pool.bind(py), columns, batch.len(), paths),
+            )
             .map(Bound::unbind)
     }
+}
+
+/// A `files` dataset's column of object bodies.
+const FILE_BYTES: &str = "bytes";
+
+/// The local path of every record of a `files` batch (its `uri` column),
+/// or `None` when any is not a local file.
+fn local_paths(batch: &Batch) -> Option<Vec<String>> {
+    let rows = batch.rows();
+    let uris = rows.column_by_name("uri")?.as_string_opt::<i32>()?;
+    (0..uris.len())
+        .map(|i| {
+            let path = StoreUri::parse(uris.value(i)).ok()?.local_path()?;
+            path.to_str().map(str::to_string)
+        })
+        .collect()
 }
 
 impl Prepare for LoadPool {
@@ -359,6 +396,7 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
                 Arc::new(LoadPool {
                     pool: pool.unbind(),
                     runtime: runtime.clone().unbind(),
+                    files: dataset.format == DatasetFormat::Files,
                 })
             })
         } else {
@@ -419,7 +457,6 @@ fn fetch_code(shared: &Shared, uri: &str) -> Result<Bytes, PythonError> {
 /// The dataset indices a batch of a `format = "python"` job holds (its
 /// `id` column, as the range reader writes it).
 fn dataset_indices(batch: &Batch) -> Result<Vec<i64>, PythonError> {
-    use arrow_array::cast::AsArray;
     use arrow_array::types::Int64Type;
     let column = batch
         .rows()
