@@ -96,11 +96,18 @@ for title, runs in (("whole command (records / wall time, start-up included)", w
                     ("steady state (records/s from the first output part to the last)", steady)):
     rate = {k: statistics.median(v) for k, v in runs.items()}
     a, d = rate.get("loop"), rate.get("ray")
-    print(f"\n{title}\n{'contender':<18}{'records/s':>12}{'vs (a)':>9}{'vs (d)':>9}{'runs':>6}")
+    # Each round runs every contender once, the loop first: a contender
+    # against the loop of its own round cancels the machine's drift
+    # between rounds, which the medians of records/s do not.
+    loops = runs.get("loop", [])
+    print(f"\n{title}\n{'contender':<18}{'records/s':>12}{'vs (a)':>9}{'vs (d)':>9}{'runs':>6}"
+          f"  vs (a) per round (median)")
     for name in names:
         if name in rate:
             r = rate[name]
+            rounds = [x / l for x, l in zip(runs[name], loops)] if len(runs[name]) == len(loops) else []
+            per_round = (", ".join(f"{x:.2f}" for x in rounds) + f" ({statistics.median(rounds):.2f})") if rounds else "-"
             print(f"{name:<18}{r:>12.0f}{(r / a if a else float('nan')):>9.2f}{(r / d if d else float('nan')):>9.2f}"
-                  f"{len(runs[name]):>6}")
+                  f"{len(runs[name]):>6}  {per_round}")
 print(f"\nresults: {sys.argv[1]}")
 PY

@@ -51,10 +51,11 @@ def fork_server(extra: list | None = None) -> Any:
 
 
 def start_fork_server(extra: list | None = None) -> Any:
-    """Starts the fork server now, and returns its pid (``None`` where Python does not say): a worker started
-    for a job with load processes (``stoke-worker
-    --python-prewarm-loading``) calls it before its own ``import torch``,
-    so the server's import runs beside the worker's instead of after it."""
+    """Starts the fork server now and returns its pid (``None`` where
+    Python does not say). A worker started for a job with load processes
+    (``stoke-worker --python-prewarm-loading``) calls it before its own
+    ``import torch``, so the server's import runs beside the worker's
+    instead of after it."""
     from multiprocessing import forkserver
 
     fork_server(extra)
