@@ -39,9 +39,9 @@ pub struct WorkerCommand {
     /// The job runs a Python processor: the workers start Python at once
     /// (`--python-prewarm`), while they connect and take their first lease.
     pub python_prewarm: bool,
-    /// The job's spec sets `[loading] workers` above 0: the workers also
-    /// start the fork server of load processes at once
-    /// (`--python-prewarm-loading`).
+    /// The job's Python processor has `[loading] workers` above 0: the
+    /// workers also start the fork server of load processes at once
+    /// (`--python-prewarm-loading`, which comes with `python_prewarm`).
     pub python_prewarm_loading: bool,
     /// How many workers the run starts (each is told its index and this,
     /// for a Python processor's `context.distributed`).
@@ -181,7 +181,10 @@ fn spawn(
         .arg(c.threads.to_string())
         .arg("--exit-when-idle")
         .args(c.python_prewarm.then_some("--python-prewarm"))
-        .args((c.python_prewarm && c.python_prewarm_loading).then_some("--python-prewarm-loading"))
+        .args(
+            c.python_prewarm_loading
+                .then_some("--python-prewarm-loading"),
+        )
         .env("STOKE_WORKER_RANK", i.to_string())
         .env("STOKE_WORKER_COUNT", c.workers.to_string())
         .env(

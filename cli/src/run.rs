@@ -170,7 +170,8 @@ impl LocalRun {
             device: self.device.clone(),
             threads,
             python_prewarm: spec.processor.python.is_some(),
-            python_prewarm_loading: spec.loading.workers.is_some_and(|n| n > 0),
+            python_prewarm_loading: spec.processor.python.is_some()
+                && spec.loading.workers.is_some_and(|n| n > 0),
             workers: self.workers,
         };
         let mut workers = fleet::Fleet::start(command, self.workers, fleet::Progress::of(&job))?;

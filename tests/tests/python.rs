@@ -562,6 +562,21 @@ fn pause_resume_a_coordinator_restart_and_cancel_behave_as_for_rust_processors()
     assert_no_panic(&worker);
 }
 
+/// `stoke run --local 1` of `spec` (written as `<tag>.toml`, its root
+/// `<tag>/`), logging at info level; it must succeed. Its output, and its
+/// stderr as text.
+fn run_local_logged(dir: &Path, tag: &str, spec: &str) -> (std::process::Output, String) {
+    let path = write_spec(dir, &format!("{tag}.toml"), spec);
+    let mut cmd = Command::new(bin("stoke"));
+    cmd.args(["run", &path, "--local", "1", "--device", "cpu", "--root"])
+        .arg(dir.join(tag))
+        .env("RUST_LOG", "info");
+    let out = output_within(cmd, DEADLINE);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{tag}: {stderr}");
+    (out, stderr)
+}
+
 #[test]
 fn run_local_prewarms_python_for_a_python_job_only() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -569,15 +584,7 @@ fn run_local_prewarms_python_for_a_python_job_only() {
         ("python", python_spec("Runner", "", "")),
         ("builtin", fixture_spec("parquet", "")),
     ] {
-        let path = write_spec(tmp.path(), &format!("{tag}.toml"), &spec);
-        let root = tmp.path().join(tag);
-        let mut cmd = Command::new(bin("stoke"));
-        cmd.args(["run", &path, "--local", "1", "--device", "cpu", "--root"])
-            .arg(&root)
-            .env("RUST_LOG", "info");
-        let out = output_within(cmd, DEADLINE);
-        let stderr = text(&out.stderr);
-        assert!(out.status.success(), "{tag}: {stderr}");
+        let (_, stderr) = run_local_logged(tmp.path(), tag, &spec);
         // The worker's own line, passed on by `run`.
         let prewarmed = stderr.lines().any(|l| {
             l.starts_with("[local-0]") && l.contains("Python ready for processors (prewarmed)")
@@ -603,15 +610,7 @@ fn run_local_starts_the_fork_server_of_load_processes_before_import_torch() {
             data.display(),
             processors_dir().display()
         );
-        let path = write_spec(tmp.path(), &format!("{tag}.toml"), &spec);
-        let root = tmp.path().join(tag);
-        let mut cmd = Command::new(bin("stoke"));
-        cmd.args(["run", &path, "--local", "1", "--device", "cpu", "--root"])
-            .arg(&root)
-            .env("RUST_LOG", "info");
-        let out = output_within(cmd, DEADLINE);
-        let stderr = text(&out.stderr);
-        assert!(out.status.success(), "{tag}: {stderr}");
+        let (out, stderr) = run_local_logged(tmp.path(), tag, &spec);
         let at = |needle: &str| stderr.lines().position(|l| l.contains(needle));
         let server = at("fork server for load processes started");
         let python = at("Python ready for processors (prewarmed)");
@@ -637,12 +636,9 @@ fn run_local_starts_the_fork_server_of_load_processes_before_import_torch() {
             .and_then(|p| p.split_whitespace().next())
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("no pid in {line}"));
+        // Gone, or a zombie nobody has reaped yet.
         wait_until("the fork server to exit", DEADLINE, || {
-            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
-            // Gone, or a zombie nobody has reaped yet.
-            state
-                .is_none_or(|s| s.rsplit(") ").next().is_some_and(|f| f.starts_with('Z')))
-                .then_some(())
+            matches!(process_state(pid), None | Some('Z')).then_some(())
         });
     }
 }
