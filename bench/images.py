@@ -12,7 +12,8 @@ processes) is left out alike for every contender that writes parts.
     python bench/images.py data DIR COUNT
     python bench/images.py loop DIR OUT            # (a) DataLoader(num_workers=2) -> model -> torch.save
     python bench/images.py stoke-dataset DIR ROOT  # (b) torch_batch_process(..., dataset, num_workers=2), in process
-    python bench/images.py stoke-load-fn DIR ROOT WORKERS  # (c) `stoke run --local 1`, load_fn on WORKERS load processes
+    python bench/images.py stoke-load-fn DIR ROOT WORKERS [stack]  # (c) `stoke run --local 1`, load_fn on WORKERS
+                                                   # load processes; `stack`: Graphbook's torch.stack(batch.samples)
     python bench/images.py ray DIR OUT             # (d) Ray Data read_images + map_batches (bench venv)
 
 Every contender runs the model with one intra-op thread and loads with
@@ -148,10 +149,13 @@ def stoke_dataset(folder, root):
     return report["records"], seconds, steady(parts, report["records"])
 
 
-def stoke_load_fn(folder, root, workers):
+def stoke_load_fn(folder, root, workers, stack=None):
+    # batch.collated (the load process's batch), or Graphbook's step as
+    # written (torch.stack(batch.samples): one more copy of each batch).
+    processor = "PredictStack" if stack == "stack" else "Predict"
     spec = {
         "dataset": {"format": "files", "uri": os.path.abspath(folder)},
-        "processor": {"python": "images_processor:Predict", "python_path": [str(HERE)], "threads": 1},
+        "processor": {"python": f"images_processor:{processor}", "python_path": [str(HERE)], "threads": 1},
         "loading": {"workers": int(workers)},
         "batching": {"batch_size": BATCH},
         "checkpoint": {"interval": 10},
@@ -211,7 +215,7 @@ def main():
         return
     run = {"loop": loop, "stoke-dataset": stoke_dataset, "stoke-load-fn": stoke_load_fn, "ray": ray_data}[what]
     records, seconds, rate = run(*args)
-    name = what if what != "stoke-load-fn" else f"stoke-load-fn-{args[2]}"
+    name = what if what != "stoke-load-fn" else f"stoke-load-fn-{args[2]}" + "".join(f"-{a}" for a in args[3:])
     print(f"result contender={name} records={records} seconds={seconds:.3f} steady={rate or 0:.1f}")
 
 

@@ -4,11 +4,17 @@
 # side in one run (see bench/images.py):
 #   (a) loop            DataLoader(batch_size=64, num_workers=2) -> model -> torch.save
 #   (b) stoke-dataset   torch_batch_process(..., dataset, dataloader_kwargs={"num_workers": 2}), in process
-#   (c) stoke-load-fn-2 stoke over the PNG files, load_fn on 2 load processes, `run --local 1`
-#       stoke-load-fn-1 the same with 1 load process (load_fn's records/s, 1 against 2)
+#   (c) stoke-load-fn-2 stoke over the PNG files, load_fn on 2 load processes, `run --local 1`,
+#                       the model on batch.collated (the load process's batch, no copy)
+#       stoke-load-fn-2-stack  the same with Graphbook's step as written: torch.stack(batch.samples)
+#       stoke-load-fn-1 (c) with 1 load process (load_fn's records/s, 1 against 2)
 #   (d) ray             Ray Data read_images + map_batches
 #
 #   bench/images.sh [COUNT] [ROUNDS]     # defaults: 20000 images, 1 round
+#
+# BENCH_CONTENDERS (space-separated names, default all of them) picks which
+# run; the loop always runs, first in each round, as every ratio's base.
+# BENCH_RAY=0 skips Ray (and its venv).
 #
 # Ray Data goes in its own venv (~/.cache/stoke/bench-ray-venv), which
 # sees the stoke venv's torch, torchvision and pillow through a .pth file
@@ -44,8 +50,11 @@ if [ ! -f "$DATA/.done" ]; then
   touch "$DATA/.done"
 fi
 
+CONTENDERS="${BENCH_CONTENDERS:-stoke-dataset stoke-load-fn-2 stoke-load-fn-2-stack stoke-load-fn-1 ray}"
+wanted() { [[ " $CONTENDERS " == *" $1 "* ]]; }
+
 ray_python=""
-if [ "${BENCH_RAY:-1}" != 0 ]; then
+if [ "${BENCH_RAY:-1}" != 0 ] && wanted ray; then
   if [ ! -f "$RAY_VENV/.installed" ] || [ "$(cat "$RAY_VENV/.installed")" != "$RAY_REQS" ]; then
     [ -x "$RAY_VENV/bin/pip" ] || python3 -m venv "$RAY_VENV"
     "$RAY_VENV/bin/pip" install --disable-pip-version-check -q "$RAY_REQS" && echo "$RAY_REQS" >"$RAY_VENV/.installed"
@@ -74,9 +83,18 @@ run() {
 for round in $(seq 1 "$ROUNDS"); do
   echo "round $round of $ROUNDS" >&2
   run loop python bench/images.py loop "$DATA" "$DIR/work/loop/out"
-  run stoke-dataset python bench/images.py stoke-dataset "$DATA" "$DIR/work/stoke-dataset/root"
-  run stoke-load-fn-2 python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-2/root" 2
-  run stoke-load-fn-1 python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-1/root" 1
+  if wanted stoke-dataset; then
+    run stoke-dataset python bench/images.py stoke-dataset "$DATA" "$DIR/work/stoke-dataset/root"
+  fi
+  if wanted stoke-load-fn-2; then
+    run stoke-load-fn-2 python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-2/root" 2
+  fi
+  if wanted stoke-load-fn-2-stack; then
+    run stoke-load-fn-2-stack python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-2-stack/root" 2 stack
+  fi
+  if wanted stoke-load-fn-1; then
+    run stoke-load-fn-1 python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-1/root" 1
+  fi
   if [ -n "$ray_python" ]; then
     run ray "$ray_python" bench/images.py ray "$DATA" "$DIR/work/ray/out"
   fi
@@ -91,7 +109,7 @@ for line in open(sys.argv[1]):
         wall.setdefault(m[1], []).append(int(m[2]) / float(m[4]))
         if float(m[3]) > 0:
             steady.setdefault(m[1], []).append(float(m[3]))
-names = ["loop", "stoke-dataset", "stoke-load-fn-2", "stoke-load-fn-1", "ray"]
+names = ["loop", "stoke-dataset", "stoke-load-fn-2", "stoke-load-fn-2-stack", "stoke-load-fn-1", "ray"]
 for title, runs in (("whole command (records / wall time, start-up included)", wall),
                     ("steady state (records/s from the first output part to the last)", steady)):
     rate = {k: statistics.median(v) for k, v in runs.items()}

@@ -1,5 +1,8 @@
 """Contender (c) of bench/images.py: Graphbook's load_fn (decode and
-transform one PNG) on stoke's load processes, then the CNN."""
+transform one PNG) on stoke's load processes, then the CNN. ``Predict``
+reads ``batch.collated`` (the load process's batch, no copy);
+``PredictStack`` is Graphbook's step as written, with
+``torch.stack(batch.samples)``."""
 
 import sys
 import pathlib
@@ -21,6 +24,13 @@ class Predict(TorchBatchProcessor):
     def load_fn(item):
         return images.transform_bytes(item["bytes"])
 
+    def process_batch(self, batch, batch_idx):
+        with torch.no_grad():
+            pred = self.model(self.context.to_device(batch.collated)).argmax(1)
+        self.context.write_rows({"id": batch.ids, "prediction": pred})
+
+
+class PredictStack(Predict):
     def process_batch(self, batch, batch_idx):
         with torch.no_grad():
             pred = self.model(self.context.to_device(torch.stack(batch.samples))).argmax(1)

@@ -27,6 +27,11 @@ class Batch(Mapping[str, Any]):
     ids: list[str]
     samples: list[Any] | None
     @property
+    def collated(self) -> Any:
+        """``samples`` collated as ``default_collate`` does; the load
+        process's shared-memory batch, without a copy, when it stacked
+        them (raises ``AttributeError`` without a ``load_fn``)."""
+    @property
     def columns(self) -> list[str]: ...
     def padded(self, column: str | int, value: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]: ...
     def __getitem__(self, key: str | int) -> torch.Tensor | list[Any]: ...

@@ -2,17 +2,23 @@
 on a pool of load processes that runs ahead of the model; the results
 reach ``process_batch`` as ``batch.samples``, in record order.
 
-The worker's prepare thread submits each batch's records here as soon as
-the reader has cut the batch (at most two batches ahead of the model, as
-the Rust load stage); ``process_batch`` waits for that batch's results.
+The worker's prepare thread submits each batch here as soon as the
+reader has cut it, the whole batch to one load process (as a DataLoader
+worker loads a whole batch), with as many batches ahead of the model as
+there are load processes (at least two, as the Rust load stage);
+``process_batch`` waits for that batch's results. When ``load_fn``
+returns tensors of one shape and type, the load process stacks them into
+shared memory: that is ``batch.collated``, and ``batch.samples`` are
+views of it.
 The pool lives for the job on that worker. Its processes start from a
 fork server run by the venv's Python (never a fork of the worker, which
 is a multi-threaded process), and get ``load_fn`` by value
 (cloudpickle), once each.
 
 An exception in ``load_fn`` is that record's error (its traceback); a
-load process that dies breaks the pool: a new pool is started and the
-records that were in flight are tried again one at a time, so the record
+load process that dies breaks the pool: a new pool is started (once, for
+all the batches that were in flight on the broken one) and their records
+are tried again one at a time, so the record
 that kills a process is the one that counts as an error, and nothing
 waits forever.
 
@@ -24,6 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import sys
+import threading
 import traceback
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -77,7 +84,7 @@ def _init(data: bytes) -> None:
 def _load_chunk(items: list) -> Any:
     """In a load process: ``(True, sample)`` or ``(False, traceback)`` per
     item; when every sample is a tensor of one shape and type, they travel
-    back as one stacked tensor (one shared-memory transfer for the chunk,
+    back as one stacked tensor (one shared-memory transfer for the batch,
     not one per record, as a DataLoader worker collates its batch)."""
     out = []
     for item in items:
@@ -162,11 +169,15 @@ def load_fn_of(instance: Any) -> Any:
 
 
 class Pending:
-    """One batch's records in flight."""
+    """One batch's records in flight: the whole batch on one load process
+    (``future``), and the pool it was submitted to (``executor``: when a
+    load process dies, only that pool is replaced, once, however many of
+    the batches in flight on it fail)."""
 
-    def __init__(self, items: list, chunks: list) -> None:
+    def __init__(self, items: list, future: Any = None, executor: Any = None) -> None:
         self.items = items
-        self.chunks = chunks  # (start, future) per chunk, in order
+        self.future = future
+        self.executor = executor
 
 
 class LoadPool:
@@ -175,6 +186,9 @@ class LoadPool:
         self.workers = workers
         self._executor = None
         self._data = None
+        # The prepare thread submits while the processor's thread waits
+        # for results (and may replace a broken pool): one pool at a time.
+        self._lock = threading.Lock()
 
     def start(self) -> None:
         """Starts the load processes now (the processor is being made),
@@ -186,19 +200,20 @@ class LoadPool:
             pool.submit(_ready)
 
     def _pool(self) -> concurrent.futures.ProcessPoolExecutor:
-        if self._executor is None:
-            import cloudpickle
+        with self._lock:
+            if self._executor is None:
+                import cloudpickle
 
-            if self._data is None:
-                self._data = cloudpickle.dumps(self.fn)
-            # load_fn's own module too, when it is importable by name and
-            # the server is not running yet (with what it imports).
-            module = getattr(self.fn, "__module__", None)
-            extra = [module] if module and module != "__main__" and module in sys.modules else []
-            ctx = fork_server(extra)
-            self._executor = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=ctx, initializer=_init, initargs=(self._data,))
-        return self._executor
+                if self._data is None:
+                    self._data = cloudpickle.dumps(self.fn)
+                # load_fn's own module too, when it is importable by name
+                # and the server is not running yet (with what it imports).
+                module = getattr(self.fn, "__module__", None)
+                extra = [module] if module and module != "__main__" and module in sys.modules else []
+                ctx = fork_server(extra)
+                self._executor = concurrent.futures.ProcessPoolExecutor(
+                    max_workers=self.workers, mp_context=ctx, initializer=_init, initargs=(self._data,))
+            return self._executor
 
     def submit(self, columns: dict, n: int, paths: list | None = None) -> Pending:
         """``paths``: a local ``files`` batch's files, whose ``bytes`` are
@@ -208,66 +223,59 @@ class LoadPool:
         if paths is not None:
             items = [_LocalFile(item, path) for item, path in zip(items, paths)]
         if self.workers == 0:
-            return Pending(items, [])
-        # One chunk per process: each process gets work, the results come
-        # back in order, and a batch costs one call and one transfer per
-        # process (the batches queued ahead keep every process busy).
-        size = max(1, -(-n // self.workers))
-        chunks = []
-        for start in range(0, n, size):
-            chunks.append((start, self._submit(items[start:start + size])))
-        return Pending(items, chunks)
-
-    def _submit(self, items: list) -> Any:
+            return Pending(items)
+        # The whole batch on one load process, as a DataLoader worker
+        # loads a whole batch: it comes back stacked in shared memory
+        # (``batch.collated``), with nothing to stack again here. The
+        # batches queued ahead (one per process) keep every process busy.
+        executor = self._pool()
         try:
-            return self._pool().submit(_load_chunk, items)
+            future = executor.submit(_load_chunk, items)
         except BrokenProcessPool:
-            self._restart()
-            return self._pool().submit(_load_chunk, items)
+            self._replace(executor)
+            executor = self._pool()
+            future = executor.submit(_load_chunk, items)
+        return Pending(items, future, executor)
 
-    def _restart(self) -> None:
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+    def _replace(self, broken: Any) -> None:
+        """Drops ``broken`` (a pool a load process died in), unless it was
+        replaced already: a new pool is never shut down for an old one."""
+        with self._lock:
+            if self._executor is not broken:
+                return
+            self._executor = None
+        broken.shutdown(wait=False, cancel_futures=True)
 
-    def results(self, pending: Pending) -> list:
-        """``(True, sample)`` or ``(False, error)`` per record, in order."""
+    def results(self, pending: Pending) -> tuple:
+        """``(results, collated)``: ``(True, sample)`` or ``(False,
+        error)`` per record, in order; and the samples stacked in shared
+        memory by the load process when they are tensors of one shape and
+        type (else ``None``)."""
         if self.workers == 0:
-            return _load_here(self.fn, pending.items)
-        out: list = []
-        broken: list = []
-        for start, future in pending.chunks:
-            try:
-                out.extend(_unpack(future.result()))
-            except BrokenProcessPool:
-                count = min(len(pending.items) - start, _chunk_len(pending, start))
-                broken.append((len(out), start, count))
-                out.extend([None] * count)
-        if broken:
-            # A load process died: a fresh pool, and each record that was
-            # in flight tried on its own, so the one that kills a process
-            # is the one that counts as an error.
-            self._restart()
-            for at, start, count in broken:
-                for k in range(count):
-                    out[at + k] = self._alone(pending.items[start + k])
-        return out
+            return _load_here(self.fn, pending.items), None
+        try:
+            result = pending.future.result()
+        except BrokenProcessPool:
+            # A load process died (this batch's or another's on the same
+            # pool): a fresh pool, and each record of the batch tried on
+            # its own, so the one that kills a process is the one that
+            # counts as an error.
+            self._replace(pending.executor)
+            return [self._alone(item) for item in pending.items], None
+        if isinstance(result, _Stacked):
+            return result.unpack(), result.tensor
+        return result, None
 
     def _alone(self, item: Any) -> tuple:
+        executor = self._pool()
         try:
-            return _unpack(self._pool().submit(_load_chunk, [item]).result())[0]
+            return _unpack(executor.submit(_load_chunk, [item]).result())[0]
         except BrokenProcessPool:
-            self._restart()
+            self._replace(executor)
             return (False, "the load process running load_fn on this record died (killed, or crashed in native code)")
 
     def close(self) -> None:
-        executor, self._executor = self._executor, None
+        with self._lock:
+            executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
-
-
-def _chunk_len(pending: Pending, start: int) -> int:
-    starts = [s for s, _ in pending.chunks]
-    i = starts.index(start)
-    end = starts[i + 1] if i + 1 < len(starts) else len(pending.items)
-    return end - start

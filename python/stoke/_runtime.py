@@ -32,9 +32,10 @@ class Batch(Mapping):
     pads them); strings, binary and other columns are Python lists. ``batch[0]``, ``batch[1]``... give the columns in order, like the
     tuple a DataLoader yields."""
 
-    __slots__ = ("_columns", "_names", "ids", "samples", "_native_ptrs")
+    __slots__ = ("_columns", "_names", "ids", "samples", "_collated", "_native_ptrs")
 
-    def __init__(self, columns: dict, ids: list, native_ptrs: dict | None = None, samples: list | None = None) -> None:
+    def __init__(self, columns: dict, ids: list, native_ptrs: dict | None = None, samples: list | None = None,
+                 collated: Any = None) -> None:
         self._columns = columns
         self._names = list(columns)
         #: The records' ids, as strings (the dataset's id column, or
@@ -43,7 +44,25 @@ class Batch(Mapping):
         #: What the processor's ``load_fn`` returned for each record, in
         #: record order (``None`` when it defines no ``load_fn``).
         self.samples = samples
+        self._collated = collated
         self._native_ptrs = native_ptrs or {}
+
+    @property
+    def collated(self) -> Any:
+        """``samples`` as one batch, as a DataLoader's ``default_collate``
+        makes it: tensors of one shape are stacked into ``[B, ...]``,
+        dicts and tuples collated field by field. When a load process
+        loaded the whole batch and every sample is a tensor of one shape
+        and type, this is the tensor it stacked them into, in shared
+        memory, with no copy (``samples`` are views of it): the fastest
+        way to the model. Otherwise it is collated on first use."""
+        if self._collated is None:
+            if self.samples is None:
+                raise AttributeError("batch.collated: the processor defines no load_fn, so the batch has no samples")
+            from torch.utils.data import default_collate
+
+            self._collated = default_collate(self.samples)
+        return self._collated
 
     @property
     def columns(self) -> list:
@@ -505,8 +524,9 @@ class _LoadError(Exception):
     pass
 
 
-def make_batch(columns: dict, ids: list, native_ptrs: dict, samples: list | None = None) -> Batch:
-    return Batch(columns, ids, native_ptrs, samples)
+def make_batch(columns: dict, ids: list, native_ptrs: dict, samples: list | None = None,
+               collated: Any = None) -> Batch:
+    return Batch(columns, ids, native_ptrs, samples, collated)
 
 
 def open_load_pool(instance: Any, workers: int) -> Any:
@@ -524,7 +544,7 @@ def load_submit(pool: Any, columns: dict, n: int, paths: list | None = None) -> 
     return pool.submit(columns, n, paths)
 
 
-def load_results(pool: Any, pending: Any) -> list:
+def load_results(pool: Any, pending: Any) -> tuple:
     return pool.results(pending)
 
 

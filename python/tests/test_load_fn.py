@@ -203,3 +203,99 @@ def test_a_files_dataset_gives_load_fn_each_files_bytes(tmp_path, load_workers):
         assert (size, crc) == want[name], rid
         assert column_crc == crc, rid
         assert (pid == os.getpid()) == (load_workers == 0), rid
+
+
+def collated_rows(report):
+    out = {}
+    for o in report["outputs"]:
+        t = pq.read_table(o["uri"].removeprefix("file://")).to_pydict()
+        for i, rid in enumerate(t["id"]):
+            assert rid not in out, f"{rid} twice"
+            out[rid] = {name: t[name][i] for name in t}
+    return out
+
+
+@pytest.mark.parametrize("load_workers", [0, 2])
+def test_batch_collated_is_the_load_process_batch_without_a_copy(tmp_path, load_workers):
+    """With load processes, ``batch.collated`` is the tensor the load
+    process stacked the batch into, in shared memory, and the samples are
+    views of it; in the processor's own thread it is the samples stacked.
+    Either way it equals ``torch.stack(batch.samples)``."""
+    from load_job import Collated
+
+    report = stoke.torch_batch_process(Collated, spec(dataset(tmp_path)), batch_size=16, root=tmp_path / "root",
+                                       device="cpu", load_workers=load_workers)
+    rows = collated_rows(report)
+    assert sorted(rows) == sorted(f"r{i}" for i in range(200))
+    for rid, row in rows.items():
+        assert rid == f"r{row['x']}" and row["equal"], (rid, row)
+        assert row["shared"] == row["view"] == (load_workers > 0), (rid, row)
+
+
+def test_batch_collated_without_a_record_whose_load_fn_raised(tmp_path):
+    """Under ``skip``, the batch that lost r37 to a raising ``load_fn`` is
+    stacked again from the samples left (not shared, not the load
+    process's tensor); every other batch is the load process's own."""
+    from load_job import Collated
+
+    report = stoke.torch_batch_process(Collated, spec(dataset(tmp_path, faults={37: "raise"}), errors={"policy": "skip"}),
+                                       batch_size=16, root=tmp_path / "root", device="cpu", load_workers=2)
+    rows = collated_rows(report)
+    assert "r37" not in rows and len(rows) == 199
+    restacked = {rid for rid, row in rows.items() if not row["shared"]}
+    # r37's batch alone: its 15 other records, with a neighbour of r37.
+    assert len(restacked) == 15 and all(rows[rid]["size"] == 15 for rid in restacked), sorted(restacked)
+    assert "r36" in restacked or "r38" in restacked, sorted(restacked)
+    assert all(row["equal"] and row["view"] == row["shared"] for row in rows.values())
+
+
+def test_batch_collated_collates_dict_samples_as_default_collate(tmp_path):
+    from load_job import CollatedDicts
+
+    report = stoke.torch_batch_process(CollatedDicts, spec(dataset(tmp_path, 50)), batch_size=16, root=tmp_path / "root",
+                                       device="cpu", load_workers=2)
+    rows = collated_rows(report)
+    assert sorted(rows) == sorted(f"r{i}" for i in range(50))
+    assert all(row["name"] == f"n{row['x']}" and rid == f"r{row['x']}" for rid, row in rows.items())
+
+
+def test_a_dead_load_process_replaces_the_pool_once():
+    """Every batch in flight on a pool whose load process died fails with
+    ``BrokenProcessPool``. The pool is replaced once: a second failed batch
+    of the broken pool must not replace (shut down) the new one, which may
+    already hold batches submitted after the first replacement."""
+    import signal
+
+    import torch
+
+    from stoke import _loading
+
+    def load(item):
+        if item["kind"] == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.tensor([float(item["x"])])
+
+    pool = _loading.LoadPool(load, 1)
+    try:
+        a = pool.submit({"x": [0, 1], "kind": ["ok", "die"]}, 2)
+        # Behind a on the one load process: it fails with the pool.
+        b = pool.submit({"x": [2, 3], "kind": ["ok", "ok"]}, 2)
+        broken = a.executor
+        got, collated = pool.results(a)
+        assert collated is None
+        assert got[0][0] and torch.equal(got[0][1], torch.tensor([0.0]))
+        assert not got[1][0] and "died" in got[1][1], got[1]
+        # Submitted to a new pool (r1, tried alone, broke one more) before
+        # b's failure is seen.
+        c = pool.submit({"x": [4, 5], "kind": ["ok", "ok"]}, 2)
+        fresh = c.executor
+        assert fresh is not broken
+        got, _ = pool.results(b)
+        assert [ok for ok, _ in got] == [True, True]
+        assert [float(v) for _, v in got] == [2.0, 3.0]
+        assert pool._executor is fresh, "the new pool was replaced for a batch of the broken one"
+        got, collated = pool.results(c)
+        assert [float(v) for _, v in got] == [4.0, 5.0]
+        assert torch.equal(collated, torch.tensor([[4.0], [5.0]]))
+    finally:
+        pool.close()

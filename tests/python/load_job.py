@@ -63,3 +63,42 @@ class FileDigests(TorchBatchProcessor):
             "pid": stacked[:, 2],
             "column_crc": torch.tensor([zlib.crc32(b) for b in batch["bytes"]], dtype=torch.int64),
         })
+
+
+class Collated(Squares):
+    """``batch.collated`` against the samples: per record, whether the
+    batch is in shared memory, whether the first sample lies at its
+    address (a view, no copy) and whether it equals the samples stacked."""
+
+    def process_batch(self, batch, batch_idx):
+        collated = batch.collated
+        n = len(batch.ids)
+        self.context.write_rows({
+            "id": batch.ids,
+            "x": collated[:, 0].long(),
+            "size": [n] * n,
+            "shared": [collated.is_shared()] * n,
+            "view": [batch.samples[0].data_ptr() == collated.data_ptr()] * n,
+            "equal": [bool(torch.equal(collated, torch.stack(batch.samples)))] * n,
+        })
+
+
+class CollatedDicts(TorchBatchProcessor):
+    """``load_fn`` returns a dict (a tensor and a string):
+    ``batch.collated`` is what torch's ``default_collate`` makes of it."""
+
+    def __init__(self, context):
+        self.context = context
+
+    @staticmethod
+    def load_fn(item):
+        return {"x": torch.tensor(float(item["x"])), "name": f"n{item['x']}"}
+
+    def process_batch(self, batch, batch_idx):
+        from torch.utils.data import default_collate
+
+        collated = batch.collated
+        want = default_collate(batch.samples)
+        assert sorted(collated) == ["name", "x"], sorted(collated)
+        assert torch.equal(collated["x"], want["x"]) and collated["name"] == want["name"]
+        self.context.write_rows({"id": batch.ids, "x": collated["x"].long(), "name": collated["name"]})

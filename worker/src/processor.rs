@@ -107,6 +107,11 @@ impl Loader {
 /// while the model works on earlier ones.
 pub(crate) trait Prepare: Send + Sync {
     fn prepare(&self, batch: Batch) -> Result<Batch, crate::error::WorkerError>;
+    /// How many prepared batches may wait ahead of the model (a pool of
+    /// load processes keeps each of its processes busy with one).
+    fn ahead(&self) -> usize {
+        2
+    }
 }
 
 /// The object-safe face of a processor, used by the worker's pipeline.

@@ -41,9 +41,10 @@ pub(crate) fn spawn_prep(loader: Loader, device: Device, mut raw: BatchRx) -> Ba
 
 /// Starts a processor's own prepare stage over `raw` batches (see
 /// [`Prepare`]); prepared batches arrive, in order, on the returned
-/// channel, at most [`AHEAD`] ahead of the model.
+/// channel, at most [`Prepare::ahead`] (at least [`AHEAD`]) ahead of the
+/// model.
 pub(crate) fn spawn_prepare(stage: Arc<dyn Prepare>, mut raw: BatchRx) -> BatchRx {
-    let (tx, rx) = mpsc::channel(AHEAD);
+    let (tx, rx) = mpsc::channel(stage.ahead().max(AHEAD));
     let spawned = std::thread::Builder::new()
         .name("stoke-prepare".into())
         .spawn(move || {

@@ -228,6 +228,29 @@ struct LoadPool {
     /// process reads the file itself for its item's `bytes`, so the bytes
     /// do not cross a pipe to it.
     files: bool,
+    /// Its load processes (0: `load_fn` runs in the processor's thread).
+    workers: usize,
+}
+
+/// A batch's `load_fn` results, for `process_batch`.
+struct Loaded {
+    /// What `load_fn` returned, per record kept, in record order.
+    samples: Vec<Py<PyAny>>,
+    /// The batch as the load process stacked it, in shared memory
+    /// (`batch.collated`), kept only while the batch has every record it
+    /// was loaded with; otherwise `batch.collated` collates `samples`.
+    collated: Option<Py<PyAny>>,
+}
+
+impl Loaded {
+    /// The samples of the records kept; the load process's batch no
+    /// longer matches them.
+    fn retain(self, keep: &[bool]) -> Self {
+        Loaded {
+            samples: keep_where(self.samples, keep),
+            collated: None,
+        }
+    }
 }
 
 impl LoadPool {
@@ -267,6 +290,11 @@ fn local_paths(batch: &Batch) -> Option<Vec<String>> {
 }
 
 impl Prepare for LoadPool {
+    /// A batch waiting for each load process (each loads whole batches).
+    fn ahead(&self) -> usize {
+        self.workers
+    }
+
     fn prepare(&self, batch: Batch) -> Result<Batch, WorkerError> {
         let submitted = Python::attach(|py| {
             self.submit(py, &batch).map_err(|e| {
@@ -389,14 +417,16 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
         // Graphbook's `load_fn`: a pool of load processes for the job.
         let pool = if feed.is_none() {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let workers = loading.workers_on(cores);
             let pool = runtime
-                .call_method1("open_load_pool", (&instance, loading.workers_on(cores)))
+                .call_method1("open_load_pool", (&instance, workers))
                 .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
             (!pool.is_none()).then(|| {
                 Arc::new(LoadPool {
                     pool: pool.unbind(),
                     runtime: runtime.clone().unbind(),
                     files: dataset.format == DatasetFormat::Files,
+                    workers,
                 })
             })
         } else {
@@ -504,12 +534,13 @@ impl PythonProcessor {
         batch: Batch,
         batch_idx: u64,
         ctx: &mut ProcessorContext,
-    ) -> ProcessorResult<(Batch, Option<Vec<Py<PyAny>>>)> {
+    ) -> ProcessorResult<(Batch, Option<Loaded>)> {
         let pending = batch
             .prepared()
             .and_then(|p| p.downcast_ref::<Py<PyAny>>())
             .map(|p| Python::attach(|py| p.clone_ref(py)));
-        let results: Vec<(bool, Py<PyAny>)> = Python::attach(|py| {
+        type Results = (Vec<(bool, Py<PyAny>)>, Option<Py<PyAny>>);
+        let (results, collated): Results = Python::attach(|py| {
             let runtime = self.runtime.bind(py);
             let raised = |e: PyErr| PythonError::Raised(describe(py, runtime, &e));
             let pending = match pending {
@@ -540,10 +571,16 @@ impl PythonProcessor {
             let id = batch.ids().value(i).to_string();
             ctx.skip_record(&id, format!("load_fn raised: {error}"))?;
         }
+        // The one place that decides to keep the load process's batch:
+        // only when every record loaded.
         if keep.iter().all(|k| *k) {
-            return Ok((batch, Some(samples)));
+            return Ok((batch, Some(Loaded { samples, collated })));
         }
-        Ok((batch.retain(&keep)?, Some(samples)))
+        let loaded = Loaded {
+            samples,
+            collated: None,
+        };
+        Ok((batch.retain(&keep)?, Some(loaded)))
     }
 
     fn discard(&self) {
@@ -570,7 +607,7 @@ impl PythonProcessor {
         &self,
         batch: &Batch,
         batch_idx: u64,
-        samples: Option<&[Py<PyAny>]>,
+        loaded: Option<&Loaded>,
     ) -> Result<Called, PythonError> {
         Python::attach(|py| {
             let runtime = self.runtime.bind(py);
@@ -591,12 +628,15 @@ impl PythonProcessor {
                 None => {
                     let (columns, ids, ptrs) =
                         convert::batch_to_py(py, self.interp, batch).map_err(raised)?;
-                    let samples = samples
-                        .map(|s| pyo3::types::PyList::new(py, s.iter().map(|o| o.bind(py))))
+                    let samples = loaded
+                        .map(|l| pyo3::types::PyList::new(py, l.samples.iter().map(|o| o.bind(py))))
                         .transpose()
                         .map_err(raised)?;
+                    let collated = loaded
+                        .and_then(|l| l.collated.as_ref())
+                        .map(|c| c.clone_ref(py));
                     let py_batch = runtime
-                        .call_method1("make_batch", (columns, ids, ptrs, samples))
+                        .call_method1("make_batch", (columns, ids, ptrs, samples, collated))
                         .map_err(raised)?;
                     (py_batch, batch_idx)
                 }
@@ -650,7 +690,7 @@ impl DynProcessor for PythonProcessor {
         ctx: &mut ProcessorContext,
     ) -> ProcessorResult<()> {
         self.set_shard(ctx.shard());
-        let (mut batch, mut samples) = match &self.pool {
+        let (mut batch, mut loaded) = match &self.pool {
             Some(pool) => self.loaded(pool, batch, batch_idx, ctx)?,
             None => (batch, None),
         };
@@ -658,7 +698,7 @@ impl DynProcessor for PythonProcessor {
             return Ok(());
         }
         loop {
-            match self.call_batch(&batch, batch_idx, samples.as_deref()) {
+            match self.call_batch(&batch, batch_idx, loaded.as_ref()) {
                 Ok(Called::Done) => {
                     self.batches_since_partial += 1;
                     return self.drain(ctx);
@@ -678,7 +718,7 @@ impl DynProcessor for PythonProcessor {
                     }
                     ctx.skip_record(&id, reason)?;
                     batch = batch.retain(&keep)?;
-                    samples = samples.map(|s| keep_where(s, &keep));
+                    loaded = loaded.map(|l| l.retain(&keep));
                     if batch.is_empty() {
                         return Ok(());
                     }
