@@ -19,7 +19,9 @@
 #                          #   after the submit: 2 fast alone vs 2 fast + 1 slowed
 #                          #   from its start (SIGSTOP duty cycle; a CPU quota),
 #                          #   interleaved, wall(2 + slow) / wall(2), and a control
-#                          #   (the slow process never given work)
+#                          #   (the slow process never given work); in two set-ups
+#                          #   (BENCH_LATE_SETUPS, default "budget shared"): a CPU
+#                          #   budget per worker, and fast workers filling the cores
 #   bench/run.sh split     # W1 with shard splitting on and off (--local 1 and 2),
 #                          #   against the floor
 #   bench/run.sh delta     # W1 with --local 2 writing Parquet objects vs a Delta
@@ -563,6 +565,18 @@ case "$what" in
     mkdir -p "$BENCH_DIR/runs" "$BENCH_DIR/logs/straggler-late"
     runs="${BENCH_STRAGGLER_RUNS:-5}"
     log "straggler-late: 2 fast workers alone vs with a third slowed to a quarter, $runs rounds each way"
+    # Two set-ups (BENCH_LATE_SETUPS): `budget` gives each worker a CPU
+    # budget of its own, as on separate machines: the fast workers half a
+    # core each (a cgroup quota each), the slow one a quarter of that.
+    # `shared`: the fast workers run free and fill the 2 cores, the slow
+    # one a quarter of the time (or of a core); there any third process,
+    # even one never given work (the control), takes CPU from them.
+    for setup in ${BENCH_LATE_SETUPS:-budget shared}; do
+    case "$setup" in
+      budget) fast=(--fast-by quota --fast-duty 0.5); duty=0.125 ;;
+      shared) fast=(); duty=0.25 ;;
+      *) echo "BENCH_LATE_SETUPS: unknown set-up $setup (budget, shared)" >&2; exit 2 ;;
+    esac
     for slow_by in stop quota; do
       for round in $(seq 1 "$runs"); do
         # Without the slow worker, with it, and the control (the same
@@ -579,14 +593,13 @@ case "$what" in
             with) args=(--workers 3 --slow 1) ;;
             control) args=(--workers 3 --slow 1 --control) ;;
           esac
-          # The fast workers run free (they fill the 2 cores); the slow one
-          # a quarter of the time (or of one core).
           "$BPY" "$BENCH_SRC/straggler.py" stoke "$BIN" "$data" "$model" "$BENCH_DIR/runs" \
-            "${args[@]}" --format jsonl --start after-submit --slow-by "$slow_by" --duty 0.25 \
-            --round "$round" --keep-log "$BENCH_DIR/logs/straggler-late/$slow_by-$c-r$round.txt" |
-            tee -a "$results" || log "straggler-late $slow_by $c round $round failed"
+            "${args[@]}" "${fast[@]}" --format jsonl --start after-submit --slow-by "$slow_by" --duty "$duty" \
+            --round "$round" --keep-log "$BENCH_DIR/logs/straggler-late/$setup-$slow_by-$c-r$round.txt" |
+            tee -a "$results" || log "straggler-late $setup $slow_by $c round $round failed"
         done
       done
+    done
     done
     "$BPY" "$BENCH_SRC/straggler.py" ratios "$results"
     exit 0

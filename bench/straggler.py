@@ -9,7 +9,12 @@ wait for the same core (which measuring each alone would not see). Nothing
 inside stoke or Ray sleeps. With `--slow-by quota` the slow worker is
 slowed by CPU contention instead: it runs in a cgroup whose CPU quota is
 `--duty` of one core, so the kernel throttles it (between its stages as
-much as inside them) while the others run free.
+much as inside them) while the others run free. With `--fast-by quota`
+and `--fast-duty` below 1, each fast worker runs in a cgroup of its own
+with a CPU quota of `--fast-duty` of a core: a CPU budget per worker, as
+on separate machines, instead of the fast workers filling this machine's
+2 cores (where any third process, even one that never gets work, takes
+CPU from them: see `--control`).
 
     python bench/straggler.py stoke BIN_DIR DATA_DIR MODEL WORK --workers 3 --slow 1 --split on
     python bench/straggler.py ray DATA_DIR MODEL WORK --workers 3 --slow 1
@@ -243,6 +248,11 @@ def run_stoke(args):
     quota = None
     if args.slow and args.slow_by == "quota":
         quota = CpuQuota(args.duty, f"stoke-straggler-{os.getpid()}")
+    # A budget per fast worker: a cgroup of its own each.
+    fast_quotas = {}
+    if args.fast_by == "quota" and args.fast_duty < 1.0:
+        for i in range(args.slow, args.workers):
+            fast_quotas[i] = CpuQuota(args.fast_duty, f"stoke-straggler-{os.getpid()}-w{i}")
     phase = phases(args.workers, args.slow, args.fast_duty)
 
     def start_workers():
@@ -257,6 +267,8 @@ def run_stoke(args):
             if slow and quota:
                 # In the cgroup before the worker's first instruction.
                 cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', quota.procs] + cmd
+            elif i in fast_quotas:
+                cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', fast_quotas[i].procs] + cmd
             elif slow and after_submit:
                 # Stopped before the worker's first instruction: its duty
                 # cycle lets it go.
@@ -265,7 +277,7 @@ def run_stoke(args):
             workers.append(w)
             if slow and not quota:
                 cycles.append(DutyCycle(w.pid, args.duty, phase[i]))
-            elif not slow and args.fast_duty < 1.0:
+            elif not slow and args.fast_duty < 1.0 and i not in fast_quotas:
                 cycles.append(DutyCycle(w.pid, args.fast_duty, phase[i]))
 
     if not after_submit:
@@ -311,6 +323,8 @@ def run_stoke(args):
     coordinator.wait(timeout=30)
     if quota:
         quota.remove()
+    for q in fast_quotas.values():
+        q.remove()
     if args.keep_log:
         shutil.copy(os.path.join(work, "log.txt"), args.keep_log)
     if status["state"] != "succeeded":
@@ -332,6 +346,10 @@ def run_stoke(args):
         "slow_by": args.slow_by,
         "duty": args.duty,
         "fast_duty": args.fast_duty,
+        "fast_by": args.fast_by,
+        # `budget`: a CPU budget per worker (fast ones in quotas of their
+        # own); `shared`: the fast workers fill the machine's cores.
+        "setup": "budget" if args.fast_by == "quota" and args.fast_duty < 1.0 else "shared",
         "start": args.start,
         "format": args.format,
         "seconds": round(report["wall_s"], 3),
@@ -489,9 +507,11 @@ def summarize(results_path):
 
 
 def ratios(results_path):
-    """The late-start table: per slowdown, wall(2 + slow) / wall(2) of each
-    round (the runs of a round ran one after the other), their median and
-    worst; and the control's (a third worker that never gets work)."""
+    """The late-start table: per set-up (`budget`: a CPU quota per fast
+    worker; `shared`: the fast workers fill the cores) and slowdown,
+    wall(2 + slow) / wall(2) of each round (the runs of a round ran one
+    after the other), their median and worst; and the control's (a third
+    worker that never gets work)."""
     import statistics
 
     rows = [json.loads(line) for line in open(results_path) if line.startswith("{")]
@@ -500,25 +520,29 @@ def ratios(results_path):
         if r.get("start") != "after-submit":
             continue
         kind = "control" if r["contender"].endswith("-control") else ("with" if r["slow"] else "without")
-        by.setdefault(r["slow_by"], {}).setdefault(r["round"], {})[kind] = r
+        by.setdefault((r.get("setup", "shared"), r["slow_by"]), {}).setdefault(r["round"], {})[kind] = r
     how = {"stop": "SIGSTOP/SIGCONT, {:.0%} of each 40 ms", "quota": "a cgroup CPU quota of {:.0%} of a core"}
-    print("| slow worker slowed by | rounds | wall(2) s, median | wall(2 + slow) s, median | "
+    setups = {"budget": "budget: each fast worker {:.0%} of a core (a cgroup quota)",
+              "shared": "shared: the fast workers fill the 2 cores"}
+    print("| set-up | slow worker slowed by | rounds | wall(2) s, median | wall(2 + slow) s, median | "
           "wall(2 + slow) / wall(2), per round | median | worst | ideal | "
           "control / wall(2), per round | median | target <= 1.05 in every round |")
-    print("|---|---:|---:|---:|---|---:|---:|---:|---|---:|---|")
-    for slow_by, rounds in sorted(by.items()):
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|---|---:|---|")
+    for (setup, slow_by), rounds in sorted(by.items()):
         pairs = [r for _, r in sorted(rounds.items()) if "without" in r and "with" in r]
         if not pairs:
             continue
         ratio = [r["with"]["seconds"] / r["without"]["seconds"] for r in pairs]
         control = [r["control"]["seconds"] / r["without"]["seconds"] for r in pairs if "control" in r]
         duty = pairs[0]["with"]["duty"]
-        # A worker at `duty` of a fast one's speed adds that to two.
-        ideal = f"{2 / (2 + duty):.2f}"
+        fast_duty = pairs[0]["with"].get("fast_duty", 1.0) if setup == "budget" else 1.0
+        # A worker at `duty / fast_duty` of a fast one's speed adds that
+        # to two.
+        ideal = f"{2 / (2 + duty / fast_duty):.2f}"
         met = "met" if max(ratio) <= 1.05 else "missed"
         listed = lambda xs: ", ".join(f"{x:.2f}" for x in xs) or "-"
         control_median = f"{statistics.median(control):.2f}" if control else "-"
-        print(f"| {how.get(slow_by, slow_by).format(duty)} | {len(pairs)} | "
+        print(f"| {setups.get(setup, setup).format(fast_duty)} | {how.get(slow_by, slow_by).format(duty)} | {len(pairs)} | "
               f"{statistics.median(r['without']['seconds'] for r in pairs):.2f} | "
               f"{statistics.median(r['with']['seconds'] for r in pairs):.2f} | "
               f"{listed(ratio)} | {statistics.median(ratio):.2f} | {max(ratio):.2f} | {ideal} | "
@@ -553,6 +577,9 @@ def main():
                         help="stoke: workers up and registered before the submit (a cluster's "
                              "fleet), started with the job, or just after the submit (process "
                              "start-up timed in both)")
+    parser.add_argument("--fast-by", choices=["stop", "quota"], default="stop",
+                        help="how the fast workers are held to --fast-duty (below 1): SIGSTOP duty cycles "
+                             "taking turns, or a cgroup CPU quota of --fast-duty of a core each")
     parser.add_argument("--slow-by", choices=["stop", "quota"], default="stop",
                         help="stoke: slow the slow workers by SIGSTOP/SIGCONT duty cycles, or by a "
                              "cgroup CPU quota of --duty of a core")
