@@ -521,8 +521,8 @@ def ratios(results_path):
             continue
         kind = "control" if r["contender"].endswith("-control") else ("with" if r["slow"] else "without")
         by.setdefault((r.get("setup", "shared"), r["slow_by"]), {}).setdefault(r["round"], {})[kind] = r
-    how = {"stop": "SIGSTOP/SIGCONT, {:.0%} of each 40 ms", "quota": "a cgroup CPU quota of {:.0%} of a core"}
-    setups = {"budget": "budget: each fast worker {:.0%} of a core (a cgroup quota)",
+    how = {"stop": "SIGSTOP/SIGCONT, {:.3g}% of each 40 ms", "quota": "a cgroup CPU quota of {:.3g}% of a core"}
+    setups = {"budget": "budget: each fast worker {:.3g}% of a core (a cgroup quota)",
               "shared": "shared: the fast workers fill the 2 cores"}
     print("| set-up | slow worker slowed by | rounds | wall(2) s, median | wall(2 + slow) s, median | "
           "wall(2 + slow) / wall(2), per round | median | worst | ideal | "
@@ -542,7 +542,8 @@ def ratios(results_path):
         met = "met" if max(ratio) <= 1.05 else "missed"
         listed = lambda xs: ", ".join(f"{x:.2f}" for x in xs) or "-"
         control_median = f"{statistics.median(control):.2f}" if control else "-"
-        print(f"| {setups.get(setup, setup).format(fast_duty)} | {how.get(slow_by, slow_by).format(duty)} | {len(pairs)} | "
+        print(f"| {setups.get(setup, setup).format(fast_duty * 100)} | {how.get(slow_by, slow_by).format(duty * 100)} | "
+              f"{len(pairs)} | "
               f"{statistics.median(r['without']['seconds'] for r in pairs):.2f} | "
               f"{statistics.median(r['with']['seconds'] for r in pairs):.2f} | "
               f"{listed(ratio)} | {statistics.median(ratio):.2f} | {max(ratio):.2f} | {ideal} | "
