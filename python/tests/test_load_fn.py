@@ -33,13 +33,15 @@ def spec(data, **extra):
     return value
 
 
-def outputs(report):
+def outputs(report, columns=("x", "square", "pid")):
+    """The committed rows by id, each a tuple of ``columns`` (a dict of
+    every column with ``columns=None``); a record committed twice fails."""
     out = {}
     for o in report["outputs"]:
         t = pq.read_table(o["uri"].removeprefix("file://")).to_pydict()
         for i, rid in enumerate(t["id"]):
             assert rid not in out, f"{rid} twice"
-            out[rid] = (t["x"][i], t["square"][i], t["pid"][i])
+            out[rid] = {name: t[name][i] for name in t} if columns is None else tuple(t[c][i] for c in columns)
     return out
 
 
@@ -94,11 +96,7 @@ def test_json_lists_arrive_as_tensors_and_pad(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = stoke.torch_batch_process(Shapes, {"dataset": {"format": "jsonl", "uri": str(path), "id_column": "id"},
                                                 "processor": {}}, batch_size=16, root=tmp_path / "root", device="cpu")
-    got = {}
-    for o in report["outputs"]:
-        t = pq.read_table(o["uri"].removeprefix("file://")).to_pydict()
-        for i, rid in enumerate(t["id"]):
-            got[rid] = (t["first"][i], t["length"][i], t["token_sum"][i])
+    got = outputs(report, ("first", "length", "token_sum"))
     assert len(got) == 100
     for i in range(100):
         n = i % 5 + 1
@@ -192,27 +190,13 @@ def test_a_files_dataset_gives_load_fn_each_files_bytes(tmp_path, load_workers):
         want[name] = (len(data), zlib.crc32(data))
     report = stoke.torch_batch_process(FileDigests, {"dataset": {"format": "files", "uri": str(folder)}, "processor": {}},
                                        batch_size=16, root=tmp_path / "root", device="cpu", load_workers=load_workers)
-    got = {}
-    for o in report["outputs"]:
-        t = pq.read_table(o["uri"].removeprefix("file://")).to_pydict()
-        for i, rid in enumerate(t["id"]):
-            got[rid] = (t["size"][i], t["crc"][i], t["column_crc"][i], t["pid"][i])
+    got = outputs(report, ("size", "crc", "column_crc", "pid"))
     assert len(got) == 60
     for rid, (size, crc, column_crc, pid) in got.items():
         name = urllib.parse.unquote(rid.rsplit("/", 1)[-1])
         assert (size, crc) == want[name], rid
         assert column_crc == crc, rid
         assert (pid == os.getpid()) == (load_workers == 0), rid
-
-
-def collated_rows(report):
-    out = {}
-    for o in report["outputs"]:
-        t = pq.read_table(o["uri"].removeprefix("file://")).to_pydict()
-        for i, rid in enumerate(t["id"]):
-            assert rid not in out, f"{rid} twice"
-            out[rid] = {name: t[name][i] for name in t}
-    return out
 
 
 @pytest.mark.parametrize("load_workers", [0, 2])
@@ -225,7 +209,7 @@ def test_batch_collated_is_the_load_process_batch_without_a_copy(tmp_path, load_
 
     report = stoke.torch_batch_process(Collated, spec(dataset(tmp_path)), batch_size=16, root=tmp_path / "root",
                                        device="cpu", load_workers=load_workers)
-    rows = collated_rows(report)
+    rows = outputs(report, None)
     assert sorted(rows) == sorted(f"r{i}" for i in range(200))
     for rid, row in rows.items():
         assert rid == f"r{row['x']}" and row["equal"], (rid, row)
@@ -240,7 +224,7 @@ def test_batch_collated_without_a_record_whose_load_fn_raised(tmp_path):
 
     report = stoke.torch_batch_process(Collated, spec(dataset(tmp_path, faults={37: "raise"}), errors={"policy": "skip"}),
                                        batch_size=16, root=tmp_path / "root", device="cpu", load_workers=2)
-    rows = collated_rows(report)
+    rows = outputs(report, None)
     assert "r37" not in rows and len(rows) == 199
     restacked = {rid for rid, row in rows.items() if not row["shared"]}
     # r37's batch alone: its 15 other records, with a neighbour of r37.
@@ -254,7 +238,7 @@ def test_batch_collated_collates_dict_samples_as_default_collate(tmp_path):
 
     report = stoke.torch_batch_process(CollatedDicts, spec(dataset(tmp_path, 50)), batch_size=16, root=tmp_path / "root",
                                        device="cpu", load_workers=2)
-    rows = collated_rows(report)
+    rows = outputs(report, None)
     assert sorted(rows) == sorted(f"r{i}" for i in range(50))
     assert all(row["name"] == f"n{row['x']}" and rid == f"r{row['x']}" for rid, row in rows.items())
 
