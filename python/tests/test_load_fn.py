@@ -283,3 +283,30 @@ def test_a_dead_load_process_replaces_the_pool_once():
         assert torch.equal(collated, torch.tensor([[4.0], [5.0]]))
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("load_workers", [1, 2])
+def test_load_processes_run_a_bounded_number_of_batches_ahead(tmp_path, load_workers):
+    """While the model works on a batch, the load processes have loaded at
+    most a batch per process (at least 2) ahead of it, plus the one the
+    prepare stage is handing over: never the whole job, however slow the
+    model."""
+    from load_job import LookAhead
+
+    marks = tmp_path / "loaded"
+    marks.mkdir()
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "x": i, "dir": str(marks)}) + "\n" for i in range(400)))
+    report = stoke.torch_batch_process(LookAhead, {"dataset": {"format": "jsonl", "uri": str(path), "id_column": "id"},
+                                                   "processor": {}}, batch_size=16, root=tmp_path / "root",
+                                       device="cpu", load_workers=load_workers)
+    rows = outputs(report, ("x", "lead"))
+    assert sorted(rows) == sorted(f"r{i}" for i in range(400))
+    assert all(rid == f"r{x}" for rid, (x, _) in rows.items())
+    # The batch being processed, the batches waiting (one per load
+    # process, at least 2) and the one the prepare stage holds.
+    bound = (1 + max(load_workers, 2) + 1) * 16
+    leads = [lead for _, lead in rows.values()]
+    assert max(leads) <= bound, (max(leads), bound)
+    # The first batch waited: the load processes did run ahead.
+    assert rows["r0"][1] > 16, rows["r0"]

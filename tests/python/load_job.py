@@ -102,3 +102,34 @@ class CollatedDicts(TorchBatchProcessor):
         assert sorted(collated) == ["name", "x"], sorted(collated)
         assert torch.equal(collated["x"], want["x"]) and collated["name"] == want["name"]
         self.context.write_rows({"id": batch.ids, "x": collated["x"].long(), "name": collated["name"]})
+
+
+class LookAhead(TorchBatchProcessor):
+    """How far the load processes run ahead of the model. ``load_fn``
+    leaves a file per record in the record's ``dir``; ``process_batch``
+    writes, with each record, the records loaded but not yet processed
+    when its batch began (for the first batch, the most seen while it
+    waits up to 2 s for the load processes to run further ahead)."""
+
+    def __init__(self, context):
+        self.context = context
+        self.processed = 0
+
+    @staticmethod
+    def load_fn(item):
+        open(os.path.join(item["dir"], item["id"]), "w").close()
+        return torch.tensor([float(item["x"])])
+
+    def process_batch(self, batch, batch_idx):
+        import time
+
+        folder = batch["dir"][0]
+        lead = len(os.listdir(folder)) - self.processed
+        if self.processed == 0:
+            # Unbounded, every record of the job would be loaded by now.
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                lead = max(lead, len(os.listdir(folder)) - self.processed)
+                time.sleep(0.05)
+        self.processed += len(batch.ids)
+        self.context.write_rows({"id": batch.ids, "x": batch.collated[:, 0].long(), "lead": [lead] * len(batch.ids)})
