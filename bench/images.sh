@@ -80,21 +80,18 @@ run() {
   fi
 }
 
+# A contender BENCH_CONTENDERS names.
+run_if() {
+  if wanted "$1"; then run "$@"; fi
+}
+
 for round in $(seq 1 "$ROUNDS"); do
   echo "round $round of $ROUNDS" >&2
   run loop python bench/images.py loop "$DATA" "$DIR/work/loop/out"
-  if wanted stoke-dataset; then
-    run stoke-dataset python bench/images.py stoke-dataset "$DATA" "$DIR/work/stoke-dataset/root"
-  fi
-  if wanted stoke-load-fn-2; then
-    run stoke-load-fn-2 python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-2/root" 2
-  fi
-  if wanted stoke-load-fn-2-stack; then
-    run stoke-load-fn-2-stack python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-2-stack/root" 2 stack
-  fi
-  if wanted stoke-load-fn-1; then
-    run stoke-load-fn-1 python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-1/root" 1
-  fi
+  run_if stoke-dataset python bench/images.py stoke-dataset "$DATA" "$DIR/work/stoke-dataset/root"
+  run_if stoke-load-fn-2 python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-2/root" 2
+  run_if stoke-load-fn-2-stack python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-2-stack/root" 2 stack
+  run_if stoke-load-fn-1 python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-1/root" 1
   if [ -n "$ray_python" ]; then
     run ray "$ray_python" bench/images.py ray "$DATA" "$DIR/work/ray/out"
   fi

@@ -264,11 +264,10 @@ def run_stoke(args):
                 # Never reaches the coordinator: what its process alone
                 # costs the others.
                 cmd[cmd.index(addr)] = "http://127.0.0.1:9"
-            if slow and quota:
+            cgroup = quota if slow else fast_quotas.get(i)
+            if cgroup:
                 # In the cgroup before the worker's first instruction.
-                cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', quota.procs] + cmd
-            elif i in fast_quotas:
-                cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', fast_quotas[i].procs] + cmd
+                cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', cgroup.procs] + cmd
             elif slow and after_submit:
                 # Stopped before the worker's first instruction: its duty
                 # cycle lets it go.

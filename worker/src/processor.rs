@@ -108,9 +108,10 @@ impl Loader {
 pub(crate) trait Prepare: Send + Sync {
     fn prepare(&self, batch: Batch) -> Result<Batch, crate::error::WorkerError>;
     /// How many prepared batches may wait ahead of the model (a pool of
-    /// load processes keeps each of its processes busy with one).
+    /// load processes keeps each of its processes busy with one); never
+    /// fewer than the load stage's [`AHEAD`](crate::pipeline::prep::AHEAD).
     fn ahead(&self) -> usize {
-        2
+        crate::pipeline::prep::AHEAD
     }
 }
 

@@ -14,7 +14,7 @@ use crate::error::WorkerError;
 use crate::processor::{Collate, Loader, Prepare};
 
 /// Prepared batches buffered ahead of the model.
-const AHEAD: usize = 2;
+pub(crate) const AHEAD: usize = 2;
 
 type BatchRx = mpsc::Receiver<Result<Batch, WorkerError>>;
 

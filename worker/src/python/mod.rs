@@ -573,14 +573,13 @@ impl PythonProcessor {
         }
         // The one place that decides to keep the load process's batch:
         // only when every record loaded.
-        if keep.iter().all(|k| *k) {
-            return Ok((batch, Some(Loaded { samples, collated })));
-        }
+        let all = keep.iter().all(|k| *k);
         let loaded = Loaded {
             samples,
-            collated: None,
+            collated: collated.filter(|_| all),
         };
-        Ok((batch.retain(&keep)?, Some(loaded)))
+        let batch = if all { batch } else { batch.retain(&keep)? };
+        Ok((batch, Some(loaded)))
     }
 
     fn discard(&self) {
