@@ -220,6 +220,12 @@ fn spawn(
     let exits = exits.clone();
     let waiter = tokio::spawn(async move {
         let status = child.wait().await;
+        // Whatever the worker started and left (a fork server, load
+        // processes, an engine) goes with it, however it ended: its
+        // process group is its own (see `own_process_group`).
+        if let Some(pid) = pid {
+            kill_group(pid);
+        }
         // Every line it wrote is read before its exit is reported.
         let _ = tokio::time::timeout(Duration::from_secs(2), lines).await;
         let _ = exits.send(Exited { slot: i, status });
@@ -386,6 +392,11 @@ impl Drop for Fleet {
     fn drop(&mut self) {
         for slot in &self.slots {
             slot.waiter.abort();
+            // A worker still running goes with its whole group (the
+            // waiter's kill_on_drop ends the worker only).
+            if let (true, Some(pid)) = (slot.alive, slot.pid) {
+                kill_group(pid);
+            }
         }
     }
 }
@@ -405,6 +416,18 @@ fn own_process_group(cmd: &mut std::process::Command) {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
             Ok(())
         });
+    }
+}
+
+/// Kills the process group that worker `pid` leads (the worker, if it
+/// still runs, and every process it started that did not leave the group).
+#[allow(unsafe_code)]
+fn kill_group(pid: u32) {
+    let Ok(pid) = i32::try_from(pid) else { return };
+    // SAFETY: killpg(2) takes plain integers. The group outlives its
+    // leader while any member runs, so its id is not reused before then.
+    unsafe {
+        libc::killpg(pid, libc::SIGKILL);
     }
 }
 

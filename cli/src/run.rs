@@ -13,6 +13,7 @@ use stoke_coordinator::CoordinatorConfig;
 use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::JobSpec;
 use stoke_store::{StoreUri, Stores};
+use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::display::{exit_code, print_summary};
@@ -176,6 +177,10 @@ impl LocalRun {
         };
         let mut workers = fleet::Fleet::start(command, self.workers, fleet::Progress::of(&job))?;
         let started = Instant::now();
+        // Ctrl-C at a terminal, or SIGTERM (a `kill`, a container's stop):
+        // listened for from here on, so that none is missed.
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
         // Polled often: the job's end is seen within 50 ms.
         let watched = watch::watch(&client, &job.job_id, Duration::from_millis(50));
         tokio::pin!(watched);
@@ -184,10 +189,16 @@ impl LocalRun {
         let job = loop {
             tokio::select! {
                 job = &mut watched => break job?,
-                _ = tokio::signal::ctrl_c() => {
-                    // Ctrl-C: the workers checkpoint and stop; the job keeps
-                    // what it committed, and the same command resumes it.
-                    eprintln!("interrupted: stopping the workers (each checkpoints first)");
+                how = async {
+                    tokio::select! {
+                        _ = interrupt.recv() => (INTERRUPTED, "interrupted"),
+                        _ = terminate.recv() => (TERMINATED, "terminated (SIGTERM)"),
+                    }
+                } => {
+                    // The workers checkpoint and stop; the job keeps what
+                    // it committed, and the same command resumes it.
+                    let (code, what) = how;
+                    eprintln!("{what}: stopping the workers (each checkpoints first)");
                     workers.terminate();
                     workers.finish(Duration::from_secs(60)).await;
                     let now = client.get_job(&job.job_id).await?;
@@ -198,7 +209,7 @@ impl LocalRun {
                         total(&now),
                         resume_command(&now.job_id)
                     );
-                    return Ok(INTERRUPTED);
+                    return Ok(code);
                 }
                 exited = workers.next_exit() => {
                     let mut now = client.get_job(&job.job_id).await?;
@@ -237,6 +248,8 @@ impl LocalRun {
 /// The exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells
 /// report a process that SIGINT ended).
 const INTERRUPTED: i32 = 130;
+/// The exit status of a run stopped by SIGTERM (128 + SIGTERM).
+const TERMINATED: i32 = 143;
 
 /// This very command line, with `--job-id JOB` (added if it was not
 /// there): what resumes an interrupted run.

@@ -180,18 +180,35 @@ class _Workers:
         log = open(os.path.join(self.logs, f"worker-local-{i}.log"), "ab")
         env = dict(self.env, STOKE_WORKER_RANK=str(i), STOKE_WORKER_COUNT=str(self.n))
         try:
+            # A process group of its own: a Ctrl-C reaches this process
+            # alone, which stops each worker with one SIGTERM; and what the
+            # worker started goes with the group once it exits (_reap).
             return subprocess.Popen(
                 [sys.executable, "-m", "stoke._worker", "--coordinator", self.address, "--worker-id", f"local-{i}",
                  "--device", self.device, "--threads", str(self.threads), "--exit-when-idle"],
-                stdout=log, stderr=subprocess.STDOUT, env=env)
+                stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0)
         finally:
             log.close()
+
+    def _reap(self, p: subprocess.Popen) -> None:
+        """Kills what is left of an exited worker's process group (a fork
+        server, load processes, DataLoader workers, an engine), once: the
+        group's id is free for reuse after that."""
+        if getattr(p, "_stoke_reaped", False):
+            return
+        p._stoke_reaped = True
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def supervise(self) -> bool:
         """Replaces workers that died; False once none is left."""
         alive = False
         for i, p in enumerate(self.procs):
             code = p.poll()
+            if code is not None:
+                self._reap(p)
             if code is None:
                 alive = True
             elif code != 0:
@@ -213,6 +230,7 @@ class _Workers:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+            self._reap(p)
 
 
 def run_local(spec: dict, root: str, job_id: str, workers: int, device: str) -> dict:

@@ -103,6 +103,40 @@ def test_kill_9_of_a_worker_then_its_shards_go_on(tmp_path):
     assert len(logged) - len(set(logged)) <= 3, sorted(logged)
 
 
+def test_kill_9_of_a_worker_with_dataloader_workers_leaves_no_process(tmp_path):
+    """Determined's guide as written (DataLoader workers, workers=2), one
+    worker killed with kill -9 mid-job, under a subreaper (reap.py): after
+    the call returns, no process it started is left, by pid and command
+    line; the killed worker's fork server and DataLoader workers among
+    them."""
+    from reap import descendants
+
+    root, report = tmp_path / "root", tmp_path / "left.json"
+    hold, go = tmp_path / "hold", tmp_path / "go"
+    options = {"records": 400, "batch_size": 10, "checkpoint_interval": 2, "job_id": "k9dl", "workers": 2,
+               "shard_records": 100, "device": "cpu", "dataloader_kwargs": {"num_workers": 2}}
+    env = dict(os.environ, STOKE_TEST_HOLD_AT="15", STOKE_TEST_HOLD_FILE=str(hold), STOKE_TEST_GO_FILE=str(go))
+    proc = subprocess.Popen([sys.executable, str(PROCESSORS / "reap.py"), str(report), "--",
+                             sys.executable, str(JOB), str(root), json.dumps(options)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid = int(wait_for("batch 15 to start", lambda: hold.exists() and hold.read_text()))
+        # The worker's own processes: its fork server and 2 DataLoader workers.
+        started = descendants(pid)
+        assert len(started) >= 3, started
+        os.kill(pid, signal.SIGKILL)
+        go.touch()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    left = json.loads(report.read_text())["left"]
+    assert left == [], left
+    check_exactly_once(committed(root, "k9dl"), 400, 10)
+
+
 def test_sigterm_with_workers_then_the_same_call_resumes(tmp_path):
     root = tmp_path / "root"
     hold, go = tmp_path / "hold", tmp_path / "go"

@@ -133,3 +133,32 @@ class LookAhead(TorchBatchProcessor):
                 time.sleep(0.05)
         self.processed += len(batch.ids)
         self.context.write_rows({"id": batch.ids, "x": batch.collated[:, 0].long(), "lead": [lead] * len(batch.ids)})
+
+
+class Doomed(Squares):
+    """``Squares`` whose worker dies while its load processes run: by
+    SIGKILL once, at batch ``kill_at`` (the file ``marker`` records that it
+    happened, so the batch's next attempt goes on), and by ``abort()`` on
+    each record id in ``poison`` (a record that kills its worker, which the
+    coordinator isolates). ``delay``: seconds each batch takes."""
+
+    def __init__(self, context):
+        super().__init__(context)
+        params = context.params
+        self.kill_at = params.get("kill_at", -1)
+        self.marker = params.get("marker")
+        self.poison = set(params.get("poison", []))
+        self.delay = float(params.get("delay", 0.0))
+
+    def process_batch(self, batch, batch_idx):
+        if self.marker and batch_idx == self.kill_at and not os.path.exists(self.marker):
+            with open(self.marker, "w") as f:
+                f.write(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.poison.intersection(batch.ids):
+            os.abort()
+        if self.delay:
+            import time
+
+            time.sleep(self.delay)
+        super().process_batch(batch, batch_idx)

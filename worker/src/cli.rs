@@ -83,8 +83,13 @@ pub struct WorkerArgs {
 
 /// A worker's place among the job's workers, read by Python processors'
 /// `context.distributed` (set by `stoke run --local N` and
-/// `torch_batch_process(..., workers=N)`).
-const PLACE_ENV_VARS: [&str; 2] = ["STOKE_WORKER_RANK", "STOKE_WORKER_COUNT"];
+/// `torch_batch_process(..., workers=N)`), and the owner mark a worker's
+/// children inherit (a worker started by a worker's processor has it too).
+const PLACE_ENV_VARS: [&str; 3] = [
+    "STOKE_WORKER_RANK",
+    "STOKE_WORKER_COUNT",
+    crate::lineage::OWNER_VAR,
+];
 
 /// `STOKE_*` variables in the environment that the worker does not read:
 /// most often a typo, or a coordinator's setting given to a worker.
@@ -389,6 +394,22 @@ fn run_worker(registry: Registry, args: WorkerArgs) -> Result<WorkerExit, Worker
     let _faults = fail::FailScenario::setup();
     stoke_core::logging::init_logging(args.log_format, "info");
     let config = args.to_config()?;
+    // Before any thread or process of the worker's own starts: what an
+    // earlier worker of this id left running goes, and what this one
+    // starts carries its mark.
+    let ended = crate::lineage::adopt(&config.worker_id);
+    if !ended.is_empty() {
+        let left: Vec<String> = ended
+            .iter()
+            .map(|e| format!("pid {} of worker pid {}: {}", e.pid, e.owner_pid, e.command))
+            .collect();
+        tracing::warn!(
+            worker = %config.worker_id,
+            processes = ended.len(),
+            left = ?left,
+            "ended processes an earlier worker with this id left running"
+        );
+    }
     // At once and in one line, before connecting or loading anything.
     crate::config::check_devices(&config.devices)?;
     #[cfg(feature = "python")]

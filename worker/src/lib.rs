@@ -4,7 +4,7 @@
 //! packages; alias `torchscript`). `unsafe` code is allowed module by
 //! module: `aoti` (the FFI to the AOTInductor shim, `shim/`), `cuda`
 //! (loading libtorch's CUDA half when a device needs it), `fatal`,
-//! `signals`, `python::interp` and two calls in `cli`.
+//! `signals`, `python::interp`, `lineage` and two calls in `cli`.
 //!
 //! Main types: [`TorchBatchProcessor`] (the user's logic),
 //! [`ProcessorContext`], [`Batch`], [`Registry`] (processors by name),
@@ -25,6 +25,7 @@ pub mod context;
 pub mod cuda;
 pub mod error;
 pub mod fatal;
+pub mod lineage;
 pub mod link;
 pub mod model_format;
 mod pipeline;
