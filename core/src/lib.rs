@@ -2,6 +2,8 @@
 //! links libtorch), the worker and the SDK.
 //!
 //! - [`spec`]: the job spec (TOML/JSON), strict parsing and validation;
+//! - [`column_type`]: the column types a spec states, and JSON floats'
+//!   width in Python;
 //! - [`plan`]: the shard plan a job stores and leases carry (cutting a
 //!   dataset into shards is `stoke-data`'s, ADR 011);
 //! - [`layout`]: where every durable object lives under the state root;
@@ -17,6 +19,7 @@
 //! the readers are `stoke-data`'s (ADR 011). Tested by unit tests
 //! next to the code, against `memory://` and temporary `file://` stores.
 
+pub mod column_type;
 pub mod conv;
 pub mod error;
 pub mod hints;

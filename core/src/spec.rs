@@ -2,6 +2,7 @@
 //! validated field by field, so a malformed spec is refused at submit with an
 //! error that names the field.
 
+use std::collections::BTreeMap;
 use std::path::Path as FsPath;
 use std::time::Duration;
 
@@ -185,6 +186,11 @@ pub struct DatasetSpec {
     /// is new. The table records which inputs are done (ADR 013).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub incremental: bool,
+    /// JSON Lines: a column's type, over what the sampled lines suggest
+    /// (`features = "list<float64>"`, `user_id = "string"`); see
+    /// [`crate::column_type`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub types: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -1058,6 +1064,26 @@ impl JobSpec {
 
     fn validate_dataset(&self) -> Result<(), SpecError> {
         let d = &self.dataset;
+        if !d.types.is_empty() && d.format != DatasetFormat::Jsonl {
+            let why = match d.format {
+                DatasetFormat::Parquet => "a Parquet file states its columns' types itself",
+                DatasetFormat::Files => {
+                    "a files record's columns are `uri` (string) and `bytes` (binary)"
+                }
+                _ => "its records' types are its own",
+            };
+            return Err(SpecError::invalid(
+                "dataset.types",
+                format!(
+                    "only for format \"jsonl\", not \"{}\": {why}",
+                    d.format.as_str()
+                ),
+            ));
+        }
+        for (column, name) in &d.types {
+            crate::column_type::parse(name)
+                .map_err(|e| SpecError::invalid(format!("dataset.types.{column}"), e))?;
+        }
         if d.format != DatasetFormat::Python {
             if d.factory.is_some() {
                 return Err(SpecError::invalid(

@@ -5,6 +5,8 @@
 use super::schema::infer_jsonl_schema;
 use super::{check_columns, shard_id, with_extension};
 use crate::error::PlanError;
+use arrow_schema::{Field, Schema};
+use stoke_core::column_type;
 use stoke_core::plan::{Plan, Shard, ShardSource};
 use stoke_core::spec::JobSpec;
 use stoke_store::{Listed, StoreUri, Stores};
@@ -121,6 +123,7 @@ pub(super) async fn plan_jsonl(
             message,
         }
     })?;
+    let schema = with_stated_types(spec, dataset, first.uri.as_str(), schema)?;
     check_columns(spec, dataset, first.uri.as_str(), &schema)?;
     let mut shards = Vec::new();
     let mut records_total = 0u64;
@@ -179,4 +182,48 @@ pub(super) async fn plan_jsonl(
         jsonl_schema: Some(schema),
         incremental: None,
     })
+}
+
+/// The inferred schema with the types `[dataset.types]` states put in
+/// (refused, naming it, for a column the sampled lines do not have), and
+/// the other float columns marked as of no stated width (they reach
+/// Python as torch's default dtype; see `stoke_core::column_type`).
+fn with_stated_types(
+    spec: &JobSpec,
+    dataset: &str,
+    object: &str,
+    inferred: Schema,
+) -> Result<Schema, PlanError> {
+    let stated = &spec.dataset.types;
+    for column in stated.keys() {
+        if inferred.field_with_name(column).is_err() {
+            let have: Vec<_> = inferred
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect();
+            return Err(PlanError::Invalid {
+                dataset: dataset.to_string(),
+                message: format!(
+                    "[dataset.types] names column {column:?}, which is not in {object} (its columns: {})",
+                    have.join(", ")
+                ),
+            });
+        }
+    }
+    let mut fields = Vec::with_capacity(inferred.fields().len());
+    for field in inferred.fields() {
+        let field = match stated.get(field.name()) {
+            Some(name) => {
+                let data_type = column_type::parse(name).map_err(|message| PlanError::Invalid {
+                    dataset: dataset.to_string(),
+                    message: format!("[dataset.types] {}: {message}", field.name()),
+                })?;
+                Field::new(field.name(), data_type, true)
+            }
+            None => column_type::mark_float_width_unstated(field.as_ref().clone()),
+        };
+        fields.push(field);
+    }
+    Ok(Schema::new(fields))
 }

@@ -142,7 +142,7 @@ fn decode_lines(
                 match serde_json::from_slice::<serde::de::IgnoredAny>(line) {
                     Err(json) => format!("undecodable JSON: {json}"),
                     Ok(_) => format!(
-                        "does not match the job's schema (inferred at plan time from most lines): {}",
+                        "does not match the job's schema (inferred at plan time from most lines, or stated in [dataset.types]): {}",
                         e.trim_start_matches("Json error: ")
                     ),
                 },
@@ -162,8 +162,11 @@ fn decode_jsonl(
     chunk: &[u8],
     batch_size: usize,
 ) -> Result<RecordBatch, String> {
+    // A number or a boolean in a string column is read as its text: an
+    // id column of digits and letters (`user_id = "string"`) takes both.
     let mut decoder = arrow_json::ReaderBuilder::new(Arc::clone(schema))
         .with_batch_size(batch_size.max(1))
+        .with_coerce_primitive(true)
         .build_decoder()
         .map_err(|e| e.to_string())?;
     let consumed = decoder.decode(chunk).map_err(|e| e.to_string())?;

@@ -14,7 +14,8 @@ use arrow_schema::DataType;
 use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use tch::Tensor;
+use stoke_core::column_type::float_width_unstated;
+use tch::{Kind, Tensor};
 
 use super::interp::{Interp, wrap_tensor};
 use crate::batch::Batch;
@@ -228,6 +229,31 @@ fn list_item<'py>(py: Python<'py>, v: Option<ArrayRef>) -> PyResult<Bound<'py, P
     }
 }
 
+/// `torch.get_default_dtype()` as a libtorch kind (float32 unless the
+/// user changed it).
+fn default_float_kind(py: Python<'_>) -> PyResult<Kind> {
+    let dtype = py
+        .import("torch")?
+        .call_method0("get_default_dtype")?
+        .str()?
+        .to_string();
+    Ok(match dtype.as_str() {
+        "torch.float64" => Kind::Double,
+        "torch.float16" => Kind::Half,
+        "torch.bfloat16" => Kind::BFloat16,
+        _ => Kind::Float,
+    })
+}
+
+/// A float tensor as `kind` (a copy only when its kind differs); any
+/// other tensor, or no kind, as it is.
+fn with_float_kind(tensor: Tensor, kind: Option<Kind>) -> Tensor {
+    match kind {
+        Some(kind) if tensor.is_floating_point() && tensor.kind() != kind => tensor.to_kind(kind),
+        _ => tensor,
+    }
+}
+
 /// The batch's columns (tensors or lists), its ids, and each tensor's data
 /// pointer as Rust made it (what the zero-copy test compares).
 pub(super) fn batch_to_py<'py>(
@@ -238,9 +264,19 @@ pub(super) fn batch_to_py<'py>(
     let rows = batch.rows();
     let columns = PyDict::new(py);
     let ptrs = PyDict::new(py);
-    for (field, column) in rows.schema().fields().iter().zip(rows.columns()) {
+    let schema = rows.schema();
+    // JSON floats of no stated width: torch's default dtype, read once a
+    // batch (a processor may set it in its __init__).
+    let default_float = if schema.fields().iter().any(|f| float_width_unstated(f)) {
+        Some(default_float_kind(py)?)
+    } else {
+        None
+    };
+    for (field, column) in schema.fields().iter().zip(rows.columns()) {
         let name = field.name();
+        let width = default_float.filter(|_| float_width_unstated(field));
         if let Some(tensor) = column_tensor(column) {
+            let tensor = with_float_kind(tensor, width);
             ptrs.set_item(name, tensor.data_ptr() as usize)?;
             columns.set_item(name, wrap_tensor(py, interp, &tensor)?)?;
             continue;
@@ -249,14 +285,15 @@ pub(super) fn batch_to_py<'py>(
             // Lists of one length within the batch: `[B, D]`, as
             // default_collate stacks them.
             Some(ListTensors::Stacked(stacked)) => {
+                let stacked = with_float_kind(stacked, width);
                 ptrs.set_item(name, stacked.data_ptr() as usize)?;
                 columns.set_item(name, wrap_tensor(py, interp, &stacked)?)?;
             }
             // Ragged: a list of 1-D tensors.
             Some(ListTensors::Ragged(rows)) => {
                 let items = rows
-                    .iter()
-                    .map(|t| wrap_tensor(py, interp, t))
+                    .into_iter()
+                    .map(|t| wrap_tensor(py, interp, &with_float_kind(t, width)))
                     .collect::<PyResult<Vec<_>>>()?;
                 columns.set_item(name, PyList::new(py, items)?)?;
             }
