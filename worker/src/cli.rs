@@ -313,31 +313,13 @@ pub fn keep_freed_memory() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub fn keep_freed_memory() {}
 
-/// Ends the process at once with `code`, after flushing stdout and stderr,
-/// without running exit handlers or static destructors.
-///
-/// libtorch's static destructors deregister every operator it registered
-/// at start-up, faulting in library pages to do so: about 0.15 s at each
-/// exit (measured with `perf` on W1's workers), for nothing a finished
-/// process needs. Call it only once everything of the run is dropped (the
-/// tokio runtime, files, temporary folders): nothing else is cleaned up.
-#[allow(unsafe_code)]
-pub fn exit_now(code: i32) -> ! {
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-    let _ = std::io::stderr().flush();
-    // SAFETY: `_exit` takes no pointers, touches no Rust state and does not
-    // return; the kernel closes every descriptor and frees every mapping.
-    unsafe { libc::_exit(code) }
-}
-
 /// Runs a worker process with `registry`: parses the command line, sets up
 /// logging, stops gracefully on SIGTERM/SIGINT. What a worker binary's
 /// `main` calls.
 ///
 /// Does not return. When the worker is done (no job left with
 /// `--exit-when-idle`, or stopped by a signal after checkpointing), the
-/// process ends with status 0 through [`exit_now`], skipping libtorch's
+/// process ends with status 0 through [`exit_now`](crate::fatal::exit_now), skipping libtorch's
 /// slow exit handlers. On an error (a bad flag or device, a coordinator
 /// that refuses it) it prints one line, `<binary>: <message>`, and ends
 /// with status 1: no backtrace, and no C++ frames from libtorch, whatever
@@ -365,7 +347,7 @@ fn worker_main_with(
     stoke_core::logging::exit_quietly_on_broken_pipe();
     match run_worker(registry, args) {
         // Everything of the run is dropped by now, the runtime included.
-        Ok(_) => exit_now(0),
+        Ok(_) => crate::fatal::exit_now(0),
         Err(e) => {
             let program = std::env::args()
                 .next()
@@ -379,7 +361,7 @@ fn worker_main_with(
             } else {
                 eprintln!("{}", crate::error::without_cpp_frames(&message));
             }
-            exit_now(1)
+            crate::fatal::exit_now(1)
         }
     }
 }
@@ -498,5 +480,5 @@ async fn stop_on_signal(signals: StopSignals, shutdown: CancellationToken, grace
     }
     // Not `process::exit`: libtorch's destructors must not run while the
     // processor threads still use it.
-    exit_now(1);
+    crate::fatal::exit_now(1);
 }

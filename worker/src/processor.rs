@@ -102,6 +102,10 @@ impl Loader {
     }
 }
 
+/// Prepared batches buffered ahead of the model, at least: the look-ahead
+/// of the load stage (`pipeline::prep`), which a [`Prepare`] may raise.
+pub(crate) const AHEAD: usize = 2;
+
 /// A processor's own stage ahead of the model (a Python processor's
 /// `load_fn` pool): called on the load thread for each batch, in order,
 /// while the model works on earlier ones.
@@ -109,9 +113,9 @@ pub(crate) trait Prepare: Send + Sync {
     fn prepare(&self, batch: Batch) -> Result<Batch, crate::error::WorkerError>;
     /// How many prepared batches may wait ahead of the model (a pool of
     /// load processes keeps each of its processes busy with one); never
-    /// fewer than the load stage's [`AHEAD`](crate::pipeline::prep::AHEAD).
+    /// fewer than [`AHEAD`].
     fn ahead(&self) -> usize {
-        crate::pipeline::prep::AHEAD
+        AHEAD
     }
 }
 

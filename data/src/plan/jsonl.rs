@@ -2,6 +2,7 @@
 //! newline; small datasets are counted whole, and every dataset's schema is
 //! inferred from a sample (`schema.rs`).
 
+use super::lines::is_record_line;
 use super::schema::infer_jsonl_schema;
 use super::{check_columns, shard_id, with_extension};
 use crate::error::PlanError;
@@ -61,11 +62,6 @@ pub(super) fn align_in(data: &[u8], cut: u64) -> Option<u64> {
     let i = data.get(from..)?.iter().position(|&b| b == b'\n')?;
     let start = (from + i + 1) as u64;
     (start < data.len() as u64).then_some(start)
-}
-
-/// A line that holds a record: the reader counts records the same way.
-pub fn is_record_line(line: &[u8]) -> bool {
-    !line.iter().all(u8::is_ascii_whitespace)
 }
 
 pub(super) async fn plan_jsonl(

@@ -18,10 +18,12 @@ use stoke_store::{Listed, StoreUri, Stores};
 use crate::error::PlanError;
 
 mod jsonl;
+mod lines;
 mod row_groups;
 mod schema;
 
-pub use jsonl::{JSONL_COUNT_BYTES, is_record_line, nominal_cuts};
+pub use jsonl::{JSONL_COUNT_BYTES, nominal_cuts};
+pub use lines::is_record_line;
 pub use row_groups::group_row_groups;
 pub use schema::infer_jsonl_schema;
 

@@ -4,7 +4,7 @@
 use arrow_schema::Schema;
 use serde::Deserialize;
 
-use super::jsonl::is_record_line;
+use super::lines::is_record_line;
 
 /// A JSON object's fields in the order the line has them.
 struct OrderedObject(Vec<(String, serde_json::Value)>);

@@ -86,5 +86,5 @@ fn run() -> anyhow::Result<()> {
     drop(runtime);
     // The job is committed and every file closed: skip libtorch's exit
     // handlers (about 0.15 s).
-    stoke_worker::cli::exit_now(0)
+    stoke_worker::fatal::exit_now(0)
 }

@@ -11,10 +11,7 @@ use tracing::warn;
 
 use crate::batch::{Batch, Collated};
 use crate::error::WorkerError;
-use crate::processor::{Collate, Loader, Prepare};
-
-/// Prepared batches buffered ahead of the model.
-pub(crate) const AHEAD: usize = 2;
+use crate::processor::{AHEAD, Collate, Loader, Prepare};
 
 type BatchRx = mpsc::Receiver<Result<Batch, WorkerError>>;
 
