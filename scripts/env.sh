@@ -32,6 +32,13 @@ stoke_venv() {
 
 stoke_venv
 export PATH="$STOKE_VENV/bin:$PATH"
+# The repository's commit-msg hook (.githooks): subject of at most 72
+# characters, a blank line, a body.
+if [ -d "$STOKE_REPO/.git" ] || [ -f "$STOKE_REPO/.git" ]; then
+  if [ "$(git -C "$STOKE_REPO" config --get core.hooksPath || true)" != ".githooks" ]; then
+    git -C "$STOKE_REPO" config core.hooksPath .githooks || true
+  fi
+fi
 export LIBTORCH_USE_PYTORCH=1
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$STOKE_CACHE/target}"
 export STOKE_BIN_DIR="$CARGO_TARGET_DIR/debug"
