@@ -16,7 +16,7 @@ pub enum CoordinatorError {
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error(transparent)]
-    Delta(#[from] crate::owner::delta::DeltaError),
+    Delta(#[from] crate::table::delta::DeltaError),
     #[error("job {job_id} not found")]
     JobNotFound { job_id: String },
     #[error("job {job_id} already exists with a different spec")]

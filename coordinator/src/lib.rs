@@ -36,6 +36,7 @@ mod status;
 pub mod sweep;
 #[cfg(not(feature = "test-util"))]
 mod sweep;
+mod table;
 
 use stoke_proto::v1::job_service_server::JobServiceServer;
 use stoke_proto::v1::worker_service_server::WorkerServiceServer;

@@ -17,12 +17,12 @@ use stoke_data::plan::{plan_dataset, plan_incremental};
 use stoke_store::{StoreError, StoreUri, Stores};
 use tokio::sync::{mpsc, oneshot};
 
-use super::delta::{self, KnownType};
-use super::incremental;
 use crate::error::{CoordinatorError, Result};
 use crate::metrics::Snapshot;
 use crate::progress::StatusReport;
 use crate::state::{DeltaRecord, ErrorSources, JobOutputs};
+use crate::table::delta::{self, KnownType};
+use crate::table::incremental;
 
 pub(super) type Reply<T> = oneshot::Sender<Result<T>>;
 

@@ -12,12 +12,12 @@ use stoke_store::Listed;
 use stoke_store::{StoreError, StoreUri, Stores};
 use tracing::{info, warn};
 
-use super::delta::{self, DeltaAppend, DoneUpdate};
 use crate::error::{CoordinatorError, Result};
 use crate::state::{
     CreateJob, DeltaTarget, DeltaWrite, FinishJob, GroupWrite, GroupWritten, Io, Outcome,
     SnapshotWrite, folder, progress_log,
 };
+use crate::table::delta::{self, DeltaAppend, DoneUpdate};
 use stoke_core::plan::{DoneInput, ShardSource};
 
 /// How many objects one group commit copies into the output folder at once.

@@ -5,9 +5,7 @@
 //! everything else talks to it; [`Inline`] (`inline.rs`) runs the same
 //! machine and writes one at a time in the caller's task, for tests.
 
-pub(crate) mod delta;
 pub(crate) mod handle;
-pub(crate) mod incremental;
 #[cfg(feature = "test-util")]
 mod inline;
 pub(crate) mod io;

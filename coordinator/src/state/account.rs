@@ -143,7 +143,7 @@ pub(super) struct Account {
     saved: Instant,
     /// A save is being written.
     saving: bool,
-    /// The job's reduced metrics, once stored (see `metrics.rs`).
+    /// The job's reduced metrics, once stored (see `reducers.rs`).
     pub metrics: BTreeMap<String, serde_json::Value>,
 }
 

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use stoke_core::layout::JobLayout;
+use stoke_core::plan::DoneInput;
 use stoke_core::plan::Plan;
-use stoke_core::records::{JobInfo, ProgressRecord, StatusRecord};
+use stoke_core::records::{JobInfo, OutputObject, ProgressRecord, StatusRecord};
 use stoke_core::spec::{DeltaCommit, JobSpec};
 use stoke_store::{StoreError, StoreUri};
 
@@ -15,7 +16,6 @@ use stoke_core::records::ProgressLogRef;
 use stoke_store::to_json_bytes;
 
 use crate::error::Result;
-pub use crate::owner::delta::DeltaAppend;
 
 /// Names a caller waiting for an answer (the owner keeps its reply
 /// channel).
@@ -77,7 +77,7 @@ pub enum Io {
 }
 
 /// Committed objects of a job added to its Delta table (see
-/// `owner::delta`), then the table version recorded in `record` (the
+/// `table::delta`), then the table version recorded in `record` (the
 /// job's `delta.json`, which its manifest lists at the end).
 #[derive(Debug)]
 pub struct DeltaWrite {
@@ -192,4 +192,31 @@ pub fn progress_log<'a>(records: impl Iterator<Item = &'a ProgressRecord>) -> By
     Bytes::from(to_json_bytes(&ProgressLogRef {
         records: records.collect(),
     }))
+}
+
+/// One Delta commit to make: `objects` (committed, under `table`) added
+/// with the txn `(job_id, seq)`.
+#[derive(Debug, Clone)]
+pub struct DeltaAppend {
+    pub table: StoreUri,
+    pub job_id: String,
+    pub seq: u64,
+    pub objects: Vec<OutputObject>,
+    /// Some of `objects` may be in the table already (the first commit
+    /// after a coordinator restart, a job's finish with `commit =
+    /// "checkpoint"`): the table's files in the job's folder are listed
+    /// and only the others added.
+    pub reconcile: bool,
+    /// An incremental job's inputs, recorded as done in the same commit.
+    pub done: Option<DoneUpdate>,
+}
+
+/// What an incremental job's commit records as done for its pipeline, in
+/// the same Delta commit as the rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DoneUpdate {
+    pub fingerprint: String,
+    pub pipeline: serde_json::Value,
+    /// By URI.
+    pub inputs: Vec<(String, DoneInput)>,
 }

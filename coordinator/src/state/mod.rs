@@ -35,8 +35,10 @@
 //!   tail;
 //! - `pace.rs`: each worker's pace on each job (records committed per
 //!   second of lease held), which splits go by;
-//! - `metrics.rs`: a job's metric partials reduced on a worker (a leased
+//! - `reducers.rs`: a job's metric partials reduced on a worker (a leased
 //!   task) before it finishes;
+//! - `table_log.rs`: a job's Delta commits in order (the pending-commit
+//!   log of `commit = "checkpoint"` jobs);
 //! - `finish.rs`: a job whose every shard is done: manifest and success;
 //! - `account.rs`: each job's processor time by cause (its efficiency
 //!   report);
@@ -45,18 +47,18 @@
 mod account;
 mod commit;
 mod crash;
-mod delta;
 mod effects;
 mod finish;
 mod jobs;
 mod leases;
-mod metrics;
 mod pace;
 mod recover;
+mod reducers;
 mod repeats;
 mod schedule;
 mod sessions;
 mod split;
+mod table_log;
 mod view;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -80,8 +82,8 @@ use crate::progress::RateWindow;
 #[cfg(feature = "test-util")]
 pub use crash::{Verdict, judge};
 pub use effects::{
-    Answer, CreateJob, DeltaAppend, DeltaTarget, DeltaWrite, Effect, FinishJob, GroupWrite,
-    GroupWritten, Io, IoId, Outcome, ReqId, SnapshotWrite, StagedCopy, progress_log,
+    Answer, CreateJob, DeltaAppend, DeltaTarget, DeltaWrite, DoneUpdate, Effect, FinishJob,
+    GroupWrite, GroupWritten, Io, IoId, Outcome, ReqId, SnapshotWrite, StagedCopy, progress_log,
 };
 pub use schedule::WaitReason;
 #[cfg(feature = "test-util")]
@@ -254,7 +256,7 @@ struct Job {
     /// `output` is the job's folder inside it).
     delta: Option<DeltaTarget>,
     /// `commit = "checkpoint"`: the committed objects not yet in the table.
-    delta_log: Option<delta::DeltaLog>,
+    delta_log: Option<table_log::DeltaLog>,
     /// Where attempts upload (see `stoke_core::layout`).
     staging: StoreUri,
     state: JobState,
@@ -290,8 +292,8 @@ struct Job {
     account: account::Account,
     /// Its failed attempts' errors so far (see `repeats.rs`).
     repeats: repeats::Repeats,
-    /// Its metrics' reduce task (see `metrics.rs`).
-    reduce: metrics::Reduce,
+    /// Its metrics' reduce task (see `reducers.rs`).
+    reduce: reducers::Reduce,
 }
 
 /// Where a job is in its life, beside its stored status (`Job::state`):
@@ -436,7 +438,7 @@ impl Job {
             delta_log: delta
                 .as_ref()
                 .filter(|d| d.commit == DeltaCommit::Checkpoint)
-                .map(|_| delta::DeltaLog::default()),
+                .map(|_| table_log::DeltaLog::default()),
             delta,
             staging,
             state: JobState::Running,
@@ -786,7 +788,7 @@ enum Then {
     /// only what the table lacked.
     Delta { job_id: String, reconcile: bool },
     /// A job's reduced metrics are stored (or not).
-    Metrics(Box<metrics::MetricsWrite>),
+    Metrics(Box<reducers::MetricsWrite>),
 }
 
 /// A failed attempt whose progress record is being stored.

@@ -164,7 +164,7 @@ async fn load(config: CoordinatorConfig, stores: &Stores, epoch: u64) -> Result<
         // A Python job's metrics reduced before a restart.
         if job.spec.processor.python.is_some()
             && let Some(metrics) = stores
-                .get_json::<super::metrics::Metrics>(&job.layout.metrics())
+                .get_json::<super::reducers::Metrics>(&job.layout.metrics())
                 .await?
         {
             job.metrics_recovered(metrics);

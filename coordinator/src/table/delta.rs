@@ -29,11 +29,13 @@ use delta_kernel::transaction::{CommitResult, UpdateTableOperation};
 use delta_kernel::{Engine, FileMeta, Snapshot};
 use delta_kernel_default_engine::executor::tokio::TokioMultiThreadExecutor;
 use delta_kernel_default_engine::{DefaultEngine, DefaultEngineBuilder};
-use stoke_core::plan::{DoneInput, DoneInputs};
+use stoke_core::plan::DoneInputs;
 use stoke_core::records::OutputObject;
 use stoke_store::{StoreError, StoreUri, Stores};
 use thiserror::Error;
 use tracing::{info, warn};
+
+pub use crate::state::{DeltaAppend, DoneUpdate};
 
 /// What the commits name as their writer.
 const ENGINE_INFO: &str = concat!("stoke/", env!("CARGO_PKG_VERSION"));
@@ -95,16 +97,6 @@ impl DeltaError {
 /// `fingerprint` (ADR 013).
 pub fn inputs_domain(fingerprint: &str) -> String {
     format!("stoke.inputs.{fingerprint}")
-}
-
-/// What an incremental job's commit records as done for its pipeline, in
-/// the same Delta commit as the rows.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DoneUpdate {
-    pub fingerprint: String,
-    pub pipeline: serde_json::Value,
-    /// By URI.
-    pub inputs: Vec<(String, DoneInput)>,
 }
 
 fn read_done(
@@ -247,23 +239,6 @@ fn merged_done(before: DoneInputs, update: &DoneUpdate) -> String {
     }
     // Plain data: serialising cannot fail.
     serde_json::to_string(&done).unwrap_or_default()
-}
-
-/// One Delta commit to make: `objects` (committed, under `table`) added
-/// with the txn `(job_id, seq)`.
-#[derive(Debug, Clone)]
-pub struct DeltaAppend {
-    pub table: StoreUri,
-    pub job_id: String,
-    pub seq: u64,
-    pub objects: Vec<OutputObject>,
-    /// Some of `objects` may be in the table already (the first commit
-    /// after a coordinator restart, a job's finish with `commit =
-    /// "checkpoint"`): the table's files in the job's folder are listed
-    /// and only the others added.
-    pub reconcile: bool,
-    /// An incremental job's inputs, recorded as done in the same commit.
-    pub done: Option<DoneUpdate>,
 }
 
 /// What a commit did.
