@@ -27,7 +27,7 @@ pub struct Offline {
 impl Offline {
     /// Loads every job under `root`.
     pub async fn open(root: StoreUri, stores: Stores) -> Result<Self> {
-        let state = State::read_only(CoordinatorConfig::new(root), stores.clone()).await?;
+        let state = crate::owner::recover::read_only(CoordinatorConfig::new(root), &stores).await?;
         Ok(Self { state, stores })
     }
 

@@ -46,9 +46,9 @@ impl DerefMut for Inline {
 }
 
 impl Inline {
-    /// Loads the durable state from `stores` (see [`State::recover`]).
+    /// Loads the durable state from `stores` (see `owner/recover.rs`).
     pub async fn recover(config: CoordinatorConfig, stores: Stores) -> Result<Self> {
-        let state = State::recover(config, stores.clone()).await?;
+        let state = super::recover::recover(config, &stores).await?;
         let mut inline = Self {
             state,
             stores,

@@ -9,6 +9,7 @@ pub(crate) mod handle;
 #[cfg(feature = "test-util")]
 mod inline;
 pub(crate) mod io;
+pub(crate) mod recover;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -57,7 +58,7 @@ pub async fn start(
     .await?;
     // Every write of the state goes through the lock's fence.
     let stores = stores.fenced(lock.fence());
-    let state = match State::recover(config, stores.clone()).await {
+    let state = match recover::recover(config, &stores).await {
         Ok(state) => state,
         Err(e) => {
             lock.release().await;

@@ -19,8 +19,8 @@
 //!
 //! The files, by what they own:
 //! - `effects.rs`: what the machine asks of the owner, and the answers;
-//! - `recover.rs`: loading the durable state at start (the one place that
-//!   reads the store);
+//! - `restore.rs`: the state rebuilt at start from what the owner read of
+//!   the root (`owner/recover.rs`);
 //! - `jobs.rs`: submitting, cancelling, pausing, resuming, failing jobs;
 //! - `sessions.rs`: workers' sessions, heartbeats, wake-ups;
 //! - `leases.rs`: granting, releasing and expiring leases;
@@ -52,9 +52,9 @@ mod finish;
 mod jobs;
 mod leases;
 mod pace;
-mod recover;
 mod reducers;
 mod repeats;
+mod restore;
 mod schedule;
 mod sessions;
 mod split;
@@ -70,7 +70,7 @@ use stoke_core::plan::Plan;
 use stoke_core::records::{JobState, ProgressRecord};
 use stoke_core::schedule::Schedule;
 use stoke_core::spec::{DeltaCommit, JobSpec};
-use stoke_store::{StoreUri, Stores};
+use stoke_store::StoreUri;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -85,6 +85,8 @@ pub use effects::{
     Answer, CreateJob, DeltaAppend, DeltaTarget, DeltaWrite, DoneUpdate, Effect, FinishJob,
     GroupWrite, GroupWritten, Io, IoId, Outcome, ReqId, SnapshotWrite, StagedCopy, progress_log,
 };
+pub use reducers::Metrics as StoredMetrics;
+pub use restore::{StoredJob, StoredShards};
 pub use schedule::WaitReason;
 #[cfg(feature = "test-util")]
 pub use split::{PROBE_LEAD, SPLIT_IN_PROCESS_BATCHES, Share, SplitPoint, split_point};
@@ -606,7 +608,7 @@ pub struct State {
 
 impl State {
     /// An empty state for `config` at fencing epoch `epoch`, with no jobs
-    /// (`recover` loads the durable one; tests start here).
+    /// (`State::restore` builds the durable one from what the owner read; tests start here).
     pub fn new(config: CoordinatorConfig, epoch: u64) -> Self {
         Self {
             config,
@@ -629,17 +631,6 @@ impl State {
             accounted_at: None,
             splits_in_flight: 0,
         }
-    }
-
-    /// Loads every job under the root and takes a new fencing epoch.
-    pub async fn recover(config: CoordinatorConfig, stores: Stores) -> Result<Self> {
-        recover::recover(config, &stores).await
-    }
-
-    /// Loads every job under the root as stored, writing nothing (no
-    /// epoch, no lock, no sweep): what `stoke status --root` reads.
-    pub async fn read_only(config: CoordinatorConfig, stores: Stores) -> Result<Self> {
-        recover::read_only(config, &stores).await
     }
 
     #[cfg(feature = "test-util")]

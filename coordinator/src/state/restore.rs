@@ -1,0 +1,156 @@
+//! A state rebuilt at start from what the owner read of the root
+//! (`owner/recover.rs` reads; this decides, with no I/O): every job's
+//! spec, plan, status and progress, or, for a succeeded job that left a
+//! summary (`ended.json`), that instead of its plan and progress.
+
+use std::sync::Arc;
+
+use stoke_core::layout::JobLayout;
+use stoke_core::plan::Plan;
+use stoke_core::progress::StoredProgress;
+use stoke_core::records::{EndedRecord, StatusRecord};
+use stoke_core::report::{EfficiencyReport, ReportSoFar};
+use stoke_core::schedule::{Schedule, ScheduleRecord};
+use stoke_core::spec::JobSpec;
+use tokio::time::Instant;
+use tracing::info;
+
+use super::account::ReportFile;
+use super::reducers::Metrics;
+use super::{Effect, Job, State};
+use crate::config::CoordinatorConfig;
+
+/// One job as the root stores it.
+#[derive(Debug)]
+pub struct StoredJob {
+    pub job_id: String,
+    pub layout: JobLayout,
+    pub spec: JobSpec,
+    pub status: StatusRecord,
+    pub shards: StoredShards,
+    /// Its efficiency report, for an ended job.
+    pub report: Option<EfficiencyReport>,
+    /// What the coordinators before counted of it: for a running job, and
+    /// for an ended one without a report.
+    pub report_so_far: Option<ReportSoFar>,
+    /// `stoke set`'s priority, weight and cap over the spec's.
+    pub schedule: Option<ScheduleRecord>,
+    /// A Python job's metrics reduced before a restart.
+    pub metrics: Option<Metrics>,
+}
+
+/// A job's shards as stored.
+#[derive(Debug)]
+pub enum StoredShards {
+    /// A succeeded job that let go of its shards: its summary.
+    Ended(EndedRecord),
+    /// Its plan and its shards' progress.
+    Progress {
+        plan: Plan,
+        progress: StoredProgress,
+    },
+}
+
+impl State {
+    /// The state of a root whose fencing epoch is `epoch` and whose jobs
+    /// are `stored` (in job id order), at `now`. What loading asks the
+    /// owner for (a sweep of each ended job's staging folder) is in its
+    /// effects.
+    pub fn restore(
+        config: CoordinatorConfig,
+        epoch: u64,
+        stored: Vec<StoredJob>,
+        now: Instant,
+    ) -> Self {
+        let mut state = State::new(config, epoch);
+        for s in stored {
+            state.restore_job(s, now);
+        }
+        info!(epoch, jobs = state.jobs.len(), "coordinator state loaded");
+        state
+    }
+
+    fn restore_job(&mut self, s: StoredJob, now: Instant) {
+        let job_id = s.job_id;
+        // A recovered job's report counts from this coordinator's start,
+        // after what was saved before it (below).
+        let (mut job, progress) = match s.shards {
+            StoredShards::Ended(record) => (
+                Job::from_ended(job_id.clone(), Arc::new(s.spec), s.layout, record, now),
+                None,
+            ),
+            StoredShards::Progress { mut plan, progress } => {
+                super::split::apply_stored(&mut plan, &progress.records);
+                let job = Job::new(
+                    job_id.clone(),
+                    Arc::new(s.spec),
+                    Arc::new(plan),
+                    s.layout,
+                    now,
+                );
+                (job, Some(progress))
+            }
+        };
+        if s.status.state.is_terminal() {
+            // An ended job's report is the one stored at its end; its
+            // clock stays stopped. Without one (the coordinator before
+            // stopped between the job's end and its report), the last
+            // one saved, written out again as its report.
+            job.account.end(now);
+            job.account.report_file = ReportFile::Stored;
+            if let Some(report) = s.report {
+                job.account.before = Some(report);
+            } else if let Some(so_far) = s.report_so_far {
+                job.account.before = Some(so_far.report);
+                job.account.report_file = ReportFile::Unwritten;
+            }
+        } else if let Some(so_far) = s.report_so_far {
+            // What the coordinators before this one counted of a running
+            // job.
+            job.account.carry_on(so_far);
+        }
+        if let Some(record) = s.schedule {
+            job.schedule = Schedule {
+                priority: record.priority,
+                weight: record.weight,
+                max_workers: record.max_workers,
+            };
+        }
+        job.state = s.status.state;
+        job.reason = s.status.reason;
+        if job.spec.processor.python.is_some()
+            && let Some(metrics) = s.metrics
+        {
+            job.metrics_recovered(metrics);
+        }
+        if let Some(stored) = progress {
+            let mut records = stored.records;
+            job.progress_objects = stored.objects;
+            for i in 0..job.shards.len() {
+                if let Some(p) = records.remove(&job.plan.shards[i].id) {
+                    job.set_progress(i, p);
+                }
+            }
+        }
+        job.pending = (0..job.shards.len())
+            .filter(|&i| !job.shards[i].progress.done)
+            .collect();
+        if job.state.is_terminal() {
+            job.pending.clear();
+            // A zombie may have uploaded into an ended job's staging
+            // folder after its last sweep.
+            self.effects.push(Effect::Sweep(job.staging_dir()));
+        }
+        job.seq = self.order.len();
+        self.order.push(job_id.clone());
+        if job.may_let_go() {
+            // As it loads (if `ended.json` did not spare that): the
+            // coordinator never holds the shards of every job it ever ran,
+            // not even while it starts.
+            job.let_go();
+            self.released.insert(job_id, job);
+        } else {
+            self.jobs.insert(job_id, job);
+        }
+    }
+}
