@@ -32,6 +32,7 @@ pub mod state;
 #[cfg(not(feature = "test-util"))]
 mod state;
 mod status;
+mod submit;
 #[cfg(feature = "test-util")]
 pub mod sweep;
 #[cfg(not(feature = "test-util"))]

@@ -2,20 +2,19 @@
 //! machine decides them (`state::Io`, group commits, snapshots) and the
 //! owner runs them here, off its loop.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use stoke_core::records::{DeltaVersions, JobState, Manifest, ManifestEntry, StatusRecord, now_ms};
+use stoke_core::records::{DeltaVersions, JobState, Manifest, StatusRecord, now_ms};
 use stoke_core::spec::{DeltaCommit, JobSpec};
-use stoke_store::Listed;
 use stoke_store::{StoreError, StoreUri, Stores};
 use tracing::{info, warn};
 
 use crate::error::{CoordinatorError, Result};
 use crate::state::{
     CreateJob, DeltaTarget, DeltaWrite, FinishJob, GroupWrite, GroupWritten, Io, Outcome,
-    SnapshotWrite, folder, progress_log,
+    SnapshotWrite, folder, plan_finish, progress_log,
 };
 use crate::table::delta::{self, DeltaAppend, DoneUpdate};
 use stoke_core::plan::{DoneInput, ShardSource};
@@ -178,81 +177,6 @@ pub async fn write_snapshot(
     (Ok(()), deleted)
 }
 
-/// The objects of `listed` (under `folder`) that sit in a shard's
-/// subfolder (`<folder>/<shard id>/...`, for a shard of the job) and that
-/// no commit names: what attempts left that were never committed.
-fn uncommitted(
-    listed: Vec<Listed>,
-    folder: &StoreUri,
-    shard_ids: &HashSet<&str>,
-    committed: &HashSet<&str>,
-) -> Vec<StoreUri> {
-    let base = folder.as_str();
-    listed
-        .into_iter()
-        .filter(|listed| {
-            let uri = listed.uri.as_str();
-            let in_shard = uri
-                .strip_prefix(base)
-                .and_then(|rest| rest.split_once('/'))
-                .is_some_and(|(shard, _)| shard_ids.contains(shard));
-            in_shard && !committed.contains(uri)
-        })
-        .map(|listed| listed.uri)
-        .collect()
-}
-
-/// The manifest of a job whose shards committed `progress`, and the
-/// objects to delete among those listed in its output and errors folders.
-fn plan_finish(
-    finish: &FinishJob,
-    outputs_listed: Vec<Listed>,
-    errors_listed: Vec<Listed>,
-    delta: Option<DeltaVersions>,
-) -> (Manifest, Vec<StoreUri>) {
-    let progress = &finish.progress;
-    let shard_ids: HashSet<&str> = finish.plan.shards.iter().map(|s| s.id.as_str()).collect();
-    let committed: HashSet<&str> = progress
-        .iter()
-        .flat_map(|p| p.outputs.iter().map(|o| o.uri.as_str()))
-        .collect();
-    let committed_errors: HashSet<&str> = progress
-        .iter()
-        .flat_map(|p| p.errors.iter().map(|o| o.uri.as_str()))
-        .collect();
-    let mut orphans = uncommitted(
-        outputs_listed,
-        &folder(&finish.output),
-        &shard_ids,
-        &committed,
-    );
-    orphans.extend(uncommitted(
-        errors_listed,
-        &finish.layout.errors_root(),
-        &shard_ids,
-        &committed_errors,
-    ));
-    let outputs: Vec<ManifestEntry> = progress
-        .iter()
-        .flat_map(|p| p.outputs.iter().map(|o| ManifestEntry::new(&p.shard_id, o)))
-        .collect();
-    let manifest = Manifest {
-        job_id: finish.job_id.clone(),
-        records_in: progress.iter().map(|p| p.records).sum(),
-        records_out: outputs.iter().map(|o| o.object.records).sum(),
-        shards: progress.len() as u64,
-        outputs,
-        records_skipped: progress.iter().map(|p| p.skipped).sum(),
-        errors: progress
-            .iter()
-            .flat_map(|p| p.errors.iter().map(|o| ManifestEntry::new(&p.shard_id, o)))
-            .collect(),
-        created_ms: now_ms(),
-        delta,
-    };
-    (manifest, orphans)
-}
-
 /// A Delta job's committed objects, added to its table: in one commit
 /// (`commit = "end"`), or those the groups' commits left out (a crash
 /// between a group and its Delta commit; `"checkpoint"`). Run again after
@@ -406,7 +330,8 @@ async fn finish_job(finish: FinishJob, stores: &Stores) -> Result<()> {
     };
     let (job_id, layout) = (finish.job_id.clone(), finish.layout.clone());
     let (manifest, bytes, orphans) = tokio::task::spawn_blocking(move || {
-        let (manifest, orphans) = plan_finish(&finish, outputs_listed, errors_listed, delta);
+        let (manifest, orphans) =
+            plan_finish(&finish, outputs_listed, errors_listed, delta, now_ms());
         let bytes = Bytes::from(serde_json::to_vec_pretty(&manifest).unwrap_or_default());
         (manifest, bytes, orphans)
     })

@@ -4,20 +4,20 @@
 //! at the next tick; a coordinator that died half-way finishes the job at
 //! its next start.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use stoke_core::layout::JobLayout;
 use stoke_core::plan::{Incremental, Plan};
-use stoke_core::records::EndedRecord;
+use stoke_core::records::{DeltaVersions, EndedRecord, Manifest, ManifestEntry};
 use stoke_core::spec::JobSpec;
-use stoke_store::to_json_bytes;
+use stoke_store::{Listed, StoreUri, to_json_bytes};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::account::ReportFile;
-use super::{Effect, Ended, FinishJob, Io, Job, JobPhase, State, Then, has_errors};
+use super::{Effect, Ended, FinishJob, Io, Job, JobPhase, State, Then, folder, has_errors};
 use crate::error::{CoordinatorError, Result};
 use stoke_core::records::JobState;
 
@@ -233,4 +233,81 @@ impl State {
     pub fn shards_in_memory(&self) -> u64 {
         self.jobs.values().map(|j| j.shards.len() as u64).sum()
     }
+}
+
+/// The objects of `listed` (under `folder`) that sit in a shard's
+/// subfolder (`<folder>/<shard id>/...`, for a shard of the job) and that
+/// no commit names: what attempts left that were never committed.
+fn uncommitted(
+    listed: Vec<Listed>,
+    folder: &StoreUri,
+    shard_ids: &HashSet<&str>,
+    committed: &HashSet<&str>,
+) -> Vec<StoreUri> {
+    let base = folder.as_str();
+    listed
+        .into_iter()
+        .filter(|listed| {
+            let uri = listed.uri.as_str();
+            let in_shard = uri
+                .strip_prefix(base)
+                .and_then(|rest| rest.split_once('/'))
+                .is_some_and(|(shard, _)| shard_ids.contains(shard));
+            in_shard && !committed.contains(uri)
+        })
+        .map(|listed| listed.uri)
+        .collect()
+}
+
+/// The manifest of a job whose shards committed `progress`, made at
+/// `created_ms`, and the objects to delete among those listed in its
+/// output and errors folders (what the owner listed to finish it).
+pub fn plan_finish(
+    finish: &FinishJob,
+    outputs_listed: Vec<Listed>,
+    errors_listed: Vec<Listed>,
+    delta: Option<DeltaVersions>,
+    created_ms: u64,
+) -> (Manifest, Vec<StoreUri>) {
+    let progress = &finish.progress;
+    let shard_ids: HashSet<&str> = finish.plan.shards.iter().map(|s| s.id.as_str()).collect();
+    let committed: HashSet<&str> = progress
+        .iter()
+        .flat_map(|p| p.outputs.iter().map(|o| o.uri.as_str()))
+        .collect();
+    let committed_errors: HashSet<&str> = progress
+        .iter()
+        .flat_map(|p| p.errors.iter().map(|o| o.uri.as_str()))
+        .collect();
+    let mut orphans = uncommitted(
+        outputs_listed,
+        &folder(&finish.output),
+        &shard_ids,
+        &committed,
+    );
+    orphans.extend(uncommitted(
+        errors_listed,
+        &finish.layout.errors_root(),
+        &shard_ids,
+        &committed_errors,
+    ));
+    let outputs: Vec<ManifestEntry> = progress
+        .iter()
+        .flat_map(|p| p.outputs.iter().map(|o| ManifestEntry::new(&p.shard_id, o)))
+        .collect();
+    let manifest = Manifest {
+        job_id: finish.job_id.clone(),
+        records_in: progress.iter().map(|p| p.records).sum(),
+        records_out: outputs.iter().map(|o| o.object.records).sum(),
+        shards: progress.len() as u64,
+        outputs,
+        records_skipped: progress.iter().map(|p| p.skipped).sum(),
+        errors: progress
+            .iter()
+            .flat_map(|p| p.errors.iter().map(|o| ManifestEntry::new(&p.shard_id, o)))
+            .collect(),
+        created_ms,
+        delta,
+    };
+    (manifest, orphans)
 }

@@ -85,6 +85,7 @@ pub use effects::{
     Answer, CreateJob, DeltaAppend, DeltaTarget, DeltaWrite, DoneUpdate, Effect, FinishJob,
     GroupWrite, GroupWritten, Io, IoId, Outcome, ReqId, SnapshotWrite, StagedCopy, progress_log,
 };
+pub use finish::plan_finish;
 pub use reducers::Metrics as StoredMetrics;
 pub use restore::{StoredJob, StoredShards};
 pub use schedule::WaitReason;
