@@ -216,6 +216,12 @@ def main():
     run = {"loop": loop, "stoke-dataset": stoke_dataset, "stoke-load-fn": stoke_load_fn, "ray": ray_data}[what]
     records, seconds, rate = run(*args)
     name = what if what != "stoke-load-fn" else f"stoke-load-fn-{args[2]}" + "".join(f"-{a}" for a in args[3:])
+    # The same contender on another build (bench/images.sh's stoke-dataset-dev).
+    name = os.environ.get("BENCH_NAME", name)
+    if what == "stoke-dataset":
+        import stoke
+
+        print(f"stoke package: {os.path.dirname(stoke.__file__)}", file=sys.stderr)
     print(f"result contender={name} records={records} seconds={seconds:.3f} steady={rate or 0:.1f}")
 
 

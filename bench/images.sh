@@ -3,7 +3,8 @@
 # transformed per record, then a small CNN, by four contenders side by
 # side in one run (see bench/images.py):
 #   (a) loop            DataLoader(batch_size=64, num_workers=2) -> model -> torch.save
-#   (b) stoke-dataset   torch_batch_process(..., dataset, dataloader_kwargs={"num_workers": 2}), in process
+#   (b) stoke-dataset   torch_batch_process(..., dataset, dataloader_kwargs={"num_workers": 2}), in process,
+#                       on the release wheel; stoke-dataset-dev the same on the dev wheel
 #   (c) stoke-load-fn-2 stoke over the PNG files, load_fn on 2 load processes, `run --local 1`,
 #                       the model on batch.collated (the load process's batch, no copy)
 #       stoke-load-fn-2-stack  the same with Graphbook's step as written: torch.stack(batch.samples)
@@ -38,20 +39,30 @@ mkdir -p "$DIR"
 
 # (c) runs the `stoke` command: the release build, as users run it (the
 # other benchmarks in bench/run.sh use release builds too). (b) runs
-# through the stoke Python package the venv has (scripts/python-package.sh).
-echo "building stoke (release)" >&2
-cargo build --release -q -p stoke-cli -p stoke-worker
-export PATH="$CARGO_TARGET_DIR/release:$PATH"
-scripts/python-package.sh
+# through the stoke Python package: the release wheel, installed in the
+# venv as the docs tell users to (scripts/python-package.sh --release), and
+# beside it, as stoke-dataset-dev, the dev wheel the tests use, unpacked
+# into a folder of its own that goes first on PYTHONPATH for its runs.
+CONTENDERS="${BENCH_CONTENDERS:-stoke-dataset stoke-dataset-dev stoke-load-fn-2 stoke-load-fn-2-stack stoke-load-fn-1 ray}"
+wanted() { [[ " $CONTENDERS " == *" $1 "* ]]; }
+
+if [[ " $CONTENDERS " == *" stoke-load-fn"* ]]; then
+  echo "building stoke (release)" >&2
+  cargo build --release -q -p stoke-cli -p stoke-worker
+  export PATH="$CARGO_TARGET_DIR/release:$PATH"
+fi
+release_wheel="$(scripts/python-package.sh --release --wheel)"
+dev_wheel="$(scripts/python-package.sh --no-install --wheel)"
+DEV_PKG="$DIR/pkg-dev"
+rm -rf "$DEV_PKG"
+pip install --disable-pip-version-check -q --no-deps --target "$DEV_PKG" "$dev_wheel"
+echo "builds: stoke-dataset on $(basename "$release_wheel") (release); stoke-dataset-dev on the dev profile's $(basename "$dev_wheel")" | tee -a "$RESULTS"
 
 if [ ! -f "$DATA/.done" ]; then
   rm -rf "$DATA"
   python bench/images.py data "$DATA" "$COUNT"
   touch "$DATA/.done"
 fi
-
-CONTENDERS="${BENCH_CONTENDERS:-stoke-dataset stoke-load-fn-2 stoke-load-fn-2-stack stoke-load-fn-1 ray}"
-wanted() { [[ " $CONTENDERS " == *" $1 "* ]]; }
 
 ray_python=""
 if [ "${BENCH_RAY:-1}" != 0 ] && wanted ray; then
@@ -89,6 +100,8 @@ for round in $(seq 1 "$ROUNDS"); do
   echo "round $round of $ROUNDS" >&2
   run loop python bench/images.py loop "$DATA" "$DIR/work/loop/out"
   run_if stoke-dataset python bench/images.py stoke-dataset "$DATA" "$DIR/work/stoke-dataset/root"
+  run_if stoke-dataset-dev env PYTHONPATH="$DEV_PKG" BENCH_NAME=stoke-dataset-dev \
+    python bench/images.py stoke-dataset "$DATA" "$DIR/work/stoke-dataset-dev/root"
   run_if stoke-load-fn-2 python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-2/root" 2
   run_if stoke-load-fn-2-stack python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-2-stack/root" 2 stack
   run_if stoke-load-fn-1 python bench/images.py stoke-load-fn "$DATA" "$DIR/work/stoke-load-fn-1/root" 1
@@ -106,7 +119,7 @@ for line in open(sys.argv[1]):
         wall.setdefault(m[1], []).append(int(m[2]) / float(m[4]))
         if float(m[3]) > 0:
             steady.setdefault(m[1], []).append(float(m[3]))
-names = ["loop", "stoke-dataset", "stoke-load-fn-2", "stoke-load-fn-2-stack", "stoke-load-fn-1", "ray"]
+names = ["loop", "stoke-dataset", "stoke-dataset-dev", "stoke-load-fn-2", "stoke-load-fn-2-stack", "stoke-load-fn-1", "ray"]
 for title, runs in (("whole command (records / wall time, start-up included)", wall),
                     ("steady state (records/s from the first output part to the last)", steady)):
     rate = {k: statistics.median(v) for k, v in runs.items()}

@@ -68,7 +68,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
  && cp "target/$host/release/stoke-worker" "target/$host/release/stoke" "target/$host/release/stoke-embedded" /out/ \
  && test -f "$STOKE_VENV/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so" \
  && readelf -d /out/stoke-worker | grep -q "R.*PATH.*$STOKE_VENV/lib/python3.11/site-packages/torch/lib" \
- && maturin build --release --locked -m python/Cargo.toml --interpreter "$STOKE_VENV/bin/python" --out /out/wheels \
+ && maturin build --release --locked -m python/Cargo.toml --interpreter "$STOKE_VENV/bin/python" \
+      --compatibility manylinux_2_34 --auditwheel skip --out /out/wheels \
  && "$STOKE_VENV/bin/pip" install --no-cache-dir --no-deps /out/wheels/stoke-*.whl \
  && "$STOKE_VENV/bin/pip" uninstall -y maturin
 
