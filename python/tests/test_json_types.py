@@ -8,6 +8,7 @@ spec, local worker processes, and ``Client``-submitted jobs."""
 import json
 import pathlib
 import random
+import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -16,6 +17,8 @@ import torch
 import stoke
 
 PROCESSORS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"
+# The processor's module, for the in-process runs.
+sys.path.insert(0, str(PROCESSORS))
 RECORDS = 240
 # The first lines' user ids look like numbers; the last 40 are not.
 NUMERIC_IDS = 200
@@ -118,6 +121,14 @@ def test_the_id_column_trap_is_fixed_by_string(data, tmp_path):
     rows = outputs(fixed)
     assert rows["r000"]["user_id"] == "100000"
     assert rows["r239"]["user_id"] == "u239x"
+    # A value that does not fit its stated type is a bad record, named.
+    stated = run(data, tmp_path, "stated", spec=spec(data, types={"user_id": "int64"}, policy="skip"))
+    assert stated["records_skipped"] == RECORDS - NUMERIC_IDS
+    errors = [json.loads(line) for e in json.loads((tmp_path / "root" / "jobs" / "stated" / "manifest.json")
+                                                   .read_text())["errors"]
+              for line in pathlib.Path(e["uri"].removeprefix("file://")).read_text().splitlines()]
+    assert len(errors) == RECORDS - NUMERIC_IDS
+    assert all("stated in [dataset.types]" in e["reason"] for e in errors), errors[0]
 
 
 @pytest.mark.parametrize("types,message", [
