@@ -26,6 +26,7 @@ pub mod cuda;
 pub mod error;
 pub mod fatal;
 pub mod link;
+pub mod llm;
 pub mod model_format;
 mod pipeline;
 pub mod processor;
