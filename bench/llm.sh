@@ -10,7 +10,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
 cd "$STOKE_REPO"
 llm_python="$(scripts/llm-venv.sh)"
 "$llm_python" scripts/llm_fixture.py "$STOKE_CACHE/llm-fixture" >/dev/null
-cargo build -q --bins
+cargo build -q --workspace --bins
 python bench/llm.py --llm-python "$llm_python" --model "$STOKE_CACHE/llm-fixture/model" \
   --stoke "$STOKE_BIN_DIR/stoke" --reference scripts/llm_reference.py \
   --work "$STOKE_CACHE/bench/llm" --prompts "${1:-5000}" --runs "${2:-1}"

@@ -550,3 +550,122 @@ fn sigterm_then_resume_and_embeddings_equal_vllms() {
     }
     assert_eq!(seen.len(), emb_rows.len());
 }
+
+/// Mistakes are said once, with the engine's own words, never retried
+/// shard after shard: a folder that is not a Hugging Face model, a python
+/// without vLLM, engine arguments vLLM rejects.
+#[test]
+fn mistakes_fail_the_job_once_with_the_engines_own_message() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rows = prompts(48);
+    let data = tmp.path().join("prompts.jsonl");
+    write_jsonl(&data, &rows);
+    let not_a_model = tmp.path().join("not-a-model");
+    std::fs::create_dir_all(&not_a_model).expect("folder");
+    let good = llm_spec("mistake", &data, "generate", "");
+    let cases = [
+        (
+            "folder",
+            good.replace(
+                &format!("model = \"{}\"", model_dir().display()),
+                &format!("model = \"{}\"", not_a_model.display()),
+            ),
+            "not a Hugging Face model folder (it has no config.json)".to_string(),
+        ),
+        (
+            "novllm",
+            good.replace(
+                &format!("python = \"{}\"", llm_python().display()),
+                &format!("python = \"{}\"", python().display()),
+            ),
+            "No module named 'vllm'".to_string(),
+        ),
+        (
+            "args",
+            good.replace("seed = 0 }", "seed = 0, bogus_engine_arg = 1 }"),
+            "bogus_engine_arg".to_string(),
+        ),
+    ];
+    for (name, spec_text, want) in cases {
+        assert_ne!(spec_text, good, "case {name} changed nothing");
+        let spec = tmp.path().join(format!("{name}.toml"));
+        std::fs::write(&spec, spec_text).expect("spec");
+        let root = tmp.path().join(name);
+        let mut cmd = Command::new(bin("stoke"));
+        cmd.args(["run"])
+            .arg(&spec)
+            .args(["--local", "1", "--device", "cpu", "--root"])
+            .arg(&root)
+            .args(["--job-id", name]);
+        let out = output_within(cmd, DEADLINE);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(!out.status.success(), "{name}: {stdout}\n{stderr}");
+        let status: serde_json::Value = read_json(&root.join(format!("jobs/{name}/status.json")));
+        assert_eq!(status["state"], "failed", "{name}: {status}");
+        let reason = status["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains(&want), "{name}: {reason}");
+        // Said once: at most the first attempt of each shard (the job
+        // fails once two agree), never a shard retried.
+        let attempts: Vec<u32> = (0..16)
+            .filter_map(|i| progress(&root, name, &format!("s{i:05}")))
+            .map(|p| p.failed_attempts)
+            .collect();
+        assert!(
+            attempts.len() >= 2 && attempts.iter().all(|n| *n <= 1),
+            "{name}: failed attempts per shard {attempts:?}"
+        );
+    }
+}
+
+/// An engine that hangs on a prompt: past `[errors] batch_timeout` the
+/// worker ends itself, its engine with it (`stoke run --local` restarts
+/// both), and the hung batch is a crash like any other, isolated down to
+/// the prompt.
+#[test]
+fn an_engine_that_hangs_past_batch_timeout_is_killed_and_its_prompt_isolated() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut rows = prompts(6);
+    rows[3].1 = format!("{} STALL here", rows[3].1);
+    let data = tmp.path().join("prompts.jsonl");
+    write_jsonl(&data, &rows);
+    let spec = tmp.path().join("hang.toml");
+    std::fs::write(
+        &spec,
+        llm_spec(
+            "hang",
+            &data,
+            "generate",
+            "[errors]\npolicy = \"skip\"\ncrash_threshold = 1\nbatch_timeout = \"15s\"\n",
+        )
+        .replace("batch_size = 4", "batch_size = 2")
+        .replace("bytes = \"1KiB\"", "bytes = \"64KiB\""),
+    )
+    .expect("spec");
+    let root = tmp.path().join("root");
+    let mut cmd = Command::new(bin("stoke"));
+    cmd.args(["run"])
+        .arg(&spec)
+        .args(["--local", "1", "--device", "cpu", "--root"])
+        .arg(&root)
+        .args(["--job-id", "hang"])
+        .env("STOKE_LLM_FAULT_HANG_ON", "STALL");
+    let out = output_within(cmd, DEADLINE);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let got = completions(&root, "hang");
+    let want: BTreeSet<String> = rows
+        .iter()
+        .map(|r| r.0.clone())
+        .filter(|id| id != "p-003")
+        .collect();
+    assert_eq!(got.keys().cloned().collect::<BTreeSet<_>>(), want);
+    let listed = skipped(&root, "hang");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].0, "p-003");
+    assert!(
+        listed[0]
+            .1
+            .ends_with("ran past errors.batch_timeout (15s) while processing this record alone"),
+        "{listed:?}"
+    );
+}
