@@ -424,7 +424,7 @@ impl TorchBatchProcessor for LlmProcessor {
             .into());
         }
         let (stores, runtime) = ctx.stores_and_runtime();
-        let model_dir = model::local_model(&params.model, &stores, &runtime)?;
+        let model_dir = model::local_model(&params.model, &stores, &runtime, &cache_root())?;
         engine::check_model_dir(&model_dir)?;
         let device = ctx.device();
         let cuda_device = match device {

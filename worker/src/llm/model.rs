@@ -10,13 +10,15 @@ use sha2::{Digest, Sha256};
 use stoke_store::{StoreUri, Stores};
 use tracing::info;
 
-use super::{LlmError, cache_root};
+use super::LlmError;
 
-/// The local folder of `model` (a path or a store URI), fetched if needed.
+/// The local folder of `model` (a path or a store URI), fetched if needed
+/// into `cache` (`~/.cache/stoke`).
 pub(super) fn local_model(
     model: &str,
     stores: &Stores,
     runtime: &tokio::runtime::Handle,
+    cache: &Path,
 ) -> Result<PathBuf, LlmError> {
     if !model.contains("://") {
         return Ok(PathBuf::from(model));
@@ -28,13 +30,14 @@ pub(super) fn local_model(
     if let Some(path) = uri.local_path() {
         return Ok(path);
     }
-    fetch(&uri, stores, runtime)
+    fetch(&uri, stores, runtime, cache)
 }
 
 fn fetch(
     uri: &StoreUri,
     stores: &Stores,
     runtime: &tokio::runtime::Handle,
+    cache: &Path,
 ) -> Result<PathBuf, LlmError> {
     let fail = |message: String| LlmError::Model {
         model: uri.to_string(),
@@ -60,7 +63,7 @@ fn fetch(
     if files.is_empty() {
         return Err(fail("no objects under it".into()));
     }
-    let models = cache_root().join("models");
+    let models = cache.join("models");
     let mut by_listing = Sha256::new();
     by_listing.update(base.as_bytes());
     for (rel, l) in &files {
@@ -113,4 +116,70 @@ fn fetch(
     std::fs::write(&pointer, &hash).map_err(|e| io("writing", &pointer, e))?;
     info!(model = %uri, dir = %dir.display(), files = files.len(), "model fetched");
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(stores: &Stores, rt: &tokio::runtime::Runtime, uri: &str, bytes: &str) {
+        let uri = StoreUri::parse(uri).expect("uri");
+        rt.block_on(stores.put(&uri, bytes::Bytes::from(bytes.to_string())))
+            .expect("put");
+    }
+
+    #[test]
+    fn a_model_in_a_store_is_fetched_once_by_its_content() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let stores = Stores::new();
+        let cache = tempfile::tempdir().expect("tempdir");
+        put(&stores, &rt, "memory:///models/tiny/config.json", "{}");
+        put(
+            &stores,
+            &rt,
+            "memory:///models/tiny/sub/tokenizer.json",
+            "tok",
+        );
+        let model = "memory:///models/tiny/";
+        let dir = local_model(model, &stores, rt.handle(), cache.path()).expect("fetched");
+        assert!(dir.starts_with(cache.path().join("models")));
+        assert_eq!(
+            std::fs::read_to_string(dir.join("config.json"))
+                .ok()
+                .as_deref(),
+            Some("{}")
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("sub/tokenizer.json"))
+                .ok()
+                .as_deref(),
+            Some("tok")
+        );
+        // Found again by its listing, without fetching: a file changed in
+        // the cache stays changed.
+        std::fs::write(dir.join("config.json"), "{\"kept\": 1}").expect("write");
+        let again = local_model(model, &stores, rt.handle(), cache.path()).expect("again");
+        assert_eq!(again, dir);
+        assert!(
+            std::fs::read_to_string(again.join("config.json")).is_ok_and(|s| s.contains("kept"))
+        );
+        // Another content is another folder.
+        put(
+            &stores,
+            &rt,
+            "memory:///models/tiny/config.json",
+            "{\"v\": 2}",
+        );
+        let changed = local_model(model, &stores, rt.handle(), cache.path()).expect("changed");
+        assert_ne!(changed, dir);
+        // A local path is used as it is.
+        let local =
+            local_model("/opt/models/m", &stores, rt.handle(), cache.path()).expect("local");
+        assert_eq!(local, PathBuf::from("/opt/models/m"));
+        let missing = local_model("memory:///models/none/", &stores, rt.handle(), cache.path());
+        assert!(matches!(missing, Err(LlmError::Model { .. })));
+    }
 }
