@@ -5,8 +5,9 @@ python.
 
 Usage: llm_reference.py MODEL_DIR PROMPTS_JSONL OUT_JSON TASK MAX_TOKENS ENGINE_ARGS_JSON
 
-PROMPTS_JSONL: lines {"id": ..., "prompt": ...}. Writes OUT_JSON:
-  generate: {id: {"text", "prompt_tokens", "completion_tokens", "finish_reason"}}
+PROMPTS_JSONL: lines {"id": ..., "prompt": ...} ({"id", "messages"} for
+TASK chat: LLM.chat, the model's chat template). Writes OUT_JSON:
+  generate, chat: {id: {"text", "prompt_tokens", "completion_tokens", "finish_reason"}}
   embed:    {id: {"embedding": [...]}}
 plus "_meta": {"seconds": time in generate/embed, "tokens": completion tokens}.
 Greedy decoding (temperature 0).
@@ -34,7 +35,7 @@ def main():
         args.setdefault("runner", "pooling")
         args.setdefault("convert", "embed")
     llm = LLM(model=model, **args)
-    prompts = [r["prompt"] for r in rows]
+    prompts = [r.get("prompt") for r in rows]
     out = {}
     started = time.perf_counter()
     if task == "embed":
@@ -45,7 +46,10 @@ def main():
         tokens = 0
     else:
         params = SamplingParams(temperature=0.0, max_tokens=int(max_tokens))
-        results = llm.generate(prompts, params, use_tqdm=False)
+        if task == "chat":
+            results = llm.chat([r["messages"] for r in rows], params, use_tqdm=False)
+        else:
+            results = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - started
         tokens = 0
         for r, res in zip(rows, results):

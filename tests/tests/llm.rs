@@ -138,6 +138,20 @@ fn write_jsonl(path: &Path, rows: &[(String, String)]) {
 /// vLLM's offline answers for `rows` (cached by their content and the
 /// settings: computing them costs an engine start).
 fn reference(rows: &[(String, String)], task: &str) -> BTreeMap<String, serde_json::Value> {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let prompts = tmp.path().join("prompts.jsonl");
+    write_jsonl(&prompts, rows);
+    reference_of(rows, task, &prompts)
+}
+
+/// vLLM's offline answers for the records of `data` (a JSON Lines file the
+/// reference script reads), cached by `rows` (their ids and what they ask)
+/// and the settings.
+fn reference_of(
+    rows: &[(String, String)],
+    task: &str,
+    data: &Path,
+) -> BTreeMap<String, serde_json::Value> {
     let mut key = String::new();
     for (id, p) in rows {
         key.push_str(&format!("{id}\0{p}\n"));
@@ -155,13 +169,10 @@ fn reference(rows: &[(String, String)], task: &str) -> BTreeMap<String, serde_js
         .join(format!("reference-{}.json", &hash[..16]));
     let lock = lock_file("llm-reference");
     if !path.is_file() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let prompts = tmp.path().join("prompts.jsonl");
-        write_jsonl(&prompts, rows);
         let mut cmd = Command::new(llm_python());
         cmd.arg(repo_root().join("scripts/llm_reference.py"))
             .arg(model_dir())
-            .arg(&prompts)
+            .arg(data)
             .arg(&path)
             .arg(task)
             .arg(MAX_TOKENS.to_string())
@@ -549,6 +560,65 @@ fn sigterm_then_resume_and_embeddings_equal_vllms() {
         }
     }
     assert_eq!(seen.len(), emb_rows.len());
+}
+
+/// `messages_column`: chat messages (JSON Lines lists of `{role,
+/// content}`, read as Arrow lists of structs) through the model's chat
+/// template, equal to vLLM's offline `LLM.chat`.
+#[test]
+fn chat_messages_equal_vllm_offline_chat() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rows = prompts(10);
+    let mut key_rows = Vec::new();
+    let mut lines = String::new();
+    for (i, (id, prompt)) in rows.iter().enumerate() {
+        let mut messages = vec![serde_json::json!({"role": "user", "content": prompt})];
+        if i % 2 == 0 {
+            messages.insert(
+                0,
+                serde_json::json!({"role": "system", "content": "answer in one word"}),
+            );
+        }
+        let messages = serde_json::Value::Array(messages);
+        key_rows.push((id.clone(), messages.to_string()));
+        lines.push_str(&serde_json::json!({"id": id, "messages": messages}).to_string());
+        lines.push('\n');
+    }
+    let data = tmp.path().join("chat.jsonl");
+    std::fs::write(&data, &lines).expect("data");
+    let want = reference_of(&key_rows, "chat", &data);
+    let spec = tmp.path().join("chat.toml");
+    std::fs::write(
+        &spec,
+        llm_spec("chat", &data, "generate", "")
+            .replace(
+                "prompt_column = \"prompt\"",
+                "messages_column = \"messages\"",
+            )
+            .replace("bytes = \"1KiB\"", "bytes = \"64KiB\""),
+    )
+    .expect("spec");
+    let root = tmp.path().join("root");
+    let mut cmd = Command::new(bin("stoke"));
+    cmd.args(["run"])
+        .arg(&spec)
+        .args(["--local", "1", "--device", "cpu", "--root"])
+        .arg(&root)
+        .args(["--job-id", "chat"]);
+    let out = output_within(cmd, DEADLINE);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let got = completions(&root, "chat");
+    let got_ids: BTreeSet<&String> = got.keys().collect();
+    let want_ids: BTreeSet<&String> = want.keys().collect();
+    assert_eq!(got_ids, want_ids);
+    for (id, row) in &got {
+        assert_eq!(row, &want[id], "record {id}: stoke vs vLLM's LLM.chat");
+    }
 }
 
 /// Mistakes are said once, with the engine's own words, never retried
