@@ -53,5 +53,11 @@ echo "== cargo test"
 # The stoke Python package (maturin), installed into the venv; rebuilt only
 # when its sources change (cached in ~/.cache/stoke/wheels).
 "$STOKE_REPO/scripts/python-package.sh"
+# The LLM lane's engine venv (vLLM, its own torch pins kept out of the
+# stoke venv) and its tiny random-weight model (cached in ~/.cache/stoke):
+# tests/tests/llm.rs runs real vLLM engines with them.
+STOKE_LLM_PYTHON="$("$STOKE_REPO/scripts/llm-venv.sh")"
+export STOKE_LLM_PYTHON
+"$STOKE_LLM_PYTHON" "$STOKE_REPO/scripts/llm_fixture.py" "$STOKE_CACHE/llm-fixture" >/dev/null
 cargo build -q --workspace --bins
 cargo test --workspace --no-fail-fast 2>&1 | tee "$STOKE_CACHE/last-test.log"

@@ -326,6 +326,7 @@ async fn a_failed_attempt_is_stored_before_its_shard_moves() {
             key: held.key(),
             error: Some("boom".to_string()),
             transient: false,
+            crashed: false,
         },
         Instant::now(),
     );

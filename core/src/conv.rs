@@ -761,6 +761,7 @@ impl From<Release> for pb::ReleaseRequest {
             token: r.key.token,
             error: r.error.unwrap_or_default(),
             transient: r.transient,
+            crashed: r.crashed,
         }
     }
 }
@@ -780,6 +781,7 @@ impl TryFrom<pb::ReleaseRequest> for Release {
             },
             error: non_empty(r.error),
             transient: r.transient,
+            crashed: r.crashed,
         })
     }
 }

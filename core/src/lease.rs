@@ -192,6 +192,10 @@ pub struct Release {
     /// The attempt failed on the infrastructure (the store), not on the
     /// data: retried without using up one of the job's attempts.
     pub transient: bool,
+    /// The attempt crashed on the batch it last reported, and its worker
+    /// lives on (an LLM engine, its child, died): a crash of that batch,
+    /// with `error` as the last words.
+    pub crashed: bool,
 }
 
 /// What a worker sends on its session every heartbeat interval.

@@ -45,15 +45,21 @@ pub use error::{ConvError, SpecError};
 pub const PROTOCOL_VERSION: u32 = 3;
 
 /// `STOKE_*` variables that the project's own scripts export (cache and
-/// venv locations), and `STOKE_DEBUG` (errors in full, see
-/// [`logging::DEBUG_VAR`]), not configuration: the binaries' check for
-/// unknown variables passes them over.
-pub const TOOLING_ENV_VARS: [&str; 5] = [
+/// venv locations), `STOKE_DEBUG` (errors in full, see
+/// [`logging::DEBUG_VAR`]), the LLM engine's python (read by the `llm`
+/// processor, see [`spec::llm::LLM_PYTHON_ENV`]) and the engine host's
+/// fault points for tests, not flags: the binaries' check for unknown
+/// variables passes them over.
+pub const TOOLING_ENV_VARS: [&str; 9] = [
     "STOKE_CACHE",
     "STOKE_VENV",
     "STOKE_BIN_DIR",
     "STOKE_REPO",
     logging::DEBUG_VAR,
+    spec::llm::LLM_PYTHON_ENV,
+    "STOKE_LLM_VENV",
+    "STOKE_LLM_FAULT_ABORT_ON",
+    "STOKE_LLM_FAULT_HANG_ON",
 ];
 
 /// `STOKE_*` variables in the environment that a binary does not read,

@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::SpecError;
 use stoke_store::StoreUri;
 
+pub mod llm;
+
 /// A whole job: dataset, processor, batching, checkpoints, outputs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -51,6 +53,9 @@ pub struct JobSpec {
     /// when left out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
+    /// The LLM engine of `processor.name = "llm"` (see [`llm`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<llm::LlmSpec>,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -702,6 +707,12 @@ impl JobSpec {
             .and_then(|p| p.get_mut("params"))
             .and_then(|p| p.as_object_mut())
         {
+            if name == llm::LLM_PROCESSOR
+                && let Some(serde_json::Value::String(s)) = params.get_mut("model")
+            {
+                *s = StoreUri::resolve_path_or_uri(s, base)
+                    .map_err(|message| SpecError::invalid("processor.params.model", message))?;
+            }
             for key in uri_params_of(&name) {
                 if let Some(serde_json::Value::String(s)) = params.get_mut(*key) {
                     *s = StoreUri::resolve_path_or_uri(s, base).map_err(|message| {
@@ -769,6 +780,7 @@ impl JobSpec {
         }
         self.validate_dataset()?;
         self.validate_processor()?;
+        self.validate_llm()?;
         if let Some(threads) = self.processor.threads
             && (threads == 0 || threads > MAX_THREADS)
         {
@@ -986,6 +998,46 @@ impl JobSpec {
                     ));
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// `name = "llm"` and the `[llm]` table: each only with the other's
+    /// processor, their keys checked (see [`llm`]).
+    fn validate_llm(&self) -> Result<(), SpecError> {
+        let is_llm = self.processor.python.is_none() && self.processor.name == llm::LLM_PROCESSOR;
+        if !is_llm {
+            if self.llm.is_some() {
+                return Err(SpecError::invalid(
+                    "llm",
+                    format!(
+                        "only for the LLM processor (`[processor] name = \"{}\"`)",
+                        llm::LLM_PROCESSOR
+                    ),
+                ));
+            }
+            return Ok(());
+        }
+        let params = llm::LlmParams::from_params(&self.processor.params)?;
+        if let Some(spec) = &self.llm {
+            spec.validate()?;
+        }
+        let column = params.input_column();
+        if let Some(cols) = &self.dataset.columns
+            && !cols.iter().any(|c| c == column)
+        {
+            let key = if params.prompt_column.is_some() {
+                "prompt_column"
+            } else {
+                "messages_column"
+            };
+            return Err(SpecError::invalid(
+                format!("processor.params.{key}"),
+                format!(
+                    "{column:?} is not among dataset.columns ({})",
+                    cols.join(", ")
+                ),
+            ));
         }
         Ok(())
     }

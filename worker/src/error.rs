@@ -59,6 +59,15 @@ pub enum WorkerError {
     Device(String),
     #[error("the processor thread stopped unexpectedly")]
     ProcessorThread,
+    /// A batch crashed something the worker survives (its LLM engine, a
+    /// child process, died with the batch's prompts in flight): the lease
+    /// goes back as a crash of that batch, said with these words.
+    #[error("batch {batch_idx} of shard {shard} crashed: {words}")]
+    BatchCrashed {
+        shard: String,
+        batch_idx: u64,
+        words: String,
+    },
 }
 
 impl WorkerError {

@@ -27,6 +27,7 @@ pub mod error;
 pub mod fatal;
 pub mod lineage;
 pub mod link;
+pub mod llm;
 pub mod model_format;
 mod pipeline;
 pub mod processor;

@@ -445,6 +445,12 @@ impl<L: CoordinatorLink> Worker<L> {
                 warn!(job = %key.job_id, shard = %key.shard_id, token = key.token, "attempt dropped (lease revoked or commit refused)");
                 None
             }
+            Ok(ShardOutcome::Failed(WorkerError::BatchCrashed {
+                batch_idx, words, ..
+            })) => {
+                warn!(job = %key.job_id, shard = %key.shard_id, token = key.token, batch = batch_idx, %words, "batch crashed; giving the lease back as a crash");
+                Some(ReleaseOutcome::Crashed { words })
+            }
             Ok(ShardOutcome::Failed(e)) | Err(e) => {
                 if matches!(&e, WorkerError::Link(l) if l.kind == LinkErrorKind::Refused) {
                     warn!(job = %key.job_id, shard = %key.shard_id, error = %e, "commit refused; attempt dropped");
@@ -496,15 +502,17 @@ impl<L: CoordinatorLink> Worker<L> {
                 return;
             }
         };
-        let (error, transient) = match outcome {
-            ReleaseOutcome::Checkpointed => (None, false),
-            ReleaseOutcome::Failed { message, transient } => (Some(message), transient),
+        let (error, transient, crashed) = match outcome {
+            ReleaseOutcome::Checkpointed => (None, false, false),
+            ReleaseOutcome::Failed { message, transient } => (Some(message), transient, false),
+            ReleaseOutcome::Crashed { words } => (Some(words), false, true),
         };
         let release = Release {
             session_id,
             key: key.clone(),
             error,
             transient,
+            crashed,
         };
         if let Err(e) = self.link.release(release).await {
             warn!(error = %e, "release failed; the lease will time out instead");
@@ -519,6 +527,9 @@ enum ReleaseOutcome {
     /// It failed: the error, and whether the infrastructure (the store)
     /// rather than the data caused it.
     Failed { message: String, transient: bool },
+    /// Its batch crashed something the worker survived (an LLM engine):
+    /// a crash of the batch it reported, with these last words.
+    Crashed { words: String },
 }
 
 /// What asking for work gave.

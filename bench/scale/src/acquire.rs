@@ -110,6 +110,7 @@ pub async fn run(options: &Options) -> anyhow::Result<AcquireReport> {
                     key: lease.key(),
                     error: None,
                     transient: false,
+                    crashed: false,
                 })
                 .await?;
             *lease = leased(state.acquire(session_id)?)?;

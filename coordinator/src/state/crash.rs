@@ -42,6 +42,9 @@ pub(super) enum Death {
     SessionEnded,
     /// It stopped renewing the lease.
     LeaseExpired,
+    /// It lives on, and gave the lease back saying its batch crashed (its
+    /// LLM engine, a child process, died).
+    Reported,
 }
 
 impl Death {
@@ -50,6 +53,7 @@ impl Death {
         match self {
             Death::SessionEnded => "worker process died (its connection closed)",
             Death::LeaseExpired => "worker stopped renewing its lease (hung or cut off)",
+            Death::Reported => "the worker reported a crash of its batch",
         }
     }
 }
@@ -256,6 +260,42 @@ impl State {
         };
         self.start_io(Io::Puts(puts), Then::Crashed(Box::new(crashed)));
         true
+    }
+
+    /// A lease given back by a worker whose batch crashed while the
+    /// worker lives on (a [`Release`] with `crashed`): judged as if the
+    /// worker had died processing the batch it last reported, with the
+    /// release's error as its last words. Without a batch in progress it
+    /// is a clean release.
+    ///
+    /// [`Release`]: stoke_core::lease::Release
+    pub(super) fn crash_released(
+        &mut self,
+        req: super::ReqId,
+        release: &stoke_core::lease::Release,
+        idx: usize,
+        now: Instant,
+    ) -> crate::error::Result<()> {
+        let key = &release.key;
+        if let Some(session) = self.sessions.get_mut(&release.session_id) {
+            session.leases.remove(&(key.job_id.clone(), idx));
+        }
+        let worker = self.worker_of(&release.session_id);
+        let job = self.job_mut(&key.job_id)?;
+        if let Some(mut lease) = job.take_lease(idx) {
+            if let Some(words) = &release.error {
+                lease.last_words = Some(words.clone());
+            }
+            if !self.lease_lost(&key.job_id, idx, &lease, &worker, Death::Reported, now) {
+                let job = self.job_mut(&key.job_id)?;
+                if job.state == JobState::Running {
+                    job.pending.push_front(idx);
+                    self.wake(1);
+                }
+            }
+        }
+        self.reply(Some(req), super::Answer::Done(Ok(())));
+        Ok(())
     }
 
     /// A crash's progress record is stored (or not): apply it, requeue

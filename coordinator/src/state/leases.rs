@@ -138,6 +138,9 @@ impl State {
             self.reply(Some(req), Answer::Done(Ok(())));
             return Ok(());
         }
+        if release.crashed {
+            return self.crash_released(req, &release, idx, now);
+        }
         let mut progress = (*job.shards[idx].progress).clone();
         let worker = self.worker_of(&release.session_id);
         let Some(error) = release.error.clone() else {

@@ -165,6 +165,7 @@ pub fn release(session_id: &str, lease: &Lease, error: Option<&str>) -> Release 
         key: lease.key(),
         error: error.map(str::to_string),
         transient: false,
+        crashed: false,
     }
 }
 

@@ -443,3 +443,124 @@ fn a_delta_output_defaults_to_one_commit_at_the_end_and_commit_is_delta_only() {
     let e = err(&delta("format = \"delta\"\ncommit = \"sometimes\""));
     assert!(e.contains("sometimes"), "{e}");
 }
+
+const LLM: &str = r#"
+[dataset]
+format = "jsonl"
+uri = "file:///data/prompts/"
+id_column = "id"
+[processor]
+name = "llm"
+[processor.params]
+model = "file:///models/tiny/"
+task = "generate"
+prompt_column = "prompt"
+max_tokens = 64
+temperature = 0.0
+seed = 7
+[llm]
+python = "/opt/vllm/bin/python"
+engine_args = { max_model_len = 4096, gpu_memory_utilization = 0.9 }
+in_flight = 512
+group_by_prefix = true
+"#;
+
+#[test]
+fn an_llm_spec_parses_with_its_engine_table() {
+    let spec = JobSpec::from_toml(LLM).expect("valid spec");
+    let llm = spec.llm.clone().expect("[llm]");
+    assert_eq!(llm.in_flight, 512);
+    assert!(llm.group_by_prefix);
+    assert_eq!(
+        llm.engine_args.get("max_model_len"),
+        Some(&serde_json::json!(4096))
+    );
+    let params = llm::LlmParams::from_params(&spec.processor.params).expect("params");
+    assert_eq!(params.task, llm::LlmTask::Generate);
+    assert_eq!(params.max_tokens, 64);
+    assert_eq!(params.input_column(), "prompt");
+    // Through the JSON a coordinator stores and sends to workers.
+    assert_eq!(JobSpec::from_json(&spec.to_json()).expect("json"), spec);
+}
+
+#[test]
+fn llm_mistakes_are_refused_naming_the_key() {
+    let cases = [
+        (
+            LLM.replace("task = \"generate\"", "task = \"chat\""),
+            "processor.params.task: unknown variant `chat`",
+        ),
+        (
+            LLM.replace("max_tokens = 64", "max_tokens = \"many\""),
+            "processor.params.max_tokens: invalid type",
+        ),
+        (
+            LLM.replace("max_tokens = 64", "max_token = 64"),
+            "processor.params.max_token: unknown field `max_token`",
+        ),
+        (
+            LLM.replace("prompt_column = \"prompt\"\n", ""),
+            "processor.params.prompt_column: missing",
+        ),
+        (
+            LLM.replace(
+                "prompt_column = \"prompt\"",
+                "prompt_column = \"prompt\"\nmessages_column = \"m\"",
+            ),
+            "processor.params.messages_column: give either",
+        ),
+        (
+            LLM.replace("in_flight = 512", "in_flight = 0"),
+            "llm.in_flight: must be between 1",
+        ),
+        (
+            LLM.replace("in_flight = 512", "inflight = 512"),
+            "llm.inflight: unknown field `inflight`",
+        ),
+        (
+            LLM.replace("temperature = 0.0", "temperature = -1.0"),
+            "processor.params.temperature: must be 0",
+        ),
+        (
+            LLM.replace("gpu_memory_utilization = 0.9", "model = \"x\""),
+            "llm.engine_args.model: is set by stoke",
+        ),
+        (
+            LLM.replace(
+                "id_column = \"id\"",
+                "id_column = \"id\"\ncolumns = [\"id\", \"text\"]",
+            ),
+            "processor.params.prompt_column: \"prompt\" is not among dataset.columns",
+        ),
+        (
+            LLM.replace("task = \"generate\"", "task = \"embed\"")
+                .replace("prompt_column", "messages_column"),
+            "processor.params.messages_column: task \"embed\" takes plain text",
+        ),
+        (
+            GOOD.to_string() + "[llm]\nin_flight = 4\n",
+            "llm: only for the LLM processor",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = err(&text);
+        assert!(got.contains(want), "{got:?} should contain {want:?}");
+    }
+}
+
+#[test]
+fn an_llm_model_path_is_relative_to_the_spec_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = LLM.replace(
+        "model = \"file:///models/tiny/\"",
+        "model = \"models/tiny\"",
+    );
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, text).expect("write");
+    let spec = JobSpec::from_file(&path).expect("spec");
+    let model = spec.processor.params["model"].as_str().expect("model");
+    assert!(
+        model.starts_with("file://") && model.ends_with("/models/tiny"),
+        "{model}"
+    );
+}

@@ -392,6 +392,20 @@ impl ShardLoop<'_> {
         }
         if let Err(e) = processed {
             let message = processor_message(&e);
+            if let Some(crate::llm::LlmError::EngineDied { words }) = e.downcast_ref() {
+                // The LLM engine died with this batch's prompts in it: a
+                // crash of the batch, said with the engine's last words.
+                // The worker lives on: it gives the lease back as crashed
+                // (the batch stays reported as current, so the coordinator
+                // blames it and isolates repeated deaths down to one
+                // prompt) and its next attempt starts a fresh engine.
+                self.control.set_last_words(words.clone());
+                return Err(WorkerError::BatchCrashed {
+                    shard: self.shard_id.clone(),
+                    batch_idx: idx,
+                    words: words.clone(),
+                });
+            }
             if self.crash_exits && is_sticky_device_error(&message) {
                 // Every later call on this device would fail: restart clean,
                 // and let the coordinator blame this batch.

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The LLM lane's benchmark: stoke `run --local 1` vs vLLM's offline
+# `LLM.generate`, 5,000 prompts on the tiny random-weight Llama (see
+# bench/llm.py). Sets up the engine venv and the model (cached in
+# ~/.cache/stoke), builds the binaries, prints the figures.
+#
+#   bench/llm.sh [PROMPTS] [RUNS]     # defaults 5000 1
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
+cd "$STOKE_REPO"
+llm_python="$(scripts/llm-venv.sh)"
+"$llm_python" scripts/llm_fixture.py "$STOKE_CACHE/llm-fixture" >/dev/null
+cargo build -q --workspace --bins
+python bench/llm.py --llm-python "$llm_python" --model "$STOKE_CACHE/llm-fixture/model" \
+  --stoke "$STOKE_BIN_DIR/stoke" --reference scripts/llm_reference.py \
+  --work "$STOKE_CACHE/bench/llm" --prompts "${1:-5000}" --runs "${2:-1}"

@@ -1,0 +1,741 @@
+//! The LLM lane with real processes: `stoke-worker`s (or `stoke run
+//! --local`) start a real vLLM engine (`scripts/llm-venv.sh`'s venv, the
+//! tiny random-weight Llama of `scripts/llm_fixture.py`) in its own
+//! process; completions are checked token for token (greedy) against
+//! vLLM's offline `LLM.generate` over the same prompts
+//! (`scripts/llm_reference.py`), through kill -9 of the engine and of the
+//! worker, SIGTERM and resume, a prompt that aborts the engine, and a
+//! prompt longer than the model takes.
+//!
+//! Each engine start costs 20-30 s on a small machine, so each test runs
+//! several checks on one job where it can.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Int64Type};
+use stoke_tests::*;
+
+/// Engine starts (20-30 s each, more on busy cores) and restarts.
+const DEADLINE: Duration = Duration::from_secs(420);
+const MAX_TOKENS: u64 = 24;
+/// The engine settings every test uses (vLLM's CPU backend: a small KV
+/// cache, float32).
+const ENGINE_ARGS_TOML: &str = "{ max_model_len = 256, dtype = \"float32\", gpu_memory_utilization = 0.05, kv_cache_memory_bytes = 134217728, seed = 0 }";
+const ENGINE_ARGS_JSON: &str = r#"{"max_model_len": 256, "dtype": "float32", "gpu_memory_utilization": 0.05, "kv_cache_memory_bytes": 134217728, "seed": 0}"#;
+
+/// The engine venv's python: `STOKE_LLM_PYTHON` (scripts/test.sh sets
+/// it), else the venv scripts/llm-venv.sh makes, set up if needed.
+fn llm_python() -> &'static Path {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    PY.get_or_init(|| {
+        if let Some(p) = std::env::var_os("STOKE_LLM_PYTHON").filter(|p| !p.is_empty()) {
+            return PathBuf::from(p);
+        }
+        let cmd = Command::new(repo_root().join("scripts/llm-venv.sh"));
+        let out = output_within(cmd, Duration::from_secs(900));
+        assert!(
+            out.status.success(),
+            "scripts/llm-venv.sh: {}",
+            text(&out.stderr)
+        );
+        PathBuf::from(text(&out.stdout).trim())
+    })
+}
+
+/// The tiny model's folder (built once per machine and script version).
+fn model_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out_dir = cache_dir().join("llm-fixture");
+        let lock = lock_file("llm-fixture");
+        let mut cmd = Command::new(llm_python());
+        cmd.arg(repo_root().join("scripts/llm_fixture.py"))
+            .arg(&out_dir);
+        let out = output_within(cmd, Duration::from_secs(300));
+        drop(lock);
+        assert!(
+            out.status.success(),
+            "llm_fixture.py: {}",
+            text(&out.stderr)
+        );
+        out_dir.join("model")
+    })
+}
+
+fn lock_file(name: &str) -> std::fs::File {
+    let cache = cache_dir();
+    std::fs::create_dir_all(&cache).expect("cache folder");
+    let lock = std::fs::File::create(cache.join(format!("{name}.lock"))).expect("lock file");
+    lock.lock().expect("locking");
+    lock
+}
+
+const WORDS: &[&str] = &[
+    "the",
+    "water",
+    "of",
+    "time",
+    "people",
+    "write",
+    "review",
+    "product",
+    "answer",
+    "question",
+    "little",
+    "round",
+    "year",
+    "show",
+    "every",
+    "good",
+    "under",
+    "name",
+    "very",
+    "through",
+    "summarise",
+    "classify",
+    "extract",
+    "translate",
+    "system",
+    "user",
+    "long",
+    "thing",
+    "see",
+];
+
+/// `n` prompts `p-000`... of 3 to 20 words, deterministic.
+fn prompts(n: usize) -> Vec<(String, String)> {
+    (0..n)
+        .map(|i| {
+            let len = 3 + (i * 7) % 18;
+            let words: Vec<&str> = (0..len)
+                .map(|j| WORDS[(i * 13 + j * j * 5 + j) % WORDS.len()])
+                .collect();
+            (format!("p-{i:03}"), words.join(" "))
+        })
+        .collect()
+}
+
+/// A prompt of far more tokens than max_model_len (256).
+fn overlong() -> (String, String) {
+    let words: Vec<&str> = (0..700).map(|i| WORDS[(i * 11) % WORDS.len()]).collect();
+    ("p-long".to_string(), words.join(" "))
+}
+
+fn write_jsonl(path: &Path, rows: &[(String, String)]) {
+    let mut s = String::new();
+    for (id, prompt) in rows {
+        s.push_str(&serde_json::json!({ "id": id, "prompt": prompt }).to_string());
+        s.push('\n');
+    }
+    std::fs::write(path, s).expect("write prompts");
+}
+
+/// vLLM's offline answers for `rows` (cached by their content and the
+/// settings: computing them costs an engine start).
+fn reference(rows: &[(String, String)], task: &str) -> BTreeMap<String, serde_json::Value> {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let prompts = tmp.path().join("prompts.jsonl");
+    write_jsonl(&prompts, rows);
+    reference_of(rows, task, &prompts)
+}
+
+/// vLLM's offline answers for the records of `data` (a JSON Lines file the
+/// reference script reads), cached by `rows` (their ids and what they ask)
+/// and the settings.
+fn reference_of(
+    rows: &[(String, String)],
+    task: &str,
+    data: &Path,
+) -> BTreeMap<String, serde_json::Value> {
+    let mut key = String::new();
+    for (id, p) in rows {
+        key.push_str(&format!("{id}\0{p}\n"));
+    }
+    let script = std::fs::read(repo_root().join("scripts/llm_reference.py")).expect("script");
+    let fixture = std::fs::read(repo_root().join("scripts/llm_fixture.py")).expect("fixture");
+    key.push_str(&format!(
+        "{task}\0{MAX_TOKENS}\0{ENGINE_ARGS_JSON}\0{}\0{}",
+        stoke_core::sha256_hex(&script),
+        stoke_core::sha256_hex(&fixture)
+    ));
+    let hash = stoke_core::sha256_hex(key.as_bytes());
+    let path = cache_dir()
+        .join("llm-fixture")
+        .join(format!("reference-{}.json", &hash[..16]));
+    let lock = lock_file("llm-reference");
+    if !path.is_file() {
+        let mut cmd = Command::new(llm_python());
+        cmd.arg(repo_root().join("scripts/llm_reference.py"))
+            .arg(model_dir())
+            .arg(data)
+            .arg(&path)
+            .arg(task)
+            .arg(MAX_TOKENS.to_string())
+            .arg(ENGINE_ARGS_JSON);
+        let out = output_within(cmd, DEADLINE);
+        assert!(
+            out.status.success(),
+            "llm_reference.py: {}",
+            text(&out.stderr)
+        );
+    }
+    drop(lock);
+    let mut all: BTreeMap<String, serde_json::Value> = read_json(&path);
+    all.remove("_meta");
+    all
+}
+
+/// A job spec over `data` (JSON Lines with `id` and `prompt`).
+fn llm_spec(name: &str, data: &Path, task: &str, extra: &str) -> String {
+    format!(
+        "name = \"{name}\"\n\
+         [dataset]\nformat = \"jsonl\"\nuri = \"{data}\"\nid_column = \"id\"\n\
+         [processor]\nname = \"llm\"\n\
+         [processor.params]\nmodel = \"{model}\"\ntask = \"{task}\"\nprompt_column = \"prompt\"\n\
+         max_tokens = {MAX_TOKENS}\ntemperature = 0.0\nseed = 7\n\
+         [llm]\npython = \"{python}\"\nengine_args = {ENGINE_ARGS_TOML}\nin_flight = 8\n\
+         [batching]\nbatch_size = 4\n[checkpoint]\ninterval = 1\n\
+         [sharding]\nbytes = \"1KiB\"\n{extra}",
+        data = data.display(),
+        model = model_dir().display(),
+        python = llm_python().display(),
+    )
+}
+
+/// Completion rows committed, by id; no id twice.
+fn completions(root: &Path, job: &str) -> BTreeMap<String, serde_json::Value> {
+    let m = manifest(root, job);
+    let mut out = BTreeMap::new();
+    for b in output_batches(&m) {
+        let ids = b.column_by_name("id").expect("id").as_string::<i32>();
+        let text = b.column_by_name("text").expect("text").as_string::<i32>();
+        let pt = b
+            .column_by_name("prompt_tokens")
+            .expect("prompt_tokens")
+            .as_primitive::<Int64Type>();
+        let ct = b
+            .column_by_name("completion_tokens")
+            .expect("completion_tokens")
+            .as_primitive::<Int64Type>();
+        let fr = b
+            .column_by_name("finish_reason")
+            .expect("finish_reason")
+            .as_string::<i32>();
+        for i in 0..b.num_rows() {
+            let row = serde_json::json!({
+                "text": text.value(i),
+                "prompt_tokens": pt.value(i),
+                "completion_tokens": ct.value(i),
+                "finish_reason": fr.value(i),
+            });
+            assert!(
+                out.insert(ids.value(i).to_string(), row).is_none(),
+                "record {} committed twice",
+                ids.value(i)
+            );
+        }
+    }
+    out
+}
+
+fn assert_equal_to_reference(
+    got: &BTreeMap<String, serde_json::Value>,
+    want: &BTreeMap<String, serde_json::Value>,
+) {
+    let got_ids: BTreeSet<&String> = got.keys().collect();
+    let want_ids: BTreeSet<&String> = want.keys().collect();
+    assert_eq!(got_ids, want_ids, "committed records");
+    for (id, row) in got {
+        assert_eq!(row, &want[id], "record {id}: stoke vs vLLM offline");
+    }
+    // Random weights: some completions still end on the end token.
+    let stops = got
+        .values()
+        .filter(|r| r["finish_reason"] == "stop")
+        .count();
+    assert!(stops < got.len(), "every completion stopped early");
+}
+
+/// The skipped records the job's manifest lists: (id, reason).
+fn skipped(root: &Path, job: &str) -> Vec<(String, String)> {
+    let m = manifest(root, job);
+    let mut out = Vec::new();
+    for e in &m.errors {
+        let bytes = read_object(&e.object.uri);
+        for line in String::from_utf8_lossy(&bytes).lines() {
+            let v: serde_json::Value = serde_json::from_str(line).expect("error line");
+            out.push((
+                v["id"].as_str().unwrap_or_default().to_string(),
+                v["reason"].as_str().unwrap_or_default().to_string(),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The engine process a worker started (its child running host.py).
+fn engine_of(worker_pid: i32) -> Option<i32> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...: the comm may hold spaces.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if ppid != Some(worker_pid) {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains("/llm/host-") {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+fn alive(pid: i32) -> bool {
+    !matches!(process_state(pid), None | Some('Z'))
+}
+
+/// Crashes counted against the job's shards.
+fn crashes(root: &Path, job: &str) -> u32 {
+    (0..16)
+        .filter_map(|i| progress(root, job, &format!("s{i:05}")))
+        .map(|p| p.crashes)
+        .sum()
+}
+
+/// Committed batches of the job, over its shards.
+fn committed_batches(root: &Path, job: &str) -> u64 {
+    (0..16)
+        .filter_map(|i| progress(root, job, &format!("s{i:05}")))
+        .map(|p| p.next_batch)
+        .sum()
+}
+
+/// kill -9 of the engine, then of a worker, mid-job: every prompt exactly
+/// once, equal to vLLM's own offline completions; the over-long prompt in
+/// `errors/`, the job going on; the engine dies with its worker.
+#[test]
+fn completions_equal_vllm_offline_through_engine_and_worker_kills() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rows = prompts(48);
+    let want = reference(&rows, "generate");
+    let mut data_rows = rows.clone();
+    data_rows.insert(20, overlong());
+    let data = tmp.path().join("prompts.jsonl");
+    write_jsonl(&data, &data_rows);
+    let spec = tmp.path().join("job.toml");
+    std::fs::write(
+        &spec,
+        llm_spec("gen", &data, "generate", "[errors]\npolicy = \"skip\"\n"),
+    )
+    .expect("spec");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "300s"]);
+    let job = coordinator.submit(&spec.display().to_string());
+    // Each batch waits a little after the engine answered, so the kills
+    // land mid-job.
+    let slow = [("FAILPOINTS", "worker::after_batch=sleep(400)")];
+
+    let mut w1 = coordinator.worker_with("stoke-worker", "w1", tmp.path(), &[], &slow);
+    wait_until("a first commit", DEADLINE, || {
+        (committed_batches(&root, &job) >= 1).then_some(())
+    });
+    let engine = engine_of(w1.pid()).expect("w1's engine");
+    signal(engine, libc::SIGKILL);
+    // The engine's death is a crash of the batch it held; the worker lives
+    // on and starts a fresh engine.
+    wait_until("the crash to be counted", DEADLINE, || {
+        (crashes(&root, &job) == 1).then_some(())
+    });
+    let fresh = wait_until("w1's fresh engine", DEADLINE, || {
+        engine_of(w1.pid()).filter(|p| *p != engine)
+    });
+    assert!(w1.exited().is_none(), "{}", w1.log_text());
+    let before = committed_batches(&root, &job);
+    wait_until("w1 commits with its fresh engine", DEADLINE, || {
+        (committed_batches(&root, &job) > before).then_some(())
+    });
+    w1.kill9();
+    // The engine never outlives its worker.
+    wait_until(
+        "w1's engine to die with it",
+        Duration::from_secs(30),
+        || (!alive(fresh)).then_some(()),
+    );
+
+    let mut w2 = coordinator.worker_with("stoke-worker", "w2", tmp.path(), &[], &slow);
+    let status = coordinator.wait_job(&job);
+    assert_eq!(status["state"], "succeeded", "{status}\n{}", w2.log_text());
+    assert!(w2.wait_exit(DEADLINE).success());
+    // The engine's death, and w1's kill -9 if it held a batch then.
+    assert!((1..=2).contains(&crashes(&root, &job)));
+
+    assert_equal_to_reference(&completions(&root, &job), &want);
+    let listed = skipped(&root, &job);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].0, "p-long");
+    assert!(
+        listed[0]
+            .1
+            .contains("more than the engine's max_model_len (256)"),
+        "{listed:?}"
+    );
+    // Engine start-up is startup, never model time.
+    let report = coordinator.cli(&["report", &job, "--json"]);
+    let report: serde_json::Value =
+        serde_json::from_slice(&report.stdout).unwrap_or(serde_json::Value::Null);
+    let seconds = &report["seconds"];
+    let (startup, model) = (seconds["startup"].as_f64(), seconds["model"].as_f64());
+    assert!(
+        startup.zip(model).is_some_and(|(s, m)| s > m && m > 0.0),
+        "{report}"
+    );
+}
+
+/// `stoke run --local 1` with the env var naming a prompt that makes the
+/// engine abort: under `skip` the prompt is isolated into `errors/` with
+/// the engine's last words and everything else committed once; under
+/// `fail` the job fails naming it.
+#[test]
+fn a_prompt_that_aborts_the_engine_is_isolated_under_skip_and_named_under_fail() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut rows = prompts(8);
+    rows[5].1 = format!("{} POISON here", rows[5].1);
+    let data = tmp.path().join("prompts.jsonl");
+    write_jsonl(&data, &rows);
+    for policy in ["skip", "fail"] {
+        let spec = tmp.path().join(format!("{policy}.toml"));
+        std::fs::write(
+            &spec,
+            llm_spec(
+                policy,
+                &data,
+                "generate",
+                &format!("[errors]\npolicy = \"{policy}\"\ncrash_threshold = 1\n"),
+            )
+            .replace("batch_size = 4", "batch_size = 2")
+            .replace("bytes = \"1KiB\"", "bytes = \"64KiB\""),
+        )
+        .expect("spec");
+        let root = tmp.path().join(policy);
+        let mut cmd = Command::new(bin("stoke"));
+        cmd.args(["run"])
+            .arg(&spec)
+            .args(["--local", "1", "--device", "cpu", "--root"])
+            .arg(&root)
+            .args(["--job-id", policy])
+            .env("STOKE_LLM_FAULT_ABORT_ON", "POISON");
+        let out = output_within(cmd, DEADLINE);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        let why = "engine process died (signal 6, SIGABRT); its last words: ";
+        if policy == "skip" {
+            assert!(out.status.success(), "{stdout}\n{stderr}");
+            let got = completions(&root, policy);
+            let want: BTreeSet<String> = rows
+                .iter()
+                .map(|r| r.0.clone())
+                .filter(|id| id != "p-005")
+                .collect();
+            assert_eq!(got.keys().cloned().collect::<BTreeSet<_>>(), want);
+            let listed = skipped(&root, policy);
+            assert_eq!(listed.len(), 1, "{listed:?}");
+            assert_eq!(listed[0].0, "p-005");
+            assert!(
+                listed[0].1.starts_with(why)
+                    && listed[0]
+                        .1
+                        .contains("stoke fault point: aborting on a prompt containing 'POISON'")
+                    && listed[0].1.ends_with("while processing this record alone"),
+                "{listed:?}"
+            );
+        } else {
+            assert!(!out.status.success(), "{stdout}\n{stderr}");
+            let status: serde_json::Value =
+                read_json(&root.join(format!("jobs/{policy}/status.json")));
+            assert_eq!(status["state"], "failed", "{status}");
+            let reason = status["reason"].as_str().unwrap_or_default();
+            assert!(
+                reason.starts_with("record p-005 (shard s00000, batch ") && reason.contains(why),
+                "{reason}"
+            );
+        }
+    }
+}
+
+/// SIGTERM mid-job: the worker finishes its batch, checkpoints, releases
+/// and exits 0, its engine with it; another worker resumes from the
+/// checkpoints, and the whole is equal to vLLM's offline completions.
+/// Then `task = "embed"` on the same coordinator: vectors equal vLLM's.
+#[test]
+fn sigterm_then_resume_and_embeddings_equal_vllms() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rows = prompts(48);
+    let want = reference(&rows, "generate");
+    let data = tmp.path().join("prompts.jsonl");
+    write_jsonl(&data, &rows);
+    let spec = tmp.path().join("job.toml");
+    std::fs::write(&spec, llm_spec("term", &data, "generate", "")).expect("spec");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "300s"]);
+    let job = coordinator.submit(&spec.display().to_string());
+    let slow = [("FAILPOINTS", "worker::after_batch=sleep(400)")];
+    let mut w1 = coordinator.worker_with(
+        "stoke-worker",
+        "w1",
+        tmp.path(),
+        &["--grace-period", "60s"],
+        &slow,
+    );
+    wait_until("a first commit", DEADLINE, || {
+        (committed_batches(&root, &job) >= 2).then_some(())
+    });
+    let engine = engine_of(w1.pid()).expect("w1's engine");
+    signal(w1.pid(), libc::SIGTERM);
+    let status = w1.wait_exit(DEADLINE);
+    assert!(status.success(), "exit {status}: {}", w1.log_text());
+    wait_until("w1's engine to stop", Duration::from_secs(30), || {
+        (!alive(engine)).then_some(())
+    });
+    let stopped = coordinator.status(&job);
+    assert_ne!(
+        stopped["state"], "succeeded",
+        "the job ended before the SIGTERM"
+    );
+
+    let mut w2 = coordinator.worker("stoke-worker", "w2", tmp.path());
+    let status = coordinator.wait_job(&job);
+    assert_eq!(status["state"], "succeeded", "{status}\n{}", w2.log_text());
+    assert_equal_to_reference(&completions(&root, &job), &want);
+
+    // Embeddings: another engine (task embed).
+    let emb_rows = prompts(12);
+    let emb_want = reference(&emb_rows, "embed");
+    let emb_data = tmp.path().join("embed.jsonl");
+    write_jsonl(&emb_data, &emb_rows);
+    let emb_spec = tmp.path().join("embed.toml");
+    std::fs::write(&emb_spec, llm_spec("emb", &emb_data, "embed", "")).expect("spec");
+    // w2 leaves once idle; a fresh worker takes the embed job.
+    assert!(w2.wait_exit(DEADLINE).success());
+    let emb_job = coordinator.submit(&emb_spec.display().to_string());
+    let mut w3 = coordinator.worker("stoke-worker", "w3", tmp.path());
+    let status = coordinator.wait_job(&emb_job);
+    assert_eq!(status["state"], "succeeded", "{status}\n{}", w3.log_text());
+    assert!(w3.wait_exit(DEADLINE).success());
+    let m = manifest(&root, &emb_job);
+    let mut seen = BTreeSet::new();
+    for b in output_batches(&m) {
+        let ids = b.column_by_name("id").expect("id").as_string::<i32>();
+        let emb = b
+            .column_by_name("embedding")
+            .expect("embedding")
+            .as_list::<i32>();
+        for i in 0..b.num_rows() {
+            let id = ids.value(i).to_string();
+            let v = emb.value(i);
+            let got: Vec<f32> = v.as_primitive::<Float32Type>().values().to_vec();
+            let want: Vec<f32> = emb_want[&id]["embedding"]
+                .as_array()
+                .expect("vector")
+                .iter()
+                .map(|x| x.as_f64().unwrap_or(f64::NAN) as f32)
+                .collect();
+            assert_eq!(got.len(), want.len(), "record {id}");
+            for (a, b) in got.iter().zip(&want) {
+                assert!((a - b).abs() <= 1e-5, "record {id}: {a} vs {b}");
+            }
+            assert!(seen.insert(id.clone()), "record {id} committed twice");
+        }
+    }
+    assert_eq!(seen.len(), emb_rows.len());
+}
+
+/// `messages_column`: chat messages (JSON Lines lists of `{role,
+/// content}`, read as Arrow lists of structs) through the model's chat
+/// template, equal to vLLM's offline `LLM.chat`.
+#[test]
+fn chat_messages_equal_vllm_offline_chat() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rows = prompts(10);
+    let mut key_rows = Vec::new();
+    let mut lines = String::new();
+    for (i, (id, prompt)) in rows.iter().enumerate() {
+        let mut messages = vec![serde_json::json!({"role": "user", "content": prompt})];
+        if i % 2 == 0 {
+            messages.insert(
+                0,
+                serde_json::json!({"role": "system", "content": "answer in one word"}),
+            );
+        }
+        let messages = serde_json::Value::Array(messages);
+        key_rows.push((id.clone(), messages.to_string()));
+        lines.push_str(&serde_json::json!({"id": id, "messages": messages}).to_string());
+        lines.push('\n');
+    }
+    let data = tmp.path().join("chat.jsonl");
+    std::fs::write(&data, &lines).expect("data");
+    let want = reference_of(&key_rows, "chat", &data);
+    let spec = tmp.path().join("chat.toml");
+    std::fs::write(
+        &spec,
+        llm_spec("chat", &data, "generate", "")
+            .replace(
+                "prompt_column = \"prompt\"",
+                "messages_column = \"messages\"",
+            )
+            .replace("bytes = \"1KiB\"", "bytes = \"64KiB\""),
+    )
+    .expect("spec");
+    let root = tmp.path().join("root");
+    let mut cmd = Command::new(bin("stoke"));
+    cmd.args(["run"])
+        .arg(&spec)
+        .args(["--local", "1", "--device", "cpu", "--root"])
+        .arg(&root)
+        .args(["--job-id", "chat"]);
+    let out = output_within(cmd, DEADLINE);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let got = completions(&root, "chat");
+    let got_ids: BTreeSet<&String> = got.keys().collect();
+    let want_ids: BTreeSet<&String> = want.keys().collect();
+    assert_eq!(got_ids, want_ids);
+    for (id, row) in &got {
+        assert_eq!(row, &want[id], "record {id}: stoke vs vLLM's LLM.chat");
+    }
+}
+
+/// Mistakes are said once, with the engine's own words, never retried
+/// shard after shard: a folder that is not a Hugging Face model, a python
+/// without vLLM, engine arguments vLLM rejects.
+#[test]
+fn mistakes_fail_the_job_once_with_the_engines_own_message() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rows = prompts(48);
+    let data = tmp.path().join("prompts.jsonl");
+    write_jsonl(&data, &rows);
+    let not_a_model = tmp.path().join("not-a-model");
+    std::fs::create_dir_all(&not_a_model).expect("folder");
+    let good = llm_spec("mistake", &data, "generate", "");
+    let cases = [
+        (
+            "folder",
+            good.replace(
+                &format!("model = \"{}\"", model_dir().display()),
+                &format!("model = \"{}\"", not_a_model.display()),
+            ),
+            "not a Hugging Face model folder (it has no config.json)".to_string(),
+        ),
+        (
+            "novllm",
+            good.replace(
+                &format!("python = \"{}\"", llm_python().display()),
+                &format!("python = \"{}\"", python().display()),
+            ),
+            "No module named 'vllm'".to_string(),
+        ),
+        (
+            "args",
+            good.replace("seed = 0 }", "seed = 0, bogus_engine_arg = 1 }"),
+            "bogus_engine_arg".to_string(),
+        ),
+    ];
+    for (name, spec_text, want) in cases {
+        assert_ne!(spec_text, good, "case {name} changed nothing");
+        let spec = tmp.path().join(format!("{name}.toml"));
+        std::fs::write(&spec, spec_text).expect("spec");
+        let root = tmp.path().join(name);
+        let mut cmd = Command::new(bin("stoke"));
+        cmd.args(["run"])
+            .arg(&spec)
+            .args(["--local", "1", "--device", "cpu", "--root"])
+            .arg(&root)
+            .args(["--job-id", name]);
+        let out = output_within(cmd, DEADLINE);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(!out.status.success(), "{name}: {stdout}\n{stderr}");
+        let status: serde_json::Value = read_json(&root.join(format!("jobs/{name}/status.json")));
+        assert_eq!(status["state"], "failed", "{name}: {status}");
+        let reason = status["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains(&want), "{name}: {reason}");
+        // Said once: at most the first attempt of each shard (the job
+        // fails once two agree), never a shard retried.
+        let attempts: Vec<u32> = (0..16)
+            .filter_map(|i| progress(&root, name, &format!("s{i:05}")))
+            .map(|p| p.failed_attempts)
+            .collect();
+        assert!(
+            attempts.len() >= 2 && attempts.iter().all(|n| *n <= 1),
+            "{name}: failed attempts per shard {attempts:?}"
+        );
+    }
+}
+
+/// An engine that hangs on a prompt: past `[errors] batch_timeout` the
+/// worker ends itself, its engine with it (`stoke run --local` restarts
+/// both), and the hung batch is a crash like any other, isolated down to
+/// the prompt.
+#[test]
+fn an_engine_that_hangs_past_batch_timeout_is_killed_and_its_prompt_isolated() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut rows = prompts(6);
+    rows[3].1 = format!("{} STALL here", rows[3].1);
+    let data = tmp.path().join("prompts.jsonl");
+    write_jsonl(&data, &rows);
+    let spec = tmp.path().join("hang.toml");
+    std::fs::write(
+        &spec,
+        llm_spec(
+            "hang",
+            &data,
+            "generate",
+            "[errors]\npolicy = \"skip\"\ncrash_threshold = 1\nbatch_timeout = \"15s\"\n",
+        )
+        .replace("batch_size = 4", "batch_size = 2")
+        .replace("bytes = \"1KiB\"", "bytes = \"64KiB\""),
+    )
+    .expect("spec");
+    let root = tmp.path().join("root");
+    let mut cmd = Command::new(bin("stoke"));
+    cmd.args(["run"])
+        .arg(&spec)
+        .args(["--local", "1", "--device", "cpu", "--root"])
+        .arg(&root)
+        .args(["--job-id", "hang"])
+        .env("STOKE_LLM_FAULT_HANG_ON", "STALL");
+    let out = output_within(cmd, DEADLINE);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let got = completions(&root, "hang");
+    let want: BTreeSet<String> = rows
+        .iter()
+        .map(|r| r.0.clone())
+        .filter(|id| id != "p-003")
+        .collect();
+    assert_eq!(got.keys().cloned().collect::<BTreeSet<_>>(), want);
+    let listed = skipped(&root, "hang");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].0, "p-003");
+    assert!(
+        listed[0]
+            .1
+            .ends_with("ran past errors.batch_timeout (15s) while processing this record alone"),
+        "{listed:?}"
+    );
+}

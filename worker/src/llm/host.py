@@ -1,0 +1,207 @@
+"""stoke's LLM engine host: drives vLLM's own engine (LLMEngine, its
+add_request/step loop) for one stoke worker. Shipped inside the worker
+binary and run with the engine venv's python (`[llm] python`).
+
+Protocol: one JSON object per line. Requests on stdin, answers on the
+stdout the process started with (fd 1 is then pointed at stderr, so
+nothing vLLM prints can corrupt the stream). The host exits when stdin
+closes: the worker is gone.
+
+Startup config: a JSON object in the environment variable STOKE_LLM_CONFIG:
+  {"model": path, "task": "generate"|"embed", "engine_args": {...}}
+First answer: {"type": "ready", "vllm": version, "max_model_len": n,
+  "engine_args": {...}} or {"type": "error", "message": ...} (then exit 3).
+
+Requests:
+  {"type": "generate", "rid": s, "prompt": text | "messages": [...],
+   "max_tokens": n, "temperature": x, "seed": n}
+  {"type": "embed", "rid": s, "prompt": text}
+Answers, in completion order:
+  {"type": "done", "rid": s, "text": ..., "prompt_tokens": n,
+   "completion_tokens": n, "finish_reason": "stop"|"length",
+   "cached_tokens": n (prompt tokens found in the prefix cache)}
+  {"type": "done", "rid": s, "embedding": [...], "prompt_tokens": n}
+  {"type": "rejected", "rid": s, "reason": ...}   (never seen by the engine)
+
+Fault points for tests (environment): STOKE_LLM_FAULT_ABORT_ON=<text>:
+the process aborts (SIGABRT) when a prompt containing <text> is handed to
+the engine; STOKE_LLM_FAULT_HANG_ON=<text>: it stops answering instead.
+"""
+
+import json
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+
+
+def main():
+    proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    lock = threading.Lock()
+
+    def send(msg):
+        line = json.dumps(msg, separators=(",", ":"))
+        with lock:
+            proto.write(line + "\n")
+            proto.flush()
+
+    config = json.loads(os.environ["STOKE_LLM_CONFIG"])
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    abort_on = os.environ.get("STOKE_LLM_FAULT_ABORT_ON") or None
+    hang_on = os.environ.get("STOKE_LLM_FAULT_HANG_ON") or None
+
+    requests = queue.Queue()
+
+    def read_stdin():
+        for line in sys.stdin:
+            line = line.strip()
+            if line:
+                requests.put(json.loads(line))
+        # The worker is gone (or stopped us): nothing more to do.
+        os._exit(0)
+
+    # Read from the start, so a closed stdin ends the host even while the
+    # engine loads.
+    threading.Thread(target=read_stdin, daemon=True).start()
+
+    task = config.get("task", "generate")
+    try:
+        import vllm
+        from vllm import EngineArgs, PoolingParams, SamplingParams
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        args = dict(config.get("engine_args") or {})
+        args.setdefault("distributed_executor_backend", "uni")
+        if task == "embed":
+            args.setdefault("runner", "pooling")
+            args.setdefault("convert", "embed")
+        engine = LLMEngine.from_engine_args(EngineArgs(model=config["model"], **args))
+        tokenizer = engine.get_tokenizer()
+        max_model_len = engine.vllm_config.model_config.max_model_len
+    except BaseException as e:  # noqa: BLE001 - said to the worker, then exit
+        last = traceback.format_exception_only(type(e), e)[-1].strip()
+        send({"type": "error", "message": last})
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(3)
+    send(
+        {
+            "type": "ready",
+            "vllm": vllm.__version__,
+            "max_model_len": max_model_len,
+            "engine_args": args,
+        }
+    )
+
+    # Our request ids by the engine's (it may add a suffix to them).
+    pending = {}
+
+    def handle(req):
+        kind = req.get("type")
+        rid = req.get("rid")
+        if kind not in ("generate", "embed"):
+            send({"type": "rejected", "rid": rid, "reason": f"unknown request type {kind!r}"})
+            return
+        try:
+            if req.get("messages") is not None:
+                text = tokenizer.apply_chat_template(
+                    req["messages"], tokenize=False, add_generation_prompt=True
+                )
+                ids = tokenizer.encode(text, add_special_tokens=False)
+            else:
+                text = req["prompt"]
+                ids = tokenizer.encode(text)
+        except Exception as e:  # noqa: BLE001 - a bad record, not a crash
+            send({"type": "rejected", "rid": rid, "reason": f"cannot tokenize the prompt: {e}"})
+            return
+        # The engine would refuse it (or fail): a bad record, never a crash.
+        room = max_model_len - (1 if kind == "generate" else 0)
+        if len(ids) > room:
+            send(
+                {
+                    "type": "rejected",
+                    "rid": rid,
+                    "reason": f"prompt has {len(ids)} tokens, more than the engine's max_model_len ({max_model_len}) allows",
+                }
+            )
+            return
+        if abort_on is not None and abort_on in text:
+            sys.stderr.write(f"stoke fault point: aborting on a prompt containing {abort_on!r}\n")
+            sys.stderr.flush()
+            os.abort()
+        if hang_on is not None and hang_on in text:
+            sys.stderr.write(f"stoke fault point: hanging on a prompt containing {hang_on!r}\n")
+            sys.stderr.flush()
+            while True:
+                time.sleep(3600)
+        if kind == "generate":
+            max_tokens = min(int(req.get("max_tokens", 16)), max_model_len - len(ids))
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=float(req.get("temperature", 0.0)),
+                seed=req.get("seed"),
+            )
+        else:
+            params = PoolingParams(task="embed")
+        internal = engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        pending[internal] = rid
+        pending[rid] = rid
+
+    def answer(out):
+        rid = pending.pop(out.request_id, None)
+        if rid is None:
+            return
+        pending.pop(rid, None)
+        prompt_tokens = len(out.prompt_token_ids or [])
+        # Prompt tokens vLLM's prefix cache already held.
+        cached = int(getattr(out, "num_cached_tokens", 0) or 0)
+        if task == "embed":
+            # The engine's pooling output holds the vector as a tensor.
+            data = getattr(out.outputs, "embedding", None)
+            if data is None:
+                data = out.outputs.data.tolist()
+            send(
+                {
+                    "type": "done",
+                    "rid": rid,
+                    "embedding": [float(x) for x in data],
+                    "prompt_tokens": prompt_tokens,
+                }
+            )
+            return
+        c = out.outputs[0]
+        send(
+            {
+                "type": "done",
+                "rid": rid,
+                "text": c.text,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(c.token_ids),
+                "finish_reason": "stop" if c.finish_reason == "stop" else "length",
+                "cached_tokens": cached,
+            }
+        )
+
+    while True:
+        busy = engine.has_unfinished_requests()
+        try:
+            req = requests.get(block=not busy)
+            handle(req)
+            while True:
+                handle(requests.get_nowait())
+        except queue.Empty:
+            pass
+        if engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    answer(out)
+
+
+if __name__ == "__main__":
+    main()
