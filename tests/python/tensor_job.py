@@ -9,12 +9,13 @@ from stoke import TorchBatchProcessor
 class Shapes(TorchBatchProcessor):
     def __init__(self, context):
         self.context = context
-        self.model = context.prepare_model_for_inference(torch.nn.Linear(48, 2).double())
+        self.model = context.prepare_model_for_inference(torch.nn.Linear(48, 2))
 
     def process_batch(self, batch, batch_idx):
         features = self.context.to_device(batch["features"])
         assert isinstance(features, torch.Tensor) and features.shape == (len(batch), 48), features
-        assert features.dtype == torch.float64
+        # JSON floats: torch's default dtype (issue 45), as the model's.
+        assert features.dtype == torch.get_default_dtype() == torch.float32
         with torch.no_grad():
             scores = self.model(features)
         tokens = batch["tokens"]
