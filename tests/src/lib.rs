@@ -294,3 +294,21 @@ pub fn assert_matches_reference(rows: &HashMap<String, Vec<Prediction>>) {
         }
     }
 }
+
+/// The skipped records the job's manifest lists: (id, reason).
+pub fn skipped_records(root: &Path, job: &str) -> Vec<(String, String)> {
+    let m = manifest(root, job);
+    let mut out = Vec::new();
+    for e in &m.errors {
+        let bytes = read_object(&e.object.uri);
+        for line in String::from_utf8_lossy(&bytes).lines() {
+            let v: serde_json::Value = serde_json::from_str(line).expect("error line");
+            out.push((
+                v["id"].as_str().unwrap_or_default().to_string(),
+                v["reason"].as_str().unwrap_or_default().to_string(),
+            ));
+        }
+    }
+    out.sort();
+    out
+}

@@ -62,24 +62,6 @@ fn committed_ids(root: &Path, job: &str) -> BTreeSet<String> {
     ids
 }
 
-/// The skipped records the job's manifest lists: (id, reason).
-fn skipped(root: &Path, job: &str) -> Vec<(String, String)> {
-    let m = manifest(root, job);
-    let mut out = Vec::new();
-    for e in &m.errors {
-        let bytes = read_object(&e.object.uri);
-        for line in String::from_utf8_lossy(&bytes).lines() {
-            let v: serde_json::Value = serde_json::from_str(line).expect("error line");
-            out.push((
-                v["id"].as_str().unwrap_or_default().to_string(),
-                v["reason"].as_str().unwrap_or_default().to_string(),
-            ));
-        }
-    }
-    out.sort();
-    out
-}
-
 /// Worker deaths the coordinator counted against the job's shards.
 fn crashes(root: &Path, job: &str, shards: &[&str]) -> u32 {
     shards
@@ -124,7 +106,7 @@ fn records_that_abort_their_python_worker_are_isolated_and_skipped() {
     );
     let why = "worker process died (signal 6, SIGABRT) while processing this record alone";
     assert_eq!(
-        skipped(&root, "poison"),
+        skipped_records(&root, "poison"),
         vec![
             ("123".to_string(), why.to_string()),
             ("321".to_string(), why.to_string())
@@ -196,7 +178,7 @@ fn a_rust_processor_that_segfaults_on_a_record_loses_only_that_record() {
         assert_eq!(predictions[0].argmax, reference()[id].argmax, "record {id}");
     }
     assert_eq!(
-        skipped(&root, "segv"),
+        skipped_records(&root, "segv"),
         vec![(
             poison,
             "worker process died (signal 11, SIGSEGV) while processing this record alone"
@@ -224,7 +206,7 @@ fn a_batch_that_hangs_past_batch_timeout_is_isolated_like_a_crash() {
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert_eq!(committed_ids(&root, "hang"), range_ids(64, &["42"]));
-    let listed = skipped(&root, "hang");
+    let listed = skipped_records(&root, "hang");
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].0, "42");
     assert!(
@@ -253,7 +235,7 @@ fn a_sticky_device_error_restarts_the_worker_and_counts_as_a_crash() {
     // The worker ended itself to restart clean (exit 75), each time.
     assert!(stderr.contains("exited with exit status 75"), "{stderr}");
     assert_eq!(committed_ids(&root, "sticky"), range_ids(64, &["13"]));
-    let listed = skipped(&root, "sticky");
+    let listed = skipped_records(&root, "sticky");
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].0, "13");
     assert!(
@@ -378,7 +360,7 @@ fn a_fleet_of_restarting_workers_gets_through_a_poison_job_and_a_healthy_one() {
         to_isolate,
         submitted.elapsed().as_secs_f64()
     );
-    let ids: HashSet<String> = skipped(&root, &poison)
+    let ids: HashSet<String> = skipped_records(&root, &poison)
         .into_iter()
         .map(|(id, _)| id)
         .collect();

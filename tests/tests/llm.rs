@@ -261,24 +261,6 @@ fn assert_equal_to_reference(
     assert!(stops < got.len(), "every completion stopped early");
 }
 
-/// The skipped records the job's manifest lists: (id, reason).
-fn skipped(root: &Path, job: &str) -> Vec<(String, String)> {
-    let m = manifest(root, job);
-    let mut out = Vec::new();
-    for e in &m.errors {
-        let bytes = read_object(&e.object.uri);
-        for line in String::from_utf8_lossy(&bytes).lines() {
-            let v: serde_json::Value = serde_json::from_str(line).expect("error line");
-            out.push((
-                v["id"].as_str().unwrap_or_default().to_string(),
-                v["reason"].as_str().unwrap_or_default().to_string(),
-            ));
-        }
-    }
-    out.sort();
-    out
-}
-
 /// The engine process a worker started (its child running host.py).
 fn engine_of(worker_pid: i32) -> Option<i32> {
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -384,7 +366,7 @@ fn completions_equal_vllm_offline_through_engine_and_worker_kills() {
     assert!((1..=2).contains(&crashes(&root, &job)));
 
     assert_equal_to_reference(&completions(&root, &job), &want);
-    let listed = skipped(&root, &job);
+    let listed = skipped_records(&root, &job);
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].0, "p-long");
     assert!(
@@ -450,7 +432,7 @@ fn a_prompt_that_aborts_the_engine_is_isolated_under_skip_and_named_under_fail()
                 .filter(|id| id != "p-005")
                 .collect();
             assert_eq!(got.keys().cloned().collect::<BTreeSet<_>>(), want);
-            let listed = skipped(&root, policy);
+            let listed = skipped_records(&root, policy);
             assert_eq!(listed.len(), 1, "{listed:?}");
             assert_eq!(listed[0].0, "p-005");
             assert!(
@@ -729,7 +711,7 @@ fn an_engine_that_hangs_past_batch_timeout_is_killed_and_its_prompt_isolated() {
         .filter(|id| id != "p-003")
         .collect();
     assert_eq!(got.keys().cloned().collect::<BTreeSet<_>>(), want);
-    let listed = skipped(&root, "hang");
+    let listed = skipped_records(&root, "hang");
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].0, "p-003");
     assert!(
