@@ -327,9 +327,9 @@ fn completions_equal_vllm_offline_through_engine_and_worker_kills() {
     let root = tmp.path().join("root");
     let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "300s"]);
     let job = coordinator.submit(&spec.display().to_string());
-    // Each batch waits a little after the engine answered, so the kills
-    // land mid-job.
-    let slow = [("FAILPOINTS", "worker::after_batch=sleep(400)")];
+    // Each engine step takes 100 ms longer, so the kills land with
+    // prompts in the engine (an engine that dies idle costs nothing).
+    let slow = [("STOKE_LLM_FAULT_STEP_MS", "100")];
 
     let mut w1 = coordinator.worker_with("stoke-worker", "w1", tmp.path(), &[], &slow);
     wait_until("a first commit", DEADLINE, || {
@@ -670,9 +670,8 @@ fn mistakes_fail_the_job_once_with_the_engines_own_message() {
 }
 
 /// An engine that hangs on a prompt: past `[errors] batch_timeout` the
-/// worker ends itself, its engine with it (`stoke run --local` restarts
-/// both), and the hung batch is a crash like any other, isolated down to
-/// the prompt.
+/// worker kills the engine (not itself) and starts a fresh one; the hung
+/// batch is a crash like any other, isolated down to the prompt.
 #[test]
 fn an_engine_that_hangs_past_batch_timeout_is_killed_and_its_prompt_isolated() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -704,6 +703,9 @@ fn an_engine_that_hangs_past_batch_timeout_is_killed_and_its_prompt_isolated() {
     let out = output_within(cmd, DEADLINE);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    // The engine was killed and started again; the worker never was.
+    assert!(stderr.contains("the hung engine was killed"), "{stderr}");
+    assert!(!stderr.contains("restarting local-0"), "{stderr}");
     let got = completions(&root, "hang");
     let want: BTreeSet<String> = rows
         .iter()

@@ -14,7 +14,7 @@ impl Registry {
         let mut r = Self::new();
         r.register::<PyTorchProcessor>(pytorch::NAME);
         r.register::<PyTorchProcessor>(pytorch::ALIAS);
-        r.register::<LlmProcessor>(llm::NAME);
+        r.register_dyn(llm::NAME, LlmProcessor::create);
         r
     }
 }

@@ -134,9 +134,15 @@ pub(crate) trait DynProcessor: Send {
     fn on_checkpoint_start(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()>;
     fn on_finish(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()>;
     /// An attempt starts: forget what the last one gathered and did not
-    /// commit (a Python processor's metric reducers).
-    fn begin_attempt(&mut self) -> ProcessorResult<()> {
+    /// commit (a Python processor's metric reducers). `isolating`: the
+    /// attempt isolates a crash (its batches must run one at a time).
+    fn begin_attempt(&mut self, _isolating: bool) -> ProcessorResult<()> {
         Ok(())
+    }
+    /// Whether it enforces the job's `batch_timeout` itself (the LLM
+    /// processor kills a hung engine, not the worker).
+    fn times_batches_itself(&self) -> bool {
+        false
     }
 }
 
@@ -189,6 +195,18 @@ impl Registry {
             let loader = P::loader(ctx)?;
             Ok((Box::new(processor) as Box<dyn DynProcessor>, loader))
         });
+        self.factories.insert(name.to_string(), factory);
+        self
+    }
+
+    /// Adds a processor that implements the pipeline's face directly.
+    pub(crate) fn register_dyn(
+        &mut self,
+        name: &str,
+        create: fn(&mut ProcessorContext) -> ProcessorResult<Box<dyn DynProcessor>>,
+    ) -> &mut Self {
+        let factory: Arc<Factory> =
+            Arc::new(move |ctx: &mut ProcessorContext| Ok((create(ctx)?, None)));
         self.factories.insert(name.to_string(), factory);
         self
     }

@@ -115,6 +115,24 @@ pub fn judge(prior: Option<Suspect>, span: &BatchSpan, threshold: u32, position:
                     batch: span.batch,
                     ..p
                 },
+                // Spans that overlap without starting together (an LLM
+                // worker blames the batches whose prompts were in its
+                // engine, and which batch was running when it died
+                // varies): the same cause lies where both reach.
+                Some(p) if !p.isolating() && p.from < span.until() && span.from < p.until => {
+                    let (from, batch) = if p.from > span.from {
+                        (p.from, p.batch)
+                    } else {
+                        (span.from, span.batch)
+                    };
+                    Suspect {
+                        crashes: p.crashes + 1,
+                        from,
+                        until: p.until.min(span.until()),
+                        batch,
+                        probe: None,
+                    }
+                }
                 _ => fresh(1),
             };
             if s.crashes >= threshold {
@@ -419,6 +437,24 @@ mod tests {
         assert_eq!((s.from, s.crashes, s.probe), (40, 1, None));
         let s = suspect(judge(Some(s), &span(4, 40, 10), 2, 30));
         assert_eq!((s.from, s.until, s.crashes, s.probe), (40, 50, 2, Some(5)));
+    }
+
+    #[test]
+    fn overlapping_spans_count_together_and_narrow_to_where_both_reach() {
+        // Batches 3..6 had prompts in the engine at the first death, 4..6
+        // at the second (batch 3 had committed meanwhile).
+        let s = suspect(judge(None, &span(3, 30, 30), 2, 30));
+        let s = suspect(judge(Some(s), &span(4, 40, 20), 2, 40));
+        assert_eq!(
+            (s.batch, s.from, s.until, s.crashes, s.probe),
+            (4, 40, 60, 2, Some(10))
+        );
+        // A later span inside the first: narrowed to it.
+        let s = suspect(judge(None, &span(3, 30, 30), 3, 30));
+        let s = suspect(judge(Some(s), &span(3, 30, 10), 3, 30));
+        assert_eq!((s.from, s.until, s.crashes), (30, 60, 2));
+        let s = suspect(judge(Some(s), &span(5, 50, 20), 3, 50));
+        assert_eq!((s.batch, s.from, s.until, s.crashes), (5, 50, 60, 3));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -103,13 +103,20 @@ pub enum HostRequest {
         rid: String,
         prompt: String,
     },
+    /// Drop these requests (their batch will not be processed).
+    Abort { rids: Vec<String> },
 }
 
-/// What the stdout reader hands over.
-enum Event {
-    Msg(HostMsg),
-    /// stdout closed: the engine is gone.
-    Closed,
+/// What the feed's pump waits on: the messages of its engine (numbered by
+/// the engine's generation, so a dead engine's last lines are told apart),
+/// and wake-ups when there is more to send.
+#[derive(Debug)]
+pub(super) enum Event {
+    Msg(u64, HostMsg),
+    /// The engine of this generation closed its stdout: it is gone.
+    Closed(u64),
+    /// Work was queued, or a kill asked for.
+    Wake,
 }
 
 /// A running engine.
@@ -117,7 +124,8 @@ pub struct Engine {
     settings: EngineSettings,
     child: Child,
     stdin: ChildStdin,
-    events: Receiver<Event>,
+    /// Numbers this engine's events apart from an earlier one's.
+    generation: u64,
     tail: Arc<Mutex<VecDeque<String>>>,
     pub ready: Ready,
 }
@@ -140,10 +148,14 @@ pub struct Death {
 
 impl Engine {
     /// Starts an engine and waits until it is ready, or says why it could
-    /// not start (the engine's own message).
-    pub fn start(
+    /// not start (the engine's own message). Its messages go to `events`
+    /// as generation `generation`; `inbox` is where they arrive (wake-ups
+    /// and older generations' messages that come meanwhile are dropped).
+    pub(super) fn start(
         settings: &EngineSettings,
-        extra_env: &[(String, String)],
+        generation: u64,
+        events: &Sender<Event>,
+        inbox: &Receiver<Event>,
     ) -> Result<Self, LlmError> {
         let script = host_script()?;
         let config = serde_json::json!({
@@ -159,9 +171,6 @@ impl Engine {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        for (k, v) in extra_env {
-            cmd.env(k, v);
-        }
         if let Some(gpu) = settings.cuda_device {
             cmd.env("CUDA_VISIBLE_DEVICES", gpu.to_string());
         }
@@ -206,10 +215,10 @@ impl Engine {
             .map_err(|e| LlmError::Start {
                 message: format!("starting the engine's stderr reader: {e}"),
             })?;
-        let (events_tx, events) = mpsc::channel();
+        let events_tx = events.clone();
         std::thread::Builder::new()
             .name("stoke-llm-stdout".into())
-            .spawn(move || read_stdout(stdout, events_tx, pid))
+            .spawn(move || read_stdout(stdout, events_tx, pid, generation))
             .map_err(|e| LlmError::Start {
                 message: format!("starting the engine's stdout reader: {e}"),
             })?;
@@ -218,7 +227,7 @@ impl Engine {
             settings: settings.clone(),
             child,
             stdin,
-            events,
+            generation,
             tail,
             ready: Ready {
                 vllm: String::new(),
@@ -227,20 +236,22 @@ impl Engine {
             },
         };
         loop {
-            match engine.events.recv() {
-                Ok(Event::Msg(HostMsg::Ready(ready))) => {
+            match inbox.recv() {
+                Ok(Event::Msg(g, _) | Event::Closed(g)) if g != generation => {}
+                Ok(Event::Wake) => {}
+                Ok(Event::Msg(_, HostMsg::Ready(ready))) => {
                     info!(pid, vllm = %ready.vllm, max_model_len = ready.max_model_len, engine_args = %ready.engine_args, "engine ready");
                     engine.ready = ready;
                     return Ok(engine);
                 }
-                Ok(Event::Msg(HostMsg::Error { message })) => {
+                Ok(Event::Msg(_, HostMsg::Error { message })) => {
                     engine.stop();
                     return Err(LlmError::Start { message });
                 }
-                Ok(Event::Msg(other)) => {
+                Ok(Event::Msg(_, other)) => {
                     debug!(?other, "engine message before it was ready, ignored");
                 }
-                Ok(Event::Closed) | Err(_) => {
+                Ok(Event::Closed(_)) | Err(_) => {
                     let death = engine.death();
                     return Err(LlmError::Start {
                         message: format!("the engine exited while starting: {}", death.words),
@@ -250,44 +261,28 @@ impl Engine {
         }
     }
 
-    pub fn settings(&self) -> &EngineSettings {
-        &self.settings
+    pub(super) fn generation(&self) -> u64 {
+        self.generation
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Hands a request to the engine.
-    pub fn send(&mut self, request: &HostRequest) -> Result<(), Death> {
-        let mut line = serde_json::to_string(request).map_err(|e| Death {
-            words: format!("encoding a request: {e}"),
-        })?;
-        line.push('\n');
-        if let Err(e) = self
-            .stdin
-            .write_all(line.as_bytes())
+    /// Hands requests to the engine, in one write. A failed write means
+    /// the engine is gone: its closed stdout (an [`Event::Closed`]) follows
+    /// and says how.
+    pub(super) fn send(&mut self, requests: &[HostRequest]) -> std::io::Result<()> {
+        let mut lines = String::new();
+        for request in requests {
+            let line = serde_json::to_string(request).map_err(std::io::Error::other)?;
+            lines.push_str(&line);
+            lines.push('\n');
+        }
+        self.stdin
+            .write_all(lines.as_bytes())
             .and_then(|()| self.stdin.flush())
-        {
-            debug!(error = %e, "writing to the engine failed");
-            return Err(self.death());
-        }
-        Ok(())
-    }
-
-    /// The engine's next message, waiting at most `wait` (None: nothing
-    /// came yet). An engine that stopped answering is a [`Death`].
-    pub fn recv(&mut self, wait: Duration) -> Result<Option<HostMsg>, Death> {
-        match self.events.recv_timeout(wait) {
-            Ok(Event::Msg(msg)) => Ok(Some(msg)),
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Ok(Event::Closed) | Err(RecvTimeoutError::Disconnected) => Err(self.death()),
-        }
     }
 
     /// The engine is gone: reap it and say how it ended, with its last
     /// lines.
-    fn death(&mut self) -> Death {
+    pub(super) fn death(&mut self) -> Death {
         // Its stdout closed: it exits (a Python error unwinds vLLM for a
         // moment), or is killed if it does not.
         let mut status = None;
@@ -329,7 +324,7 @@ impl Engine {
         }
     }
 
-    fn kill(&mut self) {
+    pub(super) fn kill(&mut self) {
         let pid = self.child.id() as libc::pid_t;
         // SAFETY: signals the engine's own process group (it called
         // setpgid(0, 0)), then the process itself in case it had not yet.
@@ -366,19 +361,24 @@ fn signal_name(sig: i32) -> &'static str {
     }
 }
 
-fn read_stdout(stdout: std::process::ChildStdout, events: Sender<Event>, pid: u32) {
+fn read_stdout(
+    stdout: std::process::ChildStdout,
+    events: Sender<Event>,
+    pid: u32,
+    generation: u64,
+) {
     for line in BufReader::new(stdout).lines() {
         let Ok(line) = line else { break };
         match serde_json::from_str::<HostMsg>(&line) {
             Ok(msg) => {
-                if events.send(Event::Msg(msg)).is_err() {
+                if events.send(Event::Msg(generation, msg)).is_err() {
                     return;
                 }
             }
             Err(e) => warn!(pid, error = %e, %line, "engine said something that is not a message"),
         }
     }
-    let _ = events.send(Event::Closed);
+    let _ = events.send(Event::Closed(generation));
 }
 
 fn read_stderr(stderr: std::process::ChildStderr, tail: Arc<Mutex<VecDeque<String>>>, pid: u32) {

@@ -16,6 +16,7 @@ Requests:
   {"type": "generate", "rid": s, "prompt": text | "messages": [...],
    "max_tokens": n, "temperature": x, "seed": n}
   {"type": "embed", "rid": s, "prompt": text}
+  {"type": "abort", "rids": [s, ...]}   (no answer; unknown rids ignored)
 Answers, in completion order:
   {"type": "done", "rid": s, "text": ..., "prompt_tokens": n,
    "completion_tokens": n, "finish_reason": "stop"|"length",
@@ -25,7 +26,9 @@ Answers, in completion order:
 
 Fault points for tests (environment): STOKE_LLM_FAULT_ABORT_ON=<text>:
 the process aborts (SIGABRT) when a prompt containing <text> is handed to
-the engine; STOKE_LLM_FAULT_HANG_ON=<text>: it stops answering instead.
+the engine; STOKE_LLM_FAULT_HANG_ON=<text>: it stops answering instead;
+STOKE_LLM_FAULT_STEP_MS=<ms>: each engine step takes that much longer (a
+slow engine, so that tests find prompts in it).
 """
 
 import json
@@ -55,6 +58,7 @@ def main():
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     abort_on = os.environ.get("STOKE_LLM_FAULT_ABORT_ON") or None
     hang_on = os.environ.get("STOKE_LLM_FAULT_HANG_ON") or None
+    step_s = float(os.environ.get("STOKE_LLM_FAULT_STEP_MS") or 0) / 1000
 
     requests = queue.Queue()
 
@@ -99,12 +103,23 @@ def main():
         }
     )
 
-    # Our request ids by the engine's (it may add a suffix to them).
+    # Our request ids by the engine's (it may add a suffix to them), and
+    # the engine's by ours.
     pending = {}
+    internal_of = {}
 
     def handle(req):
         kind = req.get("type")
         rid = req.get("rid")
+        if kind == "abort":
+            known = [r for r in req.get("rids") or [] if r in internal_of]
+            for r in known:
+                pending.pop(internal_of.pop(r), None)
+                pending.pop(r, None)
+            if known:
+                # By our (external) ids: vLLM maps them to its own.
+                engine.abort_request(known, internal=False)
+            return
         if kind not in ("generate", "embed"):
             send({"type": "rejected", "rid": rid, "reason": f"unknown request type {kind!r}"})
             return
@@ -150,13 +165,18 @@ def main():
         else:
             params = PoolingParams(task="embed")
         internal = engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        if not isinstance(internal, str):
+            internal = rid
+        # Outputs carry the engine's id or ours, depending on the version.
         pending[internal] = rid
         pending[rid] = rid
+        internal_of[rid] = internal
 
     def answer(out):
         rid = pending.pop(out.request_id, None)
         if rid is None:
             return
+        pending.pop(internal_of.pop(rid, None), None)
         pending.pop(rid, None)
         prompt_tokens = len(out.prompt_token_ids or [])
         # Prompt tokens vLLM's prefix cache already held.
@@ -198,6 +218,8 @@ def main():
         except queue.Empty:
             pass
         if engine.has_unfinished_requests():
+            if step_s:
+                time.sleep(step_s)
             for out in engine.step():
                 if out.finished:
                     answer(out)

@@ -23,11 +23,12 @@
 //! real `stoke run --local` jobs against a real vLLM engine.
 
 mod engine;
+mod feed;
 mod model;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow_array::builder::{Float32Builder, ListBuilder};
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
@@ -35,20 +36,21 @@ use arrow_schema::DataType;
 use sha2::{Digest, Sha256};
 use stoke_core::spec::llm::{LLM_PYTHON_ENV, LlmParams, LlmSpec, LlmTask};
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::batch::Batch;
 use crate::context::ProcessorContext;
-use crate::error::ProcessorResult;
-use crate::processor::TorchBatchProcessor;
+use crate::error::{ProcessorResult, WorkerError};
+use crate::processor::{AHEAD, DynProcessor, Prepare};
 
-pub use engine::{Engine, EngineSettings, HostMsg, HostRequest, Ready};
+pub use engine::{EngineSettings, HostMsg, HostRequest, Ready};
+use feed::{Ended, Feed, FeedClient};
 
 /// The processor's name in job specs.
 pub const NAME: &str = stoke_core::spec::llm::LLM_PROCESSOR;
 
-/// How long one wait for the engine lasts before checking again.
-const POLL: Duration = Duration::from_millis(500);
+/// Most batches whose prompts wait ahead of the model.
+const MAX_AHEAD: usize = 64;
 
 #[derive(Debug, Error)]
 pub enum LlmError {
@@ -59,9 +61,11 @@ pub enum LlmError {
     Model { model: String, message: String },
     #[error("{0}")]
     Config(String),
-    /// The engine died with prompts in flight: a crash of the batch.
+    /// The engine died with prompts in flight: a crash of the batch, and
+    /// of the batches after it up to record `until`, whose prompts were in
+    /// the engine too.
     #[error("{words}")]
-    EngineDied { words: String },
+    EngineDied { words: String, until: u64 },
     #[error("column {column:?}: {message}")]
     Column { column: String, message: String },
 }
@@ -75,41 +79,46 @@ pub(crate) fn cache_root() -> PathBuf {
     home.join(".cache").join("stoke")
 }
 
-/// The warm engine of each device (its name), with its settings.
-fn slots() -> &'static Mutex<Vec<(String, Engine)>> {
-    static SLOTS: OnceLock<Mutex<Vec<(String, Engine)>>> = OnceLock::new();
+/// The warm engine (and its feed) of each device (its name).
+fn slots() -> &'static Mutex<Vec<(String, Feed)>> {
+    static SLOTS: OnceLock<Mutex<Vec<(String, Feed)>>> = OnceLock::new();
     SLOTS.get_or_init(|| Mutex::new(Vec::new()))
 }
 
 /// The warm engine for `device` if it has `settings`; any other engine on
 /// the device is stopped (the job needs the device for its own).
-fn take_warm(device: &str, settings: &EngineSettings) -> Option<Engine> {
+fn take_warm(device: &str, settings: &EngineSettings) -> Option<Feed> {
     let mut slots = slots().lock().unwrap_or_else(|p| p.into_inner());
     let at = slots.iter().position(|(d, _)| d == device)?;
-    let (_, engine) = slots.remove(at);
-    if engine.settings() == settings {
-        info!(pid = engine.pid(), "reusing the warm engine");
-        Some(engine)
+    let (_, feed) = slots.remove(at);
+    if feed.settings() == settings {
+        info!("reusing the warm engine");
+        Some(feed)
     } else {
-        info!(
-            pid = engine.pid(),
-            "stopping the warm engine: this job needs another"
-        );
-        drop(engine);
+        info!("stopping the warm engine: this job needs another");
+        drop(slots);
+        drop(feed);
         None
     }
 }
 
-fn put_warm(device: String, engine: Engine) {
+fn put_warm(device: String, feed: Feed) {
     let mut slots = slots().lock().unwrap_or_else(|p| p.into_inner());
-    slots.retain(|(d, _)| *d != device);
-    slots.push((device, engine));
+    let old: Vec<(String, Feed)> = slots.drain(..).collect();
+    let (same, others): (Vec<_>, Vec<_>) = old.into_iter().partition(|(d, _)| *d == device);
+    *slots = others;
+    slots.push((device, feed));
+    drop(slots);
+    drop(same);
 }
 
 /// Stops every warm engine (the worker leaves).
 pub fn stop_engines() {
-    let mut slots = slots().lock().unwrap_or_else(|p| p.into_inner());
-    slots.clear();
+    let old: Vec<(String, Feed)> = {
+        let mut slots = slots().lock().unwrap_or_else(|p| p.into_inner());
+        slots.drain(..).collect()
+    };
+    drop(old);
 }
 
 /// One record's prompt.
@@ -142,19 +151,6 @@ enum Outcome {
     Rejected(String),
 }
 
-/// The `llm` processor: one per worker and job.
-pub struct LlmProcessor {
-    params: LlmParams,
-    llm: LlmSpec,
-    device: String,
-    engine: Option<Engine>,
-    settings: EngineSettings,
-    /// Numbers each batch's requests apart.
-    batch_seq: u64,
-    /// Tokens through the engine since the last checkpoint.
-    tokens: Tokens,
-}
-
 /// Tokens through the engine.
 #[derive(Debug, Default, Clone, Copy)]
 struct Tokens {
@@ -164,18 +160,21 @@ struct Tokens {
     cached: u64,
 }
 
-impl LlmProcessor {
-    /// The engine, started if there is none (a worker embedded in a
-    /// process goes on after an engine death).
-    fn engine(&mut self) -> Result<&mut Engine, LlmError> {
-        if self.engine.is_none() {
-            self.engine = Some(Engine::start(&self.settings, &[])?);
-        }
-        self.engine
-            .as_mut()
-            .ok_or_else(|| LlmError::Config("no engine".into()))
+impl Tokens {
+    fn add(&mut self, other: Tokens) {
+        self.prompt += other.prompt;
+        self.completion += other.completion;
+        self.cached += other.cached;
     }
+}
 
+/// Turns a batch's rows into the engine's requests.
+struct Requests {
+    params: LlmParams,
+    group_by_prefix: bool,
+}
+
+impl Requests {
     fn request(&self, rid: String, prompt: &Prompt, id: &str) -> HostRequest {
         match (self.params.task, prompt) {
             (LlmTask::Embed, Prompt::Text(t)) => HostRequest::Embed {
@@ -203,99 +202,279 @@ impl LlmProcessor {
         }
     }
 
-    /// Runs `prompts` (by row) through the engine, `in_flight` at a time,
-    /// in `order`.
-    fn run_prompts(
-        &mut self,
-        ids: &StringArray,
-        prompts: &[Result<Prompt, String>],
-        order: &[usize],
-    ) -> Result<Vec<Option<Outcome>>, LlmError> {
-        self.batch_seq += 1;
-        let seq = self.batch_seq;
-        let limit = self.llm.in_flight.max(1) as usize;
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; prompts.len()];
-        for (i, p) in prompts.iter().enumerate() {
-            if let Err(reason) = p {
-                outcomes[i] = Some(Outcome::Rejected(reason.clone()));
-            }
+    /// `batch`'s requests as ticket `ticket` (in prompt order with
+    /// `group_by_prefix`), and the rows answered already (prompts that
+    /// cannot be read).
+    fn build(
+        &self,
+        batch: &Batch,
+        ticket: u64,
+    ) -> Result<(Vec<HostRequest>, Vec<Option<Outcome>>), LlmError> {
+        let prompts = read_prompts(
+            batch,
+            self.params.input_column(),
+            self.params.messages_column.is_some(),
+        )?;
+        let mut order: Vec<usize> = (0..prompts.len()).collect();
+        if self.group_by_prefix {
+            let keys: Vec<String> = prompts
+                .iter()
+                .map(|p| p.as_ref().map(Prompt::sort_key).unwrap_or_default())
+                .collect();
+            order.sort_by(|a, b| keys[*a].cmp(&keys[*b]));
         }
-        let mut queue = order
+        let outcomes = prompts
             .iter()
-            .copied()
-            .filter(|&i| prompts[i].is_ok())
-            .peekable();
-        let mut in_flight = 0usize;
-        loop {
-            while in_flight < limit {
-                let Some(i) = queue.next() else { break };
-                let Ok(prompt) = &prompts[i] else { continue };
-                let request = self.request(format!("{seq}.{i}"), prompt, ids.value(i));
-                self.send(&request)?;
-                in_flight += 1;
-            }
-            if in_flight == 0 {
-                break;
-            }
-            let msg = match self.engine()?.recv(POLL) {
-                Ok(Some(msg)) => msg,
-                Ok(None) => continue,
-                Err(death) => {
-                    self.engine = None;
-                    return Err(LlmError::EngineDied { words: death.words });
-                }
-            };
-            let (rid, outcome) = match msg {
-                HostMsg::Done {
-                    rid,
-                    text,
-                    prompt_tokens,
-                    completion_tokens,
-                    finish_reason,
-                    embedding,
-                    cached_tokens,
-                } => {
-                    self.tokens.prompt += prompt_tokens;
-                    self.tokens.cached += cached_tokens;
-                    self.tokens.completion += completion_tokens.unwrap_or_default();
-                    let outcome = match embedding {
-                        Some(v) => Outcome::Embedding(v),
-                        None => Outcome::Completion {
-                            text: text.unwrap_or_default(),
-                            prompt_tokens,
-                            completion_tokens: completion_tokens.unwrap_or_default(),
-                            finish_reason: finish_reason.unwrap_or_else(|| "length".into()),
-                        },
-                    };
-                    (rid, outcome)
-                }
-                HostMsg::Rejected { rid, reason } => (rid, Outcome::Rejected(reason)),
-                other => {
-                    warn!(?other, "unexpected engine message, ignored");
-                    continue;
-                }
-            };
-            let Some(i) = rid
-                .split_once('.')
-                .filter(|(s, _)| s.parse::<u64>().ok() == Some(seq))
-                .and_then(|(_, i)| i.parse::<usize>().ok())
-                .filter(|&i| i < outcomes.len() && outcomes[i].is_none())
-            else {
-                warn!(%rid, "an answer to no request in flight, ignored");
-                continue;
-            };
-            outcomes[i] = Some(outcome);
-            in_flight -= 1;
-        }
-        Ok(outcomes)
+            .map(|p| p.as_ref().err().map(|why| Outcome::Rejected(why.clone())))
+            .collect();
+        let ids = batch.ids();
+        let requests = order
+            .into_iter()
+            .filter_map(|i| {
+                let prompt = prompts[i].as_ref().ok()?;
+                Some(self.request(format!("{ticket}.{i}"), prompt, ids.value(i)))
+            })
+            .collect();
+        Ok((requests, outcomes))
+    }
+}
+
+/// The processor's stage ahead of the model: queues each batch's prompts
+/// on the feed, so the engine has them before the batch is processed.
+struct Stage {
+    client: FeedClient,
+    requests: Arc<Requests>,
+    attempt: u64,
+    ahead: usize,
+}
+
+impl Prepare for Stage {
+    fn prepare(&self, batch: Batch) -> Result<Batch, WorkerError> {
+        let from = batch.offset();
+        self.client
+            .enqueue(self.attempt, from, from + batch.consumed(), |ticket| {
+                self.requests.build(&batch, ticket)
+            });
+        Ok(batch)
     }
 
-    fn send(&mut self, request: &HostRequest) -> Result<(), LlmError> {
-        let sent = self.engine()?.send(request);
-        sent.map_err(|death| {
-            self.engine = None;
-            LlmError::EngineDied { words: death.words }
+    fn ahead(&self) -> usize {
+        self.ahead
+    }
+}
+
+/// The `llm` processor: one per worker and job.
+pub struct LlmProcessor {
+    llm: LlmSpec,
+    task: LlmTask,
+    device: String,
+    feed: Option<Feed>,
+    client: FeedClient,
+    requests: Arc<Requests>,
+    /// The attempt the feed numbers this shard's tickets by.
+    attempt: u64,
+    /// Batches whose prompts may wait ahead of the model.
+    ahead: usize,
+    batch_timeout: Option<Duration>,
+    /// Tokens of the batches processed since the last checkpoint.
+    tokens: Tokens,
+}
+
+impl LlmProcessor {
+    /// Makes the processor (and starts its engine, or takes the warm one).
+    pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Box<dyn DynProcessor>> {
+        Ok(Box::new(Self::new(ctx)?))
+    }
+
+    fn new(ctx: &mut ProcessorContext) -> ProcessorResult<Self> {
+        let spec = ctx.spec();
+        let params = LlmParams::from_params(&spec.processor.params)?;
+        let llm = spec.llm.clone().unwrap_or_default();
+        let batch_size = spec.batching.batch_size.max(1) as usize;
+        let batch_timeout = spec.errors.batch_timeout;
+        let python = match &llm.python {
+            Some(p) => PathBuf::from(p),
+            None => std::env::var_os(LLM_PYTHON_ENV)
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from)
+                .ok_or_else(|| {
+                    LlmError::Config(format!(
+                        "no python for the engine: set [llm] python in the job spec, or {LLM_PYTHON_ENV} on the worker, to the python of a venv with vLLM"
+                    ))
+                })?,
+        };
+        // A bare name ("python3") is looked up on PATH when started.
+        if python.components().count() > 1 && !python.exists() {
+            return Err(LlmError::Config(format!(
+                "[llm] python {} does not exist on this worker",
+                python.display()
+            ))
+            .into());
+        }
+        let (stores, runtime) = ctx.stores_and_runtime();
+        let model_dir = model::local_model(&params.model, &stores, &runtime, &cache_root())?;
+        engine::check_model_dir(&model_dir)?;
+        let device = ctx.device();
+        let cuda_device = match device {
+            tch::Device::Cuda(n) => Some(n as i64),
+            _ => None,
+        };
+        let settings = EngineSettings {
+            python,
+            model_dir,
+            task: params.task.as_str().to_string(),
+            engine_args: serde_json::Value::Object(llm.engine_args.clone()).to_string(),
+            cuda_device,
+        };
+        let device = format!("{device:?}");
+        let feed = match take_warm(&device, &settings) {
+            Some(f) => f,
+            None => Feed::start(&settings)?,
+        };
+        let client = feed.client();
+        if let Some(ready) = client.ready() {
+            info!(job = %ctx.job_id(), vllm = %ready.vllm, engine_args = %ready.engine_args, max_model_len = ready.max_model_len, "llm engine for the job");
+        }
+        // Enough batches ahead to keep `in_flight` prompts in the engine
+        // while a batch is written and committed.
+        let in_flight = llm.in_flight.max(1) as usize;
+        let ahead = (in_flight.div_ceil(batch_size) + 1).clamp(AHEAD, MAX_AHEAD);
+        Ok(Self {
+            task: params.task,
+            requests: Arc::new(Requests {
+                params,
+                group_by_prefix: llm.group_by_prefix,
+            }),
+            llm,
+            device,
+            feed: Some(feed),
+            client,
+            attempt: 0,
+            ahead,
+            batch_timeout,
+            tokens: Tokens::default(),
         })
+    }
+}
+
+impl DynProcessor for LlmProcessor {
+    fn prepare_stage(&self) -> Option<Arc<dyn Prepare>> {
+        Some(Arc::new(Stage {
+            client: self.client.clone(),
+            requests: Arc::clone(&self.requests),
+            attempt: self.attempt,
+            ahead: self.ahead,
+        }))
+    }
+
+    fn begin_attempt(&mut self, isolating: bool) -> ProcessorResult<()> {
+        // While a crash is isolated, a batch's prompts go to the engine
+        // only when it runs: a death is then blamed on it alone.
+        self.attempt = self
+            .client
+            .begin_attempt(!isolating, self.llm.in_flight.max(1) as usize);
+        Ok(())
+    }
+
+    fn times_batches_itself(&self) -> bool {
+        true
+    }
+
+    fn process_batch(
+        &mut self,
+        batch: Batch,
+        batch_idx: u64,
+        ctx: &mut ProcessorContext,
+    ) -> ProcessorResult<()> {
+        let started = Instant::now();
+        let from = batch.offset();
+        let ticket = match self.client.claim(self.attempt, from, batch.len()) {
+            Some(t) => t,
+            None => {
+                // Not queued ahead (no prepare stage ran for it).
+                let requests = Arc::clone(&self.requests);
+                self.client
+                    .enqueue(self.attempt, from, from + batch.consumed(), |ticket| {
+                        requests.build(&batch, ticket)
+                    });
+                self.client
+                    .claim(self.attempt, from, batch.len())
+                    .ok_or_else(|| LlmError::Config("the batch's prompts were not queued".into()))?
+            }
+        };
+        let limit = self.batch_timeout;
+        let answers = self
+            .client
+            .wait(ticket, limit.map(|l| started + l), || {
+                format!(
+                    "batch {batch_idx} ran past errors.batch_timeout ({})",
+                    humantime::format_duration(limit.unwrap_or_default())
+                )
+            })
+            .map_err(|ended| match ended {
+                Ended::Died { words, until } => LlmError::EngineDied { words, until },
+                Ended::NoEngine(message) => LlmError::Start { message },
+                Ended::Unreadable(e) => e,
+            })?;
+        self.tokens.add(answers.tokens);
+        let outcomes = answers.outcomes;
+        let mut keep = vec![true; outcomes.len()];
+        for (i, o) in outcomes.iter().enumerate() {
+            match o {
+                Some(Outcome::Rejected(reason)) => {
+                    ctx.skip_record(batch.ids().value(i), reason.clone())?;
+                    keep[i] = false;
+                }
+                None => {
+                    return Err(LlmError::Config(format!(
+                        "the engine gave no answer for record {}",
+                        batch.ids().value(i)
+                    ))
+                    .into());
+                }
+                Some(_) => {}
+            }
+        }
+        let kept: Vec<Outcome> = outcomes
+            .into_iter()
+            .zip(&keep)
+            .filter(|(_, k)| **k)
+            .filter_map(|(o, _)| o)
+            .collect();
+        let out = if keep.iter().all(|k| *k) {
+            batch
+        } else {
+            batch.retain(&keep)?
+        };
+        if out.is_empty() {
+            return Ok(());
+        }
+        write_outcomes(ctx, &out, kept, self.task)?;
+        Ok(())
+    }
+
+    fn on_checkpoint_start(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()> {
+        let t = std::mem::take(&mut self.tokens);
+        if t.prompt > 0 {
+            let hit_rate = t.cached as f64 / t.prompt as f64;
+            info!(job = %ctx.job_id(), prompt_tokens = t.prompt, completion_tokens = t.completion, cached_prompt_tokens = t.cached, prefix_cache_hit_rate = format!("{hit_rate:.3}"), "llm tokens");
+        }
+        Ok(())
+    }
+
+    fn on_finish(&mut self, _ctx: &mut ProcessorContext) -> ProcessorResult<()> {
+        self.client.clear();
+        Ok(())
+    }
+}
+
+impl Drop for LlmProcessor {
+    /// The engine stays warm for the next job with the same settings.
+    fn drop(&mut self) {
+        self.client.clear();
+        if let Some(feed) = self.feed.take() {
+            put_warm(std::mem::take(&mut self.device), feed);
+        }
     }
 }
 
@@ -399,142 +578,12 @@ fn column_as_json(name: &str, array: &ArrayRef) -> Result<Vec<Option<serde_json:
     Ok(parsed.into_iter().map(|mut m| m.remove(name)).collect())
 }
 
-impl TorchBatchProcessor for LlmProcessor {
-    fn new(ctx: &mut ProcessorContext) -> ProcessorResult<Self> {
-        let spec = ctx.spec();
-        let params = LlmParams::from_params(&spec.processor.params)?;
-        let llm = spec.llm.clone().unwrap_or_default();
-        let python = match &llm.python {
-            Some(p) => PathBuf::from(p),
-            None => std::env::var_os(LLM_PYTHON_ENV)
-                .filter(|p| !p.is_empty())
-                .map(PathBuf::from)
-                .ok_or_else(|| {
-                    LlmError::Config(format!(
-                        "no python for the engine: set [llm] python in the job spec, or {LLM_PYTHON_ENV} on the worker, to the python of a venv with vLLM"
-                    ))
-                })?,
-        };
-        // A bare name ("python3") is looked up on PATH when started.
-        if python.components().count() > 1 && !python.exists() {
-            return Err(LlmError::Config(format!(
-                "[llm] python {} does not exist on this worker",
-                python.display()
-            ))
-            .into());
-        }
-        let (stores, runtime) = ctx.stores_and_runtime();
-        let model_dir = model::local_model(&params.model, &stores, &runtime, &cache_root())?;
-        engine::check_model_dir(&model_dir)?;
-        let device = ctx.device();
-        let cuda_device = match device {
-            tch::Device::Cuda(n) => Some(n as i64),
-            _ => None,
-        };
-        let settings = EngineSettings {
-            python,
-            model_dir,
-            task: params.task.as_str().to_string(),
-            engine_args: serde_json::Value::Object(llm.engine_args.clone()).to_string(),
-            cuda_device,
-        };
-        let device = format!("{device:?}");
-        let engine = match take_warm(&device, &settings) {
-            Some(e) => e,
-            None => Engine::start(&settings, &[])?,
-        };
-        info!(job = %ctx.job_id(), vllm = %engine.ready.vllm, engine_args = %engine.ready.engine_args, max_model_len = engine.ready.max_model_len, "llm engine for the job");
-        Ok(Self {
-            params,
-            llm,
-            device,
-            engine: Some(engine),
-            settings,
-            batch_seq: 0,
-            tokens: Tokens::default(),
-        })
-    }
-
-    fn process_batch(
-        &mut self,
-        batch: Batch,
-        _batch_idx: u64,
-        ctx: &mut ProcessorContext,
-    ) -> ProcessorResult<()> {
-        let prompts = read_prompts(
-            &batch,
-            self.params.input_column(),
-            self.params.messages_column.is_some(),
-        )?;
-        let mut order: Vec<usize> = (0..prompts.len()).collect();
-        if self.llm.group_by_prefix {
-            let keys: Vec<String> = prompts
-                .iter()
-                .map(|p| p.as_ref().map(Prompt::sort_key).unwrap_or_default())
-                .collect();
-            order.sort_by(|a, b| keys[*a].cmp(&keys[*b]));
-        }
-        let outcomes = self.run_prompts(batch.ids(), &prompts, &order)?;
-        let mut keep = vec![true; outcomes.len()];
-        for (i, o) in outcomes.iter().enumerate() {
-            match o {
-                Some(Outcome::Rejected(reason)) => {
-                    ctx.skip_record(batch.ids().value(i), reason.clone())?;
-                    keep[i] = false;
-                }
-                None => {
-                    return Err(LlmError::Config(format!(
-                        "the engine gave no answer for record {}",
-                        batch.ids().value(i)
-                    ))
-                    .into());
-                }
-                Some(_) => {}
-            }
-        }
-        let kept: Vec<Outcome> = outcomes
-            .into_iter()
-            .zip(&keep)
-            .filter(|(_, k)| **k)
-            .filter_map(|(o, _)| o)
-            .collect();
-        let out = if keep.iter().all(|k| *k) {
-            batch
-        } else {
-            batch.retain(&keep)?
-        };
-        if out.is_empty() {
-            return Ok(());
-        }
-        write_outcomes(ctx, &out, kept, self.params.task)?;
-        Ok(())
-    }
-
-    fn on_checkpoint_start(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()> {
-        let t = std::mem::take(&mut self.tokens);
-        if t.prompt > 0 {
-            let hit_rate = t.cached as f64 / t.prompt as f64;
-            info!(job = %ctx.job_id(), prompt_tokens = t.prompt, completion_tokens = t.completion, cached_prompt_tokens = t.cached, prefix_cache_hit_rate = format!("{hit_rate:.3}"), "llm tokens");
-        }
-        Ok(())
-    }
-}
-
-impl Drop for LlmProcessor {
-    /// The engine stays warm for the next job with the same settings.
-    fn drop(&mut self) {
-        if let Some(engine) = self.engine.take() {
-            put_warm(std::mem::take(&mut self.device), engine);
-        }
-    }
-}
-
 fn write_outcomes(
     ctx: &mut ProcessorContext,
     batch: &Batch,
     outcomes: Vec<Outcome>,
     task: LlmTask,
-) -> Result<(), crate::error::WorkerError> {
+) -> Result<(), WorkerError> {
     match task {
         LlmTask::Generate => {
             let n = outcomes.len();

@@ -369,12 +369,14 @@ impl ShardLoop<'_> {
             wants_ack: isolated,
         };
         let from = span.from;
+        let span_until = span.until();
         self.control.set_current(Some(span));
         self.stages.request_brief();
         if isolated && !self.control.wait_noted(from, NOTED_WAIT) {
             warn!(shard = %self.shard_id, batch = idx, "the coordinator did not note an isolated batch in time; going on");
         }
-        if let Some(limit) = self.batch_timeout {
+        let watched = self.batch_timeout.filter(|_| !self.l.processor.times_batches_itself());
+        if let Some(limit) = watched {
             self.watchdog.arm(&self.control, idx, limit);
         }
         // Fault injection for tests: a processor whose native code
@@ -387,18 +389,29 @@ impl ShardLoop<'_> {
         let started = Instant::now();
         let l = &mut *self.l;
         let processed = l.processor.process_batch(batch, idx, &mut l.ctx);
-        if self.batch_timeout.is_some() {
+        if watched.is_some() {
             self.watchdog.disarm();
         }
         if let Err(e) = processed {
             let message = processor_message(&e);
-            if let Some(crate::llm::LlmError::EngineDied { words }) = e.downcast_ref() {
+            if let Some(crate::llm::LlmError::EngineDied { words, until }) = e.downcast_ref() {
                 // The LLM engine died with this batch's prompts in it: a
                 // crash of the batch, said with the engine's last words.
                 // The worker lives on: it gives the lease back as crashed
                 // (the batch stays reported as current, so the coordinator
                 // blames it and isolates repeated deaths down to one
                 // prompt) and its next attempt starts a fresh engine.
+                // Prompts of later batches that were in the engine too are
+                // blamed with it: the span reaches `until`.
+                if *until > span_until {
+                    self.control.set_current(Some(BatchSpan {
+                        batch: idx,
+                        from,
+                        records: until - from,
+                        ids: Vec::new(),
+                        wants_ack: false,
+                    }));
+                }
                 self.control.set_last_words(words.clone());
                 return Err(WorkerError::BatchCrashed {
                     shard: self.shard_id.clone(),
@@ -542,7 +555,7 @@ fn run_shard(
     let _ = l.ctx.take_skipped();
     let _ = l.ctx.take_metrics_partial();
     // What an earlier attempt gathered and did not commit never counts.
-    if let Err(e) = l.processor.begin_attempt() {
+    if let Err(e) = l.processor.begin_attempt(isolate.is_some()) {
         let outcome = ShardOutcome::Failed(WorkerError::ProcessorBatch {
             processor: spec.processor.label(),
             shard: shard_id,

@@ -769,7 +769,7 @@ impl DynProcessor for PythonProcessor {
         Ok(())
     }
 
-    fn begin_attempt(&mut self) -> ProcessorResult<()> {
+    fn begin_attempt(&mut self, _isolating: bool) -> ProcessorResult<()> {
         self.batches_since_partial = 0;
         Python::attach(|py| {
             let runtime = self.runtime.bind(py);
