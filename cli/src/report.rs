@@ -54,6 +54,27 @@ pub fn render(r: &EfficiencyReport) -> String {
             d.processor_s
         );
     }
+    if let Some(llm) = &r.llm {
+        let _ = writeln!(
+            out,
+            "llm engine: vLLM {}, engine args {}",
+            llm.vllm, llm.engine_args
+        );
+        let _ = writeln!(
+            out,
+            "  tokens in: {} ({:.1}/s), out: {} ({:.1}/s)",
+            llm.prompt_tokens,
+            llm.prompt_tokens_per_s,
+            llm.completion_tokens,
+            llm.completion_tokens_per_s
+        );
+        let _ = writeln!(
+            out,
+            "  prefix cache: {:.1}% of prompt tokens ({} cached)",
+            llm.prefix_cache_hit_rate * 100.0,
+            llm.cached_prompt_tokens
+        );
+    }
     if !r.metrics.is_empty() {
         let _ = writeln!(out, "metrics:");
         let width = r.metrics.keys().map(|k| k.len()).max().unwrap_or(0);
@@ -106,6 +127,7 @@ mod tests {
                 busy_fraction: 0.5,
             }],
             metrics: BTreeMap::new(),
+            llm: None,
         };
         let text = render(&report);
         assert!(text.contains("  model            10.0 s   50.0%"), "{text}");
@@ -114,6 +136,34 @@ mod tests {
         assert!(text.contains("shards split: 2"), "{text}");
         assert!(text.contains("attempts failed: lost 1"), "{text}");
         assert!(text.contains("batches redone: 4"), "{text}");
+        assert!(!text.contains("llm engine"), "{text}");
+        let llm = EfficiencyReport {
+            llm: Some(
+                stoke_core::report::LlmUsage {
+                    vllm: "0.26.0".into(),
+                    engine_args: serde_json::json!({"max_model_len": 256}),
+                    prompt_tokens: 1200,
+                    completion_tokens: 600,
+                    cached_prompt_tokens: 300,
+                    ..Default::default()
+                }
+                .with_rates(12.0),
+            ),
+            ..report.clone()
+        };
+        let text = render(&llm);
+        assert!(
+            text.contains("llm engine: vLLM 0.26.0, engine args {\"max_model_len\":256}"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tokens in: 1200 (100.0/s), out: 600 (50.0/s)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("prefix cache: 25.0% of prompt tokens (300 cached)"),
+            "{text}"
+        );
         assert!(text.contains("worker w1 [cpu]: model busy 50.0%"), "{text}");
         assert!(
             !text.contains("metrics:"),

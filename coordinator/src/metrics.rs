@@ -325,8 +325,20 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
     register_demand(&mut registry, &snapshot.queues);
     let processor_seconds = Family::<Labels, Counter<f64>>::default();
     let shards_split = Family::<Labels, Counter>::default();
+    let llm_tokens = Family::<Labels, Counter>::default();
     for report in &snapshot.reports {
         let id = report.job_id.as_str();
+        if let Some(llm) = &report.llm {
+            for (kind, n) in [
+                ("prompt", llm.prompt_tokens),
+                ("completion", llm.completion_tokens),
+                ("cached_prompt", llm.cached_prompt_tokens),
+            ] {
+                llm_tokens
+                    .get_or_create(&labels([("job", id), ("kind", kind)]))
+                    .inc_by(n);
+            }
+        }
         for (cause, seconds) in report.seconds.named() {
             processor_seconds
                 .get_or_create(&labels([("job", id), ("cause", cause)]))
@@ -340,6 +352,11 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         "stoke_job_processor_seconds",
         "Processor time per job, by cause: startup, model, input_wait, checkpoint, redone, crashed, paused, tail_idle",
         processor_seconds,
+    );
+    registry.register(
+        "stoke_llm_tokens",
+        "Tokens through an LLM job's engines, by kind: prompt, completion, cached_prompt (prompt tokens found in vLLM's prefix cache)",
+        llm_tokens,
     );
     registry.register(
         "stoke_job_shards_split",

@@ -58,6 +58,12 @@
     return int(Math.round(r)) + " rec/s";
   }
 
+  function tokens(r) {
+    if (r === null || r === undefined) return "—";
+    if (r < 10) return r.toFixed(1) + "/s";
+    return int(Math.round(r)) + "/s";
+  }
+
   function duration(seconds) {
     if (seconds === null || seconds === undefined) return "—";
     let s = Math.round(seconds);
@@ -207,6 +213,7 @@
     const meta = [job.name && job.name !== job.id ? job.name : null, job.processor, int(job.shards_total) + (job.shards_total === 1 ? " shard" : " shards")]
       .filter(Boolean).join(" · ");
     const sched = job.schedule;
+    const llm = job.report && job.report.llm;
     const leases = int(job.shards.leased) + (sched.max_workers === null ? "" : " / " + int(sched.max_workers));
     return el("article", {
       class: "job",
@@ -239,7 +246,9 @@
         stat("Queue", sched.queue, null, { "data-role": "queue" }),
         stat("Weight", String(sched.weight), null, { "data-role": "weight" }),
         stat("Leases", leases, null, { "data-role": "leases" }),
-        stat("Waiting", sched.waiting || "—", sched.waiting ? "warn" : null, { "data-role": "waiting" })),
+        stat("Waiting", sched.waiting || "—", sched.waiting ? "warn" : null, { "data-role": "waiting" }),
+        llm ? stat("Tokens in / out", tokens(llm.prompt_tokens_per_s) + " / " + tokens(llm.completion_tokens_per_s), null, { "data-role": "tokens" }) : null,
+        llm ? stat("Prefix cache", pctFixed(llm.prefix_cache_hit_rate * 100) + "%", null, { "data-role": "prefix-cache" }) : null),
       el("div", { class: "shards" }, segments, legend),
       renderReport(job),
       job.reason ? el("p", { class: "reason" }, job.reason) : null,

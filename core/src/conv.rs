@@ -8,7 +8,8 @@ use stoke_proto::v1 as pb;
 use crate::error::ConvError;
 use crate::lease::{
     AcquireOutcome, BatchSpan, Commit, Heartbeat, Isolation, JobStages, JobTerms, Lease, LeaseKey,
-    LeaseWork, MetricsDone, ReduceFailure, ReduceTask, Release, SessionEvent, StageTotals,
+    LeaseWork, LlmStages, MetricsDone, ReduceFailure, ReduceTask, Release, SessionEvent,
+    StageTotals,
 };
 use crate::plan::{Cut, Shard, ShardSource};
 use crate::records::{
@@ -161,6 +162,13 @@ impl From<Heartbeat> for pb::Heartbeat {
                     model_ms: j.model_ms,
                     input_wait_ms: j.input_wait_ms,
                     checkpoint_ms: j.checkpoint_ms,
+                    llm: j.llm.map(|l| pb::LlmStages {
+                        prompt_tokens: l.prompt_tokens,
+                        completion_tokens: l.completion_tokens,
+                        cached_prompt_tokens: l.cached_prompt_tokens,
+                        vllm: l.vllm,
+                        engine_args: l.engine_args,
+                    }),
                 })
                 .collect(),
             work: h
@@ -199,6 +207,13 @@ impl From<pb::Heartbeat> for Heartbeat {
                     model_ms: j.model_ms,
                     input_wait_ms: j.input_wait_ms,
                     checkpoint_ms: j.checkpoint_ms,
+                    llm: j.llm.map(|l| LlmStages {
+                        prompt_tokens: l.prompt_tokens,
+                        completion_tokens: l.completion_tokens,
+                        cached_prompt_tokens: l.cached_prompt_tokens,
+                        vllm: l.vllm,
+                        engine_args: l.engine_args,
+                    }),
                 })
                 .collect(),
             // Work without its lease names nothing: dropped.

@@ -224,6 +224,38 @@ pub struct JobStages {
     pub model_ms: u64,
     pub input_wait_ms: u64,
     pub checkpoint_ms: u64,
+    /// An LLM job's engine and tokens on this worker.
+    pub llm: Option<LlmStages>,
+}
+
+/// An LLM job's tokens through a worker's engine since the worker
+/// started, and what the engine is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LlmStages {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cached_prompt_tokens: u64,
+    /// vLLM's version.
+    pub vllm: String,
+    /// The engine arguments, as JSON.
+    pub engine_args: String,
+}
+
+impl LlmStages {
+    /// The tokens since `before` (counters that only grow), with the
+    /// engine as it is now.
+    pub fn since(&self, before: Option<&LlmStages>) -> LlmStages {
+        let b = before.cloned().unwrap_or_default();
+        LlmStages {
+            prompt_tokens: self.prompt_tokens.saturating_sub(b.prompt_tokens),
+            completion_tokens: self.completion_tokens.saturating_sub(b.completion_tokens),
+            cached_prompt_tokens: self
+                .cached_prompt_tokens
+                .saturating_sub(b.cached_prompt_tokens),
+            vllm: self.vllm.clone(),
+            engine_args: self.engine_args.clone(),
+        }
+    }
 }
 
 /// An attempt's batches since its last committed checkpoint.

@@ -115,6 +115,59 @@ pub struct EfficiencyReport {
     /// succeeds), and for a job without reducers.
     #[serde(default)]
     pub metrics: BTreeMap<String, serde_json::Value>,
+    /// An LLM job's engine and tokens (`[processor] name = "llm"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<LlmUsage>,
+}
+
+/// What an LLM job's engines ran and how many tokens went through them.
+/// Tokens count every batch the engines answered, redone ones too.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LlmUsage {
+    /// vLLM's version, as the engine said when it started.
+    pub vllm: String,
+    /// The engine arguments it ran with, as vLLM was handed them.
+    pub engine_args: serde_json::Value,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// Prompt tokens vLLM found in its prefix cache.
+    pub cached_prompt_tokens: u64,
+    /// `cached_prompt_tokens / prompt_tokens`.
+    pub prefix_cache_hit_rate: f64,
+    /// Over the job's wall time.
+    pub prompt_tokens_per_s: f64,
+    pub completion_tokens_per_s: f64,
+}
+
+impl LlmUsage {
+    /// The rates, from the counts and the job's wall time.
+    pub fn with_rates(self, wall_s: f64) -> Self {
+        let per_s = |n: u64| if wall_s > 0.0 { n as f64 / wall_s } else { 0.0 };
+        Self {
+            prefix_cache_hit_rate: if self.prompt_tokens > 0 {
+                self.cached_prompt_tokens as f64 / self.prompt_tokens as f64
+            } else {
+                0.0
+            },
+            prompt_tokens_per_s: per_s(self.prompt_tokens),
+            completion_tokens_per_s: per_s(self.completion_tokens),
+            ..self
+        }
+    }
+
+    /// This usage after `before` (a coordinator before this one).
+    fn after(self, before: &LlmUsage, wall_s: f64) -> Self {
+        let engine = if self.vllm.is_empty() { before } else { &self };
+        LlmUsage {
+            vllm: engine.vllm.clone(),
+            engine_args: engine.engine_args.clone(),
+            prompt_tokens: before.prompt_tokens + self.prompt_tokens,
+            completion_tokens: before.completion_tokens + self.completion_tokens,
+            cached_prompt_tokens: before.cached_prompt_tokens + self.cached_prompt_tokens,
+            ..LlmUsage::default()
+        }
+        .with_rates(wall_s)
+    }
 }
 
 /// What a coordinator had counted of a running job when it last saved it
@@ -205,6 +258,12 @@ impl EfficiencyReport {
                 before.metrics.clone()
             } else {
                 self.metrics
+            },
+            llm: match (self.llm, &before.llm) {
+                (Some(now), Some(b)) => Some(now.after(b, wall_s)),
+                (Some(now), None) => Some(now.with_rates(wall_s)),
+                (None, Some(b)) => Some(b.clone().with_rates(wall_s)),
+                (None, None) => None,
             },
         }
     }

@@ -385,6 +385,28 @@ fn completions_equal_vllm_offline_through_engine_and_worker_kills() {
         startup.zip(model).is_some_and(|(s, m)| s > m && m > 0.0),
         "{report}"
     );
+    // The report names what ran and counts the tokens (redone batches
+    // too), and so does /metrics.
+    let llm = &report["llm"];
+    assert_eq!(llm["vllm"], "0.26.0", "{report}");
+    assert_eq!(llm["engine_args"]["max_model_len"], 256, "{report}");
+    let committed: u64 = completions(&root, &job)
+        .values()
+        .filter_map(|r| r["completion_tokens"].as_u64())
+        .sum();
+    let counted = llm["completion_tokens"].as_u64().unwrap_or_default();
+    assert!(
+        counted >= committed && committed > 0,
+        "{committed}: {report}"
+    );
+    assert!(llm["prompt_tokens"].as_u64() > Some(0), "{report}");
+    assert!(
+        llm["completion_tokens_per_s"].as_f64() > Some(0.0),
+        "{report}"
+    );
+    let (_, metrics) = coordinator.http("/metrics").expect("/metrics");
+    let line = format!("stoke_llm_tokens_total{{job=\"{job}\",kind=\"completion\"}} {counted}");
+    assert!(metrics.contains(&line), "{line} in {metrics}");
 }
 
 /// `stoke run --local 1` with the env var naming a prompt that makes the

@@ -119,6 +119,15 @@ pub(crate) trait Prepare: Send + Sync {
     }
 }
 
+/// What a processor's engine did: tokens (added to the job's totals) and
+/// the time a batch waited for an engine to start (start-up, not model
+/// time).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EngineUsage {
+    pub stages: stoke_core::lease::LlmStages,
+    pub startup: std::time::Duration,
+}
+
 /// The object-safe face of a processor, used by the worker's pipeline.
 pub(crate) trait DynProcessor: Send {
     /// Its stage ahead of the model, if it has one.
@@ -138,6 +147,11 @@ pub(crate) trait DynProcessor: Send {
     /// attempt isolates a crash (its batches must run one at a time).
     fn begin_attempt(&mut self, _isolating: bool) -> ProcessorResult<()> {
         Ok(())
+    }
+    /// What its engine did since the last call (the LLM processor's
+    /// tokens, and time spent waiting for an engine to start).
+    fn take_usage(&mut self) -> Option<EngineUsage> {
+        None
     }
     /// Whether it enforces the job's `batch_timeout` itself (the LLM
     /// processor kills a hung engine, not the worker).

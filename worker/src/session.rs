@@ -185,6 +185,7 @@ fn heartbeat(active: &Active, stages: &StageCounters, base: &[JobStages]) -> Hea
                 model_ms: now.model_ms.saturating_sub(b.model_ms),
                 input_wait_ms: now.input_wait_ms.saturating_sub(b.input_wait_ms),
                 checkpoint_ms: now.checkpoint_ms.saturating_sub(b.checkpoint_ms),
+                llm: now.llm.as_ref().map(|l| l.since(b.llm.as_ref())),
                 job_id: now.job_id,
             },
             None => now,

@@ -28,10 +28,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use stoke_core::lease::{JobStages, LeaseWork};
+use stoke_core::lease::{JobStages, LeaseWork, LlmStages};
 use stoke_core::records::JobState;
 use stoke_core::records::now_ms;
-use stoke_core::report::{CauseSeconds, DeviceReport, EfficiencyReport, ReportSoFar};
+use stoke_core::report::{CauseSeconds, DeviceReport, EfficiencyReport, LlmUsage, ReportSoFar};
 use stoke_store::to_json_bytes;
 use tokio::time::Instant;
 
@@ -145,6 +145,8 @@ pub(super) struct Account {
     saving: bool,
     /// The job's reduced metrics, once stored (see `reducers.rs`).
     pub metrics: BTreeMap<String, serde_json::Value>,
+    /// An LLM job's tokens, and its engine as last reported.
+    llm: Option<LlmStages>,
 }
 
 impl Account {
@@ -171,6 +173,7 @@ impl Account {
             saved: now,
             saving: false,
             metrics: BTreeMap::new(),
+            llm: None,
         }
     }
 
@@ -344,6 +347,18 @@ impl Account {
             redone_batches: self.redone_batches,
             devices,
             metrics: self.metrics.clone(),
+            llm: self.llm.as_ref().map(|l| {
+                LlmUsage {
+                    vllm: l.vllm.clone(),
+                    engine_args: serde_json::from_str(&l.engine_args)
+                        .unwrap_or(serde_json::Value::Null),
+                    prompt_tokens: l.prompt_tokens,
+                    completion_tokens: l.completion_tokens,
+                    cached_prompt_tokens: l.cached_prompt_tokens,
+                    ..LlmUsage::default()
+                }
+                .with_rates(wall_s)
+            }),
         };
         match &self.before {
             Some(before) => report.after(before),
@@ -373,6 +388,7 @@ impl State {
                 model_ms: totals.model_ms.saturating_sub(before.model_ms),
                 input_wait_ms: totals.input_wait_ms.saturating_sub(before.input_wait_ms),
                 checkpoint_ms: totals.checkpoint_ms.saturating_sub(before.checkpoint_ms),
+                llm: totals.llm.as_ref().map(|l| l.since(before.llm.as_ref())),
             });
         }
         for d in deltas {
@@ -384,6 +400,16 @@ impl State {
             a.model_ms += d.model_ms;
             a.input_wait_ms += d.input_wait_ms;
             a.checkpoint_ms += d.checkpoint_ms;
+            if let Some(l) = &d.llm {
+                let had = a.llm.get_or_insert_with(LlmStages::default);
+                had.prompt_tokens += l.prompt_tokens;
+                had.completion_tokens += l.completion_tokens;
+                had.cached_prompt_tokens += l.cached_prompt_tokens;
+                if !l.vllm.is_empty() {
+                    had.vllm.clone_from(&l.vllm);
+                    had.engine_args.clone_from(&l.engine_args);
+                }
+            }
             a.with_worker(&worker_id, &devices, |w| {
                 w.model_ms += d.model_ms;
                 w.unreported = Duration::ZERO;

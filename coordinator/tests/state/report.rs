@@ -2,7 +2,7 @@
 //! with an attempt counted as redone, idle workers' time counted as tail
 //! idle or paused, all on the paused clock, and `report.json` at the end.
 
-use stoke_core::lease::{JobStages, LeaseWork};
+use stoke_core::lease::{JobStages, LeaseWork, LlmStages};
 use stoke_core::report::{EfficiencyReport, ReportSoFar};
 
 use crate::support::*;
@@ -19,6 +19,7 @@ fn stages(model_ms: u64, startup_ms: u64) -> Vec<JobStages> {
         model_ms,
         input_wait_ms: 10,
         checkpoint_ms: 20,
+        llm: None,
     }]
 }
 
@@ -319,4 +320,45 @@ async fn the_causes_add_up_to_the_reported_processor_time_while_a_job_runs() {
     assert_eq!(r.seconds.model, 4.0);
     assert_sums(&r);
     let _ = lb;
+}
+
+/// An LLM job's tokens: each worker's totals grow, only the difference
+/// counts again; the engine is the one last reported; rates are over the
+/// job's wall time.
+#[tokio::test(start_paused = true)]
+async fn an_llm_jobs_tokens_add_up_over_workers_and_heartbeats() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    two_shards(&mut state, &stores).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let tokens = |prompt, completion, cached| {
+        let mut s = stages(100, 0);
+        s[0].llm = Some(LlmStages {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            cached_prompt_tokens: cached,
+            vllm: "0.26.0".into(),
+            engine_args: r#"{"max_model_len":256}"#.into(),
+        });
+        s
+    };
+    advance(Duration::from_secs(10)).await;
+    state.report_work(&a, &tokens(1_000, 200, 100), &[]);
+    state.report_work(&b, &tokens(500, 100, 0), &[]);
+    state.report_work(&a, &tokens(3_000, 600, 900), &[]);
+    let r = report(&mut state);
+    let llm = r.llm.expect("llm usage");
+    assert_eq!(
+        (
+            llm.prompt_tokens,
+            llm.completion_tokens,
+            llm.cached_prompt_tokens
+        ),
+        (3_500, 700, 900)
+    );
+    assert_eq!(llm.vllm, "0.26.0");
+    assert_eq!(llm.engine_args["max_model_len"], 256);
+    assert_eq!(llm.completion_tokens_per_s, 70.0);
+    assert!((llm.prefix_cache_hit_rate - 900.0 / 3_500.0).abs() < 1e-12);
 }

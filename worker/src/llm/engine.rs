@@ -104,7 +104,9 @@ pub enum HostRequest {
         prompt: String,
     },
     /// Drop these requests (their batch will not be processed).
-    Abort { rids: Vec<String> },
+    Abort {
+        rids: Vec<String>,
+    },
 }
 
 /// What the feed's pump waits on: the messages of its engine (numbered by

@@ -106,12 +106,16 @@ struct FeedState {
     closing: bool,
     /// The last engine's `ready` line.
     ready: Option<Ready>,
+    /// Time spent starting engines after the first.
+    restarting: Duration,
 }
 
 impl FeedState {
     /// Whether a ticket of the current attempt has prompts that may go.
     fn has_sendable(&self) -> bool {
-        self.tickets.iter().any(|t| self.may_send(t) && !t.queue.is_empty())
+        self.tickets
+            .iter()
+            .any(|t| self.may_send(t) && !t.queue.is_empty())
     }
 
     fn may_send(&self, t: &Ticket) -> bool {
@@ -216,6 +220,11 @@ impl FeedClient {
     /// The last engine's `ready` line.
     pub(super) fn ready(&self) -> Option<Ready> {
         self.shared.lock().ready.clone()
+    }
+
+    /// Time spent starting engines after the first, so far.
+    pub(super) fn restarting(&self) -> Duration {
+        self.shared.lock().restarting
     }
 
     /// An attempt starts: earlier attempts' tickets are dropped (their
@@ -337,7 +346,10 @@ impl FeedClient {
                 Some(d) if !killed => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        warn!(ticket = id, "the engine gave the batch no answer in time; killing it");
+                        warn!(
+                            ticket = id,
+                            "the engine gave the batch no answer in time; killing it"
+                        );
                         st.kill = Some(hung());
                         killed = true;
                         drop(st);
@@ -393,9 +405,8 @@ fn pump(
                     if st.in_flight >= st.limit {
                         break;
                     }
-                    let sendable = t.attempt == st.attempt
-                        && t.ended.is_none()
-                        && (t.claimed || st.ahead);
+                    let sendable =
+                        t.attempt == st.attempt && t.ended.is_none() && (t.claimed || st.ahead);
                     while sendable && st.in_flight < st.limit {
                         let Some(r) = t.queue.pop_front() else { break };
                         sends.push(r);
@@ -409,7 +420,10 @@ fn pump(
         if start {
             generation += 1;
             info!(generation, "starting a fresh engine");
-            match Engine::start(settings, generation, tx, rx) {
+            let began = Instant::now();
+            let started = Engine::start(settings, generation, tx, rx);
+            shared.lock().restarting += began.elapsed();
+            match started {
                 Ok(e) => {
                     shared.lock().ready = Some(e.ready.clone());
                     engine = Some(e);

@@ -41,7 +41,8 @@ use tracing::info;
 use crate::batch::Batch;
 use crate::context::ProcessorContext;
 use crate::error::{ProcessorResult, WorkerError};
-use crate::processor::{AHEAD, DynProcessor, Prepare};
+use crate::processor::{AHEAD, DynProcessor, EngineUsage, Prepare};
+use stoke_core::lease::LlmStages;
 
 pub use engine::{EngineSettings, HostMsg, HostRequest, Ready};
 use feed::{Ended, Feed, FeedClient};
@@ -278,6 +279,11 @@ pub struct LlmProcessor {
     batch_timeout: Option<Duration>,
     /// Tokens of the batches processed since the last checkpoint.
     tokens: Tokens,
+    /// Tokens of the batches processed since the last `take_usage`.
+    usage: Tokens,
+    /// Engine restarts' time already told, and the last batch's duration.
+    restarting_told: Duration,
+    last_batch: Duration,
 }
 
 impl LlmProcessor {
@@ -332,6 +338,7 @@ impl LlmProcessor {
             None => Feed::start(&settings)?,
         };
         let client = feed.client();
+        let client_restarting = client.restarting();
         if let Some(ready) = client.ready() {
             info!(job = %ctx.job_id(), vllm = %ready.vllm, engine_args = %ready.engine_args, max_model_len = ready.max_model_len, "llm engine for the job");
         }
@@ -353,40 +360,21 @@ impl LlmProcessor {
             ahead,
             batch_timeout,
             tokens: Tokens::default(),
+            usage: Tokens::default(),
+            restarting_told: client_restarting,
+            last_batch: Duration::ZERO,
         })
     }
-}
 
-impl DynProcessor for LlmProcessor {
-    fn prepare_stage(&self) -> Option<Arc<dyn Prepare>> {
-        Some(Arc::new(Stage {
-            client: self.client.clone(),
-            requests: Arc::clone(&self.requests),
-            attempt: self.attempt,
-            ahead: self.ahead,
-        }))
-    }
-
-    fn begin_attempt(&mut self, isolating: bool) -> ProcessorResult<()> {
-        // While a crash is isolated, a batch's prompts go to the engine
-        // only when it runs: a death is then blamed on it alone.
-        self.attempt = self
-            .client
-            .begin_attempt(!isolating, self.llm.in_flight.max(1) as usize);
-        Ok(())
-    }
-
-    fn times_batches_itself(&self) -> bool {
-        true
-    }
-
-    fn process_batch(
+    /// Claims the batch's prompts on the feed, waits for their answers
+    /// and writes them.
+    fn run_batch(
         &mut self,
         batch: Batch,
         batch_idx: u64,
         ctx: &mut ProcessorContext,
+        started: Instant,
     ) -> ProcessorResult<()> {
-        let started = Instant::now();
         let from = batch.offset();
         let ticket = match self.client.claim(self.attempt, from, batch.len()) {
             Some(t) => t,
@@ -417,6 +405,7 @@ impl DynProcessor for LlmProcessor {
                 Ended::Unreadable(e) => e,
             })?;
         self.tokens.add(answers.tokens);
+        self.usage.add(answers.tokens);
         let outcomes = answers.outcomes;
         let mut keep = vec![true; outcomes.len()];
         for (i, o) in outcomes.iter().enumerate() {
@@ -451,6 +440,61 @@ impl DynProcessor for LlmProcessor {
         }
         write_outcomes(ctx, &out, kept, self.task)?;
         Ok(())
+    }
+}
+
+impl DynProcessor for LlmProcessor {
+    fn prepare_stage(&self) -> Option<Arc<dyn Prepare>> {
+        Some(Arc::new(Stage {
+            client: self.client.clone(),
+            requests: Arc::clone(&self.requests),
+            attempt: self.attempt,
+            ahead: self.ahead,
+        }))
+    }
+
+    fn begin_attempt(&mut self, isolating: bool) -> ProcessorResult<()> {
+        // While a crash is isolated, a batch's prompts go to the engine
+        // only when it runs: a death is then blamed on it alone.
+        self.attempt = self
+            .client
+            .begin_attempt(!isolating, self.llm.in_flight.max(1) as usize);
+        Ok(())
+    }
+
+    fn times_batches_itself(&self) -> bool {
+        true
+    }
+
+    fn take_usage(&mut self) -> Option<EngineUsage> {
+        let restarting = self.client.restarting();
+        let waited = restarting.saturating_sub(self.restarting_told);
+        self.restarting_told = restarting;
+        let t = std::mem::take(&mut self.usage);
+        let ready = self.client.ready();
+        Some(EngineUsage {
+            stages: LlmStages {
+                prompt_tokens: t.prompt,
+                completion_tokens: t.completion,
+                cached_prompt_tokens: t.cached,
+                vllm: ready.as_ref().map(|r| r.vllm.clone()).unwrap_or_default(),
+                engine_args: ready.map(|r| r.engine_args.to_string()).unwrap_or_default(),
+            },
+            // A batch waited for a fresh engine at most as long as it ran.
+            startup: waited.min(std::mem::take(&mut self.last_batch)),
+        })
+    }
+
+    fn process_batch(
+        &mut self,
+        batch: Batch,
+        batch_idx: u64,
+        ctx: &mut ProcessorContext,
+    ) -> ProcessorResult<()> {
+        let started = Instant::now();
+        let result = self.run_batch(batch, batch_idx, ctx, started);
+        self.last_batch = started.elapsed();
+        result
     }
 
     fn on_checkpoint_start(&mut self, ctx: &mut ProcessorContext) -> ProcessorResult<()> {

@@ -375,7 +375,9 @@ impl ShardLoop<'_> {
         if isolated && !self.control.wait_noted(from, NOTED_WAIT) {
             warn!(shard = %self.shard_id, batch = idx, "the coordinator did not note an isolated batch in time; going on");
         }
-        let watched = self.batch_timeout.filter(|_| !self.l.processor.times_batches_itself());
+        let watched = self
+            .batch_timeout
+            .filter(|_| !self.l.processor.times_batches_itself());
         if let Some(limit) = watched {
             self.watchdog.arm(&self.control, idx, limit);
         }
@@ -391,6 +393,15 @@ impl ShardLoop<'_> {
         let processed = l.processor.process_batch(batch, idx, &mut l.ctx);
         if watched.is_some() {
             self.watchdog.disarm();
+        }
+        // An engine the batch waited for to start is start-up, not model
+        // time; its tokens go to the job's report.
+        let mut engine_startup = std::time::Duration::ZERO;
+        if let Some(usage) = self.l.processor.take_usage() {
+            engine_startup = usage.startup;
+            self.stages
+                .add_job(&self.l.job_id, JobCause::Startup, usage.startup);
+            self.stages.add_llm(&self.l.job_id, usage.stages);
         }
         if let Err(e) = processed {
             let message = processor_message(&e);
@@ -437,7 +448,7 @@ impl ShardLoop<'_> {
             });
         }
         self.control.set_current(None);
-        let took = started.elapsed();
+        let took = started.elapsed().saturating_sub(engine_startup);
         self.times.model += took;
         self.times.batches += 1;
         self.times.records += consumed;

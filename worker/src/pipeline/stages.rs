@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use stoke_core::lease::JobStages;
+use stoke_core::lease::{JobStages, LlmStages};
 use stoke_core::records::StageTotals;
 
 /// Where this process's processor threads spent their time since it
@@ -34,12 +34,14 @@ pub(crate) struct StageCounters {
 }
 
 /// Where a job's processor time went on this worker, in microseconds.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct JobMicros {
     startup: u64,
     model: u64,
     input_wait: u64,
     checkpoint: u64,
+    /// An LLM job's tokens and engine.
+    llm: Option<LlmStages>,
 }
 
 /// What a job's processor time was spent on.
@@ -111,6 +113,20 @@ impl StageCounters {
         *slot += us;
     }
 
+    /// An LLM job's engine answered `usage`'s tokens.
+    pub fn add_llm(&self, job_id: &str, usage: LlmStages) {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let job = jobs.entry(job_id.to_string()).or_default();
+        let llm = job.llm.get_or_insert_with(LlmStages::default);
+        llm.prompt_tokens += usage.prompt_tokens;
+        llm.completion_tokens += usage.completion_tokens;
+        llm.cached_prompt_tokens += usage.cached_prompt_tokens;
+        if !usage.vllm.is_empty() {
+            llm.vllm = usage.vllm;
+            llm.engine_args = usage.engine_args;
+        }
+    }
+
     /// Every job's totals since this worker started.
     pub fn jobs_snapshot(&self) -> Vec<JobStages> {
         let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
@@ -122,6 +138,7 @@ impl StageCounters {
                 model_ms: j.model / 1000,
                 input_wait_ms: j.input_wait / 1000,
                 checkpoint_ms: j.checkpoint / 1000,
+                llm: j.llm.clone(),
             })
             .collect();
         out.sort_by(|a, b| a.job_id.cmp(&b.job_id));
@@ -220,6 +237,7 @@ mod tests {
                     model_ms: 2,
                     input_wait_ms: 0,
                     checkpoint_ms: 0,
+                    llm: None,
                 },
                 JobStages {
                     job_id: "j2".into(),
@@ -227,6 +245,7 @@ mod tests {
                     model_ms: 0,
                     input_wait_ms: 1,
                     checkpoint_ms: 3,
+                    llm: None,
                 },
             ]
         );
