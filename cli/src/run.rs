@@ -331,10 +331,12 @@ pub(crate) fn idle_workers_note(spec: &JobSpec, job: &JobInfo, workers: usize) -
         }
     };
     let how = match spec.dataset.format {
-        stoke_core::spec::DatasetFormat::Jsonl => format!(
-            "set [sharding] bytes below {} to cut more shards",
-            spec.sharding.bytes
-        ),
+        stoke_core::spec::DatasetFormat::Jsonl | stoke_core::spec::DatasetFormat::OpenaiBatch => {
+            format!(
+                "set [sharding] bytes below {} to cut more shards",
+                spec.sharding.bytes
+            )
+        }
         format => {
             let per_worker = job
                 .records_total

@@ -208,6 +208,10 @@ pub enum DatasetFormat {
     /// A map-style torch `Dataset` made by a Python factory: records are
     /// its indices, batches come from torch's `DataLoader`.
     Python,
+    /// The OpenAI Batch API's input lines (`custom_id`, `method`, `url`,
+    /// `body`), for the LLM processor; `custom_id` is the record id.
+    #[serde(rename = "openai-batch")]
+    OpenaiBatch,
 }
 
 impl DatasetFormat {
@@ -218,9 +222,18 @@ impl DatasetFormat {
             Self::Files => "files",
             Self::Range => "range",
             Self::Python => "python",
+            Self::OpenaiBatch => "openai-batch",
         }
     }
+
+    /// Whether its objects are lines of JSON, cut into shards by bytes.
+    pub fn is_json_lines(self) -> bool {
+        matches!(self, Self::Jsonl | Self::OpenaiBatch)
+    }
 }
+
+/// The record id of an `openai-batch` dataset.
+pub const OPENAI_BATCH_ID: &str = "custom_id";
 
 /// Which processor runs the records, and its free-form parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -359,13 +372,17 @@ pub enum OutputFormat {
     /// Parquet data files in a Delta Lake table at `output.uri`, added to
     /// its log by the coordinator (see `output.commit`).
     Delta,
+    /// The OpenAI Batch API's output lines (`id`, `custom_id`, `response`,
+    /// `error`), one per record, from the LLM processor.
+    #[serde(rename = "openai-batch")]
+    OpenaiBatch,
 }
 
 impl OutputFormat {
     pub fn extension(self) -> &'static str {
         match self {
             Self::Parquet | Self::Delta => "parquet",
-            Self::Jsonl => "jsonl",
+            Self::Jsonl | Self::OpenaiBatch => "jsonl",
         }
     }
 
@@ -374,6 +391,7 @@ impl OutputFormat {
             Self::Parquet => "parquet",
             Self::Jsonl => "jsonl",
             Self::Delta => "delta",
+            Self::OpenaiBatch => "openai-batch",
         }
     }
 }
@@ -568,6 +586,14 @@ const MAX_THREADS: usize = 1024;
 pub const MAX_SHARDS: u64 = 1_000_000;
 
 impl JobSpec {
+    /// Sets what a key implies: an `openai-batch` dataset's records are
+    /// named by their `custom_id`.
+    fn fill_implied(&mut self) {
+        if self.dataset.format == DatasetFormat::OpenaiBatch && self.dataset.id_column.is_none() {
+            self.dataset.id_column = Some(OPENAI_BATCH_ID.to_string());
+        }
+    }
+
     /// Parses a TOML spec and validates it.
     pub fn from_toml(text: &str) -> Result<Self, SpecError> {
         let de = toml::Deserializer::parse(text).map_err(|e| SpecError::Parse {
@@ -575,11 +601,13 @@ impl JobSpec {
             path: String::new(),
             message: e.message().to_string(),
         })?;
-        let spec: JobSpec = serde_path_to_error::deserialize(de).map_err(|e| SpecError::Parse {
-            format: "toml",
-            path: e.path().to_string(),
-            message: e.inner().message().trim().to_string(),
-        })?;
+        let mut spec: JobSpec =
+            serde_path_to_error::deserialize(de).map_err(|e| SpecError::Parse {
+                format: "toml",
+                path: e.path().to_string(),
+                message: e.inner().message().trim().to_string(),
+            })?;
+        spec.fill_implied();
         spec.validate()?;
         Ok(spec)
     }
@@ -587,12 +615,13 @@ impl JobSpec {
     /// Parses a JSON spec and validates it.
     pub fn from_json(text: &str) -> Result<Self, SpecError> {
         let mut de = serde_json::Deserializer::from_str(text);
-        let spec: JobSpec =
+        let mut spec: JobSpec =
             serde_path_to_error::deserialize(&mut de).map_err(|e| SpecError::Parse {
                 format: "json",
                 path: e.path().to_string(),
                 message: e.inner().to_string(),
             })?;
+        spec.fill_implied();
         spec.validate()?;
         Ok(spec)
     }
@@ -648,12 +677,13 @@ impl JobSpec {
     }
 
     fn from_value(value: serde_json::Value, format: &'static str) -> Result<Self, SpecError> {
-        let spec: JobSpec =
+        let mut spec: JobSpec =
             serde_path_to_error::deserialize(value).map_err(|e| SpecError::Parse {
                 format,
                 path: e.path().to_string(),
                 message: e.inner().to_string(),
             })?;
+        spec.fill_implied();
         spec.validate()?;
         Ok(spec)
     }
@@ -1018,9 +1048,13 @@ impl JobSpec {
             }
             return Ok(());
         }
-        let params = llm::LlmParams::from_params(&self.processor.params)?;
+        let openai = self.dataset.format == DatasetFormat::OpenaiBatch;
+        let params = llm::LlmParams::for_dataset(&self.processor.params, openai)?;
         if let Some(spec) = &self.llm {
             spec.validate()?;
+        }
+        if openai {
+            return Ok(());
         }
         let column = params.input_column();
         if let Some(cols) = &self.dataset.columns
@@ -1116,6 +1150,35 @@ impl JobSpec {
 
     fn validate_dataset(&self) -> Result<(), SpecError> {
         let d = &self.dataset;
+        let is_llm = self.processor.python.is_none() && self.processor.name == llm::LLM_PROCESSOR;
+        if d.format == DatasetFormat::OpenaiBatch {
+            if !is_llm {
+                return Err(SpecError::invalid(
+                    "dataset.format",
+                    format!(
+                        "\"openai-batch\" is for the LLM processor (`[processor] name = \"{}\"`)",
+                        llm::LLM_PROCESSOR
+                    ),
+                ));
+            }
+            if d.id_column.as_deref() != Some(OPENAI_BATCH_ID) {
+                return Err(SpecError::invalid(
+                    "dataset.id_column",
+                    format!(
+                        "an \"openai-batch\" dataset's records are named by {OPENAI_BATCH_ID:?}: leave id_column out"
+                    ),
+                ));
+            }
+        }
+        if self.output.format == OutputFormat::OpenaiBatch && !is_llm {
+            return Err(SpecError::invalid(
+                "output.format",
+                format!(
+                    "\"openai-batch\" is for the LLM processor (`[processor] name = \"{}\"`)",
+                    llm::LLM_PROCESSOR
+                ),
+            ));
+        }
         if !d.types.is_empty() && d.format != DatasetFormat::Jsonl {
             let why = match d.format {
                 DatasetFormat::Parquet => "a Parquet file states its columns' types itself",

@@ -23,6 +23,7 @@ pub mod batch;
 pub mod batcher;
 pub mod error;
 pub mod float_list;
+pub mod openai_batch;
 pub mod parquet_source;
 pub mod plan;
 pub mod read;

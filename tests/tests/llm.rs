@@ -745,3 +745,138 @@ fn an_engine_that_hangs_past_batch_timeout_is_killed_and_its_prompt_isolated() {
         "{listed:?}"
     );
 }
+
+/// An OpenAI Batch API input file goes in unchanged (`custom_id`, `url`,
+/// `body`, the body's own `max_tokens`, the model name in it ignored) and
+/// the matching output comes out: one line per `custom_id`, completions
+/// equal to vLLM's own, requests the engine refuses answered with a 400
+/// as the API does, a line that is no request at all a bad record.
+#[test]
+fn an_openai_batch_file_round_trips_with_one_line_per_custom_id() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rows = prompts(12);
+    let want = reference(&rows, "generate");
+    let mut lines = Vec::new();
+    for (id, prompt) in &rows {
+        lines.push(serde_json::json!({
+            "custom_id": id, "method": "POST", "url": "/v1/completions",
+            "body": {"model": "gpt-4o-mini", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0},
+        }));
+    }
+    let (long_id, long_prompt) = overlong();
+    lines.push(serde_json::json!({
+        "custom_id": long_id, "method": "POST", "url": "/v1/completions",
+        "body": {"model": "m", "prompt": long_prompt},
+    }));
+    lines.push(serde_json::json!({
+        "custom_id": "short", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": rows[0].1}], "max_tokens": 3},
+    }));
+    lines.push(serde_json::json!({
+        "custom_id": "embed", "method": "POST", "url": "/v1/embeddings",
+        "body": {"model": "m", "input": "some text"},
+    }));
+    let mut file: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    file.push_str("{\"method\": \"POST\", \"url\": \"/v1/completions\"}\n");
+    let data = tmp.path().join("batch.jsonl");
+    std::fs::write(&data, file).expect("batch file");
+    let spec = tmp.path().join("openai.toml");
+    let spec_text = llm_spec(
+        "openai",
+        &data,
+        "generate",
+        "[output]\nformat = \"openai-batch\"\n[errors]\npolicy = \"skip\"\n",
+    )
+    .replace("format = \"jsonl\"", "format = \"openai-batch\"")
+    .replace("id_column = \"id\"\n", "")
+    .replace("prompt_column = \"prompt\"\n", "");
+    std::fs::write(&spec, spec_text).expect("spec");
+    let root = tmp.path().join("root");
+    let mut cmd = Command::new(bin("stoke"));
+    cmd.args(["run"])
+        .arg(&spec)
+        .args(["--local", "1", "--device", "cpu", "--root"])
+        .arg(&root)
+        .args(["--job-id", "openai"]);
+    let out = output_within(cmd, DEADLINE);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let m = manifest(&root, "openai");
+    let mut got: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    for entry in m.outputs.iter().filter(|o| o.object.records > 0) {
+        assert!(entry.object.uri.ends_with(".jsonl"), "{}", entry.object.uri);
+        let bytes = read_object(&entry.object.uri);
+        for line in String::from_utf8(bytes).expect("utf8").lines() {
+            let v: serde_json::Value = serde_json::from_str(line).expect("an output line");
+            let custom_id = v["custom_id"].as_str().expect("custom_id").to_string();
+            assert!(
+                got.insert(custom_id.clone(), v).is_none(),
+                "{custom_id} twice"
+            );
+        }
+    }
+    let mut ids: BTreeSet<String> = rows.iter().map(|r| r.0.clone()).collect();
+    ids.extend(["p-long", "short", "embed"].map(String::from));
+    assert_eq!(got.keys().cloned().collect::<BTreeSet<_>>(), ids);
+    for (id, _) in &rows {
+        let line = &got[id];
+        assert!(
+            line["id"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("batch_req_")),
+            "{line}"
+        );
+        assert_eq!(line["error"], serde_json::Value::Null, "{line}");
+        let response = &line["response"];
+        assert_eq!(response["status_code"], 200, "{line}");
+        assert_eq!(response["request_id"], line["id"], "{line}");
+        let body = &response["body"];
+        assert_eq!(body["object"], "text_completion", "{line}");
+        assert_eq!(body["model"], "gpt-4o-mini", "{line}");
+        let choice = &body["choices"][0];
+        assert_eq!(
+            choice["text"], want[id]["text"],
+            "record {id}: stoke vs vLLM offline"
+        );
+        assert_eq!(choice["finish_reason"], want[id]["finish_reason"], "{line}");
+        assert_eq!(
+            body["usage"]["completion_tokens"], want[id]["completion_tokens"],
+            "{line}"
+        );
+        assert_eq!(
+            body["usage"]["prompt_tokens"], want[id]["prompt_tokens"],
+            "{line}"
+        );
+    }
+    let short = &got["short"]["response"];
+    assert_eq!(short["status_code"], 200, "{short}");
+    assert_eq!(short["body"]["object"], "chat.completion", "{short}");
+    assert_eq!(
+        short["body"]["choices"][0]["message"]["role"], "assistant",
+        "{short}"
+    );
+    assert!(
+        short["body"]["usage"]["completion_tokens"]
+            .as_u64()
+            .is_some_and(|n| (1..=3).contains(&n)),
+        "{short}"
+    );
+    for (id, why) in [
+        ("p-long", "more than the engine's max_model_len (256)"),
+        ("embed", "needs task = \"embed\""),
+    ] {
+        let response = &got[id]["response"];
+        assert_eq!(response["status_code"], 400, "{id}: {response}");
+        let message = response["body"]["error"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(message.contains(why), "{id}: {message}");
+    }
+    // The line without a custom_id is no request: a bad record.
+    let listed = skipped_records(&root, "openai");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(
+        listed[0].1.contains("needs a string \"custom_id\""),
+        "{listed:?}"
+    );
+}

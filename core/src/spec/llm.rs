@@ -122,11 +122,32 @@ impl LlmParams {
             };
             SpecError::invalid(field, e.inner().to_string())
         })?;
-        parsed.validate()?;
+        parsed.validate(false)?;
         Ok(parsed)
     }
 
-    fn validate(&self) -> Result<(), SpecError> {
+    /// Parses `params` for a job whose dataset is `openai-batch` or not:
+    /// such a job's prompts come from each line's `body`, so it names no
+    /// prompt column.
+    pub fn for_dataset(
+        params: &serde_json::Map<String, serde_json::Value>,
+        openai_batch: bool,
+    ) -> Result<Self, SpecError> {
+        if !openai_batch {
+            return Self::from_params(params);
+        }
+        let value = serde_json::Value::Object(params.clone());
+        let parsed: Self = serde_path_to_error::deserialize(value).map_err(|e| {
+            SpecError::invalid(
+                format!("processor.params.{}", e.path()),
+                e.inner().to_string(),
+            )
+        })?;
+        parsed.validate(true)?;
+        Ok(parsed)
+    }
+
+    fn validate(&self, openai_batch: bool) -> Result<(), SpecError> {
         if self.model.trim().is_empty() {
             return Err(SpecError::invalid(
                 "processor.params.model",
@@ -145,6 +166,18 @@ impl LlmParams {
             }
         }
         match (&self.prompt_column, &self.messages_column, self.task) {
+            (Some(_), _, _) | (_, Some(_), _) if openai_batch => {
+                let key = if self.prompt_column.is_some() {
+                    "prompt_column"
+                } else {
+                    "messages_column"
+                };
+                return Err(SpecError::invalid(
+                    format!("processor.params.{key}"),
+                    "not with dataset format \"openai-batch\": each line's body gives its prompt",
+                ));
+            }
+            (None, None, _) if openai_batch => {}
             (None, None, _) => {
                 return Err(SpecError::invalid(
                     "processor.params.prompt_column",

@@ -549,6 +549,43 @@ fn llm_mistakes_are_refused_naming_the_key() {
 }
 
 #[test]
+fn an_openai_batch_job_names_its_records_by_custom_id_and_needs_the_llm_processor() {
+    let openai = LLM
+        .replace("format = \"jsonl\"", "format = \"openai-batch\"")
+        .replace("id_column = \"id\"\n", "")
+        .replace("prompt_column = \"prompt\"\n", "")
+        + "[output]\nformat = \"openai-batch\"\n";
+    let spec = JobSpec::from_toml(&openai).expect("valid spec");
+    assert_eq!(spec.dataset.format, DatasetFormat::OpenaiBatch);
+    assert_eq!(spec.dataset.id_column.as_deref(), Some("custom_id"));
+    assert_eq!(spec.output.format, OutputFormat::OpenaiBatch);
+    assert_eq!(spec.output.format.extension(), "jsonl");
+    assert_eq!(JobSpec::from_json(&spec.to_json()).expect("json"), spec);
+    let cases = [
+        (
+            openai.replace("[dataset]\n", "[dataset]\nid_column = \"id\"\n"),
+            "dataset.id_column: an \"openai-batch\" dataset's records are named by \"custom_id\"",
+        ),
+        (
+            openai.replace("model = ", "prompt_column = \"prompt\"\nmodel = "),
+            "processor.params.prompt_column: not with dataset format \"openai-batch\"",
+        ),
+        (
+            GOOD.replace("format = \"parquet\"", "format = \"openai-batch\""),
+            "dataset.format: \"openai-batch\" is for the LLM processor",
+        ),
+        (
+            GOOD.to_string() + "[output]\nformat = \"openai-batch\"\n",
+            "output.format: \"openai-batch\" is for the LLM processor",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = err(&text);
+        assert!(got.contains(want), "{got:?} should contain {want:?}");
+    }
+}
+
+#[test]
 fn an_llm_model_path_is_relative_to_the_spec_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let text = LLM.replace(

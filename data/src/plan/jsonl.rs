@@ -9,7 +9,7 @@ use crate::error::PlanError;
 use arrow_schema::{Field, Schema};
 use stoke_core::column_type;
 use stoke_core::plan::{Plan, Shard, ShardSource};
-use stoke_core::spec::JobSpec;
+use stoke_core::spec::{DatasetFormat, JobSpec};
 use stoke_store::{Listed, StoreUri, Stores};
 
 /// Byte offsets where shards of a `len`-byte object may start, one per
@@ -112,14 +112,18 @@ pub(super) async fn plan_jsonl(
         };
         sample.push(bytes);
     }
-    let schema = infer_jsonl_schema(&sample, SCHEMA_SAMPLE_LINES).map_err(|message| {
-        PlanError::JsonSchema {
-            dataset: dataset.to_string(),
-            object: first.uri.to_string(),
-            message,
-        }
-    })?;
-    let schema = with_stated_types(spec, dataset, first.uri.as_str(), schema)?;
+    let schema = if spec.dataset.format == DatasetFormat::OpenaiBatch {
+        crate::openai_batch::schema()
+    } else {
+        let inferred = infer_jsonl_schema(&sample, SCHEMA_SAMPLE_LINES).map_err(|message| {
+            PlanError::JsonSchema {
+                dataset: dataset.to_string(),
+                object: first.uri.to_string(),
+                message,
+            }
+        })?;
+        with_stated_types(spec, dataset, first.uri.as_str(), inferred)?
+    };
     check_columns(spec, dataset, first.uri.as_str(), &schema)?;
     let mut shards = Vec::new();
     let mut records_total = 0u64;

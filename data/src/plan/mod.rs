@@ -221,7 +221,7 @@ async fn plan_listed(
     let target = spec.sharding.records;
     match spec.dataset.format {
         DatasetFormat::Parquet => plan_parquet(spec, stores, dataset, listed).await,
-        DatasetFormat::Jsonl => {
+        DatasetFormat::Jsonl | DatasetFormat::OpenaiBatch => {
             plan_jsonl(spec, stores, dataset, listed, spec.sharding.bytes.as_u64()).await
         }
         DatasetFormat::Files => plan_files(dataset, listed, target),

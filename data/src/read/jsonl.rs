@@ -9,6 +9,8 @@ use arrow_schema::Schema;
 use arrow_select::concat::concat_batches;
 use stoke_store::{StoreUri, Stores};
 
+use stoke_core::spec::DatasetFormat;
+
 use crate::batch::SkippedRecord;
 use crate::batcher::{Emitter, Flow};
 use crate::error::DataError;
@@ -28,6 +30,7 @@ pub(crate) async fn read_jsonl(
             .ok_or_else(|| err("the lease carries no JSON Lines schema".to_string()))?,
     );
     emitter.set_schema(Arc::clone(&schema));
+    let openai = read.spec.dataset.format == DatasetFormat::OpenaiBatch;
     let object = StoreUri::parse(uri)?;
     let data = read.stores.get_range(&object, bytes.clone()).await?;
     // Record offsets count non-blank lines, so ids and batches stay the
@@ -46,14 +49,42 @@ pub(crate) async fn read_jsonl(
         .enumerate()
     {
         let offset = (first + chunk_no * emitter.batch_size()) as u64;
-        let raw: Vec<&[u8]> = chunk.iter().map(|(_, l)| *l).collect();
-        let (rows, offsets, mut skipped) = decode_lines(&schema, &raw, offset, read.shard.origin())
-            .map_err(|m| {
+        let mut raw: Vec<std::borrow::Cow<'_, [u8]>> = Vec::with_capacity(chunk.len());
+        let mut line_offsets = Vec::with_capacity(chunk.len());
+        let mut unusable = Vec::new();
+        for (i, (_, line)) in chunk.iter().enumerate() {
+            let at = offset + i as u64;
+            if !openai {
+                raw.push(std::borrow::Cow::Borrowed(*line));
+                line_offsets.push(at);
+                continue;
+            }
+            match crate::openai_batch::input_line(line) {
+                Ok(normal) => {
+                    raw.push(std::borrow::Cow::Owned(normal));
+                    line_offsets.push(at);
+                }
+                Err(reason) => unusable.push((
+                    at,
+                    SkippedRecord {
+                        id: format!("{}:{at}", read.shard.origin()),
+                        reason,
+                    },
+                )),
+            }
+        }
+        let raw: Vec<&[u8]> = raw.iter().map(|l| l.as_ref()).collect();
+        let (rows, offsets, mut skipped) =
+            decode_lines(&schema, &raw, &line_offsets, read.shard.origin()).map_err(|m| {
                 err(format!(
                     "records {offset}..{}: {m}",
                     offset + chunk.len() as u64
                 ))
             })?;
+        if !unusable.is_empty() {
+            skipped.extend(unusable);
+            skipped.sort_by_key(|(at, _)| *at);
+        }
         if !skipped.is_empty() {
             // Counted only now, and once per attempt: a bad record is rare.
             if lines_before.is_none() {
@@ -104,7 +135,7 @@ type DecodedLines = (RecordBatch, Vec<u64>, Vec<(u64, SkippedRecord)>);
 fn decode_lines(
     schema: &Arc<Schema>,
     lines: &[&[u8]],
-    first_offset: u64,
+    line_offsets: &[u64],
     shard_id: &str,
 ) -> Result<DecodedLines, String> {
     let mut joined = Vec::new();
@@ -115,14 +146,12 @@ fn decode_lines(
     if let Ok(rows) = decode_jsonl(schema, &joined, lines.len())
         && rows.num_rows() == lines.len()
     {
-        let offsets = (first_offset..first_offset + lines.len() as u64).collect();
-        return Ok((rows, offsets, Vec::new()));
+        return Ok((rows, line_offsets.to_vec(), Vec::new()));
     }
     let mut good = Vec::new();
     let mut offsets = Vec::new();
     let mut skipped = Vec::new();
-    for (i, line) in lines.iter().enumerate() {
-        let offset = first_offset + i as u64;
+    for (line, &offset) in lines.iter().zip(line_offsets) {
         let bad = |reason: String| {
             (
                 offset,

@@ -493,7 +493,10 @@ fn answer(shared: &Shared, msg: HostMsg) {
                 cached: cached_tokens,
             };
             let outcome = match embedding {
-                Some(v) => Outcome::Embedding(v),
+                Some(vector) => Outcome::Embedding {
+                    vector,
+                    prompt_tokens,
+                },
                 None => Outcome::Completion {
                     text: text.unwrap_or_default(),
                     prompt_tokens,

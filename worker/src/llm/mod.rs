@@ -25,6 +25,7 @@
 mod engine;
 mod feed;
 mod model;
+mod openai;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -35,6 +36,7 @@ use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::DataType;
 use sha2::{Digest, Sha256};
 use stoke_core::spec::llm::{LLM_PYTHON_ENV, LlmParams, LlmSpec, LlmTask};
+use stoke_core::spec::{DatasetFormat, OutputFormat};
 use thiserror::Error;
 use tracing::info;
 
@@ -46,6 +48,7 @@ use stoke_core::lease::LlmStages;
 
 pub use engine::{EngineSettings, HostMsg, HostRequest, Ready};
 use feed::{Ended, Feed, FeedClient};
+use openai::{Ask, Endpoint};
 
 /// The processor's name in job specs.
 pub const NAME: &str = stoke_core::spec::llm::LLM_PROCESSOR;
@@ -148,7 +151,10 @@ enum Outcome {
         completion_tokens: u64,
         finish_reason: String,
     },
-    Embedding(Vec<f32>),
+    Embedding {
+        vector: Vec<f32>,
+        prompt_tokens: u64,
+    },
     Rejected(String),
 }
 
@@ -173,11 +179,13 @@ impl Tokens {
 struct Requests {
     params: LlmParams,
     group_by_prefix: bool,
+    /// The dataset is `openai-batch`: each row's `url` and `body` ask.
+    openai_input: bool,
 }
 
 impl Requests {
-    fn request(&self, rid: String, prompt: &Prompt, id: &str) -> HostRequest {
-        match (self.params.task, prompt) {
+    fn request(&self, rid: String, ask: &Ask, id: &str) -> HostRequest {
+        match (self.params.task, &ask.prompt) {
             (LlmTask::Embed, Prompt::Text(t)) => HostRequest::Embed {
                 rid,
                 prompt: t.clone(),
@@ -195,12 +203,47 @@ impl Requests {
                     rid,
                     prompt,
                     messages,
-                    max_tokens: self.params.max_tokens,
-                    temperature: self.params.temperature,
-                    seed: record_seed(self.params.seed, id),
+                    max_tokens: ask.max_tokens,
+                    temperature: ask.temperature,
+                    seed: ask
+                        .seed
+                        .unwrap_or_else(|| record_seed(self.params.seed, id)),
                 }
             }
         }
+    }
+
+    /// Each row's request (`Err`: why the row has none).
+    fn asks(&self, batch: &Batch) -> Result<Vec<Result<Ask, String>>, LlmError> {
+        if self.openai_input {
+            let urls = string_column(batch, "url")?;
+            let bodies = string_column(batch, "body")?;
+            return Ok((0..batch.len())
+                .map(|i| {
+                    if urls.is_null(i) || bodies.is_null(i) {
+                        return Err("url or body is null".to_string());
+                    }
+                    openai::ask_of_line(urls.value(i), bodies.value(i), &self.params)
+                        .map(|(_, ask)| ask)
+                })
+                .collect());
+        }
+        let prompts = read_prompts(
+            batch,
+            self.params.input_column(),
+            self.params.messages_column.is_some(),
+        )?;
+        Ok(prompts
+            .into_iter()
+            .map(|p| {
+                p.map(|prompt| Ask {
+                    prompt,
+                    max_tokens: self.params.max_tokens,
+                    temperature: self.params.temperature,
+                    seed: None,
+                })
+            })
+            .collect())
     }
 
     /// `batch`'s requests as ticket `ticket` (in prompt order with
@@ -211,33 +254,43 @@ impl Requests {
         batch: &Batch,
         ticket: u64,
     ) -> Result<(Vec<HostRequest>, Vec<Option<Outcome>>), LlmError> {
-        let prompts = read_prompts(
-            batch,
-            self.params.input_column(),
-            self.params.messages_column.is_some(),
-        )?;
-        let mut order: Vec<usize> = (0..prompts.len()).collect();
+        let asks = self.asks(batch)?;
+        let mut order: Vec<usize> = (0..asks.len()).collect();
         if self.group_by_prefix {
-            let keys: Vec<String> = prompts
+            let keys: Vec<String> = asks
                 .iter()
-                .map(|p| p.as_ref().map(Prompt::sort_key).unwrap_or_default())
+                .map(|a| a.as_ref().map(|a| a.prompt.sort_key()).unwrap_or_default())
                 .collect();
             order.sort_by(|a, b| keys[*a].cmp(&keys[*b]));
         }
-        let outcomes = prompts
+        let outcomes = asks
             .iter()
-            .map(|p| p.as_ref().err().map(|why| Outcome::Rejected(why.clone())))
+            .map(|a| a.as_ref().err().map(|why| Outcome::Rejected(why.clone())))
             .collect();
         let ids = batch.ids();
         let requests = order
             .into_iter()
             .filter_map(|i| {
-                let prompt = prompts[i].as_ref().ok()?;
-                Some(self.request(format!("{ticket}.{i}"), prompt, ids.value(i)))
+                let ask = asks[i].as_ref().ok()?;
+                Some(self.request(format!("{ticket}.{i}"), ask, ids.value(i)))
             })
             .collect();
         Ok((requests, outcomes))
     }
+}
+
+/// A string column of the batch.
+fn string_column<'a>(batch: &'a Batch, name: &str) -> Result<&'a StringArray, LlmError> {
+    let fail = |message: String| LlmError::Column {
+        column: name.to_string(),
+        message,
+    };
+    batch
+        .column(name)
+        .map_err(|e| fail(e.to_string()))?
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .ok_or_else(|| fail("not a string column".to_string()))
 }
 
 /// The processor's stage ahead of the model: queues each batch's prompts
@@ -281,6 +334,8 @@ pub struct LlmProcessor {
     tokens: Tokens,
     /// Tokens of the batches processed since the last `take_usage`.
     usage: Tokens,
+    /// `[output] format = "openai-batch"`.
+    openai_output: bool,
     /// Engine restarts' time already told, and the last batch's duration.
     restarting_told: Duration,
     last_batch: Duration,
@@ -294,7 +349,8 @@ impl LlmProcessor {
 
     fn new(ctx: &mut ProcessorContext) -> ProcessorResult<Self> {
         let spec = ctx.spec();
-        let params = LlmParams::from_params(&spec.processor.params)?;
+        let openai_input = spec.dataset.format == DatasetFormat::OpenaiBatch;
+        let params = LlmParams::for_dataset(&spec.processor.params, openai_input)?;
         let llm = spec.llm.clone().unwrap_or_default();
         let batch_size = spec.batching.batch_size.max(1) as usize;
         let batch_timeout = spec.errors.batch_timeout;
@@ -351,6 +407,7 @@ impl LlmProcessor {
             requests: Arc::new(Requests {
                 params,
                 group_by_prefix: llm.group_by_prefix,
+                openai_input,
             }),
             llm,
             device,
@@ -361,6 +418,7 @@ impl LlmProcessor {
             batch_timeout,
             tokens: Tokens::default(),
             usage: Tokens::default(),
+            openai_output: spec.output.format == OutputFormat::OpenaiBatch,
             restarting_told: client_restarting,
             last_batch: Duration::ZERO,
         })
@@ -410,6 +468,9 @@ impl LlmProcessor {
         let mut keep = vec![true; outcomes.len()];
         for (i, o) in outcomes.iter().enumerate() {
             match o {
+                // An OpenAI batch output answers it as the API does (a
+                // 400 line), so every custom_id has its line.
+                Some(Outcome::Rejected(_)) if self.openai_output => {}
                 Some(Outcome::Rejected(reason)) => {
                     ctx.skip_record(batch.ids().value(i), reason.clone())?;
                     keep[i] = false;
@@ -438,8 +499,57 @@ impl LlmProcessor {
         if out.is_empty() {
             return Ok(());
         }
-        write_outcomes(ctx, &out, kept, self.task)?;
+        if self.openai_output {
+            self.write_openai(ctx, &out, &kept)?;
+        } else {
+            write_outcomes(ctx, &out, kept, self.task)?;
+        }
         Ok(())
+    }
+
+    /// The `openai-batch` output's columns: each row's request id, its
+    /// `response` (JSON text) and `error` (null: requests that fail are
+    /// answered with their status code, as the API does).
+    fn write_openai(
+        &self,
+        ctx: &mut ProcessorContext,
+        batch: &Batch,
+        outcomes: &[Outcome],
+    ) -> Result<(), WorkerError> {
+        let rows = batch.len();
+        let urls = if self.requests.openai_input {
+            string_column(batch, "url").ok()
+        } else {
+            None
+        };
+        let bodies = if self.requests.openai_input {
+            string_column(batch, "body").ok()
+        } else {
+            None
+        };
+        let models = openai::requested_models(bodies, rows);
+        let created = stoke_core::records::now_ms() / 1000;
+        let fixed = Endpoint::of_params(&self.requests.params);
+        let mut request_ids = Vec::with_capacity(rows);
+        let mut responses = Vec::with_capacity(rows);
+        for (i, outcome) in outcomes.iter().enumerate() {
+            let endpoint = urls
+                .filter(|u| !u.is_null(i))
+                .and_then(|u| Endpoint::of_url(u.value(i)))
+                .unwrap_or(fixed);
+            let request_id = openai::request_id(batch.ids().value(i));
+            let model = models[i].as_deref().unwrap_or(&self.requests.params.model);
+            let response = openai::response(outcome, endpoint, &request_id, model, created);
+            responses.push(response.to_string());
+            request_ids.push(request_id);
+        }
+        let errors: StringArray = (0..rows).map(|_| None::<&str>).collect();
+        let columns: [(&str, ArrayRef); 3] = [
+            ("request_id", Arc::new(StringArray::from(request_ids))),
+            ("response", Arc::new(StringArray::from(responses))),
+            ("error", Arc::new(errors)),
+        ];
+        ctx.write_columns(batch, columns)
     }
 }
 
@@ -663,7 +773,7 @@ fn write_outcomes(
         LlmTask::Embed => {
             let mut list = ListBuilder::new(Float32Builder::new());
             for o in outcomes {
-                if let Outcome::Embedding(v) = o {
+                if let Outcome::Embedding { vector: v, .. } = o {
                     list.values().append_slice(&v);
                     list.append(true);
                 }

@@ -38,8 +38,48 @@ pub(crate) fn encode(rows: &[RecordBatch], format: OutputFormat) -> Result<Bytes
             }
             writer.finish().map_err(|e| e.to_string())?;
         }
+        OutputFormat::OpenaiBatch => {
+            for batch in rows {
+                openai_batch_lines(batch, &mut buf)?;
+            }
+        }
     }
     Ok(Bytes::from(buf))
+}
+
+/// The OpenAI Batch API's output lines: `{"id", "custom_id", "response",
+/// "error"}` from the LLM processor's columns `request_id`, `id` (the
+/// record's `custom_id`), and `response` and `error` (JSON text, or null).
+fn openai_batch_lines(batch: &RecordBatch, out: &mut Vec<u8>) -> Result<(), String> {
+    use arrow_array::{Array, StringArray};
+    let column = |name: &str| {
+        batch
+            .column_by_name(name)
+            .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+            .ok_or_else(|| {
+                format!("output format \"openai-batch\" needs a string column {name:?} (the LLM processor writes it)")
+            })
+    };
+    let (request, custom, response, error) = (
+        column("request_id")?,
+        column("id")?,
+        column("response")?,
+        column("error")?,
+    );
+    fn raw(a: &StringArray, i: usize) -> &str {
+        if a.is_null(i) { "null" } else { a.value(i) }
+    }
+    for i in 0..batch.num_rows() {
+        let line = format!(
+            "{{\"id\":{},\"custom_id\":{},\"response\":{},\"error\":{}}}\n",
+            serde_json::Value::from(request.value(i)),
+            serde_json::Value::from(custom.value(i)),
+            raw(response, i),
+            raw(error, i),
+        );
+        out.extend_from_slice(line.as_bytes());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
