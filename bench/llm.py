@@ -14,6 +14,15 @@ Reports completion tokens per second:
     start-up named beside it.
 Greedy, max_tokens fixed, so both do the same work; the outputs are checked
 equal. Nothing asserts a time: the ratio is printed with the target (>= 0.9x).
+
+`--scenario prefix`: the shared-prefix workload instead. 8 system prompts
+of 200 words (the tiny model takes 512 positions, so not the issue's 500
+tokens) stand in front of 90% of the prompts, shuffled; stoke
+runs it with `group_by_prefix = true` and `false`, interleaved, and prints
+completion tokens/s in the job phase and vLLM's prefix-cache hit rate (from
+the job's report.json) for each (target: true >= 1.3x false). The engine's
+KV cache is kept small (PREFIX_KV_BYTES), as on a GPU whose cache is full
+of running sequences, so what is cached competes for room.
 """
 
 import argparse
@@ -49,22 +58,47 @@ def prompts(n):
     return out
 
 
+PREFIX_ENGINE_ARGS = dict(ENGINE_ARGS, max_model_len=512)
+# About 4,000 tokens of KV cache (2 layers x 128 x K and V x 4 bytes a token).
+PREFIX_KV_BYTES = 8 * 1024 * 1024
+
+
+def prefix_prompts(n):
+    import random
+
+    rng = random.Random(7)
+    systems = []
+    for s in range(8):
+        words = [WORDS[(s * 31 + j * 7 + j * j) % len(WORDS)] for j in range(200)]
+        systems.append(f"system {s}: " + " ".join(words))
+    out = []
+    for i in range(n):
+        k = 8 + (i * 7) % 40
+        words = " ".join(WORDS[(i * 13 + j * j * 5 + j) % len(WORDS)] for j in range(k))
+        if rng.random() < 0.9:
+            words = systems[rng.randrange(8)] + "\nuser: " + words
+        out.append({"id": f"q-{i:05d}", "prompt": words})
+    rng.shuffle(out)
+    return out
+
+
 def stamp(line):
     m = re.match(r"(?:\[[^\]]*\] )?(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z", line)
     return datetime.datetime.fromisoformat(m.group(1)) if m else None
 
 
-def run_stoke(args, data, run):
+def run_stoke(args, data, run, engine=ENGINE_ARGS, group=False):
     root = os.path.join(args.work, f"root-{run}")
     subprocess.run(["rm", "-rf", root], check=True)
     spec = os.path.join(args.work, "job.toml")
-    engine_args = ", ".join(f"{k} = {json.dumps(v)}" for k, v in ENGINE_ARGS.items())
+    engine_args = ", ".join(f"{k} = {json.dumps(v)}" for k, v in engine.items())
     with open(spec, "w") as f:
         f.write(
             f'name = "llmbench"\n[dataset]\nformat = "jsonl"\nuri = "{data}"\nid_column = "id"\n'
             f'[processor]\nname = "llm"\n[processor.params]\nmodel = "{args.model}"\n'
             f'prompt_column = "prompt"\nmax_tokens = {MAX_TOKENS}\ntemperature = 0.0\n'
             f'[llm]\npython = "{args.llm_python}"\nengine_args = {{ {engine_args} }}\nin_flight = 1024\n'
+            f"group_by_prefix = {'true' if group else 'false'}\n"
             f"[batching]\nbatch_size = 1024\n[checkpoint]\ninterval = 1\n"
             f'[sharding]\nbytes = "64MiB"\n'
         )
@@ -95,7 +129,19 @@ def run_stoke(args, data, run):
         for i, text, ct in zip(t["id"].to_pylist(), t["text"].to_pylist(), t["completion_tokens"].to_pylist()):
             texts[i] = text
             tokens += ct
-    return {"whole_s": whole, "job_s": job_s, "startup_s": startup_s, "tokens": tokens, "texts": texts}
+    report = {}
+    report_path = os.path.join(root, "jobs", "llmbench", "report.json")
+    if os.path.exists(report_path):
+        with open(report_path) as f:
+            report = json.load(f)
+    return {
+        "whole_s": whole,
+        "job_s": job_s,
+        "startup_s": startup_s,
+        "tokens": tokens,
+        "texts": texts,
+        "hit_rate": (report.get("llm") or {}).get("prefix_cache_hit_rate"),
+    }
 
 
 def run_vllm(args, data, run):
@@ -122,8 +168,11 @@ def main():
     p.add_argument("--work", required=True)
     p.add_argument("--prompts", type=int, default=5000)
     p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--scenario", choices=["plain", "prefix"], default="plain")
     args = p.parse_args()
     os.makedirs(args.work, exist_ok=True)
+    if args.scenario == "prefix":
+        return prefix_scenario(args)
     data = os.path.join(args.work, f"prompts-{args.prompts}.jsonl")
     with open(data, "w") as f:
         for row in prompts(args.prompts):
@@ -143,6 +192,32 @@ def main():
         )
     ratios = sorted((s["tokens"] / s["job_s"]) / (v["tokens"] / v["job_s"]) for v, s, _ in rows)
     print(f"stoke / vLLM alone, tokens/s in the job phase: median {ratios[len(ratios) // 2]:.2f}x (target >= 0.9x); runs {', '.join(f'{r:.2f}' for r in ratios)}")
+
+
+def prefix_scenario(args):
+    data = os.path.join(args.work, f"prefix-prompts-{args.prompts}.jsonl")
+    with open(data, "w") as f:
+        for row in prefix_prompts(args.prompts):
+            f.write(json.dumps(row) + "\n")
+    engine = dict(PREFIX_ENGINE_ARGS, kv_cache_memory_bytes=PREFIX_KV_BYTES)
+    ratios = []
+    for run in range(args.runs):
+        got = {}
+        for group in (False, True):
+            s = run_stoke(args, data, f"prefix-{run}-{group}", engine, group)
+            got[group] = s
+            print(
+                f"run {run}: group_by_prefix = {str(group).lower()}: {s['tokens']} tokens in {s['job_s']:.2f} s "
+                f"({s['tokens'] / s['job_s']:.0f} tok/s), prefix-cache hit rate {s['hit_rate']}, "
+                f"whole command {s['whole_s']:.1f} s",
+                flush=True,
+            )
+        same = sum(1 for k, t in got[False]["texts"].items() if got[True]["texts"].get(k) == t)
+        ratio = (got[True]["tokens"] / got[True]["job_s"]) / (got[False]["tokens"] / got[False]["job_s"])
+        ratios.append(ratio)
+        print(f"run {run}: true / false {ratio:.2f}x; identical completions {same}/{len(got[False]['texts'])}", flush=True)
+    ratios.sort()
+    print(f"group_by_prefix true / false, tokens/s in the job phase: median {ratios[len(ratios) // 2]:.2f}x (target >= 1.3x); runs {', '.join(f'{r:.2f}' for r in ratios)}")
 
 
 if __name__ == "__main__":

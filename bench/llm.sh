@@ -5,6 +5,9 @@
 # ~/.cache/stoke), builds the binaries, prints the figures.
 #
 #   bench/llm.sh [PROMPTS] [RUNS]     # defaults 5000 1
+#   BENCH_LLM_SCENARIO=prefix bench/llm.sh 2000 3
+#                                     # the shared-prefix workload:
+#                                     # group_by_prefix true vs false
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
 cd "$STOKE_REPO"
@@ -13,4 +16,5 @@ llm_python="$(scripts/llm-venv.sh)"
 cargo build -q --workspace --bins
 python bench/llm.py --llm-python "$llm_python" --model "$STOKE_CACHE/llm-fixture/model" \
   --stoke "$STOKE_BIN_DIR/stoke" --reference scripts/llm_reference.py \
-  --work "$STOKE_CACHE/bench/llm" --prompts "${1:-5000}" --runs "${2:-1}"
+  --work "$STOKE_CACHE/bench/llm" --prompts "${1:-5000}" --runs "${2:-1}" \
+  --scenario "${BENCH_LLM_SCENARIO:-plain}"

@@ -72,6 +72,7 @@ impl LocalRun {
             Some(p) => p.clone(),
             None => sibling_binary("stoke-worker")?,
         };
+        check_llm_python(&spec)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .context("binding a local port for the coordinator")?;
@@ -253,6 +254,32 @@ const TERMINATED: i32 = 143;
 
 /// This very command line, with `--job-id JOB` (added if it was not
 /// there): what resumes an interrupted run.
+/// An LLM job run locally: its engine's python must exist here, where its
+/// workers run (said before anything starts; a worker elsewhere can only
+/// say it once the job runs).
+fn check_llm_python(spec: &JobSpec) -> anyhow::Result<()> {
+    use stoke_core::spec::llm::{LLM_PROCESSOR, LLM_PYTHON_ENV};
+    if spec.processor.python.is_some() || spec.processor.name != LLM_PROCESSOR {
+        return Ok(());
+    }
+    let given = spec.llm.as_ref().and_then(|l| l.python.clone());
+    let python = match given {
+        Some(p) => p,
+        None => match std::env::var(LLM_PYTHON_ENV) {
+            Ok(p) if !p.trim().is_empty() => p,
+            _ => bail!(
+                "job spec: llm.python: missing, and {LLM_PYTHON_ENV} is not set: give the python of a venv with vLLM (scripts/llm-venv.sh makes one)"
+            ),
+        },
+    };
+    let path = std::path::Path::new(&python);
+    // A bare name ("python3") is looked up on PATH when the engine starts.
+    if path.components().count() > 1 && !path.is_file() {
+        bail!("job spec: llm.python: {python} does not exist on this machine");
+    }
+    Ok(())
+}
+
 fn resume_command(job_id: &str) -> String {
     let mut args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--job-id") {

@@ -880,3 +880,39 @@ fn an_openai_batch_file_round_trips_with_one_line_per_custom_id() {
         "{listed:?}"
     );
 }
+
+/// `stoke run --local` checks what it can before anything starts: an
+/// engine python that is not on this machine is refused at submit, and no
+/// job is made.
+#[test]
+fn a_missing_engine_python_is_refused_before_the_job_starts() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("prompts.jsonl");
+    write_jsonl(&data, &prompts(2));
+    let spec = tmp.path().join("job.toml");
+    std::fs::write(
+        &spec,
+        format!(
+            "[dataset]\nformat = \"jsonl\"\nuri = \"{}\"\nid_column = \"id\"\n\
+             [processor]\nname = \"llm\"\n[processor.params]\nmodel = \"{}\"\nprompt_column = \"prompt\"\n\
+             [llm]\npython = \"/nonexistent/venv/bin/python\"\n",
+            data.display(),
+            tmp.path().display()
+        ),
+    )
+    .expect("spec");
+    let root = tmp.path().join("root");
+    let mut cmd = Command::new(bin("stoke"));
+    cmd.args(["run"])
+        .arg(&spec)
+        .args(["--local", "1", "--device", "cpu", "--root"])
+        .arg(&root);
+    let out = output_within(cmd, Duration::from_secs(60));
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("llm.python: /nonexistent/venv/bin/python does not exist on this machine"),
+        "{stderr}"
+    );
+    assert!(!root.join("jobs").exists(), "a job was made");
+}
