@@ -207,6 +207,27 @@ fn llm_spec(name: &str, data: &Path, task: &str, extra: &str) -> String {
     )
 }
 
+/// `stoke run SPEC --local 1 --device cpu --root ROOT` (`--job-id JOB`)
+/// with `env`, within `limit`.
+fn run_local(
+    spec: &Path,
+    root: &Path,
+    job: Option<&str>,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> std::process::Output {
+    let mut cmd = Command::new(bin("stoke"));
+    cmd.args(["run"])
+        .arg(spec)
+        .args(["--local", "1", "--device", "cpu", "--root"])
+        .arg(root);
+    if let Some(job) = job {
+        cmd.args(["--job-id", job]);
+    }
+    cmd.envs(env.iter().copied());
+    output_within(cmd, limit)
+}
+
 /// Completion rows committed, by id; no id twice.
 fn completions(root: &Path, job: &str) -> BTreeMap<String, serde_json::Value> {
     let m = manifest(root, job);
@@ -435,14 +456,13 @@ fn a_prompt_that_aborts_the_engine_is_isolated_under_skip_and_named_under_fail()
         )
         .expect("spec");
         let root = tmp.path().join(policy);
-        let mut cmd = Command::new(bin("stoke"));
-        cmd.args(["run"])
-            .arg(&spec)
-            .args(["--local", "1", "--device", "cpu", "--root"])
-            .arg(&root)
-            .args(["--job-id", policy])
-            .env("STOKE_LLM_FAULT_ABORT_ON", "POISON");
-        let out = output_within(cmd, DEADLINE);
+        let out = run_local(
+            &spec,
+            &root,
+            Some(policy),
+            &[("STOKE_LLM_FAULT_ABORT_ON", "POISON")],
+            DEADLINE,
+        );
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
         let why = "engine process died (signal 6, SIGABRT); its last words: ";
         if policy == "skip" {
@@ -603,13 +623,7 @@ fn chat_messages_equal_vllm_offline_chat() {
     )
     .expect("spec");
     let root = tmp.path().join("root");
-    let mut cmd = Command::new(bin("stoke"));
-    cmd.args(["run"])
-        .arg(&spec)
-        .args(["--local", "1", "--device", "cpu", "--root"])
-        .arg(&root)
-        .args(["--job-id", "chat"]);
-    let out = output_within(cmd, DEADLINE);
+    let out = run_local(&spec, &root, Some("chat"), &[], DEADLINE);
     assert!(
         out.status.success(),
         "{}\n{}",
@@ -665,13 +679,7 @@ fn mistakes_fail_the_job_once_with_the_engines_own_message() {
         let spec = tmp.path().join(format!("{name}.toml"));
         std::fs::write(&spec, spec_text).expect("spec");
         let root = tmp.path().join(name);
-        let mut cmd = Command::new(bin("stoke"));
-        cmd.args(["run"])
-            .arg(&spec)
-            .args(["--local", "1", "--device", "cpu", "--root"])
-            .arg(&root)
-            .args(["--job-id", name]);
-        let out = output_within(cmd, DEADLINE);
+        let out = run_local(&spec, &root, Some(name), &[], DEADLINE);
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
         assert!(!out.status.success(), "{name}: {stdout}\n{stderr}");
         let status: serde_json::Value = read_json(&root.join(format!("jobs/{name}/status.json")));
@@ -715,14 +723,13 @@ fn an_engine_that_hangs_past_batch_timeout_is_killed_and_its_prompt_isolated() {
     )
     .expect("spec");
     let root = tmp.path().join("root");
-    let mut cmd = Command::new(bin("stoke"));
-    cmd.args(["run"])
-        .arg(&spec)
-        .args(["--local", "1", "--device", "cpu", "--root"])
-        .arg(&root)
-        .args(["--job-id", "hang"])
-        .env("STOKE_LLM_FAULT_HANG_ON", "STALL");
-    let out = output_within(cmd, DEADLINE);
+    let out = run_local(
+        &spec,
+        &root,
+        Some("hang"),
+        &[("STOKE_LLM_FAULT_HANG_ON", "STALL")],
+        DEADLINE,
+    );
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
     // The engine was killed and started again; the worker never was.
@@ -792,13 +799,7 @@ fn an_openai_batch_file_round_trips_with_one_line_per_custom_id() {
     .replace("prompt_column = \"prompt\"\n", "");
     std::fs::write(&spec, spec_text).expect("spec");
     let root = tmp.path().join("root");
-    let mut cmd = Command::new(bin("stoke"));
-    cmd.args(["run"])
-        .arg(&spec)
-        .args(["--local", "1", "--device", "cpu", "--root"])
-        .arg(&root)
-        .args(["--job-id", "openai"]);
-    let out = output_within(cmd, DEADLINE);
+    let out = run_local(&spec, &root, Some("openai"), &[], DEADLINE);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let m = manifest(&root, "openai");
@@ -902,12 +903,7 @@ fn a_missing_engine_python_is_refused_before_the_job_starts() {
     )
     .expect("spec");
     let root = tmp.path().join("root");
-    let mut cmd = Command::new(bin("stoke"));
-    cmd.args(["run"])
-        .arg(&spec)
-        .args(["--local", "1", "--device", "cpu", "--root"])
-        .arg(&root);
-    let out = output_within(cmd, Duration::from_secs(60));
+    let out = run_local(&spec, &root, None, &[], Duration::from_secs(60));
     let stderr = text(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
