@@ -266,7 +266,7 @@ impl State {
                     reaches,
                     until,
                 };
-                self.requeue_past_split(&commit, idx);
+                self.requeue_past_split(&commit, idx, arrived);
                 return Err(error);
             }
         }
@@ -316,8 +316,8 @@ impl State {
     /// than the split allowed for, or never heard): its attempt is over,
     /// and the shard goes back to the queue at once rather than after its
     /// lease times out.
-    fn requeue_past_split(&mut self, commit: &Commit, idx: usize) {
-        self.settle_session(&commit.session_id, Instant::now());
+    fn requeue_past_split(&mut self, commit: &Commit, idx: usize, now: Instant) {
+        self.settle_session(&commit.session_id, now);
         let key = &commit.key;
         if let Some(session) = self.sessions.get_mut(&commit.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));

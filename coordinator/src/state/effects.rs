@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use stoke_core::layout::JobLayout;
+use stoke_core::lease::SessionEvent;
 use stoke_core::plan::DoneInput;
 use stoke_core::plan::Plan;
 use stoke_core::records::{JobInfo, OutputObject, ProgressRecord, StatusRecord};
@@ -34,6 +35,10 @@ pub enum Effect {
     /// Delete every object under this folder, in the background: staged
     /// objects nobody will commit (see `sweep.rs`).
     Sweep(StoreUri),
+    /// Push this event to the worker of the session named (the owner keeps
+    /// each session's sender). Best effort, as the session's stream is: a
+    /// worker that misses one asks again, or learns at its next commit.
+    Notify(String, SessionEvent),
 }
 
 /// An answer to a command that had to wait for a write.

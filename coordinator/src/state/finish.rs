@@ -161,7 +161,7 @@ impl State {
     }
 
     /// The manifest and the `succeeded` status are stored (or not).
-    pub(super) fn job_finished(&mut self, job_id: &str, result: Result<()>) {
+    pub(super) fn job_finished(&mut self, job_id: &str, result: Result<()>, now: Instant) {
         let Some(job) = self.jobs.get_mut(job_id) else {
             return;
         };
@@ -169,7 +169,7 @@ impl State {
         match result {
             Ok(()) => {
                 job.state = JobState::Succeeded;
-                job.account.end(tokio::time::Instant::now());
+                job.account.end(now);
                 job.reason = None;
                 let staging = job.staging_dir();
                 info!(job = %job_id, records = job.totals.records, shards = job.shards.len(), "job succeeded; manifest written");

@@ -53,7 +53,14 @@ impl JobCmd {
 impl State {
     /// Stores spec, plan and status, then adds the job (answered on `req`).
     /// Submitting the same spec under an existing id returns that job.
-    pub fn create_job(&mut self, req: ReqId, job_id: String, spec: JobSpec, plan: Plan) {
+    pub fn create_job(
+        &mut self,
+        req: ReqId,
+        job_id: String,
+        spec: JobSpec,
+        plan: Plan,
+        now: Instant,
+    ) {
         if let Ok(existing) = self.job(&job_id) {
             let answer = if *existing.spec == spec {
                 Ok(self.info_of(existing))
@@ -118,7 +125,7 @@ impl State {
             spec.clone(),
             plan.clone(),
             layout.clone(),
-            Instant::now(),
+            now,
         );
         self.creating.insert(
             job_id.clone(),
@@ -301,6 +308,7 @@ impl State {
         req: Option<ReqId>,
         cmd: JobCmd,
         result: Result<()>,
+        now: Instant,
     ) {
         let Ok(job) = self.job_mut(job_id) else {
             return;
@@ -308,7 +316,7 @@ impl State {
         job.phase = JobPhase::Open;
         match result {
             Ok(()) => {
-                self.apply_job_cmd(job_id, cmd);
+                self.apply_job_cmd(job_id, cmd, now);
                 let answer = self.get_job(job_id);
                 self.reply(req, Answer::job(answer));
                 self.run_deferred(job_id);
@@ -346,12 +354,12 @@ impl State {
     }
 
     /// A stored change of the job's state, applied in memory.
-    fn apply_job_cmd(&mut self, job_id: &str, cmd: JobCmd) {
+    fn apply_job_cmd(&mut self, job_id: &str, cmd: JobCmd, now: Instant) {
         match cmd {
             JobCmd::Pause(reason) => self.paused(job_id, reason),
             JobCmd::Resume => self.resumed(job_id),
-            JobCmd::Cancel(reason) => self.ended(job_id, JobState::Cancelled, reason),
-            JobCmd::Fail(reason) => self.ended(job_id, JobState::Failed, reason),
+            JobCmd::Cancel(reason) => self.ended(job_id, JobState::Cancelled, reason, now),
+            JobCmd::Fail(reason) => self.ended(job_id, JobState::Failed, reason, now),
             JobCmd::Set(change) => self.schedule_set(job_id, &change),
         }
     }
@@ -410,25 +418,26 @@ impl State {
     /// it, for `reason` (pause, preemption, a lowered `max_workers`). Best
     /// effort: a worker that misses it keeps its lease until its shard
     /// ends or the lease times out.
-    pub(super) fn send_drains(&self, drains: HashMap<String, Vec<LeaseKey>>, reason: &str) {
+    pub(super) fn send_drains(&mut self, drains: HashMap<String, Vec<LeaseKey>>, reason: &str) {
         for (session_id, leases) in drains {
-            if let Some(session) = self.sessions.get(&session_id) {
-                let _ = session.events_tx.try_send(SessionEvent::Drain {
+            self.notify(
+                &session_id,
+                SessionEvent::Drain {
                     leases,
                     reason: reason.to_string(),
-                });
-            }
+                },
+            );
         }
     }
 
     /// Moves a job to a terminal state: drops its leases, tells the workers
     /// holding them, and sweeps its staging folder.
-    fn ended(&mut self, job_id: &str, state: JobState, reason: String) {
+    fn ended(&mut self, job_id: &str, state: JobState, reason: String, now: Instant) {
         let Ok(job) = self.job_mut(job_id) else {
             return;
         };
         job.state = state;
-        job.account.end(Instant::now());
+        job.account.end(now);
         job.reason = Some(reason.clone());
         job.pending.clear();
         let staging = job.staging_dir();
@@ -448,10 +457,13 @@ impl State {
             if let Some(session) = self.sessions.get_mut(&session_id) {
                 session.leases.retain(|(j, _)| j != job_id);
                 // Best effort: a worker that misses this learns at its next commit.
-                let _ = session.events_tx.try_send(SessionEvent::Revoke {
-                    leases,
-                    reason: reason.clone(),
-                });
+                self.notify(
+                    &session_id,
+                    SessionEvent::Revoke {
+                        leases,
+                        reason: reason.clone(),
+                    },
+                );
             }
         }
         info!(job = %job_id, %state, %reason, "job ended");

@@ -9,7 +9,12 @@
 //! finishes what the command started and answers its caller (an
 //! [`Effect::Reply`]). So a slow store never stalls the loop: while one
 //! job's status or manifest is written, every other job's leases and
-//! commits go on.
+//! commits go on. Events for workers leave the same way
+//! ([`Effect::Notify`]); the owner keeps the sessions' channels.
+//!
+//! Nothing here reads a clock, holds a channel, spawns or awaits:
+//! `scripts/check-state-pure.sh` (run by `scripts/test.sh`) fails if
+//! anything does.
 //!
 //! Durability rule: a change that must survive a crash (job created,
 //! progress committed, attempt failed, job finished) is written to the
@@ -71,7 +76,6 @@ use stoke_core::records::{JobState, ProgressRecord};
 use stoke_core::schedule::Schedule;
 use stoke_core::spec::{DeltaCommit, JobSpec};
 use stoke_store::StoreUri;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::CoordinatorConfig;
@@ -551,7 +555,6 @@ struct Session {
     devices: Vec<String>,
     /// Its processor threads' time, as last reported.
     stages: StageTotals,
-    events_tx: mpsc::Sender<SessionEvent>,
     /// (job id, shard index) of every lease this session holds.
     leases: HashSet<(String, usize)>,
     /// Since when it has asked for work and got none (for the lease-wait
@@ -660,9 +663,21 @@ impl State {
         }
     }
 
-    /// What the write `id` did: finishes what started it. A plain write's
-    /// result converts (`state.written(id, Ok(()))`).
-    pub fn written(&mut self, id: IoId, outcome: impl Into<Outcome>) {
+    /// Asks the owner to push `event` to the session's worker; whether the
+    /// session is there to be told.
+    fn notify(&mut self, session_id: &str, event: SessionEvent) -> bool {
+        if !self.sessions.contains_key(session_id) {
+            return false;
+        }
+        self.effects
+            .push(Effect::Notify(session_id.to_string(), event));
+        true
+    }
+
+    /// What the write `id` did, handed back at `now`: finishes what
+    /// started it. A plain write's result converts (`state.written(id,
+    /// Ok(()), now)`).
+    pub fn written(&mut self, id: IoId, outcome: impl Into<Outcome>, now: Instant) {
         let Some(then) = self.in_flight.remove(&id) else {
             return;
         };
@@ -671,7 +686,7 @@ impl State {
         let mismatch = || "a store write's result does not match the write".to_string();
         let (then, result) = match (then, outcome.into()) {
             (Then::Group(commits), Outcome::Group { write, written }) => {
-                return self.group_written(write, commits, written, Instant::now());
+                return self.group_written(write, commits, written, now);
             }
             (Then::Snapshot { job_id, uri }, Outcome::Snapshot { written, deleted }) => {
                 return self.snapshot_written(&job_id, uri, written, &deleted);
@@ -681,10 +696,12 @@ impl State {
         };
         match then {
             Then::Created { job } => self.job_created(*job, result),
-            Then::Status { job_id, req, cmd } => self.status_written(&job_id, req, cmd, result),
+            Then::Status { job_id, req, cmd } => {
+                self.status_written(&job_id, req, cmd, result, now)
+            }
             Then::AttemptFailed(failed) => self.attempt_failed(*failed, result),
-            Then::Finished { job_id } => self.job_finished(&job_id, result),
-            Then::Split(write) => self.split_written(*write, result),
+            Then::Finished { job_id } => self.job_finished(&job_id, result, now),
+            Then::Split(write) => self.split_written(*write, result, now),
             Then::Report { job_id } => self.report_written(&job_id, result),
             Then::ReportSaved { job_id } => self.report_saved(&job_id, result),
             Then::EndedSaved { job_id } => self.ended_saved(&job_id, result),

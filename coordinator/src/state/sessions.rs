@@ -8,7 +8,6 @@ use stoke_core::lease::{
     LeaseKey, LeaseWork, Registration, SessionEvent, SessionGrant, StageTotals,
 };
 use stoke_core::records::JobState;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -21,12 +20,7 @@ const MAX_BATCH_OBSERVATIONS: u64 = 10_000;
 use crate::error::{CoordinatorError, Result};
 
 impl State {
-    pub fn register(
-        &mut self,
-        registration: Registration,
-        events_tx: mpsc::Sender<SessionEvent>,
-        now: Instant,
-    ) -> SessionGrant {
+    pub fn register(&mut self, registration: Registration, now: Instant) -> SessionGrant {
         let session_id = format!(
             "{}-{}",
             registration.worker_id,
@@ -42,7 +36,6 @@ impl State {
                 hostname: registration.hostname,
                 devices: registration.devices,
                 stages: StageTotals::default(),
-                events_tx: events_tx.clone(),
                 leases: HashSet::new(),
                 waiting_since: None,
                 paces: Default::default(),
@@ -57,10 +50,13 @@ impl State {
             .filter(|key| !self.adopt(&session_id, key, now))
             .collect();
         if !refused.is_empty() {
-            let _ = events_tx.try_send(SessionEvent::Revoke {
-                leases: refused,
-                reason: "lease not valid after the coordinator restarted".to_string(),
-            });
+            self.notify(
+                &session_id,
+                SessionEvent::Revoke {
+                    leases: refused,
+                    reason: "lease not valid after the coordinator restarted".to_string(),
+                },
+            );
         }
         SessionGrant {
             session_id,
@@ -111,8 +107,7 @@ impl State {
 
     /// The session's connection dropped: its shards go back to the queue at
     /// once.
-    pub fn session_closed(&mut self, session_id: &str) {
-        let now = Instant::now();
+    pub fn session_closed(&mut self, session_id: &str, now: Instant) {
         self.settle_session(session_id, now);
         let Some(session) = self.sessions.remove(session_id) else {
             return;
@@ -193,12 +188,12 @@ impl State {
     /// progress and its last words (what a death is blamed on, see
     /// `crash.rs`), and answers a span that wants it with `Noted`.
     pub fn note_work(&mut self, session_id: &str, work: &[LeaseWork], now: Instant) -> Result<()> {
-        let Some(session) = self.sessions.get(session_id) else {
+        if !self.sessions.contains_key(session_id) {
             return Err(CoordinatorError::UnknownSession {
                 session_id: session_id.to_string(),
             });
-        };
-        let events_tx = session.events_tx.clone();
+        }
+        let mut noted = Vec::new();
         for w in work {
             let Some(job) = self.jobs.get_mut(&w.lease.job_id) else {
                 continue;
@@ -229,7 +224,7 @@ impl State {
                     if span.wants_ack {
                         // Best effort: a worker that misses it goes on
                         // after its wait.
-                        let _ = events_tx.try_send(SessionEvent::Noted {
+                        noted.push(SessionEvent::Noted {
                             lease: w.lease.clone(),
                             from_record: span.from,
                         });
@@ -241,6 +236,9 @@ impl State {
             if let Some(words) = &w.last_words {
                 lease.last_words = Some(words.clone());
             }
+        }
+        for event in noted {
+            self.notify(session_id, event);
         }
         Ok(())
     }
@@ -271,9 +269,8 @@ impl State {
             let Some(session_id) = self.waiting.pop_front() else {
                 break;
             };
-            if let Some(session) = self.sessions.get(&session_id) {
-                // Best effort: a worker that misses it asks again after its pause.
-                let _ = session.events_tx.try_send(SessionEvent::Wake);
+            // Best effort: a worker that misses it asks again after its pause.
+            if self.notify(&session_id, SessionEvent::Wake) {
                 woken += 1;
             }
         }

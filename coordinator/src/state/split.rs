@@ -493,7 +493,7 @@ impl State {
 
     /// A split's records are stored (or not): apply it, queue the new
     /// shard and tell the holder its new end.
-    pub(super) fn split_written(&mut self, write: SplitWrite, result: Result<()>) {
+    pub(super) fn split_written(&mut self, write: SplitWrite, result: Result<()>, now: Instant) {
         let SplitWrite {
             job_id,
             idx,
@@ -534,7 +534,7 @@ impl State {
             // for it (it is woken below, and asks at least every
             // `wait_retry` anyway).
             slot: ShardSlot::Free {
-                reserved: Some((asker.clone(), Instant::now() + self.config.wait_retry)),
+                reserved: Some((asker.clone(), now + self.config.wait_retry)),
             },
         });
         job.shard_index.insert(child.shard_id.clone(), child_idx);
@@ -592,13 +592,9 @@ impl State {
     /// [`State::reserved_for_another`]).
     fn wake_asker(&mut self, asker: &str) {
         let waits = self.waiting.iter().any(|s| s == asker);
-        match self.sessions.get(asker).filter(|_| waits) {
-            // Best effort: a worker that misses it asks again after its
-            // pause.
-            Some(session) => {
-                let _ = session.events_tx.try_send(SessionEvent::Wake);
-            }
-            None => self.wake(1),
+        // Best effort: a worker that misses it asks again after its pause.
+        if !(waits && self.notify(asker, SessionEvent::Wake)) {
+            self.wake(1);
         }
     }
 
@@ -644,15 +640,16 @@ impl State {
     }
 
     /// Tells the holder of `key` that its shard now ends before `until`.
-    pub(super) fn tell_split(&self, session_id: &str, key: LeaseKey, until: u64) {
-        if let Some(session) = self.sessions.get(session_id) {
-            // A holder that misses it finds out when its commit past the
-            // split is refused.
-            let _ = session.events_tx.try_send(SessionEvent::Split {
+    pub(super) fn tell_split(&mut self, session_id: &str, key: LeaseKey, until: u64) {
+        // A holder that misses it finds out when its commit past the
+        // split is refused.
+        self.notify(
+            session_id,
+            SessionEvent::Split {
                 lease: key,
                 until_record: until,
-            });
-        }
+            },
+        );
     }
 }
 

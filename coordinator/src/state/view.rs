@@ -191,7 +191,7 @@ impl State {
     }
 
     /// The counters and the connected workers, for `/metrics` and the CLI.
-    pub fn snapshot(&self) -> Snapshot {
+    pub fn snapshot(&self, now: Instant) -> Snapshot {
         let mut workers: Vec<WorkerInfo> = self
             .sessions
             .iter()
@@ -219,7 +219,7 @@ impl State {
         workers.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
         // The reports' causes do not depend on the time; only their wall
         // time does, which `/metrics` does not show.
-        let now = self.accounted_at.unwrap_or_else(Instant::now);
+        let now = self.accounted_at.unwrap_or(now);
         Snapshot {
             counters: self.counters.clone(),
             histograms: self.histograms.clone(),
@@ -292,7 +292,7 @@ impl State {
             .collect();
         StatusReport {
             jobs,
-            snapshot: self.snapshot(),
+            snapshot: self.snapshot(now),
         }
     }
 
