@@ -29,7 +29,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use stoke_core::lease::{JobStages, LeaseWork};
-use stoke_core::records::JobState;
 use stoke_core::records::now_ms;
 use stoke_core::report::{CauseSeconds, DeviceReport, EfficiencyReport, ReportSoFar};
 use stoke_store::to_json_bytes;
@@ -455,10 +454,10 @@ impl State {
         // The first in submission order, walking `jobs` without lookups.
         let first =
             |want: fn(&Job) -> bool| self.jobs.values().filter(|j| want(j)).min_by_key(|j| j.seq);
-        first(|j| j.state == JobState::Paused)
+        first(|j| j.life.paused())
             .map(|j| (j.id.clone(), Idle::Paused))
             .or_else(|| {
-                first(|j| j.state == JobState::Running && j.pending.is_empty() && j.leased > 0)
+                first(|j| j.life.running() && j.pending.is_empty() && j.leased > 0)
                     .map(|j| (j.id.clone(), Idle::Tail))
             })
     }
@@ -484,7 +483,7 @@ impl State {
         let mut writes = Vec::new();
         let mut saves = Vec::new();
         for job in self.jobs.values_mut() {
-            if !job.state.is_terminal()
+            if !job.life.ended()
                 && !job.account.saving
                 && now.saturating_duration_since(job.account.saved) >= SAVE_EVERY
             {
@@ -499,8 +498,8 @@ impl State {
                 };
                 saves.push((job.id.clone(), job.layout.report_so_far(), so_far));
             }
-            if !job.state.is_terminal()
-                || job.phase.storing()
+            if !job.life.ended()
+                || job.life.storing()
                 || job.account.report_file != ReportFile::Unwritten
             {
                 continue;

@@ -15,14 +15,8 @@ use stoke_core::spec::JobSpec;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{Answer, CreateJob, Effect, Io, Job, JobPhase, ReqId, State, Then};
+use super::{Answer, Change, CreateJob, Effect, End, Io, Job, Life, ReqId, State, Then};
 use crate::error::{CoordinatorError, Result};
-
-/// A job being stored, and who else asked for it with the same spec.
-pub(super) struct Creating {
-    spec: Arc<JobSpec>,
-    waiters: Vec<ReqId>,
-}
 
 /// A change of a job's state.
 #[derive(Debug, Clone)]
@@ -70,9 +64,11 @@ impl State {
             self.reply(Some(req), Answer::job(answer));
             return;
         }
-        if let Some(creating) = self.creating.get_mut(&job_id) {
+        if let Some(creating) = self.creating_mut(&job_id) {
             if *creating.spec == spec {
-                creating.waiters.push(req);
+                if let Life::Creating { waiters } = &mut creating.life {
+                    waiters.push(req);
+                }
             } else {
                 self.reply(
                     Some(req),
@@ -81,12 +77,8 @@ impl State {
             }
             return;
         }
-        let unfinished = self
-            .jobs
-            .values()
-            .filter(|j| !j.state.is_terminal())
-            .count()
-            + self.creating.len();
+        let unfinished =
+            self.jobs.values().filter(|j| !j.life.ended()).count() + self.creating().count();
         if unfinished >= self.config.max_jobs {
             let max = self.config.max_jobs;
             self.reply(
@@ -120,20 +112,14 @@ impl State {
         let spec = Arc::new(spec);
         let plan = Arc::new(plan);
         // The job's clock starts at submit (tokio's clock: paused in tests).
-        let job = Job::new(
+        let mut job = Job::new(
             job_id.clone(),
             spec.clone(),
             plan.clone(),
             layout.clone(),
             now,
         );
-        self.creating.insert(
-            job_id.clone(),
-            Creating {
-                spec: spec.clone(),
-                waiters: vec![req],
-            },
-        );
+        job.life = Life::Creating { waiters: vec![req] };
         let io = Io::CreateJob(Box::new(CreateJob {
             job_id,
             spec_uri: layout.spec(),
@@ -152,11 +138,10 @@ impl State {
 
     pub(super) fn job_created(&mut self, mut job: Job, result: Result<()>) {
         let job_id = job.id.clone();
-        let waiters = self
-            .creating
-            .remove(&job_id)
-            .map(|c| c.waiters)
-            .unwrap_or_default();
+        let waiters = match std::mem::replace(&mut job.life, Life::Running(Change::Idle)) {
+            Life::Creating { waiters } => waiters,
+            _ => Vec::new(),
+        };
         if let Err(e) = result {
             let reason = e.to_string();
             let mut first = Some(e);
@@ -231,18 +216,17 @@ impl State {
             Ok(job) => job,
             Err(e) => return self.reply(req, Answer::job(Err(e))),
         };
-        match (&job.phase, &cmd) {
+        if let (Some(change @ Change::Failing(_)), JobCmd::Fail(_)) = (job.life.change_mut(), &cmd)
+        {
             // The failure it owes, tried again.
-            (JobPhase::Failing(_), JobCmd::Fail(_)) => job.phase = JobPhase::Open,
-            (phase, _) if phase.holds_changes() => {
-                job.deferred.push_back((req, cmd));
-                return;
-            }
-            _ => {}
+            *change = Change::Idle;
+        } else if job.life.holds_changes() {
+            job.deferred.push_back((req, cmd));
+            return;
         }
         // What the change means in the job's state now: nothing to do,
         // refused, or a status to store.
-        let noop = match (&cmd, job.state) {
+        let noop = match (&cmd, job.life.state()) {
             (_, s) if s.is_terminal() => {
                 if let JobCmd::Pause(_) | JobCmd::Resume | JobCmd::Set(_) = cmd {
                     Some(Err(CoordinatorError::JobNotRunning {
@@ -291,7 +275,9 @@ impl State {
             // Only `Set` stores no status, and it is matched above.
             (None, _) => return self.run_deferred(job_id),
         };
-        job.phase = JobPhase::Changing;
+        if let Some(change) = job.life.change_mut() {
+            *change = Change::Storing;
+        }
         self.start_io(
             io,
             Then::Status {
@@ -313,7 +299,9 @@ impl State {
         let Ok(job) = self.job_mut(job_id) else {
             return;
         };
-        job.phase = JobPhase::Open;
+        if let Some(change) = job.life.change_mut() {
+            *change = Change::Idle;
+        }
         match result {
             Ok(()) => {
                 self.apply_job_cmd(job_id, cmd, now);
@@ -328,8 +316,9 @@ impl State {
                 warn!(job = %job_id, error = %e, "storing the job's status failed");
                 if let JobCmd::Fail(reason) = cmd
                     && let Ok(job) = self.job_mut(job_id)
+                    && let Some(change) = job.life.change_mut()
                 {
-                    job.phase = JobPhase::Failing(reason);
+                    *change = Change::Failing(reason);
                 }
                 self.reply(req, Answer::job(Err(e)));
             }
@@ -343,7 +332,7 @@ impl State {
             let Ok(job) = self.job_mut(job_id) else {
                 return;
             };
-            if job.phase.holds_changes() {
+            if job.life.holds_changes() {
                 return;
             }
             let Some((req, cmd)) = job.deferred.pop_front() else {
@@ -358,8 +347,8 @@ impl State {
         match cmd {
             JobCmd::Pause(reason) => self.paused(job_id, reason),
             JobCmd::Resume => self.resumed(job_id),
-            JobCmd::Cancel(reason) => self.ended(job_id, JobState::Cancelled, reason, now),
-            JobCmd::Fail(reason) => self.ended(job_id, JobState::Failed, reason, now),
+            JobCmd::Cancel(reason) => self.ended(job_id, End::Cancelled(reason), now),
+            JobCmd::Fail(reason) => self.ended(job_id, End::Failed(reason), now),
             JobCmd::Set(change) => self.schedule_set(job_id, &change),
         }
     }
@@ -382,8 +371,10 @@ impl State {
         let Ok(job) = self.job_mut(job_id) else {
             return;
         };
-        job.state = JobState::Paused;
-        job.reason = Some(reason.clone());
+        job.life = Life::Paused {
+            reason: reason.clone(),
+            change: Change::Idle,
+        };
         let mut draining: HashMap<String, Vec<LeaseKey>> = HashMap::new();
         for (i, shard) in job.shards.iter().enumerate() {
             if let Some(lease) = shard.lease() {
@@ -405,8 +396,7 @@ impl State {
         let Ok(job) = self.job_mut(job_id) else {
             return;
         };
-        job.state = JobState::Running;
-        job.reason = None;
+        job.life = Life::Running(Change::Idle);
         job.pending = (0..job.shards.len())
             .filter(|&i| !job.shards[i].progress.done && job.shards[i].lease().is_none())
             .collect();
@@ -430,15 +420,16 @@ impl State {
         }
     }
 
-    /// Moves a job to a terminal state: drops its leases, tells the workers
+    /// Ends a job (cancelled or failed): drops its leases, tells the workers
     /// holding them, and sweeps its staging folder.
-    fn ended(&mut self, job_id: &str, state: JobState, reason: String, now: Instant) {
+    fn ended(&mut self, job_id: &str, end: End, now: Instant) {
         let Ok(job) = self.job_mut(job_id) else {
             return;
         };
-        job.state = state;
+        job.life = Life::Ended(end);
+        let state = job.life.state();
+        let reason = job.life.reason().unwrap_or_default().to_string();
         job.account.end(now);
-        job.reason = Some(reason.clone());
         job.pending.clear();
         let staging = job.staging_dir();
         let mut revoked: HashMap<String, Vec<LeaseKey>> = HashMap::new();
@@ -477,7 +468,7 @@ impl State {
         };
         let skipped = job.totals.skipped;
         let limit = job.spec.errors.max_skipped;
-        if skipped <= limit || job.state.is_terminal() {
+        if skipped <= limit || job.life.ended() {
             return;
         }
         let reason = format!(

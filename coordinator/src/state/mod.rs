@@ -266,8 +266,6 @@ struct Job {
     delta_log: Option<table_log::DeltaLog>,
     /// Where attempts upload (see `stoke_core::layout`).
     staging: StoreUri,
-    state: JobState,
-    reason: Option<String>,
     shards: Vec<ShardState>,
     /// Indices of shards waiting for a worker.
     pending: VecDeque<usize>,
@@ -282,8 +280,8 @@ struct Job {
     progress_objects: Vec<StoreUri>,
     /// Its commits on their way to the store (see `commit.rs`).
     commits: commit::CommitQueue,
-    /// Where it is in its life (see [`JobPhase`]).
-    phase: JobPhase,
+    /// Where it is in its life (see [`Life`]).
+    life: Life,
     /// Changes of its status waiting for the one being stored.
     deferred: VecDeque<(Option<ReqId>, jobs::JobCmd)>,
     /// Priority, weight and lease cap as they apply now (the spec's, or
@@ -303,45 +301,155 @@ struct Job {
     reduce: reducers::Reduce,
 }
 
-/// Where a job is in its life, beside its stored status (`Job::state`):
-/// which write of its status is in flight, and whether its shards are
-/// still in memory.
+/// Where a job is in its life: what its stored status is (the wire's and
+/// the records' [`JobState`] is derived from it, [`Life::state`]), and
+/// which write of it is on its way to the store. The one place a job's
+/// life is kept: a job being created lives in its write's continuation
+/// (`Then::Created`), an ended one that let go of its shards in
+/// `State::released`, with what it keeps here.
 #[derive(Debug)]
-enum JobPhase {
-    /// Its shards are in memory and no change of its status is being
-    /// stored.
-    Open,
-    /// A change of its status is being stored: its other changes wait in
-    /// `deferred`, and no lease goes out.
-    Changing,
+enum Life {
+    /// Its spec, plan and status are being stored; `waiters` asked for it
+    /// (the first submit, and every later one of the same spec), and hear
+    /// once it is stored. No view shows it yet.
+    Creating { waiters: Vec<ReqId> },
+    /// Its shards are leased out.
+    Running(Change),
+    /// None of its shards is leased out, for `reason`.
+    Paused { reason: String, change: Change },
     /// Every shard is done: its manifest and `succeeded` status are being
-    /// stored (changes wait likewise).
+    /// stored (its stored status says running until then; changes wait
+    /// in `deferred`).
     Finishing,
-    /// It must fail, but storing that failed: tried again at each tick;
-    /// its other changes wait until it is stored.
-    Failing(String),
-    /// It succeeded and its end is stored: it let go of its plan and its
-    /// shards' states (`State::release_ended`), and lives in
-    /// `State::released`.
-    Ended(Ended),
+    /// It ended (see [`End`]).
+    Ended(End),
 }
 
-impl JobPhase {
-    /// A write of the job's status (or its finish) is in flight.
-    fn storing(&self) -> bool {
-        matches!(self, Self::Changing | Self::Finishing)
-    }
+/// A change of a running or paused job's status on its way to the store.
+#[derive(Debug, Default)]
+enum Change {
+    /// None: the job is as its status says.
+    #[default]
+    Idle,
+    /// A change is being stored: the job's other changes wait in
+    /// `deferred`, and no lease of it goes out.
+    Storing,
+    /// It must fail for this reason, but storing that failed: the tick
+    /// tries again, and its other changes wait until it is stored. It
+    /// goes on as it was (running or paused) until then.
+    Failing(String),
+}
 
-    /// Changes of its status wait in `deferred` (one is being stored, or a
-    /// failure it owes goes first).
-    fn holds_changes(&self) -> bool {
-        matches!(self, Self::Changing | Self::Finishing | Self::Failing(_))
-    }
+/// How a job ended.
+#[derive(Debug)]
+enum End {
+    /// Its manifest and status are stored. `Some` once it let go of its
+    /// plan and its shards' states (`State::release_ended`) and lives in
+    /// `State::released`: what its views still show.
+    Succeeded(Option<Box<Kept>>),
+    Cancelled(String),
+    Failed(String),
+}
 
-    /// What an ended job keeps, once it let go of its shards.
-    fn ended(&self) -> Option<&Ended> {
+impl Life {
+    /// Its status as stored, and as clients see it. A job being created
+    /// is stored as running (and never shown); a finishing one is running
+    /// until its `succeeded` status is stored.
+    fn state(&self) -> JobState {
         match self {
-            Self::Ended(ended) => Some(ended),
+            Self::Creating { .. } | Self::Running(_) | Self::Finishing => JobState::Running,
+            Self::Paused { .. } => JobState::Paused,
+            Self::Ended(End::Succeeded(_)) => JobState::Succeeded,
+            Self::Ended(End::Cancelled(_)) => JobState::Cancelled,
+            Self::Ended(End::Failed(_)) => JobState::Failed,
+        }
+    }
+
+    /// Why it is paused or ended, as its status says.
+    fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Paused { reason, .. }
+            | Self::Ended(End::Cancelled(reason) | End::Failed(reason)) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// A life as a stored status says (at start, see `restore.rs`).
+    fn stored(state: JobState, reason: Option<String>) -> Self {
+        let reason = reason.unwrap_or_default();
+        match state {
+            JobState::Running => Self::Running(Change::Idle),
+            JobState::Paused => Self::Paused {
+                reason,
+                change: Change::Idle,
+            },
+            JobState::Succeeded => Self::Ended(End::Succeeded(None)),
+            JobState::Cancelled => Self::Ended(End::Cancelled(reason)),
+            JobState::Failed => Self::Ended(End::Failed(reason)),
+        }
+    }
+
+    /// Its stored status is `running` (finishing included).
+    fn running(&self) -> bool {
+        matches!(self, Self::Running(_) | Self::Finishing)
+    }
+
+    /// Its shards may go out now: running, and no change of it stored.
+    fn leasing(&self) -> bool {
+        matches!(self, Self::Running(Change::Idle | Change::Failing(_)))
+    }
+
+    fn paused(&self) -> bool {
+        matches!(self, Self::Paused { .. })
+    }
+
+    /// It ended: cancelled, failed or succeeded.
+    fn ended(&self) -> bool {
+        matches!(self, Self::Ended(_))
+    }
+
+    fn succeeded(&self) -> bool {
+        matches!(self, Self::Ended(End::Succeeded(_)))
+    }
+
+    /// The change of a running or paused job.
+    fn change(&self) -> Option<&Change> {
+        match self {
+            Self::Running(change) | Self::Paused { change, .. } => Some(change),
+            _ => None,
+        }
+    }
+
+    fn change_mut(&mut self) -> Option<&mut Change> {
+        match self {
+            Self::Running(change) | Self::Paused { change, .. } => Some(change),
+            _ => None,
+        }
+    }
+
+    /// A write of its status (or its finish) is in flight.
+    fn storing(&self) -> bool {
+        matches!(self, Self::Finishing) || matches!(self.change(), Some(Change::Storing))
+    }
+
+    /// The failure it owes, whose write failed.
+    fn failing(&self) -> Option<&str> {
+        match self.change() {
+            Some(Change::Failing(reason)) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// Changes of its status wait in `deferred` (one is being stored, or
+    /// a failure it owes goes first).
+    fn holds_changes(&self) -> bool {
+        self.storing() || self.failing().is_some()
+    }
+
+    /// What a succeeded job keeps once it let go of its shards.
+    fn kept(&self) -> Option<&Kept> {
+        match self {
+            Self::Ended(End::Succeeded(Some(kept))) => Some(kept),
             _ => None,
         }
     }
@@ -350,7 +458,7 @@ impl JobPhase {
 /// What a succeeded job keeps in memory once its end is stored: what its
 /// views show, without a state per shard. Its outputs are in its manifest.
 #[derive(Debug)]
-struct Ended {
+struct Kept {
     shards_total: u64,
     shards_split: u64,
     /// The shards with a failed attempt, a store failure or a skipped
@@ -448,15 +556,13 @@ impl Job {
                 .map(|_| table_log::DeltaLog::default()),
             delta,
             staging,
-            state: JobState::Running,
-            reason: None,
+            life: Life::Running(Change::Idle),
             shards,
             shard_index,
             totals: Totals::default(),
             rate: RateWindow::default(),
             progress_objects: Vec::new(),
             commits: Default::default(),
-            phase: JobPhase::Open,
             deferred: VecDeque::new(),
             schedule: spec.schedule(),
             leased: 0,
@@ -527,16 +633,16 @@ impl Job {
     }
 
     fn shards_total(&self) -> u64 {
-        self.phase
-            .ended()
-            .map_or(self.shards.len() as u64, |e| e.shards_total)
+        self.life
+            .kept()
+            .map_or(self.shards.len() as u64, |k| k.shards_total)
     }
 
     fn shard(&self, shard_id: &str) -> Result<usize> {
-        if self.phase.ended().is_some() {
+        if self.life.kept().is_some() {
             return Err(CoordinatorError::JobNotRunning {
                 job_id: self.id.clone(),
-                state: self.state.to_string(),
+                state: self.life.state().to_string(),
             });
         }
         self.shard_index
@@ -587,8 +693,6 @@ pub struct State {
     /// ran thousands of jobs leases as fast as a new one.
     released: BTreeMap<String, Job>,
     order: Vec<String>,
-    /// Jobs whose spec, plan and status are being stored, and who waits.
-    creating: HashMap<String, jobs::Creating>,
     sessions: HashMap<String, Session>,
     /// Sessions answered `Wait` or `Idle` since their last lease, oldest
     /// first: they get a `Wake` when work may be there for them.
@@ -622,7 +726,6 @@ impl State {
             jobs: BTreeMap::new(),
             released: BTreeMap::new(),
             order: Vec::new(),
-            creating: HashMap::new(),
             sessions: HashMap::new(),
             waiting: VecDeque::new(),
             counters: Counters::default(),
@@ -729,6 +832,22 @@ impl State {
             .get(session_id)
             .map(|s| s.worker_id.clone())
             .unwrap_or_default()
+    }
+
+    /// The jobs being created: each lives in its write's continuation
+    /// until it is stored (a submit is rare; the writes in flight few).
+    fn creating(&self) -> impl Iterator<Item = &Job> {
+        self.in_flight.values().filter_map(|then| match then {
+            Then::Created { job } => Some(&**job),
+            _ => None,
+        })
+    }
+
+    fn creating_mut(&mut self, job_id: &str) -> Option<&mut Job> {
+        self.in_flight.values_mut().find_map(|then| match then {
+            Then::Created { job } if job.id == job_id => Some(&mut **job),
+            _ => None,
+        })
     }
 
     /// A job by id, live or released.

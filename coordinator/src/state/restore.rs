@@ -17,7 +17,7 @@ use tracing::info;
 
 use super::account::ReportFile;
 use super::reducers::Metrics;
-use super::{Effect, Job, State};
+use super::{Effect, Job, Life, State};
 use crate::config::CoordinatorConfig;
 
 /// One job as the root stores it.
@@ -116,8 +116,10 @@ impl State {
                 max_workers: record.max_workers,
             };
         }
-        job.state = s.status.state;
-        job.reason = s.status.reason;
+        // A succeeded job loaded from its `ended.json` came with its life.
+        if job.life.kept().is_none() {
+            job.life = Life::stored(s.status.state, s.status.reason);
+        }
         if job.spec.processor.python.is_some()
             && let Some(metrics) = s.metrics
         {
@@ -135,7 +137,7 @@ impl State {
         job.pending = (0..job.shards.len())
             .filter(|&i| !job.shards[i].progress.done)
             .collect();
-        if job.state.is_terminal() {
+        if job.life.ended() {
             job.pending.clear();
             // A zombie may have uploaded into an ended job's staging
             // folder after its last sweep.

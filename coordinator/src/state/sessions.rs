@@ -7,7 +7,6 @@ use std::collections::HashSet;
 use stoke_core::lease::{
     LeaseKey, LeaseWork, Registration, SessionEvent, SessionGrant, StageTotals,
 };
-use stoke_core::records::JobState;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -75,7 +74,7 @@ impl State {
         let Some(job) = self.jobs.get_mut(&key.job_id) else {
             return false;
         };
-        if job.state != JobState::Running {
+        if !job.life.running() {
             return false;
         }
         let Some(&idx) = job.shard_index.get(&key.shard_id) else {
@@ -143,7 +142,7 @@ impl State {
                 lost_work.push(job_id.clone());
                 if let Some(job) = self.jobs.get_mut(&job_id) {
                     job.account.lost(lease.work, Lost::Disconnected);
-                    if job.state == JobState::Running {
+                    if job.life.running() {
                         job.pending.push_front(idx);
                         requeued += 1;
                     }

@@ -42,7 +42,7 @@ use std::sync::Arc;
 
 use stoke_core::lease::{LeaseKey, SessionEvent};
 use stoke_core::plan::{Cut, Plan, Shard};
-use stoke_core::records::{JobState, ProgressRecord};
+use stoke_core::records::ProgressRecord;
 use stoke_store::StoreUri;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -228,8 +228,8 @@ pub(super) fn apply_stored(plan: &mut Plan, progress: &HashMap<String, ProgressR
 impl Job {
     /// Shards made by splits.
     pub(super) fn shards_split(&self) -> u64 {
-        if let Some(ended) = self.phase.ended() {
-            return ended.shards_split;
+        if let Some(kept) = self.life.kept() {
+            return kept.shards_split;
         }
         self.plan
             .shards
@@ -243,10 +243,7 @@ impl Job {
         let spec = &self.spec;
         // Adaptive batches are cut by content: the coordinator cannot
         // tell where a batch boundary falls.
-        self.state == JobState::Running
-            && !self.phase.storing()
-            && spec.sharding.split
-            && spec.batching.max_elements.is_none()
+        self.life.leasing() && spec.sharding.split && spec.batching.max_elements.is_none()
     }
 
     /// Shard `idx`'s origin offsets `from..until`, where it has an end.
@@ -540,7 +537,7 @@ impl State {
         job.shard_index.insert(child.shard_id.clone(), child_idx);
         job.set_progress(idx, holder);
         job.set_progress(child_idx, child);
-        let running = job.state == JobState::Running;
+        let running = job.life.running();
         if running {
             job.pending.push_front(child_idx);
         }
@@ -633,7 +630,7 @@ impl State {
             return;
         };
         job.account.lost(lease.work, Lost::Disconnected);
-        if job.state == JobState::Running {
+        if job.life.running() {
             job.pending.push_front(idx);
             self.wake(1);
         }

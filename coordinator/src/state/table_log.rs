@@ -17,9 +17,8 @@ use std::collections::HashSet;
 use stoke_core::records::{OutputObject, ProgressRecord};
 use tracing::warn;
 
-use super::{DeltaAppend, DeltaWrite, Io, JobPhase, State, Then};
+use super::{DeltaAppend, DeltaWrite, End, Io, Life, State, Then};
 use crate::error::{CoordinatorError, Result};
-use stoke_core::records::JobState;
 
 /// A `commit = "checkpoint"` job's objects on their way to its table.
 #[derive(Debug, Default)]
@@ -71,8 +70,7 @@ impl State {
         let Some(target) = job.delta.clone() else {
             return;
         };
-        let finishing =
-            matches!(job.phase, JobPhase::Finishing) || job.state == JobState::Succeeded;
+        let finishing = matches!(job.life, Life::Finishing | Life::Ended(End::Succeeded(_)));
         // Split borrows: the log changes while the shards are read.
         let (shards, Some(log)) = (&job.shards, job.delta_log.as_mut()) else {
             return;
