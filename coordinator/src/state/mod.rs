@@ -808,7 +808,7 @@ impl State {
             Then::Report { job_id } => self.report_written(&job_id, result),
             Then::ReportSaved { job_id } => self.report_saved(&job_id, result),
             Then::EndedSaved { job_id } => self.ended_saved(&job_id, result),
-            Then::Delta { job_id, reconcile } => self.delta_written(&job_id, reconcile, result),
+            Then::Delta { job_id } => self.delta_written(&job_id, result),
             Then::Crashed(crashed) => self.crash_stored(*crashed, result),
             Then::Metrics(write) => self.metrics_stored(*write, result),
             Then::Group(commits) => self.group_failed(commits, &mismatch()),
@@ -912,9 +912,8 @@ enum Then {
     Group(Vec<commit::Committing>),
     /// A snapshot of the job's progress is stored (or not).
     Snapshot { job_id: String, uri: StoreUri },
-    /// A Delta commit of the job is made (or not); `reconcile`: it added
-    /// only what the table lacked.
-    Delta { job_id: String, reconcile: bool },
+    /// A Delta commit of the job is made (or not).
+    Delta { job_id: String },
     /// A job's reduced metrics are stored (or not).
     Metrics(Box<reducers::MetricsWrite>),
 }
