@@ -3,8 +3,9 @@
 # I/O (docs/src/adr/005-coordinator-decides-without-io.md): whatever it wants
 # done leaves as an effect, and the time comes in as `now`. This fails when
 # its code reaches for what only the owner (coordinator/src/owner/) may use:
-# tokio's channels and locks, spawned tasks, `.await`, the clocks, the
-# object stores or a store handle, the file system.
+# tokio's channels and locks, spawned tasks, `.await`, the clocks (the wall
+# clock too, `stoke_core::records::now_ms`), the object stores or a store
+# handle, the file system.
 #
 # Types stay fine: `tokio::time::Instant` (what `now` is; tests pause it),
 # `StoreUri`, `StoreError`, pure helpers such as `to_json_bytes`. Comments
@@ -32,7 +33,7 @@ FORBIDDEN = [
     (r"\btokio::spawn\b|\bspawn_blocking\b|\btokio::task\b", "a spawned task"),
     (r"\.await\b|\basync\s+(fn|move|\{)", "async code (.await)"),
     (r"\bInstant::now\b", "Instant::now (take `now` as a parameter)"),
-    (r"\bSystemTime::now\b|\bUtc::now\b", "the wall clock"),
+    (r"\bSystemTime::now\b|\bUtc::now\b|\bnow_ms\s*\(", "the wall clock"),
     (r"\bobject_store\b", "object_store"),
     (r"\bStores\b", "a store handle (Stores): its I/O is the owner's"),
     (r"\bstd::fs\b|\btokio::fs\b", "the file system"),

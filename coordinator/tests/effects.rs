@@ -256,7 +256,7 @@ async fn status_changes_of_one_job_apply_once_stored_and_in_order() {
     // Pause: one status write; nothing changes until it is stored.
     state.pause(10, "j", String::new());
     let fx = effects(&mut state);
-    let [(pause_id, Io::Put { uri, .. })] = &fx.io[..] else {
+    let [(pause_id, Io::Stamped { uri, .. })] = &fx.io[..] else {
         panic!("expected the status write");
     };
     assert!(uri.as_str().ends_with("/status.json"), "{uri}");
@@ -277,7 +277,7 @@ async fn status_changes_of_one_job_apply_once_stored_and_in_order() {
     );
     // The worker holding its lease is asked to give it back.
     assert!(matches!(&fx.events[..], [(s, SessionEvent::Drain { .. })] if *s == w));
-    let [(resume_id, Io::Put { .. })] = &fx.io[..] else {
+    let [(resume_id, Io::Stamped { .. })] = &fx.io[..] else {
         panic!("expected the resume's status write");
     };
     state.written(*resume_id, Ok(()), Instant::now());
@@ -285,7 +285,7 @@ async fn status_changes_of_one_job_apply_once_stored_and_in_order() {
     assert!(
         matches!(&fx.replies[..], [(11, Answer::Job(a))] if a.as_ref().as_ref().is_ok_and(|info| info.state == JobState::Running))
     );
-    let [(cancel_id, Io::Put { .. })] = &fx.io[..] else {
+    let [(cancel_id, Io::Stamped { .. })] = &fx.io[..] else {
         panic!("expected the cancel's status write");
     };
     // A cancel whose write fails changes nothing and says why.
@@ -300,7 +300,7 @@ async fn status_changes_of_one_job_apply_once_stored_and_in_order() {
     // Cancelled for real: the lease is revoked and the staging swept.
     state.cancel(13, "j", "enough".to_string());
     let fx = effects(&mut state);
-    let [(cancel_id, Io::Put { .. })] = &fx.io[..] else {
+    let [(cancel_id, Io::Stamped { .. })] = &fx.io[..] else {
         panic!("expected the cancel's status write");
     };
     state.written(*cancel_id, Ok(()), Instant::now());
@@ -520,7 +520,7 @@ async fn a_failure_whose_write_failed_is_retried_at_the_tick_before_other_change
     stored(&mut state, id, write);
     let mut fx = effects(&mut state);
     assert!(matches!(commit_answer(&mut fx, 10), Ok(false)));
-    let [(fail_id, Io::Put { uri, .. })] = &fx.io[..] else {
+    let [(fail_id, Io::Stamped { uri, .. })] = &fx.io[..] else {
         panic!("expected the failed status's write, got {:?}", fx.io);
     };
     assert!(uri.as_str().ends_with("/status.json"), "{uri}");
@@ -538,7 +538,7 @@ async fn a_failure_whose_write_failed_is_retried_at_the_tick_before_other_change
     // the pause is refused: a failed job does not pause.
     state.tick(Instant::now());
     let fx = effects(&mut state);
-    let [(fail_id, Io::Put { .. })] = &fx.io[..] else {
+    let [(fail_id, Io::Stamped { .. })] = &fx.io[..] else {
         panic!("expected the failure's write again, got {:?}", fx.io);
     };
     state.written(*fail_id, Ok(()), Instant::now());

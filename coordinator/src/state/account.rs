@@ -29,12 +29,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use stoke_core::lease::{JobStages, LeaseWork};
-use stoke_core::records::now_ms;
 use stoke_core::report::{CauseSeconds, DeviceReport, EfficiencyReport, ReportSoFar};
 use stoke_store::to_json_bytes;
 use tokio::time::Instant;
 
-use super::{Io, Job, Session, State, Then};
+use super::{Io, Job, Session, Stamped, State, Then};
 use crate::error::Result;
 
 /// How often, at most, the workers' time is given to jobs.
@@ -174,10 +173,10 @@ impl Account {
     }
 
     /// Carries on from a report a coordinator before this one saved at
-    /// `saved_ms`, counting the time since as wall time.
-    pub fn carry_on(&mut self, so_far: ReportSoFar) {
+    /// `saved_ms`, counting the time until `now_ms` as wall time.
+    pub fn carry_on(&mut self, so_far: ReportSoFar, now_ms: u64) {
         let mut before = so_far.report;
-        before.wall_s += now_ms().saturating_sub(so_far.saved_ms) as f64 / 1000.0;
+        before.wall_s += now_ms.saturating_sub(so_far.saved_ms) as f64 / 1000.0;
         self.before = Some(before);
     }
 
@@ -493,7 +492,8 @@ impl State {
                 account.saving = true;
                 account.saved = now;
                 let so_far = ReportSoFar {
-                    saved_ms: now_ms(),
+                    // Set as it is written (see `Stamped`).
+                    saved_ms: 0,
                     report: account.report(&job.id, job.totals.records, split, now),
                 };
                 saves.push((job.id.clone(), job.layout.report_so_far(), so_far));
@@ -519,9 +519,9 @@ impl State {
             self.start_io(io, Then::Report { job_id });
         }
         for (job_id, uri, so_far) in saves {
-            let io = Io::Put {
+            let io = Io::Stamped {
                 uri,
-                bytes: bytes::Bytes::from(to_json_bytes(&so_far)),
+                record: Stamped::ReportSoFar(so_far),
             };
             self.start_io(io, Then::ReportSaved { job_id });
         }

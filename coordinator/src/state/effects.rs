@@ -10,6 +10,8 @@ use stoke_core::lease::SessionEvent;
 use stoke_core::plan::DoneInput;
 use stoke_core::plan::Plan;
 use stoke_core::records::{JobInfo, OutputObject, ProgressRecord, StatusRecord};
+use stoke_core::report::ReportSoFar;
+use stoke_core::schedule::ScheduleRecord;
 use stoke_core::spec::{DeltaCommit, JobSpec};
 use stoke_store::{StoreError, StoreUri};
 
@@ -64,8 +66,11 @@ impl Answer {
 pub enum Io {
     /// A new job's records (see [`CreateJob`]).
     CreateJob(Box<CreateJob>),
-    /// One object: a job's status record, or a progress log.
+    /// One object: a progress record or log, a report, reduced metrics,
+    /// `ended.json`.
     Put { uri: StoreUri, bytes: Bytes },
+    /// One record that says when it was written (see [`Stamped`]).
+    Stamped { uri: StoreUri, record: Stamped },
     /// Finishing a job (see [`FinishJob`]).
     Finish(Box<FinishJob>),
     /// Several objects, in order, each stored before the next is written:
@@ -88,6 +93,38 @@ pub enum Io {
 pub struct DeltaWrite {
     pub append: DeltaAppend,
     pub record: StoreUri,
+}
+
+/// A record that says when it was written (ms since the Unix epoch). The
+/// owner sets that time as it writes it: the machine reads no wall clock.
+#[derive(Debug)]
+pub enum Stamped {
+    /// A job's `status.json`.
+    Status(StatusRecord),
+    /// A job's `schedule.json` (`stoke set`).
+    Schedule(ScheduleRecord),
+    /// A running job's `report-so-far.json`.
+    ReportSoFar(ReportSoFar),
+}
+
+impl Stamped {
+    /// The record as written at `now_ms`.
+    pub fn at(self, now_ms: u64) -> Bytes {
+        Bytes::from(match self {
+            Self::Status(mut status) => {
+                status.updated_ms = now_ms;
+                to_json_bytes(&status)
+            }
+            Self::Schedule(mut schedule) => {
+                schedule.updated_ms = now_ms;
+                to_json_bytes(&schedule)
+            }
+            Self::ReportSoFar(mut so_far) => {
+                so_far.saved_ms = now_ms;
+                to_json_bytes(&so_far)
+            }
+        })
+    }
 }
 
 /// What a write did, handed back to [`super::State::written`].
@@ -126,6 +163,7 @@ pub struct CreateJob {
     pub plan_uri: StoreUri,
     pub plan: Arc<Plan>,
     pub status_uri: StoreUri,
+    /// Its `updated_ms` is set as it is written (see [`Stamped`]).
     pub status: StatusRecord,
 }
 

@@ -9,13 +9,13 @@ use std::sync::Arc;
 
 use stoke_core::lease::{LeaseKey, SessionEvent};
 use stoke_core::plan::Plan;
-use stoke_core::records::{JobState, StatusRecord, now_ms};
+use stoke_core::records::{JobState, StatusRecord};
 use stoke_core::schedule::{ScheduleChange, ScheduleRecord};
 use stoke_core::spec::JobSpec;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{Answer, Change, CreateJob, Effect, End, Io, Job, Life, ReqId, State, Then};
+use super::{Answer, Change, CreateJob, Effect, End, Io, Job, Life, ReqId, Stamped, State, Then};
 use crate::error::{CoordinatorError, Result};
 
 /// A change of a job's state.
@@ -130,7 +130,7 @@ impl State {
             status: StatusRecord {
                 state: JobState::Running,
                 reason: None,
-                updated_ms: now_ms(),
+                updated_ms: 0,
             },
         }));
         self.start_io(io, Then::Created { job: Box::new(job) });
@@ -247,25 +247,23 @@ impl State {
             return self.reply(req, Answer::job(answer));
         }
         let io = match (cmd.target(), &cmd) {
-            (Some((state, reason)), _) => Io::Put {
+            (Some((state, reason)), _) => Io::Stamped {
                 uri: job.layout.status(),
-                bytes: stoke_store::to_json_bytes(&StatusRecord {
+                record: Stamped::Status(StatusRecord {
                     state,
                     reason,
-                    updated_ms: now_ms(),
-                })
-                .into(),
+                    updated_ms: 0,
+                }),
             },
             (None, JobCmd::Set(change)) => match change.apply(&job.schedule) {
-                Ok(next) => Io::Put {
+                Ok(next) => Io::Stamped {
                     uri: job.layout.schedule(),
-                    bytes: stoke_store::to_json_bytes(&ScheduleRecord {
+                    record: Stamped::Schedule(ScheduleRecord {
                         priority: next.priority,
                         weight: next.weight,
                         max_workers: next.max_workers,
-                        updated_ms: now_ms(),
-                    })
-                    .into(),
+                        updated_ms: 0,
+                    }),
                 },
                 Err(e) => {
                     self.reply(req, Answer::job(Err(e.into())));

@@ -87,7 +87,8 @@ use crate::progress::RateWindow;
 pub use crash::{Verdict, judge};
 pub use effects::{
     Answer, CreateJob, DeltaAppend, DeltaTarget, DeltaWrite, DoneUpdate, Effect, FinishJob,
-    GroupWrite, GroupWritten, Io, IoId, Outcome, ReqId, SnapshotWrite, StagedCopy, progress_log,
+    GroupWrite, GroupWritten, Io, IoId, Outcome, ReqId, SnapshotWrite, StagedCopy, Stamped,
+    progress_log,
 };
 pub use finish::plan_finish;
 pub use reducers::Metrics as StoredMetrics;
