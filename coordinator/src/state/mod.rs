@@ -686,8 +686,10 @@ pub struct State {
     /// Orders progress records (see `ProgressRecord::seq`).
     record_seq: u64,
     /// Jobs by id; `order` keeps submission order (over both maps).
-    /// Every job not yet let go of is here: the paths that walk jobs (the
-    /// acquire path, the tick) walk these.
+    /// Every stored job not yet let go of is here (one being created
+    /// lives in its write's continuation, `Then::Created`, until it is
+    /// stored): the paths that walk jobs (the acquire path, the tick)
+    /// walk these.
     jobs: BTreeMap<String, Job>,
     /// Succeeded jobs that let go of their shards (`release_ended`): only
     /// looked up by id, never walked on a hot path, so a coordinator that
