@@ -73,8 +73,13 @@ impl Inline {
     /// until it asks for none.
     async fn settle(&mut self) {
         loop {
-            let mut effects = std::mem::take(&mut self.queued);
-            effects.extend(self.state.take_effects());
+            let mut effects = self.state.take_effects();
+            if !self.queued.is_empty() {
+                // What earlier calls left goes first, in order.
+                let mut queued = std::mem::take(&mut self.queued);
+                queued.append(&mut effects);
+                effects = queued;
+            }
             if effects.is_empty() {
                 return;
             }

@@ -450,15 +450,30 @@ impl State {
     /// The job an idle worker waits for: a paused one first, else one in
     /// its tail (shards leased, none waiting).
     fn idle_target(&self) -> Option<(String, Idle)> {
-        // The first in submission order, walking `jobs` without lookups.
-        let first =
-            |want: fn(&Job) -> bool| self.jobs.values().filter(|j| want(j)).min_by_key(|j| j.seq);
-        first(|j| j.life.paused())
-            .map(|j| (j.id.clone(), Idle::Paused))
-            .or_else(|| {
-                first(|j| j.life.running() && j.pending.is_empty() && j.leased > 0)
-                    .map(|j| (j.id.clone(), Idle::Tail))
-            })
+        // The first in submission order, in one walk of `jobs` without
+        // lookups: this runs on every acquire and release.
+        let mut paused: Option<&Job> = None;
+        let mut tail: Option<&Job> = None;
+        let earlier = |found: Option<&Job>, j: &Job| found.is_none_or(|f| j.seq < f.seq);
+        for j in self.jobs.values() {
+            if j.life.paused() {
+                if earlier(paused, j) {
+                    paused = Some(j);
+                }
+            } else if paused.is_none()
+                && j.life.running()
+                && j.pending.is_empty()
+                && j.leased > 0
+                && earlier(tail, j)
+            {
+                tail = Some(j);
+            }
+        }
+        match (paused, tail) {
+            (Some(j), _) => Some((j.id.clone(), Idle::Paused)),
+            (None, Some(j)) => Some((j.id.clone(), Idle::Tail)),
+            (None, None) => None,
+        }
     }
 
     /// A job's efficiency report.
@@ -521,7 +536,7 @@ impl State {
         for (job_id, uri, so_far) in saves {
             let io = Io::Stamped {
                 uri,
-                record: Stamped::ReportSoFar(so_far),
+                record: Stamped::ReportSoFar(Box::new(so_far)),
             };
             self.start_io(io, Then::ReportSaved { job_id });
         }

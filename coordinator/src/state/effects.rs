@@ -103,8 +103,9 @@ pub enum Stamped {
     Status(StatusRecord),
     /// A job's `schedule.json` (`stoke set`).
     Schedule(ScheduleRecord),
-    /// A running job's `report-so-far.json`.
-    ReportSoFar(ReportSoFar),
+    /// A running job's `report-so-far.json` (boxed: a report is large, and
+    /// every effect is as large as the largest).
+    ReportSoFar(Box<ReportSoFar>),
 }
 
 impl Stamped {

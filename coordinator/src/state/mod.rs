@@ -308,7 +308,10 @@ struct Job {
 /// life is kept: a job being created lives in its write's continuation
 /// (`Then::Created`), an ended one that let go of its shards in
 /// `State::released`, with what it keeps here.
+// A one-byte tag (no niche in a `String`): the hot paths read which
+// variant a job is in for every job, on every acquire.
 #[derive(Debug)]
+#[repr(u8)]
 enum Life {
     /// Its spec, plan and status are being stored; `waiters` asked for it
     /// (the first submit, and every later one of the same spec), and hear
@@ -327,10 +330,10 @@ enum Life {
 }
 
 /// A change of a running or paused job's status on its way to the store.
-#[derive(Debug, Default)]
+#[derive(Debug)]
+#[repr(u8)]
 enum Change {
     /// None: the job is as its status says.
-    #[default]
     Idle,
     /// A change is being stored: the job's other changes wait in
     /// `deferred`, and no lease of it goes out.
