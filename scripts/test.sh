@@ -21,6 +21,11 @@ if git cat-file -e "$habits_since^{commit}" 2>/dev/null; then
   fi
 fi
 
+echo "== the coordinator's state machine decides without I/O"
+# No channels, tasks, .await, clocks or store handles in
+# coordinator/src/state/ (ADR 005): what it wants done leaves as an effect.
+"$STOKE_REPO/scripts/check-state-pure.sh"
+
 echo "== cargo fmt --check"
 cargo fmt --all --check
 

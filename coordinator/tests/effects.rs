@@ -13,7 +13,6 @@ use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::JobSpec;
 use stoke_data::plan::plan_range;
 use stoke_store::StoreUri;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 fn config() -> CoordinatorConfig {
@@ -34,6 +33,8 @@ struct Effects {
     io: Vec<(IoId, Io)>,
     replies: Vec<(u64, Answer)>,
     sweeps: Vec<StoreUri>,
+    /// Events for workers, by session.
+    events: Vec<(String, SessionEvent)>,
 }
 
 fn effects(state: &mut State) -> Effects {
@@ -43,6 +44,7 @@ fn effects(state: &mut State) -> Effects {
             Effect::Io(id, io) => out.io.push((id, io)),
             Effect::Reply(req, answer) => out.replies.push((req, answer)),
             Effect::Sweep(prefix) => out.sweeps.push(prefix),
+            Effect::Notify(session, event) => out.events.push((session, event)),
         }
     }
     out
@@ -63,19 +65,18 @@ fn submit(state: &mut State, req: u64, job_id: &str, count: u64) {
 
 fn submit_spec(state: &mut State, req: u64, job_id: &str, spec: JobSpec, count: u64) {
     let plan = plan_range(count, spec.sharding.records);
-    state.create_job(req, job_id.to_string(), spec, plan);
+    state.create_job(req, job_id.to_string(), spec, plan, Instant::now());
     let fx = effects(state);
     assert!(fx.replies.is_empty(), "no answer before the job is stored");
     let [(id, Io::CreateJob(_))] = &fx.io[..] else {
         panic!("expected one CreateJob write");
     };
-    state.written(*id, Ok(()));
+    state.written(*id, Ok(()), Instant::now());
     let fx = effects(state);
     assert!(matches!(&fx.replies[..], [(r, Answer::Job(a))] if *r == req && a.is_ok()));
 }
 
-fn register(state: &mut State, worker: &str) -> (String, mpsc::Receiver<SessionEvent>) {
-    let (tx, rx) = mpsc::channel(16);
+fn register(state: &mut State, worker: &str) -> String {
     let grant = state.register(
         Registration {
             worker_id: worker.to_string(),
@@ -83,10 +84,9 @@ fn register(state: &mut State, worker: &str) -> (String, mpsc::Receiver<SessionE
             hostname: "test".to_string(),
             held: Vec::new(),
         },
-        tx,
         Instant::now(),
     );
-    (grant.session_id, rx)
+    grant.session_id
 }
 
 fn lease(state: &mut State, session: &str) -> Lease {
@@ -142,6 +142,7 @@ fn stored(state: &mut State, id: IoId, write: GroupWrite) {
                 results,
             },
         },
+        Instant::now(),
     );
 }
 
@@ -187,7 +188,7 @@ async fn a_finishing_job_is_one_write_off_the_loop_and_others_go_on() {
     };
     submit_spec(&mut state, 1, "big", first, 30);
     submit(&mut state, 2, "other", 100);
-    let (w, _events) = register(&mut state, "w");
+    let w = register(&mut state, "w");
     let mut fx = Effects::default();
     for req in 10..13 {
         let l = lease(&mut state, &w);
@@ -211,7 +212,7 @@ async fn a_finishing_job_is_one_write_off_the_loop_and_others_go_on() {
         assert!(commit_done(&mut state, req, &w, &l).io.is_empty());
     }
     // The write is done: the job succeeded, its staging is swept.
-    state.written(*finish_id, Ok(()));
+    state.written(*finish_id, Ok(()), Instant::now());
     let fx = effects(&mut state);
     assert_eq!(
         state.get_job("big").expect("big").state,
@@ -224,7 +225,7 @@ async fn a_finishing_job_is_one_write_off_the_loop_and_others_go_on() {
 async fn a_failed_finish_is_retried_at_the_next_tick() {
     let mut state = State::new(config(), 1);
     submit(&mut state, 1, "j", 10);
-    let (w, _events) = register(&mut state, "w");
+    let w = register(&mut state, "w");
     let l = lease(&mut state, &w);
     let fx = commit_done(&mut state, 2, &w, &l);
     let [(id, Io::Finish(_))] = &fx.io[..] else {
@@ -233,6 +234,7 @@ async fn a_failed_finish_is_retried_at_the_next_tick() {
     state.written(
         *id,
         Err(CoordinatorError::Recovery("store unavailable".to_string())),
+        Instant::now(),
     );
     assert_eq!(state.get_job("j").expect("j").state, JobState::Running);
     assert!(effects(&mut state).io.is_empty(), "no retry loop");
@@ -241,7 +243,7 @@ async fn a_failed_finish_is_retried_at_the_next_tick() {
     let [(id, Io::Finish(_))] = &fx.io[..] else {
         panic!("expected the Finish write again");
     };
-    state.written(*id, Ok(()));
+    state.written(*id, Ok(()), Instant::now());
     assert_eq!(state.get_job("j").expect("j").state, JobState::Succeeded);
 }
 
@@ -249,12 +251,12 @@ async fn a_failed_finish_is_retried_at_the_next_tick() {
 async fn status_changes_of_one_job_apply_once_stored_and_in_order() {
     let mut state = State::new(config(), 1);
     submit(&mut state, 1, "j", 50);
-    let (w, mut events) = register(&mut state, "w");
+    let w = register(&mut state, "w");
     let held = lease(&mut state, &w);
     // Pause: one status write; nothing changes until it is stored.
     state.pause(10, "j", String::new());
     let fx = effects(&mut state);
-    let [(pause_id, Io::Put { uri, .. })] = &fx.io[..] else {
+    let [(pause_id, Io::Stamped { uri, .. })] = &fx.io[..] else {
         panic!("expected the status write");
     };
     assert!(uri.as_str().ends_with("/status.json"), "{uri}");
@@ -268,27 +270,29 @@ async fn status_changes_of_one_job_apply_once_stored_and_in_order() {
     state.resume(11, "j");
     state.cancel(12, "j", "enough".to_string());
     assert!(effects(&mut state).io.is_empty());
-    state.written(*pause_id, Ok(()));
+    state.written(*pause_id, Ok(()), Instant::now());
     let fx = effects(&mut state);
     assert!(
         matches!(&fx.replies[..], [(10, Answer::Job(a))] if a.as_ref().as_ref().is_ok_and(|info| info.state == JobState::Paused))
     );
-    assert!(matches!(events.try_recv(), Ok(SessionEvent::Drain { .. })));
-    let [(resume_id, Io::Put { .. })] = &fx.io[..] else {
+    // The worker holding its lease is asked to give it back.
+    assert!(matches!(&fx.events[..], [(s, SessionEvent::Drain { .. })] if *s == w));
+    let [(resume_id, Io::Stamped { .. })] = &fx.io[..] else {
         panic!("expected the resume's status write");
     };
-    state.written(*resume_id, Ok(()));
+    state.written(*resume_id, Ok(()), Instant::now());
     let fx = effects(&mut state);
     assert!(
         matches!(&fx.replies[..], [(11, Answer::Job(a))] if a.as_ref().as_ref().is_ok_and(|info| info.state == JobState::Running))
     );
-    let [(cancel_id, Io::Put { .. })] = &fx.io[..] else {
+    let [(cancel_id, Io::Stamped { .. })] = &fx.io[..] else {
         panic!("expected the cancel's status write");
     };
     // A cancel whose write fails changes nothing and says why.
     state.written(
         *cancel_id,
         Err(CoordinatorError::Recovery("store unavailable".to_string())),
+        Instant::now(),
     );
     let fx = effects(&mut state);
     assert!(job_answer(&fx.replies[0].1).is_err());
@@ -296,28 +300,25 @@ async fn status_changes_of_one_job_apply_once_stored_and_in_order() {
     // Cancelled for real: the lease is revoked and the staging swept.
     state.cancel(13, "j", "enough".to_string());
     let fx = effects(&mut state);
-    let [(cancel_id, Io::Put { .. })] = &fx.io[..] else {
+    let [(cancel_id, Io::Stamped { .. })] = &fx.io[..] else {
         panic!("expected the cancel's status write");
     };
-    state.written(*cancel_id, Ok(()));
+    state.written(*cancel_id, Ok(()), Instant::now());
     let fx = effects(&mut state);
     assert!(
         matches!(&fx.replies[..], [(13, Answer::Job(a))] if a.as_ref().as_ref().is_ok_and(|info| info.state == JobState::Cancelled))
     );
     assert_eq!(fx.sweeps.len(), 1);
-    assert!(
-        std::iter::from_fn(|| events.try_recv().ok()).any(
-            |e| matches!(e, SessionEvent::Revoke { leases, .. } if leases.contains(&held.key()))
-        )
-    );
+    assert!(fx.events.iter().any(|(s, e)| *s == w
+        && matches!(e, SessionEvent::Revoke { leases, .. } if leases.contains(&held.key()))));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_attempt_is_stored_before_its_shard_moves() {
     let mut state = State::new(config(), 1);
     submit(&mut state, 1, "j", 10);
-    let (a, _a_events) = register(&mut state, "a");
-    let (b, _b_events) = register(&mut state, "b");
+    let a = register(&mut state, "a");
+    let b = register(&mut state, "b");
     let held = lease(&mut state, &a);
     state.release(
         20,
@@ -344,7 +345,7 @@ async fn a_failed_attempt_is_stored_before_its_shard_moves() {
         state.acquire(&b, Instant::now()),
         Ok(AcquireOutcome::Wait(_))
     ));
-    state.written(*id, Ok(()));
+    state.written(*id, Ok(()), Instant::now());
     let fx = effects(&mut state);
     assert!(matches!(&fx.replies[..], [(20, Answer::Done(Ok(())))]));
     // Stored: the failure counts and the shard goes to the other worker.
@@ -360,9 +361,15 @@ async fn a_job_that_could_not_be_stored_does_not_exist() {
     let mut state = State::new(config(), 1);
     let spec = spec(20);
     let plan = plan_range(20, 10);
-    state.create_job(1, "j".to_string(), spec.clone(), plan.clone());
+    state.create_job(
+        1,
+        "j".to_string(),
+        spec.clone(),
+        plan.clone(),
+        Instant::now(),
+    );
     // The same submit again while the first is stored waits for it.
-    state.create_job(2, "j".to_string(), spec, plan);
+    state.create_job(2, "j".to_string(), spec, plan, Instant::now());
     let fx = effects(&mut state);
     let [(id, Io::CreateJob(_))] = &fx.io[..] else {
         panic!("expected one CreateJob write");
@@ -370,6 +377,7 @@ async fn a_job_that_could_not_be_stored_does_not_exist() {
     state.written(
         *id,
         Err(CoordinatorError::Recovery("store unavailable".to_string())),
+        Instant::now(),
     );
     let fx = effects(&mut state);
     assert_eq!(fx.replies.len(), 2);
@@ -384,7 +392,7 @@ async fn a_job_that_could_not_be_stored_does_not_exist() {
 async fn commits_arriving_while_a_group_is_written_go_out_together_next() {
     let mut state = State::new(config(), 1);
     submit(&mut state, 1, "j", 40);
-    let (w, _events) = register(&mut state, "w");
+    let w = register(&mut state, "w");
     let leases: Vec<Lease> = (0..4).map(|_| lease(&mut state, &w)).collect();
     // The first commit is written at once, a group of one.
     state.commit(10, checkpoint(&w, &leases[0], 0, 1, true), Instant::now());
@@ -432,6 +440,7 @@ async fn commits_arriving_while_a_group_is_written_go_out_together_next() {
             write: group,
             written: failed,
         },
+        Instant::now(),
     );
     let mut fx = effects(&mut state);
     for req in 11..14 {
@@ -457,8 +466,8 @@ async fn a_commit_being_written_keeps_its_lease_until_stored() {
         ..spec(60)
     };
     submit_spec(&mut state, 1, "j", spec, 60);
-    let (a, _a_events) = register(&mut state, "a");
-    let (b, _b_events) = register(&mut state, "b");
+    let a = register(&mut state, "a");
+    let b = register(&mut state, "b");
     let held = lease(&mut state, &a);
     let shard = held.shard.id.clone();
     // A checkpoint of its first batch.
@@ -476,7 +485,7 @@ async fn a_commit_being_written_keeps_its_lease_until_stored() {
     ));
     tokio::time::advance(config().lease_timeout * 2).await;
     state.tick(Instant::now());
-    state.session_closed(&a);
+    state.session_closed(&a, Instant::now());
     let _ = effects(&mut state);
     let others: Vec<String> = std::iter::from_fn(|| match state.acquire(&b, Instant::now()) {
         Ok(AcquireOutcome::Lease(l)) => Some(l.shard.id.clone()),
@@ -500,7 +509,7 @@ async fn a_failure_whose_write_failed_is_retried_at_the_tick_before_other_change
     let mut strict = spec(30);
     strict.errors.max_skipped = 0;
     submit_spec(&mut state, 1, "j", strict, 30);
-    let (w, _events) = register(&mut state, "w");
+    let w = register(&mut state, "w");
     let held = lease(&mut state, &w);
     // A skipped record past `errors.max_skipped = 0`: the job must fail.
     let mut commit = checkpoint(&w, &held, 0, 1, true);
@@ -511,13 +520,14 @@ async fn a_failure_whose_write_failed_is_retried_at_the_tick_before_other_change
     stored(&mut state, id, write);
     let mut fx = effects(&mut state);
     assert!(matches!(commit_answer(&mut fx, 10), Ok(false)));
-    let [(fail_id, Io::Put { uri, .. })] = &fx.io[..] else {
+    let [(fail_id, Io::Stamped { uri, .. })] = &fx.io[..] else {
         panic!("expected the failed status's write, got {:?}", fx.io);
     };
     assert!(uri.as_str().ends_with("/status.json"), "{uri}");
     state.written(
         *fail_id,
         Err(CoordinatorError::Recovery("store unavailable".to_string())),
+        Instant::now(),
     );
     assert_eq!(state.get_job("j").expect("j").state, JobState::Running);
     // A pause now waits for the failure it owes: no write of its own.
@@ -528,10 +538,10 @@ async fn a_failure_whose_write_failed_is_retried_at_the_tick_before_other_change
     // the pause is refused: a failed job does not pause.
     state.tick(Instant::now());
     let fx = effects(&mut state);
-    let [(fail_id, Io::Put { .. })] = &fx.io[..] else {
+    let [(fail_id, Io::Stamped { .. })] = &fx.io[..] else {
         panic!("expected the failure's write again, got {:?}", fx.io);
     };
-    state.written(*fail_id, Ok(()));
+    state.written(*fail_id, Ok(()), Instant::now());
     let fx = effects(&mut state);
     assert_eq!(state.get_job("j").expect("j").state, JobState::Failed);
     assert!(

@@ -2,13 +2,15 @@
 //! caller's task, through the same `io.rs` the owner uses. The state tests
 //! drive the coordinator with it on a `memory:///` store and a paused
 //! clock: each call returns once everything it caused is stored and
-//! applied, so a test reads like the sequence of events it checks.
+//! applied, so a test reads like the sequence of events it checks. As the
+//! owner does, it keeps each session's events channel and pushes the
+//! machine's `Effect::Notify` to it, by the end of every call.
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 
 use stoke_core::lease::{
-    AcquireOutcome, Commit, LeaseKey, MetricsDone, Registration, Release, SessionEvent,
+    AcquireOutcome, Commit, LeaseKey, LeaseWork, MetricsDone, Registration, Release, SessionEvent,
     SessionGrant,
 };
 use stoke_core::plan::Plan;
@@ -30,6 +32,11 @@ pub struct Inline {
     next_req: ReqId,
     answers: HashMap<ReqId, Answer>,
     sweeps: Vec<StoreUri>,
+    /// Each registered session's events channel.
+    sessions: HashMap<String, mpsc::Sender<SessionEvent>>,
+    /// Effects taken by a call that runs no writes, for the next one that
+    /// does (`settle`).
+    queued: Vec<Effect>,
 }
 
 impl Deref for Inline {
@@ -55,6 +62,8 @@ impl Inline {
             next_req: 0,
             answers: HashMap::new(),
             sweeps: Vec::new(),
+            sessions: HashMap::new(),
+            queued: Vec::new(),
         };
         inline.settle().await;
         Ok(inline)
@@ -64,7 +73,13 @@ impl Inline {
     /// until it asks for none.
     async fn settle(&mut self) {
         loop {
-            let effects = self.state.take_effects();
+            let mut effects = self.state.take_effects();
+            if !self.queued.is_empty() {
+                // What earlier calls left goes first, in order.
+                let mut queued = std::mem::take(&mut self.queued);
+                queued.append(&mut effects);
+                effects = queued;
+            }
             if effects.is_empty() {
                 return;
             }
@@ -72,12 +87,37 @@ impl Inline {
                 match effect {
                     Effect::Io(id, io) => {
                         let outcome = io::perform(io, &self.stores).await;
-                        self.state.written(id, outcome);
+                        self.state.written(id, outcome, Instant::now());
                     }
-                    Effect::Reply(req, answer) => {
-                        self.answers.insert(req, answer);
-                    }
-                    Effect::Sweep(prefix) => self.sweeps.push(prefix),
+                    other => self.apply(other),
+                }
+            }
+        }
+    }
+
+    /// Pushes the events the machine asked for now, and keeps its writes
+    /// for the next call that runs them: what a call that does not wait
+    /// (acquire, heartbeat) does last.
+    fn notify(&mut self) {
+        for effect in self.state.take_effects() {
+            match effect {
+                io @ Effect::Io(..) => self.queued.push(io),
+                other => self.apply(other),
+            }
+        }
+    }
+
+    /// An effect that needs no store.
+    fn apply(&mut self, effect: Effect) {
+        match effect {
+            Effect::Io(..) => self.queued.push(effect),
+            Effect::Reply(req, answer) => {
+                self.answers.insert(req, answer);
+            }
+            Effect::Sweep(prefix) => self.sweeps.push(prefix),
+            Effect::Notify(session_id, event) => {
+                if let Some(events_tx) = self.sessions.get(&session_id) {
+                    let _ = events_tx.try_send(event);
                 }
             }
         }
@@ -121,7 +161,8 @@ impl Inline {
         plan: Plan,
     ) -> Result<JobInfo> {
         let req = self.req();
-        self.state.create_job(req, job_id, spec, plan);
+        self.state
+            .create_job(req, job_id, spec, plan, Instant::now());
         self.job_answer(req).await
     }
 
@@ -193,19 +234,41 @@ impl Inline {
     }
 
     pub fn acquire(&mut self, session_id: &str) -> Result<AcquireOutcome> {
-        self.state.acquire(session_id, Instant::now())
+        let outcome = self.state.acquire(session_id, Instant::now());
+        self.notify();
+        outcome
     }
 
+    /// Opens a session whose events go to `events_tx`.
     pub fn register(
         &mut self,
         registration: Registration,
         events_tx: mpsc::Sender<SessionEvent>,
     ) -> SessionGrant {
-        self.state.register(registration, events_tx, Instant::now())
+        let grant = self.state.register(registration, Instant::now());
+        self.sessions.insert(grant.session_id.clone(), events_tx);
+        self.notify();
+        grant
+    }
+
+    /// The session's connection dropped.
+    pub fn session_closed(&mut self, session_id: &str) {
+        self.state.session_closed(session_id, Instant::now());
+        self.notify();
+        self.sessions.remove(session_id);
     }
 
     pub fn heartbeat(&mut self, session_id: &str, leases: &[LeaseKey]) -> Result<()> {
-        self.state.heartbeat(session_id, leases, Instant::now())
+        let renewed = self.state.heartbeat(session_id, leases, Instant::now());
+        self.notify();
+        renewed
+    }
+
+    /// A worker's report of the batches in progress on its leases.
+    pub fn note_work(&mut self, session_id: &str, work: &[LeaseWork]) -> Result<()> {
+        let noted = self.state.note_work(session_id, work, Instant::now());
+        self.notify();
+        noted
     }
 
     pub fn status(&mut self) -> StatusReport {

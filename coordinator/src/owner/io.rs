@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use crate::error::{CoordinatorError, Result};
 use crate::state::{
     CreateJob, DeltaTarget, DeltaWrite, FinishJob, GroupWrite, GroupWritten, Io, Outcome,
-    SnapshotWrite, folder, plan_finish, progress_log,
+    SnapshotWrite, Stamped, folder, plan_finish, progress_log,
 };
 use crate::table::delta::{self, DeltaAppend, DoneUpdate};
 use stoke_core::plan::{DoneInput, ShardSource};
@@ -70,10 +70,12 @@ async fn perform_one(io: Io, stores: &Stores) -> Result<()> {
                 Err(e) => return Err(e.into()),
             }
             stores.put_json(&plan_uri, &*plan).await?;
-            stores.put_json(&status_uri, &status).await?;
+            let status = Stamped::Status(status).at(now_ms());
+            stores.put(&status_uri, status).await?;
             Ok(())
         }
         Io::Put { uri, bytes } => Ok(stores.put(&uri, bytes).await?),
+        Io::Stamped { uri, record } => Ok(stores.put(&uri, record.at(now_ms())).await?),
         Io::Puts(objects) => {
             for (uri, bytes) in objects {
                 stores.put(&uri, bytes).await?;

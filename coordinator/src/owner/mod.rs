@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use stoke_core::lease::SessionEvent;
 use stoke_core::records::JobInfo;
 use stoke_store::Stores;
 use tokio::sync::mpsc;
@@ -113,6 +114,9 @@ struct Owner {
     waiters: HashMap<ReqId, Waiter>,
     next_req: ReqId,
     sweeper: Sweeper,
+    /// Each open session's events channel (its stream to the worker):
+    /// where the machine's `Effect::Notify` go.
+    sessions: HashMap<String, mpsc::Sender<SessionEvent>>,
 }
 
 impl Owner {
@@ -124,6 +128,7 @@ impl Owner {
             running: FuturesUnordered::new(),
             waiters: HashMap::new(),
             next_req: 0,
+            sessions: HashMap::new(),
         }
     }
 
@@ -155,7 +160,7 @@ impl Owner {
                     None => break,
                 },
                 Some(done) = self.running.next(), if !self.running.is_empty() => {
-                    self.finish(done);
+                    self.finish(done, Instant::now());
                 }
                 Some((prefix, swept)) = self.sweeper.running.next(), if !self.sweeper.running.is_empty() => {
                     self.sweeper.finished(&prefix, swept);
@@ -188,7 +193,7 @@ impl Owner {
                 }
             };
             match tokio::time::timeout_at(deadline, next).await {
-                Ok(Some(Ok(done))) => self.finish(done),
+                Ok(Some(Ok(done))) => self.finish(done, Instant::now()),
                 Ok(Some(Err((prefix, swept)))) => self.sweeper.finished(&prefix, swept),
                 Ok(None) => return,
                 Err(_) => {
@@ -255,6 +260,14 @@ impl Owner {
                     }
                 }
                 Effect::Sweep(prefix) => sweeps.push(prefix),
+                Effect::Notify(session_id, event) => {
+                    if let Some(events_tx) = self.sessions.get(&session_id) {
+                        // Best effort: a full channel (a worker that stopped
+                        // reading) drops the event; the machine never
+                        // counts on one arriving.
+                        let _ = events_tx.try_send(event);
+                    }
+                }
             }
         }
         self.sweeper.add(sweeps);
@@ -292,7 +305,8 @@ impl Owner {
                 reply,
             } => {
                 let req = self.wait(Waiter::Job(reply));
-                self.state.create_job(req, job_id, *spec, *plan);
+                self.state
+                    .create_job(req, job_id, *spec, *plan, Instant::now());
             }
             Command::GetJob { job_id, reply } => {
                 let _ = reply.send(state.get_job(&job_id));
@@ -307,7 +321,7 @@ impl Owner {
                 let _ = reply.send(Ok(state.list_jobs()));
             }
             Command::Snapshot { reply } => {
-                let _ = reply.send(Ok(state.snapshot()));
+                let _ = reply.send(Ok(state.snapshot(Instant::now())));
             }
             Command::Status { reply } => {
                 let _ = reply.send(Ok(state.status(Instant::now())));
@@ -354,9 +368,14 @@ impl Owner {
                 events_tx,
                 reply,
             } => {
-                let _ = reply.send(Ok(state.register(registration, events_tx, Instant::now())));
+                let grant = state.register(registration, Instant::now());
+                self.sessions.insert(grant.session_id.clone(), events_tx);
+                let _ = reply.send(Ok(grant));
             }
-            Command::SessionClosed { session_id } => state.session_closed(&session_id),
+            Command::SessionClosed { session_id } => {
+                state.session_closed(&session_id, Instant::now());
+                self.sessions.remove(&session_id);
+            }
             Command::Heartbeat {
                 session_id,
                 heartbeat,
@@ -396,14 +415,15 @@ impl Owner {
         }
     }
 
-    fn finish(&mut self, done: Done) {
+    fn finish(&mut self, done: Done, now: Instant) {
         match done {
             Done::Groups(groups) => {
                 for (id, write, written) in groups {
-                    self.state.written(id, Outcome::Group { write, written });
+                    self.state
+                        .written(id, Outcome::Group { write, written }, now);
                 }
             }
-            Done::Io(id, outcome) => self.state.written(id, outcome),
+            Done::Io(id, outcome) => self.state.written(id, outcome, now),
         }
     }
 }

@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 use stoke_core::layout::RootLayout;
-use stoke_core::records::{EndedRecord, EpochRecord, JobState, StatusRecord};
+use stoke_core::records::{EndedRecord, EpochRecord, JobState, StatusRecord, now_ms};
 use stoke_core::report::{EfficiencyReport, ReportSoFar};
 use stoke_core::schedule::ScheduleRecord;
 use stoke_core::spec::JobSpec;
@@ -57,6 +57,7 @@ pub(crate) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
         epoch,
         stored,
         tokio::time::Instant::now(),
+        now_ms(),
     ))
 }
 
@@ -70,7 +71,7 @@ pub(crate) async fn read_only(config: CoordinatorConfig, stores: &Stores) -> Res
         .await?
         .map_or(0, |r| r.epoch);
     let stored = read_jobs(&layout, stores).await?;
-    let mut state = State::restore(config, epoch, stored, tokio::time::Instant::now());
+    let mut state = State::restore(config, epoch, stored, tokio::time::Instant::now(), now_ms());
     // Nothing is run for it: what loading asked for (sweeps) is dropped.
     state.take_effects();
     Ok(state)

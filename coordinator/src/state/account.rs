@@ -29,13 +29,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use stoke_core::lease::{JobStages, LeaseWork, LlmStages};
-use stoke_core::records::JobState;
-use stoke_core::records::now_ms;
 use stoke_core::report::{CauseSeconds, DeviceReport, EfficiencyReport, LlmUsage, ReportSoFar};
 use stoke_store::to_json_bytes;
 use tokio::time::Instant;
 
-use super::{Io, Job, Session, State, Then};
+use super::{Io, Job, Session, Stamped, State, Then};
 use crate::error::Result;
 
 /// How often, at most, the workers' time is given to jobs.
@@ -178,10 +176,10 @@ impl Account {
     }
 
     /// Carries on from a report a coordinator before this one saved at
-    /// `saved_ms`, counting the time since as wall time.
-    pub fn carry_on(&mut self, so_far: ReportSoFar) {
+    /// `saved_ms`, counting the time until `now_ms` as wall time.
+    pub fn carry_on(&mut self, so_far: ReportSoFar, now_ms: u64) {
         let mut before = so_far.report;
-        before.wall_s += now_ms().saturating_sub(so_far.saved_ms) as f64 / 1000.0;
+        before.wall_s += now_ms.saturating_sub(so_far.saved_ms) as f64 / 1000.0;
         self.before = Some(before);
     }
 
@@ -478,15 +476,30 @@ impl State {
     /// The job an idle worker waits for: a paused one first, else one in
     /// its tail (shards leased, none waiting).
     fn idle_target(&self) -> Option<(String, Idle)> {
-        // The first in submission order, walking `jobs` without lookups.
-        let first =
-            |want: fn(&Job) -> bool| self.jobs.values().filter(|j| want(j)).min_by_key(|j| j.seq);
-        first(|j| j.state == JobState::Paused)
-            .map(|j| (j.id.clone(), Idle::Paused))
-            .or_else(|| {
-                first(|j| j.state == JobState::Running && j.pending.is_empty() && j.leased > 0)
-                    .map(|j| (j.id.clone(), Idle::Tail))
-            })
+        // The first in submission order, in one walk of `jobs` without
+        // lookups: this runs on every acquire and release.
+        let mut paused: Option<&Job> = None;
+        let mut tail: Option<&Job> = None;
+        let earlier = |found: Option<&Job>, j: &Job| found.is_none_or(|f| j.seq < f.seq);
+        for j in self.jobs.values() {
+            if j.life.paused() {
+                if earlier(paused, j) {
+                    paused = Some(j);
+                }
+            } else if paused.is_none()
+                && j.life.running()
+                && j.pending.is_empty()
+                && j.leased > 0
+                && earlier(tail, j)
+            {
+                tail = Some(j);
+            }
+        }
+        match (paused, tail) {
+            (Some(j), _) => Some((j.id.clone(), Idle::Paused)),
+            (None, Some(j)) => Some((j.id.clone(), Idle::Tail)),
+            (None, None) => None,
+        }
     }
 
     /// A job's efficiency report.
@@ -510,7 +523,7 @@ impl State {
         let mut writes = Vec::new();
         let mut saves = Vec::new();
         for job in self.jobs.values_mut() {
-            if !job.state.is_terminal()
+            if !job.life.ended()
                 && !job.account.saving
                 && now.saturating_duration_since(job.account.saved) >= SAVE_EVERY
             {
@@ -520,13 +533,14 @@ impl State {
                 account.saving = true;
                 account.saved = now;
                 let so_far = ReportSoFar {
-                    saved_ms: now_ms(),
+                    // Set as it is written (see `Stamped`).
+                    saved_ms: 0,
                     report: account.report(&job.id, job.totals.records, split, now),
                 };
                 saves.push((job.id.clone(), job.layout.report_so_far(), so_far));
             }
-            if !job.state.is_terminal()
-                || job.phase.storing()
+            if !job.life.ended()
+                || job.life.storing()
                 || job.account.report_file != ReportFile::Unwritten
             {
                 continue;
@@ -546,9 +560,9 @@ impl State {
             self.start_io(io, Then::Report { job_id });
         }
         for (job_id, uri, so_far) in saves {
-            let io = Io::Put {
+            let io = Io::Stamped {
                 uri,
-                bytes: bytes::Bytes::from(to_json_bytes(&so_far)),
+                record: Stamped::ReportSoFar(Box::new(so_far)),
             };
             self.start_io(io, Then::ReportSaved { job_id });
         }

@@ -13,7 +13,7 @@ use std::collections::{HashSet, VecDeque};
 
 use stoke_core::layout::{attempt_prefix, committed_uri};
 use stoke_core::lease::{Commit, LeaseKey};
-use stoke_core::records::{JobState, OutputObject, ProgressRecord};
+use stoke_core::records::{OutputObject, ProgressRecord};
 use stoke_store::{StoreError, StoreUri};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -75,7 +75,7 @@ impl Job {
     fn refuse_after_end(&self, key: &LeaseKey) -> (CoordinatorError, StoreUri) {
         let error = CoordinatorError::JobNotRunning {
             job_id: self.id.clone(),
-            state: self.state.to_string(),
+            state: self.life.state().to_string(),
         };
         let attempt = folder(&attempt_prefix(&self.staging, &key.shard_id, key.token));
         (error, attempt)
@@ -208,7 +208,7 @@ impl State {
     fn check_commit(&mut self, mut commit: Commit, req: ReqId, arrived: Instant) -> Result<Step> {
         let key = &commit.key;
         let job = self.job(&key.job_id)?;
-        if job.phase.ended().is_some() {
+        if job.life.kept().is_some() {
             // A zombie of a job that succeeded long ago (its shards have
             // left memory): refused like one just after the end.
             let (error, attempt) = job.refuse_after_end(key);
@@ -224,7 +224,7 @@ impl State {
         {
             return Ok(Step::Duplicate);
         }
-        if job.state.is_terminal() {
+        if job.life.ended() {
             let (error, attempt) = job.refuse_after_end(key);
             self.effects.push(Effect::Sweep(attempt));
             return Err(error);
@@ -266,7 +266,7 @@ impl State {
                     reaches,
                     until,
                 };
-                self.requeue_past_split(&commit, idx);
+                self.requeue_past_split(&commit, idx, arrived);
                 return Err(error);
             }
         }
@@ -316,8 +316,8 @@ impl State {
     /// than the split allowed for, or never heard): its attempt is over,
     /// and the shard goes back to the queue at once rather than after its
     /// lease times out.
-    fn requeue_past_split(&mut self, commit: &Commit, idx: usize) {
-        self.settle_session(&commit.session_id, Instant::now());
+    fn requeue_past_split(&mut self, commit: &Commit, idx: usize, now: Instant) {
+        self.settle_session(&commit.session_id, now);
         let key = &commit.key;
         if let Some(session) = self.sessions.get_mut(&commit.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
@@ -329,7 +329,7 @@ impl State {
             job.account.lost(lease.work, Lost::Refused);
         }
         warn!(job = %key.job_id, shard = %key.shard_id, token = key.token, "commit past the split end refused; shard requeued");
-        if job.state == JobState::Running {
+        if job.life.running() {
             job.pending.push_front(idx);
             self.wake(1);
         }
@@ -492,7 +492,7 @@ impl State {
             // progress record is stored and before anyone hears of it.
             std::process::abort()
         });
-        let running = job.state == JobState::Running;
+        let running = job.life.running();
         job.set_progress(idx, progress);
         // The holder's pace (`pace.rs`): what it committed, by wall time.
         if let Some(session) = sessions.get_mut(&commit.session_id) {

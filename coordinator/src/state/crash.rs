@@ -26,7 +26,7 @@
 
 use bytes::Bytes;
 use stoke_core::lease::{BatchSpan, Isolation};
-use stoke_core::records::{JobState, OutputObject, ProgressRecord, Suspect};
+use stoke_core::records::{OutputObject, ProgressRecord, Suspect};
 use stoke_core::sha256_hex;
 use stoke_core::spec::ErrorPolicy;
 use stoke_store::StoreUri;
@@ -306,7 +306,7 @@ impl State {
             }
             if !self.lease_lost(&key.job_id, idx, &lease, &worker, Death::Reported, now) {
                 let job = self.job_mut(&key.job_id)?;
-                if job.state == JobState::Running {
+                if job.life.running() {
                     job.pending.push_front(idx);
                     self.wake(1);
                 }
@@ -343,7 +343,7 @@ impl State {
             job.totals.logged += 1;
             job.set_progress(idx, progress);
         }
-        let running = job.state == JobState::Running;
+        let running = job.life.running();
         if running && !job.shards[idx].progress.done {
             job.pending.push_front(idx);
             self.wake(1);

@@ -6,9 +6,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use stoke_core::layout::JobLayout;
+use stoke_core::lease::SessionEvent;
 use stoke_core::plan::DoneInput;
 use stoke_core::plan::Plan;
 use stoke_core::records::{JobInfo, OutputObject, ProgressRecord, StatusRecord};
+use stoke_core::report::ReportSoFar;
+use stoke_core::schedule::ScheduleRecord;
 use stoke_core::spec::{DeltaCommit, JobSpec};
 use stoke_store::{StoreError, StoreUri};
 
@@ -34,6 +37,10 @@ pub enum Effect {
     /// Delete every object under this folder, in the background: staged
     /// objects nobody will commit (see `sweep.rs`).
     Sweep(StoreUri),
+    /// Push this event to the worker of the session named (the owner keeps
+    /// each session's sender). Best effort, as the session's stream is: a
+    /// worker that misses one asks again, or learns at its next commit.
+    Notify(String, SessionEvent),
 }
 
 /// An answer to a command that had to wait for a write.
@@ -59,8 +66,11 @@ impl Answer {
 pub enum Io {
     /// A new job's records (see [`CreateJob`]).
     CreateJob(Box<CreateJob>),
-    /// One object: a job's status record, or a progress log.
+    /// One object: a progress record or log, a report, reduced metrics,
+    /// `ended.json`.
     Put { uri: StoreUri, bytes: Bytes },
+    /// One record that says when it was written (see [`Stamped`]).
+    Stamped { uri: StoreUri, record: Stamped },
     /// Finishing a job (see [`FinishJob`]).
     Finish(Box<FinishJob>),
     /// Several objects, in order, each stored before the next is written:
@@ -83,6 +93,39 @@ pub enum Io {
 pub struct DeltaWrite {
     pub append: DeltaAppend,
     pub record: StoreUri,
+}
+
+/// A record that says when it was written (ms since the Unix epoch). The
+/// owner sets that time as it writes it: the machine reads no wall clock.
+#[derive(Debug)]
+pub enum Stamped {
+    /// A job's `status.json`.
+    Status(StatusRecord),
+    /// A job's `schedule.json` (`stoke set`).
+    Schedule(ScheduleRecord),
+    /// A running job's `report-so-far.json` (boxed: a report is large, and
+    /// every effect is as large as the largest).
+    ReportSoFar(Box<ReportSoFar>),
+}
+
+impl Stamped {
+    /// The record as written at `now_ms`.
+    pub fn at(self, now_ms: u64) -> Bytes {
+        Bytes::from(match self {
+            Self::Status(mut status) => {
+                status.updated_ms = now_ms;
+                to_json_bytes(&status)
+            }
+            Self::Schedule(mut schedule) => {
+                schedule.updated_ms = now_ms;
+                to_json_bytes(&schedule)
+            }
+            Self::ReportSoFar(mut so_far) => {
+                so_far.saved_ms = now_ms;
+                to_json_bytes(&so_far)
+            }
+        })
+    }
 }
 
 /// What a write did, handed back to [`super::State::written`].
@@ -121,6 +164,7 @@ pub struct CreateJob {
     pub plan_uri: StoreUri,
     pub plan: Arc<Plan>,
     pub status_uri: StoreUri,
+    /// Its `updated_ms` is set as it is written (see [`Stamped`]).
     pub status: StatusRecord,
 }
 

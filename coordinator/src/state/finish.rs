@@ -17,25 +17,23 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::account::ReportFile;
-use super::{Effect, Ended, FinishJob, Io, Job, JobPhase, State, Then, folder, has_errors};
+use super::{Change, Effect, End, FinishJob, Io, Job, Kept, Life, State, Then, folder, has_errors};
 use crate::error::{CoordinatorError, Result};
-use stoke_core::records::JobState;
 
 impl Job {
     /// Whether the job succeeded and its end is stored (manifest, status,
     /// report), so it may let go of its shards.
     pub(super) fn may_let_go(&self) -> bool {
-        self.state == JobState::Succeeded
-            && matches!(self.phase, JobPhase::Open)
+        matches!(self.life, Life::Ended(End::Succeeded(None)))
             && self.account.report_file == ReportFile::Stored
             && self.leased == 0
             && self.deferred.is_empty()
     }
 
-    /// Keeps what the job's views show (`Ended`) and drops its plan and
+    /// Keeps what the job's views show ([`Kept`]) and drops its plan and
     /// its shards' states.
     pub(super) fn let_go(&mut self) {
-        if self.phase.ended().is_some() {
+        if self.life.kept().is_some() {
             return;
         }
         let errors = self
@@ -44,7 +42,7 @@ impl Job {
             .filter(|s| has_errors(&s.progress))
             .map(|s| (*s.progress).clone())
             .collect();
-        let ended = Ended {
+        let kept = Kept {
             shards_total: self.shards.len() as u64,
             shards_split: self.shards_split(),
             errors,
@@ -63,22 +61,22 @@ impl Job {
         self.shards = Vec::new();
         self.shard_index = HashMap::new();
         self.pending = VecDeque::new();
-        self.phase = JobPhase::Ended(ended);
+        self.life = Life::Ended(End::Succeeded(Some(Box::new(kept))));
     }
 
     /// What `ended.json` holds, once the job let go of its shards.
     fn ended_record(&self) -> Option<EndedRecord> {
-        let ended = self.phase.ended()?;
+        let kept = self.life.kept()?;
         Some(EndedRecord {
-            shards_total: ended.shards_total,
+            shards_total: kept.shards_total,
             shards_done: self.totals.shards_done,
-            shards_split: ended.shards_split,
+            shards_split: kept.shards_split,
             records: self.totals.records,
             records_total: self.plan.records_total,
             records_skipped: self.totals.skipped,
             failed_attempts: self.totals.failed_attempts,
             store_failures: self.totals.store_failures,
-            errors: ended.errors.clone(),
+            errors: kept.errors.clone(),
             already_done: self.plan.incremental.as_ref().map(|i| i.already_done),
         })
     }
@@ -112,11 +110,11 @@ impl Job {
         job.totals.skipped = record.records_skipped;
         job.totals.failed_attempts = record.failed_attempts;
         job.totals.store_failures = record.store_failures;
-        job.phase = JobPhase::Ended(Ended {
+        job.life = Life::Ended(End::Succeeded(Some(Box::new(Kept {
             shards_total: record.shards_total,
             shards_split: record.shards_split,
             errors: record.errors,
-        });
+        }))));
         job
     }
 }
@@ -128,8 +126,7 @@ impl State {
         let Some(job) = self.jobs.get_mut(job_id) else {
             return;
         };
-        if job.state != JobState::Running
-            || !matches!(job.phase, JobPhase::Open)
+        if !matches!(job.life, Life::Running(Change::Idle))
             || !job.all_done()
             || job.delta_log.as_ref().is_some_and(|l| !l.idle())
         {
@@ -142,7 +139,7 @@ impl State {
         let Some(job) = self.jobs.get_mut(job_id) else {
             return;
         };
-        job.phase = JobPhase::Finishing;
+        job.life = Life::Finishing;
         let finish = FinishJob {
             job_id: job_id.to_string(),
             layout: job.layout.clone(),
@@ -161,26 +158,28 @@ impl State {
     }
 
     /// The manifest and the `succeeded` status are stored (or not).
-    pub(super) fn job_finished(&mut self, job_id: &str, result: Result<()>) {
+    pub(super) fn job_finished(&mut self, job_id: &str, result: Result<()>, now: Instant) {
         let Some(job) = self.jobs.get_mut(job_id) else {
             return;
         };
-        job.phase = JobPhase::Open;
         match result {
             Ok(()) => {
-                job.state = JobState::Succeeded;
-                job.account.end(tokio::time::Instant::now());
-                job.reason = None;
+                job.life = Life::Ended(End::Succeeded(None));
+                job.account.end(now);
                 let staging = job.staging_dir();
                 info!(job = %job_id, records = job.totals.records, shards = job.shards.len(), "job succeeded; manifest written");
                 self.effects.push(Effect::Sweep(staging));
                 self.wake_all();
             }
             Err(CoordinatorError::Delta(e)) if e.is_permanent() => {
+                job.life = Life::Running(Change::Idle);
                 warn!(job = %job_id, error = %e, "finishing job failed; the job fails");
                 self.fail_job(job_id, e.to_string());
             }
-            Err(e) => warn!(job = %job_id, error = %e, "finishing job failed; will retry"),
+            Err(e) => {
+                job.life = Life::Running(Change::Idle);
+                warn!(job = %job_id, error = %e, "finishing job failed; will retry");
+            }
         }
         self.run_deferred(job_id);
     }
@@ -189,7 +188,7 @@ impl State {
     /// go of their plan and their shards' states, so a coordinator that
     /// runs job after job for months holds the shards of the jobs not
     /// done, not of every job it ever ran. What their views show stays
-    /// (`Ended`); their outputs are read from the manifest.
+    /// ([`Kept`]); their outputs are read from the manifest.
     pub(super) fn release_ended(&mut self) {
         let done: Vec<String> = self
             .jobs

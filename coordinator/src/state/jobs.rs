@@ -9,20 +9,14 @@ use std::sync::Arc;
 
 use stoke_core::lease::{LeaseKey, SessionEvent};
 use stoke_core::plan::Plan;
-use stoke_core::records::{JobState, StatusRecord, now_ms};
+use stoke_core::records::{JobState, StatusRecord};
 use stoke_core::schedule::{ScheduleChange, ScheduleRecord};
 use stoke_core::spec::JobSpec;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{Answer, CreateJob, Effect, Io, Job, JobPhase, ReqId, State, Then};
+use super::{Answer, Change, CreateJob, Effect, End, Io, Job, Life, ReqId, Stamped, State, Then};
 use crate::error::{CoordinatorError, Result};
-
-/// A job being stored, and who else asked for it with the same spec.
-pub(super) struct Creating {
-    spec: Arc<JobSpec>,
-    waiters: Vec<ReqId>,
-}
 
 /// A change of a job's state.
 #[derive(Debug, Clone)]
@@ -53,7 +47,14 @@ impl JobCmd {
 impl State {
     /// Stores spec, plan and status, then adds the job (answered on `req`).
     /// Submitting the same spec under an existing id returns that job.
-    pub fn create_job(&mut self, req: ReqId, job_id: String, spec: JobSpec, plan: Plan) {
+    pub fn create_job(
+        &mut self,
+        req: ReqId,
+        job_id: String,
+        spec: JobSpec,
+        plan: Plan,
+        now: Instant,
+    ) {
         if let Ok(existing) = self.job(&job_id) {
             let answer = if *existing.spec == spec {
                 Ok(self.info_of(existing))
@@ -63,9 +64,11 @@ impl State {
             self.reply(Some(req), Answer::job(answer));
             return;
         }
-        if let Some(creating) = self.creating.get_mut(&job_id) {
+        if let Some(creating) = self.creating_mut(&job_id) {
             if *creating.spec == spec {
-                creating.waiters.push(req);
+                if let Life::Creating { waiters } = &mut creating.life {
+                    waiters.push(req);
+                }
             } else {
                 self.reply(
                     Some(req),
@@ -74,12 +77,8 @@ impl State {
             }
             return;
         }
-        let unfinished = self
-            .jobs
-            .values()
-            .filter(|j| !j.state.is_terminal())
-            .count()
-            + self.creating.len();
+        let unfinished =
+            self.jobs.values().filter(|j| !j.life.ended()).count() + self.creating().count();
         if unfinished >= self.config.max_jobs {
             let max = self.config.max_jobs;
             self.reply(
@@ -113,20 +112,14 @@ impl State {
         let spec = Arc::new(spec);
         let plan = Arc::new(plan);
         // The job's clock starts at submit (tokio's clock: paused in tests).
-        let job = Job::new(
+        let mut job = Job::new(
             job_id.clone(),
             spec.clone(),
             plan.clone(),
             layout.clone(),
-            Instant::now(),
+            now,
         );
-        self.creating.insert(
-            job_id.clone(),
-            Creating {
-                spec: spec.clone(),
-                waiters: vec![req],
-            },
-        );
+        job.life = Life::Creating { waiters: vec![req] };
         let io = Io::CreateJob(Box::new(CreateJob {
             job_id,
             spec_uri: layout.spec(),
@@ -137,7 +130,7 @@ impl State {
             status: StatusRecord {
                 state: JobState::Running,
                 reason: None,
-                updated_ms: now_ms(),
+                updated_ms: 0,
             },
         }));
         self.start_io(io, Then::Created { job: Box::new(job) });
@@ -145,11 +138,10 @@ impl State {
 
     pub(super) fn job_created(&mut self, mut job: Job, result: Result<()>) {
         let job_id = job.id.clone();
-        let waiters = self
-            .creating
-            .remove(&job_id)
-            .map(|c| c.waiters)
-            .unwrap_or_default();
+        let waiters = match std::mem::replace(&mut job.life, Life::Running(Change::Idle)) {
+            Life::Creating { waiters } => waiters,
+            _ => Vec::new(),
+        };
         if let Err(e) = result {
             let reason = e.to_string();
             let mut first = Some(e);
@@ -224,18 +216,17 @@ impl State {
             Ok(job) => job,
             Err(e) => return self.reply(req, Answer::job(Err(e))),
         };
-        match (&job.phase, &cmd) {
+        if let (Some(change @ Change::Failing(_)), JobCmd::Fail(_)) = (job.life.change_mut(), &cmd)
+        {
             // The failure it owes, tried again.
-            (JobPhase::Failing(_), JobCmd::Fail(_)) => job.phase = JobPhase::Open,
-            (phase, _) if phase.holds_changes() => {
-                job.deferred.push_back((req, cmd));
-                return;
-            }
-            _ => {}
+            *change = Change::Idle;
+        } else if job.life.holds_changes() {
+            job.deferred.push_back((req, cmd));
+            return;
         }
         // What the change means in the job's state now: nothing to do,
         // refused, or a status to store.
-        let noop = match (&cmd, job.state) {
+        let noop = match (&cmd, job.life.state()) {
             (_, s) if s.is_terminal() => {
                 if let JobCmd::Pause(_) | JobCmd::Resume | JobCmd::Set(_) = cmd {
                     Some(Err(CoordinatorError::JobNotRunning {
@@ -256,25 +247,23 @@ impl State {
             return self.reply(req, Answer::job(answer));
         }
         let io = match (cmd.target(), &cmd) {
-            (Some((state, reason)), _) => Io::Put {
+            (Some((state, reason)), _) => Io::Stamped {
                 uri: job.layout.status(),
-                bytes: stoke_store::to_json_bytes(&StatusRecord {
+                record: Stamped::Status(StatusRecord {
                     state,
                     reason,
-                    updated_ms: now_ms(),
-                })
-                .into(),
+                    updated_ms: 0,
+                }),
             },
             (None, JobCmd::Set(change)) => match change.apply(&job.schedule) {
-                Ok(next) => Io::Put {
+                Ok(next) => Io::Stamped {
                     uri: job.layout.schedule(),
-                    bytes: stoke_store::to_json_bytes(&ScheduleRecord {
+                    record: Stamped::Schedule(ScheduleRecord {
                         priority: next.priority,
                         weight: next.weight,
                         max_workers: next.max_workers,
-                        updated_ms: now_ms(),
-                    })
-                    .into(),
+                        updated_ms: 0,
+                    }),
                 },
                 Err(e) => {
                     self.reply(req, Answer::job(Err(e.into())));
@@ -284,7 +273,9 @@ impl State {
             // Only `Set` stores no status, and it is matched above.
             (None, _) => return self.run_deferred(job_id),
         };
-        job.phase = JobPhase::Changing;
+        if let Some(change) = job.life.change_mut() {
+            *change = Change::Storing;
+        }
         self.start_io(
             io,
             Then::Status {
@@ -301,14 +292,17 @@ impl State {
         req: Option<ReqId>,
         cmd: JobCmd,
         result: Result<()>,
+        now: Instant,
     ) {
         let Ok(job) = self.job_mut(job_id) else {
             return;
         };
-        job.phase = JobPhase::Open;
+        if let Some(change) = job.life.change_mut() {
+            *change = Change::Idle;
+        }
         match result {
             Ok(()) => {
-                self.apply_job_cmd(job_id, cmd);
+                self.apply_job_cmd(job_id, cmd, now);
                 let answer = self.get_job(job_id);
                 self.reply(req, Answer::job(answer));
                 self.run_deferred(job_id);
@@ -320,8 +314,9 @@ impl State {
                 warn!(job = %job_id, error = %e, "storing the job's status failed");
                 if let JobCmd::Fail(reason) = cmd
                     && let Ok(job) = self.job_mut(job_id)
+                    && let Some(change) = job.life.change_mut()
                 {
-                    job.phase = JobPhase::Failing(reason);
+                    *change = Change::Failing(reason);
                 }
                 self.reply(req, Answer::job(Err(e)));
             }
@@ -335,7 +330,7 @@ impl State {
             let Ok(job) = self.job_mut(job_id) else {
                 return;
             };
-            if job.phase.holds_changes() {
+            if job.life.holds_changes() {
                 return;
             }
             let Some((req, cmd)) = job.deferred.pop_front() else {
@@ -346,12 +341,12 @@ impl State {
     }
 
     /// A stored change of the job's state, applied in memory.
-    fn apply_job_cmd(&mut self, job_id: &str, cmd: JobCmd) {
+    fn apply_job_cmd(&mut self, job_id: &str, cmd: JobCmd, now: Instant) {
         match cmd {
             JobCmd::Pause(reason) => self.paused(job_id, reason),
             JobCmd::Resume => self.resumed(job_id),
-            JobCmd::Cancel(reason) => self.ended(job_id, JobState::Cancelled, reason),
-            JobCmd::Fail(reason) => self.ended(job_id, JobState::Failed, reason),
+            JobCmd::Cancel(reason) => self.ended(job_id, End::Cancelled(reason), now),
+            JobCmd::Fail(reason) => self.ended(job_id, End::Failed(reason), now),
             JobCmd::Set(change) => self.schedule_set(job_id, &change),
         }
     }
@@ -374,8 +369,10 @@ impl State {
         let Ok(job) = self.job_mut(job_id) else {
             return;
         };
-        job.state = JobState::Paused;
-        job.reason = Some(reason.clone());
+        job.life = Life::Paused {
+            reason: reason.clone(),
+            change: Change::Idle,
+        };
         let mut draining: HashMap<String, Vec<LeaseKey>> = HashMap::new();
         for (i, shard) in job.shards.iter().enumerate() {
             if let Some(lease) = shard.lease() {
@@ -397,8 +394,7 @@ impl State {
         let Ok(job) = self.job_mut(job_id) else {
             return;
         };
-        job.state = JobState::Running;
-        job.reason = None;
+        job.life = Life::Running(Change::Idle);
         job.pending = (0..job.shards.len())
             .filter(|&i| !job.shards[i].progress.done && job.shards[i].lease().is_none())
             .collect();
@@ -410,26 +406,28 @@ impl State {
     /// it, for `reason` (pause, preemption, a lowered `max_workers`). Best
     /// effort: a worker that misses it keeps its lease until its shard
     /// ends or the lease times out.
-    pub(super) fn send_drains(&self, drains: HashMap<String, Vec<LeaseKey>>, reason: &str) {
+    pub(super) fn send_drains(&mut self, drains: HashMap<String, Vec<LeaseKey>>, reason: &str) {
         for (session_id, leases) in drains {
-            if let Some(session) = self.sessions.get(&session_id) {
-                let _ = session.events_tx.try_send(SessionEvent::Drain {
+            self.notify(
+                &session_id,
+                SessionEvent::Drain {
                     leases,
                     reason: reason.to_string(),
-                });
-            }
+                },
+            );
         }
     }
 
-    /// Moves a job to a terminal state: drops its leases, tells the workers
+    /// Ends a job (cancelled or failed): drops its leases, tells the workers
     /// holding them, and sweeps its staging folder.
-    fn ended(&mut self, job_id: &str, state: JobState, reason: String) {
+    fn ended(&mut self, job_id: &str, end: End, now: Instant) {
         let Ok(job) = self.job_mut(job_id) else {
             return;
         };
-        job.state = state;
-        job.account.end(Instant::now());
-        job.reason = Some(reason.clone());
+        job.life = Life::Ended(end);
+        let state = job.life.state();
+        let reason = job.life.reason().unwrap_or_default().to_string();
+        job.account.end(now);
         job.pending.clear();
         let staging = job.staging_dir();
         let mut revoked: HashMap<String, Vec<LeaseKey>> = HashMap::new();
@@ -448,10 +446,13 @@ impl State {
             if let Some(session) = self.sessions.get_mut(&session_id) {
                 session.leases.retain(|(j, _)| j != job_id);
                 // Best effort: a worker that misses this learns at its next commit.
-                let _ = session.events_tx.try_send(SessionEvent::Revoke {
-                    leases,
-                    reason: reason.clone(),
-                });
+                self.notify(
+                    &session_id,
+                    SessionEvent::Revoke {
+                        leases,
+                        reason: reason.clone(),
+                    },
+                );
             }
         }
         info!(job = %job_id, %state, %reason, "job ended");
@@ -465,7 +466,7 @@ impl State {
         };
         let skipped = job.totals.skipped;
         let limit = job.spec.errors.max_skipped;
-        if skipped <= limit || job.state.is_terminal() {
+        if skipped <= limit || job.life.ended() {
             return;
         }
         let reason = format!(

@@ -6,14 +6,15 @@ use std::sync::Arc;
 
 use stoke_core::layout::attempt_prefix;
 use stoke_core::lease::{AcquireOutcome, Lease, Release};
-use stoke_core::records::JobState;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::account::Lost;
 use super::crash::Death;
 use super::repeats::Repeat;
-use super::{ActiveLease, Answer, AttemptFailed, Io, JobPhase, ReqId, State, Then, progress_log};
+use super::{
+    ActiveLease, Answer, AttemptFailed, Change, Io, Life, ReqId, State, Then, progress_log,
+};
 use crate::error::{CoordinatorError, Result};
 
 /// Attempts of one shard that may fail on the store before they count
@@ -115,7 +116,7 @@ impl State {
         self.settle_session(&release.session_id, now);
         let key = &release.key;
         let job = self.job(&key.job_id)?;
-        if job.phase.ended().is_some() {
+        if job.life.kept().is_some() {
             // The job succeeded long ago: a stale release, nothing to do.
             self.reply(Some(req), Answer::Done(Ok(())));
             return Ok(());
@@ -149,7 +150,7 @@ impl State {
             }
             let job = self.job_mut(&key.job_id)?;
             job.take_lease(idx);
-            if job.state == JobState::Running {
+            if job.life.running() {
                 job.pending.push_front(idx);
                 self.wake(1);
             }
@@ -214,7 +215,7 @@ impl State {
         if let Err(e) = result {
             // Nothing changed. The holder retries its release; one that is
             // gone gets its shard requeued, as when it went.
-            if session_gone && job.take_lease(idx).is_some() && job.state == JobState::Running {
+            if session_gone && job.take_lease(idx).is_some() && job.life.running() {
                 job.pending.push_front(idx);
                 self.wake(1);
             }
@@ -233,7 +234,7 @@ impl State {
             };
             job.account.lost(lease.work, why);
         }
-        let running = job.state == JobState::Running;
+        let running = job.life.running();
         if let Some(session) = self.sessions.get_mut(&release.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
         }
@@ -333,7 +334,7 @@ impl State {
             // At the front, as for a worker whose connection broke: the
             // shard has waited a whole lease timeout already, and it holds
             // the job's oldest unfinished work.
-            if job.state == JobState::Running {
+            if job.life.running() {
                 job.pending.push_front(idx);
                 requeued += 1;
             }
@@ -343,12 +344,13 @@ impl State {
         let retry: Vec<(String, Option<String>)> = self
             .jobs
             .values()
-            .filter(|j| !j.state.is_terminal())
-            .filter_map(|j| match &j.phase {
-                JobPhase::Failing(reason) => Some((j.id.clone(), Some(reason.clone()))),
-                JobPhase::Open if j.state == JobState::Running && j.all_done() => {
-                    Some((j.id.clone(), None))
-                }
+            .filter_map(|j| match &j.life {
+                Life::Running(Change::Failing(reason))
+                | Life::Paused {
+                    change: Change::Failing(reason),
+                    ..
+                } => Some((j.id.clone(), Some(reason.clone()))),
+                Life::Running(Change::Idle) if j.all_done() => Some((j.id.clone(), None)),
                 _ => None,
             })
             .collect();

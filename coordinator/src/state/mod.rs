@@ -9,7 +9,12 @@
 //! finishes what the command started and answers its caller (an
 //! [`Effect::Reply`]). So a slow store never stalls the loop: while one
 //! job's status or manifest is written, every other job's leases and
-//! commits go on.
+//! commits go on. Events for workers leave the same way
+//! ([`Effect::Notify`]); the owner keeps the sessions' channels.
+//!
+//! Nothing here reads a clock, holds a channel, spawns or awaits:
+//! `scripts/check-state-pure.sh` (run by `scripts/test.sh`) fails if
+//! anything does.
 //!
 //! Durability rule: a change that must survive a crash (job created,
 //! progress committed, attempt failed, job finished) is written to the
@@ -71,7 +76,6 @@ use stoke_core::records::{JobState, ProgressRecord};
 use stoke_core::schedule::Schedule;
 use stoke_core::spec::{DeltaCommit, JobSpec};
 use stoke_store::StoreUri;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::CoordinatorConfig;
@@ -83,7 +87,8 @@ use crate::progress::RateWindow;
 pub use crash::{Verdict, judge};
 pub use effects::{
     Answer, CreateJob, DeltaAppend, DeltaTarget, DeltaWrite, DoneUpdate, Effect, FinishJob,
-    GroupWrite, GroupWritten, Io, IoId, Outcome, ReqId, SnapshotWrite, StagedCopy, progress_log,
+    GroupWrite, GroupWritten, Io, IoId, Outcome, ReqId, SnapshotWrite, StagedCopy, Stamped,
+    progress_log,
 };
 pub use finish::plan_finish;
 pub use reducers::Metrics as StoredMetrics;
@@ -262,8 +267,6 @@ struct Job {
     delta_log: Option<table_log::DeltaLog>,
     /// Where attempts upload (see `stoke_core::layout`).
     staging: StoreUri,
-    state: JobState,
-    reason: Option<String>,
     shards: Vec<ShardState>,
     /// Indices of shards waiting for a worker.
     pending: VecDeque<usize>,
@@ -278,8 +281,8 @@ struct Job {
     progress_objects: Vec<StoreUri>,
     /// Its commits on their way to the store (see `commit.rs`).
     commits: commit::CommitQueue,
-    /// Where it is in its life (see [`JobPhase`]).
-    phase: JobPhase,
+    /// Where it is in its life (see [`Life`]).
+    life: Life,
     /// Changes of its status waiting for the one being stored.
     deferred: VecDeque<(Option<ReqId>, jobs::JobCmd)>,
     /// Priority, weight and lease cap as they apply now (the spec's, or
@@ -299,45 +302,158 @@ struct Job {
     reduce: reducers::Reduce,
 }
 
-/// Where a job is in its life, beside its stored status (`Job::state`):
-/// which write of its status is in flight, and whether its shards are
-/// still in memory.
+/// Where a job is in its life: what its stored status is (the wire's and
+/// the records' [`JobState`] is derived from it, [`Life::state`]), and
+/// which write of it is on its way to the store. The one place a job's
+/// life is kept: a job being created lives in its write's continuation
+/// (`Then::Created`), an ended one that let go of its shards in
+/// `State::released`, with what it keeps here.
+// A one-byte tag (no niche in a `String`): the hot paths read which
+// variant a job is in for every job, on every acquire.
 #[derive(Debug)]
-enum JobPhase {
-    /// Its shards are in memory and no change of its status is being
-    /// stored.
-    Open,
-    /// A change of its status is being stored: its other changes wait in
-    /// `deferred`, and no lease goes out.
-    Changing,
+#[repr(u8)]
+enum Life {
+    /// Its spec, plan and status are being stored; `waiters` asked for it
+    /// (the first submit, and every later one of the same spec), and hear
+    /// once it is stored. No view shows it yet.
+    Creating { waiters: Vec<ReqId> },
+    /// Its shards are leased out.
+    Running(Change),
+    /// None of its shards is leased out, for `reason`.
+    Paused { reason: String, change: Change },
     /// Every shard is done: its manifest and `succeeded` status are being
-    /// stored (changes wait likewise).
+    /// stored (its stored status says running until then; changes wait
+    /// in `deferred`).
     Finishing,
-    /// It must fail, but storing that failed: tried again at each tick;
-    /// its other changes wait until it is stored.
-    Failing(String),
-    /// It succeeded and its end is stored: it let go of its plan and its
-    /// shards' states (`State::release_ended`), and lives in
-    /// `State::released`.
-    Ended(Ended),
+    /// It ended (see [`End`]).
+    Ended(End),
 }
 
-impl JobPhase {
-    /// A write of the job's status (or its finish) is in flight.
-    fn storing(&self) -> bool {
-        matches!(self, Self::Changing | Self::Finishing)
-    }
+/// A change of a running or paused job's status on its way to the store.
+#[derive(Debug)]
+#[repr(u8)]
+enum Change {
+    /// None: the job is as its status says.
+    Idle,
+    /// A change is being stored: the job's other changes wait in
+    /// `deferred`, and no lease of it goes out.
+    Storing,
+    /// It must fail for this reason, but storing that failed: the tick
+    /// tries again, and its other changes wait until it is stored. It
+    /// goes on as it was (running or paused) until then.
+    Failing(String),
+}
 
-    /// Changes of its status wait in `deferred` (one is being stored, or a
-    /// failure it owes goes first).
-    fn holds_changes(&self) -> bool {
-        matches!(self, Self::Changing | Self::Finishing | Self::Failing(_))
-    }
+/// How a job ended.
+#[derive(Debug)]
+enum End {
+    /// Its manifest and status are stored. `Some` once it let go of its
+    /// plan and its shards' states (`State::release_ended`) and lives in
+    /// `State::released`: what its views still show.
+    Succeeded(Option<Box<Kept>>),
+    Cancelled(String),
+    Failed(String),
+}
 
-    /// What an ended job keeps, once it let go of its shards.
-    fn ended(&self) -> Option<&Ended> {
+impl Life {
+    /// Its status as stored, and as clients see it. A job being created
+    /// is stored as running (and never shown); a finishing one is running
+    /// until its `succeeded` status is stored.
+    fn state(&self) -> JobState {
         match self {
-            Self::Ended(ended) => Some(ended),
+            Self::Creating { .. } | Self::Running(_) | Self::Finishing => JobState::Running,
+            Self::Paused { .. } => JobState::Paused,
+            Self::Ended(End::Succeeded(_)) => JobState::Succeeded,
+            Self::Ended(End::Cancelled(_)) => JobState::Cancelled,
+            Self::Ended(End::Failed(_)) => JobState::Failed,
+        }
+    }
+
+    /// Why it is paused or ended, as its status says.
+    fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Paused { reason, .. }
+            | Self::Ended(End::Cancelled(reason) | End::Failed(reason)) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// A life as a stored status says (at start, see `restore.rs`).
+    fn stored(state: JobState, reason: Option<String>) -> Self {
+        let reason = reason.unwrap_or_default();
+        match state {
+            JobState::Running => Self::Running(Change::Idle),
+            JobState::Paused => Self::Paused {
+                reason,
+                change: Change::Idle,
+            },
+            JobState::Succeeded => Self::Ended(End::Succeeded(None)),
+            JobState::Cancelled => Self::Ended(End::Cancelled(reason)),
+            JobState::Failed => Self::Ended(End::Failed(reason)),
+        }
+    }
+
+    /// Its stored status is `running` (finishing included).
+    fn running(&self) -> bool {
+        matches!(self, Self::Running(_) | Self::Finishing)
+    }
+
+    /// Its shards may go out now: running, and no change of it stored.
+    fn leasing(&self) -> bool {
+        matches!(self, Self::Running(Change::Idle | Change::Failing(_)))
+    }
+
+    fn paused(&self) -> bool {
+        matches!(self, Self::Paused { .. })
+    }
+
+    /// It ended: cancelled, failed or succeeded.
+    fn ended(&self) -> bool {
+        matches!(self, Self::Ended(_))
+    }
+
+    fn succeeded(&self) -> bool {
+        matches!(self, Self::Ended(End::Succeeded(_)))
+    }
+
+    /// The change of a running or paused job.
+    fn change(&self) -> Option<&Change> {
+        match self {
+            Self::Running(change) | Self::Paused { change, .. } => Some(change),
+            _ => None,
+        }
+    }
+
+    fn change_mut(&mut self) -> Option<&mut Change> {
+        match self {
+            Self::Running(change) | Self::Paused { change, .. } => Some(change),
+            _ => None,
+        }
+    }
+
+    /// A write of its status (or its finish) is in flight.
+    fn storing(&self) -> bool {
+        matches!(self, Self::Finishing) || matches!(self.change(), Some(Change::Storing))
+    }
+
+    /// The failure it owes, whose write failed.
+    fn failing(&self) -> Option<&str> {
+        match self.change() {
+            Some(Change::Failing(reason)) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// Changes of its status wait in `deferred` (one is being stored, or
+    /// a failure it owes goes first).
+    fn holds_changes(&self) -> bool {
+        self.storing() || self.failing().is_some()
+    }
+
+    /// What a succeeded job keeps once it let go of its shards.
+    fn kept(&self) -> Option<&Kept> {
+        match self {
+            Self::Ended(End::Succeeded(Some(kept))) => Some(kept),
             _ => None,
         }
     }
@@ -346,7 +462,7 @@ impl JobPhase {
 /// What a succeeded job keeps in memory once its end is stored: what its
 /// views show, without a state per shard. Its outputs are in its manifest.
 #[derive(Debug)]
-struct Ended {
+struct Kept {
     shards_total: u64,
     shards_split: u64,
     /// The shards with a failed attempt, a store failure or a skipped
@@ -444,15 +560,13 @@ impl Job {
                 .map(|_| table_log::DeltaLog::default()),
             delta,
             staging,
-            state: JobState::Running,
-            reason: None,
+            life: Life::Running(Change::Idle),
             shards,
             shard_index,
             totals: Totals::default(),
             rate: RateWindow::default(),
             progress_objects: Vec::new(),
             commits: Default::default(),
-            phase: JobPhase::Open,
             deferred: VecDeque::new(),
             schedule: spec.schedule(),
             leased: 0,
@@ -523,16 +637,16 @@ impl Job {
     }
 
     fn shards_total(&self) -> u64 {
-        self.phase
-            .ended()
-            .map_or(self.shards.len() as u64, |e| e.shards_total)
+        self.life
+            .kept()
+            .map_or(self.shards.len() as u64, |k| k.shards_total)
     }
 
     fn shard(&self, shard_id: &str) -> Result<usize> {
-        if self.phase.ended().is_some() {
+        if self.life.kept().is_some() {
             return Err(CoordinatorError::JobNotRunning {
                 job_id: self.id.clone(),
-                state: self.state.to_string(),
+                state: self.life.state().to_string(),
             });
         }
         self.shard_index
@@ -551,7 +665,6 @@ struct Session {
     devices: Vec<String>,
     /// Its processor threads' time, as last reported.
     stages: StageTotals,
-    events_tx: mpsc::Sender<SessionEvent>,
     /// (job id, shard index) of every lease this session holds.
     leases: HashSet<(String, usize)>,
     /// Since when it has asked for work and got none (for the lease-wait
@@ -576,16 +689,16 @@ pub struct State {
     /// Orders progress records (see `ProgressRecord::seq`).
     record_seq: u64,
     /// Jobs by id; `order` keeps submission order (over both maps).
-    /// Every job not yet let go of is here: the paths that walk jobs (the
-    /// acquire path, the tick) walk these.
+    /// Every stored job not yet let go of is here (one being created
+    /// lives in its write's continuation, `Then::Created`, until it is
+    /// stored): the paths that walk jobs (the acquire path, the tick)
+    /// walk these.
     jobs: BTreeMap<String, Job>,
     /// Succeeded jobs that let go of their shards (`release_ended`): only
     /// looked up by id, never walked on a hot path, so a coordinator that
     /// ran thousands of jobs leases as fast as a new one.
     released: BTreeMap<String, Job>,
     order: Vec<String>,
-    /// Jobs whose spec, plan and status are being stored, and who waits.
-    creating: HashMap<String, jobs::Creating>,
     sessions: HashMap<String, Session>,
     /// Sessions answered `Wait` or `Idle` since their last lease, oldest
     /// first: they get a `Wake` when work may be there for them.
@@ -619,7 +732,6 @@ impl State {
             jobs: BTreeMap::new(),
             released: BTreeMap::new(),
             order: Vec::new(),
-            creating: HashMap::new(),
             sessions: HashMap::new(),
             waiting: VecDeque::new(),
             counters: Counters::default(),
@@ -660,9 +772,21 @@ impl State {
         }
     }
 
-    /// What the write `id` did: finishes what started it. A plain write's
-    /// result converts (`state.written(id, Ok(()))`).
-    pub fn written(&mut self, id: IoId, outcome: impl Into<Outcome>) {
+    /// Asks the owner to push `event` to the session's worker; whether the
+    /// session is there to be told.
+    fn notify(&mut self, session_id: &str, event: SessionEvent) -> bool {
+        if !self.sessions.contains_key(session_id) {
+            return false;
+        }
+        self.effects
+            .push(Effect::Notify(session_id.to_string(), event));
+        true
+    }
+
+    /// What the write `id` did, handed back at `now`: finishes what
+    /// started it. A plain write's result converts (`state.written(id,
+    /// Ok(()), now)`).
+    pub fn written(&mut self, id: IoId, outcome: impl Into<Outcome>, now: Instant) {
         let Some(then) = self.in_flight.remove(&id) else {
             return;
         };
@@ -671,7 +795,7 @@ impl State {
         let mismatch = || "a store write's result does not match the write".to_string();
         let (then, result) = match (then, outcome.into()) {
             (Then::Group(commits), Outcome::Group { write, written }) => {
-                return self.group_written(write, commits, written, Instant::now());
+                return self.group_written(write, commits, written, now);
             }
             (Then::Snapshot { job_id, uri }, Outcome::Snapshot { written, deleted }) => {
                 return self.snapshot_written(&job_id, uri, written, &deleted);
@@ -681,14 +805,16 @@ impl State {
         };
         match then {
             Then::Created { job } => self.job_created(*job, result),
-            Then::Status { job_id, req, cmd } => self.status_written(&job_id, req, cmd, result),
+            Then::Status { job_id, req, cmd } => {
+                self.status_written(&job_id, req, cmd, result, now)
+            }
             Then::AttemptFailed(failed) => self.attempt_failed(*failed, result),
-            Then::Finished { job_id } => self.job_finished(&job_id, result),
-            Then::Split(write) => self.split_written(*write, result),
+            Then::Finished { job_id } => self.job_finished(&job_id, result, now),
+            Then::Split(write) => self.split_written(*write, result, now),
             Then::Report { job_id } => self.report_written(&job_id, result),
             Then::ReportSaved { job_id } => self.report_saved(&job_id, result),
             Then::EndedSaved { job_id } => self.ended_saved(&job_id, result),
-            Then::Delta { job_id, reconcile } => self.delta_written(&job_id, reconcile, result),
+            Then::Delta { job_id } => self.delta_written(&job_id, result),
             Then::Crashed(crashed) => self.crash_stored(*crashed, result),
             Then::Metrics(write) => self.metrics_stored(*write, result),
             Then::Group(commits) => self.group_failed(commits, &mismatch()),
@@ -712,6 +838,22 @@ impl State {
             .get(session_id)
             .map(|s| s.worker_id.clone())
             .unwrap_or_default()
+    }
+
+    /// The jobs being created: each lives in its write's continuation
+    /// until it is stored (a submit is rare; the writes in flight few).
+    fn creating(&self) -> impl Iterator<Item = &Job> {
+        self.in_flight.values().filter_map(|then| match then {
+            Then::Created { job } => Some(&**job),
+            _ => None,
+        })
+    }
+
+    fn creating_mut(&mut self, job_id: &str) -> Option<&mut Job> {
+        self.in_flight.values_mut().find_map(|then| match then {
+            Then::Created { job } if job.id == job_id => Some(&mut **job),
+            _ => None,
+        })
     }
 
     /// A job by id, live or released.
@@ -776,9 +918,8 @@ enum Then {
     Group(Vec<commit::Committing>),
     /// A snapshot of the job's progress is stored (or not).
     Snapshot { job_id: String, uri: StoreUri },
-    /// A Delta commit of the job is made (or not); `reconcile`: it added
-    /// only what the table lacked.
-    Delta { job_id: String, reconcile: bool },
+    /// A Delta commit of the job is made (or not).
+    Delta { job_id: String },
     /// A job's reduced metrics are stored (or not).
     Metrics(Box<reducers::MetricsWrite>),
 }

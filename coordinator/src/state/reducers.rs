@@ -17,11 +17,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use stoke_core::layout::is_metrics_partial;
 use stoke_core::lease::{AcquireOutcome, MetricsDone, ReduceTask};
-use stoke_core::records::JobState;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{Answer, Io, Job, JobPhase, ReqId, State, Then};
+use super::{Answer, Change, Io, Job, Life, ReqId, State, Then};
 use crate::error::{CoordinatorError, Result};
 
 /// Where a job's metrics stand.
@@ -100,11 +99,7 @@ impl State {
         let job_id = self
             .jobs
             .values()
-            .find(|j| {
-                j.reduce == Reduce::Pending
-                    && j.state == JobState::Running
-                    && matches!(j.phase, JobPhase::Open)
-            })?
+            .find(|j| j.reduce == Reduce::Pending && matches!(j.life, Life::Running(Change::Idle)))?
             .id
             .clone();
         let token = self.next_token();
@@ -194,11 +189,11 @@ impl State {
                 token: done.token,
             });
         }
-        if job.state != JobState::Running {
+        if !job.life.running() {
             job.reduce = Reduce::Pending;
             return Err(CoordinatorError::JobNotRunning {
                 job_id: done.job_id,
-                state: job.state.to_string(),
+                state: job.life.state().to_string(),
             });
         }
         let parsed = done.outcome.map(|json| {

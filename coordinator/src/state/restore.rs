@@ -17,7 +17,7 @@ use tracing::info;
 
 use super::account::ReportFile;
 use super::reducers::Metrics;
-use super::{Effect, Job, State};
+use super::{Effect, Job, Life, State};
 use crate::config::CoordinatorConfig;
 
 /// One job as the root stores it.
@@ -53,24 +53,26 @@ pub enum StoredShards {
 
 impl State {
     /// The state of a root whose fencing epoch is `epoch` and whose jobs
-    /// are `stored` (in job id order), at `now`. What loading asks the
-    /// owner for (a sweep of each ended job's staging folder) is in its
-    /// effects.
+    /// are `stored` (in job id order), at `now`, which the wall clock
+    /// reads as `now_ms` (ms since the Unix epoch: how long ago a running
+    /// job's report was saved). What loading asks the owner for (a sweep
+    /// of each ended job's staging folder) is in its effects.
     pub fn restore(
         config: CoordinatorConfig,
         epoch: u64,
         stored: Vec<StoredJob>,
         now: Instant,
+        now_ms: u64,
     ) -> Self {
         let mut state = State::new(config, epoch);
         for s in stored {
-            state.restore_job(s, now);
+            state.restore_job(s, now, now_ms);
         }
         info!(epoch, jobs = state.jobs.len(), "coordinator state loaded");
         state
     }
 
-    fn restore_job(&mut self, s: StoredJob, now: Instant) {
+    fn restore_job(&mut self, s: StoredJob, now: Instant, now_ms: u64) {
         let job_id = s.job_id;
         // A recovered job's report counts from this coordinator's start,
         // after what was saved before it (below).
@@ -107,7 +109,7 @@ impl State {
         } else if let Some(so_far) = s.report_so_far {
             // What the coordinators before this one counted of a running
             // job.
-            job.account.carry_on(so_far);
+            job.account.carry_on(so_far, now_ms);
         }
         if let Some(record) = s.schedule {
             job.schedule = Schedule {
@@ -116,8 +118,10 @@ impl State {
                 max_workers: record.max_workers,
             };
         }
-        job.state = s.status.state;
-        job.reason = s.status.reason;
+        // A succeeded job loaded from its `ended.json` came with its life.
+        if job.life.kept().is_none() {
+            job.life = Life::stored(s.status.state, s.status.reason);
+        }
         if job.spec.processor.python.is_some()
             && let Some(metrics) = s.metrics
         {
@@ -135,7 +139,7 @@ impl State {
         job.pending = (0..job.shards.len())
             .filter(|&i| !job.shards[i].progress.done)
             .collect();
-        if job.state.is_terminal() {
+        if job.life.ended() {
             job.pending.clear();
             // A zombie may have uploaded into an ended job's staging
             // folder after its last sweep.

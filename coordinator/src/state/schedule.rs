@@ -30,7 +30,6 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use stoke_core::lease::LeaseKey;
-use stoke_core::records::JobState;
 use tokio::time::{Duration, Instant};
 use tracing::info;
 
@@ -186,13 +185,13 @@ impl State {
         let mut any_unfinished = false;
         let mut best: Option<(Rank, Choice)> = None;
         for job in self.jobs.values() {
-            if job.state.is_terminal() {
+            if job.life.ended() {
                 continue;
             }
             any_unfinished = true;
             // A job whose status change is being stored leases nothing
             // until it is.
-            if job.state != JobState::Running || job.phase.storing() || job.pending.is_empty() {
+            if !job.life.leasing() || job.pending.is_empty() {
                 continue;
             }
             if job.schedule.max_workers.is_some_and(|m| job.leased >= m) {
@@ -255,7 +254,7 @@ impl State {
         usage: &HashMap<&str, u64>,
         top: Option<i64>,
     ) -> Option<WaitReason> {
-        if job.state != JobState::Running || job.pending.is_empty() {
+        if !job.life.running() || job.pending.is_empty() {
             return None;
         }
         if job.schedule.max_workers.is_some_and(|m| job.leased >= m) {
@@ -279,7 +278,7 @@ impl State {
     pub(super) fn wait_reasons(&self) -> HashMap<&str, WaitReason> {
         let usage = queue_usage(self.jobs.values());
         let eligible = |job: &&Job| {
-            job.state == JobState::Running
+            job.life.running()
                 && !job.pending.is_empty()
                 && job.schedule.max_workers.is_none_or(|m| job.leased < m)
         };
@@ -288,7 +287,7 @@ impl State {
         let top = self
             .jobs
             .values()
-            .filter(|j| eligible(j) || (j.state == JobState::Running && j.leased > 0))
+            .filter(|j| eligible(j) || (j.life.running() && j.leased > 0))
             .map(|j| j.schedule.priority)
             .max();
         self.jobs
@@ -440,7 +439,7 @@ impl State {
         let over: Vec<(String, u64)> = self
             .jobs
             .values()
-            .filter(|j| j.state == JobState::Running && !j.phase.storing())
+            .filter(|j| j.life.leasing())
             .filter_map(|j| {
                 let cap = j.schedule.max_workers?;
                 (j.leased > cap).then(|| (j.id.clone(), cap))
@@ -503,7 +502,7 @@ impl State {
     fn claimant(&self, usage: &HashMap<String, u64>) -> Option<(String, u64)> {
         let mut best: Option<(Rank, &str, u64)> = None;
         for job in self.jobs.values() {
-            if job.state != JobState::Running || job.phase.storing() || job.pending.is_empty() {
+            if !job.life.leasing() || job.pending.is_empty() {
                 continue;
             }
             let mut room = job.pending.len() as u64;
@@ -543,7 +542,7 @@ impl State {
             queues.entry(name.as_str()).or_default();
         }
         for job in self.jobs.values() {
-            if job.state != JobState::Running {
+            if !job.life.running() {
                 continue;
             }
             let q = queues.entry(job.spec.queue_name()).or_default();

@@ -7,8 +7,6 @@ use std::collections::HashSet;
 use stoke_core::lease::{
     LeaseKey, LeaseWork, Registration, SessionEvent, SessionGrant, StageTotals,
 };
-use stoke_core::records::JobState;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -21,12 +19,7 @@ const MAX_BATCH_OBSERVATIONS: u64 = 10_000;
 use crate::error::{CoordinatorError, Result};
 
 impl State {
-    pub fn register(
-        &mut self,
-        registration: Registration,
-        events_tx: mpsc::Sender<SessionEvent>,
-        now: Instant,
-    ) -> SessionGrant {
+    pub fn register(&mut self, registration: Registration, now: Instant) -> SessionGrant {
         let session_id = format!(
             "{}-{}",
             registration.worker_id,
@@ -42,7 +35,6 @@ impl State {
                 hostname: registration.hostname,
                 devices: registration.devices,
                 stages: StageTotals::default(),
-                events_tx: events_tx.clone(),
                 leases: HashSet::new(),
                 waiting_since: None,
                 paces: Default::default(),
@@ -57,10 +49,13 @@ impl State {
             .filter(|key| !self.adopt(&session_id, key, now))
             .collect();
         if !refused.is_empty() {
-            let _ = events_tx.try_send(SessionEvent::Revoke {
-                leases: refused,
-                reason: "lease not valid after the coordinator restarted".to_string(),
-            });
+            self.notify(
+                &session_id,
+                SessionEvent::Revoke {
+                    leases: refused,
+                    reason: "lease not valid after the coordinator restarted".to_string(),
+                },
+            );
         }
         SessionGrant {
             session_id,
@@ -79,7 +74,7 @@ impl State {
         let Some(job) = self.jobs.get_mut(&key.job_id) else {
             return false;
         };
-        if job.state != JobState::Running {
+        if !job.life.running() {
             return false;
         }
         let Some(&idx) = job.shard_index.get(&key.shard_id) else {
@@ -111,8 +106,7 @@ impl State {
 
     /// The session's connection dropped: its shards go back to the queue at
     /// once.
-    pub fn session_closed(&mut self, session_id: &str) {
-        let now = Instant::now();
+    pub fn session_closed(&mut self, session_id: &str, now: Instant) {
         self.settle_session(session_id, now);
         let Some(session) = self.sessions.remove(session_id) else {
             return;
@@ -148,7 +142,7 @@ impl State {
                 lost_work.push(job_id.clone());
                 if let Some(job) = self.jobs.get_mut(&job_id) {
                     job.account.lost(lease.work, Lost::Disconnected);
-                    if job.state == JobState::Running {
+                    if job.life.running() {
                         job.pending.push_front(idx);
                         requeued += 1;
                     }
@@ -193,12 +187,12 @@ impl State {
     /// progress and its last words (what a death is blamed on, see
     /// `crash.rs`), and answers a span that wants it with `Noted`.
     pub fn note_work(&mut self, session_id: &str, work: &[LeaseWork], now: Instant) -> Result<()> {
-        let Some(session) = self.sessions.get(session_id) else {
+        if !self.sessions.contains_key(session_id) {
             return Err(CoordinatorError::UnknownSession {
                 session_id: session_id.to_string(),
             });
-        };
-        let events_tx = session.events_tx.clone();
+        }
+        let mut noted = Vec::new();
         for w in work {
             let Some(job) = self.jobs.get_mut(&w.lease.job_id) else {
                 continue;
@@ -229,7 +223,7 @@ impl State {
                     if span.wants_ack {
                         // Best effort: a worker that misses it goes on
                         // after its wait.
-                        let _ = events_tx.try_send(SessionEvent::Noted {
+                        noted.push(SessionEvent::Noted {
                             lease: w.lease.clone(),
                             from_record: span.from,
                         });
@@ -241,6 +235,9 @@ impl State {
             if let Some(words) = &w.last_words {
                 lease.last_words = Some(words.clone());
             }
+        }
+        for event in noted {
+            self.notify(session_id, event);
         }
         Ok(())
     }
@@ -271,9 +268,8 @@ impl State {
             let Some(session_id) = self.waiting.pop_front() else {
                 break;
             };
-            if let Some(session) = self.sessions.get(&session_id) {
-                // Best effort: a worker that misses it asks again after its pause.
-                let _ = session.events_tx.try_send(SessionEvent::Wake);
+            // Best effort: a worker that misses it asks again after its pause.
+            if self.notify(&session_id, SessionEvent::Wake) {
                 woken += 1;
             }
         }

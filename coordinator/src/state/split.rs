@@ -42,7 +42,7 @@ use std::sync::Arc;
 
 use stoke_core::lease::{LeaseKey, SessionEvent};
 use stoke_core::plan::{Cut, Plan, Shard};
-use stoke_core::records::{JobState, ProgressRecord};
+use stoke_core::records::ProgressRecord;
 use stoke_store::StoreUri;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -228,8 +228,8 @@ pub(super) fn apply_stored(plan: &mut Plan, progress: &HashMap<String, ProgressR
 impl Job {
     /// Shards made by splits.
     pub(super) fn shards_split(&self) -> u64 {
-        if let Some(ended) = self.phase.ended() {
-            return ended.shards_split;
+        if let Some(kept) = self.life.kept() {
+            return kept.shards_split;
         }
         self.plan
             .shards
@@ -243,10 +243,7 @@ impl Job {
         let spec = &self.spec;
         // Adaptive batches are cut by content: the coordinator cannot
         // tell where a batch boundary falls.
-        self.state == JobState::Running
-            && !self.phase.storing()
-            && spec.sharding.split
-            && spec.batching.max_elements.is_none()
+        self.life.leasing() && spec.sharding.split && spec.batching.max_elements.is_none()
     }
 
     /// Shard `idx`'s origin offsets `from..until`, where it has an end.
@@ -493,7 +490,7 @@ impl State {
 
     /// A split's records are stored (or not): apply it, queue the new
     /// shard and tell the holder its new end.
-    pub(super) fn split_written(&mut self, write: SplitWrite, result: Result<()>) {
+    pub(super) fn split_written(&mut self, write: SplitWrite, result: Result<()>, now: Instant) {
         let SplitWrite {
             job_id,
             idx,
@@ -534,13 +531,13 @@ impl State {
             // for it (it is woken below, and asks at least every
             // `wait_retry` anyway).
             slot: ShardSlot::Free {
-                reserved: Some((asker.clone(), Instant::now() + self.config.wait_retry)),
+                reserved: Some((asker.clone(), now + self.config.wait_retry)),
             },
         });
         job.shard_index.insert(child.shard_id.clone(), child_idx);
         job.set_progress(idx, holder);
         job.set_progress(child_idx, child);
-        let running = job.state == JobState::Running;
+        let running = job.life.running();
         if running {
             job.pending.push_front(child_idx);
         }
@@ -592,13 +589,9 @@ impl State {
     /// [`State::reserved_for_another`]).
     fn wake_asker(&mut self, asker: &str) {
         let waits = self.waiting.iter().any(|s| s == asker);
-        match self.sessions.get(asker).filter(|_| waits) {
-            // Best effort: a worker that misses it asks again after its
-            // pause.
-            Some(session) => {
-                let _ = session.events_tx.try_send(SessionEvent::Wake);
-            }
-            None => self.wake(1),
+        // Best effort: a worker that misses it asks again after its pause.
+        if !(waits && self.notify(asker, SessionEvent::Wake)) {
+            self.wake(1);
         }
     }
 
@@ -637,22 +630,23 @@ impl State {
             return;
         };
         job.account.lost(lease.work, Lost::Disconnected);
-        if job.state == JobState::Running {
+        if job.life.running() {
             job.pending.push_front(idx);
             self.wake(1);
         }
     }
 
     /// Tells the holder of `key` that its shard now ends before `until`.
-    pub(super) fn tell_split(&self, session_id: &str, key: LeaseKey, until: u64) {
-        if let Some(session) = self.sessions.get(session_id) {
-            // A holder that misses it finds out when its commit past the
-            // split is refused.
-            let _ = session.events_tx.try_send(SessionEvent::Split {
+    pub(super) fn tell_split(&mut self, session_id: &str, key: LeaseKey, until: u64) {
+        // A holder that misses it finds out when its commit past the
+        // split is refused.
+        self.notify(
+            session_id,
+            SessionEvent::Split {
                 lease: key,
                 until_record: until,
-            });
-        }
+            },
+        );
     }
 }
 

@@ -17,9 +17,8 @@ use std::collections::HashSet;
 use stoke_core::records::{OutputObject, ProgressRecord};
 use tracing::warn;
 
-use super::{DeltaAppend, DeltaWrite, Io, JobPhase, State, Then};
+use super::{DeltaAppend, DeltaWrite, End, Io, Life, State, Then};
 use crate::error::{CoordinatorError, Result};
-use stoke_core::records::JobState;
 
 /// A `commit = "checkpoint"` job's objects on their way to its table.
 #[derive(Debug, Default)]
@@ -28,12 +27,24 @@ pub(super) struct DeltaLog {
     pending: Vec<OutputObject>,
     /// The highest progress `seq` applied: the next commit's txn version.
     seq: u64,
-    in_flight: bool,
-    /// A commit since this coordinator started has reconciled the table
-    /// with the job's committed objects.
-    reconciled: bool,
+    table: Table,
+}
+
+/// Where the job's table stands against its committed objects.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Table {
+    /// No Delta commit since this coordinator started has reconciled the
+    /// table with the job's committed objects, or the last one failed
+    /// (its answer may have been lost after it landed): the next one
+    /// reconciles.
+    #[default]
+    Unreconciled,
+    /// Every committed object not in `pending` is in the table.
+    Reconciled,
+    /// A Delta commit of the job is being made (one at a time).
+    Committing,
     /// The table refused the job (a schema clash): nothing more is tried.
-    refused: bool,
+    Refused,
 }
 
 impl DeltaLog {
@@ -56,7 +67,17 @@ impl DeltaLog {
 
     /// No Delta commit of the job is being made.
     pub(super) fn idle(&self) -> bool {
-        !self.in_flight
+        self.table != Table::Committing
+    }
+
+    /// A Delta commit is due: objects wait, or the table was not
+    /// reconciled since the start (or since a failed commit).
+    fn due(&self) -> bool {
+        match self.table {
+            Table::Unreconciled => true,
+            Table::Reconciled => !self.pending.is_empty(),
+            Table::Committing | Table::Refused => false,
+        }
     }
 }
 
@@ -71,16 +92,15 @@ impl State {
         let Some(target) = job.delta.clone() else {
             return;
         };
-        let finishing =
-            matches!(job.phase, JobPhase::Finishing) || job.state == JobState::Succeeded;
+        let finishing = matches!(job.life, Life::Finishing | Life::Ended(End::Succeeded(_)));
         // Split borrows: the log changes while the shards are read.
         let (shards, Some(log)) = (&job.shards, job.delta_log.as_mut()) else {
             return;
         };
-        if log.in_flight || log.refused || finishing || (log.reconciled && log.pending.is_empty()) {
+        if finishing || !log.due() {
             return;
         }
-        let reconcile = !log.reconciled;
+        let reconcile = log.table == Table::Unreconciled;
         let objects = if reconcile {
             log.pending.clear();
             shards
@@ -90,7 +110,7 @@ impl State {
         } else {
             std::mem::take(&mut log.pending)
         };
-        log.in_flight = true;
+        log.table = Table::Committing;
         let seq = log.seq;
         let write = DeltaWrite {
             append: DeltaAppend {
@@ -108,22 +128,26 @@ impl State {
             Io::Delta(Box::new(write)),
             Then::Delta {
                 job_id: job_id.to_string(),
-                reconcile,
             },
         );
     }
 
     /// A Delta commit of the job is made, or not: after a failed one the
     /// next reconciles; a refusal (another schema) fails the job.
-    pub(super) fn delta_written(&mut self, job_id: &str, reconcile: bool, result: Result<()>) {
+    pub(super) fn delta_written(&mut self, job_id: &str, result: Result<()>) {
         let Some(log) = self.jobs.get_mut(job_id).and_then(|j| j.delta_log.as_mut()) else {
             return;
         };
-        log.in_flight = false;
+        // Only one commit of the job is in flight at a time, so its result
+        // is the one that moves the table on.
+        log.table = match &result {
+            Ok(()) => Table::Reconciled,
+            Err(CoordinatorError::Delta(e)) if e.is_permanent() => Table::Refused,
+            Err(_) => Table::Unreconciled,
+        };
         match result {
-            Ok(()) => log.reconciled |= reconcile,
+            Ok(()) => {}
             Err(CoordinatorError::Delta(e)) if e.is_permanent() => {
-                log.refused = true;
                 warn!(job = %job_id, error = %e, "the Delta table refused the job's objects; the job fails");
                 self.fail_job(job_id, e.to_string());
             }
@@ -132,7 +156,6 @@ impl State {
                 // one reconciles (adds only what the table lacks), so its
                 // objects are not added twice.
                 warn!(job = %job_id, error = %e, "a Delta commit failed; the next one adds what the table lacks");
-                log.reconciled = false;
             }
         }
         self.finish_if_done(job_id);
@@ -143,11 +166,7 @@ impl State {
         let due: Vec<String> = self
             .jobs
             .values()
-            .filter(|j| {
-                j.delta_log
-                    .as_ref()
-                    .is_some_and(|l| l.idle() && (!l.reconciled || !l.pending.is_empty()))
-            })
+            .filter(|j| j.delta_log.as_ref().is_some_and(DeltaLog::due))
             .map(|j| j.id.clone())
             .collect();
         for job_id in due {
@@ -195,5 +214,21 @@ mod tests {
             .collect();
         assert_eq!(names, ["a", "b", "c", "d"]);
         assert_eq!(log.seq, 12);
+    }
+
+    #[test]
+    fn a_delta_commit_is_due_until_reconciled_then_only_for_new_objects() {
+        let mut log = DeltaLog::default();
+        // At start, even with nothing waiting: the table may lack objects
+        // stored just before a crash.
+        assert!(log.idle() && log.due());
+        log.table = Table::Committing;
+        assert!(!log.idle() && !log.due());
+        log.table = Table::Reconciled;
+        assert!(log.idle() && !log.due());
+        log.note(&[], &progress(3, &["a"]));
+        assert!(log.due());
+        log.table = Table::Refused;
+        assert!(log.idle() && !log.due());
     }
 }

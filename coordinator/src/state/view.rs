@@ -4,9 +4,7 @@
 
 use std::collections::HashMap;
 
-use stoke_core::records::{
-    JobInfo, JobScheduling, JobState, ManifestEntry, ProgressRecord, ShardErrors,
-};
+use stoke_core::records::{JobInfo, JobScheduling, ManifestEntry, ProgressRecord, ShardErrors};
 use stoke_store::StoreUri;
 use tokio::time::Instant;
 
@@ -52,8 +50,8 @@ impl Job {
         JobInfo {
             job_id: self.id.clone(),
             name: self.spec.name.clone().unwrap_or_default(),
-            state: self.state,
-            reason: self.reason.clone(),
+            state: self.life.state(),
+            reason: self.life.reason().map(str::to_string),
             shards_total: self.shards_total(),
             shards_done: self.totals.shards_done,
             shards_leased,
@@ -63,14 +61,16 @@ impl Job {
             records_total: self
                 .plan
                 .records_total
-                .or_else(|| (self.state == JobState::Succeeded).then_some(self.totals.records)),
+                .or_else(|| self.life.succeeded().then_some(self.totals.records)),
             records_total_estimate: self.records_total_estimate(),
             output_uri: self.output.to_string(),
-            manifest_uri: (self.state == JobState::Succeeded)
+            manifest_uri: self
+                .life
+                .succeeded()
                 .then(|| self.layout.manifest().to_string()),
             processor: self.spec.processor.label(),
             records_skipped: self.totals.skipped,
-            records_per_s: if self.state == JobState::Running {
+            records_per_s: if self.life.running() {
                 self.rate.rate()
             } else {
                 None
@@ -93,10 +93,7 @@ impl Job {
     /// far. Split shards share their origin's bytes: they count once, for
     /// the total, and not for the rate.
     fn records_total_estimate(&self) -> Option<u64> {
-        if self.plan.records_total.is_some()
-            || self.phase.ended().is_some()
-            || self.state == JobState::Succeeded
-        {
+        if self.plan.records_total.is_some() || self.life.succeeded() {
             return None;
         }
         let (mut total, mut done_bytes, mut done_records) = (0u64, 0u64, 0u64);
@@ -135,7 +132,7 @@ impl Job {
     /// shard s00012, batch 7 (2 crashes)". Walks the shards only while one
     /// has a suspect.
     fn isolating(&self) -> Option<String> {
-        if self.totals.suspects == 0 || self.phase.ended().is_some() {
+        if self.totals.suspects == 0 || self.life.kept().is_some() {
             return None;
         }
         let (planned, state) = self
@@ -178,10 +175,10 @@ impl State {
     /// shards has no leases to work on.
     pub fn job_terms(&self, job_id: &str) -> Result<JobTerms> {
         let job = self.job(job_id)?;
-        if job.phase.ended().is_some() {
+        if job.life.kept().is_some() {
             return Err(CoordinatorError::JobNotRunning {
                 job_id: job_id.to_string(),
-                state: job.state.to_string(),
+                state: job.life.state().to_string(),
             });
         }
         Ok(JobTerms {
@@ -191,7 +188,7 @@ impl State {
     }
 
     /// The counters and the connected workers, for `/metrics` and the CLI.
-    pub fn snapshot(&self) -> Snapshot {
+    pub fn snapshot(&self, now: Instant) -> Snapshot {
         let mut workers: Vec<WorkerInfo> = self
             .sessions
             .iter()
@@ -219,7 +216,7 @@ impl State {
         workers.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
         // The reports' causes do not depend on the time; only their wall
         // time does, which `/metrics` does not show.
-        let now = self.accounted_at.unwrap_or_else(Instant::now);
+        let now = self.accounted_at.unwrap_or(now);
         Snapshot {
             counters: self.counters.clone(),
             histograms: self.histograms.clone(),
@@ -292,7 +289,7 @@ impl State {
             .collect();
         StatusReport {
             jobs,
-            snapshot: self.snapshot(),
+            snapshot: self.snapshot(now),
         }
     }
 
@@ -300,7 +297,7 @@ impl State {
     /// that is not running has none (a resumed one starts afresh).
     pub(super) fn sample_rates(&mut self, now: Instant) {
         for job in self.jobs.values_mut() {
-            if job.state == JobState::Running {
+            if job.life.running() {
                 job.rate.record(now, job.totals.records);
             } else {
                 job.rate.clear();
@@ -314,7 +311,7 @@ impl State {
         let job = self.job(job_id)?;
         let mut shards = Vec::new();
         let mut objects = Vec::new();
-        let with_errors: Vec<(&str, &ProgressRecord)> = match job.phase.ended() {
+        let with_errors: Vec<(&str, &ProgressRecord)> = match job.life.kept() {
             Some(ended) => ended
                 .errors
                 .iter()
@@ -357,7 +354,7 @@ impl State {
     /// whose shards left memory points at its manifest instead.
     pub fn job_outputs(&self, job_id: &str) -> Result<JobOutputs> {
         let job = self.job(job_id)?;
-        if job.phase.ended().is_some() {
+        if job.life.kept().is_some() {
             return Ok(JobOutputs::InManifest(job.layout.manifest()));
         }
         Ok(JobOutputs::Listed(
@@ -382,7 +379,7 @@ impl State {
         let Some(target) = &job.delta else {
             return Ok(None);
         };
-        let succeeded = job.state == JobState::Succeeded;
+        let succeeded = job.life.succeeded();
         let record = if succeeded {
             Some(job.layout.manifest())
         } else {

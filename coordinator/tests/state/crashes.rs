@@ -5,7 +5,6 @@
 //! crashes.
 
 use stoke_core::lease::{BatchSpan, Isolation, LeaseWork};
-use tokio::time::Instant;
 
 use crate::support::*;
 
@@ -62,9 +61,7 @@ fn started(
         }),
         last_words: words.map(str::to_string),
     };
-    state
-        .note_work(session, &[work], Instant::now())
-        .expect("note work");
+    state.note_work(session, &[work]).expect("note work");
 }
 
 /// Commits batches `from_batch..next_batch` holding `records` records.
