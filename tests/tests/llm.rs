@@ -20,8 +20,9 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Int64Type};
 use stoke_tests::*;
 
-/// Engine starts (20-30 s each, more on busy cores) and restarts.
-const DEADLINE: Duration = Duration::from_secs(420);
+/// Engine starts (20-30 s each, minutes when the nine tests here start
+/// engines on two busy cores at once) and restarts: a bound, not a speed.
+const DEADLINE: Duration = Duration::from_secs(900);
 const MAX_TOKENS: u64 = 24;
 /// The engine settings every test uses (vLLM's CPU backend: a small KV
 /// cache, float32).
