@@ -173,6 +173,14 @@ impl Engine {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        // The engine is vLLM's process, with its own threads: stoke's
+        // OpenMP wait settings for its own libtorch (`OPENMP_WAIT`, in this
+        // process's environment unless the user set them) are not for it.
+        for (name, value) in stoke_core::OPENMP_WAIT {
+            if std::env::var(name).is_ok_and(|v| v == value) {
+                cmd.env_remove(name);
+            }
+        }
         if let Some(gpu) = settings.cuda_device {
             cmd.env("CUDA_VISIBLE_DEVICES", gpu.to_string());
         }
