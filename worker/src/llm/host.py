@@ -102,6 +102,7 @@ def main():
     try:
         import vllm
         from vllm import EngineArgs, PoolingParams, SamplingParams
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.llm_engine import LLMEngine
 
         args = dict(config.get("engine_args") or {})
@@ -113,7 +114,14 @@ def main():
         if task == "embed":
             args.setdefault("runner", "pooling")
             args.setdefault("convert", "embed")
-        engine = LLMEngine.from_engine_args(EngineArgs(model=config["model"], **args))
+        # The offline defaults vLLM's `LLM` class gets (a batch lane is
+        # offline work): its usage context sizes the scheduler's token
+        # budget per step for throughput (max_num_batched_tokens 4096
+        # against 2048 on a CPU, 8% of the tokens/s here).
+        engine = LLMEngine.from_engine_args(
+            EngineArgs(model=config["model"], **args),
+            usage_context=UsageContext.LLM_CLASS,
+        )
         tokenizer = engine.get_tokenizer()
         max_model_len = engine.vllm_config.model_config.max_model_len
     except BaseException as e:  # noqa: BLE001 - said to the worker, then exit
