@@ -574,10 +574,13 @@ case "$what" in
     for setup in ${BENCH_LATE_SETUPS:-budget shared}; do
     case "$setup" in
       budget) fast=(--fast-by quota --fast-duty 0.5); duty=0.125 ;;
-      shared) fast=(); duty=0.25 ;;
+      # Issue 48's slow worker: it starts with the others and takes work,
+      # then runs stopped 75 ms of every 100 (SIGSTOP; with a CPU quota,
+      # from its start).
+      shared) fast=(--cycle-ms "${BENCH_LATE_CYCLE_MS:-100}" --slow-from "${BENCH_LATE_SLOW_FROM:-registered}" --backup "${BENCH_LATE_BACKUP:-on}"); duty=0.25 ;;
       *) echo "BENCH_LATE_SETUPS: unknown set-up $setup (budget, shared)" >&2; exit 2 ;;
     esac
-    for slow_by in stop quota; do
+    for slow_by in ${BENCH_LATE_SLOW_BY:-stop quota}; do
       for round in $(seq 1 "$runs"); do
         # Without the slow worker, with it, and the control (the same
         # third process, never given work) take turns, the first of a

@@ -44,6 +44,9 @@ pub fn render(r: &EfficiencyReport) -> String {
     if r.redone_batches > 0 {
         let _ = writeln!(out, "batches redone: {}", r.redone_batches);
     }
+    if r.backups > 0 {
+        let _ = writeln!(out, "backups: {} ({} won)", r.backups, r.backups_won);
+    }
     for d in &r.devices {
         let _ = writeln!(
             out,
@@ -119,6 +122,8 @@ mod tests {
             shards_split: 2,
             attempts_failed: BTreeMap::from([("lost".to_string(), 1)]),
             redone_batches: 4,
+            backups: 2,
+            backups_won: 1,
             devices: vec![DeviceReport {
                 worker: "w1".into(),
                 devices: vec!["cpu".into()],
@@ -134,6 +139,7 @@ mod tests {
         assert!(text.contains("  tail_idle         5.0 s   25.0%"), "{text}");
         assert!(text.contains("  startup           0.0 s    0.0%"), "{text}");
         assert!(text.contains("shards split: 2"), "{text}");
+        assert!(text.contains("backups: 2 (1 won)"), "{text}");
         assert!(text.contains("attempts failed: lost 1"), "{text}");
         assert!(text.contains("batches redone: 4"), "{text}");
         assert!(!text.contains("llm engine"), "{text}");

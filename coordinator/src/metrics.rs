@@ -40,6 +40,9 @@ pub struct Counters {
     pub sessions_closed: u64,
     /// Leased shards split for an idle worker.
     pub shards_split: u64,
+    /// Backup leases granted at a job's tail, and those that won.
+    pub backups: u64,
+    pub backups_won: u64,
     /// Workers that died with a batch in progress (see `state/crash.rs`).
     pub worker_crashes: u64,
 }
@@ -325,6 +328,8 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
     register_demand(&mut registry, &snapshot.queues);
     let processor_seconds = Family::<Labels, Counter<f64>>::default();
     let shards_split = Family::<Labels, Counter>::default();
+    let backups = Family::<Labels, Counter>::default();
+    let backups_won = Family::<Labels, Counter>::default();
     let llm_tokens = Family::<Labels, Counter>::default();
     for report in &snapshot.reports {
         let id = report.job_id.as_str();
@@ -347,6 +352,12 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         shards_split
             .get_or_create(&labels([("job", id)]))
             .inc_by(report.shards_split);
+        backups
+            .get_or_create(&labels([("job", id)]))
+            .inc_by(report.backups);
+        backups_won
+            .get_or_create(&labels([("job", id)]))
+            .inc_by(report.backups_won);
     }
     registry.register(
         "stoke_job_processor_seconds",
@@ -362,6 +373,16 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         "stoke_job_shards_split",
         "Shards made by splitting leased shards at a job's tail, per job",
         shards_split,
+    );
+    registry.register(
+        "stoke_job_backups",
+        "Backup leases at a job's tail (an idle worker racing the slowest holder for its shard's rest), per job",
+        backups,
+    );
+    registry.register(
+        "stoke_job_backups_won",
+        "Backup leases that committed first and finished their shard, per job",
+        backups_won,
     );
     let mut out = String::new();
     encode(&mut out, &registry)?;
@@ -471,6 +492,8 @@ mod tests {
                     ..Default::default()
                 },
                 shards_split: 3,
+                backups: 2,
+                backups_won: 1,
                 ..Default::default()
             }],
             shards_in_memory: 4,
@@ -543,6 +566,11 @@ mod tests {
         assert_eq!(
             line(&body, "stoke_job_shards_split_total{job=\"j\"}"),
             Some("3")
+        );
+        assert_eq!(line(&body, "stoke_job_backups_total{job=\"j\"}"), Some("2"));
+        assert_eq!(
+            line(&body, "stoke_job_backups_won_total{job=\"j\"}"),
+            Some("1")
         );
         assert_eq!(line(&body, "stoke_commit_seconds_count"), Some("1"));
         assert!(body.contains("# TYPE stoke_batch_seconds histogram"));

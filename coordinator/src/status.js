@@ -275,7 +275,8 @@
       el("span", { "data-cause": key },
         el("span", { class: "swatch " + cls }), el("b", {}, r.seconds[key].toFixed(1) + " s"),
         " " + label + " (" + Math.round((100 * r.seconds[key]) / total) + "%)")));
-    const busy = "model busy " + Math.round(100 * r.busy_fraction) + "% · " + int(r.shards_split) + " shards split";
+    const backups = r.backups ? " · " + int(r.backups) + " backups (" + int(r.backups_won || 0) + " won)" : "";
+    const busy = "model busy " + Math.round(100 * r.busy_fraction) + "% · " + int(r.shards_split) + " shards split" + backups;
     return el("div", { class: "report", "data-role": "report" },
       el("div", { class: "report-head" }, "Processor time by cause", el("span", { class: "muted" }, " · " + busy)),
       bar, legend);

@@ -104,10 +104,20 @@ pub struct EfficiencyReport {
     /// Attempts that ended without finishing, by kind: `error` (the
     /// processor or the data), `store`, `lost` (the worker's connection
     /// broke), `expired` (its lease timed out), `refused` (a commit was
-    /// refused: a stale token or past a split).
+    /// refused: a stale token or past a split), `backup` (the attempt
+    /// that lost a backup race).
     pub attempts_failed: BTreeMap<String, u64>,
     /// Batches counted in `redone`.
     pub redone_batches: u64,
+    /// Backup leases granted: an idle worker raced the holder that would
+    /// finish last for the uncommitted rest of its shard, at the tail.
+    #[serde(default)]
+    pub backups: u64,
+    /// Backups that committed first and finished the shard (the holder's
+    /// attempt was refused); the others count in `attempts_failed` as
+    /// `backup`, with whichever attempt lost.
+    #[serde(default)]
+    pub backups_won: u64,
     pub devices: Vec<DeviceReport>,
     /// The job's metrics: what its Python processor's metric reducers
     /// (`context.wrap_reducer`) reduced to over every committed batch,
@@ -252,6 +262,8 @@ impl EfficiencyReport {
             shards_split: self.shards_split,
             attempts_failed,
             redone_batches: before.redone_batches + self.redone_batches,
+            backups: before.backups + self.backups,
+            backups_won: before.backups_won + self.backups_won,
             devices,
             // Reduced once: by this coordinator, or by one before it.
             metrics: if self.metrics.is_empty() {

@@ -425,6 +425,13 @@ pub struct ShardingSpec {
     /// not hold the job up. Needs fixed-size batches and known shard sizes.
     #[serde(default = "default_split", skip_serializing_if = "is_true")]
     pub split: bool,
+    /// Backup leases (MapReduce's backup tasks): when nothing is left to
+    /// lease or split and a worker is idle, it races the holder that would
+    /// finish last for the uncommitted rest of its shard; the first commit
+    /// wins. Off for jobs whose records must not be processed twice at
+    /// once (an expensive or side-effecting processor).
+    #[serde(default = "default_split", skip_serializing_if = "is_true")]
+    pub backup: bool,
 }
 
 impl Default for ShardingSpec {
@@ -433,6 +440,7 @@ impl Default for ShardingSpec {
             records: default_shard_records(),
             bytes: default_shard_bytes(),
             split: default_split(),
+            backup: default_split(),
         }
     }
 }

@@ -65,8 +65,9 @@ class Client:
         ``busy_fraction``, ``processor_s``, ``seconds`` (processor seconds
         by cause: ``startup``, ``model``, ``input_wait``, ``checkpoint``,
         ``redone``, ``crashed``, ``paused``, ``tail_idle``, ``other``; they
-        add up to ``processor_s``), ``shards_split``, ``attempts_failed``,
-        ``redone_batches``, ``devices`` (per worker) and ``metrics`` (the
+        add up to ``processor_s``), ``shards_split``, ``backups``,
+        ``backups_won``, ``attempts_failed``, ``redone_batches``,
+        ``devices`` (per worker) and ``metrics`` (the
         processor's metric reducers' results, once the job reduced
         them)."""
         return json.loads(self._native.report(job))

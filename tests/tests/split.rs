@@ -160,6 +160,45 @@ fn a_slowed_workers_last_shard_is_split_and_finished_by_the_others() {
     assert_eq!(r.records, 3000);
 }
 
+/// A holder stopped outright (SIGSTOP) in its shard's last batches, too
+/// few to split: an idle worker races it for them (a backup lease), and
+/// the job ends while the holder is still stopped, long before its lease
+/// could expire. Let go, the holder hears its lease is gone; every record
+/// once.
+#[test]
+fn a_stopped_holders_last_batches_go_to_a_backup_and_the_job_ends_without_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    // A lease timeout far past the test's deadline: the job cannot end by
+    // the stopped worker's lease expiring.
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "900s"]);
+    let job_id = coordinator.submit(&spec_file(tmp.path(), two_long_shards("")));
+    let (mut slow, mut fast, until) =
+        split_a_stopped_workers_shard(&coordinator, &root, tmp.path(), &job_id);
+    coordinator.wait_success(&job_id);
+    // The holder is still stopped: the idle workers split its shard down
+    // to the floor, and a backup finished what that left it.
+    let holder = progress(&root, &job_id, "s00000").expect("progress");
+    assert!(holder.done);
+    let end = holder.shard.and_then(|s| s.until_record());
+    assert!(end.is_some_and(|e| e <= until), "{end:?} past {until}");
+    let r = report(&coordinator, &job_id);
+    assert!(r.backups >= 1 && r.backups_won >= 1, "{r:?}");
+    let m = manifest(&root, &job_id);
+    assert_matches_reference(&committed_rows(&m));
+    signal(slow.pid(), libc::SIGCONT);
+    for w in fast.iter_mut().chain(std::iter::once(&mut slow)) {
+        assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
+    }
+    let log = slow.log_text();
+    assert!(log.contains("lease revoked"), "{log}");
+    // Nothing the holder did once it ran again changed what counts.
+    assert_eq!(manifest(&root, &job_id).outputs, m.outputs);
+    let text_report = coordinator.cli(&["report", &job_id]);
+    let text_report = text(&text_report.stdout);
+    assert!(text_report.contains("backups: "), "{text_report}");
+}
+
 #[test]
 fn chaos_with_splitting_kill_sigterm_and_coordinator_restarts_lose_nothing() {
     let tmp = tempfile::tempdir().expect("tempdir");

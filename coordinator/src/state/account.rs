@@ -66,6 +66,9 @@ pub(super) enum Lost {
     Refused,
     /// The worker died with a batch in progress (see `crash.rs`).
     Crashed,
+    /// The attempt lost a backup race (`backup.rs`): the other attempt
+    /// committed the records first, or the backup ended before it did.
+    Backup,
 }
 
 impl Lost {
@@ -77,6 +80,7 @@ impl Lost {
             Lost::Expired => "expired",
             Lost::Refused => "refused",
             Lost::Crashed => "crashed",
+            Lost::Backup => "backup",
         }
     }
 }
@@ -132,6 +136,9 @@ pub(super) struct Account {
     tail_idle: Duration,
     processor: Duration,
     failed: BTreeMap<&'static str, u64>,
+    /// Backup leases granted, and those that won their race.
+    pub backups: u64,
+    pub backups_won: u64,
     workers: HashMap<String, WorkerShare>,
     /// Where the job's `report.json` stands.
     pub report_file: ReportFile,
@@ -165,6 +172,8 @@ impl Account {
             tail_idle: Duration::ZERO,
             processor: Duration::ZERO,
             failed: BTreeMap::new(),
+            backups: 0,
+            backups_won: 0,
             workers: HashMap::new(),
             report_file: ReportFile::Unwritten,
             before: None,
@@ -343,6 +352,8 @@ impl Account {
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
             redone_batches: self.redone_batches,
+            backups: self.backups,
+            backups_won: self.backups_won,
             devices,
             metrics: self.metrics.clone(),
             llm: self.llm.as_ref().map(|l| {
@@ -416,9 +427,7 @@ impl State {
         for w in work {
             if let Some(job) = self.jobs.get_mut(&w.lease.job_id)
                 && let Some(&idx) = job.shard_index.get(&w.lease.shard_id)
-                && let Some(lease) = job.shards[idx].lease_mut()
-                && lease.token == w.lease.token
-                && lease.session_id == session_id
+                && let Some(lease) = job.shards[idx].attempt_mut(session_id, w.lease.token)
             {
                 lease.work = Work {
                     batches: w.batches,

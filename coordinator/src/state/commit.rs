@@ -229,10 +229,8 @@ impl State {
             self.effects.push(Effect::Sweep(attempt));
             return Err(error);
         }
-        let lease_ok = shard
-            .lease()
-            .is_some_and(|l| l.token == key.token && l.session_id == commit.session_id);
-        if !lease_ok {
+        let role = shard.role(&commit.session_id, key.token);
+        let Some(role) = role else {
             return Err(CoordinatorError::StaleToken {
                 job_id: key.job_id.clone(),
                 shard_id: key.shard_id.clone(),
@@ -241,7 +239,7 @@ impl State {
                     .lease()
                     .map_or("no active lease".to_string(), |l| l.token.to_string()),
             });
-        }
+        };
         if shard.writing() {
             return Err(CoordinatorError::CommitInFlight {
                 job_id: key.job_id.clone(),
@@ -272,6 +270,16 @@ impl State {
         }
         let staged = std::mem::take(&mut commit.outputs);
         let (outputs, copies) = job.committed_outputs(key, staged)?;
+        let racing = job.shards[idx].backup.is_some();
+        let key = &commit.key;
+        let job_id = key.job_id.clone();
+        if racing {
+            // The first commit of either attempt wins the shard.
+            self.settle_race(&job_id, idx, role, arrived);
+        }
+        let job = self.job(&job_id)?;
+        let shard = &job.shards[idx];
+        let plan_shard = &job.plan.shards[idx];
         let mut progress = (*shard.progress).clone();
         progress.token = key.token;
         progress.next_batch = commit.next_batch;
@@ -319,6 +327,9 @@ impl State {
     fn requeue_past_split(&mut self, commit: &Commit, idx: usize, now: Instant) {
         self.settle_session(&commit.session_id, now);
         let key = &commit.key;
+        if self.backup_went(&commit.session_id, &key.job_id, idx) {
+            return;
+        }
         if let Some(session) = self.sessions.get_mut(&commit.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
         }
@@ -328,6 +339,12 @@ impl State {
         if let Some(lease) = job.take_lease(idx) {
             job.account.lost(lease.work, Lost::Refused);
         }
+        if self.backup_stands_in(&key.job_id, idx) {
+            return;
+        }
+        let Some(job) = self.jobs.get_mut(&key.job_id) else {
+            return;
+        };
         warn!(job = %key.job_id, shard = %key.shard_id, token = key.token, "commit past the split end refused; shard requeued");
         if job.life.running() {
             job.pending.push_front(idx);

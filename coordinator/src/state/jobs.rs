@@ -375,7 +375,8 @@ impl State {
         };
         let mut draining: HashMap<String, Vec<LeaseKey>> = HashMap::new();
         for (i, shard) in job.shards.iter().enumerate() {
-            if let Some(lease) = shard.lease() {
+            // A backup drains too: if it commits first, it wins the race.
+            for lease in shard.lease().into_iter().chain(shard.backup.as_ref()) {
                 draining
                     .entry(lease.session_id.clone())
                     .or_default()
@@ -433,7 +434,8 @@ impl State {
         let mut revoked: HashMap<String, Vec<LeaseKey>> = HashMap::new();
         job.leased = 0;
         for (i, shard) in job.shards.iter_mut().enumerate() {
-            if let Some(lease) = shard.slot.take_lease() {
+            let backup = shard.backup.take();
+            for lease in shard.slot.take_lease().into_iter().chain(backup) {
                 revoked.entry(lease.session_id).or_default().push(LeaseKey {
                     job_id: job_id.to_string(),
                     shard_id: job.plan.shards[i].id.clone(),

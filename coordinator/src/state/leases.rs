@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::account::Lost;
+use super::backup::Role;
 use super::crash::Death;
 use super::repeats::Repeat;
 use super::{
@@ -42,9 +43,14 @@ impl State {
                 self.waiting.push_back(session_id.to_string());
             }
             // Nothing pending: split a leased shard's remainder for this
-            // worker (it is woken once the split is stored).
-            if any_unfinished {
-                self.try_split(session_id, now);
+            // worker (it is woken once the split is stored), or, when no
+            // shard is long enough to split, race a slow holder for the
+            // remainder of its shard (`backup.rs`).
+            if any_unfinished
+                && !self.try_split(session_id, now)
+                && let Some(lease) = self.try_backup(session_id, now)?
+            {
+                return Ok(AcquireOutcome::Lease(Box::new(lease)));
             }
             if let Some(session) = self.sessions.get_mut(session_id) {
                 session.waiting_since.get_or_insert(now);
@@ -69,10 +75,28 @@ impl State {
             progress.attempts
         };
         job.put_lease(idx, ActiveLease::new(session_id, token, deadline, now));
+        let lease = self.lease_message(&job_id, idx, session_id, token, attempt, now)?;
+        info!(job = %job_id, shard = %lease.shard.id, token, worker = %worker_id, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, isolate = ?lease.isolate, "lease granted");
+        Ok(AcquireOutcome::Lease(Box::new(lease)))
+    }
+
+    /// The lease a worker is told of, for shard `idx` of `job_id` just
+    /// given to `session_id` with `token` (as its holder or its backup),
+    /// and the session's bookkeeping of it.
+    pub(super) fn lease_message(
+        &mut self,
+        job_id: &str,
+        idx: usize,
+        session_id: &str,
+        token: u64,
+        attempt: u32,
+        now: Instant,
+    ) -> Result<Lease> {
+        let job = self.job(job_id)?;
         let shard = &job.shards[idx];
         let plan_shard = job.plan.shards[idx].clone();
         let mut lease = Lease {
-            job_id: job_id.clone(),
+            job_id: job_id.to_string(),
             token,
             attempt,
             spec: Arc::clone(&job.spec),
@@ -88,8 +112,8 @@ impl State {
         };
         if let Some(session) = self.sessions.get_mut(session_id) {
             // The job's terms go with the session's first lease of it only.
-            lease.carries_terms = session.terms_sent.insert(job_id.clone());
-            session.leases.insert((job_id.clone(), idx));
+            lease.carries_terms = session.terms_sent.insert(job_id.to_string());
+            session.leases.insert((job_id.to_string(), idx));
             if let Some(since) = session.waiting_since.take() {
                 self.histograms
                     .lease_wait
@@ -97,10 +121,9 @@ impl State {
             }
         }
         self.waiting.retain(|s| s != session_id);
-        self.charge(&job_id);
-        info!(job = %job_id, shard = %lease.shard.id, token, worker = %worker_id, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, isolate = ?lease.isolate, "lease granted");
+        self.charge(job_id);
         self.counters.leases_granted += 1;
-        Ok(AcquireOutcome::Lease(Box::new(lease)))
+        Ok(lease)
     }
 
     /// A lease given back. Without an error the shard simply goes back to
@@ -122,10 +145,16 @@ impl State {
             return Ok(());
         }
         let idx = job.shard(&key.shard_id)?;
-        let holds = job.shards[idx]
-            .lease()
-            .is_some_and(|l| l.token == key.token && l.session_id == release.session_id);
-        if !holds {
+        let role = job.shards[idx].role(&release.session_id, key.token);
+        if role == Some(Role::Backup) {
+            // A backup given back (drained, or its attempt failed: the
+            // holder runs the same records and is judged on them).
+            self.backup_went(&release.session_id, &key.job_id, idx);
+            info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %self.worker_of(&release.session_id), "backup lease released; the holder goes on");
+            self.reply(Some(req), Answer::Done(Ok(())));
+            return Ok(());
+        }
+        if role.is_none() {
             // Stale or repeated: nothing to do (releases are idempotent).
             self.reply(Some(req), Answer::Done(Ok(())));
             return Ok(());
@@ -139,10 +168,14 @@ impl State {
             self.reply(Some(req), Answer::Done(Ok(())));
             return Ok(());
         }
+        if release.crashed || release.error.is_some() {
+            // The holder's batch is judged as if it ran alone.
+            self.drop_backup(&key.job_id, idx, now);
+        }
         if release.crashed {
             return self.crash_released(req, &release, idx, now);
         }
-        let mut progress = (*job.shards[idx].progress).clone();
+        let mut progress = (*self.job(&key.job_id)?.shards[idx].progress).clone();
         let worker = self.worker_of(&release.session_id);
         let Some(error) = release.error.clone() else {
             if let Some(session) = self.sessions.get_mut(&release.session_id) {
@@ -150,9 +183,12 @@ impl State {
             }
             let job = self.job_mut(&key.job_id)?;
             job.take_lease(idx);
-            if job.life.running() {
-                job.pending.push_front(idx);
-                self.wake(1);
+            if !self.backup_stands_in(&key.job_id, idx) {
+                let job = self.job_mut(&key.job_id)?;
+                if job.life.running() {
+                    job.pending.push_front(idx);
+                    self.wake(1);
+                }
             }
             info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %worker, "lease released");
             self.counters.leases_released += 1;
@@ -305,7 +341,10 @@ impl State {
                     continue;
                 };
                 let shard = &job.shards[*idx];
-                if !shard.writing() && shard.lease().is_some_and(|l| l.deadline <= now) {
+                let lapsed = |l: &ActiveLease| l.session_id == *session_id && l.deadline <= now;
+                if shard.backup.as_ref().is_some_and(lapsed)
+                    || (!shard.writing() && shard.lease().is_some_and(lapsed))
+                {
                     expired.push((session_id.clone(), job_id.clone(), *idx));
                 }
             }
@@ -314,6 +353,11 @@ impl State {
         for (session_id, job_id, idx) in expired {
             self.settle_session(&session_id, now);
             let worker = self.worker_of(&session_id);
+            if self.backup_went(&session_id, &job_id, idx) {
+                self.counters.leases_expired += 1;
+                warn!(job = %job_id, shard = %self.shard_name(&job_id, idx), worker = %worker, "backup lease expired; the holder goes on");
+                continue;
+            }
             if let Some(session) = self.sessions.get_mut(&session_id) {
                 session.leases.remove(&(job_id.clone(), idx));
             }
@@ -321,6 +365,13 @@ impl State {
                 continue;
             };
             self.counters.leases_expired += 1;
+            if self.backup_stands_in(&job_id, idx) {
+                if let Some(job) = self.jobs.get_mut(&job_id) {
+                    job.account.lost(lease.work, Lost::Expired);
+                }
+                warn!(job = %job_id, shard = %self.shard_name(&job_id, idx), token = lease.token, worker = %worker, "lease expired; its backup holds the shard");
+                continue;
+            }
             // A batch in progress: a crash, requeued once it is stored.
             if self.lease_lost(&job_id, idx, &lease, &worker, Death::LeaseExpired, now) {
                 warn!(job = %job_id, shard = %self.shard_name(&job_id, idx), token = lease.token, worker = %worker, "lease expired; shard requeued once its crash is stored (a batch was in progress)");

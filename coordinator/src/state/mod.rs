@@ -50,6 +50,7 @@
 //! - `view.rs`: what clients, the status page and `/metrics` read.
 
 mod account;
+mod backup;
 mod commit;
 mod crash;
 mod effects;
@@ -142,6 +143,10 @@ struct ShardState {
     progress: Arc<ProgressRecord>,
     /// Who has it now.
     slot: ShardSlot,
+    /// A second attempt racing the holder for the shard's uncommitted
+    /// remainder, at a job's tail (`backup.rs`): the first of the two to
+    /// commit keeps the shard.
+    backup: Option<ActiveLease>,
 }
 
 impl ShardState {
@@ -149,6 +154,7 @@ impl ShardState {
         Self {
             progress: Arc::new(progress),
             slot: ShardSlot::default(),
+            backup: None,
         }
     }
 

@@ -345,7 +345,8 @@ impl State {
                     continue;
                 };
                 let shard = &job.shards[*idx];
-                let Some(lease) = shard.lease() else {
+                // A backup is not preempted: it ends with its race.
+                let Some(lease) = shard.lease().filter(|l| l.session_id == *session_id) else {
                     continue;
                 };
                 if lease.preempted {
@@ -461,7 +462,7 @@ impl State {
                         continue;
                     };
                     let shard = &job.shards[*idx];
-                    let Some(lease) = shard.lease() else {
+                    let Some(lease) = shard.lease().filter(|l| l.session_id == *session_id) else {
                         continue;
                     };
                     if lease.preempted {

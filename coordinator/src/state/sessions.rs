@@ -116,6 +116,15 @@ impl State {
         let mut requeued = 0;
         let mut lost_work: Vec<String> = Vec::new();
         for (job_id, idx) in session.leases {
+            // A backup simply ends: the holder goes on.
+            if let Some(job) = self.jobs.get_mut(&job_id)
+                && job.shards[idx].backs_up(session_id)
+            {
+                if let Some(backup) = job.take_backup(idx) {
+                    job.account.lost(backup.work, Lost::Backup);
+                }
+                continue;
+            }
             if let Some(job) = self.jobs.get_mut(&job_id) {
                 let shard = &job.shards[idx];
                 if shard.writing() {
@@ -127,6 +136,15 @@ impl State {
                 let Some(lease) = held_here.then(|| job.take_lease(idx)).flatten() else {
                     continue;
                 };
+                // A backup stands in: the records are not judged by a
+                // death that the backup may well live through.
+                if self.backup_stands_in(&job_id, idx) {
+                    if let Some(job) = self.jobs.get_mut(&job_id) {
+                        job.account.lost(lease.work, Lost::Disconnected);
+                    }
+                    lost_work.push(job_id.clone());
+                    continue;
+                }
                 // A batch in progress: a crash, requeued once it is stored.
                 if self.lease_lost(
                     &job_id,
@@ -170,9 +188,7 @@ impl State {
         for key in leases {
             if let Some(job) = self.jobs.get_mut(&key.job_id)
                 && let Some(&idx) = job.shard_index.get(&key.shard_id)
-                && let Some(lease) = job.shards[idx].lease_mut()
-                && lease.token == key.token
-                && lease.session_id == session_id
+                && let Some(lease) = job.shards[idx].attempt_mut(session_id, key.token)
                 // An expired lease stays expired, even before the next tick.
                 && lease.deadline > now
             {
@@ -201,12 +217,9 @@ impl State {
                 continue;
             };
             let position = job.plan.shards[idx].from_record() + job.shards[idx].progress.records;
-            let Some(lease) = job.shards[idx].lease_mut() else {
+            let Some(lease) = job.shards[idx].attempt_mut(session_id, w.lease.token) else {
                 continue;
             };
-            if lease.token != w.lease.token || lease.session_id != session_id {
-                continue;
-            }
             match &w.current {
                 // A batch a commit already covers is not in progress.
                 Some(span) if span.until() > position || span.records == 0 => {

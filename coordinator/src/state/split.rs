@@ -257,7 +257,7 @@ impl Job {
     }
 
     /// The records shard `idx` has left past its committed ones.
-    fn records_left(&self, idx: usize) -> Option<u64> {
+    pub(super) fn records_left(&self, idx: usize) -> Option<u64> {
         let (from, until) = self.range_of(idx)?;
         Some(until.saturating_sub(from + self.shards[idx].progress.records))
     }
@@ -266,8 +266,10 @@ impl Job {
     fn split_point_of(&self, idx: usize, share: Share) -> Option<SplitPoint> {
         let state = &self.shards[idx];
         // A shard that isolates a crash is not split: one attempt at a time
-        // narrows its suspect down.
+        // narrows its suspect down. Nor is one raced by a backup: both
+        // attempts run its remainder.
         if state.lease().is_none()
+            || state.backup.is_some()
             || state.writing()
             || state.progress.done
             || state.progress.suspect.is_some()
@@ -533,6 +535,7 @@ impl State {
             slot: ShardSlot::Free {
                 reserved: Some((asker.clone(), now + self.config.wait_retry)),
             },
+            backup: None,
         });
         job.shard_index.insert(child.shard_id.clone(), child_idx);
         job.set_progress(idx, holder);

@@ -198,7 +198,9 @@ impl State {
                     .iter()
                     .filter_map(|(job_id, idx)| {
                         let job = self.jobs.get(job_id)?;
-                        let token = job.shards.get(*idx)?.lease()?.token;
+                        let shard = job.shards.get(*idx)?;
+                        let lease = shard.lease().filter(|l| l.session_id == *session_id);
+                        let token = lease.or(shard.backup.as_ref())?.token;
                         Some((job_id.clone(), job.plan.shards.get(*idx)?.id.clone(), token))
                     })
                     .collect();
@@ -235,11 +237,15 @@ impl State {
         self.sample_rates(now);
         // (leased, of those with failed attempts behind them) per job.
         let mut leased: HashMap<&str, (u64, u64)> = HashMap::new();
-        for session in self.sessions.values() {
+        for (session_id, session) in &self.sessions {
             for (job_id, idx) in &session.leases {
                 let Some(job) = self.jobs.get(job_id) else {
                     continue;
                 };
+                // A shard raced by a backup is leased once.
+                if job.shards.get(*idx).is_some_and(|s| s.backs_up(session_id)) {
+                    continue;
+                }
                 let entry = leased.entry(job_id.as_str()).or_default();
                 entry.0 += 1;
                 if job

@@ -3,6 +3,7 @@
 //! paused tokio clock. Lease expiry is reached with `tokio::time::advance`,
 //! never by sleeping.
 
+mod backup;
 mod commits;
 mod crashes;
 mod jobs;
