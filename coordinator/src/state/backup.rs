@@ -139,65 +139,57 @@ impl State {
         }
         let may_lease = self.jobs_that_may_lease_more();
         let mut best: Option<Candidate> = None;
-        for (holder_id, holder) in &self.sessions {
-            if holder_id == session_id {
+        for (holder_id, holder, job_id, idx, job) in self.others_leases(session_id) {
+            if !job.backups_allowed() || !may_lease.contains(job_id) {
                 continue;
             }
-            for (job_id, idx) in &holder.leases {
-                let Some(job) = self.jobs.get(job_id) else {
-                    continue;
-                };
-                if !job.backups_allowed() || !may_lease.contains(job_id.as_str()) {
-                    continue;
-                }
-                let shard = &job.shards[*idx];
-                let holds = shard.lease().is_some_and(|l| l.session_id == *holder_id);
-                if !holds
-                    || shard.backup.is_some()
-                    || shard.writing()
-                    || shard.progress.done
-                    || shard.progress.suspect.is_some()
-                {
-                    continue;
-                }
-                let Some(left) = job.records_left(*idx).filter(|&n| n > 0) else {
-                    continue;
-                };
-                // Both paces measured: a holder with none yet is new to
-                // the job (a probe judges it), and an asker with none
-                // goes by the fleet's median.
-                let Some(holder_pace) = holder.pace(job_id, now) else {
-                    continue;
-                };
-                let Some(asker_pace) = asker
-                    .pace(job_id, now)
-                    .or_else(|| self.median_pace(job_id, now))
-                    .filter(|p| *p > 0.0)
-                else {
-                    continue;
-                };
-                let holder_ends_in = if holder_pace > 0.0 {
-                    left as f64 / holder_pace
-                } else {
-                    f64::INFINITY
-                };
-                let backup_ends_in = left as f64 / asker_pace;
-                if !backup_pays(holder_ends_in, backup_ends_in) {
-                    continue;
-                }
-                let later = best.as_ref().is_none_or(|b| {
-                    holder_ends_in.total_cmp(&b.holder_ends_in).is_gt()
-                        || (holder_ends_in == b.holder_ends_in
-                            && (job_id.as_str(), *idx) < (b.job_id.as_str(), b.idx))
+            let shard = &job.shards[idx];
+            let holds = shard.lease().is_some_and(|l| l.session_id == holder_id);
+            if !holds
+                || shard.backup.is_some()
+                || shard.writing()
+                || shard.progress.done
+                || shard.progress.suspect.is_some()
+            {
+                continue;
+            }
+            let Some(left) = job.records_left(idx).filter(|&n| n > 0) else {
+                continue;
+            };
+            // Both paces measured: a holder with none yet is new to the
+            // job (a probe judges it), and an asker with none goes by the
+            // fleet's median.
+            let Some(holder_pace) = holder.pace(job_id, now) else {
+                continue;
+            };
+            let Some(asker_pace) = asker
+                .pace(job_id, now)
+                .or_else(|| self.median_pace(job_id, now))
+                .filter(|p| *p > 0.0)
+            else {
+                continue;
+            };
+            let holder_ends_in = if holder_pace > 0.0 {
+                left as f64 / holder_pace
+            } else {
+                f64::INFINITY
+            };
+            let backup_ends_in = left as f64 / asker_pace;
+            if !backup_pays(holder_ends_in, backup_ends_in) {
+                continue;
+            }
+            let later = best.as_ref().is_none_or(|b| {
+                holder_ends_in.total_cmp(&b.holder_ends_in).is_gt()
+                    || (holder_ends_in == b.holder_ends_in
+                        && (job_id, idx) < (b.job_id.as_str(), b.idx))
+            });
+            if later {
+                best = Some(Candidate {
+                    job_id: job_id.to_string(),
+                    idx,
+                    holder_ends_in,
+                    backup_ends_in,
                 });
-                if later {
-                    best = Some(Candidate {
-                        job_id: job_id.clone(),
-                        idx: *idx,
-                        holder_ends_in,
-                        backup_ends_in,
-                    });
-                }
             }
         }
         let Some(Candidate {

@@ -340,6 +340,24 @@ fn ends_in(left: u64, pace: Option<f64>) -> f64 {
 }
 
 impl State {
+    /// Every lease held by a session other than `asker`: (its holder's
+    /// session id, the holder, the job's id, the shard's index, the job).
+    /// What a split or a backup for `asker` is chosen from.
+    pub(super) fn others_leases<'a>(
+        &'a self,
+        asker: &'a str,
+    ) -> impl Iterator<Item = (&'a str, &'a Session, &'a str, usize, &'a Job)> + 'a {
+        self.sessions
+            .iter()
+            .filter(move |(id, _)| id.as_str() != asker)
+            .flat_map(move |(id, holder)| {
+                holder.leases.iter().filter_map(move |(job_id, idx)| {
+                    let job = self.jobs.get(job_id)?;
+                    Some((id.as_str(), holder, job_id.as_str(), *idx, job))
+                })
+            })
+    }
+
     /// Nothing is pending for `session_id`: splits a leased shard (of any
     /// running job) for it: the one that would end last, at its holder's
     /// pace. A slow holder that took a split earlier is so split again
@@ -363,55 +381,46 @@ impl State {
         type JobPaces = (Option<f64>, Option<f64>, Option<f64>);
         let mut paces: HashMap<&str, JobPaces> = HashMap::new();
         let mut best: Option<Candidate> = None;
-        for (holder_id, holder) in &self.sessions {
-            if holder_id == session_id {
+        for (_, holder, job_id, idx, job) in self.others_leases(session_id) {
+            if !job.splittable() || !may_lease.contains(job_id) {
                 continue;
             }
-            for (job_id, idx) in &holder.leases {
-                let Some(job) = self.jobs.get(job_id) else {
-                    continue;
-                };
-                if !job.splittable() || !may_lease.contains(job_id.as_str()) {
-                    continue;
-                }
-                let (asker_pace, median, start) =
-                    *paces.entry(job_id.as_str()).or_insert_with(|| {
-                        (
-                            asker.pace(job_id, now),
-                            self.median_pace(job_id, now),
-                            self.median_first_commit(job_id).map(|d| d.as_secs_f64()),
-                        )
-                    });
-                let Some(left) = job.records_left(*idx) else {
-                    continue;
-                };
-                let holder_pace = holder.pace(job_id, now);
-                let share = Share::of(asker_pace, holder_pace).after(busy, holder_pace, left);
-                let Some(point) = job.split_point_of(*idx, share) else {
-                    continue;
-                };
-                // One probe at a time, and not near a shard's end, in
-                // records or in the time a new worker's start takes.
-                let lead = PROBE_LEAD as f64;
-                let in_time = match (holder_pace.or(median), start) {
-                    (Some(pace), Some(start)) => ends_in(left, Some(pace)) >= lead * start,
-                    _ => true,
-                };
-                let probe_ok =
-                    busy == 0.0 && left >= PROBE_LEAD.saturating_mul(point.records) && in_time;
-                if share == Share::Probe && !probe_ok {
-                    continue;
-                }
-                let candidate = Candidate {
-                    job_id: job_id.as_str(),
-                    idx: *idx,
-                    point,
-                    share,
-                    ends_in: ends_in(left, holder_pace.or(median)),
-                };
-                if best.as_ref().is_none_or(|b| candidate.before(b)) {
-                    best = Some(candidate);
-                }
+            let (asker_pace, median, start) = *paces.entry(job_id).or_insert_with(|| {
+                (
+                    asker.pace(job_id, now),
+                    self.median_pace(job_id, now),
+                    self.median_first_commit(job_id).map(|d| d.as_secs_f64()),
+                )
+            });
+            let Some(left) = job.records_left(idx) else {
+                continue;
+            };
+            let holder_pace = holder.pace(job_id, now);
+            let share = Share::of(asker_pace, holder_pace).after(busy, holder_pace, left);
+            let Some(point) = job.split_point_of(idx, share) else {
+                continue;
+            };
+            // One probe at a time, and not near a shard's end, in
+            // records or in the time a new worker's start takes.
+            let lead = PROBE_LEAD as f64;
+            let in_time = match (holder_pace.or(median), start) {
+                (Some(pace), Some(start)) => ends_in(left, Some(pace)) >= lead * start,
+                _ => true,
+            };
+            let probe_ok =
+                busy == 0.0 && left >= PROBE_LEAD.saturating_mul(point.records) && in_time;
+            if share == Share::Probe && !probe_ok {
+                continue;
+            }
+            let candidate = Candidate {
+                job_id,
+                idx,
+                point,
+                share,
+                ends_in: ends_in(left, holder_pace.or(median)),
+            };
+            if best.as_ref().is_none_or(|b| candidate.before(b)) {
+                best = Some(candidate);
             }
         }
         let Some(Candidate {

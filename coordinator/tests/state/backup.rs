@@ -24,12 +24,7 @@ async fn submit_tail(state: &mut Inline, stores: &Stores, backup: bool) {
 }
 
 async fn submit_records(state: &mut Inline, stores: &Stores, count: u64, backup: bool) {
-    let spec = tail_spec(count, backup);
-    let plan = plan_dataset(&spec, stores).await.expect("plan");
-    state
-        .create_job("j".to_string(), spec, plan)
-        .await
-        .expect("create job");
+    submit_spec(state, stores, "j", tail_spec(count, backup)).await;
 }
 
 /// Commits batches `from..next` of `lease` as `session`.
@@ -116,11 +111,7 @@ fn report(state: &mut Inline) -> stoke_core::report::EfficiencyReport {
 /// by the attempt `winner`.
 async fn exactly_once(state: &mut Inline, stores: &Stores, winner: &Lease) {
     state.tick().await;
-    let manifest: Manifest = stores
-        .get_json(&job_layout("j").manifest())
-        .await
-        .expect("read manifest")
-        .expect("manifest written");
+    let manifest = stored_manifest(stores, "j").await;
     assert_eq!(manifest.records_in, 16);
     let mut per_shard = std::collections::BTreeMap::<&str, u64>::new();
     for o in &manifest.outputs {

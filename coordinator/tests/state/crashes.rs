@@ -21,12 +21,7 @@ fn crash_spec(policy: &str, threshold: u32) -> JobSpec {
 }
 
 async fn submit_crash_job(state: &mut Inline, stores: &Stores, policy: &str, threshold: u32) {
-    let spec = crash_spec(policy, threshold);
-    let plan = plan_dataset(&spec, stores).await.expect("plan");
-    state
-        .create_job("j".to_string(), spec, plan)
-        .await
-        .expect("create job");
+    submit_spec(state, stores, "j", crash_spec(policy, threshold)).await;
 }
 
 /// The worker of `session` reports starting batch `batch`, records
@@ -221,11 +216,7 @@ async fn a_poison_record_is_bisected_down_and_skipped_and_the_rest_is_committed_
     assert_eq!(info.state, JobState::Succeeded, "{:?}", info.reason);
     assert_eq!((info.records_done, info.records_skipped), (16, 1));
     // Every record but the culprit is in the committed outputs, once.
-    let manifest: Manifest = stores
-        .get_json(&job_layout("j").manifest())
-        .await
-        .expect("read manifest")
-        .expect("manifest");
+    let manifest = stored_manifest(&stores, "j").await;
     let records: u64 = manifest.outputs.iter().map(|o| o.object.records).sum();
     assert_eq!(records, 15);
 }

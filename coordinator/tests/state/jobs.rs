@@ -62,11 +62,7 @@ async fn completed_job_has_a_manifest_of_committed_outputs_only() {
     );
     assert_eq!(stored_status(&stores, "j").await.state, JobState::Succeeded);
 
-    let manifest: Manifest = stores
-        .get_json(&job_layout("j").manifest())
-        .await
-        .expect("read manifest")
-        .expect("manifest exists");
+    let manifest = stored_manifest(&stores, "j").await;
     let expected: Vec<ManifestEntry> = committed_objects
         .iter()
         .map(|(shard_id, o)| ManifestEntry::new(shard_id, o))

@@ -23,12 +23,7 @@ fn shards_spec(count: u64, shard: u64) -> JobSpec {
 }
 
 async fn submit_shards(state: &mut Inline, stores: &Stores, count: u64, shard: u64) {
-    let spec = shards_spec(count, shard);
-    let plan = plan_dataset(&spec, stores).await.expect("plan");
-    state
-        .create_job("j".to_string(), spec, plan)
-        .await
-        .expect("create job");
+    submit_spec(state, stores, "j", shards_spec(count, shard)).await;
 }
 
 async fn submit_one_shard(state: &mut Inline, stores: &Stores, count: u64) {
@@ -692,11 +687,7 @@ async fn every_record_is_committed_exactly_once_over_all_halves() {
         );
     }
     state.tick().await;
-    let manifest: Manifest = stores
-        .get_json(&job_layout("j").manifest())
-        .await
-        .expect("read manifest")
-        .expect("manifest written");
+    let manifest = stored_manifest(&stores, "j").await;
     assert_eq!(manifest.records_in, 200);
     assert_eq!(manifest.shards, 3);
     // The shards' ranges tile 0..200 with no gap and no overlap.

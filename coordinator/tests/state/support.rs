@@ -57,7 +57,16 @@ pub async fn recover(stores: &Stores) -> Inline {
 
 /// Submits a `range` job of `count` records (`count / 10` shards).
 pub async fn submit(state: &mut Inline, stores: &Stores, job_id: &str, count: u64) -> JobInfo {
-    let spec = spec(count);
+    submit_spec(state, stores, job_id, spec(count)).await
+}
+
+/// Plans `spec` and submits it as `job_id`.
+pub async fn submit_spec(
+    state: &mut Inline,
+    stores: &Stores,
+    job_id: &str,
+    spec: JobSpec,
+) -> JobInfo {
     let plan = plan_dataset(&spec, stores).await.expect("plan");
     state
         .create_job(job_id.to_string(), spec, plan)
@@ -171,6 +180,15 @@ pub fn release(session_id: &str, lease: &Lease, error: Option<&str>) -> Release 
 
 pub fn job_layout(job_id: &str) -> stoke_core::layout::JobLayout {
     RootLayout::new(root()).job(job_id)
+}
+
+/// The job's stored manifest (it must be written).
+pub async fn stored_manifest(stores: &Stores, job_id: &str) -> Manifest {
+    stores
+        .get_json(&job_layout(job_id).manifest())
+        .await
+        .expect("read manifest")
+        .expect("manifest written")
 }
 
 pub async fn stored_progress(stores: &Stores, job_id: &str, shard_id: &str) -> ProgressRecord {
