@@ -31,6 +31,9 @@ import sys
 from multiprocessing import util
 
 _SERVER_PID = os.getpid()
+# The worker that started the server, noted first thing (before torch is
+# imported): by the time a later module asks, it may be gone.
+PARENT_PID = os.getppid()
 _PR_SET_PDEATHSIG = 1
 
 

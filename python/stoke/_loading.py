@@ -4,16 +4,21 @@ reach ``process_batch`` as ``batch.samples``, in record order.
 
 The worker's prepare thread submits each batch here as soon as the
 reader has cut it, the whole batch to one load process (as a DataLoader
-worker loads a whole batch), with as many batches ahead of the model as
-there are load processes (at least two, as the Rust load stage);
-``process_batch`` waits for that batch's results. When ``load_fn``
+worker loads a whole batch), with 64 records' worth of batches ahead of
+the model per load process (at least a batch each, at least two), and on
+into the next shard while this one's last batches are processed and
+committed (one prepare thread for the job); ``process_batch`` waits for
+that batch's results. When ``load_fn``
 returns tensors of one shape and type, the load process stacks them into
 shared memory: that is ``batch.collated``, and ``batch.samples`` are
 views of it.
 The pool lives for the job on that worker. Its processes start from a
 fork server run by the venv's Python (never a fork of the worker, which
 is a multi-threaded process), and get ``load_fn`` by value
-(cloudpickle), once each.
+(cloudpickle), once each. The server imports ``load_fn``'s module before
+it forks any of them, so what that module imports (torchvision, say: a
+second of CPU) is imported once, not once per load process; a server
+started ahead of its job waits for the module's name (``say_word``).
 
 An exception in ``load_fn`` is that record's error (its traceback); a
 load process that dies breaks the pool: a new pool is started (once, for
@@ -28,7 +33,9 @@ Not a public module.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import multiprocessing
+import os
 import sys
 import threading
 import traceback
@@ -41,20 +48,37 @@ _FORK_SERVER = None
 _PRELOAD = ["stoke._fork_server", "torch", "cloudpickle"]
 
 
+def _context() -> Any:
+    global _FORK_SERVER
+    if _FORK_SERVER is None:
+        multiprocessing.set_executable(sys.executable)
+        _FORK_SERVER = multiprocessing.get_context("forkserver")
+    return _FORK_SERVER
+
+
 def fork_server(extra: list | None = None) -> Any:
     """The ``forkserver`` context for this process's load processes and
     DataLoader workers. The server runs the venv's Python (in a worker's
     embedded interpreter ``sys.executable`` is set to it) with torch
     imported, so each process forks from a clean, single-threaded process
     that has torch already (never from the worker, which is a
-    multi-threaded process). ``extra``: modules the server imports too,
-    when it is not running yet."""
-    global _FORK_SERVER
-    if _FORK_SERVER is None:
-        multiprocessing.set_executable(sys.executable)
-        _FORK_SERVER = multiprocessing.get_context("forkserver")
-    _FORK_SERVER.set_forkserver_preload(_PRELOAD + [m for m in extra or [] if m not in _PRELOAD])
-    return _FORK_SERVER
+    multi-threaded process). ``extra``: modules the server imports too:
+    in its preload when it is not running yet, else by the word a server
+    started ahead waits for (``say_word``)."""
+    wanted = [m for m in extra or [] if m not in _PRELOAD]
+    context = _context()
+    context.set_forkserver_preload(_PRELOAD + wanted)
+    # Before any process is asked of a server that waits for the word.
+    say_word(wanted)
+    return context
+
+
+# The folder where a fork server started ahead of its job waits for its
+# word (see start_fork_server); None once said, or when none waits.
+_WORD = None
+_WORD_LOCK = threading.Lock()
+# Imported last by a server started ahead: it waits for the word there.
+_WAIT_FOR_WORD = "stoke._fork_wait"
 
 
 def start_fork_server(extra: list | None = None) -> Any:
@@ -62,12 +86,49 @@ def start_fork_server(extra: list | None = None) -> Any:
     Python does not say). A worker started for a job with load processes
     (``stoke-worker --python-prewarm-loading``) calls it before its own
     ``import torch``, so the server's import runs beside the worker's
-    instead of after it."""
+    instead of after it. The job, and so ``load_fn``'s module, is not
+    known yet: once torch is imported the server waits, before it forks
+    anything, for the word of what else to import (``say_word``)."""
+    global _WORD
     from multiprocessing import forkserver
 
-    fork_server(extra)
-    forkserver.ensure_running()
+    from . import _fork_word
+
+    context = _context()
+    with _WORD_LOCK:
+        running = getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
+        folder = None if running else _fork_word.make_folder()
+        wait = [_WAIT_FOR_WORD, _fork_word.preload_entry(os.getpid())] if folder else []
+        context.set_forkserver_preload(_PRELOAD + [m for m in extra or [] if m not in _PRELOAD] + wait)
+        forkserver.ensure_running()
+        _WORD = folder
+        # A server started again (after one died) does not wait.
+        context.set_forkserver_preload(_PRELOAD)
     return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+def say_word(modules: list) -> None:
+    """Tells a fork server started ahead, if one waits, what to import
+    before it forks anything (``modules``, with this process's
+    ``sys.path``); it goes on serving once it has. Said once: later calls
+    do nothing, and a module not importable there is imported (and its
+    error raised) in each load process as before."""
+    global _WORD
+    with _WORD_LOCK:
+        folder, _WORD = _WORD, None
+    if folder is None:
+        return
+    from . import _fork_word
+
+    word = {"sys_path": list(sys.path), "modules": [m for m in modules if m and m != "__main__"]}
+    _fork_word.write(folder, json.dumps(word))
+
+
+def preload_module(module: str) -> None:
+    """A worker about to import the processor's ``module`` for a job with
+    load processes: a server started ahead imports it too, at the same
+    time (``load_fn`` is usually defined there, with what it imports)."""
+    say_word([module])
 
 
 def _init(data: bytes) -> None:
@@ -170,14 +231,17 @@ def load_fn_of(instance: Any) -> Any:
 
 class Pending:
     """One batch's records in flight: the whole batch on one load process
-    (``future``), and the pool it was submitted to (``executor``: when a
-    load process dies, only that pool is replaced, once, however many of
-    the batches in flight on it fail)."""
+    (``future``), the pool it was submitted to (``executor``: when a load
+    process dies, only that pool is replaced, once, however many of the
+    batches in flight on it fail), and the ``LoadPool`` that took it
+    (``owner``: a batch submitted ahead by a processor since replaced is
+    loaded again by the new one)."""
 
-    def __init__(self, items: list, future: Any = None, executor: Any = None) -> None:
+    def __init__(self, items: list, future: Any = None, executor: Any = None, owner: Any = None) -> None:
         self.items = items
         self.future = future
         self.executor = executor
+        self.owner = owner
 
 
 class LoadPool:
@@ -186,6 +250,9 @@ class LoadPool:
         self.workers = workers
         self._executor = None
         self._data = None
+        # Closed with its processor: a batch submitted later (the prepare
+        # thread may still hand one over) starts no processes.
+        self._closed = False
         # The prepare thread submits while the processor's thread waits
         # for results (and may replace a broken pool): one pool at a time.
         self._lock = threading.Lock()
@@ -193,14 +260,16 @@ class LoadPool:
     def start(self) -> None:
         """Starts the load processes now (the processor is being made),
         so they are ready when the first batch comes."""
-        if self.workers == 0:
+        pool = self._pool() if self.workers > 0 else None
+        if pool is None:
             return
-        pool = self._pool()
         for _ in range(self.workers):
             pool.submit(_ready)
 
-    def _pool(self) -> concurrent.futures.ProcessPoolExecutor:
+    def _pool(self) -> concurrent.futures.ProcessPoolExecutor | None:
         with self._lock:
+            if self._closed:
+                return None
             if self._executor is None:
                 import cloudpickle
 
@@ -222,20 +291,27 @@ class LoadPool:
         items = [{name: columns[name][i] for name in names} for i in range(n)]
         if paths is not None:
             items = [_LocalFile(item, path) for item, path in zip(items, paths)]
-        if self.workers == 0:
-            return Pending(items)
+        return self._submit_items(items)
+
+    def _submit_items(self, items: list) -> Pending:
+        executor = self._pool() if self.workers > 0 else None
+        if executor is None:
+            # No load processes (or closed): loaded when asked for.
+            return Pending(items, owner=self)
         # The whole batch on one load process, as a DataLoader worker
         # loads a whole batch: it comes back stacked in shared memory
         # (``batch.collated``), with nothing to stack again here. The
-        # batches queued ahead (one per process) keep every process busy.
-        executor = self._pool()
+        # batches queued ahead (see the worker's look-ahead) keep every
+        # process busy.
         try:
             future = executor.submit(_load_chunk, items)
         except BrokenProcessPool:
             self._replace(executor)
             executor = self._pool()
+            if executor is None:
+                return Pending(items, owner=self)
             future = executor.submit(_load_chunk, items)
-        return Pending(items, future, executor)
+        return Pending(items, future, executor, self)
 
     def _replace(self, broken: Any) -> None:
         """Drops ``broken`` (a pool a load process died in), unless it was
@@ -251,7 +327,10 @@ class LoadPool:
         error)`` per record, in order; and the samples stacked in shared
         memory by the load process when they are tensors of one shape and
         type (else ``None``)."""
-        if self.workers == 0:
+        if pending.owner is not self:
+            # Submitted ahead to the pool of a processor since replaced.
+            pending = self._submit_items(pending.items)
+        if pending.future is None:
             return _load_here(self.fn, pending.items), None
         try:
             result = pending.future.result()
@@ -268,6 +347,8 @@ class LoadPool:
 
     def _alone(self, item: Any) -> tuple:
         executor = self._pool()
+        if executor is None:
+            return _load_here(self.fn, [item])[0]
         try:
             return _unpack(executor.submit(_load_chunk, [item]).result())[0]
         except BrokenProcessPool:
@@ -276,6 +357,7 @@ class LoadPool:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)

@@ -529,6 +529,14 @@ def make_batch(columns: dict, ids: list, native_ptrs: dict, samples: list | None
     return Batch(columns, ids, native_ptrs, samples, collated)
 
 
+def preload_load_fn_module(module: str) -> None:
+    """The processor's module, about to be imported for a job with load
+    processes: a fork server started ahead imports it at the same time,
+    for them (see ``stoke._loading.say_word``)."""
+    if module not in (SHIPPED_MODULE, _LOCAL_MODULE):
+        _loading.preload_module(module)
+
+
 def open_load_pool(instance: Any, workers: int) -> Any:
     """The job's pool of load processes for the processor's ``load_fn``
     (``None`` when it defines none; see ``stoke._loading``)."""

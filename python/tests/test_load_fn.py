@@ -169,6 +169,83 @@ def test_the_fork_server_leaves_without_finalising_torch(tmp_path):
     assert not (tmp_path / f"torn-down-{server}").exists()
 
 
+WORD_PROBE = '''
+import os
+
+import torch
+
+# Each process that imports this module itself leaves a file.
+open(os.environ["PROBE_DIR"] + f"/imported-{os.getpid()}", "w").close()
+
+
+def load(item):
+    return torch.tensor([float(item["x"]), float(os.getpid())])
+'''
+
+WORD_RUN = '''
+import os
+import sys
+
+from stoke import _loading
+
+server = _loading.start_fork_server()
+# The job's python_path, known only after the server started.
+sys.path.insert(0, os.environ["PROBE_DIR"])
+if sys.argv[1] == "early":
+    # A worker says the processor's module before it imports it itself.
+    _loading.preload_module("word_probe")
+import word_probe
+
+pool = _loading.LoadPool(word_probe.load, 2)
+pool.start()
+try:
+    results, _ = pool.results(pool.submit({"x": [1, 2, 3]}, 3))
+finally:
+    pool.close()
+print(server, " ".join(str(int(v[1])) for ok, v in results if ok), flush=True)
+'''
+
+
+@pytest.mark.parametrize("when", ["early", "at-pool-start"])
+def test_a_fork_server_started_ahead_imports_load_fns_module_once(tmp_path, when):
+    """A fork server started before the job is known (a worker's
+    ``--python-prewarm-loading``) waits, before it forks any load process,
+    for the worker's word: ``load_fn``'s module, and the ``sys.path`` to
+    import it from. It imports the module then, so the load processes
+    have it (and what it imports) without importing it each."""
+    import subprocess
+
+    (tmp_path / "word_probe.py").write_text(WORD_PROBE)
+    env = dict(os.environ, PROBE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", WORD_RUN, when], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    server, *loaders = (int(p) for p in out.stdout.split())
+    assert len(loaders) == 3 and server not in loaders, out.stdout
+    imported = sorted(int(p.name.removeprefix("imported-")) for p in tmp_path.glob("imported-*"))
+    # This process and the server; none of the load processes.
+    assert server in imported and len(imported) == 2, (imported, server, loaders)
+    assert not set(loaders) & set(imported), (imported, loaders)
+
+
+def test_a_fork_server_waiting_for_its_word_leaves_with_its_worker(tmp_path):
+    """A worker that ends before it says the word (no job used load
+    processes) takes its waiting fork server with it, and the folder the
+    word would have come through."""
+    import subprocess
+    import time
+
+    from stoke import _fork_word
+
+    run = "import os\nfrom stoke import _loading\nprint(os.getpid(), _loading.start_fork_server(), flush=True)\n"
+    out = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    worker, server = (int(p) for p in out.stdout.split())
+    deadline = time.monotonic() + 60
+    while not _gone(server) or os.path.exists(_fork_word.folder_for(worker)):
+        assert time.monotonic() < deadline, f"the fork server {server} still waits for its word"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("load_workers", [0, 2])
 def test_a_files_dataset_gives_load_fn_each_files_bytes(tmp_path, load_workers):
     """A local ``files`` dataset: each load process reads its records'
@@ -288,9 +365,9 @@ def test_a_dead_load_process_replaces_the_pool_once():
 @pytest.mark.parametrize("load_workers", [1, 2])
 def test_load_processes_run_a_bounded_number_of_batches_ahead(tmp_path, load_workers):
     """While the model works on a batch, the load processes have loaded at
-    most a batch per process (at least 2) ahead of it, plus the one the
-    prepare stage is handing over: never the whole job, however slow the
-    model."""
+    most the batches queued for them ahead of it (64 records' worth per
+    process, at least a batch each, at least 2), plus the one the prepare
+    stage is handing over: never the whole job, however slow the model."""
     from load_job import LookAhead
 
     marks = tmp_path / "loaded"
@@ -303,10 +380,44 @@ def test_load_processes_run_a_bounded_number_of_batches_ahead(tmp_path, load_wor
     rows = outputs(report, ("x", "lead"))
     assert sorted(rows) == sorted(f"r{i}" for i in range(400))
     assert all(rid == f"r{x}" for rid, (x, _) in rows.items())
-    # The batch being processed, the batches waiting (one per load
-    # process, at least 2) and the one the prepare stage holds.
-    bound = (1 + max(load_workers, 2) + 1) * 16
+    # The batch being processed, the batches waiting (64 records' worth
+    # per load process: 4 batches of 16 each, at least 2) and the one the
+    # prepare stage holds.
+    bound = (1 + max(load_workers * 4, 2) + 1) * 16
     leads = [lead for _, lead in rows.values()]
     assert max(leads) <= bound, (max(leads), bound)
     # The first batch waited: the load processes did run ahead.
     assert rows["r0"][1] > 16, rows["r0"]
+
+
+@pytest.mark.parametrize("load_workers", [1, 2])
+def test_the_next_shards_records_are_loaded_before_this_shard_ends(tmp_path, load_workers):
+    """The load processes do not drain at each shard's end: the next
+    shard's batches go to them while this shard's last ones are processed
+    and committed. Each shard's last checkpoint notes how many records
+    beyond the processed ones were loaded (see ``AcrossShards``); before
+    the job's last shard, records of a later shard were. Every record is
+    committed once, in order."""
+    from load_job import AcrossShards
+
+    marks = tmp_path / "loaded"
+    marks.mkdir()
+    path = tmp_path / "data.jsonl"
+    n = 240
+    path.write_text("".join(json.dumps({"id": f"r{i:03d}", "x": i, "dir": str(marks)}) + "\n" for i in range(n)))
+    report = stoke.torch_batch_process(AcrossShards, {"dataset": {"format": "jsonl", "uri": str(path), "id_column": "id"},
+                                                      "processor": {"params": {"records": n}},
+                                                      "sharding": {"bytes": "2KiB"}},
+                                       batch_size=4, root=tmp_path / "root", device="cpu", load_workers=load_workers)
+    rows = outputs(report, ("x",))
+    assert sorted(rows) == [f"r{i:03d}" for i in range(n)]
+    assert all(rid == f"r{x:03d}" for rid, (x,) in rows.items())
+    leads = {p.name.removeprefix("lead-"): int(p.read_text()) for p in marks.glob("lead-*")}
+    assert len(leads) >= 4, leads
+    last = max(leads)
+    # Each boundary's next shard is attached once its lease is taken,
+    # which races with the model on this tiny workload; most boundaries
+    # overlap, and none can without the feed across shards.
+    overlapped = [shard for shard, lead in leads.items() if shard != last and lead > 0]
+    assert overlapped, leads
+    assert leads[last] == 0, leads

@@ -135,6 +135,48 @@ class LookAhead(TorchBatchProcessor):
         self.context.write_rows({"id": batch.ids, "x": batch.collated[:, 0].long(), "lead": [lead] * len(batch.ids)})
 
 
+class AcrossShards(TorchBatchProcessor):
+    """Whether the next shard's records reach the load processes before
+    this shard ends. ``load_fn`` leaves a file per record in the record's
+    ``dir``; ``process_batch`` writes what it got. At each shard's last
+    checkpoint (its only one, at the default interval) ``on_checkpoint_start``
+    notes in ``dir`` how many records were loaded beyond those processed,
+    having waited (up to 2 s) for at least one while any record is left:
+    more than 0 means records of a later shard were loaded while this one
+    was still running."""
+
+    def __init__(self, context):
+        self.context = context
+        self.processed = 0
+        self.folder = None
+
+    @staticmethod
+    def load_fn(item):
+        open(os.path.join(item["dir"], item["id"]), "w").close()
+        return torch.tensor([float(item["x"])])
+
+    def process_batch(self, batch, batch_idx):
+        self.folder = batch["dir"][0]
+        self.processed += len(batch.ids)
+        self.context.write_rows({"id": batch.ids, "x": batch.collated[:, 0].long()})
+
+    def on_checkpoint_start(self):
+        import time
+
+        if self.folder is None:
+            return
+        total = int(self.context.params["records"])
+
+        def loaded():
+            return sum(1 for name in os.listdir(self.folder) if not name.startswith("lead-"))
+
+        deadline = time.monotonic() + 2.0
+        while self.processed < total and loaded() <= self.processed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with open(os.path.join(self.folder, f"lead-{self.context.shard}"), "w") as f:
+            f.write(str(loaded() - self.processed))
+
+
 class Doomed(Squares):
     """``Squares`` whose worker dies while its load processes run: by
     SIGKILL once, at batch ``kill_at`` (the file ``marker`` records that it

@@ -117,6 +117,14 @@ pub(crate) trait Prepare: Send + Sync {
     fn ahead(&self) -> usize {
         AHEAD
     }
+    /// Whether it may prepare the next attempt's batches while the model
+    /// still works on this one's (one `PrepareFeed` for the job): true
+    /// where a prepared batch does not depend on its attempt having
+    /// started (a Python processor's load processes; not the LLM
+    /// processor's prompts, which belong to their attempt).
+    fn across_shards(&self) -> bool {
+        false
+    }
 }
 
 /// What a processor's engine did: tokens (added to the job's totals) and

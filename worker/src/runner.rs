@@ -22,7 +22,7 @@ use crate::link::CoordinatorLink;
 use crate::link::{self, SessionState};
 use crate::pipeline::commit::Committer;
 use crate::pipeline::control::ShardControl;
-use crate::pipeline::process::{ProcMsg, ProcessorThread, ShardOutcome, ShardRun};
+use crate::pipeline::process::{Batches, ProcMsg, ProcessorThread, ShardOutcome, ShardRun};
 use crate::pipeline::stages::StageCounters;
 use crate::processor::Registry;
 use crate::session::{self, Active};
@@ -392,7 +392,7 @@ impl<L: CoordinatorLink> Worker<L> {
             },
             start_batch: lease.next_batch,
             isolate: lease.isolate,
-            batches: batch_rx,
+            batches: Batches::Read(batch_rx),
             checkpoints: cp_tx,
             control: Arc::clone(&control),
             reply: reply_tx,

@@ -17,7 +17,7 @@ use crate::context::{ProcessorContext, ShardInfo};
 use crate::error::{WorkerError, processor_message};
 use crate::fatal::{Watchdog, is_sticky_device_error};
 use crate::pipeline::control::{Checkpoint, ShardControl};
-use crate::pipeline::prep::{spawn_prep, spawn_prepare};
+use crate::pipeline::prep::{PrepareFeed, spawn_prep, spawn_prepare};
 use crate::pipeline::stages::{JobCause, StageCounters, StageTimes};
 use crate::processor::{DynProcessor, Loader, Registry};
 use stoke_core::lease::{BatchSpan, Isolation};
@@ -53,13 +53,24 @@ pub(crate) struct ShardRun {
     /// Set while the shard isolates a crash: batches are cut at its
     /// probes (by the reader) and each is committed on its own.
     pub isolate: Option<Isolation>,
-    pub batches: mpsc::Receiver<Result<Batch, WorkerError>>,
+    pub batches: Batches,
     pub checkpoints: mpsc::Sender<Checkpoint>,
     pub control: Arc<ShardControl>,
     pub reply: oneshot::Sender<ShardOutcome>,
     /// The attempt's span (job, shard, token, attempt, worker): every event
     /// of the attempt, on every thread, carries it.
     pub span: tracing::Span,
+}
+
+type BatchRx = mpsc::Receiver<Result<Batch, WorkerError>>;
+
+/// An attempt's batches on their way to the processor thread.
+pub(crate) enum Batches {
+    /// As the reader cuts them.
+    Read(BatchRx),
+    /// Already going through the job's prepare feed: attached while the
+    /// attempt before this one ran (see [`NextAttempt`]).
+    Prepared(BatchRx),
 }
 
 pub(crate) enum ProcMsg {
@@ -73,6 +84,9 @@ struct Loaded {
     processor: Box<dyn DynProcessor>,
     loader: Option<Loader>,
     ctx: ProcessorContext,
+    /// The job's prepare feed, when the processor's prepare stage may run
+    /// ahead into the next attempt (see [`crate::processor::Prepare::across_shards`]).
+    feed: Option<PrepareFeed>,
 }
 
 /// Settings of the processor thread.
@@ -101,7 +115,13 @@ impl ProcessorThread {
 
     fn run(self, mut rx: mpsc::Receiver<ProcMsg>) {
         let mut loaded: Option<Loaded> = None;
-        while let Some(msg) = rx.blocking_recv() {
+        // A message taken off the queue while an attempt ran (see
+        // `NextAttempt`): it comes before the ones still queued.
+        let mut next: Option<ProcMsg> = None;
+        loop {
+            let Some(msg) = next.take().or_else(|| rx.blocking_recv()) else {
+                break;
+            };
             match msg {
                 ProcMsg::Finish(reply) => {
                     finish(loaded.take());
@@ -124,7 +144,11 @@ impl ProcessorThread {
                         }
                     }
                     if let Some(l) = loaded.as_mut() {
-                        let reply = run_shard(l, run, self.shard_env());
+                        let queue = NextAttempt {
+                            rx: &mut rx,
+                            next: &mut next,
+                        };
+                        let reply = run_shard(l, run, self.shard_env(), queue);
                         // A processor error may leave the model in a bad
                         // state: load it afresh for the next attempt.
                         if matches!(reply.0, ShardOutcome::Failed(_)) {
@@ -200,6 +224,14 @@ impl ProcessorThread {
             Some(Ok(created)) => created,
         };
         let (processor, loader) = processor;
+        // A Rust load stage (`loader`) takes the batches instead.
+        let feed = match &loader {
+            None => processor
+                .prepare_stage()
+                .filter(|stage| stage.across_shards())
+                .and_then(PrepareFeed::spawn),
+            Some(_) => None,
+        };
         let took = started.elapsed();
         self.stages.add_job(&run.job_id, JobCause::Startup, took);
         info!(job = %run.job_id, processor = %name, device = ?self.device, ms = took.as_millis() as u64, "processor loaded");
@@ -208,6 +240,7 @@ impl ProcessorThread {
             processor,
             loader,
             ctx,
+            feed,
         })
     }
 }
@@ -264,9 +297,43 @@ fn stage_scratch(scratch: &Path, from_batch: u64) -> Result<Vec<PathBuf>, std::i
     Ok(moved)
 }
 
+/// The processor thread's queue, seen from inside an attempt: the next
+/// attempt of the same job, once queued, is attached to the job's prepare
+/// feed at once, so its batches are loaded while this attempt's last ones
+/// are processed and committed (the load processes do not drain at each
+/// shard's end). An attempt that isolates a crash is left as it came.
+struct NextAttempt<'a> {
+    rx: &'a mut mpsc::Receiver<ProcMsg>,
+    /// The message taken off the queue, if any; the thread runs it next.
+    next: &'a mut Option<ProcMsg>,
+}
+
+impl NextAttempt<'_> {
+    fn look(&mut self, l: &Loaded) {
+        let Some(feed) = l.feed.as_ref() else { return };
+        if self.next.is_some() {
+            return;
+        }
+        let Ok(msg) = self.rx.try_recv() else { return };
+        let msg = match msg {
+            ProcMsg::Shard(run) if run.job_id == l.job_id && run.isolate.is_none() => {
+                let mut run = *run;
+                run.batches = match run.batches {
+                    Batches::Read(raw) => Batches::Prepared(feed.attach(raw)),
+                    prepared => prepared,
+                };
+                ProcMsg::Shard(Box::new(run))
+            }
+            other => other,
+        };
+        *self.next = Some(msg);
+    }
+}
+
 /// One attempt at one shard on the processor thread.
 struct ShardLoop<'a> {
     l: &'a mut Loaded,
+    queue: NextAttempt<'a>,
     processor_name: String,
     shard_id: String,
     checkpoints: mpsc::Sender<Checkpoint>,
@@ -467,7 +534,7 @@ impl ShardLoop<'_> {
 
     fn run(
         &mut self,
-        batches: &mut mpsc::Receiver<Result<Batch, WorkerError>>,
+        batches: &mut BatchRx,
         interval: u64,
         every: Option<Duration>,
     ) -> Result<ShardOutcome, WorkerError> {
@@ -486,6 +553,7 @@ impl ShardLoop<'_> {
                 });
             }
             let waited = Instant::now();
+            self.queue.look(self.l);
             let Some(item) = batches.blocking_recv() else {
                 break;
             };
@@ -531,6 +599,7 @@ impl ShardLoop<'_> {
         if self.control.is_aborted() {
             return Ok(ShardOutcome::Aborted);
         }
+        self.queue.look(self.l);
         Ok(if self.checkpoint(true)? {
             ShardOutcome::Finished
         } else {
@@ -539,10 +608,11 @@ impl ShardLoop<'_> {
     }
 }
 
-fn run_shard(
-    l: &mut Loaded,
+fn run_shard<'a>(
+    l: &'a mut Loaded,
     run: ShardRun,
     env: ShardEnv,
+    queue: NextAttempt<'a>,
 ) -> (ShardOutcome, oneshot::Sender<ShardOutcome>) {
     let ShardEnv {
         stages,
@@ -577,6 +647,7 @@ fn run_shard(
     }
     let mut shard = ShardLoop {
         l,
+        queue,
         processor_name: spec.processor.label(),
         shard_id: shard_id.clone(),
         checkpoints,
@@ -593,10 +664,16 @@ fn run_shard(
     };
     // With a load stage, batches go through the load pool first; it runs
     // ahead of the model on its own threads.
-    let mut prepared = match (&shard.l.loader, shard.l.processor.prepare_stage()) {
-        (Some(loader), _) => spawn_prep(loader.clone(), shard.l.ctx.device(), batches),
-        (None, Some(stage)) => spawn_prepare(stage, batches),
-        (None, None) => batches,
+    let mut prepared = match batches {
+        Batches::Prepared(prepared) => prepared,
+        Batches::Read(batches) => match (&shard.l.loader, &shard.l.feed) {
+            (Some(loader), _) => spawn_prep(loader.clone(), shard.l.ctx.device(), batches),
+            (None, Some(feed)) => feed.attach(batches),
+            (None, None) => match shard.l.processor.prepare_stage() {
+                Some(stage) => spawn_prepare(stage, batches),
+                None => batches,
+            },
+        },
     };
     let outcome = shard
         .run(

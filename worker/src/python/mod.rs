@@ -228,8 +228,22 @@ struct LoadPool {
     /// process reads the file itself for its item's `bytes`, so the bytes
     /// do not cross a pipe to it.
     files: bool,
-    /// Its load processes (0: `load_fn` runs in the processor's thread).
-    workers: usize,
+    /// Batches submitted ahead of the model (see [`load_ahead`]).
+    ahead: usize,
+}
+
+/// Records queued for each load process, at least, ahead of the model.
+/// A whole batch goes to one process, so at small batch sizes a batch or
+/// two per process is a few tens of milliseconds of work: a process that
+/// is scheduled late (a busy machine), or a model that waits for a
+/// commit, would leave the others without work. Larger batches keep one
+/// each, as before (each one waiting is a batch held in shared memory).
+const RECORDS_AHEAD_PER_PROCESS: usize = 64;
+
+/// Batches submitted to `workers` load processes ahead of the model.
+fn load_ahead(workers: usize, batch_size: u64) -> usize {
+    let batch = usize::try_from(batch_size).unwrap_or(usize::MAX).max(1);
+    workers * RECORDS_AHEAD_PER_PROCESS.div_ceil(batch).max(1)
 }
 
 /// A batch's `load_fn` results, for `process_batch`.
@@ -290,9 +304,15 @@ fn local_paths(batch: &Batch) -> Option<Vec<String>> {
 }
 
 impl Prepare for LoadPool {
-    /// A batch waiting for each load process (each loads whole batches).
+    /// Whole batches waiting for each load process (see [`load_ahead`]).
     fn ahead(&self) -> usize {
-        self.workers
+        self.ahead
+    }
+
+    /// The next shard's batches may go to the load processes while this
+    /// one's last are processed: `load_fn` depends on the record alone.
+    fn across_shards(&self) -> bool {
+        true
     }
 
     fn prepare(&self, batch: Batch) -> Result<Batch, WorkerError> {
@@ -404,6 +424,15 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
             }
             _ => None,
         };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let workers = loading.workers_on(cores);
+        if feed.is_none() && workers > 0 {
+            // A fork server started ahead of the job imports the module
+            // beside this process's own import, for the load processes.
+            runtime
+                .call_method1("preload_load_fn_module", (module,))
+                .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
+        }
         let native = Py::new(
             py,
             NativeContext {
@@ -416,8 +445,6 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
             .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
         // Graphbook's `load_fn`: a pool of load processes for the job.
         let pool = if feed.is_none() {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let workers = loading.workers_on(cores);
             let pool = runtime
                 .call_method1("open_load_pool", (&instance, workers))
                 .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
@@ -426,7 +453,7 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
                     pool: pool.unbind(),
                     runtime: runtime.clone().unbind(),
                     files: dataset.format == DatasetFormat::Files,
-                    workers,
+                    ahead: load_ahead(workers, batch_size),
                 })
             })
         } else {
