@@ -14,6 +14,8 @@ processes) is left out alike for every contender that writes parts.
     python bench/images.py stoke-dataset DIR ROOT  # (b) torch_batch_process(..., dataset, num_workers=2), in process
     python bench/images.py stoke-load-fn DIR ROOT WORKERS [stack]  # (c) `stoke run --local 1`, load_fn on WORKERS
                                                    # load processes; `stack`: Graphbook's torch.stack(batch.samples)
+    python bench/images.py load-bound DIR ROOT WORKERS BATCH   # issue 48: (c) with a loading-bound load_fn
+                                                   # (12 Gaussian blurs and a resize), batches of BATCH, shards of 500
     python bench/images.py ray DIR OUT             # (d) Ray Data read_images + map_batches (bench venv)
 
 Every contender runs the model with one intra-op thread and loads with
@@ -51,6 +53,11 @@ def get_model():
 SIZE = 160
 # STOKE_BENCH_HEAVY=1: a CPU-heavy load (see transform_bytes).
 HEAVY = os.environ.get("STOKE_BENCH_HEAVY") == "1"
+# Issue 48's loading-bound step (Graphbook's load_fn case): Gaussian
+# blurs per record before the resize (see blurred_bytes).
+BLURS = 12
+# Its shards: 500 records each.
+LOAD_BOUND_SHARD = 500
 
 
 def transform_bytes(data):
@@ -69,6 +76,20 @@ def transform_bytes(data):
     return tensor
 
 
+def blurred_bytes(data):
+    """Issue 48's loading-bound ``load_fn``: decode, 12 Gaussian blurs
+    (9x9, on the 96x96 tensor), resize to 160x160. About 4 ms per image
+    on one core here, so the small CNN (well under 1 ms per image) never
+    holds the load processes back: records/s is load_fn's."""
+    import torchvision.transforms.functional as F
+    from PIL import Image
+
+    tensor = F.to_tensor(Image.open(io.BytesIO(data)).convert("RGB"))
+    for _ in range(BLURS):
+        tensor = F.gaussian_blur(tensor, kernel_size=[9, 9])
+    return F.resize(tensor, [SIZE, SIZE], antialias=True)
+
+
 class PngFolder:
     """A map-style Dataset over a folder of PNG files: (image, index)."""
 
@@ -83,13 +104,25 @@ class PngFolder:
             return transform_bytes(f.read()), i
 
 
-def steady(parts, records):
+def steady(parts, records, first=10 * BATCH):
     """Records/s between the first output part written and the last: the
-    first part holds the first 10 batches, written once the pipeline runs."""
+    first part holds the first ``first`` records (10 batches), written once
+    the pipeline runs."""
     times = sorted(os.path.getmtime(p) for p in parts)
     if len(times) < 3:
         return None
-    return (records - 10 * BATCH) / (times[-1] - times[0])
+    return (records - first) / (times[-1] - times[0])
+
+
+def steady_parquet(parts, records):
+    """``steady`` over Parquet parts of any size: the records of the first
+    part written are read from its footer."""
+    import pyarrow.parquet as pq
+
+    parts = sorted(parts, key=os.path.getmtime)
+    if len(parts) < 3:
+        return None
+    return steady(parts, records, pq.ParquetFile(parts[0]).metadata.num_rows)
 
 
 def make_data(folder, count):
@@ -160,6 +193,28 @@ def stoke_load_fn(folder, root, workers, stack=None):
         "batching": {"batch_size": BATCH},
         "checkpoint": {"interval": 10},
     }
+    return run_local(spec, root)
+
+
+def load_bound(folder, root, workers, batch):
+    """Issue 48's case: Graphbook's step with a loading-bound ``load_fn``
+    (``images_processor:Blurred``), batches of ``batch``, shards of 500
+    records, checkpoints at the default interval, ``run --local 1``."""
+    spec = {
+        "dataset": {"format": "files", "uri": os.path.abspath(folder)},
+        "processor": {"python": "images_processor:Blurred", "python_path": [str(HERE)], "threads": 1},
+        "loading": {"workers": int(workers)},
+        "batching": {"batch_size": int(batch)},
+        "sharding": {"records": LOAD_BOUND_SHARD},
+    }
+    records, seconds, _ = run_local(spec, root)
+    rate = steady_parquet(pathlib.Path(root).glob("jobs/*/outputs/**/*.parquet"), records)
+    return records, seconds, rate
+
+
+def run_local(spec, root):
+    """Runs ``spec`` with ``stoke run --local 1``: records, seconds and
+    the steady rate (parts of 10 batches)."""
     path = pathlib.Path(root).with_suffix(".json")
     path.write_text(json.dumps(spec))
     started = time.perf_counter()
@@ -213,9 +268,14 @@ def main():
     if what == "data":
         make_data(*args)
         return
-    run = {"loop": loop, "stoke-dataset": stoke_dataset, "stoke-load-fn": stoke_load_fn, "ray": ray_data}[what]
+    run = {"loop": loop, "stoke-dataset": stoke_dataset, "stoke-load-fn": stoke_load_fn, "load-bound": load_bound,
+           "ray": ray_data}[what]
     records, seconds, rate = run(*args)
-    name = what if what != "stoke-load-fn" else f"stoke-load-fn-{args[2]}" + "".join(f"-{a}" for a in args[3:])
+    name = what
+    if what == "stoke-load-fn":
+        name = f"stoke-load-fn-{args[2]}" + "".join(f"-{a}" for a in args[3:])
+    elif what == "load-bound":
+        name = f"load-bound-b{args[3]}-w{args[2]}"
     # The same contender on another build (bench/images.sh's stoke-dataset-dev).
     name = os.environ.get("BENCH_NAME", name)
     if what == "stoke-dataset":

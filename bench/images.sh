@@ -13,6 +13,14 @@
 #
 #   bench/images.sh [COUNT] [ROUNDS]     # defaults: 20000 images, 1 round
 #
+# Issue 48's loading-bound case, Graphbook's load_fn with 12 Gaussian
+# blurs and a resize per image, a small CNN, shards of 500 records, `run
+# --local 1`: `[loading] workers = 1` against `workers = 2`, at batch
+# sizes 8 and 64, the two interleaved in each round (their order swapped
+# every round), the load average noted before each run:
+#
+#   bench/images.sh load-bound [COUNT] [ROUNDS]   # defaults: 2000 images, 5 rounds
+#
 # BENCH_CONTENDERS (space-separated names, default all of them) picks which
 # run; the loop always runs, first in each round, as every ratio's base.
 # BENCH_RAY=0 skips Ray (and its venv).
@@ -28,14 +36,78 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
 cd "$STOKE_REPO"
 
-COUNT="${1:-20000}"
-ROUNDS="${2:-1}"
 DIR="$STOKE_CACHE/bench/images"
-DATA="$DIR/data-$COUNT"
 RESULTS="$DIR/results-$(date +%Y%m%d-%H%M%S).txt"
 RAY_VENV="$STOKE_CACHE/bench-ray-venv"
 RAY_REQS="ray[data]==2.60.0"
 mkdir -p "$DIR"
+
+# The PNG files (96x96, the same on every run).
+images() {
+  if [ ! -f "$1/.done" ]; then
+    rm -rf "$1"
+    python bench/images.py data "$1" "$2"
+    touch "$1/.done"
+  fi
+}
+
+if [ "${1:-}" = load-bound ]; then
+  COUNT="${2:-2000}"
+  ROUNDS="${3:-5}"
+  DATA="$DIR/data-$COUNT"
+  echo "building stoke (release)" >&2
+  cargo build --release -q -p stoke-cli -p stoke-worker
+  export PATH="$CARGO_TARGET_DIR/release:$PATH"
+  echo "builds: release stoke; the stoke package $(basename "$(scripts/python-package.sh --release --wheel)") (release) in the venv, which the worker imports" | tee -a "$RESULTS"
+  images "$DATA" "$COUNT"
+  for round in $(seq 1 "$ROUNDS"); do
+    echo "round $round of $ROUNDS" >&2
+    order="1 2"
+    if [ $((round % 2)) = 0 ]; then order="2 1"; fi
+    for batch in 8 64; do
+      for workers in $order; do
+        name="load-bound-b$batch-w$workers"
+        work="$DIR/work/$name"
+        rm -rf "$work"
+        load="$(cut -d' ' -f1 /proc/loadavg)"
+        started=$(date +%s.%N)
+        if python bench/images.py load-bound "$DATA" "$work" "$workers" "$batch" >"$work.log" 2>&1; then
+          ended=$(date +%s.%N)
+          echo "$(grep '^result ' "$work.log" | tail -1) wall=$(echo "$ended - $started" | bc) load=$load round=$round" | tee -a "$RESULTS"
+        else
+          echo "result contender=$name failed (see $work.log)" | tee -a "$RESULTS"
+        fi
+      done
+    done
+  done
+  python - "$RESULTS" <<'PY'
+import re, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"result contender=load-bound-b(\d+)-w(\d+) records=(\d+) seconds=[\d.]+ steady=([\d.]+) wall=([\d.]+) load=([\d.]+) round=(\d+)", line)
+    if m:
+        runs[(int(m[1]), int(m[2]), int(m[7]))] = (int(m[3]) / float(m[5]), float(m[4]), float(m[6]))
+print("\n2 load processes against 1, per round (records/s ratio; load average before the two runs)")
+print(f"{'batch':>5}  {'whole command':<40}{'median':>7}{'min':>6}  {'steady state':<40}{'median':>7}{'min':>6}")
+for batch in sorted({b for b, _, _ in runs}):
+    rounds = sorted(r for b, w, r in runs if b == batch and w == 1 and (batch, 2, r) in runs)
+    whole = [runs[(batch, 2, r)][0] / runs[(batch, 1, r)][0] for r in rounds]
+    steady = [runs[(batch, 2, r)][1] / runs[(batch, 1, r)][1] for r in rounds if runs[(batch, 1, r)][1] > 0]
+    loads = [f"{runs[(batch, 1, r)][2]:.1f}/{runs[(batch, 2, r)][2]:.1f}" for r in rounds]
+    if not whole:
+        continue
+    cell = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
+    print(f"{batch:>5}  {cell(whole):<40}{statistics.median(whole):>7.2f}{min(whole):>6.2f}  "
+          f"{cell(steady):<40}{statistics.median(steady) if steady else float('nan'):>7.2f}{min(steady, default=float('nan')):>6.2f}")
+    print(f"{'':>5}  load averages (1 / 2 processes): {', '.join(loads)}")
+print(f"\nresults: {sys.argv[1]}")
+PY
+  exit 0
+fi
+
+COUNT="${1:-20000}"
+ROUNDS="${2:-1}"
+DATA="$DIR/data-$COUNT"
 
 # (c) runs the `stoke` command: the release build, as users run it (the
 # other benchmarks in bench/run.sh use release builds too). (b) runs
@@ -58,11 +130,7 @@ rm -rf "$DEV_PKG"
 pip install --disable-pip-version-check -q --no-deps --target "$DEV_PKG" "$dev_wheel"
 echo "builds: stoke-dataset on $(basename "$release_wheel") (release); stoke-dataset-dev on the dev profile's $(basename "$dev_wheel")" | tee -a "$RESULTS"
 
-if [ ! -f "$DATA/.done" ]; then
-  rm -rf "$DATA"
-  python bench/images.py data "$DATA" "$COUNT"
-  touch "$DATA/.done"
-fi
+images "$DATA" "$COUNT"
 
 ray_python=""
 if [ "${BENCH_RAY:-1}" != 0 ] && wanted ray; then
