@@ -52,7 +52,7 @@ pub(crate) fn print_status(job: &JobInfo, json: bool) {
 /// `stoke jobs`: one line per job, columns as wide as their longest
 /// value (job ids grow with their names).
 pub(crate) fn jobs_table(jobs: &[JobInfo]) -> String {
-    let rows: Vec<[String; 9]> = jobs
+    let rows: Vec<[String; 10]> = jobs
         .iter()
         .map(|j| {
             let s = &j.schedule;
@@ -61,6 +61,7 @@ pub(crate) fn jobs_table(jobs: &[JobInfo]) -> String {
                 j.state.to_string(),
                 s.priority.to_string(),
                 s.queue.clone(),
+                s.pool.clone(),
                 s.weight.to_string(),
                 match s.max_workers {
                     Some(max) => format!("{}/{max}", j.shards_leased),
@@ -76,9 +77,12 @@ pub(crate) fn jobs_table(jobs: &[JobInfo]) -> String {
     // shards gets no worker.
     columns(
         &[
-            "JOB", "STATE", "PRIO", "QUEUE", "WEIGHT", "LEASES", "WAITING", "SHARDS", "RECORDS",
+            "JOB", "STATE", "PRIO", "QUEUE", "POOL", "WEIGHT", "LEASES", "WAITING", "SHARDS",
+            "RECORDS",
         ],
-        &[false, false, true, false, true, true, false, true, true],
+        &[
+            false, false, true, false, false, true, true, false, true, true,
+        ],
         &rows,
     )
 }

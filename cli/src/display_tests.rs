@@ -63,7 +63,7 @@ fn jobs_columns_line_up_with_long_ids() {
 }
 
 #[test]
-fn jobs_show_priority_queue_weight_leases_and_why_they_wait() {
+fn jobs_show_priority_queue_pool_weight_leases_and_why_they_wait() {
     let mut waiting = job("queued", 8, Some(80));
     waiting.shards_leased = 2;
     waiting.schedule = stoke_core::records::JobScheduling {
@@ -71,21 +71,23 @@ fn jobs_show_priority_queue_weight_leases_and_why_they_wait() {
         weight: 2.5,
         max_workers: Some(2),
         queue: "team-a".to_string(),
+        pool: "gpu".to_string(),
         waiting: Some("max_workers".to_string()),
     };
     let text = jobs_table(&[waiting, job("plain", 1, None)]);
     let lines: Vec<&str> = text.lines().collect();
-    for header in ["PRIO", "QUEUE", "WEIGHT", "LEASES", "WAITING"] {
+    for header in ["PRIO", "QUEUE", "POOL", "WEIGHT", "LEASES", "WAITING"] {
         assert!(lines[0].contains(header), "{text}");
     }
     let cells: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(
-        cells[..8],
+        cells[..9],
         [
             "queued",
             "running",
             "5",
             "team-a",
+            "gpu",
             "2.5",
             "2/2",
             "max_workers",
@@ -94,7 +96,11 @@ fn jobs_show_priority_queue_weight_leases_and_why_they_wait() {
         "{text}"
     );
     let cells: Vec<&str> = lines[2].split_whitespace().collect();
-    assert_eq!(cells[2..7], ["0", "default", "1", "0", "-"], "{text}");
+    assert_eq!(
+        cells[2..8],
+        ["0", "default", "default", "1", "0", "-"],
+        "{text}"
+    );
 }
 
 fn spec(text: &str) -> JobSpec {

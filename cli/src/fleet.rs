@@ -36,6 +36,8 @@ pub struct WorkerCommand {
     pub coordinator: String,
     pub device: String,
     pub threads: usize,
+    /// The pool the job runs in (`[scheduling] pool`): the workers serve it.
+    pub pool: String,
     /// The job runs a Python processor: the workers start Python at once
     /// (`--python-prewarm`), while they connect and take their first lease.
     pub python_prewarm: bool,
@@ -179,6 +181,8 @@ fn spawn(
         .arg(&c.device)
         .arg("--threads")
         .arg(c.threads.to_string())
+        .arg("--pool")
+        .arg(&c.pool)
         .arg("--exit-when-idle")
         .args(c.python_prewarm.then_some("--python-prewarm"))
         .args(

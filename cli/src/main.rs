@@ -326,8 +326,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 println!("{}", serde_json::to_string_pretty(&workers)?);
             } else {
                 println!(
-                    "{:<24} {:<20} {:<16} {:>6}  HOLDS",
-                    "WORKER", "HOST", "DEVICES", "LEASES"
+                    "{:<24} {:<20} {:<12} {:<16} {:>6}  HOLDS",
+                    "WORKER", "HOST", "POOL", "DEVICES", "LEASES"
                 );
                 for w in &workers {
                     let holds: Vec<String> = w
@@ -336,9 +336,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                         .map(|(j, s, _)| format!("{j}/{s}"))
                         .collect();
                     println!(
-                        "{:<24} {:<20} {:<16} {:>6}  {}",
+                        "{:<24} {:<20} {:<12} {:<16} {:>6}  {}",
                         w.worker_id,
                         w.hostname,
+                        w.pool,
                         w.devices.join(","),
                         w.leases.len(),
                         holds.join(" ")

@@ -171,6 +171,7 @@ impl LocalRun {
             coordinator: addr.to_string(),
             device: self.device.clone(),
             threads,
+            pool: spec.pool_name().to_string(),
             python_prewarm: spec.processor.python.is_some(),
             python_prewarm_loading: spec.processor.python.is_some()
                 && spec.loading.workers.is_some_and(|n| n > 0),

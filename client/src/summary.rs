@@ -46,6 +46,10 @@ pub fn summary(job: &JobInfo) -> String {
     }
     let _ = writeln!(out, "shards: {}/{}", job.shards_done, job.shards_total);
     let _ = writeln!(out, "records: {}/{}", job.records_done, total(job));
+    if let Some(waiting) = &job.schedule.waiting {
+        // Why it gets no worker: `no worker in pool "gpu"`, `queue full`...
+        let _ = writeln!(out, "waiting: {waiting}");
+    }
     if job.records_skipped > 0 {
         let _ = writeln!(
             out,
@@ -113,6 +117,7 @@ pub fn job_json(job: &JobInfo) -> serde_json::Value {
         "weight": job.schedule.weight,
         "max_workers": job.schedule.max_workers,
         "queue": job.schedule.queue,
+        "pool": job.schedule.pool,
         "waiting": job.schedule.waiting,
         "crashes": job.crashes,
         "isolating": job.isolating,

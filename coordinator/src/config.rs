@@ -1,6 +1,6 @@
 //! Coordinator configuration.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use stoke_store::StoreUri;
@@ -39,6 +39,10 @@ pub struct CoordinatorConfig {
     /// (`--queue-borrow`); those leases are preempted when a job of a
     /// queue under its cap has work again.
     pub queue_borrow: bool,
+    /// The worker pools this coordinator knows (`--pool`), besides
+    /// `default`. Empty: any pool a job or worker names. When some are
+    /// named, a job or worker naming another is refused.
+    pub pools: BTreeSet<String>,
     /// Most leases preempted per second (0: no preemption).
     pub preempt_per_s: u32,
     /// A lease younger than this is not preempted.
@@ -69,6 +73,7 @@ impl CoordinatorConfig {
             max_jobs: DEFAULT_MAX_JOBS,
             queues: BTreeMap::new(),
             queue_borrow: false,
+            pools: BTreeSet::new(),
             preempt_per_s: DEFAULT_PREEMPT_PER_S,
             preempt_min_age: DEFAULT_PREEMPT_MIN_AGE,
         }
@@ -77,6 +82,26 @@ impl CoordinatorConfig {
     /// The cap of `queue`, if it has one.
     pub fn queue_cap(&self, queue: &str) -> Option<u64> {
         self.queues.get(queue).copied()
+    }
+
+    /// Whether `pool` may be named by jobs and workers: `default`, any
+    /// pool when none is configured, else the configured ones.
+    /// `Err` lists the known pools, for the refusal.
+    pub fn check_pool(&self, pool: &str) -> Result<(), String> {
+        if self.pools.is_empty()
+            || pool == stoke_core::schedule::DEFAULT_POOL
+            || self.pools.contains(pool)
+        {
+            return Ok(());
+        }
+        let mut known = vec![stoke_core::schedule::DEFAULT_POOL.to_string()];
+        known.extend(
+            self.pools
+                .iter()
+                .filter(|p| p.as_str() != stoke_core::schedule::DEFAULT_POOL)
+                .cloned(),
+        );
+        Err(known.join(", "))
     }
 
     /// Workers renew three times per lease timeout.

@@ -116,6 +116,12 @@ pub enum CoordinatorError {
         "job spec: queue: {queue:?} is not configured on this coordinator (its queues: {known}; see --queue)"
     )]
     UnknownQueue { queue: String, known: String },
+    #[error("{what}: pool {pool:?} is not one of this coordinator's pools ({known}; see --pool)")]
+    UnknownPool {
+        what: &'static str,
+        pool: String,
+        known: String,
+    },
     #[error("job spec is {size} bytes; the limit is {max} bytes (--max-spec-bytes)")]
     SpecTooLarge { size: usize, max: usize },
     #[error("invalid request: {0}")]
@@ -143,7 +149,8 @@ impl From<CoordinatorError> for Status {
             | Request(_)
             | InvalidRequest(_)
             | SpecTooLarge { .. }
-            | UnknownQueue { .. } => Status::invalid_argument(msg),
+            | UnknownQueue { .. }
+            | UnknownPool { .. } => Status::invalid_argument(msg),
             Plan(PlanError::Store { ref source, .. }) if source.is_transient() => {
                 Status::unavailable(msg)
             }

@@ -251,6 +251,11 @@ impl WorkerService for WorkerApi {
             devices: register.devices,
             hostname: register.hostname,
             held: register.held.into_iter().map(Into::into).collect(),
+            pool: if register.pool.is_empty() {
+                stoke_core::schedule::DEFAULT_POOL.to_string()
+            } else {
+                register.pool
+            },
         };
         let (grant, mut events_rx) = self.handle.register(registration).await?;
         let (out_tx, out_rx) = mpsc::channel::<Result<pb::SessionEvent, Status>>(16);

@@ -78,6 +78,12 @@ struct Args {
     /// preempted when a queue under its cap has work again.
     #[arg(long, env = "STOKE_QUEUE_BORROW")]
     queue_borrow: bool,
+    /// A worker pool this coordinator serves (repeatable, or
+    /// comma-separated): jobs (`[scheduling] pool`) and workers
+    /// (`stoke-worker --pool`) naming another are refused. `default` is
+    /// always one. Without it, any pool is accepted.
+    #[arg(long = "pool", env = "STOKE_POOLS", value_delimiter = ',')]
+    pool: Vec<String>,
     /// Most leases preempted per second for higher-priority jobs or a
     /// lending queue (0: never preempt).
     #[arg(long, env = "STOKE_PREEMPT_PER_S", default_value_t = stoke_coordinator::config::DEFAULT_PREEMPT_PER_S)]
@@ -111,6 +117,7 @@ struct Resolved {
     max_jobs: usize,
     queues: std::collections::BTreeMap<String, u64>,
     queue_borrow: bool,
+    pools: std::collections::BTreeSet<String>,
     preempt_per_s: u32,
     #[serde(with = "humantime_serde")]
     preempt_min_age: Duration,
@@ -165,7 +172,14 @@ impl Args {
             None => QueueConfig::default(),
         }
         .with_flags(&self.queue)?;
+        let mut pools = std::collections::BTreeSet::new();
+        for pool in &self.pool {
+            stoke_core::schedule::validate_pool(pool)
+                .map_err(|e| anyhow::anyhow!("--pool {pool:?}: {e}"))?;
+            pools.insert(pool.clone());
+        }
         Ok(Resolved {
+            pools,
             queue_borrow: self.queue_borrow || queues.borrow,
             queues: queues.queues,
             preempt_per_s: self.preempt_per_s,
@@ -261,6 +275,7 @@ fn run() -> anyhow::Result<()> {
     config.max_jobs = resolved.max_jobs;
     config.queues = resolved.queues.clone();
     config.queue_borrow = resolved.queue_borrow;
+    config.pools = resolved.pools.clone();
     config.preempt_per_s = resolved.preempt_per_s;
     config.preempt_min_age = resolved.preempt_min_age;
     let stores = Stores::with_config(resolved.store.clone());

@@ -85,6 +85,8 @@ pub struct Snapshot {
     pub workers: Vec<WorkerInfo>,
     /// What each queue's running jobs ask of the fleet, by queue name.
     pub queues: Vec<QueueDemand>,
+    /// What each pool's running jobs ask of its workers, by pool name.
+    pub pools: Vec<PoolDemand>,
     /// Every job's efficiency report.
     pub reports: Vec<EfficiencyReport>,
     /// Shards whose state the coordinator holds in memory.
@@ -106,6 +108,21 @@ pub struct QueueDemand {
     pub records_left: u64,
     /// Leased plus pending shards, each job capped by its `max_workers`,
     /// the sum capped by the queue's cap (unless queues may borrow).
+    pub workers_wanted: u64,
+}
+
+/// What a pool's autoscaler reads: its workers connected now, and the
+/// work of its running jobs (as [`QueueDemand`], by `[scheduling] pool`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolDemand {
+    pub pool: String,
+    /// Worker sessions of the pool connected now.
+    pub workers: u64,
+    pub pending: u64,
+    pub leased: u64,
+    pub records_left: u64,
+    /// Leased plus pending shards, each job capped by its `max_workers`,
+    /// each queue's part by its cap (unless queues may borrow).
     pub workers_wanted: u64,
 }
 
@@ -212,11 +229,6 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
     );
 
     registry.register(
-        "stoke_workers",
-        "Worker sessions connected now",
-        gauge(snapshot.workers.len() as u64),
-    );
-    registry.register(
         "stoke_shards_in_memory",
         "Shards whose state the coordinator holds in memory: every shard of jobs not succeeded; a succeeded job's leave once its end is stored",
         gauge(snapshot.shards_in_memory),
@@ -226,7 +238,11 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
     let batches = Family::<Labels, Counter>::default();
     for w in &snapshot.workers {
         worker_leases
-            .get_or_create(&labels([("worker", &w.worker_id), ("host", &w.hostname)]))
+            .get_or_create(&labels([
+                ("worker", &w.worker_id),
+                ("host", &w.hostname),
+                ("pool", &w.pool),
+            ]))
             .set(i64::try_from(w.leases.len()).unwrap_or(i64::MAX));
         for (stage, ms) in [
             ("input_wait", w.stages.input_wait_ms),
@@ -325,7 +341,7 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         "Workers that died while processing a batch of the job (crashes), per job",
         crashes,
     );
-    register_demand(&mut registry, &snapshot.queues);
+    register_demand(&mut registry, &snapshot.pools, &snapshot.queues);
     let processor_seconds = Family::<Labels, Counter<f64>>::default();
     let shards_split = Family::<Labels, Counter>::default();
     let backups = Family::<Labels, Counter>::default();
@@ -389,46 +405,64 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
     Ok(out)
 }
 
-/// One number of a [`QueueDemand`].
-type DemandField = fn(&QueueDemand) -> u64;
-
-/// The autoscaling signal, overall and per queue (see `docs/src/operations/deploy.md`,
+/// The autoscaling signal per pool (each pool's autoscaler follows its
+/// own) and per queue (see `docs/src/operations/deploy.md`,
 /// "Autoscaling").
-fn register_demand(registry: &mut Registry, queues: &[QueueDemand]) {
-    let total = queues
-        .iter()
-        .fold(QueueDemand::default(), |t, q| QueueDemand {
-            queue: String::new(),
-            pending: t.pending + q.pending,
-            leased: t.leased + q.leased,
-            records_left: t.records_left + q.records_left,
-            workers_wanted: t.workers_wanted + q.workers_wanted,
-        });
-    let fields: [(&str, &str, DemandField); 4] = [
+fn register_demand(registry: &mut Registry, pools: &[PoolDemand], queues: &[QueueDemand]) {
+    type PoolField = fn(&PoolDemand) -> u64;
+    type QueueField = fn(&QueueDemand) -> u64;
+    let fields: [(&str, &str, PoolField, Option<QueueField>); 5] = [
+        (
+            "workers",
+            "Worker sessions connected now",
+            |p| p.workers,
+            None,
+        ),
         (
             "workers_wanted",
             "Workers that would be busy now: leased plus pending shards, capped by max_workers and queue caps",
-            |q| q.workers_wanted,
+            |p| p.workers_wanted,
+            Some(|q| q.workers_wanted),
         ),
         (
             "shards_pending",
             "Shards of running jobs waiting for a worker",
-            |q| q.pending,
+            |p| p.pending,
+            Some(|q| q.pending),
         ),
-        ("shards_leased", "Shards leased now", |q| q.leased),
+        (
+            "shards_leased",
+            "Shards leased now",
+            |p| p.leased,
+            Some(|q| q.leased),
+        ),
         (
             "records_left",
             "Records not yet committed, over running jobs whose count is known",
-            |q| q.records_left,
+            |p| p.records_left,
+            Some(|q| q.records_left),
         ),
     ];
-    for (name, help, value) in fields {
-        registry.register(format!("stoke_{name}"), help, gauge(value(&total)));
+    for (name, help, by_pool, by_queue) in fields {
+        let family = Family::<Labels, Gauge>::default();
+        for p in pools {
+            family
+                .get_or_create(&labels([("pool", &p.pool)]))
+                .set(i64::try_from(by_pool(p)).unwrap_or(i64::MAX));
+        }
+        registry.register(
+            format!("stoke_{name}"),
+            format!("{help}, per worker pool"),
+            family,
+        );
+        let Some(by_queue) = by_queue else {
+            continue;
+        };
         let family = Family::<Labels, Gauge>::default();
         for q in queues {
             family
                 .get_or_create(&labels([("queue", &q.queue)]))
-                .set(i64::try_from(value(q)).unwrap_or(i64::MAX));
+                .set(i64::try_from(by_queue(q)).unwrap_or(i64::MAX));
         }
         registry.register(
             format!("stoke_queue_{name}"),
@@ -462,6 +496,7 @@ mod tests {
                 session_id: "s".to_string(),
                 hostname: "h".to_string(),
                 devices: vec!["cpu".to_string()],
+                pool: "gpu".to_string(),
                 leases: vec![("j".to_string(), "s00000".to_string(), 1)],
                 stages: StageTotals {
                     model_ms: 1500,
@@ -483,6 +518,24 @@ mod tests {
                     leased: 4,
                     records_left: 0,
                     workers_wanted: 8,
+                },
+            ],
+            pools: vec![
+                PoolDemand {
+                    pool: "default".to_string(),
+                    workers: 0,
+                    pending: 2,
+                    leased: 0,
+                    records_left: 58,
+                    workers_wanted: 2,
+                },
+                PoolDemand {
+                    pool: "gpu".to_string(),
+                    workers: 1,
+                    pending: 10,
+                    leased: 5,
+                    records_left: 0,
+                    workers_wanted: 9,
                 },
             ],
             reports: vec![EfficiencyReport {
@@ -530,10 +583,14 @@ mod tests {
             line(&body, "stoke_commits_total{result=\"accepted\"}"),
             Some("5")
         );
-        assert_eq!(line(&body, "stoke_workers"), Some("1"));
+        assert_eq!(line(&body, "stoke_workers{pool=\"gpu\"}"), Some("1"));
+        assert_eq!(line(&body, "stoke_workers{pool=\"default\"}"), Some("0"));
         assert_eq!(line(&body, "stoke_shards_in_memory"), Some("4"));
         assert_eq!(
-            line(&body, "stoke_worker_leases{worker=\"w\\\"1\",host=\"h\"}"),
+            line(
+                &body,
+                "stoke_worker_leases{worker=\"w\\\"1\",host=\"h\",pool=\"gpu\"}"
+            ),
             Some("1")
         );
         assert_eq!(
@@ -574,14 +631,24 @@ mod tests {
         );
         assert_eq!(line(&body, "stoke_commit_seconds_count"), Some("1"));
         assert!(body.contains("# TYPE stoke_batch_seconds histogram"));
-        assert_eq!(line(&body, "stoke_workers_wanted"), Some("11"));
+        assert_eq!(line(&body, "stoke_workers_wanted{pool=\"gpu\"}"), Some("9"));
+        assert_eq!(
+            line(&body, "stoke_workers_wanted{pool=\"default\"}"),
+            Some("2")
+        );
         assert_eq!(
             line(&body, "stoke_queue_workers_wanted{queue=\"gpu\"}"),
             Some("8")
         );
-        assert_eq!(line(&body, "stoke_shards_pending"), Some("12"));
-        assert_eq!(line(&body, "stoke_shards_leased"), Some("5"));
-        assert_eq!(line(&body, "stoke_records_left"), Some("58"));
+        assert_eq!(
+            line(&body, "stoke_shards_pending{pool=\"gpu\"}"),
+            Some("10")
+        );
+        assert_eq!(line(&body, "stoke_shards_leased{pool=\"gpu\"}"), Some("5"));
+        assert_eq!(
+            line(&body, "stoke_records_left{pool=\"default\"}"),
+            Some("58")
+        );
         assert_eq!(
             line(&body, "stoke_queue_records_left{queue=\"default\"}"),
             Some("58")

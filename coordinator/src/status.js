@@ -227,6 +227,7 @@
       "data-percent": p === null ? "" : pctFixed(p),
       "data-priority": sched.priority,
       "data-queue": sched.queue,
+      "data-pool": sched.pool,
       "data-weight": sched.weight,
       "data-waiting": sched.waiting || "",
     },
@@ -244,6 +245,7 @@
         stat("Crashes", int(job.crashes || 0), job.crashes ? "warn" : null, { "data-role": "crashes" }),
         stat("Priority", String(sched.priority), null, { "data-role": "priority" }),
         stat("Queue", sched.queue, null, { "data-role": "queue" }),
+        stat("Pool", sched.pool, null, { "data-role": "pool" }),
         stat("Weight", String(sched.weight), null, { "data-role": "weight" }),
         stat("Leases", leases, null, { "data-role": "leases" }),
         stat("Waiting", sched.waiting || "—", sched.waiting ? "warn" : null, { "data-role": "waiting" }),
@@ -306,11 +308,12 @@
   function renderWorkers(workers) {
     if (!workers.length) return el("p", { class: "empty" }, "No worker is connected.");
     return el("div", { class: "table-card" }, el("table", {},
-      el("thead", {}, el("tr", {}, el("th", {}, "Worker"), el("th", {}, "Host"), el("th", {}, "Devices"),
+      el("thead", {}, el("tr", {}, el("th", {}, "Worker"), el("th", {}, "Host"), el("th", {}, "Pool"), el("th", {}, "Devices"),
         el("th", {}, "Leases (job / shard)"), el("th", {}, "Processor time"), el("th", {}, "Batches"))),
-      el("tbody", {}, ...workers.map((w) => el("tr", { class: "worker", "data-worker-id": w.worker_id, "data-leases": w.leases.length },
+      el("tbody", {}, ...workers.map((w) => el("tr", { class: "worker", "data-worker-id": w.worker_id, "data-pool": w.pool, "data-leases": w.leases.length },
         el("td", { class: "mono" }, w.worker_id),
         el("td", { class: "mono" }, w.host),
+        el("td", { class: "mono" }, w.pool),
         el("td", { class: "mono" }, w.devices.join(", ") || "—"),
         el("td", {}, w.leases.length
           ? el("div", {}, ...w.leases.map((l) => el("span", { class: "chip", "data-job": l.job, "data-shard": l.shard }, l.job + " / " + l.shard)))

@@ -226,9 +226,12 @@ pub struct JobView {
 pub struct ScheduleView {
     pub priority: i64,
     pub queue: String,
+    /// The worker pool that runs it (`[scheduling] pool`).
+    pub pool: String,
     pub weight: f64,
     pub max_workers: Option<u64>,
-    /// `queue full`, `lower priority`, `max_workers`, or `null`.
+    /// `queue full`, `lower priority`, `max_workers`, `no worker in pool
+    /// "NAME"`, or `null`.
     pub waiting: Option<String>,
 }
 
@@ -273,6 +276,8 @@ pub struct SkippedView {
 pub struct WorkerView {
     pub worker_id: String,
     pub host: String,
+    /// The pool it serves (`stoke-worker --pool`).
+    pub pool: String,
     pub devices: Vec<String>,
     pub leases: Vec<LeaseView>,
     pub stages: StagesView,
@@ -330,6 +335,7 @@ impl StatusView {
             .map(|w| WorkerView {
                 worker_id: w.worker_id,
                 host: w.hostname,
+                pool: w.pool,
                 devices: w.devices,
                 leases: w
                     .leases
@@ -377,6 +383,7 @@ impl JobView {
         let schedule = ScheduleView {
             priority: info.schedule.priority,
             queue: info.schedule.queue,
+            pool: info.schedule.pool,
             weight: info.schedule.weight,
             max_workers: info.schedule.max_workers,
             waiting: info.schedule.waiting,
@@ -594,6 +601,7 @@ mod tests {
                     session_id: "w1-SESSION".to_string(),
                     hostname: "gpu-node-1".to_string(),
                     devices: vec!["cuda:0".to_string()],
+                    pool: "gpu".to_string(),
                     leases: vec![("fixture-1".to_string(), "s00003".to_string(), 4)],
                     stages: Default::default(),
                 }],

@@ -77,15 +77,18 @@ fn submit_spec(state: &mut State, req: u64, job_id: &str, spec: JobSpec, count: 
 }
 
 fn register(state: &mut State, worker: &str) -> String {
-    let grant = state.register(
-        Registration {
-            worker_id: worker.to_string(),
-            devices: vec!["cpu".to_string()],
-            hostname: "test".to_string(),
-            held: Vec::new(),
-        },
-        Instant::now(),
-    );
+    let grant = state
+        .register(
+            Registration {
+                worker_id: worker.to_string(),
+                devices: vec!["cpu".to_string()],
+                hostname: "test".to_string(),
+                held: Vec::new(),
+                pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
+            },
+            Instant::now(),
+        )
+        .expect("registered");
     grant.session_id
 }
 

@@ -69,6 +69,7 @@ impl From<JobInfo> for pb::JobInfo {
                 max_workers: j.schedule.max_workers.unwrap_or(0),
                 queue: j.schedule.queue,
                 waiting: j.schedule.waiting.unwrap_or_default(),
+                pool: j.schedule.pool,
             }),
             crashes: j.crashes,
             isolating: j.isolating.unwrap_or_default(),
@@ -111,6 +112,8 @@ impl TryFrom<pb::JobInfo> for JobInfo {
                     weight: s.weight,
                     max_workers: (s.max_workers > 0).then_some(s.max_workers),
                     queue: s.queue,
+                    pool: non_empty(s.pool)
+                        .unwrap_or_else(|| crate::schedule::DEFAULT_POOL.to_string()),
                     waiting: non_empty(s.waiting),
                 })
                 .unwrap_or_default(),
@@ -248,6 +251,7 @@ impl From<WorkerInfo> for pb::WorkerInfo {
             session_id: w.session_id,
             hostname: w.hostname,
             devices: w.devices,
+            pool: w.pool,
             leases: w
                 .leases
                 .into_iter()
@@ -269,6 +273,7 @@ impl From<pb::WorkerInfo> for WorkerInfo {
             session_id: w.session_id,
             hostname: w.hostname,
             devices: w.devices,
+            pool: non_empty(w.pool).unwrap_or_else(|| crate::schedule::DEFAULT_POOL.to_string()),
             leases: w
                 .leases
                 .into_iter()
@@ -950,6 +955,7 @@ mod tests {
                 weight: 2.5,
                 max_workers: Some(3),
                 queue: "team-a".into(),
+                pool: "gpu".into(),
                 waiting: Some("queue full".into()),
             },
             crashes: 3,

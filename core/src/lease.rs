@@ -280,6 +280,8 @@ pub struct Registration {
     pub hostname: String,
     /// Leases held from an earlier session (the coordinator restarted).
     pub held: Vec<LeaseKey>,
+    /// The pool it serves (`stoke-worker --pool`).
+    pub pool: String,
 }
 
 /// What the coordinator tells a worker when its session opens.

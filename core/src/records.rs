@@ -281,8 +281,10 @@ pub struct JobScheduling {
     pub weight: f64,
     pub max_workers: Option<u64>,
     pub queue: String,
-    /// `queue full`, `lower priority` or `max_workers` while the job has
-    /// pending shards it cannot lease.
+    /// The worker pool that runs it.
+    pub pool: String,
+    /// `queue full`, `lower priority`, `max_workers` or `no worker in pool
+    /// "NAME"` while the job has pending shards it cannot lease.
     pub waiting: Option<String>,
 }
 
@@ -293,6 +295,7 @@ impl Default for JobScheduling {
             weight: 1.0,
             max_workers: None,
             queue: crate::schedule::DEFAULT_QUEUE.to_string(),
+            pool: crate::schedule::DEFAULT_POOL.to_string(),
             waiting: None,
         }
     }
@@ -321,6 +324,8 @@ pub struct WorkerInfo {
     pub session_id: String,
     pub hostname: String,
     pub devices: Vec<String>,
+    /// The pool it serves (`stoke-worker --pool`).
+    pub pool: String,
     /// (job id, shard id, fencing token) of each lease.
     pub leases: Vec<(String, String, u64)>,
     /// Where its processor threads spent their time, as last reported.

@@ -12,6 +12,10 @@ use crate::error::SpecError;
 /// The queue of a job whose spec names none.
 pub const DEFAULT_QUEUE: &str = "default";
 
+/// The pool of a job whose spec names none, and of a worker started
+/// without `--pool`.
+pub const DEFAULT_POOL: &str = "default";
+
 /// Largest weight accepted: weights are compared as ratios of leases held,
 /// and beyond this a job's share no longer differs from "everything".
 pub const MAX_WEIGHT: f64 = 1e6;
@@ -68,6 +72,17 @@ pub fn validate_weight(weight: f64) -> Result<(), SpecError> {
 /// A queue name: 1 to 64 letters, digits, `-`, `_` or `.` (it appears in
 /// metric labels and on the command line as `NAME=MAX_LEASES`).
 pub fn validate_queue(name: &str) -> Result<(), SpecError> {
+    validate_name("queue", name)
+}
+
+/// A worker pool's name, as `[scheduling] pool`, `stoke-worker --pool`
+/// and the coordinator's `--pool` give it: the rules of a queue name (it
+/// is a metric label too).
+pub fn validate_pool(name: &str) -> Result<(), SpecError> {
+    validate_name("scheduling.pool", name)
+}
+
+fn validate_name(field: &str, name: &str) -> Result<(), SpecError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_QUEUE_LEN
         && name
@@ -75,7 +90,7 @@ pub fn validate_queue(name: &str) -> Result<(), SpecError> {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     if !ok {
         return Err(SpecError::invalid(
-            "queue",
+            field,
             format!("must be 1 to {MAX_QUEUE_LEN} letters, digits, '-', '_' or '.', got {name:?}"),
         ));
     }

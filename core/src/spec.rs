@@ -56,6 +56,25 @@ pub struct JobSpec {
     /// The LLM engine of `processor.name = "llm"` (see [`llm`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm: Option<llm::LlmSpec>,
+    /// Which workers may run the job (`[scheduling] pool`).
+    #[serde(default, skip_serializing_if = "SchedulingSpec::is_default")]
+    pub scheduling: SchedulingSpec,
+}
+
+/// `[scheduling]`: which workers the job may use.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulingSpec {
+    /// The worker pool whose workers run it (`stoke-worker --pool`);
+    /// `"default"` when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+}
+
+impl SchedulingSpec {
+    fn is_default(&self) -> bool {
+        self.pool.is_none()
+    }
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -87,6 +106,14 @@ impl JobSpec {
         self.queue
             .as_deref()
             .unwrap_or(crate::schedule::DEFAULT_QUEUE)
+    }
+
+    /// The worker pool whose workers run the job.
+    pub fn pool_name(&self) -> &str {
+        self.scheduling
+            .pool
+            .as_deref()
+            .unwrap_or(crate::schedule::DEFAULT_POOL)
     }
 }
 
@@ -937,6 +964,9 @@ impl JobSpec {
         self.schedule().validate()?;
         if let Some(queue) = &self.queue {
             crate::schedule::validate_queue(queue)?;
+        }
+        if let Some(pool) = &self.scheduling.pool {
+            crate::schedule::validate_pool(pool)?;
         }
         Ok(())
     }

@@ -141,7 +141,8 @@ fn the_hpa_fallback_reads_the_same_signal_the_coordinator_serves() {
     let (code, body) = http_get(&coordinator.http_addr, "/metrics").expect("metrics");
     assert_eq!(code, 200);
     assert!(
-        body.lines().any(|l| l == "stoke_workers_wanted 0"),
+        body.lines()
+            .any(|l| l == "stoke_workers_wanted{pool=\"default\"} 0"),
         "{body}"
     );
 }

@@ -489,6 +489,7 @@ async fn raw_session(
             devices: vec!["cpu".to_string()],
             hostname: "test".to_string(),
             held: Vec::new(),
+            pool: String::new(),
         })),
     })
     .await
@@ -718,7 +719,7 @@ fn health_readiness_and_metrics_over_http() {
     let idle = Proc::spawn("worker-idle", cmd, tmp.path());
     wait_until("the idle worker in /metrics", DEADLINE, || {
         let (_, body) = http_get(&http, "/metrics")?;
-        (metric(&body, "stoke_workers") == Some(1.0)).then_some(())
+        (metric(&body, "stoke_workers{pool=\"default\"}") == Some(1.0)).then_some(())
     });
     let workers = coordinator.cli(&["workers", "--json"]);
     let workers: serde_json::Value = serde_json::from_slice(&workers.stdout).expect("json");
@@ -769,7 +770,7 @@ fn health_readiness_and_metrics_over_http() {
     drop(idle);
     wait_until("the worker gone from /metrics", DEADLINE, || {
         let (_, body) = http_get(&http, "/metrics")?;
-        (metric(&body, "stoke_workers") == Some(0.0)).then_some(())
+        (metric(&body, "stoke_workers{pool=\"default\"}") == Some(0.0)).then_some(())
     });
     let (code, body) = http_get(&http, "/metrics").expect("metrics");
     assert_eq!(code, 200);

@@ -219,7 +219,7 @@ fn workers_wanted_rises_and_falls_with_the_work() {
     let mut coordinator = Coordinator::start(&root, tmp.path(), &["--queue", "gpu=2"]);
     let wanted_of = |c: &Coordinator, series: &str| metric(c, series).map(|v| v as u64);
     assert_eq!(
-        wanted_of(&coordinator, "stoke_workers_wanted"),
+        wanted_of(&coordinator, "stoke_workers_wanted{pool=\"default\"}"),
         Some(0),
         "nothing to do: zero"
     );
@@ -233,11 +233,11 @@ fn workers_wanted_rises_and_falls_with_the_work() {
         .expect("shards_total");
     assert!(shards > 2, "{shards} shards");
     assert_eq!(
-        wanted_of(&coordinator, "stoke_workers_wanted"),
+        wanted_of(&coordinator, "stoke_workers_wanted{pool=\"default\"}"),
         Some(shards)
     );
     assert_eq!(
-        wanted_of(&coordinator, "stoke_shards_pending"),
+        wanted_of(&coordinator, "stoke_shards_pending{pool=\"default\"}"),
         Some(shards)
     );
     // A job in a queue capped at 2 adds at most 2, whatever its size.
@@ -251,14 +251,14 @@ fn workers_wanted_rises_and_falls_with_the_work() {
         Some(2)
     );
     assert_eq!(
-        wanted_of(&coordinator, "stoke_workers_wanted"),
+        wanted_of(&coordinator, "stoke_workers_wanted{pool=\"default\"}"),
         Some(shards + 2)
     );
     // Paused: its workers are not wanted.
     let out = coordinator.cli(&["pause", &capped]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
-        wanted_of(&coordinator, "stoke_workers_wanted"),
+        wanted_of(&coordinator, "stoke_workers_wanted{pool=\"default\"}"),
         Some(shards)
     );
     // `stoke set --max-workers` caps what the job adds; the cap is stored
@@ -270,42 +270,51 @@ fn workers_wanted_rises_and_falls_with_the_work() {
         "{}",
         text(&out.stdout)
     );
-    assert_eq!(wanted_of(&coordinator, "stoke_workers_wanted"), Some(2));
+    assert_eq!(
+        wanted_of(&coordinator, "stoke_workers_wanted{pool=\"default\"}"),
+        Some(2)
+    );
     coordinator.restart(&[]);
     assert_eq!(jobs(&coordinator)[&first]["max_workers"], 2);
-    assert_eq!(wanted_of(&coordinator, "stoke_workers_wanted"), Some(2));
+    assert_eq!(
+        wanted_of(&coordinator, "stoke_workers_wanted{pool=\"default\"}"),
+        Some(2)
+    );
     let out = coordinator.cli(&["set", &first, "--max-workers", "0"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
-        wanted_of(&coordinator, "stoke_workers_wanted"),
+        wanted_of(&coordinator, "stoke_workers_wanted{pool=\"default\"}"),
         Some(shards)
     );
     // Workers take the shards: leased ones still count, done ones do not.
     let _worker = coordinator.worker_with("stoke-worker", "w0", tmp.path(), &[], &[SLOW_BATCHES]);
     wait_until("a shard leased", DEADLINE, || {
-        (wanted_of(&coordinator, "stoke_shards_leased") == Some(1)).then_some(())
+        (wanted_of(&coordinator, "stoke_shards_leased{pool=\"default\"}") == Some(1)).then_some(())
     });
     wait_until(
         "workers_wanted to fall as shards are done",
         DEADLINE,
         || {
-            wanted_of(&coordinator, "stoke_workers_wanted")
+            wanted_of(&coordinator, "stoke_workers_wanted{pool=\"default\"}")
                 .filter(|&n| n < shards)
                 .map(|_| ())
         },
     );
     coordinator.wait_success(&first);
     assert_eq!(
-        wanted_of(&coordinator, "stoke_workers_wanted"),
+        wanted_of(&coordinator, "stoke_workers_wanted{pool=\"default\"}"),
         Some(0),
         "scale to zero"
     );
-    assert_eq!(wanted_of(&coordinator, "stoke_records_left"), Some(0));
+    assert_eq!(
+        wanted_of(&coordinator, "stoke_records_left{pool=\"default\"}"),
+        Some(0)
+    );
     // Back up when work arrives again.
     let out = coordinator.cli(&["resume", &capped]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     wait_until("workers wanted again", DEADLINE, || {
-        wanted_of(&coordinator, "stoke_workers_wanted")
+        wanted_of(&coordinator, "stoke_workers_wanted{pool=\"default\"}")
             .filter(|&n| n > 0)
             .map(|_| ())
     });

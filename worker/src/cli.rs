@@ -30,6 +30,11 @@ pub struct WorkerArgs {
     /// This worker's name (default: host name and process id).
     #[arg(long, env = "STOKE_WORKER_ID")]
     pub worker_id: Option<String>,
+    /// The worker pool it serves: it runs only jobs whose `[scheduling]
+    /// pool` names it (a job that names none is in `default`). A
+    /// coordinator started with `--pool` refuses a worker of another pool.
+    #[arg(long, env = "STOKE_POOL", default_value = stoke_core::schedule::DEFAULT_POOL)]
+    pub pool: String,
     /// auto, cpu, cuda, cuda:N, a comma-separated list, or all (every CUDA
     /// device): one processor and lease stream per device.
     #[arg(long, env = "STOKE_DEVICE", default_value = "auto")]
@@ -126,6 +131,7 @@ fn check_config(args: &WorkerArgs, registry: &Registry) -> ! {
         Ok(serde_json::json!({
             "coordinator": args.coordinator,
             "worker_id": config.worker_id,
+            "pool": config.pool,
             "devices": config.devices.iter().map(|d| format!("{d:?}")).collect::<Vec<_>>(),
             "threads": args.threads,
             "exit_when_idle": args.exit_when_idle,
@@ -160,6 +166,9 @@ impl WorkerArgs {
             format!("{host}-{}", std::process::id())
         });
         let mut config = WorkerConfig::new(worker_id);
+        stoke_core::schedule::validate_pool(&self.pool)
+            .map_err(|e| WorkerError::Config(format!("--pool: {e}")))?;
+        config.pool = self.pool.clone();
         config.devices = parse_devices(&self.device)?;
         config.intra_op_threads = self.threads;
         config.exit_when_idle = self.exit_when_idle;

@@ -11,6 +11,9 @@ use crate::error::WorkerError;
 pub struct WorkerConfig {
     /// Names this worker in the coordinator's logs and status.
     pub worker_id: String,
+    /// The pool it serves (`--pool`): it is leased only shards of jobs
+    /// whose `[scheduling] pool` names it.
+    pub pool: String,
     /// One processor (and lease stream) per device.
     pub devices: Vec<Device>,
     /// libtorch intra-op threads; `None` leaves libtorch's default.
@@ -35,6 +38,7 @@ impl WorkerConfig {
     pub fn new(worker_id: impl Into<String>) -> Self {
         Self {
             worker_id: worker_id.into(),
+            pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
             devices: vec![Device::Cpu],
             intra_op_threads: None,
             exit_when_idle: false,

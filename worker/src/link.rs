@@ -180,6 +180,7 @@ impl CoordinatorLink for GrpcLink {
                 devices: registration.devices,
                 hostname: registration.hostname,
                 held: registration.held.into_iter().map(Into::into).collect(),
+                pool: registration.pool,
             })),
         };
         out_tx

@@ -104,6 +104,7 @@ pub async fn run<L: CoordinatorLink>(
             devices: config.devices.iter().map(|d| device_name(*d)).collect(),
             hostname: hostname(),
             held: Vec::new(),
+            pool: config.pool.clone(),
         },
         Arc::clone(&active),
         Arc::clone(&stages),

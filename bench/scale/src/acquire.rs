@@ -92,9 +92,10 @@ pub async fn run(options: &Options) -> anyhow::Result<AcquireReport> {
                 devices: vec!["cpu".to_string()],
                 hostname: "bench".to_string(),
                 held: Vec::new(),
+                pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
             },
             events_tx,
-        );
+        )?;
         let lease = leased(state.acquire(&grant.session_id)?)?;
         sessions.push((grant.session_id, events_rx, lease));
     }
@@ -142,9 +143,10 @@ async fn end_jobs(state: &mut Inline, stores: &Stores, n: usize) -> anyhow::Resu
             devices: vec!["cpu".to_string()],
             hostname: "bench".to_string(),
             held: Vec::new(),
+            pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
         },
         events_tx,
-    );
+    )?;
     for i in 0..n {
         let spec = JobSpec::from_toml(&range_spec(&format!("bench-ended-{i}"), 1, 10))?;
         let plan = plan_dataset(&spec, stores).await?;

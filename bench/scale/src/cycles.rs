@@ -315,6 +315,7 @@ pub(crate) async fn register(channel: Channel, worker_id: String) -> anyhow::Res
                 devices: vec!["cpu".to_string()],
                 hostname: "bench".to_string(),
                 held: Vec::new(),
+                pool: String::new(),
             })),
         })
         .await

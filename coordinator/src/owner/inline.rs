@@ -244,11 +244,11 @@ impl Inline {
         &mut self,
         registration: Registration,
         events_tx: mpsc::Sender<SessionEvent>,
-    ) -> SessionGrant {
-        let grant = self.state.register(registration, Instant::now());
+    ) -> Result<SessionGrant> {
+        let grant = self.state.register(registration, Instant::now())?;
         self.sessions.insert(grant.session_id.clone(), events_tx);
         self.notify();
-        grant
+        Ok(grant)
     }
 
     /// The session's connection dropped.

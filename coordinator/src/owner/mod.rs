@@ -369,8 +369,10 @@ impl Owner {
                 reply,
             } => {
                 let grant = state.register(registration, Instant::now());
-                self.sessions.insert(grant.session_id.clone(), events_tx);
-                let _ = reply.send(Ok(grant));
+                if let Ok(grant) = &grant {
+                    self.sessions.insert(grant.session_id.clone(), events_tx);
+                }
+                let _ = reply.send(grant);
             }
             Command::SessionClosed { session_id } => {
                 state.session_closed(&session_id, Instant::now());

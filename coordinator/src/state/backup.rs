@@ -137,7 +137,7 @@ impl State {
         if !asker.leases.is_empty() {
             return Ok(None);
         }
-        let may_lease = self.jobs_that_may_lease_more();
+        let may_lease = self.jobs_that_may_lease_more(self.pool_of(session_id));
         let mut best: Option<Candidate> = None;
         for (holder_id, holder, job_id, idx, job) in self.others_leases(session_id) {
             if !job.backups_allowed() || !may_lease.contains(job_id) {

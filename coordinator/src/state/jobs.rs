@@ -108,6 +108,16 @@ impl State {
             self.reply(Some(req), Answer::job(Err(error)));
             return;
         }
+        // Likewise a pool, when the coordinator names its pools.
+        if let Err(known) = self.config.check_pool(spec.pool_name()) {
+            let error = CoordinatorError::UnknownPool {
+                what: "job spec: scheduling.pool",
+                pool: spec.pool_name().to_string(),
+                known,
+            };
+            self.reply(Some(req), Answer::job(Err(error)));
+            return;
+        }
         let layout = self.root_layout().job(&job_id);
         let spec = Arc::new(spec);
         let plan = Arc::new(plan);

@@ -668,6 +668,8 @@ impl Job {
 struct Session {
     worker_id: String,
     hostname: String,
+    /// The pool it serves: it is leased only its pool's jobs' shards.
+    pool: String,
     devices: Vec<String>,
     /// Its processor threads' time, as last reported.
     stages: StageTotals,

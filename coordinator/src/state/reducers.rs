@@ -96,10 +96,16 @@ impl State {
         session_id: &str,
         now: Instant,
     ) -> Option<AcquireOutcome> {
+        // The reducer runs the job's processor code: on its pool's workers.
+        let pool = self.pool_of(session_id);
         let job_id = self
             .jobs
             .values()
-            .find(|j| j.reduce == Reduce::Pending && matches!(j.life, Life::Running(Change::Idle)))?
+            .find(|j| {
+                j.reduce == Reduce::Pending
+                    && matches!(j.life, Life::Running(Change::Idle))
+                    && j.spec.pool_name() == pool
+            })?
             .id
             .clone();
         let token = self.next_token();

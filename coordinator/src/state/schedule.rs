@@ -34,7 +34,7 @@ use tokio::time::{Duration, Instant};
 use tracing::info;
 
 use super::{Job, State};
-use crate::metrics::QueueDemand;
+use crate::metrics::{PoolDemand, QueueDemand};
 
 /// Why a running job with pending shards gets no worker, as `stoke jobs`
 /// and the status page say it.
@@ -46,14 +46,18 @@ pub enum WaitReason {
     LowerPriority,
     /// It holds as many leases as its `max_workers`.
     MaxWorkers,
+    /// No worker of its pool is connected.
+    NoWorkerInPool,
 }
 
 impl WaitReason {
-    pub fn as_str(self) -> &'static str {
+    /// As `stoke status` and the status page say it, for a job of `pool`.
+    pub fn describe(self, pool: &str) -> String {
         match self {
-            WaitReason::QueueFull => "queue full",
-            WaitReason::LowerPriority => "lower priority",
-            WaitReason::MaxWorkers => "max_workers",
+            WaitReason::QueueFull => "queue full".to_string(),
+            WaitReason::LowerPriority => "lower priority".to_string(),
+            WaitReason::MaxWorkers => "max_workers".to_string(),
+            WaitReason::NoWorkerInPool => format!("no worker in pool {pool:?}"),
         }
     }
 }
@@ -149,11 +153,13 @@ impl State {
     /// and its queue's cap (or the queue may borrow). Splitting a shard
     /// for an idle worker asks this too, so a split never hands a job more
     /// workers than its caps allow.
-    /// Returns the ids of the running jobs that may.
-    pub(super) fn jobs_that_may_lease_more(&self) -> HashSet<&str> {
+    /// Returns the ids of the running jobs of `pool` (the asking worker's)
+    /// that may.
+    pub(super) fn jobs_that_may_lease_more(&self, pool: &str) -> HashSet<&str> {
         let usage = self.queue_usage();
         self.jobs
             .values()
+            .filter(|job| job.spec.pool_name() == pool)
             .filter(|job| {
                 if job.schedule.max_workers.is_some_and(|m| job.leased >= m) {
                     return false;
@@ -182,10 +188,12 @@ impl State {
         // one while others are connected.
         let others_connected = self.sessions.values().any(|s| s.worker_id != worker_id);
         let usage = self.queue_usage();
+        let pool = self.pool_of(session_id);
         let mut any_unfinished = false;
         let mut best: Option<(Rank, Choice)> = None;
         for job in self.jobs.values() {
-            if job.life.ended() {
+            // A worker serves its own pool's jobs only.
+            if job.life.ended() || job.spec.pool_name() != pool {
                 continue;
             }
             any_unfinished = true;
@@ -234,6 +242,13 @@ impl State {
         (best.map(|(_, c)| c), any_unfinished)
     }
 
+    /// The pool session `session_id` serves.
+    pub(super) fn pool_of(&self, session_id: &str) -> &str {
+        self.sessions
+            .get(session_id)
+            .map_or(stoke_core::schedule::DEFAULT_POOL, |s| s.pool.as_str())
+    }
+
     /// A lease of `job_id` went out: advance its stride pass, from no
     /// earlier than the pass of the job served last, so a job that was
     /// idle (or is new) takes its turn without a burst of catching up.
@@ -252,10 +267,14 @@ impl State {
         &self,
         job: &Job,
         usage: &HashMap<&str, u64>,
+        pools: &HashSet<&str>,
         top: Option<i64>,
     ) -> Option<WaitReason> {
         if !job.life.running() || job.pending.is_empty() {
             return None;
+        }
+        if !pools.contains(job.spec.pool_name()) {
+            return Some(WaitReason::NoWorkerInPool);
         }
         if job.schedule.max_workers.is_some_and(|m| job.leased >= m) {
             return Some(WaitReason::MaxWorkers);
@@ -282,18 +301,24 @@ impl State {
                 && !job.pending.is_empty()
                 && job.schedule.max_workers.is_none_or(|m| job.leased < m)
         };
-        // The highest priority among jobs that want more workers, or hold
-        // some (a job holding workers at a higher priority keeps them).
-        let top = self
+        // Per pool, the highest priority among jobs that want more
+        // workers, or hold some (a job holding workers at a higher priority
+        // keeps them): jobs compete for their own pool's workers only.
+        let mut top: HashMap<&str, i64> = HashMap::new();
+        for job in self
             .jobs
             .values()
             .filter(|j| eligible(j) || (j.life.running() && j.leased > 0))
-            .map(|j| j.schedule.priority)
-            .max();
+        {
+            let p = top.entry(job.spec.pool_name()).or_insert(i64::MIN);
+            *p = (*p).max(job.schedule.priority);
+        }
+        let pools: HashSet<&str> = self.sessions.values().map(|s| s.pool.as_str()).collect();
         self.jobs
             .values()
             .filter_map(|job| {
-                self.wait_reason(job, &usage, top)
+                let top = top.get(job.spec.pool_name()).copied();
+                self.wait_reason(job, &usage, &pools, top)
                     .map(|r| (job.id.as_str(), r))
             })
             .collect()
@@ -315,10 +340,28 @@ impl State {
         {
             self.preempted_at.pop_front();
         }
-        let budget = (per_s as usize).saturating_sub(self.preempted_at.len());
+        // Workers serve their own pool: each pool preempts among its own.
+        let mut pools: Vec<String> = self.sessions.values().map(|s| s.pool.clone()).collect();
+        pools.sort();
+        pools.dedup();
+        for pool in pools {
+            let budget = (per_s as usize).saturating_sub(self.preempted_at.len());
+            if budget == 0 {
+                return;
+            }
+            self.preempt_in(&pool, budget, now);
+        }
+    }
+
+    /// [`State::preempt`] within one pool, at most `budget` leases.
+    fn preempt_in(&mut self, pool: &str, budget: usize, now: Instant) {
         // A free worker takes the waiting work itself.
-        let free = !self.waiting.is_empty() || self.sessions.values().any(|s| s.leases.is_empty());
-        if budget == 0 || free || self.sessions.is_empty() {
+        let free = self.waiting.iter().any(|id| self.pool_of(id) == pool)
+            || self
+                .sessions
+                .values()
+                .any(|s| s.pool == pool && s.leases.is_empty());
+        if free {
             return;
         }
         // Owned: the leases picked below are marked in place.
@@ -326,7 +369,7 @@ impl State {
             .into_iter()
             .map(|(q, n)| (q.to_string(), n))
             .collect();
-        let Some((claimant, demand)) = self.claimant(&usage) else {
+        let Some((claimant, demand)) = self.claimant(pool, &usage) else {
             return;
         };
         let Some(job) = self.jobs.get(&claimant) else {
@@ -339,7 +382,7 @@ impl State {
         // queue gives back no more than it borrowed.
         let mut given: HashMap<String, u64> = HashMap::new();
         let mut victims = Vec::new();
-        for (session_id, session) in &self.sessions {
+        for (session_id, session) in self.sessions.iter().filter(|(_, s)| s.pool == pool) {
             for (job_id, idx) in &session.leases {
                 let Some(job) = self.jobs.get(job_id) else {
                     continue;
@@ -498,12 +541,13 @@ impl State {
         }
     }
 
-    /// The job most deserving of a worker that could take one within its
-    /// own caps (not by borrowing), and how many more leases it could use.
-    fn claimant(&self, usage: &HashMap<String, u64>) -> Option<(String, u64)> {
+    /// The job of `pool` most deserving of a worker that could take one
+    /// within its own caps (not by borrowing), and how many more leases it
+    /// could use.
+    fn claimant(&self, pool: &str, usage: &HashMap<String, u64>) -> Option<(String, u64)> {
         let mut best: Option<(Rank, &str, u64)> = None;
         for job in self.jobs.values() {
-            if !job.life.leasing() || job.pending.is_empty() {
+            if !job.life.leasing() || job.pending.is_empty() || job.spec.pool_name() != pool {
                 continue;
             }
             let mut room = job.pending.len() as u64;
@@ -553,11 +597,7 @@ impl State {
             if let Some(total) = job.plan.records_total {
                 q.records_left += total.saturating_sub(job.totals.records);
             }
-            let mut wanted = pending + job.leased;
-            if let Some(max) = job.schedule.max_workers {
-                wanted = wanted.min(max);
-            }
-            q.workers_wanted += wanted;
+            q.workers_wanted += job.workers_wanted();
         }
         queues
             .into_iter()
@@ -571,6 +611,60 @@ impl State {
                 q
             })
             .collect()
+    }
+}
+
+impl State {
+    /// What each pool's running jobs ask of its workers, and how many it
+    /// has (for `/metrics`: each pool's autoscaler follows its own):
+    /// O(jobs + sessions). `default` and the configured pools always
+    /// appear, so a scaler sees their zeros.
+    pub(super) fn pool_demand(&self) -> Vec<PoolDemand> {
+        let mut pools: BTreeMap<&str, PoolDemand> = BTreeMap::new();
+        pools.entry(stoke_core::schedule::DEFAULT_POOL).or_default();
+        for name in &self.config.pools {
+            pools.entry(name.as_str()).or_default();
+        }
+        for session in self.sessions.values() {
+            pools.entry(session.pool.as_str()).or_default().workers += 1;
+        }
+        // Each pool's wanted workers by queue, each capped by its queue's
+        // cap (exact when a queue's jobs are in one pool, as is usual).
+        let mut wanted: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        for job in self.jobs.values().filter(|j| j.life.running()) {
+            let pool = job.spec.pool_name();
+            let p = pools.entry(pool).or_default();
+            p.pending += job.pending.len() as u64;
+            p.leased += job.leased;
+            if let Some(total) = job.plan.records_total {
+                p.records_left += total.saturating_sub(job.totals.records);
+            }
+            *wanted.entry((pool, job.spec.queue_name())).or_default() += job.workers_wanted();
+        }
+        for ((pool, queue), mut n) in wanted {
+            if !self.config.queue_borrow
+                && let Some(cap) = self.config.queue_cap(queue)
+            {
+                n = n.min(cap);
+            }
+            pools.entry(pool).or_default().workers_wanted += n;
+        }
+        pools
+            .into_iter()
+            .map(|(name, mut p)| {
+                p.pool = name.to_string();
+                p
+            })
+            .collect()
+    }
+}
+
+impl Job {
+    /// Workers the job could keep busy now: its leased and pending shards,
+    /// capped by its `max_workers`.
+    fn workers_wanted(&self) -> u64 {
+        let wanted = self.pending.len() as u64 + self.leased;
+        self.schedule.max_workers.map_or(wanted, |m| wanted.min(m))
     }
 }
 

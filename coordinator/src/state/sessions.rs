@@ -19,20 +19,31 @@ const MAX_BATCH_OBSERVATIONS: u64 = 10_000;
 use crate::error::{CoordinatorError, Result};
 
 impl State {
-    pub fn register(&mut self, registration: Registration, now: Instant) -> SessionGrant {
+    /// Opens a worker's session; a worker of a pool this coordinator does
+    /// not know (when it names its pools) is refused.
+    pub fn register(&mut self, registration: Registration, now: Instant) -> Result<SessionGrant> {
+        if let Err(known) = self.config.check_pool(&registration.pool) {
+            warn!(worker = %registration.worker_id, pool = %registration.pool, "worker refused: unknown pool");
+            return Err(CoordinatorError::UnknownPool {
+                what: "stoke-worker --pool",
+                pool: registration.pool,
+                known,
+            });
+        }
         let session_id = format!(
             "{}-{}",
             registration.worker_id,
             uuid::Uuid::new_v4().simple()
         );
         self.account_time(now);
-        info!(worker = %registration.worker_id, session = %session_id, host = %registration.hostname, devices = ?registration.devices, held = registration.held.len(), "worker registered");
+        info!(worker = %registration.worker_id, session = %session_id, host = %registration.hostname, pool = %registration.pool, devices = ?registration.devices, held = registration.held.len(), "worker registered");
         self.counters.sessions_registered += 1;
         self.sessions.insert(
             session_id.clone(),
             Session {
                 worker_id: registration.worker_id,
                 hostname: registration.hostname,
+                pool: registration.pool,
                 devices: registration.devices,
                 stages: StageTotals::default(),
                 leases: HashSet::new(),
@@ -57,11 +68,11 @@ impl State {
                 },
             );
         }
-        SessionGrant {
+        Ok(SessionGrant {
             session_id,
             lease_timeout: self.config.lease_timeout,
             heartbeat_interval: self.config.heartbeat_interval(),
-        }
+        })
     }
 
     /// Takes over a lease a worker held before the coordinator restarted,

@@ -80,7 +80,8 @@ impl Job {
                 weight: self.schedule.weight,
                 max_workers: self.schedule.max_workers,
                 queue: self.spec.queue_name().to_string(),
-                waiting: waiting.map(|w| w.as_str().to_string()),
+                pool: self.spec.pool_name().to_string(),
+                waiting: waiting.map(|w| w.describe(self.spec.pool_name())),
             },
             crashes: self.totals.crashes,
             isolating: self.isolating(),
@@ -210,6 +211,7 @@ impl State {
                     session_id: session_id.clone(),
                     hostname: s.hostname.clone(),
                     devices: s.devices.clone(),
+                    pool: s.pool.clone(),
                     leases,
                     stages: s.stages,
                 }
@@ -224,6 +226,7 @@ impl State {
             histograms: self.histograms.clone(),
             workers,
             queues: self.demand(),
+            pools: self.pool_demand(),
             reports: self.reports(now),
             shards_in_memory: self.shards_in_memory(),
         }

@@ -176,6 +176,7 @@ async fn group_commits_and_snapshots_store_every_acknowledged_commit() {
             devices: Vec::new(),
             hostname: "test".to_string(),
             held: Vec::new(),
+            pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
         })
         .await
         .expect("register");

@@ -308,15 +308,18 @@ async fn releases_idle_deaths_and_restarts_are_not_crashes() {
     drop(state);
     let mut state = recover(&stores).await;
     let (events_tx, _events_rx) = mpsc::channel(16);
-    let grant = state.register(
-        Registration {
-            worker_id: "w4".to_string(),
-            devices: vec!["cpu".to_string()],
-            hostname: "test".to_string(),
-            held: vec![held.key()],
-        },
-        events_tx,
-    );
+    let grant = state
+        .register(
+            Registration {
+                worker_id: "w4".to_string(),
+                devices: vec!["cpu".to_string()],
+                hostname: "test".to_string(),
+                held: vec![held.key()],
+                pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
+            },
+            events_tx,
+        )
+        .expect("registered");
     let info = state.get_job("j").expect("job");
     assert_eq!(info.crashes, 0);
     let progress = stored_progress(&stores, "j", &lease.shard.id).await;

@@ -211,6 +211,7 @@ async fn owner_task_takes_back_expired_leases_on_its_own() {
         devices: Vec::new(),
         hostname: "test".to_string(),
         held: Vec::new(),
+        pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
     };
     let (a, _a_events) = handle
         .register(registration("a"))
@@ -278,9 +279,13 @@ fn register_holding(
         devices: Vec::new(),
         hostname: "test".to_string(),
         held,
+        pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
     };
     (
-        state.register(registration, events_tx).session_id,
+        state
+            .register(registration, events_tx)
+            .expect("registered")
+            .session_id,
         events_rx,
     )
 }

@@ -559,15 +559,18 @@ async fn a_split_survives_a_coordinator_restart_and_the_holder_is_told_again() {
     );
     // The holder comes back with its lease and hears its end again.
     let (events_tx, mut a_events) = mpsc::channel(16);
-    let grant = state.register(
-        Registration {
-            worker_id: "a".to_string(),
-            devices: vec!["cpu".to_string()],
-            hostname: "test".to_string(),
-            held: vec![held.key()],
-        },
-        events_tx,
-    );
+    let grant = state
+        .register(
+            Registration {
+                worker_id: "a".to_string(),
+                devices: vec!["cpu".to_string()],
+                hostname: "test".to_string(),
+                held: vec![held.key()],
+                pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
+            },
+            events_tx,
+        )
+        .expect("registered");
     assert_eq!(
         split_event(&mut a_events),
         Some((held.key(), 198)),

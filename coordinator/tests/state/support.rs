@@ -81,9 +81,13 @@ pub fn register(state: &mut Inline, worker_id: &str) -> (String, mpsc::Receiver<
         devices: vec!["cpu".to_string()],
         hostname: "test".to_string(),
         held: Vec::new(),
+        pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
     };
     (
-        state.register(registration, events_tx).session_id,
+        state
+            .register(registration, events_tx)
+            .expect("registered")
+            .session_id,
         events_rx,
     )
 }
