@@ -99,6 +99,12 @@ class Render:
             elif kind == "CronJob":
                 yield d, d["spec"]["jobTemplate"]["spec"]["template"]["spec"]
 
+    def worker_deployments(self):
+        """Every worker Deployment: the GPU workers (component "worker")
+        and other pools' ("worker-cpu", ...)."""
+        return [d for d in self.of_kind("Deployment")
+                if d["metadata"].get("labels", {}).get("app.kubernetes.io/component", "").startswith("worker")]
+
     def component(self, kind, component):
         for d in self.of_kind(kind):
             labels = d["metadata"].get("labels", {})
@@ -258,10 +264,47 @@ def check_coordinator(r):
         r.fail(f"{ident(svc)}: must expose the grpc ({grpc}) and http ({http}) ports")
 
 
+def worker_pool(r, dep):
+    """The pool a worker Deployment serves (STOKE_POOL or --pool)."""
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    return flag_value(c.get("args", []), "--pool") or container_env(r, c).get("STOKE_POOL") or "default"
+
+
+def check_pools(r):
+    """Each worker Deployment serves a pool the coordinator serves, and no
+    two serve the same one (each pool is one Deployment, scaled on its
+    own series)."""
+    deps = r.worker_deployments()
+    coord = r.component("Deployment", "coordinator")
+    pools, default = None, "default"
+    if coord is not None:
+        c = coord["spec"]["template"]["spec"]["containers"][0]
+        env = container_env(r, c)
+        named = flag_value(c.get("args", []), "--pool") or env.get("STOKE_POOLS")
+        default = flag_value(c.get("args", []), "--default-pool") or env.get("STOKE_DEFAULT_POOL") or "default"
+        if named:
+            pools = {p.strip() for p in named.split(",") if p.strip()} | {default}
+    seen = {}
+    for dep in deps:
+        pool = worker_pool(r, dep)
+        if pools is not None and pool not in pools:
+            r.fail(f"{ident(dep)}: serves the pool {pool!r}, which the coordinator does not "
+                   f"(STOKE_POOLS: {', '.join(sorted(pools))})")
+        if pool in seen:
+            r.fail(f"{ident(dep)}: serves the pool {pool!r}, as {ident(seen[pool])} does")
+        seen[pool] = dep
+    if len(deps) > 1 and pools is None:
+        r.fail("several worker Deployments but the coordinator names no pools (STOKE_POOLS)")
+    if deps and default not in seen:
+        r.fail(f"no worker Deployment serves the default pool {default!r}: jobs that name no pool would wait")
+
+
 def check_worker(r, overlay):
-    dep = r.component("Deployment", "worker")
-    if dep is None:
-        return
+    for dep in r.worker_deployments():
+        check_one_worker(r, overlay, dep)
+
+
+def check_one_worker(r, overlay, dep):
     where = ident(dep)
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
@@ -297,7 +340,8 @@ def check_worker(r, overlay):
     if not pdb:
         r.fail(f"{where}: no PodDisruptionBudget covers the workers")
     gpus = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
-    if overlay == "gpu" and not gpus:
+    gpu_workers = dep["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "worker"
+    if overlay == "gpu" and gpu_workers and not gpus:
         r.fail(f"{where}: the gpu overlay's workers must ask for nvidia.com/gpu")
     if gpus:
         check_gpu_worker(r, where, dep, pod, c)
@@ -351,39 +395,50 @@ def check_kinds(r):
 
 
 def check_autoscaling(r):
-    """A ScaledObject or HPA scales the worker Deployment on the wanted
-    workers, and removes pods no faster than the PDB lets drains do, each
-    given its whole grace period."""
-    dep = r.component("Deployment", "worker")
+    """Each ScaledObject or HPA scales a worker Deployment on its own pool's
+    wanted workers, and removes pods no faster than the PDB lets drains do,
+    each given its whole grace period."""
     scalers = r.of_kind("ScaledObject") + r.of_kind("HorizontalPodAutoscaler")
     if not scalers:
         return
-    if dep is None:
+    deps = {d["metadata"]["name"]: d for d in r.worker_deployments()}
+    if not deps:
         r.fail("an autoscaler but no worker Deployment")
         return
-    pod = dep["spec"]["template"]["spec"]
-    pod_grace = pod.get("terminationGracePeriodSeconds", 30)
-    labels = dep["spec"]["template"]["metadata"]["labels"]
-    pdbs = [p for p in r.of_kind("PodDisruptionBudget")
-            if p["spec"]["selector"].get("matchLabels", {}).items() <= labels.items()]
-    max_unavailable = min((p["spec"].get("maxUnavailable", 1) for p in pdbs), default=1)
     for s in scalers:
         where = ident(s)
         spec = s["spec"]
-        if spec["scaleTargetRef"].get("name") != dep["metadata"]["name"]:
-            r.fail(f"{where}: must scale {ident(dep)}, not {spec['scaleTargetRef'].get('name')}")
+        target = spec["scaleTargetRef"].get("name")
+        dep = deps.get(target)
+        if dep is None:
+            names = ", ".join(f"Deployment/{n}" for n in sorted(deps))
+            r.fail(f"{where}: must scale a worker Deployment ({names}), not {target}")
+            continue
+        pool = worker_pool(r, dep)
+        pod = dep["spec"]["template"]["spec"]
+        pod_grace = pod.get("terminationGracePeriodSeconds", 30)
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        pdbs = [p for p in r.of_kind("PodDisruptionBudget")
+                if p["spec"]["selector"].get("matchLabels", {}).items() <= labels.items()]
+        max_unavailable = min((p["spec"].get("maxUnavailable", 1) for p in pdbs), default=1)
         if s["kind"] == "ScaledObject":
             behavior = spec.get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior", {})
             queries = [t["metadata"].get("query", "") for t in spec["triggers"] if t["type"] == "prometheus"]
             if not any(WANTED_METRIC in q for q in queries):
                 r.fail(f"{where}: needs a prometheus trigger on {WANTED_METRIC}")
+            elif not any(WANTED_METRIC in q and re.search(rf'pool\s*=\s*"{re.escape(pool)}"', q) for q in queries):
+                r.fail(f'{where}: its query must select pool="{pool}", the pool {ident(dep)} serves '
+                       f"({WANTED_METRIC} has one series per pool)")
             if spec.get("minReplicaCount", 0) != 0:
                 r.fail(f"{where}: minReplicaCount must be 0 (no workers while nothing is pending)")
         else:
             behavior = spec.get("behavior", {})
-            names = [m["external"]["metric"]["name"] for m in spec.get("metrics", []) if m["type"] == "External"]
-            if WANTED_METRIC not in names:
+            metrics = [m["external"]["metric"] for m in spec.get("metrics", []) if m["type"] == "External"]
+            wanted = [m for m in metrics if m.get("name") == WANTED_METRIC]
+            if not wanted:
                 r.fail(f"{where}: needs an External metric {WANTED_METRIC}")
+            elif not any(m.get("selector", {}).get("matchLabels", {}).get("pool") == pool for m in wanted):
+                r.fail(f"{where}: its {WANTED_METRIC} metric must select pool: {pool}, the pool {ident(dep)} serves")
         policies = behavior.get("scaleDown", {}).get("policies", [])
         if not policies:
             r.fail(f"{where}: set a scaleDown policy (the default removes many busy workers at once)")
@@ -472,6 +527,7 @@ def policy(name, path):
     check_pods(r)
     check_coordinator(r)
     check_worker(r, overlay.split("-")[0])
+    check_pools(r)
     check_submit(r)
     check_kinds(r)
     check_autoscaling(r)

@@ -40,9 +40,12 @@ pub struct CoordinatorConfig {
     /// queue under its cap has work again.
     pub queue_borrow: bool,
     /// The worker pools this coordinator knows (`--pool`), besides
-    /// `default`. Empty: any pool a job or worker names. When some are
-    /// named, a job or worker naming another is refused.
+    /// `default_pool`. Empty: any pool a job or worker names. When some
+    /// are named, a job or worker naming another is refused.
     pub pools: BTreeSet<String>,
+    /// The pool of a job whose spec names none (`--default-pool`;
+    /// `default` unless set), written into its spec at submit.
+    pub default_pool: String,
     /// Most leases preempted per second (0: no preemption).
     pub preempt_per_s: u32,
     /// A lease younger than this is not preempted.
@@ -74,6 +77,7 @@ impl CoordinatorConfig {
             queues: BTreeMap::new(),
             queue_borrow: false,
             pools: BTreeSet::new(),
+            default_pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
             preempt_per_s: DEFAULT_PREEMPT_PER_S,
             preempt_min_age: DEFAULT_PREEMPT_MIN_AGE,
         }
@@ -84,24 +88,37 @@ impl CoordinatorConfig {
         self.queues.get(queue).copied()
     }
 
-    /// Whether `pool` may be named by jobs and workers: `default`, any
-    /// pool when none is configured, else the configured ones.
+    /// Whether `pool` may be named by jobs and workers: the default
+    /// pool, any pool when none is configured, else the configured ones.
     /// `Err` lists the known pools, for the refusal.
     pub fn check_pool(&self, pool: &str) -> Result<(), String> {
-        if self.pools.is_empty()
-            || pool == stoke_core::schedule::DEFAULT_POOL
-            || self.pools.contains(pool)
-        {
+        if self.pools.is_empty() || pool == self.default_pool || self.pools.contains(pool) {
             return Ok(());
         }
-        let mut known = vec![stoke_core::schedule::DEFAULT_POOL.to_string()];
+        Err(self.known_pools().join(", "))
+    }
+
+    /// The default pool, then the configured ones.
+    pub fn known_pools(&self) -> Vec<String> {
+        let mut known = vec![self.default_pool.clone()];
         known.extend(
             self.pools
                 .iter()
-                .filter(|p| p.as_str() != stoke_core::schedule::DEFAULT_POOL)
+                .filter(|p| **p != self.default_pool)
                 .cloned(),
         );
-        Err(known.join(", "))
+        known
+    }
+
+    /// `spec` with its pool written in: the default pool when it names
+    /// none, so the stored spec says where the job runs whatever the
+    /// coordinator's settings later.
+    pub fn with_pool(&self, mut spec: stoke_core::spec::JobSpec) -> stoke_core::spec::JobSpec {
+        if spec.scheduling.pool.is_none() && self.default_pool != stoke_core::schedule::DEFAULT_POOL
+        {
+            spec.scheduling.pool = Some(self.default_pool.clone());
+        }
+        spec
     }
 
     /// Workers renew three times per lease timeout.

@@ -84,6 +84,10 @@ struct Args {
     /// always one. Without it, any pool is accepted.
     #[arg(long = "pool", env = "STOKE_POOLS", value_delimiter = ',')]
     pool: Vec<String>,
+    /// The pool of jobs whose spec names none (written into their spec at
+    /// submit); with --pool it is one of the pools served.
+    #[arg(long, env = "STOKE_DEFAULT_POOL", default_value = stoke_core::schedule::DEFAULT_POOL)]
+    default_pool: String,
     /// Most leases preempted per second for higher-priority jobs or a
     /// lending queue (0: never preempt).
     #[arg(long, env = "STOKE_PREEMPT_PER_S", default_value_t = stoke_coordinator::config::DEFAULT_PREEMPT_PER_S)]
@@ -118,6 +122,7 @@ struct Resolved {
     queues: std::collections::BTreeMap<String, u64>,
     queue_borrow: bool,
     pools: std::collections::BTreeSet<String>,
+    default_pool: String,
     preempt_per_s: u32,
     #[serde(with = "humantime_serde")]
     preempt_min_age: Duration,
@@ -178,8 +183,11 @@ impl Args {
                 .map_err(|e| anyhow::anyhow!("--pool {pool:?}: {e}"))?;
             pools.insert(pool.clone());
         }
+        stoke_core::schedule::validate_pool(&self.default_pool)
+            .map_err(|e| anyhow::anyhow!("--default-pool {:?}: {e}", self.default_pool))?;
         Ok(Resolved {
             pools,
+            default_pool: self.default_pool.clone(),
             queue_borrow: self.queue_borrow || queues.borrow,
             queues: queues.queues,
             preempt_per_s: self.preempt_per_s,
@@ -276,6 +284,7 @@ fn run() -> anyhow::Result<()> {
     config.queues = resolved.queues.clone();
     config.queue_borrow = resolved.queue_borrow;
     config.pools = resolved.pools.clone();
+    config.default_pool = resolved.default_pool.clone();
     config.preempt_per_s = resolved.preempt_per_s;
     config.preempt_min_age = resolved.preempt_min_age;
     let stores = Stores::with_config(resolved.store.clone());

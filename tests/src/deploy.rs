@@ -415,10 +415,16 @@ pub fn check_coordinator(r: &Rendered) -> PodLaunch {
     launch
 }
 
-/// The workers' Deployment: accepted configuration, grace periods, the
-/// coordinator's address; returns how a worker is launched.
+/// The (GPU) workers' Deployment: accepted configuration, grace periods,
+/// the coordinator's address; returns how a worker is launched.
 pub fn check_worker(r: &Rendered) -> (PodLaunch, Duration, Duration) {
-    let dep = r.component("Deployment", "worker");
+    check_worker_of(r, "worker")
+}
+
+/// [`check_worker`] for the worker Deployment of `component` (`worker`,
+/// `worker-cpu`).
+pub fn check_worker_of(r: &Rendered, component: &str) -> (PodLaunch, Duration, Duration) {
+    let dep = r.component("Deployment", component);
     let launch = PodLaunch::of(r, dep, "worker", POD_NAME);
     assert!(
         launch.command.is_empty(),

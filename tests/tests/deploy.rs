@@ -34,6 +34,25 @@ fn the_manifests_configure_the_binaries_with_flags_and_variables_they_accept() {
         let r = render(overlay);
         let coordinator = check_coordinator(&r);
         let (worker, _, _) = check_worker(&r);
+        if overlay == "overlays/gpu" {
+            // Two pools: the GPU workers serve "gpu" (the default of jobs
+            // that name none), the CPU workers "cpu"; the coordinator
+            // serves both and refuses others.
+            let (cpu, _, _) = check_worker_of(&r, "worker-cpu");
+            let pool_of = |launch: &PodLaunch| {
+                accepted(launch, "stoke-worker", overlay)["pool"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            assert_eq!(
+                (pool_of(&worker), pool_of(&cpu)),
+                ("gpu".into(), "cpu".into())
+            );
+            let resolved = accepted(&coordinator, "stoke-coordinator", overlay);
+            assert_eq!(resolved["pools"], serde_json::json!(["cpu", "gpu"]));
+            assert_eq!(resolved["default_pool"], "gpu");
+        }
         println!(
             "{overlay}: coordinator {:?} {:?}; worker {:?}",
             coordinator.args, coordinator.env, worker.env

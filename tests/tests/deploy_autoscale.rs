@@ -60,7 +60,20 @@ fn keda_scales_workers_to_zero_on_workers_wanted_and_removes_them_one_grace_at_a
     let query = spec["triggers"][0]["metadata"]["query"]
         .as_str()
         .expect("a prometheus query");
-    assert!(query.contains("stoke_workers_wanted"), "{query}");
+    assert!(
+        query.contains("stoke_workers_wanted") && query.contains("pool=\"gpu\""),
+        "{query}"
+    );
+    // The CPU pool beside it, on its own pool's series, to zero as well.
+    let cpu = find(&docs, "ScaledObject", "stoke-worker-cpu");
+    assert_eq!(cpu["spec"]["scaleTargetRef"]["name"], "stoke-worker-cpu");
+    assert_eq!(cpu["spec"]["minReplicaCount"], 0);
+    let cpu_query = cpu["spec"]["triggers"][0]["metadata"]["query"]
+        .as_str()
+        .expect("a prometheus query");
+    assert!(cpu_query.contains("pool=\"cpu\""), "{cpu_query}");
+    find(&docs, "Deployment", "stoke-worker-cpu");
+    find(&docs, "PodDisruptionBudget", "stoke-worker-cpu");
     let down =
         &spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["policies"][0];
     assert_eq!(down["type"], "Pods");
@@ -72,7 +85,7 @@ fn keda_scales_workers_to_zero_on_workers_wanted_and_removes_them_one_grace_at_a
     let mutated = |f: &dyn Fn(&mut Value)| {
         let mut docs = docs.clone();
         for d in &mut docs {
-            if d["kind"] == "ScaledObject" {
+            if d["kind"] == "ScaledObject" && d["metadata"]["name"] == "stoke-worker" {
                 f(d);
             }
         }
@@ -89,6 +102,17 @@ fn keda_scales_workers_to_zero_on_workers_wanted_and_removes_them_one_grace_at_a
         d["spec"]["triggers"][0]["metadata"]["query"] = "sum(up)".into();
     });
     assert!(e.contains("stoke_workers_wanted"), "{e}");
+    // Another pool's series (or every pool's) would scale on the wrong work.
+    let e = mutated(&|d| {
+        d["spec"]["triggers"][0]["metadata"]["query"] =
+            "max(stoke_workers_wanted{namespace=\"stoke\",pool=\"cpu\"})".into();
+    });
+    assert!(e.contains("must select pool=\"gpu\""), "{e}");
+    let e = mutated(&|d| {
+        d["spec"]["triggers"][0]["metadata"]["query"] =
+            "max(stoke_workers_wanted{namespace=\"stoke\"})".into();
+    });
+    assert!(e.contains("must select pool=\"gpu\""), "{e}");
     let policy = "/spec/advanced/horizontalPodAutoscalerConfig/behavior/scaleDown/policies/0";
     let e = mutated(&|d| {
         if let Some(p) = d.pointer_mut(policy) {
@@ -103,7 +127,29 @@ fn keda_scales_workers_to_zero_on_workers_wanted_and_removes_them_one_grace_at_a
     });
     assert!(e.contains("terminationGracePeriodSeconds"), "{e}");
     let e = mutated(&|d| d["spec"]["scaleTargetRef"]["name"] = "other".into());
-    assert!(e.contains("must scale Deployment/stoke-worker"), "{e}");
+    assert!(
+        e.contains("must scale a worker Deployment (Deployment/stoke-worker, Deployment/stoke-worker-cpu), not other"),
+        "{e}"
+    );
+    // Each pool is one Deployment serving a pool the coordinator serves.
+    let mut stray = docs.clone();
+    for d in &mut stray {
+        if d["kind"] == "Deployment" && d["metadata"]["name"] == "stoke-worker-cpu" {
+            for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_array_mut()
+                .expect("env")
+            {
+                if e["name"] == "STOKE_POOL" {
+                    e["value"] = "tpu".into();
+                }
+            }
+        }
+    }
+    let e = refusal("gpu-keda", &stray).expect("refused");
+    assert!(
+        e.contains("serves the pool 'tpu', which the coordinator does not"),
+        "{e}"
+    );
     // A kind nothing validates is refused too.
     let mut extra = docs.clone();
     extra.push(serde_json::json!({
@@ -123,6 +169,7 @@ fn the_hpa_fallback_reads_the_same_signal_the_coordinator_serves() {
     assert_eq!(hpa["spec"]["scaleTargetRef"]["name"], "stoke-worker");
     let metric = &hpa["spec"]["metrics"][0]["external"];
     assert_eq!(metric["metric"]["name"], "stoke_workers_wanted");
+    assert_eq!(metric["metric"]["selector"]["matchLabels"]["pool"], "gpu");
     assert_eq!(metric["target"]["type"], "AverageValue");
     assert_eq!(refusal("gpu-hpa", &docs), None, "the overlay passes");
     let mut fast = docs.clone();

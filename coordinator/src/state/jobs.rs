@@ -55,6 +55,7 @@ impl State {
         plan: Plan,
         now: Instant,
     ) {
+        let spec = self.config.with_pool(spec);
         if let Ok(existing) = self.job(&job_id) {
             let answer = if *existing.spec == spec {
                 Ok(self.info_of(existing))

@@ -617,11 +617,11 @@ impl State {
 impl State {
     /// What each pool's running jobs ask of its workers, and how many it
     /// has (for `/metrics`: each pool's autoscaler follows its own):
-    /// O(jobs + sessions). `default` and the configured pools always
-    /// appear, so a scaler sees their zeros.
+    /// O(jobs + sessions). The default pool and the configured ones
+    /// always appear, so a scaler sees their zeros.
     pub(super) fn pool_demand(&self) -> Vec<PoolDemand> {
         let mut pools: BTreeMap<&str, PoolDemand> = BTreeMap::new();
-        pools.entry(stoke_core::schedule::DEFAULT_POOL).or_default();
+        pools.entry(self.config.default_pool.as_str()).or_default();
         for name in &self.config.pools {
             pools.entry(name.as_str()).or_default();
         }

@@ -309,3 +309,35 @@ async fn finish(state: &mut Inline, stores: &Stores, session: &str, lease: &Leas
     let repeated = state.commit(commit).await.expect("commit");
     assert!(!repeated, "a first commit");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_job_naming_no_pool_runs_in_the_coordinators_default_pool() {
+    let stores = Stores::new();
+    let mut config = config();
+    config.pools = ["cpu", "gpu"].map(String::from).into_iter().collect();
+    config.default_pool = "gpu".to_string();
+    let mut state = Inline::recover(config, stores.clone())
+        .await
+        .expect("recover");
+    let info = submit_to(&mut state, &stores, "plain", 20, None, "")
+        .await
+        .expect("submit");
+    assert_eq!(info.schedule.pool, "gpu");
+    // The same spec again is the same job (its pool was written in).
+    submit_to(&mut state, &stores, "plain", 20, None, "")
+        .await
+        .expect("the same job");
+    // "default" is not one of this coordinator's pools.
+    let e = join(&mut state, "d", stoke_core::schedule::DEFAULT_POOL)
+        .expect_err("a worker of the default pool");
+    assert!(e.to_string().contains("(gpu, cpu; see --pool)"), "{e}");
+    let (gpu, _gpu_events) = join(&mut state, "g", "gpu").expect("gpu worker");
+    assert_eq!(leased(state.acquire(&gpu)).job_id, "plain");
+    let pools: Vec<String> = state
+        .snapshot(Instant::now())
+        .pools
+        .into_iter()
+        .map(|p| p.pool)
+        .collect();
+    assert_eq!(pools, ["cpu", "gpu"]);
+}
