@@ -27,6 +27,7 @@ fn job(id: &str, shards: u64, records: Option<u64>) -> JobInfo {
         crashes: 0,
         isolating: None,
         already_done: None,
+        pipeline: None,
     }
 }
 

@@ -48,6 +48,9 @@ pub struct WorkerCommand {
     /// How many workers the run starts (each is told its index and this,
     /// for a Python processor's `context.distributed`).
     pub workers: usize,
+    /// The workers' ids are `<prefix>-<i>`: `local`, or `local-<pool>`
+    /// when a pipeline's run starts workers in several pools.
+    pub name_prefix: String,
 }
 
 /// A job's progress at one moment: what "the job moved" is measured by.
@@ -103,6 +106,8 @@ pub enum Next {
 
 struct Slot {
     name: String,
+    /// Which of the fleet's commands started it (its pool).
+    command: usize,
     pid: Option<u32>,
     tail: Arc<Mutex<VecDeque<String>>>,
     alive: bool,
@@ -114,7 +119,7 @@ struct Slot {
 
 /// The worker processes of one `run --local`.
 pub struct Fleet {
-    command: WorkerCommand,
+    commands: Vec<WorkerCommand>,
     slots: Vec<Slot>,
     exits_tx: mpsc::UnboundedSender<Exited>,
     exits_rx: mpsc::UnboundedReceiver<Exited>,
@@ -132,16 +137,27 @@ impl std::fmt::Debug for Fleet {
 impl Fleet {
     /// Starts `n` workers, `local-0` to `local-<n-1>`.
     pub fn start(command: WorkerCommand, n: usize, progress: Progress) -> anyhow::Result<Self> {
+        Self::start_groups(vec![(command, n, progress)])
+    }
+
+    /// Starts each command's workers: `n` of each (a pipeline's run starts
+    /// workers in each of its stages' pools).
+    pub fn start_groups(groups: Vec<(WorkerCommand, usize, Progress)>) -> anyhow::Result<Self> {
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         let mut fleet = Self {
-            command,
-            slots: Vec::with_capacity(n),
+            commands: Vec::with_capacity(groups.len()),
+            slots: Vec::new(),
             exits_tx,
             exits_rx,
         };
-        for i in 0..n {
-            let slot = spawn(&fleet.command, &fleet.exits_tx, i, progress, 0)?;
-            fleet.slots.push(slot);
+        for (command, n, progress) in groups {
+            let c = fleet.commands.len();
+            fleet.commands.push(command);
+            for i in 0..n {
+                let at = fleet.slots.len();
+                let slot = spawn(&fleet.commands[c], c, &fleet.exits_tx, at, i, progress, 0)?;
+                fleet.slots.push(slot);
+            }
         }
         Ok(fleet)
     }
@@ -149,6 +165,14 @@ impl Fleet {
     /// Workers running now.
     pub fn alive(&self) -> usize {
         self.slots.iter().filter(|s| s.alive).count()
+    }
+
+    /// The pool of the worker that exited.
+    pub fn pool_of(&self, exited: &Exited) -> &str {
+        self.slots
+            .get(exited.slot)
+            .and_then(|s| self.commands.get(s.command))
+            .map_or("", |c| c.pool.as_str())
     }
 
     /// The job's crashes when the process that exited started: its own
@@ -160,15 +184,18 @@ impl Fleet {
     }
 }
 
-/// Starts worker `local-<i>`; its exit is reported on `exits`.
+/// Starts worker `<prefix>-<i>` in slot `at`; its exit is reported on
+/// `exits`.
 fn spawn(
     c: &WorkerCommand,
+    command: usize,
     exits: &mpsc::UnboundedSender<Exited>,
+    at: usize,
     i: usize,
     progress: Progress,
     restarts: u32,
 ) -> anyhow::Result<Slot> {
-    let name = format!("local-{i}");
+    let name = format!("{}-{i}", c.name_prefix);
     let mut cmd = std::process::Command::new(&c.bin);
     cmd.envs(stoke_core::openmp_wait_env().iter().copied());
     own_process_group(&mut cmd);
@@ -232,10 +259,11 @@ fn spawn(
         }
         // Every line it wrote is read before its exit is reported.
         let _ = tokio::time::timeout(Duration::from_secs(2), lines).await;
-        let _ = exits.send(Exited { slot: i, status });
+        let _ = exits.send(Exited { slot: at, status });
     });
     Ok(Slot {
         name,
+        command,
         pid,
         tail,
         alive: true,
@@ -306,7 +334,7 @@ impl Fleet {
                 Some(what) => eprintln!("restarting {name} ({what})"),
                 None => eprintln!("restarting {name} (it crashed processing a batch)"),
             }
-            let fresh = spawn(&self.command, &self.exits_tx, exited.slot, now, restarts)?;
+            let fresh = self.respawn(exited.slot, now, restarts)?;
             self.slots[exited.slot] = fresh;
             return Ok(Next::Continue);
         }
@@ -316,7 +344,7 @@ impl Fleet {
             eprintln!(
                 "restarting {name} (the job moved forward while it ran; restart {restarts} of at most {MAX_RESTARTS})"
             );
-            let fresh = spawn(&self.command, &self.exits_tx, exited.slot, now, restarts)?;
+            let fresh = self.respawn(exited.slot, now, restarts)?;
             self.slots[exited.slot] = fresh;
             return Ok(Next::Continue);
         }
@@ -327,7 +355,13 @@ impl Fleet {
         } else {
             "the job made no progress while it ran"
         };
-        let alive = self.alive();
+        // Others of its pool carry its stage on.
+        let command = self.slots[exited.slot].command;
+        let alive = self
+            .slots
+            .iter()
+            .filter(|s| s.alive && s.command == command)
+            .count();
         if alive > 0 {
             eprintln!(
                 "not restarting {}: {why}; {alive} worker(s) go on",
@@ -347,6 +381,25 @@ impl Fleet {
         } else {
             format!("every worker exited without the job making progress ({last})")
         }))
+    }
+
+    /// The worker of slot `at` started again, as its command says.
+    fn respawn(&self, at: usize, now: Progress, restarts: u32) -> anyhow::Result<Slot> {
+        let slot = &self.slots[at];
+        let index = slot
+            .name
+            .rsplit_once('-')
+            .and_then(|(_, i)| i.parse().ok())
+            .unwrap_or(at);
+        spawn(
+            &self.commands[slot.command],
+            slot.command,
+            &self.exits_tx,
+            at,
+            index,
+            now,
+            restarts,
+        )
     }
 
     /// Asks every running worker to checkpoint and stop (one SIGTERM each).

@@ -7,6 +7,7 @@ mod display;
 mod display_tests;
 mod fleet;
 mod outputs;
+mod pipelines;
 mod report;
 mod run;
 mod source;
@@ -21,7 +22,7 @@ use display::{exit, exit_code, jobs_table, print_job, print_status};
 use source::Source;
 use stoke_client::Client;
 use stoke_client::summary::{already_done_line, count, job_json};
-use stoke_core::spec::JobSpec;
+use stoke_core::spec::pipeline::{SpecFile, job_ref};
 use stoke_store::StoreUri;
 
 #[derive(Debug, Parser)]
@@ -257,7 +258,20 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             watch,
             json,
         } => {
-            let spec = JobSpec::from_file(&spec)?;
+            let spec = match SpecFile::read(&spec)? {
+                SpecFile::Job(spec) => spec,
+                SpecFile::Pipeline(pipeline) => {
+                    let client = Client::connect(&cli.coordinator).await?;
+                    return pipelines::submit(
+                        &client,
+                        &pipeline,
+                        job_id.as_deref(),
+                        wait || watch,
+                        json,
+                    )
+                    .await;
+                }
+            };
             let client = Client::connect(&cli.coordinator).await?;
             let job = client.submit(&spec, job_id.as_deref()).await?;
             if !(wait || watch) {
@@ -297,6 +311,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             watch,
             root,
         } => {
+            let job = job_ref(&job);
             if watch {
                 let client = Client::connect(&cli.coordinator).await?;
                 let job = watch::watch(&client, &job, watch::POLL).await?;
@@ -305,7 +320,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             let source = Source::open(&cli.coordinator, root.as_deref()).await?;
             // A job that could be read is a success, whatever its state.
-            print_status(&source.job(&job).await?, json);
+            match source.job(&job).await {
+                Ok(info) => print_status(&info, json),
+                Err(e) => {
+                    // A pipeline's id: its stages side by side.
+                    let stages = stoke_client::pipeline::stages_in(source.jobs().await?, &job);
+                    if stages.is_empty() {
+                        return Err(e);
+                    }
+                    pipelines::print_status(&job, &stages, json);
+                }
+            }
             Ok(exit::OK)
         }
         Cmd::Jobs { json, root } => {
@@ -354,6 +379,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             limit,
             root,
         } => {
+            let job = job_ref(&job);
             let source = Source::open(&cli.coordinator, root.as_deref()).await?;
             let errors = source.errors(&job, limit).await?;
             if json {
@@ -421,6 +447,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Report { job, json, root } => {
+            let job = job_ref(&job);
             let source = Source::open(&cli.coordinator, root.as_deref()).await?;
             let report = source.report(&job).await?;
             if json {
@@ -431,18 +458,28 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(exit::OK)
         }
         Cmd::Outputs { job, json, root } => {
+            let job = job_ref(&job);
             let source = Source::open(&cli.coordinator, root.as_deref()).await?;
             outputs::print(&source, &job, json).await
         }
         Cmd::Pause { job, reason } => {
             let client = Client::connect(&cli.coordinator).await?;
-            let job = client.pause(&job, &reason).await?;
+            let stages = pipelines::stages(&client, &job).await?;
+            if !stages.is_empty() {
+                return pipelines::each_stage(&client, &stages, pipelines::Verb::Pause(&reason))
+                    .await;
+            }
+            let job = client.pause(&job_ref(&job), &reason).await?;
             println!("job {} is {}", job.job_id, job.state);
             Ok(0)
         }
         Cmd::Resume { job } => {
             let client = Client::connect(&cli.coordinator).await?;
-            let job = client.resume(&job).await?;
+            let stages = pipelines::stages(&client, &job).await?;
+            if !stages.is_empty() {
+                return pipelines::each_stage(&client, &stages, pipelines::Verb::Resume).await;
+            }
+            let job = client.resume(&job_ref(&job)).await?;
             println!("job {} is {}", job.job_id, job.state);
             Ok(0)
         }
@@ -454,7 +491,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         } => {
             let client = Client::connect(&cli.coordinator).await?;
             let job = client
-                .set_schedule(&job, priority, weight, max_workers)
+                .set_schedule(&job_ref(&job), priority, weight, max_workers)
                 .await?;
             let s = &job.schedule;
             let cap = s.max_workers.map_or("none".to_string(), |m| m.to_string());
@@ -466,7 +503,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Cancel { job, reason } => {
             let client = Client::connect(&cli.coordinator).await?;
-            let job = client.cancel(&job, &reason).await?;
+            let stages = pipelines::stages(&client, &job).await?;
+            if !stages.is_empty() {
+                return pipelines::each_stage(&client, &stages, pipelines::Verb::Cancel(&reason))
+                    .await;
+            }
+            let job = client.cancel(&job_ref(&job), &reason).await?;
             println!("job {} is {}", job.job_id, job.state);
             Ok(0)
         }
@@ -487,7 +529,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             if embedded {
                 return run::run_embedded(&spec, &root, &device, threads, job_id.as_deref());
             }
-            let spec = JobSpec::from_file(&spec)?;
+            let spec = SpecFile::read(&spec)?;
             let root = StoreUri::parse(
                 &StoreUri::resolve_path_or_uri(&root, Path::new("."))
                     .map_err(anyhow::Error::msg)?,

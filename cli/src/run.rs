@@ -12,6 +12,7 @@ use stoke_client::summary::{count, total};
 use stoke_coordinator::CoordinatorConfig;
 use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::JobSpec;
+use stoke_core::spec::pipeline::SpecFile;
 use stoke_store::{StoreUri, Stores};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -65,14 +66,21 @@ pub(crate) struct LocalRun {
 }
 
 impl LocalRun {
-    pub(crate) async fn run(self, spec: JobSpec, root: StoreUri) -> anyhow::Result<i32> {
+    pub(crate) async fn run(self, what: SpecFile, root: StoreUri) -> anyhow::Result<i32> {
         let worker_bin = match &self.worker_bin {
             // Checked before a job is submitted that no worker could run.
             Some(p) if !p.is_file() => bail!("--worker-bin {}: no such file", p.display()),
             Some(p) => p.clone(),
             None => sibling_binary("stoke-worker")?,
         };
-        check_llm_python(&spec)?;
+        match &what {
+            SpecFile::Job(spec) => check_llm_python(spec)?,
+            SpecFile::Pipeline(p) => {
+                for (_, spec) in &p.stages {
+                    check_llm_python(spec)?;
+                }
+            }
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .context("binding a local port for the coordinator")?;
@@ -95,7 +103,19 @@ impl LocalRun {
         // cloud root without credentials), its error is the run's, not
         // the connection errors it causes here.
         let coordinator_addr = format!("http://{addr}");
-        let drive = self.drive(spec, &worker_bin, &coordinator_addr, http_addr);
+        let drive: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<i32>>>> =
+            match what {
+                SpecFile::Job(spec) => {
+                    Box::pin(self.drive(*spec, &worker_bin, &coordinator_addr, http_addr))
+                }
+                SpecFile::Pipeline(pipeline) => Box::pin(crate::pipelines::run_local(
+                    &self,
+                    pipeline,
+                    &worker_bin,
+                    &coordinator_addr,
+                    http_addr,
+                )),
+            };
         let (result, ended) = tokio::select! {
             ended = &mut coordinator => (Err(coordinator_stopped(ended)), true),
             result = drive => (result, false),
@@ -172,6 +192,7 @@ impl LocalRun {
             device: self.device.clone(),
             threads,
             pool: spec.pool_name().to_string(),
+            name_prefix: "local".to_string(),
             python_prewarm: spec.processor.python.is_some(),
             python_prewarm_loading: spec.processor.python.is_some()
                 && spec.loading.workers.is_some_and(|n| n > 0),
@@ -249,9 +270,9 @@ impl LocalRun {
 
 /// The exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells
 /// report a process that SIGINT ended).
-const INTERRUPTED: i32 = 130;
+pub(crate) const INTERRUPTED: i32 = 130;
 /// The exit status of a run stopped by SIGTERM (128 + SIGTERM).
-const TERMINATED: i32 = 143;
+pub(crate) const TERMINATED: i32 = 143;
 
 /// This very command line, with `--job-id JOB` (added if it was not
 /// there): what resumes an interrupted run.
@@ -411,7 +432,7 @@ fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
     }
 }
 
-async fn connect_with_retry(addr: &str) -> anyhow::Result<Client> {
+pub(crate) async fn connect_with_retry(addr: &str) -> anyhow::Result<Client> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match Client::connect(addr).await {

@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod error;
+pub mod pipeline;
 pub mod run_args;
 pub mod summary;
 

@@ -572,6 +572,7 @@ mod tests {
             crashes: 2,
             isolating: None,
             already_done: None,
+            pipeline: None,
         };
         let body = render(&[job], &snapshot).expect("render");
         assert_eq!(line(&body, "stoke_leases_granted_total"), Some("7"));

@@ -571,6 +571,7 @@ mod tests {
                 crashes: 0,
                 isolating: None,
                 already_done: None,
+                pipeline: None,
             },
             shards: ShardCounts::split(8, 3, 2, 1, 0),
             records_per_s: Some(100.0),

@@ -52,13 +52,23 @@ impl Sweeper {
         self.start();
     }
 
+    /// Deletes one object in the background (a pipeline's consumed
+    /// intermediate), beside the sweeps.
+    pub(crate) fn delete(&mut self, uri: StoreUri) {
+        let stores = self.stores.clone();
+        self.running.push(Box::pin(async move {
+            let result = stores.delete(&uri).await.map(|()| 1);
+            (uri, result)
+        }));
+    }
+
     /// Notes a finished sweep and starts the next.
     pub(crate) fn finished(&mut self, prefix: &StoreUri, result: Result<usize, StoreError>) {
         match result {
             Ok(0) => debug!(prefix = %prefix, "staging folder already empty"),
-            Ok(deleted) => info!(prefix = %prefix, deleted, "staged objects swept"),
+            Ok(deleted) => info!(prefix = %prefix, deleted, "objects deleted"),
             // Garbage stays garbage: the next coordinator start sweeps again.
-            Err(e) => warn!(prefix = %prefix, error = %e, "sweeping staged objects failed"),
+            Err(e) => warn!(prefix = %prefix, error = %e, "deleting objects failed"),
         }
         self.start();
     }

@@ -43,7 +43,7 @@ fn effects(state: &mut State) -> Effects {
         match effect {
             Effect::Io(id, io) => out.io.push((id, io)),
             Effect::Reply(req, answer) => out.replies.push((req, answer)),
-            Effect::Sweep(prefix) => out.sweeps.push(prefix),
+            Effect::Sweep(prefix) | Effect::Delete(prefix) => out.sweeps.push(prefix),
             Effect::Notify(session, event) => out.events.push((session, event)),
         }
     }

@@ -77,6 +77,12 @@ impl From<JobInfo> for pb::JobInfo {
                 objects: a.objects,
                 records: a.records,
             }),
+            pipeline: j.pipeline.map(|p| pb::PipelineStage {
+                pipeline: p.pipeline,
+                stage: p.stage,
+                index: p.index,
+                stages: p.stages,
+            }),
         }
     }
 }
@@ -122,6 +128,12 @@ impl TryFrom<pb::JobInfo> for JobInfo {
             already_done: j.already_done.map(|a| crate::plan::AlreadyDone {
                 objects: a.objects,
                 records: a.records,
+            }),
+            pipeline: j.pipeline.map(|p| crate::records::PipelineStage {
+                pipeline: p.pipeline,
+                stage: p.stage,
+                index: p.index,
+                stages: p.stages,
             }),
         })
     }
@@ -963,6 +975,12 @@ mod tests {
             already_done: Some(crate::plan::AlreadyDone {
                 objects: 3,
                 records: 30,
+            }),
+            pipeline: Some(crate::records::PipelineStage {
+                pipeline: "images-1".into(),
+                stage: "decode".into(),
+                index: 0,
+                stages: 2,
             }),
         };
         let back = JobInfo::try_from(pb::JobInfo::from(job.clone())).expect("convert");

@@ -158,7 +158,9 @@ impl Shard {
 pub enum ShardSource {
     /// Records `start..end` of a synthetic range.
     Range { start: u64, end: u64 },
-    /// Row groups `row_group_start..row_group_end` of one Parquet object.
+    /// Row groups `row_group_start..row_group_end` of one Parquet object
+    /// ([`ALL_ROW_GROUPS`] as the end: every row group, for an object
+    /// planned without reading it, a pipeline stage's intermediate).
     Parquet {
         uri: String,
         row_group_start: u64,
@@ -179,6 +181,11 @@ pub enum ShardSource {
     /// Whole objects, one record each.
     Files { uris: Vec<String> },
 }
+
+/// `row_group_end` of a Parquet shard that reads its whole object: a
+/// pipeline stage's input, one committed output object of the stage
+/// before, planned from its commit without reading it.
+pub const ALL_ROW_GROUPS: u64 = u64::MAX;
 
 impl Plan {
     pub fn shared(self) -> Arc<Plan> {

@@ -271,6 +271,19 @@ pub struct JobInfo {
     /// `[dataset] incremental = true`: the inputs skipped as done by
     /// earlier jobs of the pipeline.
     pub already_done: Option<crate::plan::AlreadyDone>,
+    /// A pipeline's stage: which pipeline, which stage (its `name` is
+    /// `<pipeline>/<stage>`).
+    pub pipeline: Option<PipelineStage>,
+}
+
+/// A job that is a pipeline's stage: the pipeline's id, the stage's name
+/// and its place (from 0) among `stages`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PipelineStage {
+    pub pipeline: String,
+    pub stage: String,
+    pub index: u32,
+    pub stages: u32,
 }
 
 /// How a job shares the fleet now, and why it waits (see

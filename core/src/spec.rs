@@ -13,6 +13,7 @@ use crate::error::SpecError;
 use stoke_store::StoreUri;
 
 pub mod llm;
+pub mod pipeline;
 
 /// A whole job: dataset, processor, batching, checkpoints, outputs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,6 +60,11 @@ pub struct JobSpec {
     /// Which workers may run the job (`[scheduling] pool`).
     #[serde(default, skip_serializing_if = "SchedulingSpec::is_default")]
     pub scheduling: SchedulingSpec,
+    /// Set on a pipeline's stages (see [`pipeline`]): which pipeline, which
+    /// stage, and the stages it reads from and feeds. Written by the
+    /// pipeline's expansion, never by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_of: Option<pipeline::StageOf>,
 }
 
 /// `[scheduling]`: which workers the job may use.
@@ -239,6 +245,9 @@ pub enum DatasetFormat {
     /// `body`), for the LLM processor; `custom_id` is the record id.
     #[serde(rename = "openai-batch")]
     OpenaiBatch,
+    /// A pipeline stage's input: the upstream stage's committed output
+    /// objects (Parquet), each a shard, planned as they are committed.
+    Stage,
 }
 
 impl DatasetFormat {
@@ -250,6 +259,7 @@ impl DatasetFormat {
             Self::Range => "range",
             Self::Python => "python",
             Self::OpenaiBatch => "openai-batch",
+            Self::Stage => "stage",
         }
     }
 
@@ -620,12 +630,51 @@ const MAX_THREADS: usize = 1024;
 /// BENCHMARKS.md), so a spec beyond that is refused instead.
 pub const MAX_SHARDS: u64 = 1_000_000;
 
+/// A spec file's document, TOML or JSON by its extension (TOML
+/// otherwise), and which it was.
+pub(crate) fn read_spec_value(
+    path: &FsPath,
+) -> Result<(serde_json::Value, &'static str), SpecError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    if path.extension().is_some_and(|e| e == "json") {
+        let v = serde_json::from_str(&text).map_err(|e| SpecError::Parse {
+            format: "json",
+            path: String::new(),
+            message: e.to_string(),
+        })?;
+        Ok((v, "json"))
+    } else {
+        let v = toml::from_str(&text).map_err(|e| SpecError::Parse {
+            format: "toml",
+            path: String::new(),
+            message: e.message().to_string(),
+        })?;
+        Ok((v, "toml"))
+    }
+}
+
+/// The folder a spec file's relative paths are relative to.
+pub(crate) fn spec_folder(path: &FsPath) -> std::path::PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    }
+}
+
 impl JobSpec {
     /// Sets what a key implies: an `openai-batch` dataset's records are
     /// named by their `custom_id`.
     fn fill_implied(&mut self) {
         if self.dataset.format == DatasetFormat::OpenaiBatch && self.dataset.id_column.is_none() {
             self.dataset.id_column = Some(OPENAI_BATCH_ID.to_string());
+        }
+        // A stage reads its upstream's outputs, whose `id` column holds
+        // the records' ids from the pipeline's first input.
+        if self.dataset.format == DatasetFormat::Stage && self.dataset.id_column.is_none() {
+            self.dataset.id_column = Some("id".to_string());
         }
     }
 
@@ -665,37 +714,15 @@ impl JobSpec {
     /// turns relative dataset and output paths into `file://` URIs relative
     /// to the file's folder.
     pub fn from_file(path: &FsPath) -> Result<Self, SpecError> {
-        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        let base = path
-            .parent()
-            .map(|p| {
-                if p.as_os_str().is_empty() {
-                    FsPath::new(".")
-                } else {
-                    p
-                }
-            })
-            .unwrap_or(FsPath::new("."));
-        let (format, value): (&'static str, serde_json::Value) =
-            if path.extension().is_some_and(|e| e == "json") {
-                let v = serde_json::from_str(&text).map_err(|e| SpecError::Parse {
-                    format: "json",
-                    path: String::new(),
-                    message: e.to_string(),
-                })?;
-                ("json", v)
-            } else {
-                let v = toml::from_str(&text).map_err(|e| SpecError::Parse {
-                    format: "toml",
-                    path: String::new(),
-                    message: e.message().to_string(),
-                })?;
-                ("toml", v)
-            };
-        Self::from_value(Self::resolve_relative(value, base)?, format)
+        let (value, format) = read_spec_value(path)?;
+        if pipeline::PipelineSpec::is_pipeline(&value) {
+            return Err(SpecError::invalid(
+                "stage",
+                "this is a pipeline spec ([[stage]] tables): submit it with `stoke submit` or \
+                 `stoke run`, which take both",
+            ));
+        }
+        Self::from_value(Self::resolve_relative(value, &spec_folder(path))?, format)
     }
 
     /// Parses a JSON spec whose relative paths (dataset, output, the
@@ -962,6 +989,9 @@ impl JobSpec {
             ));
         }
         self.schedule().validate()?;
+        if let Some(stage) = &self.stage_of {
+            stage.validate(self)?;
+        }
         if let Some(queue) = &self.queue {
             crate::schedule::validate_queue(queue)?;
         }
@@ -1253,6 +1283,27 @@ impl JobSpec {
         }
         match d.format {
             DatasetFormat::Python => self.validate_python_dataset(),
+            DatasetFormat::Stage => {
+                if self
+                    .stage_of
+                    .as_ref()
+                    .and_then(|s| s.upstream.as_ref())
+                    .is_none()
+                {
+                    return Err(SpecError::invalid(
+                        "dataset.format",
+                        "\"stage\" is a pipeline stage's input (the stage before it): \
+                         written by a pipeline spec's [[stage]] tables, not by hand",
+                    ));
+                }
+                if d.uri.is_some() || d.count.is_some() {
+                    return Err(SpecError::invalid(
+                        "dataset",
+                        "a stage reads the stage before it: no uri or count",
+                    ));
+                }
+                Ok(())
+            }
             DatasetFormat::Range => {
                 if d.uri.is_some() {
                     return Err(SpecError::invalid(

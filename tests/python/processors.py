@@ -131,3 +131,14 @@ class Uploads(Runner):
     def on_checkpoint_start(self):
         with self.context.upload_path() as path:
             (path / f"seen-{self.context.shard}.txt").write_text("a checkpoint's note\n")
+
+
+class Features(TorchBatchProcessor):
+    """A pipeline's first stage (tests/tests/pipelines.rs): the records'
+    `features` as they are, keyed by id, for the model in the next stage."""
+
+    def __init__(self, context):
+        self.context = context
+
+    def process_batch(self, batch, batch_idx):
+        self.context.write_rows({"id": batch.ids, "features": batch["features"]})

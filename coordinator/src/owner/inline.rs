@@ -32,6 +32,7 @@ pub struct Inline {
     next_req: ReqId,
     answers: HashMap<ReqId, Answer>,
     sweeps: Vec<StoreUri>,
+    deletes: Vec<StoreUri>,
     /// Each registered session's events channel.
     sessions: HashMap<String, mpsc::Sender<SessionEvent>>,
     /// Effects taken by a call that runs no writes, for the next one that
@@ -62,6 +63,7 @@ impl Inline {
             next_req: 0,
             answers: HashMap::new(),
             sweeps: Vec::new(),
+            deletes: Vec::new(),
             sessions: HashMap::new(),
             queued: Vec::new(),
         };
@@ -115,6 +117,7 @@ impl Inline {
                 self.answers.insert(req, answer);
             }
             Effect::Sweep(prefix) => self.sweeps.push(prefix),
+            Effect::Delete(uri) => self.deletes.push(uri),
             Effect::Notify(session_id, event) => {
                 if let Some(events_tx) = self.sessions.get(&session_id) {
                     let _ = events_tx.try_send(event);
@@ -152,6 +155,12 @@ impl Inline {
     /// The staging folders the machine asked to sweep since the last call.
     pub fn take_sweeps(&mut self) -> Vec<StoreUri> {
         std::mem::take(&mut self.sweeps)
+    }
+
+    /// The objects the machine asked to delete since the last call
+    /// (pipelines' consumed intermediates).
+    pub fn take_deletes(&mut self) -> Vec<StoreUri> {
+        std::mem::take(&mut self.deletes)
     }
 
     pub async fn create_job(

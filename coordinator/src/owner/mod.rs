@@ -260,6 +260,7 @@ impl Owner {
                     }
                 }
                 Effect::Sweep(prefix) => sweeps.push(prefix),
+                Effect::Delete(uri) => self.sweeper.delete(uri),
                 Effect::Notify(session_id, event) => {
                     if let Some(events_tx) = self.sessions.get(&session_id) {
                         // Best effort: a full channel (a worker that stopped

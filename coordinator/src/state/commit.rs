@@ -510,6 +510,18 @@ impl State {
             std::process::abort()
         });
         let running = job.life.running();
+        // What this commit added to the shard's committed outputs: a
+        // pipeline's next stage reads them (`pipeline.rs`).
+        let fed: Vec<OutputObject> = if job.downstream().is_some() {
+            let before = job.shards[idx]
+                .progress
+                .outputs
+                .len()
+                .min(progress.outputs.len());
+            progress.outputs[before..].to_vec()
+        } else {
+            Vec::new()
+        };
         job.set_progress(idx, progress);
         // The holder's pace (`pace.rs`): what it committed, by wall time.
         if let Some(session) = sessions.get_mut(&commit.session_id) {
@@ -541,7 +553,9 @@ impl State {
         if commit.skipped > 0 {
             self.check_skip_limit(&key.job_id, commit.last_skip_reason.as_deref());
         }
+        self.feed_downstream(&key.job_id, &fed);
         if commit.shard_done {
+            self.consumed(&key.job_id, idx);
             self.finish_if_done(&key.job_id);
         }
         Ok(false)

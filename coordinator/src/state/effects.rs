@@ -37,6 +37,9 @@ pub enum Effect {
     /// Delete every object under this folder, in the background: staged
     /// objects nobody will commit (see `sweep.rs`).
     Sweep(StoreUri),
+    /// Delete this one object, in the background: a pipeline's
+    /// intermediate, consumed by the next stage (see `pipeline.rs`).
+    Delete(StoreUri),
     /// Push this event to the worker of the session named (the owner keeps
     /// each session's sender). Best effort, as the session's stream is: a
     /// worker that misses one asks again, or learns at its next commit.

@@ -170,6 +170,7 @@ impl State {
                 info!(job = %job_id, records = job.totals.records, shards = job.shards.len(), "job succeeded; manifest written");
                 self.effects.push(Effect::Sweep(staging));
                 self.wake_all();
+                self.stage_ended(job_id);
             }
             Err(CoordinatorError::Delta(e)) if e.is_permanent() => {
                 job.life = Life::Running(Change::Idle);
@@ -193,7 +194,9 @@ impl State {
         let done: Vec<String> = self
             .jobs
             .values()
-            .filter(|job| job.may_let_go())
+            // A pipeline stage's shards are kept while the next stage
+            // reads their outputs (a restart rebuilds its shards from them).
+            .filter(|job| job.may_let_go() && !self.feeds_a_running_stage(job))
             .map(|job| job.id.clone())
             .collect();
         for job_id in done {

@@ -173,6 +173,9 @@ impl State {
         job.seq = self.order.len();
         self.order.push(job_id.clone());
         self.jobs.insert(job_id.clone(), job);
+        // A pipeline stage created after the stage before committed some
+        // (or all) of its outputs starts from them.
+        self.feed_from_upstream(&job_id);
         self.wake_all();
         // A job with no shards is done at once.
         self.finish_if_done(&job_id);
@@ -470,6 +473,14 @@ impl State {
         }
         info!(job = %job_id, %state, %reason, "job ended");
         self.wake_all();
+        // A pipeline's other stages end with it.
+        self.stage_ended(job_id);
+    }
+
+    /// Cancels a pipeline's stage because another ended (no one waits for
+    /// the answer).
+    pub(super) fn cancel_stage(&mut self, job_id: &str, reason: String) {
+        self.job_cmd(None, job_id, JobCmd::Cancel(reason));
     }
 
     /// Fails the job once it skipped more bad records than its spec allows.

@@ -58,6 +58,7 @@ mod finish;
 mod jobs;
 mod leases;
 mod pace;
+mod pipeline;
 mod reducers;
 mod repeats;
 mod restore;
@@ -306,6 +307,10 @@ struct Job {
     repeats: repeats::Repeats,
     /// Its metrics' reduce task (see `reducers.rs`).
     reduce: reducers::Reduce,
+    /// Whether every input shard is known: false for a pipeline stage
+    /// that reads the stage before until that stage succeeded (its shards
+    /// come from that stage's commits, see `pipeline.rs`).
+    inputs_complete: bool,
 }
 
 /// Where a job is in its life: what its stored status is (the wire's and
@@ -507,6 +512,12 @@ fn failed_unfinished(p: &ProgressRecord) -> bool {
 }
 
 /// `uri` as a folder (a prefix ending in `/`), for listing.
+/// Whether a job's inputs are all known at submit: not for a pipeline
+/// stage that reads the stage before.
+fn spec_reads_a_stage(spec: &JobSpec) -> bool {
+    spec.dataset.format != stoke_core::spec::DatasetFormat::Stage
+}
+
 pub fn folder(uri: &StoreUri) -> StoreUri {
     uri.join("/")
 }
@@ -537,6 +548,7 @@ impl Job {
             None => (location, None),
         };
         let staging = layout.staging_for(&output);
+        let spec_for_inputs = Arc::clone(&spec);
         let shards: Vec<ShardState> = plan
             .shards
             .iter()
@@ -581,6 +593,7 @@ impl Job {
             account: account::Account::new(now),
             repeats: Default::default(),
             reduce: Default::default(),
+            inputs_complete: spec_reads_a_stage(&spec_for_inputs),
         }
     }
 
@@ -639,7 +652,7 @@ impl Job {
     }
 
     fn all_done(&self) -> bool {
-        self.totals.shards_done == self.shards_total()
+        self.inputs_complete && self.totals.shards_done == self.shards_total()
     }
 
     fn shards_total(&self) -> u64 {

@@ -3,12 +3,13 @@
 //! spec, plan, status and progress, or, for a succeeded job that left a
 //! summary (`ended.json`), that instead of its plan and progress.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use stoke_core::layout::JobLayout;
 use stoke_core::plan::Plan;
 use stoke_core::progress::StoredProgress;
-use stoke_core::records::{EndedRecord, StatusRecord};
+use stoke_core::records::{EndedRecord, ProgressRecord, StatusRecord};
 use stoke_core::report::{EfficiencyReport, ReportSoFar};
 use stoke_core::schedule::{Schedule, ScheduleRecord};
 use stoke_core::spec::JobSpec;
@@ -65,14 +66,29 @@ impl State {
         now_ms: u64,
     ) -> Self {
         let mut state = State::new(config, epoch);
+        // A pipeline stage's progress, by stage: applied once its shards
+        // are rebuilt from the stage before (which may load after it).
+        let mut feeds = HashMap::new();
         for s in stored {
-            state.restore_job(s, now, now_ms);
+            if let Some((job_id, records)) = state.restore_job(s, now, now_ms) {
+                feeds.insert(job_id, records);
+            }
         }
+        state.restore_feeds(feeds);
+        // Stages that fed a stage now ended may let go of their shards.
+        state.release_ended();
         info!(epoch, jobs = state.jobs.len(), "coordinator state loaded");
         state
     }
 
-    fn restore_job(&mut self, s: StoredJob, now: Instant, now_ms: u64) {
+    /// Loads one job; for a pipeline stage that reads the stage before,
+    /// returns its progress records, applied once its shards are rebuilt.
+    fn restore_job(
+        &mut self,
+        s: StoredJob,
+        now: Instant,
+        now_ms: u64,
+    ) -> Option<(String, HashMap<String, ProgressRecord>)> {
         let job_id = s.job_id;
         // A recovered job's report counts from this coordinator's start,
         // after what was saved before it (below).
@@ -127,6 +143,7 @@ impl State {
         {
             job.metrics_recovered(metrics);
         }
+        let mut fed = None;
         if let Some(stored) = progress {
             let mut records = stored.records;
             job.progress_objects = stored.objects;
@@ -134,6 +151,9 @@ impl State {
                 if let Some(p) = records.remove(&job.plan.shards[i].id) {
                     job.set_progress(i, p);
                 }
+            }
+            if job.upstream().is_some() {
+                fed = Some((job_id.clone(), records));
             }
         }
         job.pending = (0..job.shards.len())
@@ -147,14 +167,16 @@ impl State {
         }
         job.seq = self.order.len();
         self.order.push(job_id.clone());
-        if job.may_let_go() {
+        if job.may_let_go() && job.downstream().is_none() {
             // As it loads (if `ended.json` did not spare that): the
             // coordinator never holds the shards of every job it ever ran,
-            // not even while it starts.
+            // not even while it starts. A pipeline stage that feeds another
+            // waits for the stages to load (`release_ended` then).
             job.let_go();
             self.released.insert(job_id, job);
         } else {
             self.jobs.insert(job_id, job);
         }
+        fed
     }
 }

@@ -48,6 +48,10 @@ pub enum WaitReason {
     MaxWorkers,
     /// No worker of its pool is connected.
     NoWorkerInPool,
+    /// A pipeline stage whose next stage has `max` of its committed
+    /// objects (or more) to read: it leases no new shard until that stage
+    /// catches up.
+    HeldBack { unconsumed: u64, max: u64 },
 }
 
 impl WaitReason {
@@ -58,6 +62,9 @@ impl WaitReason {
             WaitReason::LowerPriority => "lower priority".to_string(),
             WaitReason::MaxWorkers => "max_workers".to_string(),
             WaitReason::NoWorkerInPool => format!("no worker in pool {pool:?}"),
+            WaitReason::HeldBack { unconsumed, max } => format!(
+                "held back: the next stage has {unconsumed} objects to read (max_pending {max})"
+            ),
         }
     }
 }
@@ -98,22 +105,32 @@ impl Victim {
 }
 
 /// How a candidate ranks; smaller is better (see the module docs).
-struct Rank {
+struct Rank<'a> {
     borrowing: bool,
     priority: i64,
+    /// A pipeline's stage: (pipeline, place). Of two stages of one
+    /// pipeline, the later goes first: it drains what the earlier
+    /// committed, so fewer intermediates wait.
+    stage: Option<(&'a str, u32)>,
     leased: u64,
     weight: f64,
     pass: f64,
     order: usize,
 }
 
-impl Rank {
+impl Rank<'_> {
     fn better_than(&self, other: &Rank) -> bool {
         if self.borrowing != other.borrowing {
             return !self.borrowing;
         }
         if self.priority != other.priority {
             return self.priority > other.priority;
+        }
+        if let (Some((mine, a)), Some((theirs, b))) = (self.stage, other.stage)
+            && mine == theirs
+            && a != b
+        {
+            return a > b;
         }
         // leased/weight compared without dividing.
         let mine = self.leased as f64 * other.weight;
@@ -159,7 +176,7 @@ impl State {
         let usage = self.queue_usage();
         self.jobs
             .values()
-            .filter(|job| job.spec.pool_name() == pool)
+            .filter(|job| job.spec.pool_name() == pool && !self.held_back(job))
             .filter(|job| {
                 if job.schedule.max_workers.is_some_and(|m| job.leased >= m) {
                     return false;
@@ -205,6 +222,10 @@ impl State {
             if job.schedule.max_workers.is_some_and(|m| job.leased >= m) {
                 continue;
             }
+            // A pipeline stage waits while the next has enough to read.
+            if self.held_back(job) {
+                continue;
+            }
             let queue = job.spec.queue_name();
             let full = self
                 .config
@@ -216,6 +237,11 @@ impl State {
             let rank = Rank {
                 borrowing: full,
                 priority: job.schedule.priority,
+                stage: job
+                    .spec
+                    .stage_of
+                    .as_ref()
+                    .map(|s| (s.pipeline.as_str(), s.index)),
                 leased: job.leased,
                 weight: job.schedule.weight,
                 pass: job.pass,
@@ -275,6 +301,17 @@ impl State {
         }
         if !pools.contains(job.spec.pool_name()) {
             return Some(WaitReason::NoWorkerInPool);
+        }
+        if self.held_back(job) {
+            let stage = job.spec.stage_of.as_ref();
+            let unconsumed = stage
+                .and_then(|s| s.downstream.as_deref())
+                .and_then(|d| self.jobs.get(d))
+                .map_or(0, Job::unconsumed);
+            return Some(WaitReason::HeldBack {
+                unconsumed,
+                max: stage.map_or(0, |s| s.max_pending),
+            });
         }
         if job.schedule.max_workers.is_some_and(|m| job.leased >= m) {
             return Some(WaitReason::MaxWorkers);
@@ -547,7 +584,11 @@ impl State {
     fn claimant(&self, pool: &str, usage: &HashMap<String, u64>) -> Option<(String, u64)> {
         let mut best: Option<(Rank, &str, u64)> = None;
         for job in self.jobs.values() {
-            if !job.life.leasing() || job.pending.is_empty() || job.spec.pool_name() != pool {
+            if !job.life.leasing()
+                || job.pending.is_empty()
+                || job.spec.pool_name() != pool
+                || self.held_back(job)
+            {
                 continue;
             }
             let mut room = job.pending.len() as u64;
@@ -564,6 +605,11 @@ impl State {
             let rank = Rank {
                 borrowing: false,
                 priority: job.schedule.priority,
+                stage: job
+                    .spec
+                    .stage_of
+                    .as_ref()
+                    .map(|s| (s.pipeline.as_str(), s.index)),
                 leased: job.leased,
                 weight: job.schedule.weight,
                 pass: job.pass,
@@ -639,7 +685,14 @@ impl State {
             if let Some(total) = job.plan.records_total {
                 p.records_left += total.saturating_sub(job.totals.records);
             }
-            *wanted.entry((pool, job.spec.queue_name())).or_default() += job.workers_wanted();
+            // A stage held back wants only the workers it holds: the
+            // pool behind (the next stage's) is the one asked for more.
+            let n = if self.held_back(job) {
+                job.leased
+            } else {
+                job.workers_wanted()
+            };
+            *wanted.entry((pool, job.spec.queue_name())).or_default() += n;
         }
         for ((pool, queue), mut n) in wanted {
             if !self.config.queue_borrow

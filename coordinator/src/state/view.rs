@@ -49,7 +49,11 @@ impl Job {
     pub(super) fn info(&self, shards_leased: u64, waiting: Option<WaitReason>) -> JobInfo {
         JobInfo {
             job_id: self.id.clone(),
-            name: self.spec.name.clone().unwrap_or_default(),
+            // A pipeline's stage is named `<pipeline>/<stage>`.
+            name: match &self.spec.stage_of {
+                Some(stage) => stage.display_name(),
+                None => self.spec.name.clone().unwrap_or_default(),
+            },
             state: self.life.state(),
             reason: self.life.reason().map(str::to_string),
             shards_total: self.shards_total(),
@@ -86,6 +90,16 @@ impl Job {
             crashes: self.totals.crashes,
             isolating: self.isolating(),
             already_done: self.plan.incremental.as_ref().map(|i| i.already_done),
+            pipeline: self
+                .spec
+                .stage_of
+                .as_ref()
+                .map(|s| stoke_core::records::PipelineStage {
+                    pipeline: s.pipeline.clone(),
+                    stage: s.stage.clone(),
+                    index: s.index,
+                    stages: s.stages,
+                }),
         }
     }
 

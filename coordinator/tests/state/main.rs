@@ -9,6 +9,7 @@ mod crashes;
 mod jobs;
 mod leases;
 mod metrics;
+mod pipelines;
 mod pools;
 mod report;
 mod schedule;

@@ -167,6 +167,9 @@ async fn plan_skipping(
     let d = &spec.dataset;
     match d.format {
         DatasetFormat::Range => Ok(plan_range(d.count.unwrap_or(0), target).into()),
+        // A pipeline stage's shards come from the stage before's commits,
+        // as the coordinator records them: none at submit.
+        DatasetFormat::Stage => Ok(open_plan().into()),
         // A torch Dataset's indices, in shards of whole batches: a batch's
         // index in the job is then its first index / batch_size, the same
         // on every resume (Determined's `batch_idx`).
@@ -226,6 +229,17 @@ async fn plan_listed(
         }
         DatasetFormat::Files => plan_files(dataset, listed, target),
         DatasetFormat::Range | DatasetFormat::Python => Ok(plan_range(0, target)),
+        DatasetFormat::Stage => Ok(open_plan()),
+    }
+}
+
+/// A pipeline stage's plan at submit: no shard yet and no known total.
+fn open_plan() -> Plan {
+    Plan {
+        shards: Vec::new(),
+        records_total: None,
+        jsonl_schema: None,
+        incremental: None,
     }
 }
 

@@ -83,7 +83,13 @@ pub(crate) async fn read_parquet(
         fast,
     };
     let mut first_record = 0u64;
-    for g in row_groups.start as usize..row_groups.end as usize {
+    // A whole object (a pipeline's intermediate): every row group it has.
+    let end = if row_groups.end == stoke_core::plan::ALL_ROW_GROUPS {
+        metadata.num_row_groups() as u64
+    } else {
+        row_groups.end
+    };
+    for g in row_groups.start as usize..end as usize {
         let rg = metadata.row_groups().get(g).ok_or_else(|| {
             err(format!(
                 "row group {g} does not exist (the file changed since planning)"

@@ -1,0 +1,330 @@
+//! Pipelines in the CLI: `stoke submit` and `stoke run --local` of a
+//! pipeline spec (every stage at once), `stoke status <pipeline>` with its
+//! stages side by side, and pause, resume and cancel of the whole
+//! pipeline. A stage is a job named `<pipeline>/<stage>` (its id
+//! `<pipeline>-<stage>`), which every verb takes.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use stoke_client::Client;
+use stoke_client::pipeline::{new_pipeline_id, stages_in, submit_pipeline};
+use stoke_client::summary::{count, job_json, total};
+use stoke_core::records::{JobInfo, JobState};
+use stoke_core::spec::pipeline::PipelineSpec;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::display::{columns, exit_code, print_summary};
+use crate::fleet;
+use crate::run::{INTERRUPTED, LocalRun, TERMINATED, connect_with_retry};
+use crate::watch;
+
+/// A pipeline's state from its stages': failed or cancelled when one is,
+/// paused when one is, succeeded when all are, running otherwise.
+pub(crate) fn state_of(stages: &[JobInfo]) -> JobState {
+    let any = |s: JobState| stages.iter().any(|j| j.state == s);
+    if any(JobState::Failed) {
+        JobState::Failed
+    } else if any(JobState::Cancelled) {
+        JobState::Cancelled
+    } else if any(JobState::Paused) {
+        JobState::Paused
+    } else if !stages.is_empty() && stages.iter().all(|j| j.state == JobState::Succeeded) {
+        JobState::Succeeded
+    } else {
+        JobState::Running
+    }
+}
+
+/// The stage of a pipeline that says why it ended, if it did not succeed
+/// (the first failed, else the first cancelled), else the last stage.
+fn deciding(stages: &[JobInfo]) -> Option<&JobInfo> {
+    stages
+        .iter()
+        .find(|j| j.state == JobState::Failed)
+        .or_else(|| stages.iter().find(|j| j.state == JobState::Cancelled))
+        .or_else(|| stages.last())
+}
+
+/// The exit status of a pipeline: its deciding stage's.
+pub(crate) fn exit_of(stages: &[JobInfo]) -> i32 {
+    deciding(stages).map_or(0, exit_code)
+}
+
+/// `stoke status <pipeline>`: the stages side by side (JSON: the pipeline's
+/// state and each stage as `status --json` prints a job).
+pub(crate) fn print_status(pipeline_id: &str, stages: &[JobInfo], json: bool) {
+    let state = state_of(stages);
+    if json {
+        let all: Vec<serde_json::Value> = stages.iter().map(job_json).collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "pipeline": pipeline_id,
+                "state": state.as_str(),
+                "reason": deciding(stages).and_then(|j| j.reason.clone()),
+                "stages": all,
+            })
+        );
+        return;
+    }
+    println!("pipeline: {pipeline_id}");
+    println!("state: {state}");
+    if let Some(reason) = deciding(stages).and_then(|j| j.reason.as_deref())
+        && state.is_terminal()
+    {
+        println!("reason: {reason}");
+    }
+    print!("{}", table(stages));
+}
+
+/// One line per stage, in order.
+pub(crate) fn table(stages: &[JobInfo]) -> String {
+    let rows: Vec<[String; 8]> = stages
+        .iter()
+        .map(|j| {
+            let stage = j.pipeline.as_ref().map_or("?", |p| p.stage.as_str());
+            [
+                stage.to_string(),
+                j.job_id.clone(),
+                j.state.to_string(),
+                j.schedule.pool.clone(),
+                format!("{}/{}", j.shards_done, j.shards_total),
+                format!("{}/{}", j.records_done, total(j)),
+                j.records_per_s
+                    .map_or("-".to_string(), |r| format!("{r:.0}")),
+                j.schedule
+                    .waiting
+                    .clone()
+                    .unwrap_or_else(|| "-".to_string()),
+            ]
+        })
+        .collect();
+    columns(
+        &[
+            "STAGE", "JOB", "STATE", "POOL", "SHARDS", "RECORDS", "REC/S", "WAITING",
+        ],
+        &[false, false, false, false, true, true, true, false],
+        &rows,
+    )
+}
+
+/// `stoke submit pipeline.toml`: every stage, then (with `--wait` or
+/// `--watch`) the stages as they end.
+pub(crate) async fn submit(
+    client: &Client,
+    pipeline: &PipelineSpec,
+    pipeline_id: Option<&str>,
+    follow: bool,
+    json: bool,
+) -> anyhow::Result<i32> {
+    let id = pipeline_id.map_or_else(|| new_pipeline_id(&pipeline.name), str::to_string);
+    let stages = submit_pipeline(client, pipeline, &id).await?;
+    let said = submitted_line(&id, &stages);
+    if !follow {
+        if json {
+            print_status(&id, &stages, true);
+        } else {
+            println!("{said}");
+        }
+        return Ok(0);
+    }
+    if !json {
+        eprintln!("{said}");
+    }
+    let stages = wait(client, &stages, watch::POLL).await?;
+    print_status(&id, &stages, json);
+    Ok(exit_of(&stages))
+}
+
+fn submitted_line(id: &str, stages: &[JobInfo]) -> String {
+    let each: Vec<String> = stages
+        .iter()
+        .map(|j| {
+            let stage = j.pipeline.as_ref().map_or("?", |p| p.stage.as_str());
+            format!("{stage} ({})", j.job_id)
+        })
+        .collect();
+    format!(
+        "submitted pipeline {id}: {} ({})",
+        count(stages.len() as u64, "stage"),
+        each.join(", ")
+    )
+}
+
+/// Waits until every stage ended; the stages as they ended.
+async fn wait(client: &Client, stages: &[JobInfo], poll: Duration) -> anyhow::Result<Vec<JobInfo>> {
+    let mut ended = Vec::with_capacity(stages.len());
+    for stage in stages {
+        ended.push(watch::watch(client, &stage.job_id, poll).await?);
+    }
+    Ok(ended)
+}
+
+/// The stages' jobs as they are now.
+async fn refresh(client: &Client, stages: &[JobInfo]) -> anyhow::Result<Vec<JobInfo>> {
+    let mut now = Vec::with_capacity(stages.len());
+    for stage in stages {
+        now.push(client.get_job(&stage.job_id).await?);
+    }
+    Ok(now)
+}
+
+/// The stages of `pipeline_id` on this coordinator, if it names a
+/// pipeline.
+pub(crate) async fn stages(client: &Client, pipeline_id: &str) -> anyhow::Result<Vec<JobInfo>> {
+    Ok(stages_in(client.list_jobs().await?, pipeline_id))
+}
+
+/// Pause, resume or cancel every stage of a pipeline not ended yet.
+pub(crate) async fn each_stage(
+    client: &Client,
+    stages: &[JobInfo],
+    what: Verb<'_>,
+) -> anyhow::Result<i32> {
+    for stage in stages.iter().filter(|j| !j.state.is_terminal()) {
+        let now = match what {
+            Verb::Pause(reason) => client.pause(&stage.job_id, reason).await?,
+            Verb::Resume => client.resume(&stage.job_id).await?,
+            Verb::Cancel(reason) => client.cancel(&stage.job_id, reason).await?,
+        };
+        println!("job {} is {}", now.job_id, now.state);
+    }
+    Ok(0)
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Verb<'a> {
+    Pause(&'a str),
+    Resume,
+    Cancel(&'a str),
+}
+
+/// `stoke run --local N pipeline.toml`: a local coordinator, the
+/// pipeline's stages, and N workers in each pool its stages use.
+pub(crate) async fn run_local(
+    run: &LocalRun,
+    pipeline: PipelineSpec,
+    worker_bin: &Path,
+    addr: &str,
+    http_addr: std::net::SocketAddr,
+) -> anyhow::Result<i32> {
+    let client = connect_with_retry(addr).await?;
+    let id = run
+        .job_id
+        .clone()
+        .unwrap_or_else(|| new_pipeline_id(&pipeline.name));
+    let stages = submit_pipeline(&client, &pipeline, &id).await?;
+    let grpc = addr.trim_start_matches("http://");
+    eprintln!(
+        "coordinator: {grpc} (in another shell: export STOKE_COORDINATOR={grpc}; stoke status {id})"
+    );
+    eprintln!("status page: http://{http_addr}/");
+    // The stages by pool, in stage order: each pool gets its workers.
+    let mut pools: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, (_, spec)) in pipeline.stages.iter().enumerate() {
+        pools
+            .entry(spec.pool_name().to_string())
+            .or_default()
+            .push(i);
+    }
+    eprintln!(
+        "{}; starting {} in {}",
+        submitted_line(&id, &stages),
+        count(run.workers as u64, "worker"),
+        if pools.len() == 1 {
+            format!("pool {}", pools.keys().next().map_or("", String::as_str))
+        } else {
+            format!(
+                "each of the pools {}",
+                pools.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        }
+    );
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let processors = run.workers * pools.len() * run.device.split(',').count();
+    let threads = run.threads.unwrap_or((cores / processors.max(1)).max(1));
+    let several = pools.len() > 1;
+    let mut groups = Vec::new();
+    let mut pool_stage: BTreeMap<String, usize> = BTreeMap::new();
+    for (pool, of) in &pools {
+        let python = of
+            .iter()
+            .any(|&i| pipeline.stages[i].1.processor.python.is_some());
+        let loading = of.iter().any(|&i| {
+            let spec = &pipeline.stages[i].1;
+            spec.processor.python.is_some() && spec.loading.workers.is_some_and(|n| n > 0)
+        });
+        // The pool's stage a worker's exit is weighed against: its last.
+        let stage = of.last().copied().unwrap_or(0);
+        pool_stage.insert(pool.clone(), stage);
+        let command = fleet::WorkerCommand {
+            bin: worker_bin.to_path_buf(),
+            coordinator: addr.to_string(),
+            device: run.device.clone(),
+            threads,
+            pool: pool.clone(),
+            name_prefix: if several {
+                format!("local-{pool}")
+            } else {
+                "local".to_string()
+            },
+            python_prewarm: python,
+            python_prewarm_loading: loading,
+            workers: run.workers,
+        };
+        groups.push((command, run.workers, fleet::Progress::of(&stages[stage])));
+    }
+    let mut workers = fleet::Fleet::start_groups(groups)?;
+    let started = Instant::now();
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut ticker = tokio::time::interval(Duration::from_millis(50));
+    let stages = loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                let now = refresh(&client, &stages).await?;
+                if now.iter().all(|j| j.state.is_terminal()) {
+                    break now;
+                }
+            }
+            how = async {
+                tokio::select! {
+                    _ = interrupt.recv() => (INTERRUPTED, "interrupted"),
+                    _ = terminate.recv() => (TERMINATED, "terminated (SIGTERM)"),
+                }
+            } => {
+                let (code, what) = how;
+                eprintln!("{what}: stopping the workers (each checkpoints first)");
+                workers.terminate();
+                workers.finish(Duration::from_secs(60)).await;
+                let now = refresh(&client, &stages).await?;
+                print_status(&id, &now, false);
+                eprintln!("pipeline {id} stopped; run the same command with --job-id {id} to resume it");
+                return Ok(code);
+            }
+            exited = workers.next_exit() => {
+                let pool = workers.pool_of(&exited).to_string();
+                let at = pool_stage.get(&pool).copied().unwrap_or(0);
+                let now = client.get_job(&stages[at].job_id).await?;
+                if let fleet::Next::Stop(why) = workers.on_exit(exited, &now)? {
+                    let now = refresh(&client, &stages).await?;
+                    if now.iter().all(|j| j.state.is_terminal()) {
+                        break now;
+                    }
+                    eprintln!("stopping: {why}; pipeline {id} keeps its committed progress: run again with --job-id {id} to resume it");
+                    print_status(&id, &now, false);
+                    return Ok(1);
+                }
+            }
+        }
+    };
+    workers.finish(Duration::from_secs(60)).await;
+    for stage in &stages {
+        print_summary(stage);
+    }
+    print_status(&id, &stages, false);
+    eprintln!("took {:.1}s", started.elapsed().as_secs_f64());
+    Ok(exit_of(&stages))
+}

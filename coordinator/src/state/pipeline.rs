@@ -1,0 +1,330 @@
+//! Pipelines (ADR 017): a stage's shards are the stage before's committed
+//! output objects, planned from its commits as this machine applies them,
+//! never by listing the store.
+//!
+//! - **Feeding.** When an upstream stage's commit is applied, each output
+//!   object it committed becomes one shard of the downstream stage (a
+//!   whole Parquet object, its record count from the commit). Only
+//!   committed objects exist, so a redone upstream batch never reaches the
+//!   downstream twice.
+//! - **The end.** A downstream stage succeeds once the upstream succeeded
+//!   and every object fed to it is consumed (its shard done). A stage
+//!   that fails or is cancelled ends the other stages of its pipeline,
+//!   naming it.
+//! - **Back-pressure.** While `max_pending` fed objects wait unconsumed,
+//!   the upstream stage leases, splits and races no new work.
+//! - **Intermediates.** A consumed object is deleted once the downstream
+//!   shard that read it committed (unless `keep_intermediate`).
+//! - **A restart** rebuilds each downstream stage's shards from its
+//!   upstream's stored progress (its committed outputs, in plan and commit
+//!   order), then applies the downstream's own progress: the same shards,
+//!   the same ids.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use stoke_core::plan::{ALL_ROW_GROUPS, Shard, ShardSource};
+use stoke_core::records::{OutputObject, ProgressRecord};
+use stoke_store::StoreUri;
+use tracing::info;
+
+use super::{End, Job, Life, ShardState, State};
+
+impl Job {
+    /// The job of the stage before this one, which it reads.
+    pub(super) fn upstream(&self) -> Option<&str> {
+        self.spec.stage_of.as_ref()?.upstream.as_deref()
+    }
+
+    /// The job of the stage after this one, which reads it.
+    pub(super) fn downstream(&self) -> Option<&str> {
+        self.spec.stage_of.as_ref()?.downstream.as_deref()
+    }
+
+    /// Objects fed to this (downstream) stage and not consumed yet.
+    pub(super) fn unconsumed(&self) -> u64 {
+        (self.shards.len() as u64).saturating_sub(self.totals.shards_done)
+    }
+
+    /// Adds the shard that reads one committed object of the upstream
+    /// (whose outputs live under `upstream_output`); a shard of that id
+    /// already here is left as it is.
+    fn feed(&mut self, upstream_output: &StoreUri, object: &OutputObject) -> Option<usize> {
+        let id = fed_shard_id(upstream_output, &object.uri);
+        if self.shard_index.contains_key(&id) {
+            return None;
+        }
+        let idx = self.shards.len();
+        Arc::make_mut(&mut self.plan).shards.push(Shard {
+            id: id.clone(),
+            records: Some(object.records),
+            source: ShardSource::Parquet {
+                uri: object.uri.clone(),
+                row_group_start: 0,
+                row_group_end: ALL_ROW_GROUPS,
+            },
+            cut: None,
+        });
+        self.shards.push(ShardState::new(ProgressRecord {
+            shard_id: id.clone(),
+            ..Default::default()
+        }));
+        self.shard_index.insert(id, idx);
+        Some(idx)
+    }
+}
+
+/// A fed shard's id: the object's path under the upstream's output folder,
+/// its extension off and `/` as `-` (`s00003/part-000012.parquet` is
+/// `s00003-part-000012`): the same on every restart, and a path segment.
+fn fed_shard_id(upstream_output: &StoreUri, uri: &str) -> String {
+    let prefix = format!("{}/", upstream_output.as_str().trim_end_matches('/'));
+    let rest = uri.strip_prefix(&prefix).unwrap_or(uri);
+    let rest = rest.rsplit_once('.').map_or(rest, |(stem, _)| stem);
+    rest.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+impl State {
+    /// Whether `job` (an upstream stage) holds back: its downstream has
+    /// `max_pending` or more objects it has not consumed yet.
+    pub(super) fn held_back(&self, job: &Job) -> bool {
+        let Some(stage) = job.spec.stage_of.as_ref() else {
+            return false;
+        };
+        let Some(downstream) = stage.downstream.as_deref() else {
+            return false;
+        };
+        self.jobs
+            .get(downstream)
+            .is_some_and(|d| !d.life.ended() && d.unconsumed() >= stage.max_pending)
+    }
+
+    /// `job_id` committed `outputs` (an upstream stage's commit, applied):
+    /// each becomes a shard of its downstream stage, pending at once.
+    pub(super) fn feed_downstream(&mut self, job_id: &str, outputs: &[OutputObject]) {
+        if outputs.is_empty() {
+            return;
+        }
+        let Some(up) = self.jobs.get(job_id) else {
+            return;
+        };
+        let Some(down_id) = up.downstream().map(str::to_string) else {
+            return;
+        };
+        let up_output = up.output.clone();
+        let Some(down) = self.jobs.get_mut(&down_id) else {
+            return;
+        };
+        if down.life.ended() {
+            return;
+        }
+        let running = down.life.running();
+        let mut fed = 0;
+        for object in outputs {
+            if let Some(idx) = down.feed(&up_output, object) {
+                fed += 1;
+                if running {
+                    down.pending.push_back(idx);
+                }
+            }
+        }
+        if fed > 0 {
+            info!(job = %down_id, upstream = %job_id, fed, unconsumed = down.unconsumed(), "pipeline: committed objects fed to the next stage");
+            self.wake(fed);
+        }
+    }
+
+    /// Shard `idx` of `job_id` (a downstream stage) is done: its object is
+    /// consumed. It is deleted (unless the pipeline keeps intermediates),
+    /// and an upstream held back may lease again.
+    pub(super) fn consumed(&mut self, job_id: &str, idx: usize) {
+        let Some(job) = self.jobs.get(job_id) else {
+            return;
+        };
+        let Some(stage) = job.spec.stage_of.as_ref() else {
+            return;
+        };
+        if stage.upstream.is_none() {
+            return;
+        }
+        if !stage.keep_intermediate
+            && let Some(ShardSource::Parquet { uri, .. }) =
+                job.plan.shards.get(idx).map(|s| &s.source)
+            && let Ok(uri) = StoreUri::parse(uri)
+        {
+            self.effects.push(super::Effect::Delete(uri));
+        }
+        // One more slot under `max_pending`: a worker that waits may take
+        // the upstream's next shard.
+        self.wake(1);
+    }
+
+    /// `job_id` (a stage) ended: a succeeded upstream completes its
+    /// downstream's input; a stage that failed or was cancelled ends the
+    /// stages beside it, naming itself.
+    pub(super) fn stage_ended(&mut self, job_id: &str) {
+        let Some(job) = self.jobs.get(job_id).or_else(|| self.released.get(job_id)) else {
+            return;
+        };
+        let Some(stage) = job.spec.stage_of.clone() else {
+            return;
+        };
+        match &job.life {
+            Life::Ended(End::Succeeded(_)) => {
+                let Some(down_id) = stage.downstream.as_deref() else {
+                    return;
+                };
+                if let Some(down) = self.jobs.get_mut(down_id)
+                    && !down.inputs_complete
+                {
+                    down.inputs_complete = true;
+                    let total = down
+                        .plan
+                        .shards
+                        .iter()
+                        .map(|s| s.records.unwrap_or(0))
+                        .sum();
+                    Arc::make_mut(&mut down.plan).records_total = Some(total);
+                    info!(job = %down_id, upstream = %job_id, shards = down.shards.len(), "pipeline: the stage before succeeded; every input is known");
+                    self.finish_if_done(down_id);
+                }
+            }
+            Life::Ended(End::Failed(reason)) | Life::Ended(End::Cancelled(reason)) => {
+                let failed = matches!(job.life, Life::Ended(End::Failed(_)));
+                let why = format!(
+                    "stage {:?} of pipeline {} {}: {reason}",
+                    stage.stage,
+                    stage.pipeline,
+                    if failed { "failed" } else { "was cancelled" }
+                );
+                for other in [stage.upstream.as_deref(), stage.downstream.as_deref()]
+                    .into_iter()
+                    .flatten()
+                {
+                    let ended = self.jobs.get(other).is_none_or(|j| j.life.ended());
+                    if ended {
+                        continue;
+                    }
+                    if failed {
+                        self.fail_job(other, why.clone());
+                    } else {
+                        self.cancel_stage(other, why.clone());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether a succeeded upstream stage must keep its shards' states in
+    /// memory: its downstream is not done reading them (a restart
+    /// rebuilds the downstream's shards from them).
+    pub(super) fn feeds_a_running_stage(&self, job: &Job) -> bool {
+        job.downstream()
+            .is_some_and(|d| self.jobs.get(d).is_some_and(|d| !d.life.ended()))
+    }
+
+    /// Feeds `job_id` (a downstream stage) every output its upstream
+    /// committed so far, in the upstream's plan and commit order (shards
+    /// it has already are left as they are). The upstream's id, and
+    /// whether it succeeded; `None` when `job_id` reads no stage here.
+    fn refeed(&mut self, job_id: &str) -> Option<(String, bool)> {
+        let up_id = self.jobs.get(job_id)?.upstream()?.to_string();
+        let up = self.jobs.get(&up_id)?;
+        let outputs: Vec<OutputObject> = up
+            .shards
+            .iter()
+            .flat_map(|s| s.progress.outputs.iter().cloned())
+            .collect();
+        let up_output = up.output.clone();
+        let up_succeeded = matches!(up.life, Life::Ended(End::Succeeded(_)));
+        let job = self.jobs.get_mut(job_id)?;
+        for object in &outputs {
+            job.feed(&up_output, object);
+        }
+        Some((up_id, up_succeeded))
+    }
+
+    /// A stage just created: what the stage before committed already is
+    /// its first shards.
+    pub(super) fn feed_from_upstream(&mut self, job_id: &str) {
+        let Some((up_id, up_succeeded)) = self.refeed(job_id) else {
+            return;
+        };
+        if let Some(job) = self.jobs.get_mut(job_id)
+            && job.life.running()
+        {
+            job.pending = (0..job.shards.len())
+                .filter(|&i| !job.shards[i].progress.done && job.shards[i].lease().is_none())
+                .collect();
+        }
+        if up_succeeded {
+            self.stage_ended(&up_id);
+        }
+    }
+
+    /// At start: each downstream stage's shards from its upstream's stored
+    /// progress, then its own progress (`stored`, by shard id), as before
+    /// the restart.
+    pub(super) fn restore_feeds(
+        &mut self,
+        stored: HashMap<String, HashMap<String, ProgressRecord>>,
+    ) {
+        for (job_id, mut records) in stored {
+            let Some((up_id, up_succeeded)) = self.refeed(&job_id) else {
+                continue;
+            };
+            let Some(job) = self.jobs.get_mut(&job_id) else {
+                continue;
+            };
+            for i in 0..job.shards.len() {
+                if let Some(p) = records.remove(&job.plan.shards[i].id) {
+                    job.set_progress(i, p);
+                }
+            }
+            job.pending = if job.life.running() {
+                (0..job.shards.len())
+                    .filter(|&i| !job.shards[i].progress.done)
+                    .collect()
+            } else {
+                Default::default()
+            };
+            info!(job = %job_id, upstream = %up_id, shards = job.shards.len(), "pipeline: stage's shards rebuilt from the stage before's commits");
+            if up_succeeded {
+                self.stage_ended(&up_id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fed_shard_is_named_by_its_object_under_the_upstream_folder() {
+        let out = StoreUri::parse("file:///root/jobs/p-decode/outputs").expect("uri");
+        assert_eq!(
+            fed_shard_id(
+                &out,
+                "file:///root/jobs/p-decode/outputs/s00003/part-000012.parquet"
+            ),
+            "s00003-part-000012"
+        );
+        assert_eq!(
+            fed_shard_id(
+                &out,
+                "file:///root/jobs/p-decode/outputs/s00000.1/part-000040.parquet"
+            ),
+            "s00000.1-part-000040"
+        );
+    }
+}

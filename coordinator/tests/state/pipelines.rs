@@ -1,0 +1,260 @@
+//! Pipelines: a downstream stage's shards are the upstream's committed
+//! objects, fed as each commit is applied; the downstream ends after the
+//! upstream, every object consumed once and then deleted; back-pressure
+//! holds the upstream back at `max_pending`; a stage that ends early ends
+//! the other; a restart rebuilds the downstream's shards.
+
+use stoke_core::spec::pipeline::StageOf;
+use tokio::time::Instant;
+
+use crate::support::*;
+
+const UP: &str = "p-decode";
+const DOWN: &str = "p-classify";
+
+fn stage(name: &str, index: u32, max_pending: u64) -> StageOf {
+    StageOf {
+        pipeline: "p".to_string(),
+        stage: name.to_string(),
+        index,
+        stages: 2,
+        upstream: (index == 1).then(|| UP.to_string()),
+        downstream: (index == 0).then(|| DOWN.to_string()),
+        max_pending,
+        keep_intermediate: false,
+    }
+}
+
+/// The two stages: `count` range records upstream, in shards of 10; the
+/// downstream reads the upstream's commits.
+async fn submit_pipeline(state: &mut Inline, stores: &Stores, count: u64, max_pending: u64) {
+    let mut down = JobSpec::from_toml(&format!(
+        "[dataset]\nformat = \"range\"\ncount = 1\n[processor]\nname = \"p\"\n\
+         [batching]\nbatch_size = {BATCH}\n"
+    ))
+    .expect("spec");
+    down.dataset =
+        serde_json::from_value(serde_json::json!({ "format": "stage", "id_column": "id" }))
+            .expect("stage dataset");
+    down.stage_of = Some(stage("classify", 1, max_pending));
+    down.validate().expect("a valid downstream stage");
+    let mut up = spec(count);
+    up.stage_of = Some(stage("decode", 0, max_pending));
+    up.validate().expect("a valid upstream stage");
+    // The downstream first, as `stoke submit` does: nothing runs before
+    // every stage exists.
+    submit_spec(state, stores, DOWN, down).await;
+    submit_spec(state, stores, UP, up).await;
+}
+
+fn info(state: &Inline, job_id: &str) -> JobInfo {
+    state.get_job(job_id).expect("job")
+}
+
+/// Commits batches `from..next` of `lease` with one output object.
+async fn commit(
+    state: &mut Inline,
+    stores: &Stores,
+    session: &str,
+    lease: &Lease,
+    from: u64,
+    next: u64,
+    done: bool,
+) {
+    let mut c = checkpoint(session, lease, from, next);
+    c.shard_done = done;
+    let repeated = state.commit(staged(stores, c).await).await.expect("commit");
+    assert!(!repeated);
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_committed_object_is_one_downstream_shard_consumed_once_then_deleted() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_pipeline(&mut state, &stores, 20, 8).await;
+    let down = info(&state, DOWN);
+    assert_eq!((down.shards_total, down.records_total), (0, None));
+    assert_eq!(down.name, "p/classify");
+    let stage = down.pipeline.expect("a stage");
+    assert_eq!(
+        (stage.pipeline.as_str(), stage.stage.as_str(), stage.index),
+        ("p", "classify", 1)
+    );
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let first = leased(state.acquire(&a));
+    assert_eq!(first.job_id, UP);
+    // Two checkpoints of the first upstream shard: two objects, two
+    // downstream shards, pending at once (the upstream still runs).
+    commit(&mut state, &stores, &a, &first, 0, 2, false).await;
+    commit(&mut state, &stores, &a, &first, 2, SHARD_BATCHES, true).await;
+    let down = info(&state, DOWN);
+    assert_eq!((down.shards_total, down.shards_done), (2, 0));
+    assert_eq!(down.state, JobState::Running);
+    // Each reads one whole committed object of the upstream.
+    let mut read = Vec::new();
+    for _ in 0..2 {
+        let lease = leased(state.acquire(&b));
+        assert_eq!(lease.job_id, DOWN);
+        let stoke_core::plan::ShardSource::Parquet {
+            uri, row_group_end, ..
+        } = &lease.shard.source
+        else {
+            panic!("a Parquet shard: {:?}", lease.shard.source);
+        };
+        assert_eq!(*row_group_end, stoke_core::plan::ALL_ROW_GROUPS);
+        assert!(uri.contains(&format!("/jobs/{UP}/outputs/")), "{uri}");
+        read.push((uri.clone(), lease));
+    }
+    assert_ne!(read[0].0, read[1].0);
+    assert_eq!(
+        read.iter()
+            .map(|(_, l)| l.shard.records)
+            .collect::<Vec<_>>(),
+        [Some(4), Some(6)]
+    );
+    state.take_deletes();
+    for (uri, lease) in &read {
+        let mut c = last_checkpoint(&b, lease, 0);
+        c.records = lease.shard.records.unwrap_or(0);
+        c.outputs[0].records = c.records;
+        state
+            .commit(staged(&stores, c).await)
+            .await
+            .expect("commit");
+        // Consumed: the object goes.
+        let deleted: Vec<String> = state.take_deletes().iter().map(|u| u.to_string()).collect();
+        assert_eq!(deleted, std::slice::from_ref(uri));
+    }
+    // Every object consumed, but the upstream runs: not done.
+    assert_eq!(info(&state, DOWN).state, JobState::Running);
+    let second = leased(state.acquire(&a));
+    assert_eq!(second.job_id, UP);
+    commit(&mut state, &stores, &a, &second, 0, SHARD_BATCHES, true).await;
+    assert_eq!(info(&state, UP).state, JobState::Succeeded);
+    let down = info(&state, DOWN);
+    assert_eq!(down.shards_total, 3);
+    assert_eq!(
+        down.records_total,
+        Some(20),
+        "known once the upstream ended"
+    );
+    let last = leased(state.acquire(&b));
+    let mut c = last_checkpoint(&b, &last, 0);
+    c.records = 10;
+    state
+        .commit(staged(&stores, c).await)
+        .await
+        .expect("commit");
+    let down = info(&state, DOWN);
+    assert_eq!(down.state, JobState::Succeeded);
+    assert_eq!(down.records_done, 20, "every record once");
+    let manifest = stored_manifest(&stores, DOWN).await;
+    assert_eq!(manifest.shards, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_upstream_waits_while_max_pending_objects_are_unconsumed() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_pipeline(&mut state, &stores, 40, 2).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let first = leased(state.acquire(&a));
+    commit(&mut state, &stores, &a, &first, 0, 1, false).await;
+    commit(&mut state, &stores, &a, &first, 1, SHARD_BATCHES, true).await;
+    // Two objects wait: the upstream leases nothing more; its worker gets
+    // the downstream's work instead.
+    assert_eq!(info(&state, DOWN).shards_total, 2);
+    let waiting = info(&state, UP).schedule.waiting;
+    assert_eq!(
+        waiting.as_deref(),
+        Some("held back: the next stage has 2 objects to read (max_pending 2)")
+    );
+    let snapshot = state.snapshot(Instant::now());
+    let pool = snapshot
+        .pools
+        .iter()
+        .find(|p| p.pool == "default")
+        .expect("default pool");
+    assert_eq!(
+        pool.workers_wanted, 2,
+        "the downstream's 2, none for the upstream held back"
+    );
+    let read = leased(state.acquire(&a));
+    assert_eq!(read.job_id, DOWN);
+    // One consumed: one slot, the upstream goes on.
+    let mut c = last_checkpoint(&a, &read, 0);
+    c.records = read.shard.records.unwrap_or(0);
+    state
+        .commit(staged(&stores, c).await)
+        .await
+        .expect("commit");
+    assert_eq!(info(&state, UP).schedule.waiting, None);
+    // The later stage first (it drains), then the upstream goes on.
+    let (b, _b_events) = register(&mut state, "b");
+    assert_eq!(leased(state.acquire(&b)).job_id, DOWN);
+    let (c, _c_events) = register(&mut state, "c");
+    assert_eq!(leased(state.acquire(&c)).job_id, UP);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stage_that_ends_early_ends_the_pipeline_naming_it() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_pipeline(&mut state, &stores, 20, 8).await;
+    state
+        .cancel(UP, "cancelled by user".to_string())
+        .await
+        .expect("cancel");
+    let down = info(&state, DOWN);
+    assert_eq!(down.state, JobState::Cancelled);
+    assert_eq!(
+        down.reason.as_deref(),
+        Some("stage \"decode\" of pipeline p was cancelled: cancelled by user")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_rebuilds_the_downstream_shards_from_the_upstream_commits() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_pipeline(&mut state, &stores, 30, 8).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let first = leased(state.acquire(&a));
+    commit(&mut state, &stores, &a, &first, 0, 2, false).await;
+    commit(&mut state, &stores, &a, &first, 2, SHARD_BATCHES, true).await;
+    let consumed = leased(state.acquire(&a));
+    assert_eq!(consumed.job_id, DOWN);
+    let mut c = last_checkpoint(&a, &consumed, 0);
+    c.records = consumed.shard.records.unwrap_or(0);
+    state
+        .commit(staged(&stores, c).await)
+        .await
+        .expect("commit");
+    let before = info(&state, DOWN);
+    assert_eq!((before.shards_total, before.shards_done), (2, 1));
+    drop(state);
+
+    // Another coordinator on the same root: the same two shards, one done.
+    let mut state = recover(&stores).await;
+    let after = info(&state, DOWN);
+    assert_eq!((after.shards_total, after.shards_done), (2, 1));
+    assert_eq!(after.records_done, before.records_done);
+    let (b, _b_events) = register(&mut state, "b");
+    let mut jobs = Vec::new();
+    for _ in 0..3 {
+        let lease = leased(state.acquire(&b));
+        jobs.push((lease.job_id.clone(), lease.shard.id.clone()));
+    }
+    jobs.sort();
+    // The unconsumed object (not the consumed one again), and the
+    // upstream's two shards left.
+    assert_eq!(jobs.iter().filter(|(j, _)| j == DOWN).count(), 1);
+    assert_ne!(
+        jobs.iter()
+            .find(|(j, _)| j == DOWN)
+            .map(|(_, s)| s.as_str()),
+        Some(consumed.shard.id.as_str())
+    );
+    assert_eq!(jobs.iter().filter(|(j, _)| j == UP).count(), 2);
+}

@@ -1,0 +1,153 @@
+//! Pipelines with real processes: a CPU pool's stage feeds a GPU pool's
+//! (a CPU process here) through its committed objects, read as they land;
+//! the result equals a one-stage run record for record, and the
+//! intermediates are gone at the end.
+
+use std::path::Path;
+
+use stoke_tests::*;
+
+/// Two stages over the fixture: `features` passed through by a Python
+/// processor on the `cpu` pool, then the model on the `gpu` pool.
+fn pipeline_file(dir: &Path, max_pending: u64) -> String {
+    let fx = fixture();
+    let text = format!(
+        r#"name = "digits"
+
+[[stage]]
+name = "prep"
+[stage.scheduling]
+pool = "cpu"
+[stage.dataset]
+format = "parquet"
+uri = "{data}/"
+id_column = "id"
+[stage.processor]
+python = "processors:Features"
+python_path = ["{python}"]
+[stage.batching]
+batch_size = 50
+[stage.checkpoint]
+interval = 2
+[stage.sharding]
+records = 400
+
+[[stage]]
+name = "classify"
+[stage.scheduling]
+pool = "gpu"
+[stage.processor]
+name = "torchscript"
+[stage.processor.params]
+model = "{model}"
+input_column = "features"
+outputs = ["argmax", "scores"]
+[stage.batching]
+batch_size = 50
+
+[pipeline]
+max_pending = {max_pending}
+"#,
+        data = file_uri(&fx.join("parquet")),
+        python = repo_root().join("tests/python").display(),
+        model = file_uri(&fx.join("model.pt")),
+    );
+    let path = dir.join("pipeline.toml");
+    std::fs::write(&path, text).expect("write pipeline spec");
+    path.display().to_string()
+}
+
+/// Parquet objects left under `folder`.
+fn parquet_under(folder: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut dirs = vec![folder.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "parquet") {
+                found.push(path.display().to_string());
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn a_cpu_stage_feeds_a_gpu_stage_and_the_result_equals_one_stage() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--pool", "cpu,gpu"]);
+    let out = coordinator.cli(&["submit", &pipeline_file(tmp.path(), 4), "--job-id", "pl"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout)
+            .contains("submitted pipeline pl: 2 stages (prep (pl-prep), classify (pl-classify))"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Nothing runs before its pool has a worker: both wait, saying so.
+    let status = coordinator.status("pl/classify");
+    assert_eq!(status["waiting"], serde_json::Value::Null, "{status}");
+    assert_eq!(status["shards_total"], 0, "{status}");
+    let _cpu = coordinator.worker_with("stoke-worker", "c0", tmp.path(), &["--pool", "cpu"], &[]);
+    let _gpu = coordinator.worker_with("stoke-worker", "g0", tmp.path(), &["--pool", "gpu"], &[]);
+    coordinator.wait_success("pl-prep");
+    coordinator.wait_success("pl-classify");
+    // Record for record what the one-stage job gives, each once.
+    assert_matches_reference(&committed_rows(&manifest(&root, "pl-classify")));
+    // The downstream's shards were the upstream's committed objects.
+    let prep = coordinator.status("pl-prep");
+    let classify = coordinator.status("pl/classify");
+    assert_eq!(classify["records_done"], 3000);
+    assert!(
+        classify["shards_total"].as_u64() >= prep["shards_total"].as_u64(),
+        "{prep}\n{classify}"
+    );
+    // Intermediates are deleted once consumed.
+    wait_until("the intermediates deleted", DEADLINE, || {
+        parquet_under(&root.join("jobs/pl-prep/outputs"))
+            .is_empty()
+            .then_some(())
+    });
+    // `stoke status <pipeline>` shows the stages side by side.
+    let out = coordinator.cli(&["status", "pl"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(shown.contains("pipeline: pl\nstate: succeeded"), "{shown}");
+    for stage in ["prep", "classify"] {
+        assert!(
+            shown
+                .lines()
+                .any(|l| l.starts_with(stage) && l.contains("succeeded")),
+            "{shown}"
+        );
+    }
+    let out = coordinator.cli(&["status", "pl", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json["state"], "succeeded");
+    assert_eq!(json["stages"][0]["job_id"], "pl-prep");
+    assert_eq!(json["stages"][1]["pool"], "gpu");
+}
+
+#[test]
+fn a_pipeline_spec_with_a_stage_the_coordinator_cannot_run_is_refused_whole() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    // A coordinator that serves the gpu pool only.
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--pool", "gpu"]);
+    let out = coordinator.cli(&["submit", &pipeline_file(tmp.path(), 4), "--job-id", "pl"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("pool \"cpu\" is not one of this coordinator's pools"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The stage submitted before the refusal was cancelled.
+    let status = coordinator.status("pl-classify");
+    assert_eq!(status["state"], "cancelled", "{status}");
+}
