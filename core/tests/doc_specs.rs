@@ -23,6 +23,7 @@
 use std::path::{Path, PathBuf};
 
 use stoke_core::spec::JobSpec;
+use stoke_core::spec::pipeline::SpecFile;
 
 /// A fenced code block of a Markdown file.
 struct Block {
@@ -147,11 +148,13 @@ fn blocks(name: &str, text: &str) -> Vec<Block> {
 }
 
 /// Whether a TOML text is a job spec: it has a `[dataset]` or
-/// `[processor]` table.
+/// `[processor]` table, or `[[stage]]` tables (a pipeline's).
 fn is_spec(text: &str) -> Result<bool, String> {
     let value: serde_json::Value =
         toml::from_str(text).map_err(|e| format!("not TOML: {}", e.message()))?;
-    Ok(value.get("dataset").is_some() || value.get("processor").is_some())
+    Ok(value.get("dataset").is_some()
+        || value.get("processor").is_some()
+        || value.get("stage").is_some())
 }
 
 /// Parses and validates a printed spec as `stoke submit` reads a spec file
@@ -161,8 +164,18 @@ fn check_spec(text: &str) -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temporary folder: {e}"))?;
     let path = dir.path().join("job.toml");
     std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
-    let spec = JobSpec::from_file(&path).map_err(|e| format!("stoke submit: {e}"))?;
-    JobSpec::from_json(&spec.to_json()).map_err(|e| format!("the coordinator: {e}"))?;
+    match SpecFile::read(&path).map_err(|e| format!("stoke submit: {e}"))? {
+        SpecFile::Job(spec) => {
+            JobSpec::from_json(&spec.to_json()).map_err(|e| format!("the coordinator: {e}"))?;
+        }
+        // Each stage as the coordinator takes it.
+        SpecFile::Pipeline(pipeline) => {
+            for (job_id, spec) in pipeline.stage_jobs("doc-00000000") {
+                JobSpec::from_json(&spec.to_json())
+                    .map_err(|e| format!("the coordinator, stage job {job_id}: {e}"))?;
+            }
+        }
+    }
     Ok(())
 }
 

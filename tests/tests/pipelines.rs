@@ -7,6 +7,36 @@ use std::path::Path;
 
 use stoke_tests::*;
 
+/// Each checkpoint waits 100 ms: both stages run long enough to be
+/// interrupted, the same in every worker.
+const SLOW_COMMITS: (&str, &str) = (
+    "FAILPOINTS",
+    "worker::after_upload_before_commit=sleep(100)",
+);
+
+fn records_done(coordinator: &Coordinator, job: &str) -> u64 {
+    coordinator.status(job)["records_done"]
+        .as_u64()
+        .unwrap_or_default()
+}
+
+/// The count of objects the downstream has been fed and not consumed.
+fn unconsumed(coordinator: &Coordinator) -> u64 {
+    let s = coordinator.status("pl-classify");
+    let total = s["shards_total"].as_u64().unwrap_or_default();
+    let done = coordinator
+        .api_status()
+        .and_then(|page| {
+            page["jobs"].as_array().and_then(|jobs| {
+                jobs.iter()
+                    .find(|j| j["id"] == "pl-classify")
+                    .and_then(|j| j["shards"]["done"].as_u64())
+            })
+        })
+        .unwrap_or_default();
+    total.saturating_sub(done)
+}
+
 /// Two stages over the fixture: `features` passed through by a Python
 /// processor on the `cpu` pool, then the model on the `gpu` pool.
 fn pipeline_file(dir: &Path, max_pending: u64) -> String {
@@ -150,4 +180,143 @@ fn a_pipeline_spec_with_a_stage_the_coordinator_cannot_run_is_refused_whole() {
     // The stage submitted before the refusal was cancelled.
     let status = coordinator.status("pl-classify");
     assert_eq!(status["state"], "cancelled", "{status}");
+}
+
+#[test]
+fn kill_9_in_either_pool_loses_nothing_and_duplicates_nothing() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--pool", "cpu,gpu"]);
+    let out = coordinator.cli(&["submit", &pipeline_file(tmp.path(), 4), "--job-id", "pl"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut c0 = coordinator.worker_with(
+        "stoke-worker",
+        "c0",
+        tmp.path(),
+        &["--pool", "cpu"],
+        &[SLOW_COMMITS],
+    );
+    let mut g0 = coordinator.worker_with(
+        "stoke-worker",
+        "g0",
+        tmp.path(),
+        &["--pool", "gpu"],
+        &[SLOW_COMMITS],
+    );
+    // The decode worker dies mid-stage, after committing some.
+    wait_until("the first stage under way", DEADLINE, || {
+        (records_done(&coordinator, "pl-prep") > 0).then_some(())
+    });
+    c0.kill9();
+    let _c1 = coordinator.worker_with(
+        "stoke-worker",
+        "c1",
+        tmp.path(),
+        &["--pool", "cpu"],
+        &[SLOW_COMMITS],
+    );
+    // Then the classify worker, while the first stage still feeds it.
+    wait_until("the second stage under way", DEADLINE, || {
+        (records_done(&coordinator, "pl-classify") > 0).then_some(())
+    });
+    g0.kill9();
+    let _g1 = coordinator.worker_with(
+        "stoke-worker",
+        "g1",
+        tmp.path(),
+        &["--pool", "gpu"],
+        &[SLOW_COMMITS],
+    );
+    coordinator.wait_success("pl-prep");
+    coordinator.wait_success("pl-classify");
+    // Every record exactly once, every prediction right.
+    assert_matches_reference(&committed_rows(&manifest(&root, "pl-classify")));
+    wait_until("the intermediates deleted", DEADLINE, || {
+        parquet_under(&root.join("jobs/pl-prep/outputs"))
+            .is_empty()
+            .then_some(())
+    });
+}
+
+#[test]
+fn a_coordinator_killed_with_both_stages_running_restarts_and_finishes_them() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let mut coordinator = Coordinator::start(&root, tmp.path(), &["--pool", "cpu,gpu"]);
+    let out = coordinator.cli(&["submit", &pipeline_file(tmp.path(), 4), "--job-id", "pl"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let _c0 = coordinator.worker_with(
+        "stoke-worker",
+        "c0",
+        tmp.path(),
+        &["--pool", "cpu"],
+        &[SLOW_COMMITS],
+    );
+    let _g0 = coordinator.worker_with(
+        "stoke-worker",
+        "g0",
+        tmp.path(),
+        &["--pool", "gpu"],
+        &[SLOW_COMMITS],
+    );
+    wait_until("both stages under way", DEADLINE, || {
+        (records_done(&coordinator, "pl-classify") > 0
+            && coordinator.status("pl-prep")["state"] == "running")
+            .then_some(())
+    });
+    coordinator.kill9();
+    coordinator.restart(&[]);
+    // The workers come back to the new coordinator on their own.
+    coordinator.wait_success("pl-prep");
+    coordinator.wait_success("pl-classify");
+    assert_matches_reference(&committed_rows(&manifest(&root, "pl-classify")));
+    let log = coordinator.all_logs();
+    assert!(
+        log.contains("stage's shards rebuilt from the stage before's commits"),
+        "{log}"
+    );
+    wait_until("the intermediates deleted", DEADLINE, || {
+        parquet_under(&root.join("jobs/pl-prep/outputs"))
+            .is_empty()
+            .then_some(())
+    });
+}
+
+#[test]
+fn with_the_downstream_paused_no_more_than_max_pending_objects_wait() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--pool", "cpu,gpu"]);
+    let out = coordinator.cli(&["submit", &pipeline_file(tmp.path(), 3), "--job-id", "pl"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = coordinator.cli(&["pause", "pl/classify"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let _c0 = coordinator.worker_with("stoke-worker", "c0", tmp.path(), &["--pool", "cpu"], &[]);
+    let _g0 = coordinator.worker_with("stoke-worker", "g0", tmp.path(), &["--pool", "gpu"], &[]);
+    // The first stage fills the bound, then waits, saying so.
+    wait_until("the first stage held back", DEADLINE, || {
+        let s = coordinator.status("pl-prep");
+        s["waiting"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("held back"))
+            .then_some(())
+    });
+    let held_at = records_done(&coordinator, "pl-prep");
+    // Held: it moves no further (checked over a few polls of the status,
+    // each a full round trip), and never past the bound.
+    for _ in 0..20 {
+        let n = unconsumed(&coordinator);
+        assert!(n <= 3, "{n} objects wait, max_pending is 3");
+        assert_eq!(records_done(&coordinator, "pl-prep"), held_at);
+    }
+    assert_eq!(
+        coordinator.status("pl-classify")["waiting"],
+        serde_json::Value::Null
+    );
+    // Resumed: both finish, every record once.
+    let out = coordinator.cli(&["resume", "pl/classify"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    coordinator.wait_success("pl-prep");
+    coordinator.wait_success("pl-classify");
+    assert_matches_reference(&committed_rows(&manifest(&root, "pl-classify")));
 }

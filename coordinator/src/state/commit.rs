@@ -142,6 +142,16 @@ impl State {
     /// commit already applied). Marks the shard as being written: its
     /// lease neither expires nor moves until then.
     pub fn commit(&mut self, req: ReqId, commit: Commit, now: Instant) {
+        // A pipeline stage's commit waits while the next stage has enough
+        // of its objects to read (`pipeline.rs`).
+        let Some(commit) = self.hold(req, commit, now) else {
+            return;
+        };
+        self.commit_now(req, commit, now);
+    }
+
+    /// [`State::commit`], past any hold.
+    pub(super) fn commit_now(&mut self, req: ReqId, commit: Commit, now: Instant) {
         match self.check_commit(commit, req, now) {
             Ok(Step::Duplicate) => {
                 self.counters.commits_duplicate += 1;
@@ -555,7 +565,7 @@ impl State {
         }
         self.feed_downstream(&key.job_id, &fed);
         if commit.shard_done {
-            self.consumed(&key.job_id, idx);
+            self.consumed(&key.job_id, idx, now);
             self.finish_if_done(&key.job_id);
         }
         Ok(false)

@@ -363,6 +363,18 @@ impl State {
             JobCmd::Fail(reason) => self.ended(job_id, End::Failed(reason), now),
             JobCmd::Set(change) => self.schedule_set(job_id, &change),
         }
+        // A pipeline stage's held commits go once it no longer leases
+        // (paused: its workers drain; ended: they are refused), and the
+        // stage before's once this one ended.
+        self.release_held(job_id, now);
+        let upstream = self
+            .jobs
+            .get(job_id)
+            .and_then(|j| j.upstream())
+            .map(str::to_string);
+        if let Some(up) = upstream {
+            self.release_held(&up, now);
+        }
     }
 
     fn schedule_set(&mut self, job_id: &str, change: &ScheduleChange) {

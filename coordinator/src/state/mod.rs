@@ -307,6 +307,9 @@ struct Job {
     repeats: repeats::Repeats,
     /// Its metrics' reduce task (see `reducers.rs`).
     reduce: reducers::Reduce,
+    /// Commits of this pipeline stage held until the next stage consumed
+    /// enough (`pipeline.rs`), oldest first.
+    held: VecDeque<pipeline::HeldCommit>,
     /// Whether every input shard is known: false for a pipeline stage
     /// that reads the stage before until that stage succeeded (its shards
     /// come from that stage's commits, see `pipeline.rs`).
@@ -594,6 +597,7 @@ impl Job {
             repeats: Default::default(),
             reduce: Default::default(),
             inputs_complete: spec_reads_a_stage(&spec_for_inputs),
+            held: VecDeque::new(),
         }
     }
 

@@ -23,12 +23,22 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use stoke_core::lease::Commit;
+use tokio::time::Instant;
+
 use stoke_core::plan::{ALL_ROW_GROUPS, Shard, ShardSource};
 use stoke_core::records::{OutputObject, ProgressRecord};
 use stoke_store::StoreUri;
 use tracing::info;
 
-use super::{End, Job, Life, ShardState, State};
+use super::{End, Job, Life, ReqId, ShardState, State};
+
+/// A pipeline stage's commit waiting for the next stage to consume enough
+/// of its objects, with its caller and when it came.
+pub(super) struct HeldCommit {
+    req: ReqId,
+    commit: Commit,
+}
 
 impl Job {
     /// The job of the stage before this one, which it reads.
@@ -107,6 +117,69 @@ impl State {
             .is_some_and(|d| !d.life.ended() && d.unconsumed() >= stage.max_pending)
     }
 
+    /// An upstream stage's commit that would leave its downstream more
+    /// than `max_pending` objects to read waits (its worker waits for the
+    /// answer, and its heartbeats keep the lease) until the downstream
+    /// consumed enough; `Some` to apply it now. Commits of a paused or
+    /// ending stage, and a first object that alone exceeds the bound, go
+    /// through.
+    pub(super) fn hold(&mut self, req: ReqId, commit: Commit, _now: Instant) -> Option<Commit> {
+        if commit.outputs.is_empty() {
+            return Some(commit);
+        }
+        let Some(job) = self.jobs.get(&commit.key.job_id) else {
+            return Some(commit);
+        };
+        if !self.must_wait(job, commit.outputs.len() as u64, !job.held.is_empty()) {
+            return Some(commit);
+        }
+        let job_id = commit.key.job_id.clone();
+        let job = self.jobs.get_mut(&job_id)?;
+        info!(job = %job_id, shard = %commit.key.shard_id, held = job.held.len() + 1, "pipeline: commit held until the next stage reads more");
+        job.held.push_back(HeldCommit { req, commit });
+        None
+    }
+
+    /// Whether a commit of `objects` new objects of `job` waits (see
+    /// [`State::hold`]); `behind` when others of the job are held before
+    /// it (commits keep their order).
+    fn must_wait(&self, job: &Job, objects: u64, behind: bool) -> bool {
+        let Some(stage) = job.spec.stage_of.as_ref() else {
+            return false;
+        };
+        if !job.life.leasing() {
+            return false;
+        }
+        let Some(down) = stage.downstream.as_deref().and_then(|d| self.jobs.get(d)) else {
+            return false;
+        };
+        if down.life.ended() {
+            return false;
+        }
+        let waiting = down.unconsumed();
+        behind || (waiting > 0 && waiting + objects > stage.max_pending)
+    }
+
+    /// Applies `job_id`'s held commits that may go now (all of them when
+    /// it no longer leases, or its downstream ended), oldest first.
+    pub(super) fn release_held(&mut self, job_id: &str, now: Instant) {
+        loop {
+            let Some(job) = self.jobs.get(job_id) else {
+                return;
+            };
+            let Some(first) = job.held.front() else {
+                return;
+            };
+            if self.must_wait(job, first.commit.outputs.len() as u64, false) {
+                return;
+            }
+            let Some(first) = self.jobs.get_mut(job_id).and_then(|j| j.held.pop_front()) else {
+                return;
+            };
+            self.commit_now(first.req, first.commit, now);
+        }
+    }
+
     /// `job_id` committed `outputs` (an upstream stage's commit, applied):
     /// each becomes a shard of its downstream stage, pending at once.
     pub(super) fn feed_downstream(&mut self, job_id: &str, outputs: &[OutputObject]) {
@@ -145,7 +218,7 @@ impl State {
     /// Shard `idx` of `job_id` (a downstream stage) is done: its object is
     /// consumed. It is deleted (unless the pipeline keeps intermediates),
     /// and an upstream held back may lease again.
-    pub(super) fn consumed(&mut self, job_id: &str, idx: usize) {
+    pub(super) fn consumed(&mut self, job_id: &str, idx: usize, now: Instant) {
         let Some(job) = self.jobs.get(job_id) else {
             return;
         };
@@ -156,14 +229,36 @@ impl State {
             return;
         }
         if !stage.keep_intermediate
-            && let Some(ShardSource::Parquet { uri, .. }) =
-                job.plan.shards.get(idx).map(|s| &s.source)
+            && let Some(shard) = job.plan.shards.get(idx)
+            && let ShardSource::Parquet { uri, .. } = &shard.source
             && let Ok(uri) = StoreUri::parse(uri)
         {
-            self.effects.push(super::Effect::Delete(uri));
+            // A shard split at the tail shares its object with the parts
+            // split from it: the object goes once every part is done (a
+            // scan of the job's shards, for split ones only).
+            let every_part_done = shard.cut.is_none() || {
+                let origin = shard.origin();
+                job.plan
+                    .shards
+                    .iter()
+                    .zip(&job.shards)
+                    .filter(|(s, _)| s.origin() == origin)
+                    .all(|(_, state)| state.progress.done)
+            };
+            if every_part_done {
+                self.effects.push(super::Effect::Delete(uri));
+            }
         }
-        // One more slot under `max_pending`: a worker that waits may take
-        // the upstream's next shard.
+        // One more slot under `max_pending`: a held commit of the upstream
+        // may go, and a worker that waits may take its next shard.
+        if let Some(up) = self
+            .jobs
+            .get(job_id)
+            .and_then(|j| j.upstream())
+            .map(str::to_string)
+        {
+            self.release_held(&up, now);
+        }
         self.wake(1);
     }
 
