@@ -447,9 +447,24 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Report { job, json, root } => {
-            let job = job_ref(&job);
             let source = Source::open(&cli.coordinator, root.as_deref()).await?;
-            let report = source.report(&job).await?;
+            let report = match source.report(&job_ref(&job)).await {
+                Ok(report) => report,
+                Err(e) => {
+                    // A pipeline's id: each stage's report, and which
+                    // stage held the other back.
+                    let stages = stoke_client::pipeline::stages_in(source.jobs().await?, &job);
+                    if stages.is_empty() {
+                        return Err(e);
+                    }
+                    let mut reports = Vec::with_capacity(stages.len());
+                    for stage in &stages {
+                        reports.push(source.report(&stage.job_id).await?);
+                    }
+                    pipelines::print_report(&job, &stages, &reports, json);
+                    return Ok(exit::OK);
+                }
+            };
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -110,6 +110,89 @@ pub(crate) fn table(stages: &[JobInfo]) -> String {
     )
 }
 
+/// `stoke report <pipeline>`: each stage's report, then where the time
+/// went between the stages: how long each was held back by the next
+/// (objects unread at `max_pending`) and kept waiting by the one before
+/// (nothing to read), and which stage set the pace.
+pub(crate) fn print_report(
+    pipeline_id: &str,
+    stages: &[JobInfo],
+    reports: &[stoke_core::report::EfficiencyReport],
+    json: bool,
+) {
+    let names: Vec<&str> = stages
+        .iter()
+        .map(|j| j.pipeline.as_ref().map_or("?", |p| p.stage.as_str()))
+        .collect();
+    let slowest = pace_setter(&names, reports);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "pipeline": pipeline_id,
+                "stages": names.iter().zip(reports).map(|(name, r)| serde_json::json!({
+                    "stage": name,
+                    "report": r,
+                })).collect::<Vec<_>>(),
+                "slowest_stage": slowest.as_ref().map(|(name, _)| name),
+                "why": slowest.as_ref().map(|(_, why)| why),
+            })
+        );
+        return;
+    }
+    println!("pipeline: {pipeline_id}");
+    for (name, r) in names.iter().zip(reports) {
+        println!("\n== stage {name}");
+        print!("{}", crate::report::render(r));
+    }
+    println!();
+    match slowest {
+        Some((name, why)) => println!("slowest stage: {name} ({why})"),
+        None => println!("slowest stage: none stood out (no stage held another back)"),
+    }
+}
+
+/// The stage that set the pipeline's pace, and why: between two stages,
+/// the later one when it held the earlier back longer than it waited for
+/// it, the earlier one otherwise; `None` when no stage waited on another.
+fn pace_setter(
+    names: &[&str],
+    reports: &[stoke_core::report::EfficiencyReport],
+) -> Option<(String, String)> {
+    let mut best: Option<(f64, String, String)> = None;
+    for i in 0..reports.len().saturating_sub(1) {
+        let (up, down) = (&reports[i], &reports[i + 1]);
+        let candidate = if up.held_back_s >= down.starved_s && up.held_back_s > 0.0 {
+            (
+                up.held_back_s,
+                names[i + 1].to_string(),
+                format!(
+                    "it held {} back {:.1} s; {} kept it waiting {:.1} s",
+                    names[i], up.held_back_s, names[i], down.starved_s
+                ),
+            )
+        } else if down.starved_s > 0.0 {
+            (
+                down.starved_s,
+                names[i].to_string(),
+                format!(
+                    "it kept {} waiting {:.1} s; {} held it back {:.1} s",
+                    names[i + 1],
+                    down.starved_s,
+                    names[i + 1],
+                    up.held_back_s
+                ),
+            )
+        } else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|(s, _, _)| candidate.0 > *s) {
+            best = Some(candidate);
+        }
+    }
+    best.map(|(_, name, why)| (name, why))
+}
+
 /// `stoke submit pipeline.toml`: every stage, then (with `--wait` or
 /// `--watch`) the stages as they end.
 pub(crate) async fn submit(

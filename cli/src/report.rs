@@ -47,6 +47,20 @@ pub fn render(r: &EfficiencyReport) -> String {
     if r.backups > 0 {
         let _ = writeln!(out, "backups: {} ({} won)", r.backups, r.backups_won);
     }
+    if r.held_back_s > 0.0 {
+        let _ = writeln!(
+            out,
+            "held back by the next stage: {:.1} s (max_pending objects unread)",
+            r.held_back_s
+        );
+    }
+    if r.starved_s > 0.0 {
+        let _ = writeln!(
+            out,
+            "waiting for the stage before: {:.1} s (nothing to read)",
+            r.starved_s
+        );
+    }
     for d in &r.devices {
         let _ = writeln!(
             out,
@@ -133,6 +147,8 @@ mod tests {
             }],
             metrics: BTreeMap::new(),
             llm: None,
+            held_back_s: 0.0,
+            starved_s: 0.0,
         };
         let text = render(&report);
         assert!(text.contains("  model            10.0 s   50.0%"), "{text}");

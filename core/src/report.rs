@@ -128,6 +128,18 @@ pub struct EfficiencyReport {
     /// An LLM job's engine and tokens (`[processor] name = "llm"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm: Option<LlmUsage>,
+    /// A pipeline stage: seconds it was held back by the stage after it
+    /// (`max_pending` objects unread: no new lease, commits held).
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub held_back_s: f64,
+    /// A pipeline stage: seconds it had nothing to read while the stage
+    /// before it ran (no shard pending or leased).
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub starved_s: f64,
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// What an LLM job's engines ran and how many tokens went through them.
@@ -264,6 +276,8 @@ impl EfficiencyReport {
             redone_batches: before.redone_batches + self.redone_batches,
             backups: before.backups + self.backups,
             backups_won: before.backups_won + self.backups_won,
+            held_back_s: before.held_back_s + self.held_back_s,
+            starved_s: before.starved_s + self.starved_s,
             devices,
             // Reduced once: by this coordinator, or by one before it.
             metrics: if self.metrics.is_empty() {

@@ -319,4 +319,21 @@ fn with_the_downstream_paused_no_more_than_max_pending_objects_wait() {
     coordinator.wait_success("pl-prep");
     coordinator.wait_success("pl-classify");
     assert_matches_reference(&committed_rows(&manifest(&root, "pl-classify")));
+    // The report says which stage held the other back.
+    let out = coordinator.cli(&["report", "pl", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report json");
+    let held = report["stages"][0]["report"]["held_back_s"]
+        .as_f64()
+        .unwrap_or_default();
+    assert!(held > 0.0, "{report}");
+    assert_eq!(report["slowest_stage"], "classify", "{report}");
+    let out = coordinator.cli(&["report", "pl"]);
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("== stage prep") && shown.contains("== stage classify"),
+        "{shown}"
+    );
+    assert!(shown.contains("held back by the next stage:"), "{shown}");
+    assert!(shown.contains("slowest stage: classify"), "{shown}");
 }

@@ -139,6 +139,10 @@ pub(super) struct Account {
     /// Backup leases granted, and those that won their race.
     pub backups: u64,
     pub backups_won: u64,
+    /// A pipeline stage: time held back by the next stage, and time with
+    /// nothing to read while the stage before ran (`pipeline.rs`).
+    pub held_back: Duration,
+    pub starved: Duration,
     workers: HashMap<String, WorkerShare>,
     /// Where the job's `report.json` stands.
     pub report_file: ReportFile,
@@ -174,6 +178,8 @@ impl Account {
             failed: BTreeMap::new(),
             backups: 0,
             backups_won: 0,
+            held_back: Duration::ZERO,
+            starved: Duration::ZERO,
             workers: HashMap::new(),
             report_file: ReportFile::Unwritten,
             before: None,
@@ -354,6 +360,8 @@ impl Account {
             redone_batches: self.redone_batches,
             backups: self.backups,
             backups_won: self.backups_won,
+            held_back_s: self.held_back.as_secs_f64(),
+            starved_s: self.starved.as_secs_f64(),
             devices,
             metrics: self.metrics.clone(),
             llm: self.llm.as_ref().map(|l| {

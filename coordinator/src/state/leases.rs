@@ -331,6 +331,7 @@ impl State {
     /// what failed on the store: finishing jobs, failing jobs.
     pub fn tick(&mut self, now: Instant) {
         self.account_time(now);
+        self.account_stage_waits(now);
         self.sample_rates(now);
         // Only leased shards can expire: walk the sessions' leases (one per
         // busy processor), not every shard of every job.

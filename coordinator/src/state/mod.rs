@@ -737,6 +737,8 @@ pub struct State {
     io_seq: IoId,
     /// Stride scheduling's virtual time: the pass of the job served last.
     vtime: f64,
+    /// When pipeline stages' waits were last counted (`pipeline.rs`).
+    stage_waits_at: Option<Instant>,
     /// When leases were preempted in the last second (the rate limit).
     preempted_at: schedule::PreemptTimes,
     /// Until when the workers' time is given to jobs (see `account.rs`).
@@ -765,6 +767,7 @@ impl State {
             in_flight: HashMap::new(),
             io_seq: 0,
             vtime: 0.0,
+            stage_waits_at: None,
             preempted_at: schedule::PreemptTimes::new(),
             accounted_at: None,
             splits_in_flight: 0,

@@ -319,6 +319,49 @@ impl State {
         }
     }
 
+    /// Counts, since the last call, the time each pipeline stage was held
+    /// back by the next (unread objects at `max_pending`, or commits
+    /// held) and the time it had nothing to read while the stage before
+    /// ran: `stoke report`'s `held_back_s` and `starved_s`. Sampled at each
+    /// tick: O(jobs).
+    pub(super) fn account_stage_waits(&mut self, now: Instant) {
+        let since = self.stage_waits_at.replace(now);
+        let Some(since) = since else {
+            return;
+        };
+        let dt = now.saturating_duration_since(since);
+        if dt.is_zero() {
+            return;
+        }
+        let mut held = Vec::new();
+        let mut starved = Vec::new();
+        for job in self.jobs.values() {
+            if job.spec.stage_of.is_none() || !job.life.running() {
+                continue;
+            }
+            if !job.held.is_empty() || self.held_back(job) {
+                held.push(job.id.clone());
+            }
+            if job.upstream().is_some()
+                && !job.inputs_complete
+                && job.pending.is_empty()
+                && job.leased == 0
+            {
+                starved.push(job.id.clone());
+            }
+        }
+        for id in held {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.account.held_back += dt;
+            }
+        }
+        for id in starved {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.account.starved += dt;
+            }
+        }
+    }
+
     /// Whether a succeeded upstream stage must keep its shards' states in
     /// memory: its downstream is not done reading them (a restart
     /// rebuilds the downstream's shards from them).
