@@ -14,6 +14,15 @@ const SLOW_COMMITS: (&str, &str) = (
     "worker::after_upload_before_commit=sleep(100)",
 );
 
+/// One series of `/metrics`, as a whole number.
+fn metric(coordinator: &Coordinator, series: &str) -> Option<u64> {
+    let (code, body) = http_get(&coordinator.http_addr, "/metrics")?;
+    (code == 200)
+        .then(|| stoke_tests::metric(&body, series))
+        .flatten()
+        .map(|v| v as u64)
+}
+
 fn records_done(coordinator: &Coordinator, job: &str) -> u64 {
     coordinator.status(job)["records_done"]
         .as_u64()
@@ -336,4 +345,131 @@ fn with_the_downstream_paused_no_more_than_max_pending_objects_wait() {
     );
     assert!(shown.contains("held back by the next stage:"), "{shown}");
     assert!(shown.contains("slowest stage: classify"), "{shown}");
+}
+
+#[test]
+fn png_files_decoded_on_a_cpu_pool_then_classified_on_a_gpu_pool_equal_one_stage() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let python_dir = repo_root().join("tests/python");
+    let made = std::process::Command::new(python())
+        .arg(python_dir.join("pipeline_images.py"))
+        .arg(&data)
+        .arg("120")
+        .status()
+        .expect("run pipeline_images.py");
+    assert!(made.success(), "making the images failed");
+    let images = format!("{}/", file_uri(&data.join("images")));
+    let model = file_uri(&data.join("model.pt"));
+    let python_path = python_dir.display().to_string();
+    // The same work in one stage: decode, then the model, in Python.
+    let one = tmp.path().join("one.toml");
+    std::fs::write(
+        &one,
+        format!(
+            r#"name = "one"
+[scheduling]
+pool = "cpu"
+[dataset]
+format = "files"
+uri = "{images}"
+[processor]
+python = "pipeline_images:DecodeClassify"
+python_path = ["{python_path}"]
+params = {{ model = "{model}" }}
+[batching]
+batch_size = 16
+"#
+        ),
+    )
+    .expect("write spec");
+    let pipeline = tmp.path().join("images.toml");
+    std::fs::write(
+        &pipeline,
+        format!(
+            r#"name = "images"
+
+[[stage]]
+name = "decode"
+[stage.scheduling]
+pool = "cpu"
+[stage.dataset]
+format = "files"
+uri = "{images}"
+[stage.processor]
+python = "pipeline_images:Decode"
+python_path = ["{python_path}"]
+[stage.batching]
+batch_size = 16
+[stage.checkpoint]
+interval = 1
+[stage.sharding]
+records = 40
+
+[[stage]]
+name = "classify"
+[stage.scheduling]
+pool = "gpu"
+[stage.processor]
+name = "torchscript"
+[stage.processor.params]
+model = "{model}"
+input_column = "pixels"
+input_shape = [3, 16, 16]
+outputs = ["argmax", "scores"]
+[stage.batching]
+batch_size = 16
+
+[pipeline]
+max_pending = 4
+"#
+        ),
+    )
+    .expect("write pipeline");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--pool", "cpu,gpu"]);
+    let one_job = coordinator.submit(&one.display().to_string());
+    let out = coordinator.cli(&["submit", &pipeline.display().to_string(), "--job-id", "img"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Each pool's autoscaling signal is its own stage's backlog: the cpu
+    // pool's the decode work (and the one-stage job), the gpu pool's
+    // nothing until objects are committed.
+    let wanted = |pool: &str| {
+        metric(
+            &coordinator,
+            &format!("stoke_workers_wanted{{pool=\"{pool}\"}}"),
+        )
+    };
+    assert!(wanted("cpu").is_some_and(|n| n >= 3), "{:?}", wanted("cpu"));
+    assert_eq!(wanted("gpu"), Some(0));
+    let _cpu = coordinator.worker_with("stoke-worker", "c0", tmp.path(), &["--pool", "cpu"], &[]);
+    wait_until("the gpu pool asked for workers", DEADLINE, || {
+        wanted("gpu").is_some_and(|n| n > 0).then_some(())
+    });
+    let _gpu = coordinator.worker_with("stoke-worker", "g0", tmp.path(), &["--pool", "gpu"], &[]);
+    coordinator.wait_success(&one_job);
+    coordinator.wait_success("img-decode");
+    coordinator.wait_success("img-classify");
+    assert_eq!((wanted("cpu"), wanted("gpu")), (Some(0), Some(0)));
+    let one_rows = committed_rows(&manifest(&root, &one_job));
+    let piped = committed_rows(&manifest(&root, "img-classify"));
+    assert_eq!(one_rows.len(), 120);
+    assert_eq!(piped.len(), 120, "every image once");
+    for (id, want) in &one_rows {
+        let got = piped
+            .get(id)
+            .unwrap_or_else(|| panic!("{id} missing from the pipeline"));
+        assert_eq!(got.len(), 1, "{id} more than once");
+        assert_eq!(want.len(), 1);
+        assert_eq!(got[0].argmax, want[0].argmax, "{id}");
+        assert_eq!(got[0].scores.len(), 10, "{id}");
+        for (a, b) in got[0].scores.iter().zip(&want[0].scores) {
+            assert!((a - b).abs() < 1e-4, "{id}: {a} against {b}");
+        }
+    }
+    wait_until("the intermediates deleted", DEADLINE, || {
+        parquet_under(&root.join("jobs/img-decode/outputs"))
+            .is_empty()
+            .then_some(())
+    });
 }
