@@ -473,3 +473,34 @@ max_pending = 4
             .then_some(())
     });
 }
+
+#[test]
+fn stoke_run_local_runs_a_pipeline_with_workers_in_each_pool() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let spec = pipeline_file(tmp.path(), 4);
+    let out = stoke_cli(&[
+        "run",
+        &spec,
+        "--local",
+        "1",
+        "--device",
+        "cpu",
+        "--root",
+        &root.display().to_string(),
+        "--job-id",
+        "pl",
+    ]);
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("starting 1 worker in each of the pools cpu, gpu"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("pipeline: pl\nstate: succeeded"),
+        "{stdout}"
+    );
+    assert_matches_reference(&committed_rows(&manifest(&root, "pl-classify")));
+}
