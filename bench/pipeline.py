@@ -14,7 +14,14 @@ machines on this 2-core one:
 
     python bench/pipeline.py data DIR COUNT            # PNGs and model.pt in DIR
     python bench/pipeline.py run BIN_DIR DIR WORK SETUP [--decode-share 1.5]
+    python bench/pipeline.py ray DIR WORK [--decode-share 1.5]   # Ray Data (a venv with ray)
     python bench/pipeline.py table RESULTS.jsonl
+
+`ray` is the same two-stage work on Ray Data, at the same 2 cores
+(`ray.init(num_cpus=2)`): `map_batches` of the decode function as tasks
+of `--decode-share / 2` CPU each (so two run at once), then an actor pool
+of one actor (`2 - --decode-share` CPU) running the model, as Ray's docs
+write a CPU preprocessing stage feeding a GPU model.
 
 `run` prints one JSON line: records, seconds (submit to the last stage's
 success), records/s, and the model's busy fraction (model seconds over
@@ -190,6 +197,63 @@ def run(args):
             q.remove()
 
 
+def run_ray(args):
+    import numpy as np
+    import ray
+    import torch
+
+    import pipeline_processor
+
+    data = os.path.abspath(args.data)
+    os.makedirs(args.work, exist_ok=True)
+    out = tempfile.mkdtemp(prefix="pipeline-ray-", dir=args.work)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    model_path = os.path.join(data, "model.pt")
+    side = pipeline_processor.SIDE
+
+    def decode(batch):
+        torch.set_num_threads(1)
+        pixels = torch.stack([pipeline_processor.preprocess(bytes(b)) for b in batch["bytes"]])
+        return {"path": batch["path"], "pixels": pixels.flatten(1).numpy()}
+
+    class Classify:
+        def __init__(self):
+            torch.set_num_threads(1)
+            self.model = torch.jit.load(model_path)
+            self.model_s = 0.0
+
+        def __call__(self, batch):
+            x = torch.from_numpy(np.ascontiguousarray(batch["pixels"], dtype=np.float32)).reshape(-1, 3, side, side)
+            started = time.perf_counter()
+            with torch.no_grad():
+                pred = self.model(x).argmax(1).numpy()
+            each = (time.perf_counter() - started) / len(pred)
+            return {"path": batch["path"], "prediction": pred, "model_s": np.full(len(pred), each)}
+
+    started = time.perf_counter()
+    ds = ray.data.read_binary_files(os.path.join(data, "images"), include_paths=True)
+    ds = ds.map_batches(decode, batch_size=BATCH, num_cpus=args.decode_share / 2, batch_format="numpy")
+    ds = ds.map_batches(Classify, compute=ray.data.ActorPoolStrategy(size=1), num_cpus=2.0 - args.decode_share,
+                        batch_size=BATCH, batch_format="numpy")
+    ds.write_parquet(out)
+    seconds = time.perf_counter() - started
+    ray.shutdown()
+    import pyarrow.dataset as pads
+
+    table = pads.dataset(out, format="parquet").to_table()
+    records = table.num_rows
+    model_s = float(sum(table.column("model_s").to_pylist()))
+    print(json.dumps({
+        "setup": "ray", "records": records, "seconds": round(seconds, 3),
+        "records_per_s": round(records / seconds, 1),
+        # The actor's processor time is its share of the wall time.
+        "model_busy": round(model_s / seconds, 3),
+        "model_s": round(model_s, 2),
+        "decode_share": args.decode_share,
+    }), flush=True)
+
+
 def table(path):
     import statistics
 
@@ -199,7 +263,7 @@ def table(path):
         by.setdefault(r["setup"], []).append(r)
     print("| set-up | rounds | records/s, per round | median | model busy, per round | median |")
     print("|---|---:|---|---:|---|---:|")
-    for setup in ("one-pool", "two-pools"):
+    for setup in ("one-pool", "two-pools", "ray"):
         rs = by.get(setup, [])
         if not rs:
             continue
@@ -214,6 +278,12 @@ def table(path):
         b2 = statistics.median(r["model_busy"] for r in by["two-pools"])
         print(f"\ntwo pools / one pool: records/s {two / one:.2f}x, model busy {b2 / b1 if b1 else float('inf'):.2f}x "
               f"({b1:.2f} -> {b2:.2f})")
+    if by.get("ray") and by.get("two-pools"):
+        ray_rate = statistics.median(r["records_per_s"] for r in by["ray"])
+        two = statistics.median(r["records_per_s"] for r in by["two-pools"])
+        per_round = [t["records_per_s"] / r["records_per_s"] for t, r in zip(by["two-pools"], by["ray"])]
+        print(f"two pools / Ray Data: records/s {two / ray_rate:.2f}x (per round: "
+              f"{', '.join(f'{x:.2f}' for x in per_round)})")
 
 
 def main():
@@ -228,6 +298,10 @@ def main():
     r.add_argument("work")
     r.add_argument("setup", choices=["one-pool", "two-pools"])
     r.add_argument("--decode-share", type=float, default=1.5)
+    y = sub.add_parser("ray")
+    y.add_argument("data")
+    y.add_argument("work")
+    y.add_argument("--decode-share", type=float, default=1.5)
     t = sub.add_parser("table")
     t.add_argument("results")
     args = p.parse_args()
@@ -235,6 +309,8 @@ def main():
         make_data(args.dir, args.count)
     elif args.what == "run":
         run(args)
+    elif args.what == "ray":
+        run_ray(args)
     else:
         table(args.results)
 

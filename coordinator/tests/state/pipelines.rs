@@ -12,7 +12,7 @@ use crate::support::*;
 const UP: &str = "p-decode";
 const DOWN: &str = "p-classify";
 
-fn stage(name: &str, index: u32, max_pending: u64) -> StageOf {
+fn stage_keeping(name: &str, index: u32, max_pending: u64, keep: bool) -> StageOf {
     StageOf {
         pipeline: "p".to_string(),
         stage: name.to_string(),
@@ -21,13 +21,23 @@ fn stage(name: &str, index: u32, max_pending: u64) -> StageOf {
         upstream: (index == 1).then(|| UP.to_string()),
         downstream: (index == 0).then(|| DOWN.to_string()),
         max_pending,
-        keep_intermediate: false,
+        keep_intermediate: keep,
     }
 }
 
 /// The two stages: `count` range records upstream, in shards of 10; the
 /// downstream reads the upstream's commits.
 async fn submit_pipeline(state: &mut Inline, stores: &Stores, count: u64, max_pending: u64) {
+    submit_pipeline_keeping(state, stores, count, max_pending, false).await;
+}
+
+async fn submit_pipeline_keeping(
+    state: &mut Inline,
+    stores: &Stores,
+    count: u64,
+    max_pending: u64,
+    keep: bool,
+) {
     let mut down = JobSpec::from_toml(&format!(
         "[dataset]\nformat = \"range\"\ncount = 1\n[processor]\nname = \"p\"\n\
          [batching]\nbatch_size = {BATCH}\n"
@@ -36,10 +46,10 @@ async fn submit_pipeline(state: &mut Inline, stores: &Stores, count: u64, max_pe
     down.dataset =
         serde_json::from_value(serde_json::json!({ "format": "stage", "id_column": "id" }))
             .expect("stage dataset");
-    down.stage_of = Some(stage("classify", 1, max_pending));
+    down.stage_of = Some(stage_keeping("classify", 1, max_pending, keep));
     down.validate().expect("a valid downstream stage");
     let mut up = spec(count);
-    up.stage_of = Some(stage("decode", 0, max_pending));
+    up.stage_of = Some(stage_keeping("decode", 0, max_pending, keep));
     up.validate().expect("a valid upstream stage");
     // The downstream first, as `stoke submit` does: nothing runs before
     // every stage exists.
@@ -257,4 +267,24 @@ async fn a_restart_rebuilds_the_downstream_shards_from_the_upstream_commits() {
         Some(consumed.shard.id.as_str())
     );
     assert_eq!(jobs.iter().filter(|(j, _)| j == UP).count(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keep_intermediate_keeps_each_consumed_object() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_pipeline_keeping(&mut state, &stores, 10, 8, true).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let up = leased(state.acquire(&a));
+    commit(&mut state, &stores, &a, &up, 0, SHARD_BATCHES, true).await;
+    let read = leased(state.acquire(&a));
+    assert_eq!(read.job_id, DOWN);
+    let mut c = last_checkpoint(&a, &read, 0);
+    c.records = read.shard.records.unwrap_or(0);
+    state
+        .commit(staged(&stores, c).await)
+        .await
+        .expect("commit");
+    assert_eq!(info(&state, DOWN).state, JobState::Succeeded);
+    assert!(state.take_deletes().is_empty(), "kept");
 }
