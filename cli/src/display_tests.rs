@@ -28,6 +28,7 @@ fn job(id: &str, shards: u64, records: Option<u64>) -> JobInfo {
         isolating: None,
         already_done: None,
         pipeline: None,
+        cost_so_far: None,
     }
 }
 
@@ -73,6 +74,7 @@ fn jobs_show_priority_queue_pool_weight_leases_and_why_they_wait() {
         max_workers: Some(2),
         queue: "team-a".to_string(),
         pool: "gpu".to_string(),
+        max_cost: None,
         waiting: Some("max_workers".to_string()),
     };
     let text = jobs_table(&[waiting, job("plain", 1, None)]);

@@ -138,13 +138,13 @@ enum Cmd {
     },
     /// Resume a paused job from its checkpoints.
     Resume { job: String },
-    /// Change a running or paused job's priority, weight or lease cap;
-    /// stored by the coordinator, so it survives restarts.
+    /// Change a running or paused job's priority, weight, lease cap or
+    /// spending cap; stored by the coordinator, so it survives restarts.
     #[command(group(
         clap::ArgGroup::new("change")
             .required(true)
             .multiple(true)
-            .args(["priority", "weight", "max_workers"])
+            .args(["priority", "weight", "max_workers", "max_cost"])
     ))]
     Set {
         job: String,
@@ -157,6 +157,10 @@ enum Cmd {
         /// Most leases the job holds at once; 0 removes the cap.
         #[arg(long)]
         max_workers: Option<u64>,
+        /// A new spending cap; a job paused at its cap resumes when this is
+        /// above what it spent.
+        #[arg(long)]
+        max_cost: Option<f64>,
     },
     /// Cancel a job.
     Cancel {
@@ -503,16 +507,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             priority,
             weight,
             max_workers,
+            max_cost,
         } => {
             let client = Client::connect(&cli.coordinator).await?;
             let job = client
-                .set_schedule(&job_ref(&job), priority, weight, max_workers)
+                .set_schedule(&job_ref(&job), priority, weight, max_workers, max_cost)
                 .await?;
             let s = &job.schedule;
             let cap = s.max_workers.map_or("none".to_string(), |m| m.to_string());
+            let cost = s.max_cost.map_or("none".to_string(), |c| format!("{c:.2}"));
             println!(
-                "job {}: priority {}, weight {}, max_workers {cap}, queue {}",
-                job.job_id, s.priority, s.weight, s.queue
+                "job {}: priority {}, weight {}, max_workers {cap}, max_cost {cost}, queue {}, {}",
+                job.job_id, s.priority, s.weight, s.queue, job.state
             );
             Ok(0)
         }

@@ -149,6 +149,7 @@ mod tests {
             llm: None,
             held_back_s: 0.0,
             starved_s: 0.0,
+            held_s: 0.0,
         };
         let text = render(&report);
         assert!(text.contains("  model            10.0 s   50.0%"), "{text}");

@@ -277,6 +277,7 @@ impl Client {
         priority: Option<i64>,
         weight: Option<f64>,
         max_workers: Option<u64>,
+        max_cost: Option<f64>,
     ) -> Result<JobInfo, ClientError> {
         let resp = self
             .call("set", |mut c| async move {
@@ -285,6 +286,7 @@ impl Client {
                     priority,
                     weight,
                     max_workers,
+                    max_cost,
                 })
                 .await
             })

@@ -46,6 +46,16 @@ pub fn summary(job: &JobInfo) -> String {
     }
     let _ = writeln!(out, "shards: {}/{}", job.shards_done, job.shards_total);
     let _ = writeln!(out, "records: {}/{}", job.records_done, total(job));
+    if let Some(spent) = job.cost_so_far {
+        match job.schedule.max_cost {
+            Some(cap) => {
+                let _ = writeln!(out, "cost: {spent:.2} of {cap:.2}");
+            }
+            None => {
+                let _ = writeln!(out, "cost: {spent:.2}");
+            }
+        }
+    }
     if let Some(waiting) = &job.schedule.waiting {
         // Why it gets no worker: `no worker in pool "gpu"`, `queue full`...
         let _ = writeln!(out, "waiting: {waiting}");
@@ -118,6 +128,10 @@ pub fn job_json(job: &JobInfo) -> serde_json::Value {
         "max_workers": job.schedule.max_workers,
         "queue": job.schedule.queue,
         "pool": job.schedule.pool,
+        // What it spent (its lease-held worker time at its pool's price;
+        // null without a price), and its cap.
+        "cost_so_far": job.cost_so_far,
+        "max_cost": job.schedule.max_cost,
         "waiting": job.schedule.waiting,
         "crashes": job.crashes,
         "isolating": job.isolating,

@@ -46,6 +46,9 @@ pub struct CoordinatorConfig {
     /// The pool of a job whose spec names none (`--default-pool`;
     /// `default` unless set), written into its spec at submit.
     pub default_pool: String,
+    /// What a worker-hour costs in each pool (`--price POOL=PRICE`), in
+    /// the currency of jobs' `[limits] max_cost`.
+    pub prices: BTreeMap<String, f64>,
     /// Most leases preempted per second (0: no preemption).
     pub preempt_per_s: u32,
     /// A lease younger than this is not preempted.
@@ -78,6 +81,7 @@ impl CoordinatorConfig {
             queue_borrow: false,
             pools: BTreeSet::new(),
             default_pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
+            prices: BTreeMap::new(),
             preempt_per_s: DEFAULT_PREEMPT_PER_S,
             preempt_min_age: DEFAULT_PREEMPT_MIN_AGE,
         }
@@ -96,6 +100,11 @@ impl CoordinatorConfig {
             return Ok(());
         }
         Err(self.known_pools().join(", "))
+    }
+
+    /// A worker-hour's price in `pool`, if the coordinator has one.
+    pub fn price_of(&self, pool: &str) -> Option<f64> {
+        self.prices.get(pool).copied()
     }
 
     /// The default pool, then the configured ones.

@@ -122,6 +122,10 @@ pub enum CoordinatorError {
         pool: String,
         known: String,
     },
+    #[error(
+        "job spec: limits.max_cost: this coordinator has no price for pool {pool:?}, so it cannot count what the job spends (see --price POOL=PER_WORKER_HOUR)"
+    )]
+    NoPrice { pool: String },
     #[error("job spec is {size} bytes; the limit is {max} bytes (--max-spec-bytes)")]
     SpecTooLarge { size: usize, max: usize },
     #[error("invalid request: {0}")]
@@ -150,7 +154,8 @@ impl From<CoordinatorError> for Status {
             | InvalidRequest(_)
             | SpecTooLarge { .. }
             | UnknownQueue { .. }
-            | UnknownPool { .. } => Status::invalid_argument(msg),
+            | UnknownPool { .. }
+            | NoPrice { .. } => Status::invalid_argument(msg),
             Plan(PlanError::Store { ref source, .. }) if source.is_transient() => {
                 Status::unavailable(msg)
             }

@@ -190,10 +190,11 @@ impl JobService for JobApi {
             priority: req.priority,
             weight: req.weight,
             max_workers: req.max_workers,
+            max_cost: req.max_cost,
         };
         if change.is_empty() {
             return Err(Status::invalid_argument(
-                "nothing to change: give priority, weight or max_workers",
+                "nothing to change: give priority, weight, max_workers or max_cost",
             ));
         }
         Ok(Response::new(

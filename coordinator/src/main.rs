@@ -84,6 +84,10 @@ struct Args {
     /// always one. Without it, any pool is accepted.
     #[arg(long = "pool", env = "STOKE_POOLS", value_delimiter = ',')]
     pool: Vec<String>,
+    /// What a worker-hour costs in a pool, as POOL=PRICE (repeatable, or
+    /// comma-separated): jobs' `[limits] max_cost` is counted in it.
+    #[arg(long = "price", env = "STOKE_PRICES", value_delimiter = ',')]
+    price: Vec<String>,
     /// The pool of jobs whose spec names none (written into their spec at
     /// submit); with --pool it is one of the pools served.
     #[arg(long, env = "STOKE_DEFAULT_POOL", default_value = stoke_core::schedule::DEFAULT_POOL)]
@@ -123,6 +127,7 @@ struct Resolved {
     queue_borrow: bool,
     pools: std::collections::BTreeSet<String>,
     default_pool: String,
+    prices: std::collections::BTreeMap<String, f64>,
     preempt_per_s: u32,
     #[serde(with = "humantime_serde")]
     preempt_min_age: Duration,
@@ -185,7 +190,27 @@ impl Args {
         }
         stoke_core::schedule::validate_pool(&self.default_pool)
             .map_err(|e| anyhow::anyhow!("--default-pool {:?}: {e}", self.default_pool))?;
+        let mut prices = std::collections::BTreeMap::new();
+        for arg in &self.price {
+            let (pool, price) = arg.split_once('=').ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--price {arg:?}: expected POOL=PER_WORKER_HOUR, such as default=2.50"
+                )
+            })?;
+            stoke_core::schedule::validate_pool(pool)
+                .map_err(|e| anyhow::anyhow!("--price {arg:?}: {e}"))?;
+            let price: f64 = price
+                .trim()
+                .parse()
+                .ok()
+                .filter(|p: &f64| p.is_finite() && *p >= 0.0)
+                .ok_or_else(|| {
+                    anyhow::anyhow!("--price {arg:?}: the price must be a number of at least 0")
+                })?;
+            prices.insert(pool.to_string(), price);
+        }
         Ok(Resolved {
+            prices,
             pools,
             default_pool: self.default_pool.clone(),
             queue_borrow: self.queue_borrow || queues.borrow,
@@ -285,6 +310,7 @@ fn run() -> anyhow::Result<()> {
     config.queue_borrow = resolved.queue_borrow;
     config.pools = resolved.pools.clone();
     config.default_pool = resolved.default_pool.clone();
+    config.prices = resolved.prices.clone();
     config.preempt_per_s = resolved.preempt_per_s;
     config.preempt_min_age = resolved.preempt_min_age;
     let stores = Stores::with_config(resolved.store.clone());

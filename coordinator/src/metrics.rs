@@ -573,6 +573,7 @@ mod tests {
             isolating: None,
             already_done: None,
             pipeline: None,
+            cost_so_far: None,
         };
         let body = render(&[job], &snapshot).expect("render");
         assert_eq!(line(&body, "stoke_leases_granted_total"), Some("7"));

@@ -572,6 +572,7 @@ mod tests {
                 isolating: None,
                 already_done: None,
                 pipeline: None,
+                cost_so_far: None,
             },
             shards: ShardCounts::split(8, 3, 2, 1, 0),
             records_per_s: Some(100.0),

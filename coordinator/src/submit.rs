@@ -35,6 +35,31 @@ pub(crate) async fn prepare(
     Ok((job_id, plan))
 }
 
+/// A deadline as the job will keep it: `finish_within` from now written
+/// in as `finish_by`; one that has passed is refused.
+pub(crate) fn resolve_deadline(spec: &mut JobSpec, now: std::time::SystemTime) -> Result<()> {
+    use stoke_core::SpecError;
+    if let Some(within) = spec.limits.finish_within {
+        let at = now + within;
+        spec.limits.finish_by = Some(humantime::format_rfc3339_seconds(at).to_string());
+    }
+    let now_ms = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    if let Some(at) = spec.limits.finish_by_ms()?
+        && at <= now_ms
+        && spec.limits.finish_within.is_none()
+    {
+        let given = spec.limits.finish_by.clone().unwrap_or_default();
+        return Err(SpecError::invalid(
+            "limits.finish_by",
+            format!("{given} is in the past: a job cannot finish before it is submitted"),
+        )
+        .into());
+    }
+    Ok(())
+}
+
 const MAX_JOB_ID_LEN: usize = 128;
 
 fn check_job_id(job_id: &str) -> Result<()> {
@@ -102,4 +127,46 @@ async fn plan(spec: &JobSpec, job_id: &str, stores: &Stores) -> Result<Plan> {
         }
         _ => plan_dataset(spec, stores).await?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use super::*;
+
+    fn spec(limits: &str) -> JobSpec {
+        JobSpec::from_toml(&format!(
+            "[dataset]\nformat = \"range\"\ncount = 3\n[processor]\nname = \"p\"\n[limits]\n{limits}\n"
+        ))
+        .expect("spec")
+    }
+
+    #[test]
+    fn a_deadline_within_is_written_in_and_one_past_is_refused() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut within = spec("finish_within = \"6h\"");
+        resolve_deadline(&mut within, now).expect("resolved");
+        assert_eq!(
+            within.limits.finish_by.as_deref(),
+            Some("2027-01-15T14:00:00Z")
+        );
+        let mut past = spec("finish_by = \"2020-01-01T00:00:00Z\"");
+        let e = resolve_deadline(&mut past, SystemTime::now()).expect_err("past");
+        assert_eq!(
+            e.to_string(),
+            "job spec: limits.finish_by: 2020-01-01T00:00:00Z is in the past: a job cannot finish before it is submitted"
+        );
+        let mut future = spec("finish_by = \"2099-01-01T00:00:00Z\"");
+        resolve_deadline(&mut future, SystemTime::now()).expect("a future deadline");
+        let e = JobSpec::from_toml(
+            "[dataset]\nformat = \"range\"\ncount = 3\n[processor]\nname = \"p\"\n[limits]\nfinish_by = \"tomorrow\"\n",
+        )
+        .expect_err("not a time");
+        assert!(
+            e.to_string()
+                .contains("limits.finish_by: not an RFC 3339 time"),
+            "{e}"
+        );
+    }
 }

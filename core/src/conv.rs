@@ -70,6 +70,7 @@ impl From<JobInfo> for pb::JobInfo {
                 queue: j.schedule.queue,
                 waiting: j.schedule.waiting.unwrap_or_default(),
                 pool: j.schedule.pool,
+                max_cost: j.schedule.max_cost,
             }),
             crashes: j.crashes,
             isolating: j.isolating.unwrap_or_default(),
@@ -77,6 +78,7 @@ impl From<JobInfo> for pb::JobInfo {
                 objects: a.objects,
                 records: a.records,
             }),
+            cost_so_far: j.cost_so_far,
             pipeline: j.pipeline.map(|p| pb::PipelineStage {
                 pipeline: p.pipeline,
                 stage: p.stage,
@@ -120,6 +122,7 @@ impl TryFrom<pb::JobInfo> for JobInfo {
                     queue: s.queue,
                     pool: non_empty(s.pool)
                         .unwrap_or_else(|| crate::schedule::DEFAULT_POOL.to_string()),
+                    max_cost: s.max_cost.filter(|c| c.is_finite()),
                     waiting: non_empty(s.waiting),
                 })
                 .unwrap_or_default(),
@@ -129,6 +132,7 @@ impl TryFrom<pb::JobInfo> for JobInfo {
                 objects: a.objects,
                 records: a.records,
             }),
+            cost_so_far: j.cost_so_far.filter(|c| c.is_finite()),
             pipeline: j.pipeline.map(|p| crate::records::PipelineStage {
                 pipeline: p.pipeline,
                 stage: p.stage,
@@ -968,6 +972,7 @@ mod tests {
                 max_workers: Some(3),
                 queue: "team-a".into(),
                 pool: "gpu".into(),
+                max_cost: Some(400.0),
                 waiting: Some("queue full".into()),
             },
             crashes: 3,
@@ -976,6 +981,7 @@ mod tests {
                 objects: 3,
                 records: 30,
             }),
+            cost_so_far: Some(12.5),
             pipeline: Some(crate::records::PipelineStage {
                 pipeline: "images-1".into(),
                 stage: "decode".into(),

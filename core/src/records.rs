@@ -274,6 +274,9 @@ pub struct JobInfo {
     /// A pipeline's stage: which pipeline, which stage (its `name` is
     /// `<pipeline>/<stage>`).
     pub pipeline: Option<PipelineStage>,
+    /// What it spent so far (its lease-held worker time at its pool's
+    /// price), when the coordinator has a price for its pool.
+    pub cost_so_far: Option<f64>,
 }
 
 /// A job that is a pipeline's stage: the pipeline's id, the stage's name
@@ -296,6 +299,8 @@ pub struct JobScheduling {
     pub queue: String,
     /// The worker pool that runs it.
     pub pool: String,
+    /// Its spending cap (`[limits] max_cost`, `stoke set --max-cost`).
+    pub max_cost: Option<f64>,
     /// `queue full`, `lower priority`, `max_workers` or `no worker in pool
     /// "NAME"` while the job has pending shards it cannot lease.
     pub waiting: Option<String>,
@@ -309,6 +314,7 @@ impl Default for JobScheduling {
             max_workers: None,
             queue: crate::schedule::DEFAULT_QUEUE.to_string(),
             pool: crate::schedule::DEFAULT_POOL.to_string(),
+            max_cost: None,
             waiting: None,
         }
     }

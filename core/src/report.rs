@@ -128,6 +128,11 @@ pub struct EfficiencyReport {
     /// An LLM job's engine and tokens (`[processor] name = "llm"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm: Option<LlmUsage>,
+    /// Worker-seconds the job held (its leases, and the idle time given to
+    /// it), by the coordinator's clock, whether or not the workers reported
+    /// them yet: what a spending cap counts.
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub held_s: f64,
     /// A pipeline stage: seconds it was held back by the stage after it
     /// (`max_pending` objects unread: no new lease, commits held).
     #[serde(default, skip_serializing_if = "is_zero_f64")]
@@ -277,6 +282,7 @@ impl EfficiencyReport {
             backups: before.backups + self.backups,
             backups_won: before.backups_won + self.backups_won,
             held_back_s: before.held_back_s + self.held_back_s,
+            held_s: before.held_s + self.held_s,
             starved_s: before.starved_s + self.starved_s,
             devices,
             // Reduced once: by this coordinator, or by one before it.

@@ -32,6 +32,9 @@ pub struct Schedule {
     pub weight: f64,
     /// Most leases the job holds at once; `None`: no cap of its own.
     pub max_workers: Option<u64>,
+    /// Most the job may spend (`[limits] max_cost`, or `stoke set
+    /// --max-cost`), in the currency of the coordinator's prices.
+    pub max_cost: Option<f64>,
 }
 
 impl Default for Schedule {
@@ -40,6 +43,7 @@ impl Default for Schedule {
             priority: 0,
             weight: 1.0,
             max_workers: None,
+            max_cost: None,
         }
     }
 }
@@ -48,6 +52,14 @@ impl Schedule {
     /// Checks the weight and cap; errors name the spec key.
     pub fn validate(&self) -> Result<(), SpecError> {
         validate_weight(self.weight)?;
+        if let Some(cost) = self.max_cost
+            && !(cost.is_finite() && cost > 0.0)
+        {
+            return Err(SpecError::invalid(
+                "limits.max_cost",
+                format!("must be a positive number, got {cost}"),
+            ));
+        }
         if self.max_workers == Some(0) {
             return Err(SpecError::invalid(
                 "max_workers",
@@ -107,6 +119,10 @@ pub struct ScheduleRecord {
     pub weight: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_workers: Option<u64>,
+    /// Set by `stoke set --max-cost`; the spec's `[limits] max_cost`
+    /// when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
     pub updated_ms: u64,
 }
 
@@ -117,11 +133,16 @@ pub struct ScheduleChange {
     pub weight: Option<f64>,
     /// `Some(0)` removes the cap.
     pub max_workers: Option<u64>,
+    /// A new spending cap (`stoke set --max-cost`).
+    pub max_cost: Option<f64>,
 }
 
 impl ScheduleChange {
     pub fn is_empty(&self) -> bool {
-        self.priority.is_none() && self.weight.is_none() && self.max_workers.is_none()
+        self.priority.is_none()
+            && self.weight.is_none()
+            && self.max_workers.is_none()
+            && self.max_cost.is_none()
     }
 
     /// `schedule` with this change applied, validated.
@@ -134,6 +155,7 @@ impl ScheduleChange {
                 Some(0) => None,
                 Some(n) => Some(n),
             },
+            max_cost: self.max_cost.or(schedule.max_cost),
         };
         next.validate()?;
         Ok(next)
@@ -150,6 +172,7 @@ mod tests {
             priority: 3,
             weight: 2.0,
             max_workers: Some(4),
+            max_cost: None,
         };
         let changed = ScheduleChange {
             priority: Some(9),
@@ -199,7 +222,8 @@ mod tests {
             Schedule {
                 priority: 5,
                 weight: 2.5,
-                max_workers: Some(3)
+                max_workers: Some(3),
+                max_cost: None,
             }
         );
         assert_eq!(spec.queue_name(), "team-a");

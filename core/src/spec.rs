@@ -60,11 +60,76 @@ pub struct JobSpec {
     /// Which workers may run the job (`[scheduling] pool`).
     #[serde(default, skip_serializing_if = "SchedulingSpec::is_default")]
     pub scheduling: SchedulingSpec,
+    /// A deadline and a spending cap (`[limits]`).
+    #[serde(default, skip_serializing_if = "LimitsSpec::is_default")]
+    pub limits: LimitsSpec,
     /// Set on a pipeline's stages (see [`pipeline`]): which pipeline, which
     /// stage, and the stages it reads from and feeds. Written by the
     /// pipeline's expansion, never by hand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_of: Option<pipeline::StageOf>,
+}
+
+/// `[limits]`: when the job must be done, and what it may cost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSpec {
+    /// The deadline, RFC 3339 (`"2026-12-01T06:00:00Z"`). A spec that says
+    /// `finish_within` has it written in at submit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_by: Option<String>,
+    /// The deadline as a time from submit (`"6h"`).
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub finish_within: Option<Duration>,
+    /// The most the job may spend, in the currency of the coordinator's
+    /// prices (per worker-hour, per pool): past it the job pauses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
+}
+
+impl LimitsSpec {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The deadline in ms since the Unix epoch, when `finish_by` gives
+    /// one.
+    pub fn finish_by_ms(&self) -> Result<Option<u64>, SpecError> {
+        let Some(at) = &self.finish_by else {
+            return Ok(None);
+        };
+        let t = humantime::parse_rfc3339_weak(at).map_err(|e| {
+            SpecError::invalid(
+                "limits.finish_by",
+                format!("not an RFC 3339 time such as \"2026-12-01T06:00:00Z\": {at:?} ({e})"),
+            )
+        })?;
+        let ms = t
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Ok(Some(ms))
+    }
+
+    fn validate(&self) -> Result<(), SpecError> {
+        if self.finish_by.is_some() && self.finish_within.is_some() {
+            return Err(SpecError::invalid(
+                "limits.finish_within",
+                "give finish_by or finish_within, not both",
+            ));
+        }
+        if self.finish_within.is_some_and(|d| d.is_zero()) {
+            return Err(SpecError::invalid(
+                "limits.finish_within",
+                "must be more than 0",
+            ));
+        }
+        self.finish_by_ms()?;
+        Ok(())
+    }
 }
 
 /// `[scheduling]`: which workers the job may use.
@@ -104,6 +169,7 @@ impl JobSpec {
             priority: self.priority,
             weight: self.weight,
             max_workers: self.max_workers,
+            max_cost: self.limits.max_cost,
         }
     }
 
@@ -998,6 +1064,7 @@ impl JobSpec {
         if let Some(pool) = &self.scheduling.pool {
             crate::schedule::validate_pool(pool)?;
         }
+        self.limits.validate()?;
         Ok(())
     }
 

@@ -199,7 +199,7 @@ impl NativeClient {
             self.runtime
                 .block_on(
                     self.client
-                        .set_schedule(&job, priority, weight, max_workers),
+                        .set_schedule(&job, priority, weight, max_workers, None),
                 )
                 .map(|j| job_json(&j))
                 .map_err(err)

@@ -127,7 +127,8 @@ impl Handle {
 
     /// Validates and plans the spec (outside the owner task: planning reads
     /// the dataset; see `submit.rs`), then stores and adds the job.
-    pub async fn submit(&self, spec: JobSpec, job_id: Option<String>) -> Result<JobInfo> {
+    pub async fn submit(&self, mut spec: JobSpec, job_id: Option<String>) -> Result<JobInfo> {
+        crate::submit::resolve_deadline(&mut spec, std::time::SystemTime::now())?;
         let (job_id, plan) = crate::submit::prepare(&spec, job_id, &self.stores).await?;
         self.call(|reply| Command::CreateJob {
             job_id,

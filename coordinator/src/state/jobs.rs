@@ -57,7 +57,7 @@ impl State {
     ) {
         let spec = self.config.with_pool(spec);
         if let Ok(existing) = self.job(&job_id) {
-            let answer = if *existing.spec == spec {
+            let answer = if same_submission(&existing.spec, &spec) {
                 Ok(self.info_of(existing))
             } else {
                 Err(CoordinatorError::JobExists { job_id })
@@ -66,7 +66,7 @@ impl State {
             return;
         }
         if let Some(creating) = self.creating_mut(&job_id) {
-            if *creating.spec == spec {
+            if same_submission(&creating.spec, &spec) {
                 if let Life::Creating { waiters } = &mut creating.life {
                     waiters.push(req);
                 }
@@ -105,6 +105,14 @@ impl State {
             let error = CoordinatorError::UnknownQueue {
                 queue: queue.to_string(),
                 known,
+            };
+            self.reply(Some(req), Answer::job(Err(error)));
+            return;
+        }
+        // A spending cap needs a price to count spend by.
+        if spec.limits.max_cost.is_some() && self.config.price_of(spec.pool_name()).is_none() {
+            let error = CoordinatorError::NoPrice {
+                pool: spec.pool_name().to_string(),
             };
             self.reply(Some(req), Answer::job(Err(error)));
             return;
@@ -225,7 +233,7 @@ impl State {
     }
 
     /// Runs a change of the job's state now, or after the one in flight.
-    fn job_cmd(&mut self, req: Option<ReqId>, job_id: &str, cmd: JobCmd) {
+    pub(super) fn job_cmd(&mut self, req: Option<ReqId>, job_id: &str, cmd: JobCmd) {
         let job = match self.job_mut(job_id) {
             Ok(job) => job,
             Err(e) => return self.reply(req, Answer::job(Err(e))),
@@ -276,6 +284,7 @@ impl State {
                         priority: next.priority,
                         weight: next.weight,
                         max_workers: next.max_workers,
+                        max_cost: next.max_cost,
                         updated_ms: 0,
                     }),
                 },
@@ -378,6 +387,13 @@ impl State {
     }
 
     fn schedule_set(&mut self, job_id: &str, change: &ScheduleChange) {
+        self.schedule_changed(job_id, change);
+        if change.max_cost.is_some() {
+            self.resume_if_budget_allows(job_id);
+        }
+    }
+
+    fn schedule_changed(&mut self, job_id: &str, change: &ScheduleChange) {
         let Ok(job) = self.job_mut(job_id) else {
             return;
         };
@@ -422,6 +438,7 @@ impl State {
             return;
         };
         job.life = Life::Running(Change::Idle);
+        job.budget_paused = false;
         job.pending = (0..job.shards.len())
             .filter(|&i| !job.shards[i].progress.done && job.shards[i].lease().is_none())
             .collect();
@@ -511,4 +528,18 @@ impl State {
         );
         self.fail_job(job_id, reason);
     }
+}
+
+/// Whether two submits are of the same job: the same spec, but for a
+/// deadline `finish_within` resolved at each submit (a retried submit
+/// resolves it a moment later).
+fn same_submission(a: &JobSpec, b: &JobSpec) -> bool {
+    if a.limits.finish_within.is_some() && b.limits.finish_within.is_some() {
+        let mut a = a.clone();
+        let mut b = b.clone();
+        a.limits.finish_by = None;
+        b.limits.finish_by = None;
+        return a == b;
+    }
+    a == b
 }

@@ -51,6 +51,7 @@
 
 mod account;
 mod backup;
+mod budget;
 mod commit;
 mod crash;
 mod effects;
@@ -307,6 +308,9 @@ struct Job {
     repeats: repeats::Repeats,
     /// Its metrics' reduce task (see `reducers.rs`).
     reduce: reducers::Reduce,
+    /// Paused because its spend reached its cap (`budget.rs`): a higher
+    /// cap resumes it.
+    budget_paused: bool,
     /// Commits of this pipeline stage held until the next stage consumed
     /// enough (`pipeline.rs`), oldest first.
     held: VecDeque<pipeline::HeldCommit>,
@@ -598,6 +602,7 @@ impl Job {
             reduce: Default::default(),
             inputs_complete: spec_reads_a_stage(&spec_for_inputs),
             held: VecDeque::new(),
+            budget_paused: false,
         }
     }
 

@@ -132,6 +132,7 @@ impl State {
                 priority: record.priority,
                 weight: record.weight,
                 max_workers: record.max_workers,
+                max_cost: record.max_cost.or(job.spec.limits.max_cost),
             };
         }
         // A succeeded job loaded from its `ended.json` came with its life.

@@ -46,7 +46,12 @@ pub struct DeltaRecord {
 }
 
 impl Job {
-    pub(super) fn info(&self, shards_leased: u64, waiting: Option<WaitReason>) -> JobInfo {
+    pub(super) fn info(
+        &self,
+        shards_leased: u64,
+        waiting: Option<WaitReason>,
+        spent: Option<f64>,
+    ) -> JobInfo {
         JobInfo {
             job_id: self.id.clone(),
             // A pipeline's stage is named `<pipeline>/<stage>`.
@@ -85,11 +90,13 @@ impl Job {
                 max_workers: self.schedule.max_workers,
                 queue: self.spec.queue_name().to_string(),
                 pool: self.spec.pool_name().to_string(),
+                max_cost: self.schedule.max_cost,
                 waiting: waiting.map(|w| w.describe(self.spec.pool_name())),
             },
             crashes: self.totals.crashes,
             isolating: self.isolating(),
             already_done: self.plan.incremental.as_ref().map(|i| i.already_done),
+            cost_so_far: spent,
             pipeline: self
                 .spec
                 .stage_of
@@ -178,7 +185,7 @@ impl State {
     /// why it waits takes a walk over the jobs.
     pub(super) fn info_of(&self, job: &Job) -> JobInfo {
         let waiting = self.wait_reasons().get(job.id.as_str()).copied();
-        job.info(job.leased, waiting)
+        job.info(job.leased, waiting, self.spend_of(job))
     }
 
     pub fn get_job(&self, job_id: &str) -> Result<JobInfo> {
@@ -282,7 +289,11 @@ impl State {
             .map(|job| {
                 let (shards_leased, failed_leased) =
                     leased.get(job.id.as_str()).copied().unwrap_or_default();
-                let info = job.info(shards_leased, waiting.get(job.id.as_str()).copied());
+                let info = job.info(
+                    shards_leased,
+                    waiting.get(job.id.as_str()).copied(),
+                    self.spend_of(job),
+                );
                 let records_per_s = job.rate.rate();
                 let remaining = info
                     .records_total
@@ -420,7 +431,13 @@ impl State {
         self.order
             .iter()
             .filter_map(|id| self.job(id).ok())
-            .map(|j| j.info(j.leased, waiting.get(j.id.as_str()).copied()))
+            .map(|j| {
+                j.info(
+                    j.leased,
+                    waiting.get(j.id.as_str()).copied(),
+                    self.spend_of(j),
+                )
+            })
             .collect()
     }
 }

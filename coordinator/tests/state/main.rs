@@ -4,6 +4,7 @@
 //! never by sleeping.
 
 mod backup;
+mod budget;
 mod commits;
 mod crashes;
 mod jobs;

@@ -424,6 +424,7 @@ async fn set_applies_at_once_and_survives_a_restart() {
                 priority: Some(4),
                 weight: Some(2.5),
                 max_workers: Some(3),
+                max_cost: None,
             },
         )
         .await

@@ -1,0 +1,73 @@
+//! Spending caps (`[limits] max_cost`, `stoke set --max-cost`): what a job
+//! spent is its lease-held worker time (its processor time, as the
+//! efficiency report counts it, by this machine's clock) at its pool's
+//! price per worker-hour (`--price`). At each tick a running job whose
+//! spend reached its cap is paused, the drain `pause` uses: its workers
+//! finish their batch, commit and release, and everything committed stays.
+//! A higher cap set while it is paused at its cap resumes it. Spend
+//! survives restarts with the report's counters (`report-so-far.json`).
+
+use tracing::info;
+
+use super::jobs::JobCmd;
+use super::{Job, State};
+
+impl Job {
+    /// What the job spent so far at `price` per worker-hour.
+    pub(super) fn spent(&self, price: f64) -> f64 {
+        self.account.processor_seconds() / 3600.0 * price
+    }
+}
+
+impl State {
+    /// What `job` spent so far, when its pool has a price.
+    pub(super) fn spend_of(&self, job: &Job) -> Option<f64> {
+        self.config
+            .price_of(job.spec.pool_name())
+            .map(|price| job.spent(price))
+    }
+
+    /// Pauses each running job whose spend reached its cap (see the module
+    /// docs). Called at each tick: O(jobs).
+    pub(super) fn enforce_budgets(&mut self) {
+        let mut reached = Vec::new();
+        for job in self.jobs.values() {
+            let Some(cap) = job.schedule.max_cost else {
+                continue;
+            };
+            if !job.life.leasing() {
+                continue;
+            }
+            let Some(spent) = self.spend_of(job) else {
+                continue;
+            };
+            if spent >= cap {
+                reached.push((job.id.clone(), cap, spent));
+            }
+        }
+        for (job_id, cap, spent) in reached {
+            let reason = format!("budget of {cap:.2} reached (spent {spent:.2})");
+            info!(job = %job_id, cap, spent, "job paused: its budget is spent");
+            if let Some(job) = self.jobs.get_mut(&job_id) {
+                job.budget_paused = true;
+            }
+            self.job_cmd(None, &job_id, JobCmd::Pause(reason));
+        }
+    }
+
+    /// After `stoke set`: a job paused at its cap resumes when its cap is
+    /// now above what it spent.
+    pub(super) fn resume_if_budget_allows(&mut self, job_id: &str) {
+        let Some(job) = self.jobs.get(job_id) else {
+            return;
+        };
+        if !(job.budget_paused && job.life.paused()) {
+            return;
+        }
+        let spent = self.spend_of(job).unwrap_or(0.0);
+        if job.schedule.max_cost.is_none_or(|cap| cap > spent) {
+            info!(job = %job_id, spent, cap = ?job.schedule.max_cost, "job resumes: its cap was raised");
+            self.job_cmd(None, job_id, JobCmd::Resume);
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Spending caps: a job pauses once its lease-held worker time at its
+//! pool's price reaches its cap, naming it; a higher cap resumes it; what
+//! it spent survives a restart; a cap without a price is refused.
+
+use stoke_core::schedule::ScheduleChange;
+
+use crate::support::*;
+
+/// One worker-second costs 1 in the default pool.
+fn priced() -> CoordinatorConfig {
+    let mut config = config();
+    config.prices.insert("default".to_string(), 3600.0);
+    config
+}
+
+async fn submit_capped(state: &mut Inline, stores: &Stores, job_id: &str, cap: f64) -> JobInfo {
+    let mut spec = spec(200);
+    spec.limits.max_cost = Some(cap);
+    submit_spec(state, stores, job_id, spec).await
+}
+
+fn info(state: &Inline, job_id: &str) -> JobInfo {
+    state.get_job(job_id).expect("job")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_pauses_at_its_cap_and_a_higher_cap_resumes_it() {
+    let stores = Stores::new();
+    let mut state = Inline::recover(priced(), stores.clone())
+        .await
+        .expect("recover");
+    submit_capped(&mut state, &stores, "j", 10.0).await;
+    assert_eq!(info(&state, "j").cost_so_far, Some(0.0));
+    assert_eq!(info(&state, "j").schedule.max_cost, Some(10.0));
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    advance(Duration::from_secs(6)).await;
+    state.heartbeat(&a, &[lease.key()]).expect("heartbeat");
+    state.tick().await;
+    let now = info(&state, "j");
+    assert_eq!(now.state, JobState::Running);
+    let spent = now.cost_so_far.expect("priced");
+    assert!((5.9..=6.1).contains(&spent), "{spent}");
+    advance(Duration::from_secs(5)).await;
+    state.heartbeat(&a, &[lease.key()]).expect("heartbeat");
+    state.tick().await;
+    let paused = info(&state, "j");
+    assert_eq!(paused.state, JobState::Paused);
+    let reason = paused.reason.expect("a reason");
+    assert!(
+        reason.starts_with("budget of 10.00 reached (spent 1"),
+        "{reason}"
+    );
+    // A higher cap: it runs again.
+    state
+        .set_schedule(
+            "j",
+            ScheduleChange {
+                max_cost: Some(100.0),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("set");
+    let resumed = info(&state, "j");
+    assert_eq!(resumed.state, JobState::Running, "{:?}", resumed.reason);
+    assert_eq!(resumed.schedule.max_cost, Some(100.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cap_not_above_the_spend_leaves_the_job_paused() {
+    let stores = Stores::new();
+    let mut state = Inline::recover(priced(), stores.clone())
+        .await
+        .expect("recover");
+    submit_capped(&mut state, &stores, "j", 2.0).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    advance(Duration::from_secs(3)).await;
+    state.heartbeat(&a, &[lease.key()]).expect("heartbeat");
+    state.tick().await;
+    assert_eq!(info(&state, "j").state, JobState::Paused);
+    state
+        .set_schedule(
+            "j",
+            ScheduleChange {
+                max_cost: Some(2.5),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("set");
+    assert_eq!(info(&state, "j").state, JobState::Paused);
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_a_job_spent_survives_a_restart_and_the_cap_still_holds() {
+    let stores = Stores::new();
+    let mut state = Inline::recover(priced(), stores.clone())
+        .await
+        .expect("recover");
+    submit_capped(&mut state, &stores, "j", 30.0).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    for _ in 0..12 {
+        advance(Duration::from_secs(1)).await;
+        state.heartbeat(&a, &[lease.key()]).expect("heartbeat");
+        state.tick().await;
+    }
+    // Saved with the report's counters (every 10 s).
+    let before = info(&state, "j").cost_so_far.expect("priced");
+    assert!(before >= 10.0, "{before}");
+    drop(state);
+    let mut state = Inline::recover(priced(), stores.clone())
+        .await
+        .expect("recover");
+    let carried = info(&state, "j").cost_so_far.expect("priced");
+    assert!(
+        carried >= 10.0 && carried <= before,
+        "{carried} of {before}"
+    );
+    let (b, _b_events) = register(&mut state, "b");
+    let lease = leased(state.acquire(&b));
+    let mut paused = false;
+    for _ in 0..40 {
+        advance(Duration::from_secs(1)).await;
+        state.heartbeat(&b, &[lease.key()]).expect("heartbeat");
+        state.tick().await;
+        if info(&state, "j").state == JobState::Paused {
+            paused = true;
+            break;
+        }
+    }
+    assert!(paused, "paused at its cap after the restart");
+    let spent = info(&state, "j").cost_so_far.expect("priced");
+    assert!((30.0..31.5).contains(&spent), "{spent}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cap_on_a_coordinator_without_a_price_is_refused() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    let mut spec = spec(20);
+    spec.limits.max_cost = Some(5.0);
+    let plan = plan_dataset(&spec, &stores).await.expect("plan");
+    let e = state
+        .create_job("j".to_string(), spec, plan)
+        .await
+        .expect_err("no price");
+    assert_eq!(
+        e.to_string(),
+        "job spec: limits.max_cost: this coordinator has no price for pool \"default\", so it cannot count what the job spends (see --price POOL=PER_WORKER_HOUR)"
+    );
+}

@@ -1,0 +1,103 @@
+//! Spending caps with real processes: a job whose `[limits] max_cost` is
+//! small enough pauses midway, naming its budget, with what it committed
+//! kept; `stoke set --max-cost` finishes it, every record once; `status
+//! --json` shows the spend as it grows; a cap without a price, and a
+//! deadline already past, are refused at submit.
+
+use std::path::Path;
+
+use stoke_tests::*;
+
+/// Each checkpoint (one per batch here) waits 100 ms: the job runs for a
+/// few seconds on one worker.
+const SLOW_BATCHES: (&str, &str) = (
+    "FAILPOINTS",
+    "worker::after_upload_before_commit=sleep(100)",
+);
+
+fn spec_file(dir: &Path, name: &str, limits: &str) -> String {
+    let text = fixture_spec("parquet", "").replace("interval = 3", "interval = 1")
+        + &format!("[limits]\n{limits}\n");
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write spec");
+    path.display().to_string()
+}
+
+#[test]
+fn a_job_pauses_at_its_budget_keeps_its_commits_and_finishes_when_it_is_raised() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    // One worker-second costs 1.
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--price", "default=3600"]);
+    let job = coordinator.submit(&spec_file(tmp.path(), "capped.toml", "max_cost = 1.5"));
+    let status = coordinator.status(&job);
+    assert_eq!(status["max_cost"], 1.5, "{status}");
+    assert_eq!(status["cost_so_far"], 0.0, "{status}");
+    let _w = coordinator.worker_with("stoke-worker", "w0", tmp.path(), &[], &[SLOW_BATCHES]);
+    // The spend moves as the worker holds the job.
+    wait_until("some spend", DEADLINE, || {
+        (coordinator.status(&job)["cost_so_far"].as_f64() > Some(0.2)).then_some(())
+    });
+    let status = wait_until("the job paused at its budget", DEADLINE, || {
+        let s = coordinator.status(&job);
+        (s["state"] == "paused").then_some(s)
+    });
+    let reason = status["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("budget of 1.50 reached (spent 1."),
+        "{status}"
+    );
+    let done = status["records_done"].as_u64().unwrap_or_default();
+    assert!(done > 0 && done < 3000, "paused midway: {status}");
+    let out = coordinator.cli(&["status", &job]);
+    assert!(
+        text(&out.stdout).contains("cost: 1."),
+        "{}",
+        text(&out.stdout)
+    );
+    // What it committed stays, each record once.
+    let out = coordinator.cli(&["outputs", &job, "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // A higher cap: it resumes and finishes, every record exactly once.
+    let out = coordinator.cli(&["set", &job, "--max-cost", "1000"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("max_cost 1000.00"),
+        "{}",
+        text(&out.stdout)
+    );
+    coordinator.wait_success(&job);
+    assert_matches_reference(&committed_rows(&manifest(&root, &job)));
+}
+
+#[test]
+fn a_cap_without_a_price_and_a_deadline_already_past_are_refused_at_submit() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let out = coordinator.cli(&[
+        "submit",
+        &spec_file(tmp.path(), "cap.toml", "max_cost = 400.0"),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr)
+            .contains("limits.max_cost: this coordinator has no price for pool \"default\""),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = coordinator.cli(&[
+        "submit",
+        &spec_file(
+            tmp.path(),
+            "late.toml",
+            "finish_by = \"2020-01-01T00:00:00Z\"",
+        ),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("limits.finish_by: 2020-01-01T00:00:00Z is in the past"),
+        "{}",
+        text(&out.stderr)
+    );
+}
