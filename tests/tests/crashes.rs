@@ -348,9 +348,17 @@ fn a_fleet_of_restarting_workers_gets_through_a_poison_job_and_a_healthy_one() {
     assert_eq!(committed_ids(&root, &poison), range_ids(600, &["450"]));
     assert_eq!(committed_ids(&root, &healthy), range_ids(600, &[]));
     assert_eq!(h.crashes, 0, "the healthy job lost nothing to the poison");
-    // 2 + log2(32) deaths, and at most one more that lost its last words.
+    // 2 + log2(32) deaths, and at most one more that lost its last words:
+    // a worker that died before it said which batch it was in is not
+    // counted against the job (nothing names its batch), so the job's
+    // count is the fleet's, or one less.
     assert!((7..=8).contains(&fleet.deaths), "{} deaths", fleet.deaths);
-    assert_eq!(p.crashes, u64::from(fleet.deaths));
+    let deaths = u64::from(fleet.deaths);
+    assert!(
+        p.crashes == deaths || p.crashes + 1 == deaths,
+        "{} crashes counted for {deaths} deaths",
+        p.crashes
+    );
     let to_isolate = isolated_at
         .zip(fleet.first_death)
         .map(|(i, d)| i.saturating_duration_since(d).as_secs_f64());
