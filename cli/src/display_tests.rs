@@ -29,6 +29,8 @@ fn job(id: &str, shards: u64, records: Option<u64>) -> JobInfo {
         already_done: None,
         pipeline: None,
         cost_so_far: None,
+        price_per_hour: None,
+        finish_by: None,
     }
 }
 

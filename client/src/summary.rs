@@ -56,6 +56,11 @@ pub fn summary(job: &JobInfo) -> String {
             }
         }
     }
+    if job.state == stoke_core::records::JobState::Running
+        && (job.finish_by.is_some() || job.schedule.max_cost.is_some())
+    {
+        let _ = writeln!(out, "forecast: {}", forecast_line(job, now_ms()));
+    }
     if let Some(waiting) = &job.schedule.waiting {
         // Why it gets no worker: `no worker in pool "gpu"`, `queue full`...
         let _ = writeln!(out, "waiting: {waiting}");
@@ -102,6 +107,7 @@ pub fn already_done_line(job: &JobInfo) -> Option<String> {
 
 /// A job as JSON, with the field names `stoke status --json` prints.
 pub fn job_json(job: &JobInfo) -> serde_json::Value {
+    let forecast = job.forecast(now_ms());
     serde_json::json!({
         "job_id": job.job_id,
         "name": job.name,
@@ -132,6 +138,11 @@ pub fn job_json(job: &JobInfo) -> serde_json::Value {
         // null without a price), and its cap.
         "cost_so_far": job.cost_so_far,
         "max_cost": job.schedule.max_cost,
+        // The forecast at the measured pace with the workers it holds:
+        // null until there is one (or without a price, or a deadline).
+        "cost_forecast": forecast.and_then(|f| f.cost_forecast),
+        "finish_by": job.finish_by,
+        "deadline_slack_s": forecast.and_then(|f| f.deadline_slack_s),
         "waiting": job.schedule.waiting,
         "crashes": job.crashes,
         "isolating": job.isolating,
@@ -141,4 +152,111 @@ pub fn job_json(job: &JobInfo) -> serde_json::Value {
             "records": a.records,
         })),
     })
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A running job's forecast in words: when it ends at the current fleet,
+/// what it will have cost, and whether it makes its deadline (`late by
+/// 40m at 3 workers`); "no forecast yet" until its pace is measured.
+pub fn forecast_line(job: &JobInfo, now_ms: u64) -> String {
+    let Some(f) = job.forecast(now_ms) else {
+        return "no forecast yet (the pace is not measured yet)".to_string();
+    };
+    let span = |s: f64| humantime_span(std::time::Duration::from_secs(s.abs().round() as u64));
+    let mut line = format!("done in {}", span(f.eta_s));
+    if let Some(cost) = f.cost_forecast {
+        line.push_str(&format!(", {cost:.2} at the end"));
+    }
+    if let Some(slack) = f.deadline_slack_s {
+        let workers = count(job.shards_leased, "worker");
+        if slack >= 0.0 {
+            line.push_str(&format!(
+                "; on track, {} before the deadline at {workers}",
+                span(slack)
+            ));
+        } else {
+            line.push_str(&format!("; late by {} at {workers}", span(slack)));
+        }
+    }
+    line
+}
+
+/// A duration as `1h 20m`, `12m 30s`, `45s`.
+fn humantime_span(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    let (h, m, sec) = (s / 3600, (s % 3600) / 60, s % 60);
+    if h > 0 {
+        format!("{h}h {m}m")
+    } else if m > 0 {
+        format!("{m}m {sec}s")
+    } else {
+        format!("{sec}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use stoke_core::records::{JobScheduling, JobState};
+
+    use super::*;
+
+    fn running(done: u64, total: u64, rate: f64, leased: u64) -> JobInfo {
+        JobInfo {
+            job_id: "j".into(),
+            name: String::new(),
+            state: JobState::Running,
+            reason: None,
+            shards_total: 10,
+            shards_done: 0,
+            shards_leased: leased,
+            records_done: done,
+            records_total: Some(total),
+            records_total_estimate: None,
+            output_uri: String::new(),
+            manifest_uri: None,
+            processor: "p".into(),
+            records_skipped: 0,
+            records_per_s: Some(rate),
+            schedule: JobScheduling::default(),
+            crashes: 0,
+            isolating: None,
+            already_done: None,
+            pipeline: None,
+            cost_so_far: Some(10.0),
+            price_per_hour: Some(3.6),
+            finish_by: Some("2026-12-01T06:00:00Z".into()),
+        }
+    }
+
+    #[test]
+    fn the_forecast_says_the_end_the_cost_and_the_slack() {
+        // 3,600 records left at 1/s: an hour; 2 workers at 3.6 an hour.
+        let job = running(400, 4000, 1.0, 2);
+        let deadline_ms = 1_796_104_800_000; // 2026-12-01T06:00:00Z
+        let f = job.forecast(deadline_ms - 7_200_000).expect("a forecast");
+        assert_eq!(f.eta_s, 3600.0);
+        assert!((f.cost_forecast.expect("priced") - 17.2).abs() < 1e-9);
+        assert_eq!(f.deadline_slack_s, Some(3600.0));
+        assert_eq!(
+            forecast_line(&job, deadline_ms - 7_200_000),
+            "done in 1h 0m, 17.20 at the end; on track, 1h 0m before the deadline at 2 workers"
+        );
+        assert_eq!(
+            forecast_line(&job, deadline_ms - 1_200_000),
+            "done in 1h 0m, 17.20 at the end; late by 40m 0s at 2 workers"
+        );
+        let unmeasured = JobInfo {
+            records_per_s: None,
+            ..job
+        };
+        assert_eq!(
+            forecast_line(&unmeasured, deadline_ms),
+            "no forecast yet (the pace is not measured yet)"
+        );
+    }
 }

@@ -574,6 +574,8 @@ mod tests {
             already_done: None,
             pipeline: None,
             cost_so_far: None,
+            price_per_hour: None,
+            finish_by: None,
         };
         let body = render(&[job], &snapshot).expect("render");
         assert_eq!(line(&body, "stoke_leases_granted_total"), Some("7"));

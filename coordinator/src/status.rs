@@ -573,6 +573,8 @@ mod tests {
                 already_done: None,
                 pipeline: None,
                 cost_so_far: None,
+                price_per_hour: None,
+                finish_by: None,
             },
             shards: ShardCounts::split(8, 3, 2, 1, 0),
             records_per_s: Some(100.0),

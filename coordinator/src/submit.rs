@@ -39,7 +39,9 @@ pub(crate) async fn prepare(
 /// in as `finish_by`; one that has passed is refused.
 pub(crate) fn resolve_deadline(spec: &mut JobSpec, now: std::time::SystemTime) -> Result<()> {
     use stoke_core::SpecError;
-    if let Some(within) = spec.limits.finish_within {
+    if let Some(within) = spec.limits.finish_within
+        && spec.limits.finish_by.is_none()
+    {
         let at = now + within;
         spec.limits.finish_by = Some(humantime::format_rfc3339_seconds(at).to_string());
     }

@@ -79,6 +79,8 @@ impl From<JobInfo> for pb::JobInfo {
                 records: a.records,
             }),
             cost_so_far: j.cost_so_far,
+            price_per_hour: j.price_per_hour,
+            finish_by: j.finish_by.unwrap_or_default(),
             pipeline: j.pipeline.map(|p| pb::PipelineStage {
                 pipeline: p.pipeline,
                 stage: p.stage,
@@ -133,6 +135,8 @@ impl TryFrom<pb::JobInfo> for JobInfo {
                 records: a.records,
             }),
             cost_so_far: j.cost_so_far.filter(|c| c.is_finite()),
+            price_per_hour: j.price_per_hour.filter(|c| c.is_finite()),
+            finish_by: non_empty(j.finish_by),
             pipeline: j.pipeline.map(|p| crate::records::PipelineStage {
                 pipeline: p.pipeline,
                 stage: p.stage,
@@ -982,6 +986,8 @@ mod tests {
                 records: 30,
             }),
             cost_so_far: Some(12.5),
+            price_per_hour: Some(2.5),
+            finish_by: Some("2026-12-01T06:00:00Z".into()),
             pipeline: Some(crate::records::PipelineStage {
                 pipeline: "images-1".into(),
                 stage: "decode".into(),

@@ -277,6 +277,24 @@ pub struct JobInfo {
     /// What it spent so far (its lease-held worker time at its pool's
     /// price), when the coordinator has a price for its pool.
     pub cost_so_far: Option<f64>,
+    /// What a worker-hour costs in its pool, when the coordinator prices it.
+    pub price_per_hour: Option<f64>,
+    /// Its deadline (`[limits] finish_by`, or `finish_within` from submit),
+    /// RFC 3339.
+    pub finish_by: Option<String>,
+}
+
+/// A running job's forecast at its measured pace (see [`JobInfo::forecast`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Forecast {
+    /// Seconds to the end at the current fleet.
+    pub eta_s: f64,
+    /// What it will have spent at the end, at the current fleet, when
+    /// its pool has a price.
+    pub cost_forecast: Option<f64>,
+    /// Seconds between the forecast end and the deadline (negative: late),
+    /// when it has one.
+    pub deadline_slack_s: Option<f64>,
 }
 
 /// A job that is a pipeline's stage: the pipeline's id, the stage's name
@@ -328,6 +346,33 @@ impl JobInfo {
         let rate = self.records_per_s.filter(|r| r.is_finite() && *r > 0.0)?;
         let left = total.saturating_sub(self.records_done);
         std::time::Duration::try_from_secs_f64(left as f64 / rate).ok()
+    }
+
+    /// Its forecast at `now_ms` (ms since the Unix epoch): the end at the
+    /// measured rate with the workers it holds, what it will have spent
+    /// then (its spend rate: the workers holding its shards at its pool's
+    /// price), and its slack to the deadline. `None` while it is not
+    /// running or its rate is not measured yet ("no forecast yet").
+    pub fn forecast(&self, now_ms: u64) -> Option<Forecast> {
+        if self.state != JobState::Running {
+            return None;
+        }
+        let eta_s = self.eta()?.as_secs_f64();
+        let cost_forecast = self
+            .cost_so_far
+            .zip(self.price_per_hour)
+            .map(|(spent, price)| spent + eta_s / 3600.0 * self.shards_leased as f64 * price);
+        let deadline_slack_s = self
+            .finish_by
+            .as_deref()
+            .and_then(|at| humantime::parse_rfc3339_weak(at).ok())
+            .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|at| at.as_secs_f64() - now_ms as f64 / 1000.0 - eta_s);
+        Some(Forecast {
+            eta_s,
+            cost_forecast,
+            deadline_slack_s,
+        })
     }
 
     /// Whether progress and [`JobInfo::eta`] rest on the estimated total.

@@ -75,7 +75,8 @@ pub struct JobSpec {
 #[serde(deny_unknown_fields)]
 pub struct LimitsSpec {
     /// The deadline, RFC 3339 (`"2026-12-01T06:00:00Z"`). A spec that says
-    /// `finish_within` has it written in at submit.
+    /// `finish_within` has it written in at submit (given both, this one
+    /// holds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_by: Option<String>,
     /// The deadline as a time from submit (`"6h"`).
@@ -115,12 +116,6 @@ impl LimitsSpec {
     }
 
     fn validate(&self) -> Result<(), SpecError> {
-        if self.finish_by.is_some() && self.finish_within.is_some() {
-            return Err(SpecError::invalid(
-                "limits.finish_within",
-                "give finish_by or finish_within, not both",
-            ));
-        }
         if self.finish_within.is_some_and(|d| d.is_zero()) {
             return Err(SpecError::invalid(
                 "limits.finish_within",

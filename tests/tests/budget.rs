@@ -29,14 +29,49 @@ fn a_job_pauses_at_its_budget_keeps_its_commits_and_finishes_when_it_is_raised()
     let root = tmp.path().join("root");
     // One worker-second costs 1.
     let coordinator = Coordinator::start(&root, tmp.path(), &["--price", "default=3600"]);
-    let job = coordinator.submit(&spec_file(tmp.path(), "capped.toml", "max_cost = 1.5"));
+    let job = coordinator.submit(&spec_file(
+        tmp.path(),
+        "capped.toml",
+        "max_cost = 1.5\nfinish_within = \"1h\"",
+    ));
     let status = coordinator.status(&job);
     assert_eq!(status["max_cost"], 1.5, "{status}");
     assert_eq!(status["cost_so_far"], 0.0, "{status}");
+    // The deadline from submit is written in; no forecast before a pace.
+    assert!(
+        status["finish_by"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{status}"
+    );
+    assert_eq!(
+        status["deadline_slack_s"],
+        serde_json::Value::Null,
+        "{status}"
+    );
+    let out = coordinator.cli(&["status", &job]);
+    assert!(
+        text(&out.stdout).contains("forecast: no forecast yet"),
+        "{}",
+        text(&out.stdout)
+    );
     let _w = coordinator.worker_with("stoke-worker", "w0", tmp.path(), &[], &[SLOW_BATCHES]);
-    // The spend moves as the worker holds the job.
-    wait_until("some spend", DEADLINE, || {
-        (coordinator.status(&job)["cost_so_far"].as_f64() > Some(0.2)).then_some(())
+    // The spend moves as the worker holds the job, and the forecast comes
+    // with the measured pace: what it will cost, and its slack to the
+    // deadline (about an hour here).
+    let first = wait_until("a forecast", DEADLINE, || {
+        let s = coordinator.status(&job);
+        (s["cost_so_far"].as_f64() > Some(0.2) && s["cost_forecast"].is_f64()).then_some(s)
+    });
+    let slack = first["deadline_slack_s"].as_f64().expect("slack");
+    assert!((3000.0..3600.0).contains(&slack), "{first}");
+    assert!(
+        first["cost_forecast"].as_f64() >= first["cost_so_far"].as_f64(),
+        "{first}"
+    );
+    wait_until("the spend to move", DEADLINE, || {
+        (coordinator.status(&job)["cost_so_far"].as_f64() > first["cost_so_far"].as_f64())
+            .then_some(())
     });
     let status = wait_until("the job paused at its budget", DEADLINE, || {
         let s = coordinator.status(&job);

@@ -20,6 +20,11 @@ impl Job {
 }
 
 impl State {
+    /// A worker-hour's price in `job`'s pool, if the coordinator has one.
+    pub(super) fn price_of(&self, job: &Job) -> Option<f64> {
+        self.config.price_of(job.spec.pool_name())
+    }
+
     /// What `job` spent so far, when its pool has a price.
     pub(super) fn spend_of(&self, job: &Job) -> Option<f64> {
         self.config

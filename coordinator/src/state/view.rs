@@ -51,6 +51,7 @@ impl Job {
         shards_leased: u64,
         waiting: Option<WaitReason>,
         spent: Option<f64>,
+        price: Option<f64>,
     ) -> JobInfo {
         JobInfo {
             job_id: self.id.clone(),
@@ -97,6 +98,8 @@ impl Job {
             isolating: self.isolating(),
             already_done: self.plan.incremental.as_ref().map(|i| i.already_done),
             cost_so_far: spent,
+            price_per_hour: price,
+            finish_by: self.spec.limits.finish_by.clone(),
             pipeline: self
                 .spec
                 .stage_of
@@ -185,7 +188,7 @@ impl State {
     /// why it waits takes a walk over the jobs.
     pub(super) fn info_of(&self, job: &Job) -> JobInfo {
         let waiting = self.wait_reasons().get(job.id.as_str()).copied();
-        job.info(job.leased, waiting, self.spend_of(job))
+        job.info(job.leased, waiting, self.spend_of(job), self.price_of(job))
     }
 
     pub fn get_job(&self, job_id: &str) -> Result<JobInfo> {
@@ -293,6 +296,7 @@ impl State {
                     shards_leased,
                     waiting.get(job.id.as_str()).copied(),
                     self.spend_of(job),
+                    self.price_of(job),
                 );
                 let records_per_s = job.rate.rate();
                 let remaining = info
@@ -436,6 +440,7 @@ impl State {
                     j.leased,
                     waiting.get(j.id.as_str()).copied(),
                     self.spend_of(j),
+                    self.price_of(j),
                 )
             })
             .collect()
