@@ -483,7 +483,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Pause { job, reason } => {
             let client = Client::connect(&cli.coordinator).await?;
-            let stages = pipelines::stages(&client, &job).await?;
+            let stages = stoke_client::pipeline::stages_of(&client, &job).await?;
             if !stages.is_empty() {
                 return pipelines::each_stage(&client, &stages, pipelines::Verb::Pause(&reason))
                     .await;
@@ -494,7 +494,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Resume { job } => {
             let client = Client::connect(&cli.coordinator).await?;
-            let stages = pipelines::stages(&client, &job).await?;
+            let stages = stoke_client::pipeline::stages_of(&client, &job).await?;
             if !stages.is_empty() {
                 return pipelines::each_stage(&client, &stages, pipelines::Verb::Resume).await;
             }
@@ -524,7 +524,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Cancel { job, reason } => {
             let client = Client::connect(&cli.coordinator).await?;
-            let stages = pipelines::stages(&client, &job).await?;
+            let stages = stoke_client::pipeline::stages_of(&client, &job).await?;
             if !stages.is_empty() {
                 return pipelines::each_stage(&client, &stages, pipelines::Verb::Cancel(&reason))
                     .await;

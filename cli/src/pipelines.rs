@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use stoke_client::Client;
-use stoke_client::pipeline::{new_pipeline_id, stages_in, submit_pipeline};
+use stoke_client::pipeline::{new_pipeline_id, submit_pipeline};
 use stoke_client::summary::{count, job_json, total};
 use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::pipeline::PipelineSpec;
@@ -17,7 +17,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::display::{columns, exit_code, print_summary};
 use crate::fleet;
-use crate::run::{INTERRUPTED, LocalRun, TERMINATED, connect_with_retry};
+use crate::run::{INTERRUPTED, LocalRun, TERMINATED, connect_with_retry, prewarm};
 use crate::watch;
 
 /// A pipeline's state from its stages': failed or cancelled when one is,
@@ -254,12 +254,6 @@ async fn refresh(client: &Client, stages: &[JobInfo]) -> anyhow::Result<Vec<JobI
     Ok(now)
 }
 
-/// The stages of `pipeline_id` on this coordinator, if it names a
-/// pipeline.
-pub(crate) async fn stages(client: &Client, pipeline_id: &str) -> anyhow::Result<Vec<JobInfo>> {
-    Ok(stages_in(client.list_jobs().await?, pipeline_id))
-}
-
 /// Pause, resume or cancel every stage of a pipeline not ended yet.
 pub(crate) async fn each_stage(
     client: &Client,
@@ -332,13 +326,11 @@ pub(crate) async fn run_local(
     let mut groups = Vec::new();
     let mut pool_stage: BTreeMap<String, usize> = BTreeMap::new();
     for (pool, of) in &pools {
-        let python = of
+        // What any of the pool's stages needs started at once.
+        let (python, loading) = of
             .iter()
-            .any(|&i| pipeline.stages[i].1.processor.python.is_some());
-        let loading = of.iter().any(|&i| {
-            let spec = &pipeline.stages[i].1;
-            spec.processor.python.is_some() && spec.loading.workers.is_some_and(|n| n > 0)
-        });
+            .map(|&i| prewarm(&pipeline.stages[i].1))
+            .fold((false, false), |(p, l), (a, b)| (p || a, l || b));
         // The pool's stage a worker's exit is weighed against: its last.
         let stage = of.last().copied().unwrap_or(0);
         pool_stage.insert(pool.clone(), stage);

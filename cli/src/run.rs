@@ -193,9 +193,8 @@ impl LocalRun {
             threads,
             pool: spec.pool_name().to_string(),
             name_prefix: "local".to_string(),
-            python_prewarm: spec.processor.python.is_some(),
-            python_prewarm_loading: spec.processor.python.is_some()
-                && spec.loading.workers.is_some_and(|n| n > 0),
+            python_prewarm: prewarm(&spec).0,
+            python_prewarm_loading: prewarm(&spec).1,
             workers: self.workers,
         };
         let mut workers = fleet::Fleet::start(command, self.workers, fleet::Progress::of(&job))?;
@@ -430,6 +429,17 @@ fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
         };
         bail!("no {name} next to {} ({how})", exe.display())
     }
+}
+
+/// Whether workers for `spec` start Python at once (a Python processor:
+/// `--python-prewarm`), and the fork server of its load processes too
+/// (`[loading] workers` above 0: `--python-prewarm-loading`).
+pub(crate) fn prewarm(spec: &JobSpec) -> (bool, bool) {
+    let python = spec.processor.python.is_some();
+    (
+        python,
+        python && spec.loading.workers.is_some_and(|n| n > 0),
+    )
 }
 
 pub(crate) async fn connect_with_retry(addr: &str) -> anyhow::Result<Client> {

@@ -144,7 +144,7 @@ impl State {
     pub fn commit(&mut self, req: ReqId, commit: Commit, now: Instant) {
         // A pipeline stage's commit waits while the next stage has enough
         // of its objects to read (`pipeline.rs`).
-        let Some(commit) = self.hold(req, commit, now) else {
+        let Some(commit) = self.hold(req, commit) else {
             return;
         };
         self.commit_now(req, commit, now);

@@ -521,7 +521,7 @@ fn failed_unfinished(p: &ProgressRecord) -> bool {
 /// `uri` as a folder (a prefix ending in `/`), for listing.
 /// Whether a job's inputs are all known at submit: not for a pipeline
 /// stage that reads the stage before.
-fn spec_reads_a_stage(spec: &JobSpec) -> bool {
+fn inputs_known_at_submit(spec: &JobSpec) -> bool {
     spec.dataset.format != stoke_core::spec::DatasetFormat::Stage
 }
 
@@ -555,7 +555,7 @@ impl Job {
             None => (location, None),
         };
         let staging = layout.staging_for(&output);
-        let spec_for_inputs = Arc::clone(&spec);
+        let inputs_complete = inputs_known_at_submit(&spec);
         let shards: Vec<ShardState> = plan
             .shards
             .iter()
@@ -600,7 +600,7 @@ impl Job {
             account: account::Account::new(now),
             repeats: Default::default(),
             reduce: Default::default(),
-            inputs_complete: spec_reads_a_stage(&spec_for_inputs),
+            inputs_complete,
             held: VecDeque::new(),
             budget_paused: false,
         }

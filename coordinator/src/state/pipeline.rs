@@ -123,7 +123,7 @@ impl State {
     /// consumed enough; `Some` to apply it now. Commits of a paused or
     /// ending stage, and a first object that alone exceeds the bound, go
     /// through.
-    pub(super) fn hold(&mut self, req: ReqId, commit: Commit, _now: Instant) -> Option<Commit> {
+    pub(super) fn hold(&mut self, req: ReqId, commit: Commit) -> Option<Commit> {
         if commit.outputs.is_empty() {
             return Some(commit);
         }
