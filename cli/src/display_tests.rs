@@ -31,6 +31,9 @@ fn job(id: &str, shards: u64, records: Option<u64>) -> JobInfo {
         cost_so_far: None,
         price_per_hour: None,
         finish_by: None,
+        workers_wanted: None,
+        deadline_risk: None,
+        events: Vec::new(),
     }
 }
 

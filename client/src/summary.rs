@@ -61,6 +61,9 @@ pub fn summary(job: &JobInfo) -> String {
     {
         let _ = writeln!(out, "forecast: {}", forecast_line(job, now_ms()));
     }
+    if let Some(risk) = &job.deadline_risk {
+        let _ = writeln!(out, "deadline at risk: {risk}");
+    }
     if let Some(waiting) = &job.schedule.waiting {
         // Why it gets no worker: `no worker in pool "gpu"`, `queue full`...
         let _ = writeln!(out, "waiting: {waiting}");
@@ -88,6 +91,15 @@ pub fn summary(job: &JobInfo) -> String {
     let _ = writeln!(out, "outputs: {}", local_path(&job.output_uri));
     if let Some(m) = &job.manifest_uri {
         let _ = writeln!(out, "manifest: {}", local_path(m));
+    }
+    if !job.events.is_empty() {
+        let _ = writeln!(out, "events:");
+        for e in &job.events {
+            let at = humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(e.at_ms),
+            );
+            let _ = writeln!(out, "  {at}  {}", e.message);
+        }
     }
     out
 }
@@ -143,6 +155,17 @@ pub fn job_json(job: &JobInfo) -> serde_json::Value {
         "cost_forecast": forecast.and_then(|f| f.cost_forecast),
         "finish_by": job.finish_by,
         "deadline_slack_s": forecast.and_then(|f| f.deadline_slack_s),
+        // With a deadline and a pace: the workers that finish it in time
+        // (capped by max_workers and max_cost), and the end with them.
+        "workers_wanted": job.workers_wanted,
+        "eta_wanted_s": forecast.and_then(|f| f.eta_wanted_s),
+        // Whether it cannot make its deadline even at its cap, and why.
+        "deadline_at_risk": job.finish_by.as_ref().map(|_| job.deadline_risk.is_some()),
+        "deadline_risk": job.deadline_risk,
+        "events": job.events.iter().map(|e| serde_json::json!({
+            "at_ms": e.at_ms,
+            "message": e.message,
+        })).collect::<Vec<_>>(),
         "waiting": job.schedule.waiting,
         "crashes": job.crashes,
         "isolating": job.isolating,
@@ -182,8 +205,38 @@ pub fn forecast_line(job: &JobInfo, now_ms: u64) -> String {
         } else {
             line.push_str(&format!("; late by {} at {workers}", span(slack)));
         }
+        if let Some(wanted) = job.workers_wanted.filter(|&n| n != job.shards_leased)
+            && let Some(by) = job.finish_by.as_deref()
+        {
+            line.push_str(&format!(
+                "; {wanted} wanted to finish by {}",
+                deadline_words(by, now_ms)
+            ));
+            if let Some(eta) = f.eta_wanted_s {
+                line.push_str(&format!(" (done in {} with them)", span(eta)));
+            }
+        }
     }
     line
+}
+
+/// A deadline in few words: `06:00 UTC` within a day of `now_ms`, else
+/// `2026-12-01 06:00 UTC`.
+fn deadline_words(at: &str, now_ms: u64) -> String {
+    let Ok(t) = humantime::parse_rfc3339_weak(at) else {
+        return at.to_string();
+    };
+    let ms = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    // "2026-12-01T06:00:00Z"
+    let full = humantime::format_rfc3339_seconds(t).to_string();
+    let (date, time) = (&full[..10], &full[11..16]);
+    if ms.abs_diff(now_ms) < 86_400_000 {
+        format!("{time} UTC")
+    } else {
+        format!("{date} {time} UTC")
+    }
 }
 
 /// A duration as `1h 20m`, `12m 30s`, `45s`.
@@ -230,6 +283,9 @@ mod tests {
             cost_so_far: Some(10.0),
             price_per_hour: Some(3.6),
             finish_by: Some("2026-12-01T06:00:00Z".into()),
+            workers_wanted: None,
+            deadline_risk: None,
+            events: Vec::new(),
         }
     }
 
@@ -249,6 +305,25 @@ mod tests {
         assert_eq!(
             forecast_line(&job, deadline_ms - 1_200_000),
             "done in 1h 0m, 17.20 at the end; late by 40m 0s at 2 workers"
+        );
+        // Asking for 4 workers: twice the pace, done in 30 minutes.
+        let asking = JobInfo {
+            workers_wanted: Some(4),
+            ..job.clone()
+        };
+        let f = asking
+            .forecast(deadline_ms - 1_200_000)
+            .expect("a forecast");
+        assert_eq!(f.eta_wanted_s, Some(1800.0));
+        assert_eq!(
+            forecast_line(&asking, deadline_ms - 1_200_000),
+            "done in 1h 0m, 17.20 at the end; late by 40m 0s at 2 workers; \
+             4 wanted to finish by 06:00 UTC (done in 30m 0s with them)"
+        );
+        assert_eq!(
+            forecast_line(&asking, deadline_ms - 3 * 86_400_000),
+            "done in 1h 0m, 17.20 at the end; on track, 71h 0m before the deadline at 2 workers; \
+             4 wanted to finish by 2026-12-01 06:00 UTC (done in 30m 0s with them)"
         );
         let unmeasured = JobInfo {
             records_per_s: None,

@@ -49,6 +49,10 @@ pub struct CoordinatorConfig {
     /// What a worker-hour costs in each pool (`--price POOL=PRICE`), in
     /// the currency of jobs' `[limits] max_cost`.
     pub prices: BTreeMap<String, f64>,
+    /// How long a new worker takes to start working (an autoscaler's
+    /// reaction, a node, the model's load): a job with a deadline counts
+    /// on the workers it adds only after it (`--startup-margin`).
+    pub startup_margin: Duration,
     /// Most leases preempted per second (0: no preemption).
     pub preempt_per_s: u32,
     /// A lease younger than this is not preempted.
@@ -60,6 +64,7 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 pub const DEFAULT_MAX_SPEC_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_MAX_JOBS: usize = 1000;
 pub const DEFAULT_PREEMPT_PER_S: u32 = 10;
+pub const DEFAULT_STARTUP_MARGIN: Duration = Duration::from_secs(120);
 pub const DEFAULT_PREEMPT_MIN_AGE: Duration = Duration::from_secs(10);
 /// How often preemption is considered, at most: a high-priority job waits
 /// at most this long (plus a batch and the drain) for its first worker.
@@ -82,6 +87,7 @@ impl CoordinatorConfig {
             pools: BTreeSet::new(),
             default_pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
             prices: BTreeMap::new(),
+            startup_margin: DEFAULT_STARTUP_MARGIN,
             preempt_per_s: DEFAULT_PREEMPT_PER_S,
             preempt_min_age: DEFAULT_PREEMPT_MIN_AGE,
         }

@@ -88,6 +88,11 @@ struct Args {
     /// comma-separated): jobs' `[limits] max_cost` is counted in it.
     #[arg(long = "price", env = "STOKE_PRICES", value_delimiter = ',')]
     price: Vec<String>,
+    /// How long a new worker takes to start working (the autoscaler, the
+    /// node, the model's load): a job with a deadline counts on the
+    /// workers it asks for only after it ("2m").
+    #[arg(long, env = "STOKE_STARTUP_MARGIN", default_value = "2m", value_parser = humantime::parse_duration)]
+    startup_margin: Duration,
     /// The pool of jobs whose spec names none (written into their spec at
     /// submit); with --pool it is one of the pools served.
     #[arg(long, env = "STOKE_DEFAULT_POOL", default_value = stoke_core::schedule::DEFAULT_POOL)]
@@ -128,6 +133,8 @@ struct Resolved {
     pools: std::collections::BTreeSet<String>,
     default_pool: String,
     prices: std::collections::BTreeMap<String, f64>,
+    #[serde(with = "humantime_serde")]
+    startup_margin: Duration,
     preempt_per_s: u32,
     #[serde(with = "humantime_serde")]
     preempt_min_age: Duration,
@@ -190,7 +197,8 @@ impl Args {
         }
         stoke_core::schedule::validate_pool(&self.default_pool)
             .map_err(|e| anyhow::anyhow!("--default-pool {:?}: {e}", self.default_pool))?;
-        let mut prices = std::collections::BTreeMap::new();
+        // The file's prices, then the flags' (they win).
+        let mut prices = queues.prices.clone();
         for arg in &self.price {
             let (pool, price) = arg.split_once('=').ok_or_else(|| {
                 anyhow::anyhow!(
@@ -211,6 +219,7 @@ impl Args {
         }
         Ok(Resolved {
             prices,
+            startup_margin: self.startup_margin,
             pools,
             default_pool: self.default_pool.clone(),
             queue_borrow: self.queue_borrow || queues.borrow,
@@ -311,6 +320,7 @@ fn run() -> anyhow::Result<()> {
     config.pools = resolved.pools.clone();
     config.default_pool = resolved.default_pool.clone();
     config.prices = resolved.prices.clone();
+    config.startup_margin = resolved.startup_margin;
     config.preempt_per_s = resolved.preempt_per_s;
     config.preempt_min_age = resolved.preempt_min_age;
     let stores = Stores::with_config(resolved.store.clone());

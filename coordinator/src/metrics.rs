@@ -323,6 +323,20 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         "Input records committed, per job",
         records_done,
     );
+    let at_risk = Family::<Labels, Gauge>::default();
+    for job in jobs
+        .iter()
+        .filter(|j| j.finish_by.is_some() && j.state == JobState::Running)
+    {
+        at_risk
+            .get_or_create(&labels([("job", job.job_id.as_str())]))
+            .set(i64::from(job.deadline_risk.is_some()));
+    }
+    registry.register(
+        "stoke_job_deadline_at_risk",
+        "1 while a running job cannot make its deadline even at its cap (max_workers, max_cost), else 0; jobs with a deadline only",
+        at_risk,
+    );
     registry.register(
         "stoke_job_records_skipped",
         "Bad records skipped, per job",
@@ -576,8 +590,36 @@ mod tests {
             cost_so_far: None,
             price_per_hour: None,
             finish_by: None,
+            workers_wanted: None,
+            deadline_risk: None,
+            events: Vec::new(),
         };
-        let body = render(&[job], &snapshot).expect("render");
+        // One job with a deadline it cannot make, one on track.
+        let at_risk = JobInfo {
+            job_id: "late".to_string(),
+            finish_by: Some("2026-12-01T06:00:00Z".to_string()),
+            deadline_risk: Some("it needs 9 workers to finish in time; max_workers = 3".into()),
+            ..job.clone()
+        };
+        let on_track = JobInfo {
+            job_id: "soon".to_string(),
+            finish_by: Some("2026-12-01T06:00:00Z".to_string()),
+            ..job.clone()
+        };
+        let body = render(&[job, at_risk, on_track], &snapshot).expect("render");
+        assert_eq!(
+            line(&body, "stoke_job_deadline_at_risk{job=\"late\"}"),
+            Some("1")
+        );
+        assert_eq!(
+            line(&body, "stoke_job_deadline_at_risk{job=\"soon\"}"),
+            Some("0")
+        );
+        assert_eq!(
+            line(&body, "stoke_job_deadline_at_risk{job=\"j\"}"),
+            None,
+            "no deadline, no gauge"
+        );
         assert_eq!(line(&body, "stoke_leases_granted_total"), Some("7"));
         assert_eq!(
             line(&body, "stoke_worker_crashes_total{job=\"j\"}"),
@@ -609,7 +651,7 @@ mod tests {
             line(&body, "stoke_job_shards{job=\"j\",state=\"pending\"}"),
             Some("2")
         );
-        assert_eq!(line(&body, "stoke_jobs{state=\"running\"}"), Some("1"));
+        assert_eq!(line(&body, "stoke_jobs{state=\"running\"}"), Some("3"));
         assert_eq!(
             line(
                 &body,

@@ -6,9 +6,13 @@
 //! [queues]
 //! team-a = 8             # at most 8 leases at once
 //! team-b = 4
+//! [prices]               # as --price: a worker-hour per pool
+//! gpu = 2.50
+//! cpu = 0.20
 //! ```
 //!
-//! A flag names a queue the file also names: the flag wins.
+//! A flag names a queue (or prices a pool) the file also names: the flag
+//! wins.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -34,13 +38,16 @@ pub enum QueueConfigError {
 }
 
 /// Queues with their caps, and whether a queue at its cap may borrow.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QueueConfig {
     #[serde(default)]
     pub borrow: bool,
     #[serde(default)]
     pub queues: BTreeMap<String, u64>,
+    /// What a worker-hour costs in each pool.
+    #[serde(default)]
+    pub prices: BTreeMap<String, f64>,
 }
 
 impl QueueConfig {
@@ -64,6 +71,20 @@ impl QueueConfig {
                 return Err(QueueConfigError::File {
                     path: shown,
                     message: format!("queues.{name}: the cap must be at least 1, got 0"),
+                });
+            }
+        }
+        for (pool, price) in &config.prices {
+            stoke_core::schedule::validate_pool(pool).map_err(|e| QueueConfigError::File {
+                path: shown.clone(),
+                message: format!("prices.{pool}: {e}"),
+            })?;
+            if !(price.is_finite() && *price >= 0.0) {
+                return Err(QueueConfigError::File {
+                    path: shown,
+                    message: format!(
+                        "prices.{pool}: the price must be a number of at least 0, got {price}"
+                    ),
                 });
             }
         }
@@ -138,5 +159,23 @@ mod tests {
         std::fs::write(&path, "borow = true\n").expect("write");
         let e = QueueConfig::from_file(&path).expect_err("typo").to_string();
         assert!(e.contains("borow"), "{e}");
+    }
+
+    #[test]
+    fn a_file_prices_pools_and_names_a_bad_price() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("coordinator.toml");
+        std::fs::write(&path, "[prices]\ngpu = 2.5\ncpu = 0.2\n").expect("write");
+        let config = QueueConfig::from_file(&path).expect("valid");
+        assert_eq!(config.prices.get("gpu"), Some(&2.5));
+        assert_eq!(config.prices.get("cpu"), Some(&0.2));
+        std::fs::write(&path, "[prices]\ngpu = -1.0\n").expect("write");
+        let e = QueueConfig::from_file(&path)
+            .expect_err("negative")
+            .to_string();
+        assert!(
+            e.contains("prices.gpu: the price must be a number of at least 0, got -1"),
+            "{e}"
+        );
     }
 }

@@ -81,6 +81,16 @@ impl From<JobInfo> for pb::JobInfo {
             cost_so_far: j.cost_so_far,
             price_per_hour: j.price_per_hour,
             finish_by: j.finish_by.unwrap_or_default(),
+            workers_wanted: j.workers_wanted,
+            deadline_risk: j.deadline_risk.unwrap_or_default(),
+            events: j
+                .events
+                .into_iter()
+                .map(|e| pb::JobEvent {
+                    at_ms: e.at_ms,
+                    message: e.message,
+                })
+                .collect(),
             pipeline: j.pipeline.map(|p| pb::PipelineStage {
                 pipeline: p.pipeline,
                 stage: p.stage,
@@ -137,6 +147,16 @@ impl TryFrom<pb::JobInfo> for JobInfo {
             cost_so_far: j.cost_so_far.filter(|c| c.is_finite()),
             price_per_hour: j.price_per_hour.filter(|c| c.is_finite()),
             finish_by: non_empty(j.finish_by),
+            workers_wanted: j.workers_wanted,
+            deadline_risk: non_empty(j.deadline_risk),
+            events: j
+                .events
+                .into_iter()
+                .map(|e| crate::records::JobEvent {
+                    at_ms: e.at_ms,
+                    message: e.message,
+                })
+                .collect(),
             pipeline: j.pipeline.map(|p| crate::records::PipelineStage {
                 pipeline: p.pipeline,
                 stage: p.stage,
@@ -988,6 +1008,14 @@ mod tests {
             cost_so_far: Some(12.5),
             price_per_hour: Some(2.5),
             finish_by: Some("2026-12-01T06:00:00Z".into()),
+            workers_wanted: Some(5),
+            deadline_risk: Some(
+                "needs 9 workers to finish by its deadline; max_workers = 3".into(),
+            ),
+            events: vec![crate::records::JobEvent {
+                at_ms: 1_796_100_000_000,
+                message: "deadline at risk".into(),
+            }],
             pipeline: Some(crate::records::PipelineStage {
                 pipeline: "images-1".into(),
                 stage: "decode".into(),

@@ -282,6 +282,25 @@ pub struct JobInfo {
     /// Its deadline (`[limits] finish_by`, or `finish_within` from submit),
     /// RFC 3339.
     pub finish_by: Option<String>,
+    /// With a deadline and a measured pace: the workers that finish it by
+    /// then, capped by `max_workers` and by what `max_cost` can still pay
+    /// (what it adds to `stoke_workers_wanted`).
+    pub workers_wanted: Option<u64>,
+    /// Why it cannot make its deadline even at its cap; `None` while it can
+    /// (or has no deadline).
+    pub deadline_risk: Option<String>,
+    /// What happened to it that its user should know (its deadline at
+    /// risk, its budget reached), oldest first; the coordinator keeps the
+    /// last few of this run.
+    pub events: Vec<JobEvent>,
+}
+
+/// Something that happened to a job (see [`JobInfo::events`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobEvent {
+    /// When, in ms since the Unix epoch.
+    pub at_ms: u64,
+    pub message: String,
 }
 
 /// A running job's forecast at its measured pace (see [`JobInfo::forecast`]).
@@ -295,6 +314,9 @@ pub struct Forecast {
     /// Seconds between the forecast end and the deadline (negative: late),
     /// when it has one.
     pub deadline_slack_s: Option<f64>,
+    /// Seconds to the end with the workers it asks for
+    /// ([`JobInfo::workers_wanted`]), at the same pace per worker.
+    pub eta_wanted_s: Option<f64>,
 }
 
 /// A job that is a pipeline's stage: the pipeline's id, the stage's name
@@ -368,10 +390,16 @@ impl JobInfo {
             .and_then(|at| humantime::parse_rfc3339_weak(at).ok())
             .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|at| at.as_secs_f64() - now_ms as f64 / 1000.0 - eta_s);
+        // Its pace per worker holding a shard, times the workers it asks for.
+        let eta_wanted_s = self
+            .workers_wanted
+            .filter(|&n| n > 0 && self.shards_leased > 0)
+            .map(|n| eta_s * self.shards_leased as f64 / n as f64);
         Some(Forecast {
             eta_s,
             cost_forecast,
             deadline_slack_s,
+            eta_wanted_s,
         })
     }
 

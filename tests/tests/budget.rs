@@ -1,8 +1,10 @@
 //! Spending caps with real processes: a job whose `[limits] max_cost` is
 //! small enough pauses midway, naming its budget, with what it committed
 //! kept; `stoke set --max-cost` finishes it, every record once; `status
-//! --json` shows the spend as it grows; a cap without a price, and a
-//! deadline already past, are refused at submit.
+//! --json` shows the spend as it grows; a job that cannot make its
+//! deadline at its cap says so once (events, `/metrics`) and keeps
+//! running; a cap without a price, and a deadline already past, are
+//! refused at submit.
 
 use std::path::Path;
 
@@ -102,6 +104,75 @@ fn a_job_pauses_at_its_budget_keeps_its_commits_and_finishes_when_it_is_raised()
         text(&out.stdout)
     );
     coordinator.wait_success(&job);
+    assert_matches_reference(&committed_rows(&manifest(&root, &job)));
+}
+
+/// Each checkpoint waits 300 ms: one worker takes 18 s or more for the
+/// 3,000 records.
+const SLOWER_BATCHES: (&str, &str) = (
+    "FAILPOINTS",
+    "worker::after_upload_before_commit=sleep(300)",
+);
+
+#[test]
+fn a_job_that_cannot_make_its_deadline_at_its_cap_says_so_once_and_finishes() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--startup-margin", "1s"]);
+    let job = coordinator.submit(&spec_file(
+        tmp.path(),
+        "late.toml",
+        "finish_within = \"4s\"",
+    ));
+    let out = coordinator.cli(&["set", &job, "--max-workers", "1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let _w = coordinator.worker_with("stoke-worker", "w0", tmp.path(), &[], &[SLOWER_BATCHES]);
+    // Sized from its pace: one worker cannot make 4 s, and it may have
+    // only one.
+    let status = wait_until("the deadline at risk", DEADLINE, || {
+        let s = coordinator.status(&job);
+        (s["deadline_at_risk"] == true).then_some(s)
+    });
+    assert_eq!(status["state"], "running", "{status}");
+    assert_eq!(status["workers_wanted"], 1, "capped: {status}");
+    let risk = status["deadline_risk"].as_str().unwrap_or_default();
+    assert!(
+        (risk.starts_with("it needs ")
+            && risk.ends_with(" workers to finish in time; max_workers = 1"))
+            || risk.starts_with("its deadline passed with ")
+            || risk.contains("nearer than a new worker's start"),
+        "{status}"
+    );
+    let (code, body) = http_get(&coordinator.http_addr, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    assert_eq!(
+        metric(
+            &body,
+            &format!("stoke_job_deadline_at_risk{{job=\"{job}\"}}")
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    let out = coordinator.cli(&["status", &job]);
+    assert!(
+        text(&out.stdout).contains("deadline at risk: "),
+        "{}",
+        text(&out.stdout)
+    );
+    // It keeps running to the end; the warning was given once.
+    coordinator.wait_success(&job);
+    let status = coordinator.status(&job);
+    let said: Vec<&serde_json::Value> = status["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| {
+            e["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("deadline at risk: "))
+        })
+        .collect();
+    assert_eq!(said.len(), 1, "{status}");
     assert_matches_reference(&committed_rows(&manifest(&root, &job)));
 }
 

@@ -34,7 +34,8 @@ impl State {
 
     /// Pauses each running job whose spend reached its cap (see the module
     /// docs). Called at each tick: O(jobs).
-    pub(super) fn enforce_budgets(&mut self) {
+    pub(super) fn enforce_budgets(&mut self, now: tokio::time::Instant) {
+        let now_ms = self.unix_ms(now);
         let mut reached = Vec::new();
         for job in self.jobs.values() {
             let Some(cap) = job.schedule.max_cost else {
@@ -55,6 +56,7 @@ impl State {
             info!(job = %job_id, cap, spent, "job paused: its budget is spent");
             if let Some(job) = self.jobs.get_mut(&job_id) {
                 job.budget_paused = true;
+                job.event(now_ms, format!("paused: {reason}"));
             }
             self.job_cmd(None, &job_id, JobCmd::Pause(reason));
         }

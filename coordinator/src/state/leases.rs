@@ -332,7 +332,8 @@ impl State {
     pub fn tick(&mut self, now: Instant) {
         self.account_time(now);
         self.account_stage_waits(now);
-        self.enforce_budgets();
+        self.enforce_budgets(now);
+        self.size_deadlines(now);
         self.sample_rates(now);
         // Only leased shards can expire: walk the sessions' leases (one per
         // busy processor), not every shard of every job.

@@ -54,6 +54,7 @@ mod backup;
 mod budget;
 mod commit;
 mod crash;
+mod deadline;
 mod effects;
 mod finish;
 mod jobs;
@@ -311,6 +312,10 @@ struct Job {
     /// Paused because its spend reached its cap (`budget.rs`): a higher
     /// cap resumes it.
     budget_paused: bool,
+    /// Its deadline and the fleet it asks for to meet it (`deadline.rs`).
+    deadline: Option<deadline::Deadline>,
+    /// What happened to it that its user should know, oldest first.
+    events: deadline::Events,
     /// Commits of this pipeline stage held until the next stage consumed
     /// enough (`pipeline.rs`), oldest first.
     held: VecDeque<pipeline::HeldCommit>,
@@ -543,6 +548,13 @@ impl Job {
             .as_deref()
             .and_then(|u| StoreUri::parse(u).ok())
             .unwrap_or_else(|| layout.default_output());
+        // Checked at submit; a stored one that no longer parses has none.
+        let deadline = spec
+            .limits
+            .finish_by_ms()
+            .ok()
+            .flatten()
+            .map(deadline::Deadline::new);
         // A Delta job's objects go into its own folder in the table.
         let (output, delta) = match spec.output.delta() {
             Some(commit) => (
@@ -603,6 +615,8 @@ impl Job {
             inputs_complete,
             held: VecDeque::new(),
             budget_paused: false,
+            deadline,
+            events: Default::default(),
         }
     }
 
@@ -750,6 +764,8 @@ pub struct State {
     accounted_at: Option<Instant>,
     /// Splits being stored (see `split.rs`).
     splits_in_flight: usize,
+    /// The wall clock against the state's (deadlines, events).
+    wall: deadline::WallClock,
 }
 
 impl State {
@@ -776,7 +792,15 @@ impl State {
             preempted_at: schedule::PreemptTimes::new(),
             accounted_at: None,
             splits_in_flight: 0,
+            wall: deadline::WallClock::now(),
         }
+    }
+
+    /// Ties the state's clock to the wall clock: `at` is `unix_ms` (for
+    /// tests on a paused clock).
+    #[cfg(feature = "test-util")]
+    pub fn set_wall_clock(&mut self, at: Instant, unix_ms: u64) {
+        self.wall = deadline::WallClock::at(at, unix_ms);
     }
 
     #[cfg(feature = "test-util")]

@@ -108,6 +108,10 @@ impl Victim {
 struct Rank<'a> {
     borrowing: bool,
     priority: i64,
+    /// Its deadline (ms), while it holds fewer workers than the deadline
+    /// asks for: of two such jobs the earlier deadline goes first, and
+    /// either before a job without one (`deadline.rs`).
+    urgent: Option<u64>,
     /// A pipeline's stage: (pipeline, place). Of two stages of one
     /// pipeline, the later goes first: it drains what the earlier
     /// committed, so fewer intermediates wait.
@@ -118,13 +122,36 @@ struct Rank<'a> {
     order: usize,
 }
 
-impl Rank<'_> {
+impl<'a> Rank<'a> {
+    fn of(job: &'a Job, borrowing: bool) -> Self {
+        Rank {
+            borrowing,
+            priority: job.schedule.priority,
+            urgent: job.urgent_deadline(),
+            stage: job
+                .spec
+                .stage_of
+                .as_ref()
+                .map(|s| (s.pipeline.as_str(), s.index)),
+            leased: job.leased,
+            weight: job.schedule.weight,
+            pass: job.pass,
+            order: job.seq,
+        }
+    }
+
     fn better_than(&self, other: &Rank) -> bool {
         if self.borrowing != other.borrowing {
             return !self.borrowing;
         }
         if self.priority != other.priority {
             return self.priority > other.priority;
+        }
+        match (self.urgent, other.urgent) {
+            (Some(mine), Some(theirs)) if mine != theirs => return mine < theirs,
+            (Some(_), None) => return true,
+            (None, Some(_)) => return false,
+            _ => {}
         }
         if let (Some((mine, a)), Some((theirs, b))) = (self.stage, other.stage)
             && mine == theirs
@@ -234,19 +261,7 @@ impl State {
             if full && !self.config.queue_borrow {
                 continue;
             }
-            let rank = Rank {
-                borrowing: full,
-                priority: job.schedule.priority,
-                stage: job
-                    .spec
-                    .stage_of
-                    .as_ref()
-                    .map(|s| (s.pipeline.as_str(), s.index)),
-                leased: job.leased,
-                weight: job.schedule.weight,
-                pass: job.pass,
-                order: job.seq,
-            };
+            let rank = Rank::of(job, full);
             if best.as_ref().is_some_and(|(b, _)| !rank.better_than(b)) {
                 continue;
             }
@@ -602,19 +617,7 @@ impl State {
             if room == 0 {
                 continue;
             }
-            let rank = Rank {
-                borrowing: false,
-                priority: job.schedule.priority,
-                stage: job
-                    .spec
-                    .stage_of
-                    .as_ref()
-                    .map(|s| (s.pipeline.as_str(), s.index)),
-                leased: job.leased,
-                weight: job.schedule.weight,
-                pass: job.pass,
-                order: job.seq,
-            };
+            let rank = Rank::of(job, false);
             if best.as_ref().is_none_or(|(b, _, _)| rank.better_than(b)) {
                 best = Some((rank, &job.id, room));
             }
@@ -713,10 +716,13 @@ impl State {
 }
 
 impl Job {
-    /// Workers the job could keep busy now: its leased and pending shards,
-    /// capped by its `max_workers`.
+    /// Workers the job asks for: with a deadline and a measured pace, those
+    /// that finish it in time (`deadline.rs`); else those it could keep
+    /// busy now, its leased and pending shards; capped by `max_workers`.
     fn workers_wanted(&self) -> u64 {
-        let wanted = self.pending.len() as u64 + self.leased;
+        let wanted = self
+            .deadline_wanted()
+            .unwrap_or(self.pending.len() as u64 + self.leased);
         self.schedule.max_workers.map_or(wanted, |m| wanted.min(m))
     }
 }

@@ -100,6 +100,13 @@ impl Job {
             cost_so_far: spent,
             price_per_hour: price,
             finish_by: self.spec.limits.finish_by.clone(),
+            workers_wanted: self.deadline_wanted().filter(|_| self.life.running()),
+            deadline_risk: self
+                .deadline
+                .as_ref()
+                .and_then(|d| d.risk.clone())
+                .filter(|_| self.life.running()),
+            events: self.events.iter().cloned().collect(),
             pipeline: self
                 .spec
                 .stage_of
@@ -117,7 +124,7 @@ impl Job {
     /// the planned bytes over the bytes per record of the shards done so
     /// far. Split shards share their origin's bytes: they count once, for
     /// the total, and not for the rate.
-    fn records_total_estimate(&self) -> Option<u64> {
+    pub(super) fn records_total_estimate(&self) -> Option<u64> {
         if self.plan.records_total.is_some() || self.life.succeeded() {
             return None;
         }

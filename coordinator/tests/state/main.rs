@@ -7,6 +7,7 @@ mod backup;
 mod budget;
 mod commits;
 mod crashes;
+mod deadlines;
 mod jobs;
 mod leases;
 mod metrics;

@@ -1,0 +1,444 @@
+//! Deadlines (`[limits] finish_by`, or `finish_within` from submit): the
+//! fleet a job asks for, its place among jobs of its priority, and the
+//! one warning that it cannot make it.
+//!
+//! At each tick a running job with a deadline is sized: the workers that
+//! commit its remaining records by `finish_by` at its measured pace (the
+//! median over its workers of records per second of lease held, as the
+//! splitter measures it). The workers it holds work until the deadline; a
+//! worker it adds works only after the start-up margin
+//! (`--startup-margin`: the time an autoscaler takes to bring a worker
+//! up). So with `L` workers, `T` seconds to the deadline, margin `m` and
+//! pace `p`, it wants
+//!
+//! - `ceil(left / (p·T))` when the workers it holds finish in time (it
+//!   may give some back), else
+//! - `L + ceil((left − L·p·T) / (p·(T − m)))`,
+//!
+//! capped by `max_workers` and by what `max_cost` can still pay: the
+//! work left costs the same on any number of workers, so what more
+//! workers cost is their start (the median time its workers took to
+//! their first commit); when the cap cannot pay for the work left at all,
+//! it asks for the workers that spend what is left by the deadline.
+//! That count is what it adds to `stoke_workers_wanted{pool}`; before its
+//! pace is measured it asks as a job without a deadline does.
+//!
+//! A job that cannot make its deadline even at its cap (the workers it
+//! needs are more than its cap, its budget runs out first, or the
+//! deadline is nearer than a new worker's start) is flagged
+//! (`stoke_job_deadline_at_risk{job} 1`, `deadline_risk` in its status)
+//! and says so once in its events and the log. It keeps running.
+//!
+//! Among running jobs of equal priority, one with a deadline that holds
+//! fewer workers than it asks for goes first, the earliest deadline
+//! first (`schedule.rs`).
+//!
+//! The state machine's clock is tokio's `Instant`; deadlines are wall-clock
+//! times. [`WallClock`] ties the two together once, when the state is made
+//! (tests set it).
+
+use std::collections::VecDeque;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use stoke_core::records::JobEvent;
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::{Job, State};
+
+/// The events a job keeps (the most recent).
+const EVENTS_KEPT: usize = 32;
+
+/// An instant of the state's clock and the wall-clock time then.
+#[derive(Debug, Clone, Copy)]
+pub struct WallClock {
+    at: Instant,
+    unix_ms: u64,
+}
+
+impl WallClock {
+    /// Now, by both clocks.
+    pub fn now() -> Self {
+        Self::at(
+            Instant::now(),
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        )
+    }
+
+    /// `at` is `unix_ms` ms since the Unix epoch.
+    pub fn at(at: Instant, unix_ms: u64) -> Self {
+        Self { at, unix_ms }
+    }
+
+    /// `now` in ms since the Unix epoch.
+    pub fn unix_ms(&self, now: Instant) -> u64 {
+        if now >= self.at {
+            self.unix_ms
+                .saturating_add(now.duration_since(self.at).as_millis() as u64)
+        } else {
+            self.unix_ms
+                .saturating_sub(self.at.duration_since(now).as_millis() as u64)
+        }
+    }
+}
+
+/// A job's deadline and what it asks for to meet it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Deadline {
+    /// `finish_by`, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The workers that finish it by then (`None`: no pace measured yet).
+    pub wanted: Option<u64>,
+    /// Why it cannot make it even at its cap (`None`: it can).
+    pub risk: Option<String>,
+    /// Whether the risk was said (in its events and the log): once.
+    said: bool,
+}
+
+impl Deadline {
+    pub fn new(at_ms: u64) -> Self {
+        Self {
+            at_ms,
+            ..Self::default()
+        }
+    }
+}
+
+/// What a job's deadline asks of the fleet at one instant (see the module
+/// docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sizing {
+    pub wanted: u64,
+    pub risk: Option<String>,
+}
+
+/// What [`size`] works from.
+#[derive(Debug, Clone)]
+pub struct Need {
+    /// Records left.
+    pub left: u64,
+    /// Records per second of lease held, per worker.
+    pub pace: f64,
+    /// Workers holding its shards now.
+    pub leased: u64,
+    /// Time to the deadline (negative: passed).
+    pub time_left_s: f64,
+    /// How long a new worker takes to start.
+    pub margin_s: f64,
+    pub max_workers: Option<u64>,
+    /// (what it may still spend, the price of a worker-hour).
+    pub budget: Option<(f64, f64)>,
+    /// What a new worker's start costs it in worker time (to its first
+    /// commit).
+    pub start_s: f64,
+}
+
+/// The workers that finish `need.left` records in time, capped (see the
+/// module docs); the risk says why the cap cannot make it.
+pub fn size(need: &Need) -> Sizing {
+    let Need {
+        left,
+        pace,
+        leased,
+        time_left_s: t,
+        margin_s: m,
+        ..
+    } = *need;
+    if left == 0 {
+        return Sizing {
+            wanted: 0,
+            risk: None,
+        };
+    }
+    let left_f = left as f64;
+    let held = leased as f64;
+    // None: no number of workers makes it.
+    let needed: Option<f64> = if t <= 0.0 {
+        None
+    } else if held * pace * t >= left_f {
+        Some((left_f / (pace * t)).ceil())
+    } else if t > m {
+        Some(held + ((left_f - held * pace * t) / (pace * (t - m))).ceil())
+    } else {
+        None
+    };
+    let mut cap = f64::INFINITY;
+    let mut cap_reason = String::new();
+    if let Some(max) = need.max_workers {
+        cap = max as f64;
+        cap_reason = format!("max_workers = {max}");
+    }
+    let mut broke = None;
+    if let Some((remaining, price)) = need.budget
+        && price > 0.0
+    {
+        let work_cost = left_f / pace / 3600.0 * price;
+        let affordable = if work_cost > remaining {
+            broke = Some(format!(
+                "its budget runs out first: {:.2} left of max_cost pays for {:.0}% of the {:.1} worker-hours left",
+                remaining.max(0.0),
+                (remaining.max(0.0) / work_cost * 100.0).min(100.0),
+                left_f / pace / 3600.0
+            ));
+            (remaining.max(0.0) * 3600.0 / (price * t.max(1.0))).floor()
+        } else if need.start_s > 0.0 {
+            held + ((remaining - work_cost) / (need.start_s / 3600.0 * price)).floor()
+        } else {
+            f64::INFINITY
+        };
+        if affordable < cap {
+            cap = affordable;
+            cap_reason = format!("max_cost pays for {affordable:.0}");
+        }
+    }
+    let wanted = needed.unwrap_or(f64::INFINITY).min(cap).max(1.0);
+    let risk = match needed {
+        _ if broke.is_some() => broke,
+        None if t <= 0.0 => Some(format!("its deadline passed with {left} records left")),
+        None => Some(format!(
+            "{left} records left and its deadline is nearer than a new worker's start ({}); its {} cannot finish in time",
+            span(m),
+            workers(leased)
+        )),
+        Some(n) if n > cap => Some(format!(
+            "it needs {n:.0} workers to finish in time; {cap_reason}"
+        )),
+        Some(_) => None,
+    };
+    Sizing {
+        // Infinite only with neither a cap nor a way to make it: then it
+        // wants what it can keep busy, as without a deadline (the caller's).
+        wanted: if wanted.is_finite() { wanted as u64 } else { 0 },
+        risk,
+    }
+}
+
+fn workers(n: u64) -> String {
+    if n == 1 {
+        "1 worker".to_string()
+    } else {
+        format!("{n} workers")
+    }
+}
+
+fn span(s: f64) -> String {
+    humantime::format_duration(Duration::from_secs(s.max(0.0).round() as u64)).to_string()
+}
+
+impl Job {
+    /// Adds an event (the last `EVENTS_KEPT` are kept).
+    pub(super) fn event(&mut self, at_ms: u64, message: String) {
+        if self.events.len() >= EVENTS_KEPT {
+            self.events.pop_front();
+        }
+        self.events.push_back(JobEvent { at_ms, message });
+    }
+
+    /// Workers it asks for to meet its deadline, when sized.
+    pub(super) fn deadline_wanted(&self) -> Option<u64> {
+        self.deadline.as_ref()?.wanted
+    }
+
+    /// Its deadline, while it holds fewer workers than the deadline asks
+    /// for (or is not sized yet): it goes first among its equals.
+    pub(super) fn urgent_deadline(&self) -> Option<u64> {
+        let d = self.deadline.as_ref()?;
+        d.wanted.is_none_or(|n| self.leased < n).then_some(d.at_ms)
+    }
+}
+
+pub(super) type Events = VecDeque<JobEvent>;
+
+impl State {
+    /// `now` by the wall clock, ms since the Unix epoch.
+    pub(super) fn unix_ms(&self, now: Instant) -> u64 {
+        self.wall.unix_ms(now)
+    }
+
+    /// Sizes each running job with a deadline (see the module docs).
+    /// Called at each tick: O(deadline jobs × sessions).
+    pub(super) fn size_deadlines(&mut self, now: Instant) {
+        let now_ms = self.unix_ms(now);
+        let mut sized = Vec::new();
+        for job in self.jobs.values() {
+            let Some(deadline) = &job.deadline else {
+                continue;
+            };
+            if !job.life.running() {
+                continue;
+            }
+            let sizing = self
+                .need_of(job, deadline.at_ms, now_ms, now)
+                .map(|n| size(&n));
+            sized.push((job.id.clone(), sizing));
+        }
+        for (job_id, sizing) in sized {
+            let Some(job) = self.jobs.get_mut(&job_id) else {
+                continue;
+            };
+            let Some(deadline) = job.deadline.as_mut() else {
+                continue;
+            };
+            let Some(sizing) = sizing else {
+                deadline.wanted = None;
+                continue;
+            };
+            deadline.wanted = (sizing.wanted > 0 || sizing.risk.is_none()).then_some(sizing.wanted);
+            deadline.risk = sizing.risk;
+            if let Some(risk) = deadline.risk.clone()
+                && !deadline.said
+            {
+                deadline.said = true;
+                warn!(job = %job_id, risk = %risk, "deadline at risk; the job keeps running");
+                job.event(now_ms, format!("deadline at risk: {risk}"));
+            }
+        }
+    }
+
+    /// What sizing `job` for its deadline works from; `None` before its
+    /// pace is measured or while its total is unknown.
+    fn need_of(&self, job: &Job, at_ms: u64, now_ms: u64, now: Instant) -> Option<Need> {
+        let total = job
+            .plan
+            .records_total
+            .or_else(|| job.records_total_estimate())?;
+        let pace = self.median_pace(&job.id, now).filter(|p| *p > 0.0)?;
+        let margin_s = self.config.startup_margin.as_secs_f64();
+        let budget = job
+            .schedule
+            .max_cost
+            .zip(self.price_of(job))
+            .map(|(cap, price)| (cap - job.spent(price), price));
+        Some(Need {
+            left: total.saturating_sub(job.totals.records),
+            pace,
+            leased: job.leased,
+            time_left_s: (at_ms as f64 - now_ms as f64) / 1000.0,
+            margin_s,
+            max_workers: job.schedule.max_workers,
+            budget,
+            start_s: self
+                .median_first_commit(&job.id)
+                .map_or(margin_s, |d| d.as_secs_f64()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn need(left: u64, leased: u64, time_left_s: f64) -> Need {
+        Need {
+            left,
+            pace: 10.0,
+            leased,
+            time_left_s,
+            margin_s: 60.0,
+            max_workers: None,
+            budget: None,
+            start_s: 60.0,
+        }
+    }
+
+    #[test]
+    fn the_workers_held_finish_in_time_so_it_asks_for_what_suffices() {
+        // 36,000 records at 10/s per worker in an hour: 1 worker.
+        let s = size(&need(36_000, 3, 3600.0));
+        assert_eq!(
+            s,
+            Sizing {
+                wanted: 1,
+                risk: None
+            }
+        );
+    }
+
+    #[test]
+    fn new_workers_count_only_after_their_start() {
+        // 2 workers do 2·10·660 = 13,200 of 20,000 in 660 s; a new one does
+        // 10·600 = 6,000 after its 60 s start: 2 more.
+        let s = size(&need(20_000, 2, 660.0));
+        assert_eq!(
+            s,
+            Sizing {
+                wanted: 4,
+                risk: None
+            }
+        );
+    }
+
+    #[test]
+    fn the_cap_holds_and_says_why_it_is_at_risk() {
+        let mut n = need(20_000, 2, 660.0);
+        n.max_workers = Some(3);
+        let s = size(&n);
+        assert_eq!(s.wanted, 3);
+        assert_eq!(
+            s.risk.as_deref(),
+            Some("it needs 4 workers to finish in time; max_workers = 3")
+        );
+    }
+
+    #[test]
+    fn a_budget_caps_the_starts_it_can_pay_for() {
+        // The work left: 20,000 / 10 = 2,000 worker-s = 2.0 at 3.6/h; 0.15
+        // more pays for 2 starts of 60 s (0.06 each) but not 3.
+        let mut n = need(20_000, 1, 660.0);
+        n.budget = Some((2.15, 3.6));
+        let s = size(&n);
+        assert_eq!(s.wanted, 3);
+        assert_eq!(
+            s.risk.as_deref(),
+            Some("it needs 4 workers to finish in time; max_cost pays for 3")
+        );
+        // A budget that cannot pay for the work left spreads what is left
+        // over the time to the deadline: 1.1 / 3.6 h = 1,100 worker-s over
+        // 660 s: 1 worker.
+        n.budget = Some((1.1, 3.6));
+        let s = size(&n);
+        assert_eq!(s.wanted, 1);
+        assert!(
+            s.risk.as_deref().is_some_and(|r| r.starts_with(
+                "its budget runs out first: 1.10 left of max_cost pays for 55% of the 0.6 worker-hours left"
+            )),
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn a_deadline_too_near_or_passed_is_at_risk() {
+        let s = size(&need(20_000, 2, 30.0));
+        assert!(
+            s.risk
+                .as_deref()
+                .is_some_and(|r| r.contains("nearer than a new worker's start (1m)")),
+            "{s:?}"
+        );
+        let s = size(&need(20_000, 2, -5.0));
+        assert_eq!(
+            s.risk.as_deref(),
+            Some("its deadline passed with 20000 records left")
+        );
+        // No cap and no way to make it: the caller's usual count.
+        assert_eq!(s.wanted, 0);
+        let done = size(&need(0, 2, 600.0));
+        assert_eq!(
+            done,
+            Sizing {
+                wanted: 0,
+                risk: None
+            }
+        );
+    }
+
+    #[test]
+    fn the_wall_clock_follows_the_state_clock() {
+        let at = Instant::now();
+        let clock = WallClock::at(at, 1_000_000);
+        assert_eq!(clock.unix_ms(at + Duration::from_millis(1500)), 1_001_500);
+        assert_eq!(clock.unix_ms(at - Duration::from_millis(500)), 999_500);
+    }
+}
