@@ -22,13 +22,33 @@ pub fn render(r: &EfficiencyReport) -> String {
         r.busy_fraction * 100.0,
         r.processor_s
     );
-    let _ = writeln!(out, "processor time by cause:");
+    match &r.cost {
+        Some(cost) => {
+            let _ = writeln!(
+                out,
+                "cost: {:.2} spent at {:.2} per worker-hour",
+                cost.spent, cost.price_per_hour
+            );
+            let _ = writeln!(out, "processor time and cost by cause:");
+        }
+        None => {
+            let _ = writeln!(out, "processor time by cause:");
+        }
+    }
     for (cause, seconds) in r.seconds.named() {
-        let _ = writeln!(
+        let _ = write!(
             out,
             "  {cause:<11} {seconds:>9.1} s  {:>5.1}%",
             r.share(seconds) * 100.0
         );
+        match r.cost.as_ref().and_then(|c| c.by_cause.get(cause)) {
+            Some(cost) => {
+                let _ = writeln!(out, "  {cost:>10.2}");
+            }
+            None => {
+                let _ = writeln!(out);
+            }
+        }
     }
     let _ = writeln!(out, "shards split: {}", r.shards_split);
     if r.attempts_failed.is_empty() {
@@ -150,6 +170,7 @@ mod tests {
             held_back_s: 0.0,
             starved_s: 0.0,
             held_s: 0.0,
+            cost: None,
         };
         let text = render(&report);
         assert!(text.contains("  model            10.0 s   50.0%"), "{text}");
@@ -160,6 +181,29 @@ mod tests {
         assert!(text.contains("attempts failed: lost 1"), "{text}");
         assert!(text.contains("batches redone: 4"), "{text}");
         assert!(!text.contains("llm engine"), "{text}");
+        assert!(!text.contains("cost"), "no price, no cost: {text}");
+        // Priced at 360 a worker-hour: 10 s of model cost 1.00.
+        let priced = EfficiencyReport {
+            held_s: 21.0,
+            ..report.clone()
+        }
+        .priced(Some(360.0));
+        let text = render(&priced);
+        assert!(
+            text.contains("cost: 2.10 spent at 360.00 per worker-hour"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  model            10.0 s   50.0%        1.00\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  tail_idle         5.0 s   25.0%        0.50\n"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&priced).expect("json");
+        assert_eq!(json["cost"]["by_cause"]["redone"], 0.1, "{json}");
+        assert_eq!(json["cost"]["spent"], 2.1, "{json}");
         let llm = EfficiencyReport {
             llm: Some(
                 stoke_core::report::LlmUsage {

@@ -141,6 +141,22 @@ pub struct EfficiencyReport {
     /// before it ran (no shard pending or leased).
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub starved_s: f64,
+    /// What the job cost, when the coordinator prices its pool (see
+    /// [`EfficiencyReport::priced`]); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
+}
+
+/// A job's bill: each cause's processor seconds at its pool's price per
+/// worker-hour, and what it spent as its cap counts it (`held_s` at the
+/// price; more than the causes' sum while workers' latest time is not
+/// reported yet).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    pub price_per_hour: f64,
+    pub spent: f64,
+    /// By cause, as [`CauseSeconds::named`] names them.
+    pub by_cause: BTreeMap<String, f64>,
 }
 
 fn is_zero_f64(x: &f64) -> bool {
@@ -213,6 +229,22 @@ impl EfficiencyReport {
     /// (what earlier coordinators counted, and the wall time between):
     /// seconds, attempts and devices' shares add up; records and splits
     /// are the job's own totals and stay as they are here.
+    /// With its pool's price per worker-hour: the bill by cause (a
+    /// stored report is priced by the coordinator that reads it).
+    pub fn priced(self, price_per_hour: Option<f64>) -> Self {
+        let cost = price_per_hour.map(|price| Cost {
+            price_per_hour: price,
+            spent: self.held_s / 3600.0 * price,
+            by_cause: self
+                .seconds
+                .named()
+                .iter()
+                .map(|(cause, s)| (cause.to_string(), s / 3600.0 * price))
+                .collect(),
+        });
+        Self { cost, ..self }
+    }
+
     pub fn after(self, before: &EfficiencyReport) -> EfficiencyReport {
         let wall_s = before.wall_s + self.wall_s;
         let processor_s = before.processor_s + self.processor_s;
@@ -297,6 +329,7 @@ impl EfficiencyReport {
                 (None, Some(b)) => Some(b.clone().with_rates(wall_s)),
                 (None, None) => None,
             },
+            cost: None,
         }
     }
 

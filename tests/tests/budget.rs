@@ -105,6 +105,30 @@ fn a_job_pauses_at_its_budget_keeps_its_commits_and_finishes_when_it_is_raised()
     );
     coordinator.wait_success(&job);
     assert_matches_reference(&committed_rows(&manifest(&root, &job)));
+    // The bill by cause, from the same causes as the time report.
+    let out = coordinator.cli(&["report", &job]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report = text(&out.stdout);
+    assert!(
+        report.contains("processor time and cost by cause:") && report.contains("per worker-hour"),
+        "{report}"
+    );
+    let out = coordinator.cli(&["report", &job, "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report json");
+    let cost = &report["cost"];
+    assert_eq!(cost["price_per_hour"], 3600.0, "{report}");
+    assert!(cost["spent"].as_f64() > Some(1.5), "{report}");
+    let by_cause: f64 = cost["by_cause"]
+        .as_object()
+        .expect("by cause")
+        .values()
+        .filter_map(|v| v.as_f64())
+        .sum();
+    assert!(
+        by_cause > 0.0 && by_cause <= cost["spent"].as_f64().unwrap_or(0.0) * 1.05,
+        "{report}"
+    );
+    assert!(cost["by_cause"]["model"].as_f64() > Some(0.0), "{report}");
 }
 
 /// Each checkpoint waits 300 ms: one worker takes 18 s or more for the

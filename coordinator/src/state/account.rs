@@ -369,6 +369,7 @@ impl Account {
             held_back_s: self.held_back.as_secs_f64(),
             held_s: self.processor.as_secs_f64(),
             starved_s: self.starved.as_secs_f64(),
+            cost: None,
             devices,
             metrics: self.metrics.clone(),
             llm: self.llm.as_ref().map(|l| {
@@ -531,7 +532,8 @@ impl State {
         let job = self.job(job_id)?;
         Ok(job
             .account
-            .report(&job.id, job.totals.records, job.shards_split(), now))
+            .report(&job.id, job.totals.records, job.shards_split(), now)
+            .priced(self.price_of(job)))
     }
 
     /// Every job's report, for `/metrics` and the status page.
