@@ -249,13 +249,66 @@
         stat("Weight", String(sched.weight), null, { "data-role": "weight" }),
         stat("Leases", leases, null, { "data-role": "leases" }),
         stat("Waiting", sched.waiting || "—", sched.waiting ? "warn" : null, { "data-role": "waiting" }),
+        ...budgetStats(job),
         llm ? stat("Tokens in / out", tokens(llm.prompt_tokens_per_s) + " / " + tokens(llm.completion_tokens_per_s), null, { "data-role": "tokens" }) : null,
         llm ? stat("Prefix cache", pctFixed(llm.prefix_cache_hit_rate * 100) + "%", null, { "data-role": "prefix-cache" }) : null),
       el("div", { class: "shards" }, segments, legend),
       renderReport(job),
       job.reason ? el("p", { class: "reason" }, job.reason) : null,
       job.isolating ? el("p", { class: "reason", "data-role": "isolating" }, job.isolating) : null,
+      job.budget && job.budget.deadline_risk && running
+        ? el("p", { class: "reason", "data-role": "deadline-risk" }, "Deadline at risk: " + job.budget.deadline_risk) : null,
+      renderEvents(job),
       renderErrors(job));
+  }
+
+  function money(x) {
+    return x === null || x === undefined ? "—" : x.toFixed(2);
+  }
+
+  // "06:00 UTC" within a day, else "2026-12-01 06:00 UTC".
+  function deadlineWords(rfc3339) {
+    const t = Date.parse(rfc3339);
+    if (Number.isNaN(t)) return rfc3339;
+    const iso = new Date(t).toISOString();
+    const time = iso.slice(11, 16) + " UTC";
+    return Math.abs(t - Date.now()) < 86400000 ? time : iso.slice(0, 10) + " " + time;
+  }
+
+  // Cost so far (of its cap), the cost at the end, the deadline and the
+  // slack to it, and the workers that make it: as `stoke status` says.
+  function budgetStats(job) {
+    const b = job.budget;
+    if (!b) return [];
+    const running = job.state === "running";
+    const out = [];
+    if (b.cost_so_far !== null && b.cost_so_far !== undefined) {
+      const of = b.max_cost === null || b.max_cost === undefined ? "" : " of " + money(b.max_cost);
+      const near = b.max_cost ? b.cost_so_far >= 0.9 * b.max_cost : false;
+      out.push(stat("Cost", money(b.cost_so_far) + of, near ? "warn" : null, { "data-role": "cost" }));
+      if (running) out.push(stat("Cost at end", b.cost_forecast === null ? "no forecast yet" : money(b.cost_forecast), null, { "data-role": "cost-forecast" }));
+    }
+    if (b.finish_by) {
+      let slack = "";
+      if (running && b.deadline_slack_s !== null && b.deadline_slack_s !== undefined) {
+        slack = b.deadline_slack_s >= 0 ? " · on track, " + duration(b.deadline_slack_s) + " spare"
+          : " · late by " + duration(-b.deadline_slack_s);
+      }
+      const late = running && (b.deadline_risk || (b.deadline_slack_s !== null && b.deadline_slack_s < 0));
+      out.push(stat("Deadline", deadlineWords(b.finish_by) + slack, late ? "warn" : null, { "data-role": "deadline" }));
+      if (running && b.workers_wanted !== null && b.workers_wanted !== undefined) {
+        const eta = b.eta_wanted_s === null || b.eta_wanted_s === undefined ? "" : " · done in " + duration(b.eta_wanted_s);
+        out.push(stat("Workers to finish by it", int(b.workers_wanted) + eta, null, { "data-role": "workers-wanted" }));
+      }
+    }
+    return out;
+  }
+
+  function renderEvents(job) {
+    const events = job.events || [];
+    if (!events.length) return null;
+    const items = events.map((e) => el("li", {}, el("span", { class: "muted" }, clock(e.at_ms) + " "), e.message));
+    return details("events:" + job.id, true, "Events (" + events.length + ")", el("ul", { "data-role": "events" }, ...items));
   }
 
   // Where the job's processor time went: one stacked bar, a segment per

@@ -217,8 +217,42 @@ pub struct JobView {
     /// `null` when the job has had no failed attempt and no skipped record.
     pub errors: Option<ErrorsView>,
     pub schedule: ScheduleView,
+    /// Its spend and its deadline, when its pool is priced or it has a
+    /// deadline; `null` otherwise.
+    pub budget: Option<BudgetView>,
+    /// What happened to it (its deadline at risk, its budget reached),
+    /// oldest first.
+    pub events: Vec<EventView>,
     /// Where its processors' time went (the same as `stoke report`).
     pub report: EfficiencyReport,
+}
+
+/// A job's spend and deadline, and the forecast at its measured pace (as
+/// `stoke status` gives them; see `JobInfo::forecast`).
+#[derive(Debug, Clone, Serialize)]
+pub struct BudgetView {
+    pub cost_so_far: Option<f64>,
+    pub max_cost: Option<f64>,
+    pub price_per_hour: Option<f64>,
+    /// What it will have spent at the end, at the workers it holds.
+    pub cost_forecast: Option<f64>,
+    /// RFC 3339.
+    pub finish_by: Option<String>,
+    /// Seconds between the forecast end and the deadline (negative: late).
+    pub deadline_slack_s: Option<f64>,
+    /// The workers that finish it by its deadline (capped), and the time
+    /// left with them.
+    pub workers_wanted: Option<u64>,
+    pub eta_wanted_s: Option<f64>,
+    /// Why it cannot make its deadline even at its cap.
+    pub deadline_risk: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EventView {
+    /// ms since the Unix epoch.
+    pub at_ms: u64,
+    pub message: String,
 }
 
 /// A job's priority, queue, weight, lease cap and why it waits.
@@ -380,6 +414,29 @@ impl JobView {
             store_failures,
             report,
         } = job;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let forecast = info.forecast(now_ms);
+        let budget = (info.cost_so_far.is_some() || info.finish_by.is_some()).then(|| BudgetView {
+            cost_so_far: info.cost_so_far,
+            max_cost: info.schedule.max_cost,
+            price_per_hour: info.price_per_hour,
+            cost_forecast: forecast.and_then(|f| f.cost_forecast),
+            finish_by: info.finish_by.clone(),
+            deadline_slack_s: forecast.and_then(|f| f.deadline_slack_s),
+            workers_wanted: info.workers_wanted,
+            eta_wanted_s: forecast.and_then(|f| f.eta_wanted_s),
+            deadline_risk: info.deadline_risk.clone(),
+        });
+        let events = info
+            .events
+            .iter()
+            .map(|e| EventView {
+                at_ms: e.at_ms,
+                message: redact(&e.message),
+            })
+            .collect();
         let schedule = ScheduleView {
             priority: info.schedule.priority,
             queue: info.schedule.queue,
@@ -413,6 +470,8 @@ impl JobView {
             crashes: info.crashes,
             isolating: info.isolating,
             errors,
+            budget,
+            events,
             report,
         }
     }
@@ -600,8 +659,22 @@ mod tests {
 
     #[test]
     fn the_json_has_what_the_page_reads_and_no_secrets() {
+        // The second priced, with a deadline it cannot make at its cap.
+        let mut priced = job("fixture-2");
+        priced.info.cost_so_far = Some(1.5);
+        priced.info.price_per_hour = Some(3.6);
+        priced.info.schedule.max_cost = Some(400.0);
+        priced.info.finish_by = Some("2099-01-01T06:00:00Z".to_string());
+        priced.info.workers_wanted = Some(4);
+        priced.info.deadline_risk =
+            Some("it needs 9 workers to finish in time; max_workers = 4".into());
+        priced.info.events = vec![stoke_core::records::JobEvent {
+            at_ms: 1_796_000_000_000,
+            message: "deadline at risk: it needs 9 workers to finish in time; max_workers = 4"
+                .into(),
+        }];
         let report = StatusReport {
-            jobs: vec![job("fixture-1"), job("fixture-2")],
+            jobs: vec![job("fixture-1"), priced],
             snapshot: Snapshot {
                 workers: vec![WorkerInfo {
                     worker_id: "w1".to_string(),
@@ -656,6 +729,22 @@ mod tests {
         assert_eq!(first["errors"]["failed_shards_total"], 1);
         assert_eq!(first["errors"]["skipped"][0]["id"], "<b>rec</b>");
         assert!(json["jobs"][1]["errors"].is_null());
+        assert!(first["budget"].is_null(), "no price, no deadline");
+        assert_eq!(first["events"], serde_json::json!([]));
+        let budget = &json["jobs"][1]["budget"];
+        assert_eq!(budget["cost_so_far"], 1.5);
+        assert_eq!(budget["max_cost"], 400.0);
+        assert_eq!(budget["price_per_hour"], 3.6);
+        // 1,800 records left at 100/s on 2 workers: 18 s, 9 s with 4.
+        assert_eq!(budget["workers_wanted"], 4);
+        assert_eq!(budget["eta_wanted_s"], 9.0);
+        assert!(budget["cost_forecast"].as_f64() > Some(1.5), "{budget}");
+        assert!(budget["deadline_slack_s"].as_f64() > Some(0.0), "{budget}");
+        assert_eq!(
+            budget["deadline_risk"],
+            "it needs 9 workers to finish in time; max_workers = 4"
+        );
+        assert_eq!(json["jobs"][1]["events"][0]["at_ms"], 1_796_000_000_000u64);
         assert_eq!(json["workers"][0]["leases"][0]["shard"], "s00003");
         assert_eq!(json["rate_window_s"], RATE_WINDOW.as_secs());
         let text = json.to_string();

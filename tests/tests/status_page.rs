@@ -587,3 +587,86 @@ fn an_estimated_total_is_shown_as_an_estimate() {
         "{card_html}"
     );
 }
+
+/// A priced job with a deadline shows its cost of its cap, the cost at
+/// the end, its deadline and slack, the workers that make it, and, when
+/// it cannot, why, with its events. The page is fed a real coordinator's
+/// answer for such a job, first as submitted (no forecast yet), then with
+/// the forecast a running job gets put in (the figures themselves are the
+/// coordinator's, tested with the state and in `status.rs`).
+#[test]
+fn a_priced_job_with_a_deadline_shows_its_cost_and_forecast() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut browser = Browser::new(tmp.path());
+    let coordinator = Coordinator::start(
+        &tmp.path().join("root"),
+        tmp.path(),
+        &["--price", "default=3.6"],
+    );
+    let spec = tmp.path().join("job.toml");
+    std::fs::write(
+        &spec,
+        fixture_spec("parquet", "") + "[limits]\nmax_cost = 400.0\nfinish_within = \"1h\"\n",
+    )
+    .expect("write spec");
+    let job_id = coordinator.submit(&spec.display().to_string());
+    let (_, page) = http_get(&coordinator.http_addr, "/").expect("GET /");
+    let (_, api) = http_get(&coordinator.http_addr, "/api/status").expect("GET /api/status");
+    let dom = browser.dom(&format!(
+        "http://{}/",
+        serve_once_then_stop(page.clone(), api.clone())
+    ));
+    let (_, card) = job_card(&dom, &job_id);
+    assert!(
+        card.contains("<div class=\"value\">0.00 of 400.00</div>"),
+        "{card}"
+    );
+    assert!(
+        card.contains("<div class=\"value\">no forecast yet</div>"),
+        "{card}"
+    );
+    assert!(card.contains(" UTC</div>"), "the deadline: {card}");
+    assert!(!card.contains("Deadline at risk"), "{card}");
+
+    let mut api: serde_json::Value = serde_json::from_str(&api).expect("api json");
+    for job in api["jobs"].as_array_mut().expect("jobs") {
+        let b = &mut job["budget"];
+        b["cost_so_far"] = serde_json::json!(399.0);
+        b["cost_forecast"] = serde_json::json!(412.5);
+        b["deadline_slack_s"] = serde_json::json!(-2400.0);
+        b["workers_wanted"] = serde_json::json!(5);
+        b["eta_wanted_s"] = serde_json::json!(1800.0);
+        b["deadline_risk"] =
+            serde_json::json!("it needs 9 workers to finish in time; max_workers = 5");
+        job["events"] = serde_json::json!([{
+            "at_ms": 1_796_000_000_000u64,
+            "message": "deadline at risk: it needs 9 workers to finish in time; max_workers = 5",
+        }]);
+    }
+    let dom = browser.dom(&format!(
+        "http://{}/",
+        serve_once_then_stop(page, api.to_string())
+    ));
+    let (_, card) = job_card(&dom, &job_id);
+    assert!(
+        card.contains("<div class=\"value warn\">399.00 of 400.00</div>"),
+        "{card}"
+    );
+    assert!(card.contains("<div class=\"value\">412.50</div>"), "{card}");
+    assert!(card.contains(" UTC · late by 40m 00s</div>"), "{card}");
+    assert!(
+        card.contains("<div class=\"value\">5 · done in 30m 00s</div>"),
+        "{card}"
+    );
+    assert_eq!(
+        role_text(&card, "deadline-risk"),
+        "Deadline at risk: it needs 9 workers to finish in time; max_workers = 5"
+    );
+    assert!(card.contains("Events (1)"), "{card}");
+    assert!(
+        card.contains(
+            "deadline at risk: it needs 9 workers to finish in time; max_workers = 5</li>"
+        ),
+        "{card}"
+    );
+}
