@@ -131,6 +131,77 @@ fn a_job_pauses_at_its_budget_keeps_its_commits_and_finishes_when_it_is_raised()
     assert!(cost["by_cause"]["model"].as_f64() > Some(0.0), "{report}");
 }
 
+#[test]
+fn a_delta_job_committing_at_its_end_leaves_a_table_when_it_pauses_at_its_budget() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let table_uri = file_uri(&tmp.path().join("tables").join("scores"));
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--price", "default=3600"]);
+    let spec = tmp.path().join("delta.toml");
+    std::fs::write(
+        &spec,
+        fixture_spec("parquet", "").replace("interval = 3", "interval = 1")
+            + &format!(
+                "[output]\nformat = \"delta\"\nuri = \"{table_uri}\"\ncommit = \"end\"\n\
+                 [limits]\nmax_cost = 1.5\n"
+            ),
+    )
+    .expect("write spec");
+    let job = coordinator.submit(&spec.display().to_string());
+    let _w = coordinator.worker_with("stoke-worker", "w0", tmp.path(), &[], &[SLOW_BATCHES]);
+    let status = wait_until("the job paused at its budget", DEADLINE, || {
+        let s = coordinator.status(&job);
+        (s["state"] == "paused" && s["shards_leased"] == 0).then_some(s)
+    });
+    assert!(
+        status["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("budget of 1.50 reached")),
+        "{status}"
+    );
+    // What it committed is a table version (its draining worker's last
+    // commits included), each record once.
+    let done = status["records_done"].as_u64().expect("records_done");
+    assert!(done > 0 && done < 3000, "paused midway: {status}");
+    let partial = wait_until("the partial table", DEADLINE, || {
+        let table = stoke_tests::delta::try_read_table(&table_uri, &[&job], &[]).ok()?;
+        (table.rows.len() as u64 == done).then_some(table)
+    });
+    let mut ids: Vec<&str> = partial.rows.iter().map(|(id, _)| id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len() as u64, done, "each committed record once");
+    assert!(partial.txns[&job].is_some(), "the job's txn");
+    let out = coordinator.cli(&["outputs", &job, "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("outputs json");
+    assert_eq!(
+        listed["delta"]["versions"],
+        serde_json::json!(partial.versions()),
+        "{listed}"
+    );
+    // Raised, it finishes: the rest is one more version, nothing twice.
+    let out = coordinator.cli(&["set", &job, "--max-cost", "1000"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    coordinator.wait_success(&job);
+    let table = stoke_tests::delta::read_table(&table_uri, &[&job], &[]);
+    assert_eq!(table.rows.len(), 3000, "every record once");
+    let mut ids: Vec<&str> = table.rows.iter().map(|(id, _)| id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 3000, "every record once");
+    let versions = manifest(&root, &job)
+        .delta
+        .expect("the manifest's delta")
+        .versions;
+    assert_eq!(
+        versions,
+        table.versions(),
+        "the pause's versions and the end's"
+    );
+    assert_eq!(versions.len(), partial.versions().len() + 1, "{versions:?}");
+}
+
 /// Each checkpoint waits 300 ms: one worker takes 18 s or more for the
 /// 3,000 records.
 const SLOWER_BATCHES: (&str, &str) = (

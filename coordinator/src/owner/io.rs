@@ -209,7 +209,16 @@ async fn commit_to_table(
         let made = appended.version.into_iter().chain(appended.prior);
         record_versions(stores, &finish.layout.delta_versions(), &target.table, made).await?
     } else {
-        appended.version.or(appended.prior).into_iter().collect()
+        let mut versions: Vec<u64> = appended.version.or(appended.prior).into_iter().collect();
+        // A pause at its cap committed what it had then (`budget.rs`).
+        let paused: Option<DeltaVersions> =
+            stores.get_json(&finish.layout.delta_versions()).await?;
+        if let Some(paused) = paused {
+            versions.extend(paused.versions);
+            versions.sort_unstable();
+            versions.dedup();
+        }
+        versions
     };
     Ok(DeltaVersions {
         table: target.table.to_string(),

@@ -7,10 +7,15 @@
 //! A higher cap set while it is paused at its cap resumes it. Spend
 //! survives restarts with the report's counters (`report-so-far.json`).
 
+use stoke_core::spec::DeltaCommit;
 use tracing::info;
 
 use super::jobs::JobCmd;
+use super::table_log::DeltaLog;
 use super::{Job, State};
+
+/// How a pause at the cap's reason starts (a restart knows it by it).
+pub(super) const REASON_PREFIX: &str = "budget of ";
 
 impl Job {
     /// What the job spent so far at `price` per worker-hour.
@@ -52,14 +57,39 @@ impl State {
             }
         }
         for (job_id, cap, spent) in reached {
-            let reason = format!("budget of {cap:.2} reached (spent {spent:.2})");
+            let reason = format!("{REASON_PREFIX}{cap:.2} reached (spent {spent:.2})");
             info!(job = %job_id, cap, spent, "job paused: its budget is spent");
             if let Some(job) = self.jobs.get_mut(&job_id) {
                 job.budget_paused = true;
                 job.event(now_ms, format!("paused: {reason}"));
             }
             self.job_cmd(None, &job_id, JobCmd::Pause(reason));
+            self.commit_partial_table(&job_id);
         }
+    }
+
+    /// A Delta job with `commit = "end"` paused at its cap: what it
+    /// committed goes into its table now, as a version, and what its
+    /// draining workers commit after it as they land (the machinery of
+    /// `commit = "checkpoint"`, `table_log.rs`), so the partial result is
+    /// a table. Resumed, it commits the rest at its end again; that commit
+    /// adds only what the table lacks (`table/delta.rs`).
+    pub(super) fn commit_partial_table(&mut self, job_id: &str) {
+        let Some(job) = self.jobs.get_mut(job_id) else {
+            return;
+        };
+        if job.delta_log.is_some()
+            || !job
+                .delta
+                .as_ref()
+                .is_some_and(|d| d.commit == DeltaCommit::End)
+        {
+            return;
+        }
+        let seq = job.shards.iter().map(|s| s.progress.seq).max().unwrap_or(0);
+        info!(job = %job_id, "committing what the job committed to its Delta table, as it paused at its cap");
+        job.delta_log = Some(DeltaLog::from_seq(seq));
+        self.delta_next(job_id);
     }
 
     /// After `stoke set`: a job paused at its cap resumes when its cap is

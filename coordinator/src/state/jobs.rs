@@ -439,6 +439,15 @@ impl State {
         };
         job.life = Life::Running(Change::Idle);
         job.budget_paused = false;
+        // A `commit = "end"` job commits the rest at its end again (what
+        // its table has from the pause is not added twice).
+        if job
+            .delta
+            .as_ref()
+            .is_some_and(|d| d.commit == stoke_core::spec::DeltaCommit::End)
+        {
+            job.delta_log = None;
+        }
         job.pending = (0..job.shards.len())
             .filter(|&i| !job.shards[i].progress.done && job.shards[i].lease().is_none())
             .collect();

@@ -66,6 +66,7 @@ impl State {
         now_ms: u64,
     ) -> Self {
         let mut state = State::new(config, epoch);
+        state.wall = super::deadline::WallClock::at(now, now_ms);
         // A pipeline stage's progress, by stage: applied once its shards
         // are rebuilt from the stage before (which may load after it).
         let mut feeds = HashMap::new();
@@ -75,6 +76,18 @@ impl State {
             }
         }
         state.restore_feeds(feeds);
+        // A `commit = "end"` job paused at its cap: its partial table
+        // commit may not have landed before the restart (one that did
+        // makes this one add nothing).
+        let paused: Vec<String> = state
+            .jobs
+            .values()
+            .filter(|j| j.budget_paused)
+            .map(|j| j.id.clone())
+            .collect();
+        for job_id in paused {
+            state.commit_partial_table(&job_id);
+        }
         // Stages that fed a stage now ended may let go of their shards.
         state.release_ended();
         info!(epoch, jobs = state.jobs.len(), "coordinator state loaded");
@@ -138,6 +151,13 @@ impl State {
         // A succeeded job loaded from its `ended.json` came with its life.
         if job.life.kept().is_none() {
             job.life = Life::stored(s.status.state, s.status.reason);
+            // Paused at its cap (`budget.rs`): a higher cap resumes it,
+            // after a restart too.
+            job.budget_paused = job.life.paused()
+                && job
+                    .life
+                    .reason()
+                    .is_some_and(|r| r.starts_with(super::budget::REASON_PREFIX));
         }
         if job.spec.processor.python.is_some()
             && let Some(metrics) = s.metrics

@@ -48,6 +48,16 @@ enum Table {
 }
 
 impl DeltaLog {
+    /// A log whose first commit reconciles the table with every committed
+    /// object, at txn version `seq` (a `commit = "end"` job paused at its
+    /// cap, `budget.rs`).
+    pub(super) fn from_seq(seq: u64) -> Self {
+        Self {
+            seq,
+            ..Self::default()
+        }
+    }
+
     /// A shard's progress moves from `old` outputs to `progress`: its new
     /// objects wait for the next Delta commit.
     pub(super) fn note(&mut self, old: &[OutputObject], progress: &ProgressRecord) {

@@ -16,7 +16,6 @@ use super::{Job, State, WaitReason, failed_unfinished, has_errors};
 use crate::error::{CoordinatorError, Result};
 use crate::metrics::{Snapshot, WorkerInfo};
 use crate::progress::{JobProgress, ShardCounts, StatusReport, eta};
-use stoke_core::spec::DeltaCommit;
 
 /// A job's shards with errors, and (shard id, object) for every object
 /// that lists skipped records.
@@ -428,7 +427,8 @@ impl State {
         let record = if succeeded {
             Some(job.layout.manifest())
         } else {
-            (target.commit == DeltaCommit::Checkpoint).then(|| job.layout.delta_versions())
+            // `commit = "end"`: the versions of its pauses at its cap, if any.
+            Some(job.layout.delta_versions())
         };
         Ok(Some(DeltaRecord {
             table: target.table.clone(),

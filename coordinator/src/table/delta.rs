@@ -505,6 +505,9 @@ fn commit_blocking(
                 });
             }
             let first_of_job = prior_txn.is_none();
+            // A `commit = "end"` job with a commit of its own before this
+            // one (a pause at its cap): only what the table lacks.
+            let reconcile = reconcile || prior_txn.is_some();
             let prior_txn = prior_txn.filter(|_| reconcile);
             let adding: Vec<OutputObject> = if reconcile {
                 let present = files_in(&snapshot, &engine, &table, &job_id).map_err(err)?;

@@ -152,3 +152,42 @@ async fn a_cap_on_a_coordinator_without_a_price_is_refused() {
         "job spec: limits.max_cost: this coordinator has no price for pool \"default\", so it cannot count what the job spends (see --price POOL=PER_WORKER_HOUR)"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_job_paused_at_its_cap_resumes_when_raised_after_a_restart() {
+    let stores = Stores::new();
+    let mut state = Inline::recover(priced(), stores.clone())
+        .await
+        .expect("recover");
+    submit_capped(&mut state, &stores, "j", 2.0).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    advance(Duration::from_secs(3)).await;
+    state.heartbeat(&a, &[lease.key()]).expect("heartbeat");
+    state.tick().await;
+    assert_eq!(info(&state, "j").state, JobState::Paused);
+    drop(state);
+    let mut state = Inline::recover(priced(), stores.clone())
+        .await
+        .expect("recover");
+    let paused = info(&state, "j");
+    assert_eq!(paused.state, JobState::Paused);
+    assert!(
+        paused
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("budget of 2.00 reached")),
+        "{paused:?}"
+    );
+    state
+        .set_schedule(
+            "j",
+            ScheduleChange {
+                max_cost: Some(100.0),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("set");
+    assert_eq!(info(&state, "j").state, JobState::Running);
+}
