@@ -9,9 +9,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use stoke_client::Client;
-use stoke_client::pipeline::{new_pipeline_id, submit_pipeline};
-use stoke_client::summary::{count, job_json, total};
-use stoke_core::records::{JobInfo, JobState};
+use stoke_client::pipeline::{deciding, new_pipeline_id, pipeline_json, state_of, submit_pipeline};
+use stoke_client::summary::{count, total};
+use stoke_core::records::JobInfo;
 use stoke_core::spec::pipeline::PipelineSpec;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -19,33 +19,6 @@ use crate::display::{columns, exit_code, print_summary};
 use crate::fleet;
 use crate::run::{INTERRUPTED, LocalRun, TERMINATED, connect_with_retry, prewarm};
 use crate::watch;
-
-/// A pipeline's state from its stages': failed or cancelled when one is,
-/// paused when one is, succeeded when all are, running otherwise.
-pub(crate) fn state_of(stages: &[JobInfo]) -> JobState {
-    let any = |s: JobState| stages.iter().any(|j| j.state == s);
-    if any(JobState::Failed) {
-        JobState::Failed
-    } else if any(JobState::Cancelled) {
-        JobState::Cancelled
-    } else if any(JobState::Paused) {
-        JobState::Paused
-    } else if !stages.is_empty() && stages.iter().all(|j| j.state == JobState::Succeeded) {
-        JobState::Succeeded
-    } else {
-        JobState::Running
-    }
-}
-
-/// The stage of a pipeline that says why it ended, if it did not succeed
-/// (the first failed, else the first cancelled), else the last stage.
-fn deciding(stages: &[JobInfo]) -> Option<&JobInfo> {
-    stages
-        .iter()
-        .find(|j| j.state == JobState::Failed)
-        .or_else(|| stages.iter().find(|j| j.state == JobState::Cancelled))
-        .or_else(|| stages.last())
-}
 
 /// The exit status of a pipeline: its deciding stage's.
 pub(crate) fn exit_of(stages: &[JobInfo]) -> i32 {
@@ -57,16 +30,7 @@ pub(crate) fn exit_of(stages: &[JobInfo]) -> i32 {
 pub(crate) fn print_status(pipeline_id: &str, stages: &[JobInfo], json: bool) {
     let state = state_of(stages);
     if json {
-        let all: Vec<serde_json::Value> = stages.iter().map(job_json).collect();
-        println!(
-            "{}",
-            serde_json::json!({
-                "pipeline": pipeline_id,
-                "state": state.as_str(),
-                "reason": deciding(stages).and_then(|j| j.reason.clone()),
-                "stages": all,
-            })
-        );
+        println!("{}", pipeline_json(pipeline_id, stages));
         return;
     }
     println!("pipeline: {pipeline_id}");

@@ -1,10 +1,10 @@
 //! Pipelines from a client: submitting one (every stage at once, as jobs
-//! `<pipeline>-<stage>`), and finding a pipeline's stages.
+//! `<pipeline>-<stage>`), finding a pipeline's stages, and its state.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 
-use stoke_core::records::JobInfo;
+use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::pipeline::PipelineSpec;
 
 use crate::{Client, ClientError};
@@ -68,4 +68,43 @@ pub fn stages_in(jobs: Vec<JobInfo>, pipeline_id: &str) -> Vec<JobInfo> {
         .collect();
     stages.sort_by_key(|j| j.pipeline.as_ref().map_or(0, |p| p.index));
     stages
+}
+
+/// A pipeline's state from its stages': failed or cancelled when one is,
+/// paused when one is, succeeded when all are, running otherwise.
+pub fn state_of(stages: &[JobInfo]) -> JobState {
+    let any = |s: JobState| stages.iter().any(|j| j.state == s);
+    if any(JobState::Failed) {
+        JobState::Failed
+    } else if any(JobState::Cancelled) {
+        JobState::Cancelled
+    } else if any(JobState::Paused) {
+        JobState::Paused
+    } else if !stages.is_empty() && stages.iter().all(|j| j.state == JobState::Succeeded) {
+        JobState::Succeeded
+    } else {
+        JobState::Running
+    }
+}
+
+/// The stage of a pipeline that says why it ended, if it did not succeed
+/// (the first failed, else the first cancelled), else the last stage.
+pub fn deciding(stages: &[JobInfo]) -> Option<&JobInfo> {
+    stages
+        .iter()
+        .find(|j| j.state == JobState::Failed)
+        .or_else(|| stages.iter().find(|j| j.state == JobState::Cancelled))
+        .or_else(|| stages.last())
+}
+
+/// A pipeline as JSON, as `stoke status <pipeline> --json` prints it and
+/// the Python client returns it: its id, state, the deciding stage's
+/// reason, and each stage as `status --json` prints a job.
+pub fn pipeline_json(pipeline_id: &str, stages: &[JobInfo]) -> serde_json::Value {
+    serde_json::json!({
+        "pipeline": pipeline_id,
+        "state": state_of(stages).as_str(),
+        "reason": deciding(stages).and_then(|j| j.reason.clone()),
+        "stages": stages.iter().map(crate::summary::job_json).collect::<Vec<_>>(),
+    })
 }

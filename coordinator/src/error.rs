@@ -123,9 +123,9 @@ pub enum CoordinatorError {
         known: String,
     },
     #[error(
-        "job spec: limits.max_cost: this coordinator has no price for pool {pool:?}, so it cannot count what the job spends (see --price POOL=PER_WORKER_HOUR)"
+        "{what}: this coordinator has no price for pool {pool:?}, so it cannot count what the job spends (see --price POOL=PER_WORKER_HOUR)"
     )]
-    NoPrice { pool: String },
+    NoPrice { what: &'static str, pool: String },
     #[error("job spec is {size} bytes; the limit is {max} bytes (--max-spec-bytes)")]
     SpecTooLarge { size: usize, max: usize },
     #[error("invalid request: {0}")]

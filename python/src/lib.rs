@@ -15,6 +15,7 @@ use stoke::{EmbeddedOptions, JobInfo, Registry, StoreUri};
 use stoke_client::Client;
 use stoke_core::security::{ClientSecurity, Role, Token};
 use stoke_core::spec::JobSpec;
+use stoke_core::spec::pipeline::{PipelineSpec, SpecFile, job_ref};
 
 create_exception!(
     _native,
@@ -56,14 +57,63 @@ fn load_spec(
     path: Option<String>,
     json: Option<String>,
     base: Option<String>,
-) -> PyResult<JobSpec> {
+) -> PyResult<SpecFile> {
     match (path, json) {
-        (Some(path), _) => JobSpec::from_file(&PathBuf::from(path)).map_err(err),
+        (Some(path), _) => SpecFile::read(&PathBuf::from(path)).map_err(err),
         (None, Some(json)) => {
             let base = PathBuf::from(base.unwrap_or_else(|| ".".to_string()));
-            JobSpec::from_json_in(&json, &base).map_err(err)
+            let value: serde_json::Value = serde_json::from_str(&json).map_err(err)?;
+            if PipelineSpec::is_pipeline(&value) {
+                return PipelineSpec::from_value(value, &base, "json")
+                    .map(SpecFile::Pipeline)
+                    .map_err(err);
+            }
+            JobSpec::from_json_in(&json, &base)
+                .map(|spec| SpecFile::Job(Box::new(spec)))
+                .map_err(err)
         }
         (None, None) => Err(err("no job spec given")),
+    }
+}
+
+/// What a verb given a reference acts on: a pipeline's stages, or one
+/// job (`<pipeline>/<stage>` names a stage's job).
+enum Target {
+    Pipeline(String, Vec<JobInfo>),
+    Job(String),
+}
+
+impl NativeClient {
+    async fn target(&self, reference: &str) -> Result<Target, stoke_client::ClientError> {
+        let stages = stoke_client::pipeline::stages_of(&self.client, reference).await?;
+        Ok(if stages.is_empty() {
+            Target::Job(job_ref(reference))
+        } else {
+            Target::Pipeline(reference.to_string(), stages)
+        })
+    }
+
+    /// `verb` on the job `reference` names, or on each stage of the
+    /// pipeline it names (then the pipeline as JSON, as it is after).
+    fn each<F, Fut>(&self, py: Python<'_>, reference: &str, verb: F) -> PyResult<String>
+    where
+        F: Fn(String) -> Fut + Send + Sync,
+        Fut: std::future::Future<Output = Result<JobInfo, stoke_client::ClientError>> + Send,
+    {
+        py.detach(|| {
+            self.runtime.block_on(async {
+                match self.target(reference).await.map_err(err)? {
+                    Target::Job(job) => verb(job).await.map(|j| job_json(&j)).map_err(err),
+                    Target::Pipeline(id, stages) => {
+                        let mut after = Vec::with_capacity(stages.len());
+                        for stage in stages {
+                            after.push(verb(stage.job_id).await.map_err(err)?);
+                        }
+                        Ok(stoke_client::pipeline::pipeline_json(&id, &after).to_string())
+                    }
+                }
+            })
+        })
     }
 }
 
@@ -101,21 +151,47 @@ impl NativeClient {
         base: Option<String>,
         job_id: Option<String>,
     ) -> PyResult<String> {
-        let spec = load_spec(path, json, base)?;
-        py.detach(|| {
-            self.runtime
-                .block_on(self.client.submit(&spec, job_id.as_deref()))
-                .map(|j| job_json(&j))
-                .map_err(err)
-        })
+        match load_spec(path, json, base)? {
+            SpecFile::Job(spec) => py.detach(|| {
+                self.runtime
+                    .block_on(self.client.submit(&spec, job_id.as_deref()))
+                    .map(|j| job_json(&j))
+                    .map_err(err)
+            }),
+            // Every stage at once, as `stoke submit` does; `job_id` is the
+            // pipeline's id.
+            SpecFile::Pipeline(pipeline) => py.detach(|| {
+                let id = job_id
+                    .unwrap_or_else(|| stoke_client::pipeline::new_pipeline_id(&pipeline.name));
+                self.runtime
+                    .block_on(stoke_client::pipeline::submit_pipeline(
+                        &self.client,
+                        &pipeline,
+                        &id,
+                    ))
+                    .map(|stages| stoke_client::pipeline::pipeline_json(&id, &stages).to_string())
+                    .map_err(err)
+            }),
+        }
     }
 
+    /// A job, a pipeline's stage (`<pipeline>/<stage>`), or a pipeline
+    /// with its stages.
     fn status(&self, py: Python<'_>, job: String) -> PyResult<String> {
         py.detach(|| {
-            self.runtime
-                .block_on(self.client.get_job(&job))
-                .map(|j| job_json(&j))
-                .map_err(err)
+            self.runtime.block_on(async {
+                match self.target(&job).await.map_err(err)? {
+                    Target::Job(job) => self
+                        .client
+                        .get_job(&job)
+                        .await
+                        .map(|j| job_json(&j))
+                        .map_err(err),
+                    Target::Pipeline(id, stages) => {
+                        Ok(stoke_client::pipeline::pipeline_json(&id, &stages).to_string())
+                    }
+                }
+            })
         })
     }
 
@@ -130,31 +206,22 @@ impl NativeClient {
 
     #[pyo3(signature = (job, reason=String::from("cancelled from Python")))]
     fn cancel(&self, py: Python<'_>, job: String, reason: String) -> PyResult<String> {
-        py.detach(|| {
-            self.runtime
-                .block_on(self.client.cancel(&job, &reason))
-                .map(|j| job_json(&j))
-                .map_err(err)
+        self.each(py, &job, |j| {
+            let reason = reason.clone();
+            async move { self.client.cancel(&j, &reason).await }
         })
     }
 
     #[pyo3(signature = (job, reason=String::from("paused from Python")))]
     fn pause(&self, py: Python<'_>, job: String, reason: String) -> PyResult<String> {
-        py.detach(|| {
-            self.runtime
-                .block_on(self.client.pause(&job, &reason))
-                .map(|j| job_json(&j))
-                .map_err(err)
+        self.each(py, &job, |j| {
+            let reason = reason.clone();
+            async move { self.client.pause(&j, &reason).await }
         })
     }
 
     fn resume(&self, py: Python<'_>, job: String) -> PyResult<String> {
-        py.detach(|| {
-            self.runtime
-                .block_on(self.client.resume(&job))
-                .map(|j| job_json(&j))
-                .map_err(err)
-        })
+        self.each(py, &job, |j| async move { self.client.resume(&j).await })
     }
 
     /// The job's efficiency report as JSON: what `stoke report JOB --json`
@@ -163,16 +230,17 @@ impl NativeClient {
         py.detach(|| {
             let report = self
                 .runtime
-                .block_on(self.client.job_report(&job))
+                .block_on(self.client.job_report(&job_ref(&job)))
                 .map_err(err)?;
             serde_json::to_string(&report).map_err(err)
         })
     }
 
-    /// Changes a job's priority, weight or lease cap, as `stoke set` does
-    /// (`max_workers=0` removes the cap); refuses a call with nothing to
-    /// change, as the CLI does.
-    #[pyo3(signature = (job, priority=None, weight=None, max_workers=None))]
+    /// Changes a job's priority, weight, lease cap or spending cap, as
+    /// `stoke set` does (`max_workers=0` removes the cap; a higher
+    /// `max_cost` resumes a job paused at its cap); refuses a call with
+    /// nothing to change, as the CLI does.
+    #[pyo3(signature = (job, priority=None, weight=None, max_workers=None, max_cost=None))]
     fn set(
         &self,
         py: Python<'_>,
@@ -180,10 +248,11 @@ impl NativeClient {
         priority: Option<i64>,
         weight: Option<f64>,
         max_workers: Option<i64>,
+        max_cost: Option<f64>,
     ) -> PyResult<String> {
-        if priority.is_none() && weight.is_none() && max_workers.is_none() {
+        if priority.is_none() && weight.is_none() && max_workers.is_none() && max_cost.is_none() {
             return Err(err(
-                "Client.set: give priority=, weight= or max_workers= (nothing to change)",
+                "Client.set: give priority=, weight=, max_workers= or max_cost= (nothing to change)",
             ));
         }
         let max_workers = max_workers
@@ -197,10 +266,13 @@ impl NativeClient {
             .transpose()?;
         py.detach(|| {
             self.runtime
-                .block_on(
-                    self.client
-                        .set_schedule(&job, priority, weight, max_workers, None),
-                )
+                .block_on(self.client.set_schedule(
+                    &job_ref(&job),
+                    priority,
+                    weight,
+                    max_workers,
+                    max_cost,
+                ))
                 .map(|j| job_json(&j))
                 .map_err(err)
         })
@@ -221,7 +293,7 @@ fn run_embedded(
     job_id: Option<String>,
     signals: Option<String>,
 ) -> PyResult<String> {
-    let spec = load_spec(None, Some(spec_json), Some(base))?;
+    let spec = JobSpec::from_json_in(&spec_json, &PathBuf::from(base)).map_err(err)?;
     let root =
         StoreUri::parse(&StoreUri::resolve_path_or_uri(&root, &PathBuf::from(".")).map_err(err)?)
             .map_err(err)?;

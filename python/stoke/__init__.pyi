@@ -110,6 +110,7 @@ class Client:
         priority: int | None = None,
         weight: float | None = None,
         max_workers: int | None = None,
+        max_cost: float | None = None,
     ) -> dict[str, Any]: ...
     def watch(self, job: str, progress: bool = False, poll: float = 0.5) -> Iterator[dict[str, Any]]: ...
 

@@ -39,24 +39,38 @@ class Client:
 
     def submit(self, spec: str | os.PathLike | Mapping[str, Any], job_id: str | None = None) -> dict:
         """Submits a spec: a TOML/JSON file path, or a dict in the spec's
-        shape (relative paths in it are relative to the current folder)."""
+        shape (relative paths in it are relative to the current folder).
+
+        A pipeline spec (``stage`` tables) submits every stage at once, as
+        ``stoke submit`` does, and returns the pipeline: ``pipeline`` (its
+        id; ``job_id`` sets it), ``state``, ``reason`` and ``stages`` (each
+        a job, named ``<pipeline>/<stage>``)."""
         if isinstance(spec, Mapping):
             return json.loads(self._native.submit(json=json.dumps(spec), base=os.getcwd(), job_id=job_id))
         return json.loads(self._native.submit(path=os.fspath(spec), job_id=job_id))
 
     def status(self, job: str) -> dict:
+        """A job (also ``<pipeline>/<stage>``), or a pipeline by its id:
+        then its ``state`` and its ``stages`` side by side. A job with a
+        price or a deadline has ``cost_so_far``, ``max_cost``,
+        ``cost_forecast``, ``finish_by``, ``deadline_slack_s``,
+        ``workers_wanted``, ``eta_wanted_s``, ``deadline_at_risk``,
+        ``deadline_risk`` and ``events``."""
         return json.loads(self._native.status(job))
 
     def jobs(self) -> list[dict]:
         return [json.loads(j) for j in self._native.jobs()]
 
     def cancel(self, job: str) -> dict:
+        """Cancels a job, or every stage of a pipeline (given its id)."""
         return json.loads(self._native.cancel(job))
 
     def pause(self, job: str) -> dict:
+        """Pauses a job, or every stage of a pipeline (given its id)."""
         return json.loads(self._native.pause(job))
 
     def resume(self, job: str) -> dict:
+        """Resumes a job, or every stage of a pipeline (given its id)."""
         return json.loads(self._native.resume(job))
 
     def report(self, job: str) -> dict:
@@ -78,15 +92,21 @@ class Client:
         priority: int | None = None,
         weight: float | None = None,
         max_workers: int | None = None,
+        max_cost: float | None = None,
     ) -> dict:
         """Changes a running job's scheduling, as ``stoke set`` does:
         ``priority`` (higher goes first; lower-priority leases may be
         preempted), ``weight`` (its share among running jobs of the same
         priority, positive), ``max_workers`` (most leases it holds at once;
-        0 removes the cap). Only the arguments given change; with none,
-        raises :class:`StokeError`. Returns the job, with its ``priority``,
-        ``weight``, ``max_workers`` and ``queue`` as they are now."""
-        return json.loads(self._native.set(job, priority=priority, weight=weight, max_workers=max_workers))
+        0 removes the cap), ``max_cost`` (its spending cap, in the
+        coordinator's prices; a job paused at its cap resumes when the new
+        one is above its spend). Only the arguments given change; with
+        none, raises :class:`StokeError`. Returns the job, with its
+        ``priority``, ``weight``, ``max_workers``, ``max_cost`` and
+        ``queue`` as they are now."""
+        return json.loads(
+            self._native.set(job, priority=priority, weight=weight, max_workers=max_workers, max_cost=max_cost)
+        )
 
     def watch(self, job: str, progress: bool = False, poll: float = 0.5) -> Iterator[dict]:
         """Yields the job's status every ``poll`` seconds until it ends

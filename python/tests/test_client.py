@@ -119,8 +119,11 @@ def test_set_changes_a_jobs_schedule(cluster, fixture_dir):
     assert (uncapped["priority"], uncapped["weight"], uncapped["max_workers"]) == (5, 2.5, None)
     assert client.status(job)["max_workers"] is None
     assert client.set(job, priority=-2)["priority"] == -2
-    with pytest.raises(stoke.StokeError, match="priority=, weight= or max_workers="):
+    with pytest.raises(stoke.StokeError, match="priority=, weight=, max_workers= or max_cost="):
         client.set(job)
+    # A spending cap needs the coordinator's price for the job's pool.
+    with pytest.raises(stoke.StokeError, match='no price for pool "default"'):
+        client.set(job, max_cost=10.0)
     for bad in (0, -1.0):
         with pytest.raises(stoke.StokeError, match="weight.*must be a positive number"):
             client.set(job, weight=bad)
@@ -131,6 +134,35 @@ def test_set_changes_a_jobs_schedule(cluster, fixture_dir):
     # The refused changes changed nothing.
     status = client.status(job)
     assert (status["priority"], status["weight"], status["max_workers"]) == (-2, 2.5, None)
+
+
+def test_a_pipeline_is_submitted_watched_and_steered_whole(cluster, fixture_dir):
+    client = stoke.Client(cluster.address)
+    job = fixture_spec(fixture_dir)
+    prep = {
+        "name": "prep",
+        "dataset": job["dataset"],
+        "processor": {"python": "processors:Features", "python_path": [str(PROCESSORS)]},
+        "batching": {"batch_size": 50},
+    }
+    classify = {"name": "classify", "processor": job["processor"], "batching": {"batch_size": 50}}
+    pipeline = client.submit({"name": "pyflow", "stage": [prep, classify]})
+    pid = pipeline["pipeline"]
+    assert pid.startswith("pyflow-") and pipeline["state"] == "running", pipeline
+    assert [s["name"] for s in pipeline["stages"]] == [f"{pid}/prep", f"{pid}/classify"]
+    assert [s["job_id"] for s in pipeline["stages"]] == [f"{pid}-prep", f"{pid}-classify"]
+    # The whole pipeline pauses and resumes; a stage is reached by name.
+    paused = client.pause(pid)
+    assert paused["state"] == "paused" and {s["state"] for s in paused["stages"]} == {"paused"}, paused
+    assert client.status(f"{pid}/classify")["state"] == "paused"
+    assert client.resume(pid)["state"] == "running"
+    assert client.set(f"{pid}/classify", max_workers=2)["max_workers"] == 2
+    cluster.worker()
+    done = wait_for("the pipeline to succeed", lambda: (s := client.status(pid))["state"] == "succeeded" and s)
+    assert [s["records_done"] for s in done["stages"]] == [3000, 3000], done
+    # A pipeline's id given where a job is expected finds its stages.
+    with pytest.raises(stoke.StokeError, match="no-such"):
+        client.status("no-such")
 
 
 def test_client_token_opens_a_coordinator_with_tokens(tmp_path, fixture_dir, monkeypatch):

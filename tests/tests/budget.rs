@@ -287,6 +287,15 @@ fn a_cap_without_a_price_and_a_deadline_already_past_are_refused_at_submit() {
         "{}",
         text(&out.stderr)
     );
+    // Nor can a cap be set later.
+    let job = coordinator.submit(&spec_file(tmp.path(), "plain.toml", ""));
+    let out = coordinator.cli(&["set", &job, "--max-cost", "5"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("max_cost: this coordinator has no price for pool \"default\""),
+        "{}",
+        text(&out.stderr)
+    );
     let out = coordinator.cli(&[
         "submit",
         &spec_file(

@@ -112,6 +112,7 @@ impl State {
         // A spending cap needs a price to count spend by.
         if spec.limits.max_cost.is_some() && self.config.price_of(spec.pool_name()).is_none() {
             let error = CoordinatorError::NoPrice {
+                what: "job spec: limits.max_cost",
                 pool: spec.pool_name().to_string(),
             };
             self.reply(Some(req), Answer::job(Err(error)));
@@ -223,6 +224,17 @@ impl State {
     /// stored in `schedule.json` first, so it survives a restart; applies
     /// to the next leases and preemptions.
     pub fn set_schedule(&mut self, req: ReqId, job_id: &str, change: ScheduleChange) {
+        // A spending cap needs a price to count spend by, as at submit.
+        if change.max_cost.is_some()
+            && let Ok(job) = self.job(job_id)
+            && self.price_of(job).is_none()
+        {
+            let error = CoordinatorError::NoPrice {
+                what: "max_cost",
+                pool: job.spec.pool_name().to_string(),
+            };
+            return self.reply(Some(req), Answer::job(Err(error)));
+        }
         self.job_cmd(Some(req), job_id, JobCmd::Set(change));
     }
 
