@@ -191,36 +191,51 @@ impl State {
     /// done, not of every job it ever ran. What their views show stays
     /// ([`Kept`]); their outputs are read from the manifest.
     pub(super) fn release_ended(&mut self) {
-        let done: Vec<String> = self
+        let done: Vec<(String, bool)> = self
             .jobs
             .values()
-            // A pipeline stage's shards are kept while the next stage
-            // reads their outputs (a restart rebuilds its shards from them).
-            .filter(|job| job.may_let_go() && !self.feeds_a_running_stage(job))
-            .map(|job| job.id.clone())
+            .filter(|job| job.may_let_go())
+            .map(|job| (job.id.clone(), self.feeds_a_running_stage(job)))
             .collect();
-        for job_id in done {
+        for (job_id, feeds) in done {
             let Some(mut job) = self.jobs.remove(&job_id) else {
                 continue;
             };
             job.let_go();
             debug!(job = %job_id, "succeeded job's shards released from memory");
-            // For a restarted coordinator: without it (a failed write),
-            // it reads the plan and the progress as before.
-            if let Some(record) = job.ended_record() {
-                let io = Io::Put {
-                    uri: job.layout.ended(),
-                    bytes: Bytes::from(to_json_bytes(&record)),
-                };
-                self.start_io(
-                    io,
-                    Then::EndedSaved {
-                        job_id: job_id.clone(),
-                    },
-                );
+            // A pipeline stage whose next stage still reads its outputs
+            // leaves no `ended.json` until that stage ends: a restart
+            // meanwhile loads it whole and rebuilds the next stage's
+            // shards from its progress (`restore_feeds`).
+            job.ended_deferred = feeds;
+            self.released.insert(job_id.clone(), job);
+            if !feeds {
+                self.save_ended(&job_id);
             }
-            self.released.insert(job_id, job);
         }
+    }
+
+    /// Stores a released job's `ended.json`: for a restarted coordinator,
+    /// which then loads it without its shards (without it, after a failed
+    /// write, it reads the plan and the progress as before).
+    pub(super) fn save_ended(&mut self, job_id: &str) {
+        let Some(job) = self.released.get_mut(job_id) else {
+            return;
+        };
+        job.ended_deferred = false;
+        let Some(record) = job.ended_record() else {
+            return;
+        };
+        let io = Io::Put {
+            uri: job.layout.ended(),
+            bytes: Bytes::from(to_json_bytes(&record)),
+        };
+        self.start_io(
+            io,
+            Then::EndedSaved {
+                job_id: job_id.to_string(),
+            },
+        );
     }
 
     /// `ended.json` is stored (or not: a restart then reads the job whole).

@@ -314,6 +314,9 @@ struct Job {
     budget_paused: bool,
     /// Its deadline and the fleet it asks for to meet it (`deadline.rs`).
     deadline: Option<deadline::Deadline>,
+    /// Released from memory without its `ended.json`: a pipeline stage
+    /// whose next stage still reads it (`finish.rs`).
+    ended_deferred: bool,
     /// What happened to it that its user should know, oldest first.
     events: deadline::Events,
     /// Commits of this pipeline stage held until the next stage consumed
@@ -616,6 +619,7 @@ impl Job {
             held: VecDeque::new(),
             budget_paused: false,
             deadline,
+            ended_deferred: false,
             events: Default::default(),
         }
     }

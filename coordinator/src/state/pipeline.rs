@@ -272,6 +272,16 @@ impl State {
         let Some(stage) = job.spec.stage_of.clone() else {
             return;
         };
+        // The stage before, let go of while this one read it, may now
+        // leave its `ended.json` (see `release_ended`).
+        if let Some(up) = stage.upstream.as_deref()
+            && self.released.get(up).is_some_and(|u| u.ended_deferred)
+        {
+            self.save_ended(up);
+        }
+        let Some(job) = self.jobs.get(job_id).or_else(|| self.released.get(job_id)) else {
+            return;
+        };
         match &job.life {
             Life::Ended(End::Succeeded(_)) => {
                 let Some(down_id) = stage.downstream.as_deref() else {
@@ -362,9 +372,9 @@ impl State {
         }
     }
 
-    /// Whether a succeeded upstream stage must keep its shards' states in
-    /// memory: its downstream is not done reading them (a restart
-    /// rebuilds the downstream's shards from them).
+    /// Whether a succeeded upstream stage's downstream is not done reading
+    /// it: then it leaves no `ended.json` yet (a restart rebuilds the
+    /// downstream's shards from its stored progress).
     pub(super) fn feeds_a_running_stage(&self, job: &Job) -> bool {
         job.downstream()
             .is_some_and(|d| self.jobs.get(d).is_some_and(|d| !d.life.ended()))

@@ -288,3 +288,75 @@ async fn keep_intermediate_keeps_each_consumed_object() {
     assert_eq!(info(&state, DOWN).state, JobState::Succeeded);
     assert!(state.take_deletes().is_empty(), "kept");
 }
+
+/// `stoke_shards_in_memory` now.
+fn shards_in_memory(state: &Inline) -> u64 {
+    state.snapshot(Instant::now()).shards_in_memory
+}
+
+async fn has_ended_record(stores: &Stores, job_id: &str) -> bool {
+    stores.get(&job_layout(job_id).ended()).await.is_ok()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_succeeded_stage_lets_go_of_its_shards_while_the_next_reads_it_and_a_restart_refeeds() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_pipeline(&mut state, &stores, 30, 8).await;
+    // The downstream waits (paused) while the upstream runs to its end.
+    state.pause(DOWN, "test".to_string()).await.expect("pause");
+    let (a, _a_events) = register(&mut state, "a");
+    for _ in 0..3 {
+        let lease = leased(state.acquire(&a));
+        assert_eq!(lease.job_id, UP);
+        commit(&mut state, &stores, &a, &lease, 0, SHARD_BATCHES, true).await;
+    }
+    let mut released = false;
+    for _ in 0..20 {
+        advance(Duration::from_secs(5)).await;
+        state.tick().await;
+        if info(&state, UP).state == JobState::Succeeded && shards_in_memory(&state) == 3 {
+            released = true;
+            break;
+        }
+    }
+    // Its 3 shards are let go of; the downstream's 3 (one per object)
+    // stay. Its `ended.json` waits for the downstream.
+    assert!(released, "in memory: {}", shards_in_memory(&state));
+    assert_eq!(info(&state, DOWN).shards_total, 3);
+    assert!(!has_ended_record(&stores, UP).await);
+    drop(state);
+
+    // A restart loads the upstream whole and refeeds the downstream.
+    let mut state = recover(&stores).await;
+    let down = info(&state, DOWN);
+    assert_eq!((down.shards_total, down.shards_done), (3, 0));
+    assert_eq!(down.state, JobState::Paused);
+    state.tick().await;
+    assert_eq!(shards_in_memory(&state), 3, "the upstream let go of again");
+    state.resume(DOWN).await.expect("resume");
+    let (b, _b_events) = register(&mut state, "b");
+    for _ in 0..3 {
+        let lease = leased(state.acquire(&b));
+        assert_eq!(lease.job_id, DOWN);
+        let mut c = last_checkpoint(&b, &lease, 0);
+        c.records = lease.shard.records.unwrap_or(0);
+        state
+            .commit(staged(&stores, c).await)
+            .await
+            .expect("commit");
+    }
+    for _ in 0..20 {
+        advance(Duration::from_secs(5)).await;
+        state.tick().await;
+        if has_ended_record(&stores, UP).await {
+            break;
+        }
+    }
+    assert_eq!(info(&state, DOWN).state, JobState::Succeeded);
+    assert_eq!(info(&state, DOWN).records_done, 30);
+    assert!(
+        has_ended_record(&stores, UP).await,
+        "once the downstream ended"
+    );
+}
