@@ -4,7 +4,11 @@
 #   bench/run.sh           # everything: W1 end to end, coordinator scale, ragged
 #   bench/run.sh w1        # only W1: (a) model floor, (b) plain Python,
 #                          #   (c) Ray Data, (d) stoke embedded, (e) stoke --local 1/2
-#   bench/run.sh scale     # only the coordinator scale benchmark
+#   bench/run.sh scale     # only the coordinator scale benchmark (deadline
+#                          #   simulation included)
+#   bench/run.sh scale-deadline # only the deadline simulation: a job with a
+#                          #   deadline and a budget on the state machine, an
+#                          #   autoscaler following stoke_workers_wanted, 20 seeds
 #   bench/run.sh ragged    # only the ragged workload (fixed batches vs a budget)
 #   bench/run.sh pt2       # W1 with --local 2, the model as TorchScript vs as a
 #                          #   .pt2 package (AOTInductor), interleaved
@@ -48,9 +52,9 @@ set -euo pipefail
 
 what="${1:-all}"
 case "$what" in
-  all | w1 | scale | ragged | s3 | pt2 | python | split | delta | compare | straggler | straggler-late | incremental) ;;
+  all | w1 | scale | scale-deadline | ragged | s3 | pt2 | python | split | delta | compare | straggler | straggler-late | incremental) ;;
   *)
-    echo "usage: bench/run.sh [all|w1|scale|ragged|s3|pt2|python|split|delta|compare|straggler|straggler-late|incremental]" >&2
+    echo "usage: bench/run.sh [all|w1|scale|scale-deadline|ragged|s3|pt2|python|split|delta|compare|straggler|straggler-late|incremental]" >&2
     exit 2
     ;;
 esac
@@ -446,9 +450,19 @@ run_scale() {
   "$BIN/stoke-bench-scale" finish --shards "${BENCH_FINISH_SHARDS:-100000}" \
     --work-dir "$BENCH_DIR/scale" | tee -a "$out"
   rm -rf "$BENCH_DIR/scale"
+  run_scale_deadline
 }
 
-if [ "$what" = pt2 ] || [ "$what" = straggler-late ] || [ "$what" = incremental ]; then
+# A job with a deadline and a budget against the state machine in process,
+# on a paused clock (no coordinator process, seconds of real time): one line
+# per seed and a summary with the targets, appended to the scale results.
+run_scale_deadline() {
+  local out="$BENCH_DIR/scale-results.txt"
+  log "coordinator scale: a deadline and a budget, simulated, ${BENCH_DEADLINE_SEEDS:-20} seeds"
+  "$BIN/stoke-bench-scale" deadline --seeds "${BENCH_DEADLINE_SEEDS:-20}" | tee -a "$out"
+}
+
+if [ "$what" = pt2 ] || [ "$what" = straggler-late ] || [ "$what" = incremental ] || [ "$what" = scale-deadline ]; then
   # Only stoke runs here: the stoke venv has all the Python this needs
   # (torch to export the model, pyarrow to check outputs).
   BENCH_VENV="$STOKE_VENV"
@@ -475,6 +489,11 @@ case "$what" in
   scale)
     rm -f "$BENCH_DIR/w1-results.jsonl"
     run_scale
+    ;;
+  scale-deadline)
+    rm -f "$BENCH_DIR/w1-results.jsonl"
+    : >"$BENCH_DIR/scale-results.txt"
+    run_scale_deadline
     ;;
   pt2)
     rm -f "$BENCH_DIR/scale-results.txt"

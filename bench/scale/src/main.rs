@@ -15,6 +15,10 @@
 //!   the submit took and the coordinator's memory afterwards.
 //!
 //! - `ended`: the coordinator's memory as jobs end one after another.
+//! - `deadline`: a job with a deadline and a budget, on the state machine
+//!   in process and a paused clock, with an autoscaler following
+//!   `stoke_workers_wanted`, paces drawn from a spread, start-ups and
+//!   preemptions, over many seeds (see `deadline.rs`).
 //! - `finish`: commit latency of a running job while another job with
 //!   many shards finishes (manifest, orphans), against the same job's
 //!   latency once the other is done.
@@ -24,6 +28,7 @@
 mod acquire;
 mod coordinator;
 mod cycles;
+mod deadline;
 mod ended;
 mod finish;
 mod pin;
@@ -133,6 +138,59 @@ enum Cmd {
         #[arg(long, default_value_t = 64)]
         workers: usize,
     },
+    /// A job with a deadline (and, again, a budget below its need) on the
+    /// state machine in process, on a paused clock: an autoscaler follows
+    /// `stoke_workers_wanted`; workers start, are preempted and are
+    /// stopped at random; one line per seed and a summary with the
+    /// targets. Needs no coordinator binary.
+    Deadline {
+        /// Seeds to run, from `--first-seed` on.
+        #[arg(long, default_value_t = 20)]
+        seeds: u64,
+        #[arg(long, default_value_t = 1)]
+        first_seed: u64,
+        /// Records in the job.
+        #[arg(long, default_value_t = 360_000)]
+        records: u64,
+        /// Records per shard.
+        #[arg(long, default_value_t = 1_000)]
+        shard_records: u64,
+        /// The deadline after submit ("2h").
+        #[arg(long, default_value = "2h", value_parser = humantime::parse_duration)]
+        deadline: Duration,
+        /// Price of a worker-hour.
+        #[arg(long, default_value_t = 1.0)]
+        price: f64,
+        /// Mean records per second of one worker.
+        #[arg(long, default_value_t = 2.5)]
+        pace: f64,
+        /// Paces are drawn uniformly in pace × (1 ± this).
+        #[arg(long, default_value_t = 0.4)]
+        pace_spread: f64,
+        /// A worker commits a checkpoint this often (of its time).
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        checkpoint: Duration,
+        /// Nominal worker start-up: the coordinator's --startup-margin.
+        #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+        startup: Duration,
+        /// Start-ups are drawn uniformly in startup ± this.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        startup_spread: Duration,
+        /// Mean time between preemptions of one worker (exponential).
+        #[arg(long, default_value = "3h", value_parser = humantime::parse_duration)]
+        preempt_every: Duration,
+        /// How often the autoscaler reads stoke_workers_wanted.
+        #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+        scale_every: Duration,
+        /// The most workers the autoscaler runs (a node pool's maximum;
+        /// KEDA's default maxReplicaCount).
+        #[arg(long, default_value_t = 100)]
+        max_fleet: u64,
+        /// The budget run's max_cost as a share of the hindsight
+        /// optimum's bill.
+        #[arg(long, default_value_t = 0.6)]
+        budget_share: f64,
+    },
     /// Submit time and coordinator memory for a job with many shards.
     Plan {
         #[arg(long, default_value_t = 1_000_000)]
@@ -142,6 +200,41 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Cmd::Deadline {
+        seeds,
+        first_seed,
+        records,
+        shard_records,
+        deadline,
+        price,
+        pace,
+        pace_spread,
+        checkpoint,
+        startup,
+        startup_spread,
+        preempt_every,
+        scale_every,
+        max_fleet,
+        budget_share,
+    } = cli.command
+    {
+        let options = deadline::Options {
+            records,
+            shard_records: shard_records.max(1),
+            deadline,
+            price,
+            pace,
+            pace_spread: pace_spread.clamp(0.0, 0.99),
+            checkpoint,
+            startup,
+            startup_spread,
+            preempt_every,
+            scale_every,
+            max_fleet: max_fleet.max(1),
+            budget_share,
+        };
+        return run_deadline(&options, first_seed, seeds);
+    }
     let coordinator_bin = match cli.coordinator_bin {
         Some(p) => p,
         None => {
@@ -254,6 +347,7 @@ fn main() -> anyhow::Result<()> {
                 println!("{report}");
                 Ok(())
             }
+            Cmd::Deadline { .. } => unreachable!("run above, without a coordinator"),
             Cmd::Plan { shards } => {
                 let dir = work_dir.join("plan");
                 let report = plan::run(&launcher, &dir, shards).await.context("plan")?;
@@ -266,4 +360,24 @@ fn main() -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(&work_dir);
     }
     result
+}
+
+/// `deadline`: one seed after another on one paused clock (hours of job
+/// time in seconds), a line each, then the summary.
+fn run_deadline(options: &deadline::Options, first_seed: u64, seeds: u64) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .context("starting the paused tokio runtime")?;
+    runtime.block_on(async {
+        let mut reports = Vec::new();
+        for seed in first_seed..first_seed + seeds {
+            let report = deadline::run_seed(options, seed).await?;
+            println!("{report}");
+            reports.push(report);
+        }
+        println!("{}", deadline::Summary(&reports));
+        Ok(())
+    })
 }
