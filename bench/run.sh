@@ -449,6 +449,9 @@ run_scale() {
   log "coordinator scale: commit latency while a ${BENCH_FINISH_SHARDS:-100000}-shard job finishes"
   "$BIN/stoke-bench-scale" finish --shards "${BENCH_FINISH_SHARDS:-100000}" \
     --work-dir "$BENCH_DIR/scale" | tee -a "$out"
+  log "coordinator scale: a pipeline's 100000 intermediates in memory, against plain jobs"
+  "$BIN/stoke-bench-scale" pipeline-memory --shards 100000 \
+    --work-dir "$BENCH_DIR/scale" | tee -a "$out"
   rm -rf "$BENCH_DIR/scale"
   run_scale_deadline
 }

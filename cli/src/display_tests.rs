@@ -32,6 +32,8 @@ fn job(id: &str, shards: u64, records: Option<u64>) -> JobInfo {
         price_per_hour: None,
         finish_by: None,
         workers_wanted: None,
+        eta_wanted_s: None,
+        eta_held_s: None,
         deadline_risk: None,
         events: Vec::new(),
     }

@@ -137,7 +137,11 @@ pub fn job_json(job: &JobInfo) -> serde_json::Value {
         // The coordinator's recent rate, and the time left at it: null
         // while not measured (or not running).
         "records_per_s": job.records_per_s,
-        "eta_s": job.eta().map(|d| d.as_secs_f64()),
+        // A deadline job's from its workers' pace between commits (the
+        // forecast's), else at the recent rate.
+        "eta_s": forecast
+            .map(|f| f.eta_s)
+            .or_else(|| job.eta().map(|d| d.as_secs_f64())),
         "output_uri": job.output_uri,
         "manifest_uri": job.manifest_uri,
         "processor": job.processor,
@@ -284,6 +288,8 @@ mod tests {
             price_per_hour: Some(3.6),
             finish_by: Some("2026-12-01T06:00:00Z".into()),
             workers_wanted: None,
+            eta_wanted_s: None,
+            eta_held_s: None,
             deadline_risk: None,
             events: Vec::new(),
         }

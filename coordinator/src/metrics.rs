@@ -591,6 +591,8 @@ mod tests {
             price_per_hour: None,
             finish_by: None,
             workers_wanted: None,
+            eta_wanted_s: None,
+            eta_held_s: None,
             deadline_risk: None,
             events: Vec::new(),
         };

@@ -82,6 +82,8 @@ impl From<JobInfo> for pb::JobInfo {
             price_per_hour: j.price_per_hour,
             finish_by: j.finish_by.unwrap_or_default(),
             workers_wanted: j.workers_wanted,
+            eta_wanted_s: j.eta_wanted_s,
+            eta_held_s: j.eta_held_s,
             deadline_risk: j.deadline_risk.unwrap_or_default(),
             events: j
                 .events
@@ -148,6 +150,8 @@ impl TryFrom<pb::JobInfo> for JobInfo {
             price_per_hour: j.price_per_hour.filter(|c| c.is_finite()),
             finish_by: non_empty(j.finish_by),
             workers_wanted: j.workers_wanted,
+            eta_wanted_s: j.eta_wanted_s.filter(|e| e.is_finite() && *e >= 0.0),
+            eta_held_s: j.eta_held_s.filter(|e| e.is_finite() && *e >= 0.0),
             deadline_risk: non_empty(j.deadline_risk),
             events: j
                 .events
@@ -1009,6 +1013,8 @@ mod tests {
             price_per_hour: Some(2.5),
             finish_by: Some("2026-12-01T06:00:00Z".into()),
             workers_wanted: Some(5),
+            eta_wanted_s: Some(1234.5),
+            eta_held_s: Some(2000.0),
             deadline_risk: Some(
                 "needs 9 workers to finish by its deadline; max_workers = 3".into(),
             ),

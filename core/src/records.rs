@@ -286,6 +286,14 @@ pub struct JobInfo {
     /// then, capped by `max_workers` and by what `max_cost` can still pay
     /// (what it adds to `stoke_workers_wanted`).
     pub workers_wanted: Option<u64>,
+    /// Seconds to the end with `workers_wanted` (those it adds counted
+    /// after the coordinator's start-up margin), as the coordinator sized
+    /// it.
+    pub eta_wanted_s: Option<f64>,
+    /// With a deadline and a measured pace: seconds to the end with the
+    /// workers it holds, at their pace between commits (steadier than
+    /// `records_per_s`'s window while the fleet changes).
+    pub eta_held_s: Option<f64>,
     /// Why it cannot make its deadline even at its cap; `None` while it can
     /// (or has no deadline).
     pub deadline_risk: Option<String>,
@@ -379,7 +387,10 @@ impl JobInfo {
         if self.state != JobState::Running {
             return None;
         }
-        let eta_s = self.eta()?.as_secs_f64();
+        let eta_s = match self.eta_held_s {
+            Some(eta) => eta,
+            None => self.eta()?.as_secs_f64(),
+        };
         let cost_forecast = self
             .cost_so_far
             .zip(self.price_per_hour)
@@ -390,11 +401,13 @@ impl JobInfo {
             .and_then(|at| humantime::parse_rfc3339_weak(at).ok())
             .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|at| at.as_secs_f64() - now_ms as f64 / 1000.0 - eta_s);
-        // Its pace per worker holding a shard, times the workers it asks for.
-        let eta_wanted_s = self
-            .workers_wanted
-            .filter(|&n| n > 0 && self.shards_leased > 0)
-            .map(|n| eta_s * self.shards_leased as f64 / n as f64);
+        // As the coordinator sized it; else its pace per worker holding a
+        // shard, times the workers it asks for.
+        let eta_wanted_s = self.eta_wanted_s.or_else(|| {
+            self.workers_wanted
+                .filter(|&n| n > 0 && self.shards_leased > 0)
+                .map(|n| eta_s * self.shards_leased as f64 / n as f64)
+        });
         Some(Forecast {
             eta_s,
             cost_forecast,

@@ -128,9 +128,10 @@ pub struct EfficiencyReport {
     /// An LLM job's engine and tokens (`[processor] name = "llm"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm: Option<LlmUsage>,
-    /// Worker-seconds the job held (its leases, and the idle time given to
-    /// it), by the coordinator's clock, whether or not the workers reported
-    /// them yet: what a spending cap counts.
+    /// Worker-seconds the job held (its leases, and the idle time at its
+    /// tail; not idle workers' time while it was paused), by the
+    /// coordinator's clock, whether or not the workers reported them yet:
+    /// what a spending cap counts.
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub held_s: f64,
     /// A pipeline stage: seconds it was held back by the stage after it

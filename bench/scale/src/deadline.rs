@@ -36,8 +36,8 @@
 //! on is the fleet's bill: every worker from its start request to its
 //! stop, start-up and idle included (split by phase in the line). The
 //! job's `cost_so_far` (what the coordinator counts: its workers'
-//! lease-held time, and idle time it gives a paused job or one in its
-//! tail) is shown against the same optimum for reference, and so is the bill
+//! lease-held time, and idle time given to it at its tail) is shown
+//! against the same optimum for reference, and so is the bill
 //! against the optimum at the mean of every pace drawn. Then the
 //! forecast's error after 5% progress: at each autoscaler step, the end
 //! the job's forecast gives (now + `eta_wanted_s` when it asks for
@@ -353,7 +353,7 @@ impl fmt::Display for Summary<'_> {
              bill_vs_optimum mean={} max={} within_10%={}/{} (target: the fleet's bill, every worker from its start request to its stop, within {:.0}% of the hindsight optimum's bill, the cheapest constant fleet at the seed's worked pace after the nominal start-up: {}) \
              bill_starting={} bill_idle={} \
              bill_vs_optimum_at_drawn_pace mean={} max={} (the optimum at the mean of every pace drawn; for reference) \
-             job_cost_vs_optimum mean={} max={} (the job's cost_so_far, what the coordinator counts: lease-held time, and idle time given to a paused job or one in its tail; against the same optimum bill; for reference) \
+             job_cost_vs_optimum mean={} max={} (the job's cost_so_far, what the coordinator counts: lease-held time, and idle time given to it at its tail; against the same optimum bill; for reference) \
              eta_err max={} p90={} samples={} (target <= {:.0}% of the job's duration after 5% progress: max {}, p90 {}) \
              budget paused_at_cap={}/{} overshoot_max_intervals={} (target <= {:.0} checkpoint interval of the fleet: {})",
             seeds.len(),

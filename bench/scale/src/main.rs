@@ -22,6 +22,9 @@
 //! - `finish`: commit latency of a running job while another job with
 //!   many shards finishes (manifest, orphans), against the same job's
 //!   latency once the other is done.
+//! - `pipeline-memory`: the coordinator's memory with a pipeline whose
+//!   next stage holds N committed intermediates, against two plain jobs
+//!   of N shards (one run to its end).
 //!
 //! Every result is one line starting with `scale ` so scripts can grep it.
 
@@ -32,6 +35,7 @@ mod deadline;
 mod ended;
 mod finish;
 mod pin;
+mod pipeline_memory;
 mod plan;
 
 use std::path::PathBuf;
@@ -135,6 +139,15 @@ enum Cmd {
         #[arg(long, default_value_t = 20_000)]
         shards: u64,
         /// Simulated workers driving each.
+        #[arg(long, default_value_t = 64)]
+        workers: usize,
+    },
+    /// The coordinator's memory with a pipeline's N intermediates
+    /// waiting, against a job of N shards and two plain jobs.
+    PipelineMemory {
+        #[arg(long, default_value_t = 100_000)]
+        shards: u64,
+        /// Simulated workers running the first stage (and the first job).
         #[arg(long, default_value_t = 64)]
         workers: usize,
     },
@@ -344,6 +357,20 @@ fn main() -> anyhow::Result<()> {
                 let report = ended::run(&launcher, &dir, &options)
                     .await
                     .context("ended")?;
+                println!("{report}");
+                Ok(())
+            }
+            Cmd::PipelineMemory { shards, workers } => {
+                let options = pipeline_memory::Options {
+                    shards,
+                    workers: workers.max(1),
+                };
+                let dir = work_dir.join("pipeline-memory");
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                let report = pipeline_memory::run(&launcher, &dir, &options)
+                    .await
+                    .context("pipeline-memory")?;
                 println!("{report}");
                 Ok(())
             }

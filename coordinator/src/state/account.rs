@@ -274,10 +274,17 @@ impl Account {
     /// for a coordinator that starts again as it is: a restart loses the
     /// unreported time with its sessions, so the next coordinator adds to
     /// causes and processor time that agree.
-    /// The processor seconds given to the job, by this coordinator and
-    /// those before it: what its spend is counted from.
+    /// The worker time the job held (its leases, and the idle time at its
+    /// tail; not the time idle workers waited while it was paused: a job
+    /// paused at its cap spends no more), by this coordinator and those
+    /// before it: what its spend is counted from.
     pub fn processor_seconds(&self) -> f64 {
-        self.processor.as_secs_f64() + self.before.as_ref().map_or(0.0, |b| b.held_s)
+        self.held().as_secs_f64() + self.before.as_ref().map_or(0.0, |b| b.held_s)
+    }
+
+    /// What this coordinator counted of [`Account::processor_seconds`].
+    fn held(&self) -> Duration {
+        self.processor.saturating_sub(self.paused)
     }
 
     pub fn report(
@@ -367,7 +374,7 @@ impl Account {
             backups: self.backups,
             backups_won: self.backups_won,
             held_back_s: self.held_back.as_secs_f64(),
-            held_s: self.processor.as_secs_f64(),
+            held_s: self.held().as_secs_f64(),
             starved_s: self.starved.as_secs_f64(),
             cost: None,
             devices,

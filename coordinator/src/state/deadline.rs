@@ -4,24 +4,30 @@
 //!
 //! At each tick a running job with a deadline is sized: the workers that
 //! commit its remaining records by `finish_by` at its measured pace (the
-//! median over its workers of records per second of lease held, as the
-//! splitter measures it). The workers it holds work until the deadline; a
+//! median over its workers of records per second of lease held between
+//! their commits, `pace::Steady`). It plans to end a tail's allowance
+//! early, two of its workers' usual intervals between commits: the last
+//! shards cannot be split finer than a checkpoint interval, and a worker
+//! lost near the end loses one. The workers it holds work until then; a
 //! worker it adds works only after the start-up margin
 //! (`--startup-margin`: the time an autoscaler takes to bring a worker
-//! up). So with `L` workers, `T` seconds to the deadline, margin `m` and
-//! pace `p`, it wants
+//! up). So with `L` workers, `T` seconds to the planned end, margin `m`
+//! and pace `p`, it wants
 //!
 //! - `ceil(left / (p·T))` when the workers it holds finish in time (it
 //!   may give some back), else
-//! - `L + ceil((left − L·p·T) / (p·(T − m)))`,
+//! - `L + ceil((left − L·p·T) / (p·(T − m)))` when a new worker would
+//!   still do a tail's worth, else the `L` it holds (at least one):
+//!   workers that would start too late to help are not asked for;
 //!
 //! capped by `max_workers` and by what `max_cost` can still pay: the
 //! work left costs the same on any number of workers, so what more
 //! workers cost is their start (the median time its workers took to
 //! their first commit); when the cap cannot pay for the work left at all,
 //! it asks for the workers that spend what is left by the deadline.
-//! That count is what it adds to `stoke_workers_wanted{pool}`; before its
-//! pace is measured it asks as a job without a deadline does.
+//! That count is what it adds to `stoke_workers_wanted{pool}`. Before its
+//! pace is measured (a worker's second commit) it asks for the workers it
+//! holds, at least one: a probe, not a worker per shard.
 //!
 //! A job that cannot make its deadline even at its cap (the workers it
 //! needs are more than its cap, its budget runs out first, or the
@@ -91,6 +97,10 @@ pub(super) struct Deadline {
     pub at_ms: u64,
     /// The workers that finish it by then (`None`: no pace measured yet).
     pub wanted: Option<u64>,
+    /// Seconds to the end with them, and with the workers it holds, from
+    /// when it was sized.
+    pub eta_s: Option<f64>,
+    pub eta_held_s: Option<f64>,
     /// Why it cannot make it even at its cap (`None`: it can).
     pub risk: Option<String>,
     /// Whether the risk was said (in its events and the log): once.
@@ -112,6 +122,11 @@ impl Deadline {
 pub struct Sizing {
     pub wanted: u64,
     pub risk: Option<String>,
+    /// Seconds to the end with `wanted` workers, those it adds counted
+    /// after their start.
+    pub eta_s: Option<f64>,
+    /// Seconds to the end with the workers it holds (`None`: none).
+    pub eta_held_s: Option<f64>,
 }
 
 /// What [`size`] works from.
@@ -119,7 +134,7 @@ pub struct Sizing {
 pub struct Need {
     /// Records left.
     pub left: u64,
-    /// Records per second of lease held, per worker.
+    /// Records per second of lease held, per worker, between commits.
     pub pace: f64,
     /// Workers holding its shards now.
     pub leased: u64,
@@ -127,6 +142,9 @@ pub struct Need {
     pub time_left_s: f64,
     /// How long a new worker takes to start.
     pub margin_s: f64,
+    /// The end's allowance: the last shards cannot be split finer than a
+    /// checkpoint interval, and a worker lost near the end loses one.
+    pub tail_s: f64,
     pub max_workers: Option<u64>,
     /// (what it may still spend, the price of a worker-hour).
     pub budget: Option<(f64, f64)>,
@@ -144,23 +162,29 @@ pub fn size(need: &Need) -> Sizing {
         leased,
         time_left_s: t,
         margin_s: m,
+        tail_s,
         ..
     } = *need;
     if left == 0 {
         return Sizing {
             wanted: 0,
             risk: None,
+            eta_s: Some(0.0),
+            eta_held_s: Some(0.0),
         };
     }
     let left_f = left as f64;
     let held = leased as f64;
-    // None: no number of workers makes it.
-    let needed: Option<f64> = if t <= 0.0 {
+    // Planned to end a tail's allowance before the deadline.
+    let t_end = t - tail_s;
+    // None: no number of workers makes it (new ones would start too late
+    // to do a tail's worth).
+    let needed: Option<f64> = if t_end <= 0.0 {
         None
-    } else if held * pace * t >= left_f {
-        Some((left_f / (pace * t)).ceil())
-    } else if t > m {
-        Some(held + ((left_f - held * pace * t) / (pace * (t - m))).ceil())
+    } else if held * pace * t_end >= left_f {
+        Some((left_f / (pace * t_end)).ceil().max(1.0))
+    } else if t_end - m >= tail_s.max(1.0) {
+        Some(held + ((left_f - held * pace * t_end) / (pace * (t_end - m))).ceil())
     } else {
         None
     };
@@ -174,15 +198,16 @@ pub fn size(need: &Need) -> Sizing {
     if let Some((remaining, price)) = need.budget
         && price > 0.0
     {
+        let remaining = remaining.max(0.0);
         let work_cost = left_f / pace / 3600.0 * price;
         let affordable = if work_cost > remaining {
             broke = Some(format!(
-                "its budget runs out first: {:.2} left of max_cost pays for {:.0}% of the {:.1} worker-hours left",
-                remaining.max(0.0),
-                (remaining.max(0.0) / work_cost * 100.0).min(100.0),
+                "its budget runs out first: {remaining:.2} left of max_cost pays for {:.0}% of the {:.1} worker-hours left",
+                (remaining / work_cost * 100.0).min(100.0),
                 left_f / pace / 3600.0
             ));
-            (remaining.max(0.0) * 3600.0 / (price * t.max(1.0))).floor()
+            // The workers that spend what is left by the deadline.
+            (remaining * 3600.0 / (price * t_end.max(m).max(1.0))).floor()
         } else if need.start_s > 0.0 {
             held + ((remaining - work_cost) / (need.start_s / 3600.0 * price)).floor()
         } else {
@@ -193,12 +218,14 @@ pub fn size(need: &Need) -> Sizing {
             cap_reason = format!("max_cost pays for {affordable:.0}");
         }
     }
-    let wanted = needed.unwrap_or(f64::INFINITY).min(cap).max(1.0);
+    // Without a way to make it, it keeps what it holds: workers that
+    // would start too late to help are not asked for.
+    let wanted = needed.unwrap_or(held.max(1.0)).min(cap).max(1.0);
     let risk = match needed {
         _ if broke.is_some() => broke,
         None if t <= 0.0 => Some(format!("its deadline passed with {left} records left")),
         None => Some(format!(
-            "{left} records left and its deadline is nearer than a new worker's start ({}); its {} cannot finish in time",
+            "{left} records left and too little time for a new worker to help (it takes {} to start); its {} cannot finish in time",
             span(m),
             workers(leased)
         )),
@@ -207,11 +234,18 @@ pub fn size(need: &Need) -> Sizing {
         )),
         Some(_) => None,
     };
+    // The end with `wanted`: the workers it holds work from now, those it
+    // adds after their start.
+    let eta_s = if wanted <= held {
+        left_f / (wanted * pace)
+    } else {
+        (left_f + (wanted - held) * pace * m) / (wanted * pace)
+    };
     Sizing {
-        // Infinite only with neither a cap nor a way to make it: then it
-        // wants what it can keep busy, as without a deadline (the caller's).
-        wanted: if wanted.is_finite() { wanted as u64 } else { 0 },
+        wanted: wanted as u64,
         risk,
+        eta_s: eta_s.is_finite().then_some(eta_s),
+        eta_held_s: (leased > 0).then(|| left_f / (held * pace)),
     }
 }
 
@@ -283,9 +317,13 @@ impl State {
             };
             let Some(sizing) = sizing else {
                 deadline.wanted = None;
+                deadline.eta_s = None;
+                deadline.eta_held_s = None;
                 continue;
             };
-            deadline.wanted = (sizing.wanted > 0 || sizing.risk.is_none()).then_some(sizing.wanted);
+            deadline.wanted = Some(sizing.wanted);
+            deadline.eta_s = sizing.eta_s;
+            deadline.eta_held_s = sizing.eta_held_s;
             deadline.risk = sizing.risk;
             if let Some(risk) = deadline.risk.clone()
                 && !deadline.said
@@ -304,7 +342,8 @@ impl State {
             .plan
             .records_total
             .or_else(|| job.records_total_estimate())?;
-        let pace = self.median_pace(&job.id, now).filter(|p| *p > 0.0)?;
+        let steady = self.median_steady(&job.id, now).filter(|p| p.rate > 0.0)?;
+        let pace = steady.rate;
         let margin_s = self.config.startup_margin.as_secs_f64();
         let budget = job
             .schedule
@@ -317,6 +356,7 @@ impl State {
             leased: job.leased,
             time_left_s: (at_ms as f64 - now_ms as f64) / 1000.0,
             margin_s,
+            tail_s: 2.0 * steady.interval.as_secs_f64(),
             max_workers: job.schedule.max_workers,
             budget,
             start_s: self
@@ -337,6 +377,7 @@ mod tests {
             leased,
             time_left_s,
             margin_s: 60.0,
+            tail_s: 0.0,
             max_workers: None,
             budget: None,
             start_s: 60.0,
@@ -345,29 +386,30 @@ mod tests {
 
     #[test]
     fn the_workers_held_finish_in_time_so_it_asks_for_what_suffices() {
-        // 36,000 records at 10/s per worker in an hour: 1 worker.
+        // 36,000 records at 10/s per worker in an hour: 1 worker, done in
+        // the hour.
         let s = size(&need(36_000, 3, 3600.0));
-        assert_eq!(
-            s,
-            Sizing {
-                wanted: 1,
-                risk: None
-            }
-        );
+        assert_eq!((s.wanted, s.risk, s.eta_s), (1, None, Some(3600.0)));
+        // With the 3 it holds: 1,200 s.
+        assert_eq!(s.eta_held_s, Some(1200.0));
     }
 
     #[test]
     fn new_workers_count_only_after_their_start() {
         // 2 workers do 2·10·660 = 13,200 of 20,000 in 660 s; a new one does
-        // 10·600 = 6,000 after its 60 s start: 2 more.
+        // 10·600 = 6,000 after its 60 s start: 2 more. With them: (20,000 +
+        // 2·10·60) / 40 = 530 s.
         let s = size(&need(20_000, 2, 660.0));
-        assert_eq!(
-            s,
-            Sizing {
-                wanted: 4,
-                risk: None
-            }
-        );
+        assert_eq!((s.wanted, s.risk, s.eta_s), (4, None, Some(530.0)));
+    }
+
+    #[test]
+    fn it_plans_to_end_a_tail_early() {
+        // With 150 s of tail: 510 s for the 2 held (10,200 records), 450
+        // for new ones (4,500 each): 3 more, not 2.
+        let mut n = need(20_000, 2, 660.0);
+        n.tail_s = 150.0;
+        assert_eq!(size(&n).wanted, 5);
     }
 
     #[test]
@@ -406,32 +448,36 @@ mod tests {
             )),
             "{s:?}"
         );
+        // Near the deadline it does not ask for the budget's whole fleet.
+        n.time_left_s = 5.0;
+        assert_eq!(size(&n).wanted, 1);
     }
 
     #[test]
-    fn a_deadline_too_near_or_passed_is_at_risk() {
+    fn too_near_or_passed_it_keeps_what_it_holds_and_is_at_risk() {
+        // 60 s to start, 30 s left: no new worker would help.
         let s = size(&need(20_000, 2, 30.0));
+        assert_eq!(s.wanted, 2);
         assert!(
             s.risk
                 .as_deref()
-                .is_some_and(|r| r.contains("nearer than a new worker's start (1m)")),
+                .is_some_and(|r| r
+                    .contains("too little time for a new worker to help (it takes 1m to start)")),
             "{s:?}"
         );
+        // Just past the margin, a new worker would work a second: none.
+        let mut n = need(20_000, 2, 60.5);
+        n.tail_s = 0.0;
+        assert_eq!(size(&n).wanted, 2);
         let s = size(&need(20_000, 2, -5.0));
         assert_eq!(
             s.risk.as_deref(),
             Some("its deadline passed with 20000 records left")
         );
-        // No cap and no way to make it: the caller's usual count.
-        assert_eq!(s.wanted, 0);
+        assert_eq!(s.wanted, 2);
+        assert_eq!(size(&need(20_000, 0, -5.0)).wanted, 1, "at least one");
         let done = size(&need(0, 2, 600.0));
-        assert_eq!(
-            done,
-            Sizing {
-                wanted: 0,
-                risk: None
-            }
-        );
+        assert_eq!((done.wanted, done.risk), (0, None));
     }
 
     #[test]

@@ -96,6 +96,42 @@ impl Pace {
     }
 }
 
+/// A worker's steady pace on a job (see [`Pace::steady`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Steady {
+    /// Records per second of lease held between its commits.
+    pub rate: f64,
+    /// Lease time between its commits, on average.
+    pub interval: Duration,
+}
+
+impl Pace {
+    /// Its pace between commits: from its first commit with records to
+    /// its last, over its last commits. Unlike [`Pace::rate`] it leaves
+    /// out its start (model load, first read) and the time since its last
+    /// commit (whose records are not committed yet: that reads about half
+    /// a checkpoint interval slow), so a forecast or a fleet sized by it
+    /// is not biased; but once it goes more than twice its usual interval
+    /// without a commit (a stall), the falling `rate` holds. `None` before
+    /// two commits with records.
+    pub fn steady(&self, unadded: Duration) -> Option<Steady> {
+        let (first_at, first) = *self.marks.iter().find(|(_, c)| *c > 0)?;
+        let &(last_at, last) = self.marks.back()?;
+        let intervals = self.marks.iter().filter(|(_, c)| *c > first).count();
+        let held = last_at.saturating_sub(first_at);
+        if last <= first || held.is_zero() || intervals == 0 {
+            return None;
+        }
+        let interval = held / intervals as u32;
+        let mut rate = (last - first) as f64 / held.as_secs_f64();
+        let since = (self.held + unadded).saturating_sub(last_at);
+        if since > interval * 2 {
+            rate = rate.min(self.rate(unadded).unwrap_or(rate));
+        }
+        Some(Steady { rate, interval })
+    }
+}
+
 /// A session's paces, by job, the most recently used last.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Paces {
@@ -177,6 +213,29 @@ impl State {
         paces.get(paces.len() / 2).copied()
     }
 
+    /// The median steady pace on `job_id` over the connected workers that
+    /// have one, and the median interval between their commits (see
+    /// [`Pace::steady`]); `None` before any worker committed twice.
+    pub(super) fn median_steady(&self, job_id: &str, now: Instant) -> Option<Steady> {
+        let mut rates = Vec::new();
+        let mut intervals = Vec::new();
+        for s in self.sessions.values() {
+            let Some(pace) = s.paces.get(job_id) else {
+                continue;
+            };
+            if let Some(steady) = pace.steady(s.lease_time_since(job_id, now)) {
+                rates.push(steady.rate);
+                intervals.push(steady.interval);
+            }
+        }
+        rates.sort_by(f64::total_cmp);
+        intervals.sort();
+        Some(Steady {
+            rate: rates.get(rates.len() / 2).copied()?,
+            interval: intervals.get(intervals.len() / 2).copied()?,
+        })
+    }
+
     /// How long the connected workers took on `job_id` from their first
     /// lease to their first committed records, the median (the upper one
     /// of an even count): what a new worker's start on the job costs
@@ -245,6 +304,32 @@ mod tests {
             p.commit(100, Duration::ZERO);
         }
         assert_eq!(p.rate(Duration::ZERO), Some(100.0));
+    }
+
+    #[test]
+    fn the_steady_pace_leaves_out_the_start_and_the_uncommitted_time() {
+        let mut p = Pace::default();
+        // 10 s to load and commit the first 100, then 100 every 2 s.
+        p.hold(10 * S);
+        p.commit(100, Duration::ZERO);
+        assert_eq!(
+            p.steady(Duration::ZERO),
+            None,
+            "one commit: no interval yet"
+        );
+        for _ in 0..3 {
+            p.hold(2 * S);
+            p.commit(100, Duration::ZERO);
+        }
+        let steady = p.steady(Duration::ZERO).expect("steady");
+        assert_eq!((steady.rate, steady.interval), (50.0, 2 * S));
+        // 1.5 s into the next interval: `rate` reads slow, steady does not.
+        assert!(p.rate(S * 3 / 2).is_some_and(|r| r < 50.0));
+        assert_eq!(p.steady(S * 3 / 2).map(|s| s.rate), Some(50.0));
+        // A stall past twice the interval: the falling rate holds.
+        let stalled = p.steady(10 * S).expect("steady").rate;
+        assert_eq!(Some(stalled), p.rate(10 * S));
+        assert!(stalled < 50.0);
     }
 
     #[test]

@@ -716,13 +716,19 @@ impl State {
 }
 
 impl Job {
-    /// Workers the job asks for: with a deadline and a measured pace, those
-    /// that finish it in time (`deadline.rs`); else those it could keep
-    /// busy now, its leased and pending shards; capped by `max_workers`.
+    /// Workers the job asks for: with a deadline, those that finish it in
+    /// time (`deadline.rs`); else those it could keep busy now, its leased
+    /// and pending shards; capped by `max_workers`.
     fn workers_wanted(&self) -> u64 {
-        let wanted = self
-            .deadline_wanted()
-            .unwrap_or(self.pending.len() as u64 + self.leased);
+        let busy = self.pending.len() as u64 + self.leased;
+        let wanted = match (&self.deadline, self.deadline_wanted()) {
+            (_, Some(n)) => n,
+            // Before its pace is measured, a job with a deadline asks for
+            // the workers it holds, at least one: sized from its first
+            // commits, not from its shard count (`deadline.rs`).
+            (Some(_), None) => self.leased.max(1).min(busy),
+            (None, None) => busy,
+        };
         self.schedule.max_workers.map_or(wanted, |m| wanted.min(m))
     }
 }

@@ -100,6 +100,16 @@ impl Job {
             price_per_hour: price,
             finish_by: self.spec.limits.finish_by.clone(),
             workers_wanted: self.deadline_wanted().filter(|_| self.life.running()),
+            eta_wanted_s: self
+                .deadline
+                .as_ref()
+                .and_then(|d| d.eta_s)
+                .filter(|_| self.life.running()),
+            eta_held_s: self
+                .deadline
+                .as_ref()
+                .and_then(|d| d.eta_held_s)
+                .filter(|_| self.life.running()),
             deadline_risk: self
                 .deadline
                 .as_ref()

@@ -103,9 +103,9 @@ async fn the_fleet_asked_for_follows_the_work_left_and_the_pace() {
         .expect("recover");
     let t0 = pin_wall_clock(&mut state);
     submit_spec(&mut state, &stores, "j", deadline_spec(2000, t0 + 600_000)).await;
-    // No pace yet: it asks as a job without a deadline, for its shards.
+    // No pace yet: it asks for one worker (a probe), not one per shard.
     assert_eq!(info(&state, "j").workers_wanted, None);
-    assert_eq!(wanted(&state), 200);
+    assert_eq!(wanted(&state), 1);
 
     let mut a = Worker::start(&mut state, "a");
     // 2 records a second for 10 s: 1,980 left with 590 s to go. Worker a
