@@ -40,11 +40,11 @@
 //! first (`schedule.rs`).
 //!
 //! The state machine's clock is tokio's `Instant`; deadlines are wall-clock
-//! times. [`WallClock`] ties the two together once, when the state is made
-//! (tests set it).
+//! times. [`WallClock`] ties the two together: the owner gives both clocks
+//! when it restores the state (`State::restore`); tests set it.
 
 use std::collections::VecDeque;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use stoke_core::records::JobEvent;
 use tokio::time::Instant;
@@ -63,16 +63,6 @@ pub struct WallClock {
 }
 
 impl WallClock {
-    /// Now, by both clocks.
-    pub fn now() -> Self {
-        Self::at(
-            Instant::now(),
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-        )
-    }
-
     /// `at` is `unix_ms` ms since the Unix epoch.
     pub fn at(at: Instant, unix_ms: u64) -> Self {
         Self { at, unix_ms }
@@ -286,9 +276,10 @@ impl Job {
 pub(super) type Events = VecDeque<JobEvent>;
 
 impl State {
-    /// `now` by the wall clock, ms since the Unix epoch.
+    /// `now` by the wall clock, ms since the Unix epoch (0 for a state
+    /// made without one: only bare tests).
     pub(super) fn unix_ms(&self, now: Instant) -> u64 {
-        self.wall.unix_ms(now)
+        self.wall.map_or(0, |w| w.unix_ms(now))
     }
 
     /// Sizes each running job with a deadline (see the module docs).

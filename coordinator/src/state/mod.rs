@@ -768,8 +768,9 @@ pub struct State {
     accounted_at: Option<Instant>,
     /// Splits being stored (see `split.rs`).
     splits_in_flight: usize,
-    /// The wall clock against the state's (deadlines, events).
-    wall: deadline::WallClock,
+    /// The wall clock against the state's (deadlines, events), as the
+    /// owner gave it at restore.
+    wall: Option<deadline::WallClock>,
 }
 
 impl State {
@@ -796,7 +797,7 @@ impl State {
             preempted_at: schedule::PreemptTimes::new(),
             accounted_at: None,
             splits_in_flight: 0,
-            wall: deadline::WallClock::now(),
+            wall: None,
         }
     }
 
@@ -804,7 +805,7 @@ impl State {
     /// tests on a paused clock).
     #[cfg(feature = "test-util")]
     pub fn set_wall_clock(&mut self, at: Instant, unix_ms: u64) {
-        self.wall = deadline::WallClock::at(at, unix_ms);
+        self.wall = Some(deadline::WallClock::at(at, unix_ms));
     }
 
     #[cfg(feature = "test-util")]

@@ -66,7 +66,7 @@ impl State {
         now_ms: u64,
     ) -> Self {
         let mut state = State::new(config, epoch);
-        state.wall = super::deadline::WallClock::at(now, now_ms);
+        state.wall = Some(super::deadline::WallClock::at(now, now_ms));
         // A pipeline stage's progress, by stage: applied once its shards
         // are rebuilt from the stage before (which may load after it).
         let mut feeds = HashMap::new();
