@@ -235,7 +235,7 @@ fn a_job_that_cannot_make_its_deadline_at_its_cap_says_so_once_and_finishes() {
         (risk.starts_with("it needs ")
             && risk.ends_with(" workers to finish in time; max_workers = 1"))
             || risk.starts_with("its deadline passed with ")
-            || risk.contains("nearer than a new worker's start"),
+            || risk.contains("too little time for a new worker to help"),
         "{status}"
     );
     let (code, body) = http_get(&coordinator.http_addr, "/metrics").expect("metrics");
@@ -245,6 +245,13 @@ fn a_job_that_cannot_make_its_deadline_at_its_cap_says_so_once_and_finishes() {
             &body,
             &format!("stoke_job_deadline_at_risk{{job=\"{job}\"}}")
         ),
+        Some(1.0),
+        "{body}"
+    );
+    // What an autoscaler reads: the deadline's fleet, at its cap (the job
+    // has 8 shards it could keep busy).
+    assert_eq!(
+        metric(&body, "stoke_workers_wanted{pool=\"default\"}"),
         Some(1.0),
         "{body}"
     );
