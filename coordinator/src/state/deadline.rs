@@ -54,6 +54,9 @@ use super::{Job, State};
 
 /// The events a job keeps (the most recent).
 const EVENTS_KEPT: usize = 32;
+/// How often, at most, jobs are sized for their deadlines (the tick may
+/// come every 100 ms; an autoscaler reads every 15 s or so).
+const SIZE_EVERY: Duration = Duration::from_secs(1);
 
 /// An instant of the state's clock and the wall-clock time then.
 #[derive(Debug, Clone, Copy)]
@@ -283,8 +286,17 @@ impl State {
     }
 
     /// Sizes each running job with a deadline (see the module docs).
-    /// Called at each tick: O(deadline jobs × sessions).
+    /// Called at each tick, done at most every `SIZE_EVERY`: O(deadline
+    /// jobs × sessions), and a walk of the plan for a job whose total is
+    /// estimated.
     pub(super) fn size_deadlines(&mut self, now: Instant) {
+        if self
+            .deadlines_sized_at
+            .is_some_and(|at| now.saturating_duration_since(at) < SIZE_EVERY)
+        {
+            return;
+        }
+        self.deadlines_sized_at = Some(now);
         let now_ms = self.unix_ms(now);
         let mut sized = Vec::new();
         for job in self.jobs.values() {

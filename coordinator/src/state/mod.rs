@@ -762,6 +762,8 @@ pub struct State {
     vtime: f64,
     /// When pipeline stages' waits were last counted (`pipeline.rs`).
     stage_waits_at: Option<Instant>,
+    /// When jobs were last sized for their deadlines (`deadline.rs`).
+    deadlines_sized_at: Option<Instant>,
     /// When leases were preempted in the last second (the rate limit).
     preempted_at: schedule::PreemptTimes,
     /// Until when the workers' time is given to jobs (see `account.rs`).
@@ -794,6 +796,7 @@ impl State {
             io_seq: 0,
             vtime: 0.0,
             stage_waits_at: None,
+            deadlines_sized_at: None,
             preempted_at: schedule::PreemptTimes::new(),
             accounted_at: None,
             splits_in_flight: 0,

@@ -203,6 +203,8 @@ async fn a_capped_job_that_cannot_make_it_says_so_once_and_keeps_running() {
         )
         .await
         .expect("set");
+    // Sized again within a second (at most once a second).
+    advance(S).await;
     state.tick().await;
     let job = info(&state, "j");
     assert_eq!(job.deadline_risk, None);
