@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use stoke_core::records::JobInfo;
+use stoke_core::records::{JobInfo, now_ms};
 
 /// A local path for `file://` URIs, the URI otherwise.
 pub fn local_path(uri: &str) -> String {
@@ -179,12 +179,6 @@ pub fn job_json(job: &JobInfo) -> serde_json::Value {
             "records": a.records,
         })),
     })
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A running job's forecast in words: when it ends at the current fleet,

@@ -414,10 +414,7 @@ impl JobView {
             store_failures,
             report,
         } = job;
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let forecast = info.forecast(now_ms);
+        let forecast = info.forecast(stoke_core::records::now_ms());
         let budget = (info.cost_so_far.is_some() || info.finish_by.is_some()).then(|| BudgetView {
             cost_so_far: info.cost_so_far,
             max_cost: info.schedule.max_cost,

@@ -109,6 +109,34 @@ impl CoordinatorProcess {
         &self.inner.http_addr
     }
 
+    /// Polls GetJob until `job_id` succeeded; an error if it ends
+    /// otherwise or takes longer than `within`.
+    pub async fn wait_succeeded(&self, job_id: &str, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let (info, _) = self.get_job(job_id).await?;
+            if info.state == pb::JobState::Succeeded as i32 {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                info.state == pb::JobState::Running as i32 && Instant::now() < deadline,
+                "job {job_id} did not succeed (state {})",
+                info.state
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// `stoke_shards_in_memory` from `/metrics`, if the coordinator has it.
+    pub async fn shards_in_memory(&self) -> anyhow::Result<Option<u64>> {
+        let http = self.http_addr().to_string();
+        Ok(tokio::task::spawn_blocking(move || {
+            let (_, body) = stoke_sandbox::http_get(&http, "/metrics")?;
+            stoke_sandbox::metric(&body, "stoke_shards_in_memory").map(|v| v as u64)
+        })
+        .await?)
+    }
+
     pub fn memory(&self) -> anyhow::Result<Memory> {
         self.inner
             .memory()

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use stoke_proto::v1 as pb;
-use stoke_sandbox::{http_get, metric};
 use tokio::task::JoinSet;
 
 use crate::coordinator::{CoordinatorProcess, Launcher, range_spec};
@@ -61,12 +60,6 @@ impl fmt::Display for EndedReport {
     }
 }
 
-/// `stoke_shards_in_memory` from `/metrics`, if the coordinator has it.
-fn shards_in_memory(http_addr: &str) -> Option<u64> {
-    let (_, body) = http_get(http_addr, "/metrics")?;
-    metric(&body, "stoke_shards_in_memory").map(|v| v as u64)
-}
-
 pub async fn run(
     launcher: &Launcher,
     dir: &Path,
@@ -96,33 +89,16 @@ pub async fn run(
         while let Some(joined) = drivers.join_next().await {
             joined.context("driver task")??;
         }
-        let deadline = Instant::now() + Duration::from_secs(600);
-        loop {
-            let (info, _) = coordinator.get_job(&job.job_id).await?;
-            if info.state == pb::JobState::Succeeded as i32 {
-                break;
-            }
-            anyhow::ensure!(
-                info.state == pb::JobState::Running as i32 && Instant::now() < deadline,
-                "job {} did not succeed (state {})",
-                job.job_id,
-                info.state
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        coordinator
+            .wait_succeeded(&job.job_id, Duration::from_secs(600))
+            .await?;
         // The coordinator lets go of a succeeded job's shards at its next
         // tick: wait for that where it reports it.
-        let http = coordinator.http_addr().to_string();
-        let mut held = tokio::task::spawn_blocking({
-            let http = http.clone();
-            move || shards_in_memory(&http)
-        })
-        .await?;
+        let mut held = coordinator.shards_in_memory().await?;
         let deadline = Instant::now() + Duration::from_secs(10);
         while held.is_some_and(|h| h > 0) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            let http = http.clone();
-            held = tokio::task::spawn_blocking(move || shards_in_memory(&http)).await?;
+            held = coordinator.shards_in_memory().await?;
         }
         after_each.push((coordinator.memory()?.rss_mib(), held));
     }

@@ -26,7 +26,6 @@ use stoke_core::PROTOCOL_VERSION;
 use stoke_core::spec::pipeline::PipelineSpec;
 use stoke_proto::v1 as pb;
 use stoke_proto::v1::job_service_client::JobServiceClient;
-use stoke_sandbox::{http_get, metric};
 use tokio::task::JoinSet;
 
 use crate::coordinator::{CoordinatorProcess, Launcher, range_spec};
@@ -209,19 +208,9 @@ async fn drive_to_end(
     while let Some(joined) = drivers.join_next().await {
         joined.context("driver task")??;
     }
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let (info, _) = coordinator.get_job(job_id).await?;
-        if info.state == pb::JobState::Succeeded as i32 {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            info.state == pb::JobState::Running as i32 && Instant::now() < deadline,
-            "job {job_id} did not succeed (state {})",
-            info.state
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    coordinator
+        .wait_succeeded(job_id, Duration::from_secs(600))
+        .await
 }
 
 /// The coordinator's RSS once the shard states it holds settled (a
@@ -232,19 +221,11 @@ async fn measure(
     started: Instant,
 ) -> anyhow::Result<Case> {
     let took = started.elapsed();
-    let http = coordinator.http_addr().to_string();
-    let held = || {
-        let http = http.clone();
-        tokio::task::spawn_blocking(move || {
-            let (_, body) = http_get(&http, "/metrics")?;
-            metric(&body, "stoke_shards_in_memory").map(|v| v as u64)
-        })
-    };
-    let mut last = held().await?;
+    let mut last = coordinator.shards_in_memory().await?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let now = held().await?;
+        let now = coordinator.shards_in_memory().await?;
         if now == last || Instant::now() >= deadline {
             last = now;
             break;

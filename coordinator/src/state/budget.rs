@@ -15,9 +15,19 @@ use super::table_log::DeltaLog;
 use super::{Job, State};
 
 /// How a pause at the cap's reason starts (a restart knows it by it).
-pub(super) const REASON_PREFIX: &str = "budget of ";
+const REASON_PREFIX: &str = "budget of ";
 
 impl Job {
+    /// Whether it is paused at its cap (known by its reason, after a
+    /// restart too): a higher cap resumes it.
+    pub(super) fn paused_at_cap(&self) -> bool {
+        self.life.paused()
+            && self
+                .life
+                .reason()
+                .is_some_and(|r| r.starts_with(REASON_PREFIX))
+    }
+
     /// What the job spent so far at `price` per worker-hour.
     pub(super) fn spent(&self, price: f64) -> f64 {
         self.account.processor_seconds() / 3600.0 * price
@@ -60,7 +70,6 @@ impl State {
             let reason = format!("{REASON_PREFIX}{cap:.2} reached (spent {spent:.2})");
             info!(job = %job_id, cap, spent, "job paused: its budget is spent");
             if let Some(job) = self.jobs.get_mut(&job_id) {
-                job.budget_paused = true;
                 job.event(now_ms, format!("paused: {reason}"));
             }
             self.job_cmd(None, &job_id, JobCmd::Pause(reason));
@@ -98,7 +107,7 @@ impl State {
         let Some(job) = self.jobs.get(job_id) else {
             return;
         };
-        if !(job.budget_paused && job.life.paused()) {
+        if !job.paused_at_cap() {
             return;
         }
         let spent = self.spend_of(job).unwrap_or(0.0);

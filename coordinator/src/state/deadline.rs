@@ -88,13 +88,11 @@ impl WallClock {
 pub(super) struct Deadline {
     /// `finish_by`, in ms since the Unix epoch.
     pub at_ms: u64,
-    /// The workers that finish it by then (`None`: no pace measured yet).
-    pub wanted: Option<u64>,
-    /// Seconds to the end with them, and with the workers it holds, from
-    /// when it was sized.
-    pub eta_s: Option<f64>,
-    pub eta_held_s: Option<f64>,
-    /// Why it cannot make it even at its cap (`None`: it can).
+    /// Its last sizing (`None`: no pace measured yet); its `risk` is
+    /// kept apart, in `risk`.
+    pub sizing: Option<Sizing>,
+    /// Why it cannot make it even at its cap (`None`: it can), as last
+    /// sized.
     pub risk: Option<String>,
     /// Whether the risk was said (in its events and the log): once.
     said: bool,
@@ -265,14 +263,17 @@ impl Job {
 
     /// Workers it asks for to meet its deadline, when sized.
     pub(super) fn deadline_wanted(&self) -> Option<u64> {
-        self.deadline.as_ref()?.wanted
+        Some(self.deadline.as_ref()?.sizing.as_ref()?.wanted)
     }
 
     /// Its deadline, while it holds fewer workers than the deadline asks
     /// for (or is not sized yet): it goes first among its equals.
     pub(super) fn urgent_deadline(&self) -> Option<u64> {
         let d = self.deadline.as_ref()?;
-        d.wanted.is_none_or(|n| self.leased < n).then_some(d.at_ms)
+        d.sizing
+            .as_ref()
+            .is_none_or(|s| self.leased < s.wanted)
+            .then_some(d.at_ms)
     }
 }
 
@@ -318,16 +319,12 @@ impl State {
             let Some(deadline) = job.deadline.as_mut() else {
                 continue;
             };
-            let Some(sizing) = sizing else {
-                deadline.wanted = None;
-                deadline.eta_s = None;
-                deadline.eta_held_s = None;
+            let Some(mut sizing) = sizing else {
+                deadline.sizing = None;
                 continue;
             };
-            deadline.wanted = Some(sizing.wanted);
-            deadline.eta_s = sizing.eta_s;
-            deadline.eta_held_s = sizing.eta_held_s;
-            deadline.risk = sizing.risk;
+            deadline.risk = sizing.risk.take();
+            deadline.sizing = Some(sizing);
             if let Some(risk) = deadline.risk.clone()
                 && !deadline.said
             {

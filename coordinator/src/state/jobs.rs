@@ -450,7 +450,6 @@ impl State {
             return;
         };
         job.life = Life::Running(Change::Idle);
-        job.budget_paused = false;
         // A `commit = "end"` job commits the rest at its end again (what
         // its table has from the pause is not added twice).
         if job

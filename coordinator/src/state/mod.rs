@@ -309,9 +309,6 @@ struct Job {
     repeats: repeats::Repeats,
     /// Its metrics' reduce task (see `reducers.rs`).
     reduce: reducers::Reduce,
-    /// Paused because its spend reached its cap (`budget.rs`): a higher
-    /// cap resumes it.
-    budget_paused: bool,
     /// Its deadline and the fleet it asks for to meet it (`deadline.rs`).
     deadline: Option<deadline::Deadline>,
     /// Released from memory without its `ended.json`: a pipeline stage
@@ -617,7 +614,6 @@ impl Job {
             reduce: Default::default(),
             inputs_complete,
             held: VecDeque::new(),
-            budget_paused: false,
             deadline,
             ended_deferred: false,
             events: Default::default(),

@@ -82,7 +82,7 @@ impl State {
         let paused: Vec<String> = state
             .jobs
             .values()
-            .filter(|j| j.budget_paused)
+            .filter(|j| j.paused_at_cap())
             .map(|j| j.id.clone())
             .collect();
         for job_id in paused {
@@ -151,13 +151,6 @@ impl State {
         // A succeeded job loaded from its `ended.json` came with its life.
         if job.life.kept().is_none() {
             job.life = Life::stored(s.status.state, s.status.reason);
-            // Paused at its cap (`budget.rs`): a higher cap resumes it,
-            // after a restart too.
-            job.budget_paused = job.life.paused()
-                && job
-                    .life
-                    .reason()
-                    .is_some_and(|r| r.starts_with(super::budget::REASON_PREFIX));
         }
         if job.spec.processor.python.is_some()
             && let Some(metrics) = s.metrics

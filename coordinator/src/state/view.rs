@@ -52,6 +52,12 @@ impl Job {
         spent: Option<f64>,
         price: Option<f64>,
     ) -> JobInfo {
+        // Its deadline's last sizing, while it runs.
+        let sized = self
+            .deadline
+            .as_ref()
+            .and_then(|d| d.sizing.as_ref())
+            .filter(|_| self.life.running());
         JobInfo {
             job_id: self.id.clone(),
             // A pipeline's stage is named `<pipeline>/<stage>`.
@@ -99,17 +105,9 @@ impl Job {
             cost_so_far: spent,
             price_per_hour: price,
             finish_by: self.spec.limits.finish_by.clone(),
-            workers_wanted: self.deadline_wanted().filter(|_| self.life.running()),
-            eta_wanted_s: self
-                .deadline
-                .as_ref()
-                .and_then(|d| d.eta_s)
-                .filter(|_| self.life.running()),
-            eta_held_s: self
-                .deadline
-                .as_ref()
-                .and_then(|d| d.eta_held_s)
-                .filter(|_| self.life.running()),
+            workers_wanted: sized.map(|s| s.wanted),
+            eta_wanted_s: sized.and_then(|s| s.eta_s),
+            eta_held_s: sized.and_then(|s| s.eta_held_s),
             deadline_risk: self
                 .deadline
                 .as_ref()

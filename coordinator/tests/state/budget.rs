@@ -19,6 +19,34 @@ async fn submit_capped(state: &mut Inline, stores: &Stores, job_id: &str, cap: f
     submit_spec(state, stores, job_id, spec).await
 }
 
+async fn recover_priced(stores: &Stores) -> Inline {
+    Inline::recover(priced(), stores.clone())
+        .await
+        .expect("recover")
+}
+
+/// `session` holds `lease` for `secs` seconds more (renewing it), then a
+/// tick.
+async fn hold(state: &mut Inline, session: &str, lease: &Lease, secs: u64) {
+    advance(Duration::from_secs(secs)).await;
+    state.heartbeat(session, &[lease.key()]).expect("heartbeat");
+    state.tick().await;
+}
+
+/// Raises (or sets) the cap of `job_id`, as `stoke set --max-cost`.
+async fn set_cap(state: &mut Inline, job_id: &str, cap: f64) {
+    state
+        .set_schedule(
+            job_id,
+            ScheduleChange {
+                max_cost: Some(cap),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("set");
+}
+
 fn info(state: &Inline, job_id: &str) -> JobInfo {
     state.get_job(job_id).expect("job")
 }
@@ -26,24 +54,18 @@ fn info(state: &Inline, job_id: &str) -> JobInfo {
 #[tokio::test(start_paused = true)]
 async fn a_job_pauses_at_its_cap_and_a_higher_cap_resumes_it() {
     let stores = Stores::new();
-    let mut state = Inline::recover(priced(), stores.clone())
-        .await
-        .expect("recover");
+    let mut state = recover_priced(&stores).await;
     submit_capped(&mut state, &stores, "j", 10.0).await;
     assert_eq!(info(&state, "j").cost_so_far, Some(0.0));
     assert_eq!(info(&state, "j").schedule.max_cost, Some(10.0));
     let (a, _a_events) = register(&mut state, "a");
     let lease = leased(state.acquire(&a));
-    advance(Duration::from_secs(6)).await;
-    state.heartbeat(&a, &[lease.key()]).expect("heartbeat");
-    state.tick().await;
+    hold(&mut state, &a, &lease, 6).await;
     let now = info(&state, "j");
     assert_eq!(now.state, JobState::Running);
     let spent = now.cost_so_far.expect("priced");
     assert!((5.9..=6.1).contains(&spent), "{spent}");
-    advance(Duration::from_secs(5)).await;
-    state.heartbeat(&a, &[lease.key()]).expect("heartbeat");
-    state.tick().await;
+    hold(&mut state, &a, &lease, 5).await;
     let paused = info(&state, "j");
     assert_eq!(paused.state, JobState::Paused);
     let reason = paused.reason.expect("a reason");
@@ -52,16 +74,7 @@ async fn a_job_pauses_at_its_cap_and_a_higher_cap_resumes_it() {
         "{reason}"
     );
     // A higher cap: it runs again.
-    state
-        .set_schedule(
-            "j",
-            ScheduleChange {
-                max_cost: Some(100.0),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("set");
+    set_cap(&mut state, "j", 100.0).await;
     let resumed = info(&state, "j");
     assert_eq!(resumed.state, JobState::Running, "{:?}", resumed.reason);
     assert_eq!(resumed.schedule.max_cost, Some(100.0));
@@ -70,50 +83,31 @@ async fn a_job_pauses_at_its_cap_and_a_higher_cap_resumes_it() {
 #[tokio::test(start_paused = true)]
 async fn a_cap_not_above_the_spend_leaves_the_job_paused() {
     let stores = Stores::new();
-    let mut state = Inline::recover(priced(), stores.clone())
-        .await
-        .expect("recover");
+    let mut state = recover_priced(&stores).await;
     submit_capped(&mut state, &stores, "j", 2.0).await;
     let (a, _a_events) = register(&mut state, "a");
     let lease = leased(state.acquire(&a));
-    advance(Duration::from_secs(3)).await;
-    state.heartbeat(&a, &[lease.key()]).expect("heartbeat");
-    state.tick().await;
+    hold(&mut state, &a, &lease, 3).await;
     assert_eq!(info(&state, "j").state, JobState::Paused);
-    state
-        .set_schedule(
-            "j",
-            ScheduleChange {
-                max_cost: Some(2.5),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("set");
+    set_cap(&mut state, "j", 2.5).await;
     assert_eq!(info(&state, "j").state, JobState::Paused);
 }
 
 #[tokio::test(start_paused = true)]
 async fn what_a_job_spent_survives_a_restart_and_the_cap_still_holds() {
     let stores = Stores::new();
-    let mut state = Inline::recover(priced(), stores.clone())
-        .await
-        .expect("recover");
+    let mut state = recover_priced(&stores).await;
     submit_capped(&mut state, &stores, "j", 30.0).await;
     let (a, _a_events) = register(&mut state, "a");
     let lease = leased(state.acquire(&a));
     for _ in 0..12 {
-        advance(Duration::from_secs(1)).await;
-        state.heartbeat(&a, &[lease.key()]).expect("heartbeat");
-        state.tick().await;
+        hold(&mut state, &a, &lease, 1).await;
     }
     // Saved with the report's counters (every 10 s).
     let before = info(&state, "j").cost_so_far.expect("priced");
     assert!(before >= 10.0, "{before}");
     drop(state);
-    let mut state = Inline::recover(priced(), stores.clone())
-        .await
-        .expect("recover");
+    let mut state = recover_priced(&stores).await;
     let carried = info(&state, "j").cost_so_far.expect("priced");
     assert!(
         carried >= 10.0 && carried <= before,
@@ -123,9 +117,7 @@ async fn what_a_job_spent_survives_a_restart_and_the_cap_still_holds() {
     let lease = leased(state.acquire(&b));
     let mut paused = false;
     for _ in 0..40 {
-        advance(Duration::from_secs(1)).await;
-        state.heartbeat(&b, &[lease.key()]).expect("heartbeat");
-        state.tick().await;
+        hold(&mut state, &b, &lease, 1).await;
         if info(&state, "j").state == JobState::Paused {
             paused = true;
             break;
@@ -156,20 +148,14 @@ async fn a_cap_on_a_coordinator_without_a_price_is_refused() {
 #[tokio::test(start_paused = true)]
 async fn a_job_paused_at_its_cap_resumes_when_raised_after_a_restart() {
     let stores = Stores::new();
-    let mut state = Inline::recover(priced(), stores.clone())
-        .await
-        .expect("recover");
+    let mut state = recover_priced(&stores).await;
     submit_capped(&mut state, &stores, "j", 2.0).await;
     let (a, _a_events) = register(&mut state, "a");
     let lease = leased(state.acquire(&a));
-    advance(Duration::from_secs(3)).await;
-    state.heartbeat(&a, &[lease.key()]).expect("heartbeat");
-    state.tick().await;
+    hold(&mut state, &a, &lease, 3).await;
     assert_eq!(info(&state, "j").state, JobState::Paused);
     drop(state);
-    let mut state = Inline::recover(priced(), stores.clone())
-        .await
-        .expect("recover");
+    let mut state = recover_priced(&stores).await;
     let paused = info(&state, "j");
     assert_eq!(paused.state, JobState::Paused);
     assert!(
@@ -179,15 +165,6 @@ async fn a_job_paused_at_its_cap_resumes_when_raised_after_a_restart() {
             .is_some_and(|r| r.starts_with("budget of 2.00 reached")),
         "{paused:?}"
     );
-    state
-        .set_schedule(
-            "j",
-            ScheduleChange {
-                max_cost: Some(100.0),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("set");
+    set_cap(&mut state, "j", 100.0).await;
     assert_eq!(info(&state, "j").state, JobState::Running);
 }

@@ -93,15 +93,22 @@ impl Worker {
 
 const S: Duration = Duration::from_secs(1);
 
-#[tokio::test(start_paused = true)]
-async fn the_fleet_asked_for_follows_the_work_left_and_the_pace() {
-    let stores = Stores::new();
+/// A state whose new workers start in 10 s, its wall clock pinned; that
+/// clock's ms now.
+async fn recover_pinned(stores: &Stores) -> (Inline, u64) {
     let mut config = config();
     config.startup_margin = Duration::from_secs(10);
     let mut state = Inline::recover(config, stores.clone())
         .await
         .expect("recover");
     let t0 = pin_wall_clock(&mut state);
+    (state, t0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_fleet_asked_for_follows_the_work_left_and_the_pace() {
+    let stores = Stores::new();
+    let (mut state, t0) = recover_pinned(&stores).await;
     submit_spec(&mut state, &stores, "j", deadline_spec(2000, t0 + 600_000)).await;
     // No pace yet: it asks for one worker (a probe), not one per shard.
     assert_eq!(info(&state, "j").workers_wanted, None);
@@ -152,12 +159,7 @@ async fn the_fleet_asked_for_follows_the_work_left_and_the_pace() {
 #[tokio::test(start_paused = true)]
 async fn a_capped_job_that_cannot_make_it_says_so_once_and_keeps_running() {
     let stores = Stores::new();
-    let mut config = config();
-    config.startup_margin = Duration::from_secs(10);
-    let mut state = Inline::recover(config, stores.clone())
-        .await
-        .expect("recover");
-    let t0 = pin_wall_clock(&mut state);
+    let (mut state, t0) = recover_pinned(&stores).await;
     let mut spec = deadline_spec(2000, t0 + 600_000);
     spec.max_workers = Some(2);
     submit_spec(&mut state, &stores, "j", spec).await;
