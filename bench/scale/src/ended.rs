@@ -9,7 +9,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use stoke_proto::v1 as pb;
 use tokio::task::JoinSet;
 
 use crate::coordinator::{CoordinatorProcess, Launcher, range_spec};
