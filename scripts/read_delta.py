@@ -13,8 +13,9 @@ Prints one JSON object:
 - "commits": the table's history, oldest first, as
   {"version", "operation", "adds"}.
 
-For an s3:// table it reads the endpoint and credentials from the same
-variables as stoke (STOKE_STORE_ENDPOINT, AWS_ACCESS_KEY_ID, ...).
+For an s3:// or az:// table it reads the endpoint and credentials from
+the same variables as stoke (STOKE_STORE_ENDPOINT, AWS_ACCESS_KEY_ID,
+AZURE_STORAGE_ACCOUNT_KEY, ...).
 """
 
 import json
@@ -24,9 +25,18 @@ import sys
 from deltalake import DeltaTable
 
 
-def storage_options() -> dict:
+def storage_options(uri: str) -> dict:
     opts = {}
     env = os.environ
+    if uri.startswith("az://"):
+        if env.get("STOKE_STORE_ENDPOINT"):
+            opts["azure_storage_endpoint"] = env["STOKE_STORE_ENDPOINT"]
+        if env.get("STOKE_STORE_ALLOW_HTTP") == "true":
+            opts["allow_http"] = "true"
+        for key in ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY"):
+            if env.get(key):
+                opts[key.lower()] = env[key]
+        return opts
     if env.get("STOKE_STORE_ENDPOINT"):
         opts["AWS_ENDPOINT_URL"] = env["STOKE_STORE_ENDPOINT"]
     if env.get("STOKE_STORE_ALLOW_HTTP") == "true":
@@ -39,7 +49,7 @@ def storage_options() -> dict:
 
 def main() -> None:
     uri = sys.argv[1]
-    dt = DeltaTable(uri, storage_options=storage_options() or None)
+    dt = DeltaTable(uri, storage_options=storage_options(uri) or None)
     names = [f.name for f in dt.schema().fields]
     columns = ["id"] + (["prediction"] if "prediction" in names else [])
     table = dt.to_pyarrow_table(columns=columns)

@@ -53,6 +53,8 @@ echo "== book"
 echo "== cargo test"
 # The S3-protocol server the integration tests start (cached in ~/.cache/stoke).
 "$STOKE_REPO/scripts/s3-server.sh" >/dev/null
+# The Azure Blob emulator (Azurite, from npm) the Azure tests start.
+"$STOKE_REPO/scripts/azurite.sh" >/dev/null
 # The headless browser the status-page test renders the page in.
 "$STOKE_REPO/scripts/browser.sh" >/dev/null
 # The stoke Python package (maturin), installed into the venv; rebuilt only

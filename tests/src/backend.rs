@@ -1,7 +1,8 @@
-//! The storage a test runs on: a `file://` root in a temporary folder, or
-//! a bucket on a real S3 server ([`crate::s3`]) holding the state root, the
+//! The storage a test runs on: a `file://` root in a temporary folder, a
+//! bucket on a real S3 server ([`crate::s3`]), or a container on a real
+//! Azure Blob server ([`crate::azurite`]), holding the state root, the
 //! fixture's data and model, and every output. Tests written against
-//! [`TestEnv`] run on both (see [`crate::backend_tests`]).
+//! [`TestEnv`] run on all three (see [`crate::backend_tests`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,6 +14,7 @@ use bytes::Bytes;
 use stoke_core::records::{Manifest, ProgressRecord};
 use stoke_store::{StoreConfig, StoreUri, Stores};
 
+use crate::azurite::{ACCOUNT, ACCOUNT_KEY, Azurite};
 use crate::s3::{ACCESS_KEY, S3Server, SECRET_KEY};
 use crate::{Coordinator, file_uri, fixture, stoke_cli_env, summary_field, text, uri_path};
 
@@ -21,6 +23,7 @@ use crate::{Coordinator, file_uri, fixture, stoke_cli_env, summary_field, text, 
 pub enum Backend {
     File,
     S3,
+    Azure,
 }
 
 /// Stores for reading each test bucket from the test process, by bucket.
@@ -71,6 +74,8 @@ pub struct TestEnv {
     tmp: tempfile::TempDir,
     /// The S3 server (for S3 tests).
     pub s3: Option<S3Server>,
+    /// The Azure Blob server (for Azure tests).
+    pub azurite: Option<Azurite>,
     bucket: String,
     stores: Stores,
 }
@@ -83,17 +88,13 @@ impl TestEnv {
                 backend,
                 tmp,
                 s3: None,
+                azurite: None,
                 bucket: String::new(),
                 stores: Stores::new(),
             },
             Backend::S3 => {
-                static NEXT: AtomicU32 = AtomicU32::new(0);
                 let server = S3Server::start(&tmp.path().join("s3-data"), tmp.path());
-                let bucket = format!(
-                    "stoke-{}-{}",
-                    std::process::id(),
-                    NEXT.fetch_add(1, Ordering::Relaxed)
-                );
+                let bucket = Self::bucket_name();
                 server.create_bucket(&bucket);
                 let stores = Self::s3_stores(tmp.path(), &server.endpoint());
                 buckets()
@@ -104,13 +105,63 @@ impl TestEnv {
                     backend,
                     tmp,
                     s3: Some(server),
+                    azurite: None,
                     bucket,
                     stores,
                 };
                 env.upload_fixture();
                 env
             }
+            Backend::Azure => {
+                let server = Azurite::start(&tmp.path().join("azure-data"), tmp.path());
+                let container = Self::bucket_name();
+                server.create_container(&container);
+                let stores = Self::azure_stores(tmp.path(), &server.endpoint());
+                buckets()
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(container.clone(), stores.clone());
+                let env = Self {
+                    backend,
+                    tmp,
+                    s3: None,
+                    azurite: Some(server),
+                    bucket: container,
+                    stores,
+                };
+                env.upload_fixture();
+                env
+            }
         }
+    }
+
+    /// A bucket (or container) name of its own for each test.
+    fn bucket_name() -> String {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        format!(
+            "stoke-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// Stores for the test process on Azurite, the account's key in a
+    /// credentials file (`az://` takes `key = value` lines).
+    fn azure_stores(dir: &Path, endpoint: &str) -> Stores {
+        let creds = dir.join("azure-credentials");
+        std::fs::write(
+            &creds,
+            format!(
+                "azure_storage_account_name = {ACCOUNT}\nazure_storage_account_key = {ACCOUNT_KEY}\n"
+            ),
+        )
+        .expect("credentials file");
+        Stores::with_config(StoreConfig {
+            endpoint: Some(endpoint.to_string()),
+            allow_http: true,
+            credentials_file: Some(creds),
+            ..StoreConfig::default()
+        })
     }
 
     /// Stores for the test process, with the test credentials in a
@@ -167,6 +218,7 @@ impl TestEnv {
         match self.backend {
             Backend::File => file_uri(self.tmp.path()),
             Backend::S3 => format!("s3://{}", self.bucket),
+            Backend::Azure => format!("az://{}", self.bucket),
         }
     }
 
@@ -174,6 +226,7 @@ impl TestEnv {
         match self.backend {
             Backend::File => file_uri(fixture()),
             Backend::S3 => format!("s3://{}/fixture", self.bucket),
+            Backend::Azure => format!("az://{}/fixture", self.bucket),
         }
     }
 
@@ -194,9 +247,10 @@ impl TestEnv {
 
     /// The environment stoke processes need to reach this storage.
     pub fn store_env(&self) -> Vec<(String, String)> {
-        match &self.s3 {
-            Some(server) => S3Server::env_for(&server.endpoint()),
-            None => Vec::new(),
+        match (&self.s3, &self.azurite) {
+            (Some(server), _) => S3Server::env_for(&server.endpoint()),
+            (None, Some(server)) => server.env(),
+            (None, None) => Vec::new(),
         }
     }
 
@@ -230,7 +284,7 @@ impl TestEnv {
 
     pub fn coordinator_with_env(&self, extra: &[&str], env: &[(&str, &str)]) -> Coordinator {
         let mut flags: Vec<&str> = extra.to_vec();
-        if self.backend == Backend::S3 && !flags.contains(&"--root-lock-ttl") {
+        if self.backend != Backend::File && !flags.contains(&"--root-lock-ttl") {
             flags.extend(["--root-lock-ttl", "2s"]);
         }
         Coordinator::start_on(&self.root(), self.dir(), &flags, env, self.store_env())
@@ -320,6 +374,11 @@ impl TestEnv {
                     "{} contains the S3 secret key",
                     path.display()
                 );
+                assert!(
+                    !text.contains(ACCOUNT_KEY),
+                    "{} contains the Azure account key",
+                    path.display()
+                );
                 checked += 1;
             }
         }
@@ -359,8 +418,8 @@ impl Drop for TestEnv {
     }
 }
 
-/// Writes each test once per backend: `mod file { #[test] fn name() }` and
-/// `mod s3 { ... }`, the body getting `env: TestEnv` of that backend.
+/// Writes each test once per backend: `mod file { #[test] fn name() }`,
+/// `mod s3 { ... }` and `mod azure { ... }`, the body getting `env: TestEnv` of that backend.
 #[macro_export]
 macro_rules! backend_tests {
     ($(fn $name:ident($env:ident) $body:block)*) => {
@@ -382,6 +441,17 @@ macro_rules! backend_tests {
                 #[test]
                 fn $name() {
                     let $env = $crate::TestEnv::new($crate::Backend::S3);
+                    $body
+                }
+            )*
+        }
+        mod azure {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[test]
+                fn $name() {
+                    let $env = $crate::TestEnv::new($crate::Backend::Azure);
                     $body
                 }
             )*

@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+pub mod azurite;
 pub mod backend;
 pub mod chaos;
 pub mod delta;

@@ -19,7 +19,7 @@ fn staged(env: &TestEnv) -> (String, impl Fn(&str) -> String + '_) {
             file_uri(&fx.join("digits")),
             Box::new(move |name: &str| file_uri(&fx.join(name))) as Box<dyn Fn(&str) -> String>,
         ),
-        Backend::S3 => {
+        Backend::S3 | Backend::Azure => {
             for path in files_under(&fx.join("digits")) {
                 let name = path
                     .file_name()
