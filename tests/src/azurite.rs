@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use crate::s3::free_port;
-use crate::{DEADLINE, Proc, repo_root};
+use crate::{DEADLINE, Proc};
 
 /// Azurite's well-known development account (the same in every copy of
 /// the emulator; never a real account's).
@@ -20,17 +20,7 @@ pub const ACCOUNT_KEY: &str =
 /// The folder Azurite and the Azure Blob SDK are installed in.
 fn tools() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = Command::new(repo_root().join("scripts/azurite.sh"))
-            .output()
-            .expect("running scripts/azurite.sh");
-        assert!(
-            out.status.success(),
-            "scripts/azurite.sh failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    })
+    DIR.get_or_init(|| crate::store_checks::installed("azurite.sh"))
 }
 
 /// One running Azurite blob service.

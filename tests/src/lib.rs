@@ -17,6 +17,7 @@ pub mod pt2;
 pub mod s3;
 pub mod s3_proxy;
 pub mod spec;
+pub mod store_checks;
 pub mod tls;
 
 pub use backend::{Backend, TestEnv, read_object};

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use crate::{DEADLINE, Proc, repo_root, wait_until};
+use crate::{DEADLINE, Proc, wait_until};
 
 pub const ACCESS_KEY: &str = "stoke-test-key";
 pub const SECRET_KEY: &str = "stoke-test-secret-0123456789";
@@ -16,17 +16,7 @@ pub const SECRET_KEY: &str = "stoke-test-secret-0123456789";
 /// The s3s-fs binary, installed on first use.
 pub fn s3s_fs() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let out = Command::new(repo_root().join("scripts/s3-server.sh"))
-            .output()
-            .expect("running scripts/s3-server.sh");
-        assert!(
-            out.status.success(),
-            "scripts/s3-server.sh failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    })
+    BIN.get_or_init(|| crate::store_checks::installed("s3-server.sh"))
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released).

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
-use stoke_store::{StoreConfig, StoreError, StoreUri, Stores};
+use stoke_store::{StoreConfig, StoreUri, Stores};
 use stoke_tests::s3_proxy::{Faults, S3Proxy};
 use stoke_tests::*;
 
@@ -28,34 +28,7 @@ fn records_done(coordinator: &Coordinator, job_id: &str) -> u64 {
 
 #[test]
 fn the_server_honours_the_conditional_writes_stoke_relies_on() {
-    let env = TestEnv::new(Backend::S3);
-    let stores = env.stores();
-    let uri = StoreUri::parse(&env.uri("cas/record.json")).expect("uri");
-    let v1 = env
-        .block_on(stores.put_new_versioned(&uri, Bytes::from_static(b"1")))
-        .expect("create");
-    // Create-only (If-None-Match: *) refuses an existing object.
-    let again = env.block_on(stores.put_new_versioned(&uri, Bytes::from_static(b"x")));
-    assert!(
-        matches!(again, Err(StoreError::AlreadyExists { .. })),
-        "{again:?}"
-    );
-    // Compare-and-swap (If-Match) succeeds on the current version only.
-    let v2 = env
-        .block_on(stores.put_if(&uri, Bytes::from_static(b"2"), &v1))
-        .expect("swap on the current version");
-    assert_ne!(v1, v2);
-    let stale = env.block_on(stores.put_if(&uri, Bytes::from_static(b"3"), &v1));
-    assert!(
-        matches!(stale, Err(StoreError::Conflict { .. })),
-        "{stale:?}"
-    );
-    let (bytes, version) = env
-        .block_on(stores.get_versioned(&uri))
-        .expect("read")
-        .expect("exists");
-    assert_eq!(bytes, Bytes::from_static(b"2"));
-    assert_eq!(version.e_tag, v2.e_tag);
+    store_checks::assert_conditional_writes(&TestEnv::new(Backend::S3));
 }
 
 #[test]
@@ -95,34 +68,7 @@ fn large_objects_go_up_as_multipart_uploads() {
 #[test]
 fn a_second_coordinator_is_refused_and_a_crashed_ones_root_is_taken_over() {
     let env = TestEnv::new(Backend::S3);
-    let mut first = env.coordinator(&[]);
-    // A second coordinator on the same root is refused, naming the holder.
-    let mut cmd = Command::new(bin("stoke-coordinator"));
-    cmd.args(["--listen", "127.0.0.1:0", "--http-listen", "off", "--root"])
-        .arg(env.root())
-        .envs(env.store_env());
-    let mut second = Proc::spawn("second-coordinator", cmd, env.dir());
-    let status = second.wait_exit(DEADLINE);
-    assert!(!status.success());
-    let log = second.log_text();
-    let holder = first.addr.trim_start_matches("http://");
-    assert!(
-        log.contains("is held by another coordinator") && log.contains(holder),
-        "{log}"
-    );
-    // kill -9 the first: the restarted one waits out the lease (2 s here),
-    // takes the root over and runs a job.
-    first.restart(&[]);
-    let job_id = first.submit(&spec(&env, ""));
-    let _w = first.worker("stoke-worker", "w1", env.dir());
-    first.wait_success(&job_id);
-    assert!(
-        first.proc.log_text().contains("took over the state root"),
-        "{}",
-        first.proc.log_text()
-    );
-    assert_matches_reference(&committed_rows(&env.manifest(&job_id)));
-    env.assert_no_secrets_in_logs();
+    store_checks::assert_one_coordinator_per_root(&env, &spec(&env, ""));
 }
 
 /// `docs/src/guide/cli.md`, "One coordinator per state root": "a
