@@ -44,6 +44,11 @@ pub struct StatusRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     pub updated_ms: u64,
+    /// The job's lease-held worker time in ms (what its spend is counted
+    /// from) as the change was made: stored with it, so the spend that
+    /// paused a job at its cap survives a crash right after the pause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_ms: Option<u64>,
 }
 
 /// One object a checkpoint wrote.

@@ -52,13 +52,8 @@ impl Schedule {
     /// Checks the weight and cap; errors name the spec key.
     pub fn validate(&self) -> Result<(), SpecError> {
         validate_weight(self.weight)?;
-        if let Some(cost) = self.max_cost
-            && !(cost.is_finite() && cost > 0.0)
-        {
-            return Err(SpecError::invalid(
-                "limits.max_cost",
-                format!("must be a positive number, got {cost}"),
-            ));
+        if let Some(cost) = self.max_cost {
+            validate_max_cost(cost)?;
         }
         if self.max_workers == Some(0) {
             return Err(SpecError::invalid(
@@ -79,6 +74,36 @@ pub fn validate_weight(weight: f64) -> Result<(), SpecError> {
         ));
     }
     Ok(())
+}
+
+/// A spending cap must be a finite number above 0: the one check for
+/// `[limits] max_cost` at submit and `stoke set --max-cost`, so both
+/// refuse with the same words.
+pub fn validate_max_cost(cost: f64) -> Result<(), SpecError> {
+    if !(cost.is_finite() && cost > 0.0) {
+        return Err(SpecError::invalid(
+            "limits.max_cost",
+            format!("must be a positive number, got {cost}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a number read from a spec file before it becomes JSON, the form
+/// a spec travels and is stored in, which has no NaN or infinity (they
+/// would turn into `null`, that is, into "not set"). The spec's own
+/// numbers keep their own words; any other (a processor's params) must be
+/// finite.
+pub fn validate_spec_number(key: &str, value: f64) -> Result<(), SpecError> {
+    match key {
+        "limits.max_cost" => validate_max_cost(value),
+        "weight" => validate_weight(value),
+        _ if value.is_finite() => Ok(()),
+        _ => Err(SpecError::invalid(
+            key,
+            format!("must be a finite number, got {value}"),
+        )),
+    }
 }
 
 /// A queue name: 1 to 64 letters, digits, `-`, `_` or `.` (it appears in

@@ -708,12 +708,40 @@ pub(crate) fn read_spec_value(
         })?;
         Ok((v, "json"))
     } else {
-        let v = toml::from_str(&text).map_err(|e| SpecError::Parse {
-            format: "toml",
-            path: String::new(),
-            message: e.message().to_string(),
-        })?;
-        Ok((v, "toml"))
+        Ok((toml_spec_value(&text)?, "toml"))
+    }
+}
+
+/// A TOML spec's document as the JSON value specs are read from. Every
+/// float is checked first: JSON has no NaN or infinity, and converting
+/// would make `max_cost = nan` a `null`, a job with no cap.
+pub(crate) fn toml_spec_value(text: &str) -> Result<serde_json::Value, SpecError> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| SpecError::Parse {
+        format: "toml",
+        path: String::new(),
+        message: e.message().to_string(),
+    })?;
+    for (key, value) in &table {
+        check_toml_numbers(key, value)?;
+    }
+    serde_json::to_value(&table).map_err(|e| SpecError::Parse {
+        format: "toml",
+        path: String::new(),
+        message: e.to_string(),
+    })
+}
+
+fn check_toml_numbers(path: &str, value: &toml::Value) -> Result<(), SpecError> {
+    match value {
+        toml::Value::Float(f) => crate::schedule::validate_spec_number(path, *f),
+        toml::Value::Table(t) => t
+            .iter()
+            .try_for_each(|(k, v)| check_toml_numbers(&format!("{path}.{k}"), v)),
+        toml::Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| check_toml_numbers(&format!("{path}[{i}]"), v)),
+        _ => Ok(()),
     }
 }
 
@@ -784,6 +812,16 @@ impl JobSpec {
             ));
         }
         Self::from_value(Self::resolve_relative(value, &spec_folder(path))?, format)
+    }
+
+    /// Parses a TOML spec the way [`JobSpec::from_file`] reads one (through
+    /// the JSON value relative paths are resolved in), with relative paths
+    /// relative to `base`.
+    pub fn from_toml_in(text: &str, base: &FsPath) -> Result<Self, SpecError> {
+        Self::from_value(
+            Self::resolve_relative(toml_spec_value(text)?, base)?,
+            "toml",
+        )
     }
 
     /// Parses a JSON spec whose relative paths (dataset, output, the

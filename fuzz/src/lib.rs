@@ -36,12 +36,25 @@ use stoke_data::plan::plan_range;
 use stoke_proto::v1 as pb;
 use stoke_store::to_json_bytes;
 
-/// A job spec submitted as TOML (`stoke submit job.toml`).
+/// A job spec submitted as TOML: parsed straight (`JobSpec::from_toml`), and
+/// the way `stoke submit job.toml` reads a file, through the JSON value its
+/// relative paths are resolved in (where a NaN once became "not set").
 pub fn spec_toml(data: &[u8]) {
-    if let Ok(text) = std::str::from_utf8(data)
-        && let Ok(spec) = JobSpec::from_toml(text)
-    {
-        spec_round_trips(&spec);
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Ok(spec) = JobSpec::from_toml(text) {
+            spec_round_trips(&spec);
+        }
+        if let Ok(spec) = JobSpec::from_toml_in(text, std::path::Path::new("/")) {
+            spec_round_trips(&spec);
+            // JSON has no NaN or infinity: an accepted file held none,
+            // or one became `null` ("not set") on the way.
+            if let Ok(doc) = text.parse::<toml::Table>() {
+                assert!(
+                    all_finite(&toml::Value::Table(doc)),
+                    "accepted a non-finite number"
+                );
+            }
+        }
     }
 }
 
@@ -379,6 +392,15 @@ fn written_float_lists(data: &[u8]) -> Option<Bytes> {
 
 /// A valid spec survives `spec.json` (what the coordinator stores and
 /// reloads, and what workers are sent) unchanged, and is still valid.
+fn all_finite(value: &toml::Value) -> bool {
+    match value {
+        toml::Value::Float(f) => f.is_finite(),
+        toml::Value::Table(t) => t.values().all(all_finite),
+        toml::Value::Array(a) => a.iter().all(all_finite),
+        _ => true,
+    }
+}
+
 fn spec_round_trips(spec: &JobSpec) {
     let json = spec.to_json();
     assert!(!json.is_empty(), "spec did not serialise: {spec:?}");

@@ -318,3 +318,73 @@ fn a_cap_without_a_price_and_a_deadline_already_past_are_refused_at_submit() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn a_cap_that_is_not_a_number_is_refused_at_submit_and_at_set_with_the_same_words() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--price", "default=3600"]);
+    let job = coordinator.submit(&spec_file(tmp.path(), "plain.toml", ""));
+    // TOML's nan and inf: JSON, which a spec travels in, has neither, so
+    // they must be refused before the spec becomes JSON, not read as "no
+    // cap".
+    for (value, shown) in [
+        ("nan", "NaN"),
+        ("+nan", "NaN"),
+        ("inf", "inf"),
+        ("-inf", "-inf"),
+    ] {
+        let words = format!("limits.max_cost: must be a positive number, got {shown}");
+        let out = coordinator.cli(&[
+            "submit",
+            &spec_file(tmp.path(), "nan.toml", &format!("max_cost = {value}")),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{value}: {}", text(&out.stdout));
+        assert!(
+            text(&out.stderr).contains(&words),
+            "{value}: {}",
+            text(&out.stderr)
+        );
+        let out = coordinator.cli(&["set", &job, &format!("--max-cost={value}")]);
+        assert_eq!(out.status.code(), Some(2), "{value}: {}", text(&out.stdout));
+        assert!(
+            text(&out.stderr).contains(&words),
+            "{value}: {}",
+            text(&out.stderr)
+        );
+    }
+    // A weight and a processor's param are checked the same way, by key.
+    let plain = std::fs::read_to_string(tmp.path().join("plain.toml")).expect("read spec");
+    for (spec, words) in [
+        (
+            format!("weight = nan\n{plain}"),
+            "weight: must be a positive number up to 1000000, got NaN",
+        ),
+        (
+            plain.replacen(
+                "[processor.params]\n",
+                "[processor.params]\nscale = inf\n",
+                1,
+            ),
+            "processor.params.scale: must be a finite number, got inf",
+        ),
+    ] {
+        let path = tmp.path().join("number.toml");
+        std::fs::write(&path, &spec).expect("write spec");
+        let out = coordinator.cli(&["submit", &path.display().to_string()]);
+        assert_eq!(out.status.code(), Some(2), "{spec}: {}", text(&out.stdout));
+        assert!(
+            text(&out.stderr).contains(words),
+            "{spec}: {}",
+            text(&out.stderr)
+        );
+    }
+    let jobs = coordinator.cli(&["jobs", "--json"]);
+    assert!(jobs.status.success(), "{}", text(&jobs.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&jobs.stdout).expect("jobs json");
+    assert_eq!(
+        listed.as_array().map(Vec::len),
+        Some(1),
+        "nothing but the plain job was submitted: {listed}"
+    );
+}

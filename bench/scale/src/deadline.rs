@@ -22,6 +22,10 @@
 //!   records per second, commits a checkpoint every `checkpoint` of its
 //!   time (and at its shard's end), heartbeats at the owner's tick, and
 //!   follows what the coordinator tells it (splits, drains, wake-ups);
+//!   like a real single-device worker it takes its next lease while it
+//!   works on one (at its first checkpoint; `--no-prefetch` turns this
+//!   off), and starts on it when its shard ends: the coordinator must
+//!   count it as one worker, not two (issue 59);
 //! - each worker is preempted at a time drawn from an exponential of mean
 //!   `preempt_every` from its start request: its session closes without
 //!   a last checkpoint, so what it did since its last commit is redone by
@@ -105,6 +109,9 @@ pub struct Options {
     pub max_fleet: u64,
     /// The budget run's `max_cost`, as a share of the optimum's bill.
     pub budget_share: f64,
+    /// Workers take their next lease while they work on one (as real
+    /// workers do): the coordinator must not count it as a worker.
+    pub prefetch: bool,
 }
 
 /// The sandbox's splitmix64: one deterministic stream per seed.
@@ -510,6 +517,22 @@ struct Work {
 }
 
 impl Work {
+    /// A lease's work, from `now_ms`.
+    fn of(lease: &stoke_core::lease::Lease, now_ms: u64) -> anyhow::Result<Self> {
+        let shard = &lease.shard;
+        let end = match shard.until_record() {
+            Some(until) => until,
+            None => shard.from_record() + shard.records.context("a range shard's size")?,
+        };
+        Ok(Self {
+            key: lease.key(),
+            next: lease.next_batch,
+            end,
+            since_ms: now_ms,
+            frac: 0.0,
+        })
+    }
+
     /// Records done past `next` at `now_ms`, and the part of one more.
     fn done(&self, pace: f64, now_ms: u64) -> (u64, f64) {
         let f = self.frac + pace * now_ms.saturating_sub(self.since_ms) as f64 / 1000.0;
@@ -542,6 +565,10 @@ struct Worker {
     requested_ms: u64,
     stopped_ms: Option<u64>,
     phase: Phase,
+    /// The lease it took ahead of the one it works on, as a real
+    /// single-device worker does once it has read its current shard
+    /// (`Options::prefetch`): held, not worked on, until that one ends.
+    ahead: Option<Work>,
     /// Schedule generation: events of an older one are stale.
     generation: u64,
     session: Option<String>,
@@ -774,10 +801,11 @@ impl<'a> Sim<'a> {
     async fn tick(&mut self) -> anyhow::Result<()> {
         for w in &self.workers {
             if let Some(session) = &w.session {
-                let keys: Vec<LeaseKey> = match &w.phase {
+                let mut keys: Vec<LeaseKey> = match &w.phase {
                     Phase::Busy(work) => vec![work.key.clone()],
                     _ => Vec::new(),
                 };
+                keys.extend(w.ahead.iter().map(|a| a.key.clone()));
                 self.state.heartbeat(session, &keys)?;
             }
         }
@@ -883,6 +911,7 @@ impl<'a> Sim<'a> {
             requested_ms: now_ms,
             stopped_ms: None,
             phase: Phase::Starting,
+            ahead: None,
             generation: 0,
             session: None,
             events_rx: None,
@@ -924,18 +953,7 @@ impl<'a> Sim<'a> {
         let g = w.generation;
         match outcome {
             AcquireOutcome::Lease(lease) => {
-                let shard = &lease.shard;
-                let end = match shard.until_record() {
-                    Some(until) => until,
-                    None => shard.from_record() + shard.records.context("a range shard's size")?,
-                };
-                let work = Work {
-                    key: lease.key(),
-                    next: lease.next_batch,
-                    end,
-                    since_ms: now_ms,
-                    frac: 0.0,
-                };
+                let work = Work::of(&lease, now_ms)?;
                 let at = self.next_step_ms(i, &work);
                 self.workers[i].phase = Phase::Busy(work);
                 self.at(at, Event::Step(i, g));
@@ -969,6 +987,9 @@ impl<'a> Sim<'a> {
         }
         match self.checkpoint(i, now_ms).await? {
             Checkpointed::Going => {
+                if self.options.prefetch && self.workers[i].ahead.is_none() {
+                    self.take_ahead(i, now_ms).await?;
+                }
                 let Phase::Busy(work) = &self.workers[i].phase else {
                     return Ok(());
                 };
@@ -979,11 +1000,61 @@ impl<'a> Sim<'a> {
                 self.at(at, Event::Step(i, g));
                 Ok(())
             }
-            Checkpointed::ShardOver => {
-                self.workers[i].phase = Phase::Idle;
-                self.ask(i, now_ms).await
+            Checkpointed::ShardOver => self.next_shard(i, now_ms).await,
+        }
+    }
+
+    /// Its shard is over: on to the lease it took ahead, else it asks.
+    async fn next_shard(&mut self, i: usize, now_ms: u64) -> anyhow::Result<()> {
+        let w = &mut self.workers[i];
+        let Some(mut work) = w.ahead.take() else {
+            w.phase = Phase::Idle;
+            return self.ask(i, now_ms).await;
+        };
+        work.since_ms = now_ms;
+        let at = self.next_step_ms(i, &work);
+        let w = &mut self.workers[i];
+        w.phase = Phase::Busy(work);
+        w.generation += 1;
+        let g = w.generation;
+        self.at(at, Event::Step(i, g));
+        Ok(())
+    }
+
+    /// A busy worker asks for its next lease while it works.
+    async fn take_ahead(&mut self, i: usize, now_ms: u64) -> anyhow::Result<()> {
+        let session = self.workers[i].session.clone().context("a session")?;
+        let outcome = self.state.acquire(&session)?;
+        self.state.run_writes().await;
+        match outcome {
+            AcquireOutcome::Lease(lease) => {
+                self.workers[i].ahead = Some(Work::of(&lease, now_ms)?);
+            }
+            AcquireOutcome::Wait(_) | AcquireOutcome::Idle => {}
+            AcquireOutcome::Reduce(task) => {
+                anyhow::bail!("a reduce task for job {} (no reducers here)", task.job_id)
             }
         }
+        Ok(())
+    }
+
+    /// Gives back the lease a worker took ahead, if any.
+    async fn release_ahead(&mut self, i: usize) -> anyhow::Result<()> {
+        let w = &mut self.workers[i];
+        let (Some(work), Some(session)) = (w.ahead.take(), w.session.clone()) else {
+            return Ok(());
+        };
+        self.state
+            .release(Release {
+                session_id: session,
+                key: work.key,
+                error: None,
+                transient: false,
+                crashed: false,
+            })
+            .await
+            .context("releasing a lease taken ahead")?;
+        Ok(())
     }
 
     /// Commits what a busy worker did since its last commit.
@@ -1040,6 +1111,7 @@ impl<'a> Sim<'a> {
 
     /// A busy worker commits what it did and gives its lease back.
     async fn hand_back(&mut self, i: usize, now_ms: u64) -> anyhow::Result<()> {
+        self.release_ahead(i).await?;
         if !matches!(self.workers[i].phase, Phase::Busy(_)) {
             return Ok(());
         }
@@ -1088,6 +1160,7 @@ impl<'a> Sim<'a> {
     async fn gone(&mut self, i: usize, now_ms: u64) {
         let w = &mut self.workers[i];
         w.phase = Phase::Gone;
+        w.ahead = None;
         w.generation += 1;
         w.stopped_ms = Some(now_ms);
         w.events_rx = None;
@@ -1132,6 +1205,11 @@ impl<'a> Sim<'a> {
                 until_record,
             } => {
                 let w = &mut self.workers[i];
+                if let Some(ahead) = w.ahead.as_mut().filter(|a| a.key == lease) {
+                    // Not started: it ends where the split says.
+                    ahead.end = until_record.clamp(ahead.next, ahead.end);
+                    return Ok(());
+                }
                 let pace = w.pace;
                 let Phase::Busy(work) = &mut w.phase else {
                     return Ok(());
@@ -1149,15 +1227,26 @@ impl<'a> Sim<'a> {
                 self.at(at, Event::Step(i, g));
             }
             SessionEvent::Drain { leases, .. } => {
+                if self.workers[i]
+                    .ahead
+                    .as_ref()
+                    .is_some_and(|a| leases.contains(&a.key))
+                {
+                    self.release_ahead(i).await?;
+                }
                 if leases.iter().any(|k| holds(&self.workers[i], k)) {
                     self.hand_back(i, now_ms).await?;
                     self.ask(i, now_ms).await?;
                 }
             }
             SessionEvent::Revoke { leases, .. } => {
+                let w = &mut self.workers[i];
+                if w.ahead.as_ref().is_some_and(|a| leases.contains(&a.key)) {
+                    w.ahead = None;
+                }
                 if leases.iter().any(|k| holds(&self.workers[i], k)) {
                     self.workers[i].phase = Phase::Idle;
-                    self.ask(i, now_ms).await?;
+                    self.next_shard(i, now_ms).await?;
                 }
             }
             SessionEvent::Noted { .. } => {}

@@ -203,6 +203,10 @@ enum Cmd {
         /// optimum's bill.
         #[arg(long, default_value_t = 0.6)]
         budget_share: f64,
+        /// Workers do not take their next lease while they work (real
+        /// workers do, once they have read their current shard).
+        #[arg(long)]
+        no_prefetch: bool,
     },
     /// Submit time and coordinator memory for a job with many shards.
     Plan {
@@ -229,6 +233,7 @@ fn main() -> anyhow::Result<()> {
         scale_every,
         max_fleet,
         budget_share,
+        no_prefetch,
     } = cli.command
     {
         let options = deadline::Options {
@@ -245,6 +250,7 @@ fn main() -> anyhow::Result<()> {
             scale_every,
             max_fleet: max_fleet.max(1),
             budget_share,
+            prefetch: !no_prefetch,
         };
         return run_deadline(&options, first_seed, seeds);
     }

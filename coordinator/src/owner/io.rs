@@ -396,6 +396,8 @@ async fn finish_job(finish: FinishJob, stores: &Stores) -> Result<()> {
         state: JobState::Succeeded,
         reason: None,
         updated_ms: now_ms(),
+        // The job's report (`report.json`) holds its whole spend.
+        held_ms: None,
     };
     stores.put_json(&layout.status(), &status).await?;
     Ok(())

@@ -198,6 +198,19 @@ impl Account {
         self.before = Some(before);
     }
 
+    /// Raises the lease-held seconds counted before this coordinator to
+    /// `held_s` when they are fewer (read from the job's status record,
+    /// written with a pause at its cap: see `StatusRecord::held_ms`).
+    pub fn spent_at_least(&mut self, held_s: f64) {
+        if !held_s.is_finite() || self.processor_seconds() >= held_s {
+            return;
+        }
+        let missing = held_s - self.processor_seconds();
+        self.before
+            .get_or_insert_with(EfficiencyReport::default)
+            .held_s += missing;
+    }
+
     /// The job ended now: its report's wall time stops here.
     pub fn end(&mut self, now: Instant) {
         self.ended.get_or_insert(now);
@@ -639,14 +652,16 @@ fn attribute(
     if dt.is_zero() {
         return;
     }
-    // Wall time per lease held, for the worker's pace (`pace.rs`).
-    for (job_id, _) in &s.leases {
-        s.paces.entry(job_id).hold(dt);
-    }
     let time = dt * s.devices.len().max(1) as u32;
     let mut held: Vec<&str> = s.leases.iter().map(|(j, _)| j.as_str()).collect();
     held.sort_unstable();
     held.dedup();
+    // Wall time per processor working on each job, for the worker's pace
+    // (`pace.rs`): a lease taken ahead adds none.
+    for job_id in &held {
+        let working = s.working_on(job_id);
+        s.paces.entry(job_id).hold(dt * working);
+    }
     if held.is_empty() {
         if let Some((job_id, idle)) = idle_for
             && let Some(job) = jobs.get_mut(job_id)

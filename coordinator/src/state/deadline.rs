@@ -96,6 +96,8 @@ pub(super) struct Deadline {
     pub risk: Option<String>,
     /// Whether the risk was said (in its events and the log): once.
     said: bool,
+    /// Its processors at work as last sized (see [`Need::working`]).
+    pub working: u64,
 }
 
 impl Deadline {
@@ -127,8 +129,9 @@ pub struct Need {
     pub left: u64,
     /// Records per second of lease held, per worker, between commits.
     pub pace: f64,
-    /// Workers holding its shards now.
-    pub leased: u64,
+    /// Processors working on it now: a lease each, up to one per device
+    /// of each worker (a lease taken ahead is no worker at work).
+    pub working: u64,
     /// Time to the deadline (negative: passed).
     pub time_left_s: f64,
     /// How long a new worker takes to start.
@@ -150,7 +153,7 @@ pub fn size(need: &Need) -> Sizing {
     let Need {
         left,
         pace,
-        leased,
+        working,
         time_left_s: t,
         margin_s: m,
         tail_s,
@@ -165,7 +168,7 @@ pub fn size(need: &Need) -> Sizing {
         };
     }
     let left_f = left as f64;
-    let held = leased as f64;
+    let held = working as f64;
     // Planned to end a tail's allowance before the deadline.
     let t_end = t - tail_s;
     // None: no number of workers makes it (new ones would start too late
@@ -218,7 +221,7 @@ pub fn size(need: &Need) -> Sizing {
         None => Some(format!(
             "{left} records left and too little time for a new worker to help (it takes {} to start); its {} cannot finish in time",
             span(m),
-            workers(leased)
+            workers(working)
         )),
         Some(n) if n > cap => Some(format!(
             "it needs {n:.0} workers to finish in time; {cap_reason}"
@@ -236,7 +239,7 @@ pub fn size(need: &Need) -> Sizing {
         wanted: wanted as u64,
         risk,
         eta_s: eta_s.is_finite().then_some(eta_s),
-        eta_held_s: (leased > 0).then(|| left_f / (held * pace)),
+        eta_held_s: (working > 0).then(|| left_f / (held * pace)),
     }
 }
 
@@ -272,7 +275,7 @@ impl Job {
         let d = self.deadline.as_ref()?;
         d.sizing
             .as_ref()
-            .is_none_or(|s| self.leased < s.wanted)
+            .is_none_or(|s| d.working < s.wanted)
             .then_some(d.at_ms)
     }
 }
@@ -307,18 +310,20 @@ impl State {
             if !job.life.running() {
                 continue;
             }
+            let working = self.working_on(&job.id);
             let sizing = self
-                .need_of(job, deadline.at_ms, now_ms, now)
+                .need_of(job, working, deadline.at_ms, now_ms, now)
                 .map(|n| size(&n));
-            sized.push((job.id.clone(), sizing));
+            sized.push((job.id.clone(), working, sizing));
         }
-        for (job_id, sizing) in sized {
+        for (job_id, working, sizing) in sized {
             let Some(job) = self.jobs.get_mut(&job_id) else {
                 continue;
             };
             let Some(deadline) = job.deadline.as_mut() else {
                 continue;
             };
+            deadline.working = working;
             let Some(mut sizing) = sizing else {
                 deadline.sizing = None;
                 continue;
@@ -335,9 +340,25 @@ impl State {
         }
     }
 
+    /// Processors working on `job_id` now, over all workers (see
+    /// [`Need::working`]): O(sessions).
+    fn working_on(&self, job_id: &str) -> u64 {
+        self.sessions
+            .values()
+            .map(|s| u64::from(s.working_on(job_id)))
+            .sum()
+    }
+
     /// What sizing `job` for its deadline works from; `None` before its
     /// pace is measured or while its total is unknown.
-    fn need_of(&self, job: &Job, at_ms: u64, now_ms: u64, now: Instant) -> Option<Need> {
+    fn need_of(
+        &self,
+        job: &Job,
+        working: u64,
+        at_ms: u64,
+        now_ms: u64,
+        now: Instant,
+    ) -> Option<Need> {
         let total = job
             .plan
             .records_total
@@ -353,7 +374,7 @@ impl State {
         Some(Need {
             left: total.saturating_sub(job.totals.records),
             pace,
-            leased: job.leased,
+            working,
             time_left_s: (at_ms as f64 - now_ms as f64) / 1000.0,
             margin_s,
             tail_s: 2.0 * steady.interval.as_secs_f64(),
@@ -370,11 +391,11 @@ impl State {
 mod tests {
     use super::*;
 
-    fn need(left: u64, leased: u64, time_left_s: f64) -> Need {
+    fn need(left: u64, working: u64, time_left_s: f64) -> Need {
         Need {
             left,
             pace: 10.0,
-            leased,
+            working,
             time_left_s,
             margin_s: 60.0,
             tail_s: 0.0,

@@ -151,6 +151,7 @@ impl State {
                 state: JobState::Running,
                 reason: None,
                 updated_ms: 0,
+                held_ms: None,
             },
         }));
         self.start_io(io, Then::Created { job: Box::new(job) });
@@ -287,6 +288,9 @@ impl State {
                     state,
                     reason,
                     updated_ms: 0,
+                    // The spend as of this change, in the same write: a
+                    // pause at the cap keeps what caused it (budget.rs).
+                    held_ms: Some((job.account.processor_seconds() * 1000.0).round() as u64),
                 }),
             },
             (None, JobCmd::Set(change)) => match change.apply(&job.schedule) {

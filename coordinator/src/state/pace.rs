@@ -13,9 +13,12 @@
 //!
 //! Lease time is added where the account gives out session time
 //! (`account::attribute`: just before a session's leases change, and at
-//! the periodic walk), per lease held, so a worker with two devices
-//! holding two leases counts two seconds a second: its pace is per
-//! processor, as the share of one shard is. What was held since the last
+//! the periodic walk), per processor working on the job
+//! ([`Session::working_on`]), so a worker with two devices holding two
+//! leases counts two seconds a second: its pace is per processor, as the
+//! share of one shard is. A lease it took ahead (a single-device worker
+//! asks for its next shard once it has read its current one) is no
+//! processor at work, and adds nothing. What was held since the last
 //! walk is added on the fly ([`Session::lease_time_since`]), so a pace is
 //! exact at any instant, and the state tests, on a paused clock, see it
 //! to the millisecond.
@@ -166,10 +169,16 @@ impl Paces {
 
 impl Session {
     /// Lease time held on `job_id` since the account last gave out this
-    /// session's time (each lease counts).
+    /// session's time (each processor working on it counts).
     fn lease_time_since(&self, job_id: &str, now: Instant) -> Duration {
-        let leases = self.leases.iter().filter(|(j, _)| j == job_id).count() as u32;
-        now.saturating_duration_since(self.accounted_at) * leases
+        now.saturating_duration_since(self.accounted_at) * self.working_on(job_id)
+    }
+
+    /// Its processors working on `job_id`: a lease each, up to one per
+    /// device; leases beyond that were taken ahead, and wait.
+    pub(super) fn working_on(&self, job_id: &str) -> u32 {
+        let leases = self.leases.iter().filter(|(j, _)| j == job_id).count();
+        leases.min(self.devices.len().max(1)) as u32
     }
 
     /// Its pace on `job_id` at `now` (`None`: not measured yet).

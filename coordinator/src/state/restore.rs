@@ -140,6 +140,14 @@ impl State {
             // job.
             job.account.carry_on(so_far, now_ms);
         }
+        // The spend stored with the job's last change of state (a pause at
+        // its cap, say) may be newer than the report saved every few
+        // seconds: the job spent at least that.
+        if !s.status.state.is_terminal()
+            && let Some(held_ms) = s.status.held_ms
+        {
+            job.account.spent_at_least(held_ms as f64 / 1000.0);
+        }
         if let Some(record) = s.schedule {
             job.schedule = Schedule {
                 priority: record.priority,

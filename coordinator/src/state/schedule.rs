@@ -725,8 +725,9 @@ impl Job {
             (_, Some(n)) => n,
             // Before its pace is measured, a job with a deadline asks for
             // the workers it holds, at least one: sized from its first
-            // commits, not from its shard count (`deadline.rs`).
-            (Some(_), None) => self.leased.max(1).min(busy),
+            // commits, not from its shard count (`deadline.rs`); a lease
+            // taken ahead is no worker.
+            (Some(d), None) => d.working.max(1).min(busy),
             (None, None) => busy,
         };
         self.schedule.max_workers.map_or(wanted, |m| wanted.min(m))

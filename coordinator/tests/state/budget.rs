@@ -168,3 +168,40 @@ async fn a_job_paused_at_its_cap_resumes_when_raised_after_a_restart() {
     set_cap(&mut state, "j", 100.0).await;
     assert_eq!(info(&state, "j").state, JobState::Running);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_spend_that_paused_a_job_is_stored_with_the_pause() {
+    let stores = Stores::new();
+    let mut state = recover_priced(&stores).await;
+    submit_capped(&mut state, &stores, "j", 3.0).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    hold(&mut state, &a, &lease, 4).await;
+    let paused = info(&state, "j");
+    assert_eq!(paused.state, JobState::Paused);
+    let spent = paused.cost_so_far.expect("priced");
+    assert!(spent >= 3.0, "{spent}");
+    // Well before the report's counters are saved (every 10 s): the
+    // status record written with the pause holds the spend.
+    let stored = stored_status(&stores, "j").await;
+    let held = stored.held_ms.expect("the spend with the pause") as f64 / 1000.0;
+    assert!((held - spent).abs() < 1e-3, "{held} stored, {spent} spent");
+    // A crash at once: the spend comes back, not 0.
+    drop(state);
+    let mut state = recover_priced(&stores).await;
+    let carried = info(&state, "j").cost_so_far.expect("priced");
+    assert!((carried - spent).abs() < 1e-3, "{carried} of {spent}");
+    // So a cap raised by 1 buys about 1 unit of work more, not the whole
+    // cap again.
+    set_cap(&mut state, "j", spent + 1.0).await;
+    assert_eq!(info(&state, "j").state, JobState::Running);
+    let (b, _b_events) = register(&mut state, "b");
+    let lease = leased(state.acquire(&b));
+    let mut seconds = 0;
+    while info(&state, "j").state == JobState::Running && seconds < 10 {
+        hold(&mut state, &b, &lease, 1).await;
+        seconds += 1;
+    }
+    assert_eq!(info(&state, "j").state, JobState::Paused);
+    assert!(seconds <= 2, "ran {seconds} s more on a cap raised by 1");
+}

@@ -257,3 +257,32 @@ async fn among_equals_the_earliest_deadline_gets_workers_first() {
     let (e, _e_events) = register(&mut state, "e");
     assert_eq!(leased(state.acquire(&e)).key().job_id, "high");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_taken_ahead_is_not_a_worker() {
+    let stores = Stores::new();
+    let (mut state, t0) = recover_pinned(&stores).await;
+    // 12 s: too little for a new worker (10 s to start) to help.
+    submit_spec(&mut state, &stores, "j", deadline_spec(2000, t0 + 12_000)).await;
+    let mut a = Worker::start(&mut state, "a");
+    a.work(&mut state, &stores, 3, S).await;
+    // A single-device worker asks for its next shard once it has read its
+    // current one: two leases, one processor.
+    let ahead = leased(state.acquire(&a.session));
+    assert_ne!(ahead.shard.id, a.lease.shard.id);
+    assert_eq!(info(&state, "j").shards_leased, 2);
+    a.work(&mut state, &stores, 2, S).await;
+    let job = info(&state, "j");
+    assert_eq!(job.workers_wanted, Some(1), "{job:?}");
+    assert_eq!(wanted(&state), 1);
+    assert!(
+        job.deadline_risk
+            .as_deref()
+            .is_some_and(|r| r.ends_with("its 1 worker cannot finish in time")),
+        "{:?}",
+        job.deadline_risk
+    );
+    // Its pace is per processor at work: 2 records a second, not 1.
+    let pace = state.pace(&a.session, "j", Instant::now()).expect("a pace");
+    assert!((1.9..=2.1).contains(&pace), "{pace}");
+}

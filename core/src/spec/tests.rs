@@ -601,3 +601,41 @@ fn an_llm_model_path_is_relative_to_the_spec_file() {
         "{model}"
     );
 }
+
+#[test]
+fn non_finite_numbers_in_a_spec_file_are_refused_by_key_not_dropped() {
+    let base = std::path::Path::new("/");
+    for (line, words) in [
+        (
+            "[limits]\nmax_cost = nan",
+            "limits.max_cost: must be a positive number, got NaN",
+        ),
+        (
+            "[limits]\nmax_cost = inf",
+            "limits.max_cost: must be a positive number, got inf",
+        ),
+        (
+            "[batching.extra]\nscale = [1.0, -inf]",
+            "batching.extra.scale[1]: must be a finite number, got -inf",
+        ),
+    ] {
+        let text = format!("{GOOD}{line}\n");
+        let e = JobSpec::from_toml_in(&text, base)
+            .expect_err(line)
+            .to_string();
+        assert!(e.contains(words), "{line}: {e}");
+        // The straight reading refuses the cap with the same words.
+        if line.contains("max_cost") {
+            assert!(err(&text).contains(words), "{line}");
+        }
+    }
+    let weight = format!("weight = nan\n{GOOD}");
+    let e = JobSpec::from_toml_in(&weight, base)
+        .expect_err("nan weight")
+        .to_string();
+    assert!(e.contains("weight: must be a positive number"), "{e}");
+    // A finite cap reads the same both ways.
+    let text = format!("{GOOD}[limits]\nmax_cost = 2.5\n");
+    let spec = JobSpec::from_toml_in(&text, base).expect("valid");
+    assert_eq!(spec.limits.max_cost, Some(2.5));
+}
