@@ -67,6 +67,13 @@ pub fn render(r: &EfficiencyReport) -> String {
     if r.backups > 0 {
         let _ = writeln!(out, "backups: {} ({} won)", r.backups, r.backups_won);
     }
+    if r.reconnects > 0 {
+        let _ = writeln!(
+            out,
+            "reconnects: {} (broken sessions whose worker lived on: not crashes)",
+            r.reconnects
+        );
+    }
     if r.held_back_s > 0.0 {
         let _ = writeln!(
             out,
@@ -158,6 +165,7 @@ mod tests {
             redone_batches: 4,
             backups: 2,
             backups_won: 1,
+            reconnects: 2,
             devices: vec![DeviceReport {
                 worker: "w1".into(),
                 devices: vec!["cpu".into()],
@@ -178,6 +186,10 @@ mod tests {
         assert!(text.contains("  startup           0.0 s    0.0%"), "{text}");
         assert!(text.contains("shards split: 2"), "{text}");
         assert!(text.contains("backups: 2 (1 won)"), "{text}");
+        assert!(
+            text.contains("reconnects: 2 (broken sessions whose worker lived on: not crashes)"),
+            "{text}"
+        );
         assert!(text.contains("attempts failed: lost 1"), "{text}");
         assert!(text.contains("batches redone: 4"), "{text}");
         assert!(!text.contains("llm engine"), "{text}");

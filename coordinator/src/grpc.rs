@@ -257,6 +257,7 @@ impl WorkerService for WorkerApi {
             } else {
                 register.pool
             },
+            incarnation: register.incarnation,
         };
         let (grant, mut events_rx) = self.handle.register(registration).await?;
         let (out_tx, out_rx) = mpsc::channel::<Result<pb::SessionEvent, Status>>(16);

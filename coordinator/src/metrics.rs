@@ -45,6 +45,9 @@ pub struct Counters {
     pub backups_won: u64,
     /// Workers that died with a batch in progress (see `state/crash.rs`).
     pub worker_crashes: u64,
+    /// Sessions that broke and whose worker process came back (the same
+    /// incarnation): reconnects, not deaths (see `state/deaths.rs`).
+    pub worker_reconnects: u64,
 }
 
 /// Distributions since this coordinator process started. Cloning shares
@@ -195,6 +198,11 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
             "stoke_sessions_closed",
             "Worker sessions closed",
             c.sessions_closed,
+        ),
+        (
+            "stoke_worker_reconnects",
+            "Worker sessions that broke while the worker process lived on (it registered again as itself): not crashes",
+            c.worker_reconnects,
         ),
     ] {
         registry.register(name, help, counter(value));
@@ -561,6 +569,7 @@ mod tests {
                 shards_split: 3,
                 backups: 2,
                 backups_won: 1,
+                reconnects: 0,
                 ..Default::default()
             }],
             shards_in_memory: 4,

@@ -344,6 +344,8 @@ pub struct CountersView {
     pub store_failures: u64,
     pub commits_accepted: u64,
     pub commits_refused: u64,
+    /// Broken sessions whose worker process came back as itself.
+    pub worker_reconnects: u64,
 }
 
 impl StatusView {
@@ -361,6 +363,7 @@ impl StatusView {
             store_failures: c.store_failures,
             commits_accepted: c.commits_accepted,
             commits_refused: c.commits_refused,
+            worker_reconnects: c.worker_reconnects,
         };
         let workers = report
             .snapshot

@@ -85,6 +85,7 @@ fn register(state: &mut State, worker: &str) -> String {
                 hostname: "test".to_string(),
                 held: Vec::new(),
                 pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
+                incarnation: String::new(),
             },
             Instant::now(),
         )

@@ -282,6 +282,10 @@ pub struct Registration {
     pub held: Vec<LeaseKey>,
     /// The pool it serves (`stoke-worker --pool`).
     pub pool: String,
+    /// Drawn once per worker process: the same one registering again is
+    /// a reconnect of a live process, another one is a new process (the
+    /// one before died). Empty: unknown (each session its own).
+    pub incarnation: String,
 }
 
 /// What the coordinator tells a worker when its session opens.

@@ -118,6 +118,12 @@ pub struct EfficiencyReport {
     /// `backup`, with whichever attempt lost.
     #[serde(default)]
     pub backups_won: u64,
+    /// Sessions that broke while their worker process lived on, and came
+    /// back as the same process: reconnects, not crashes (nothing blamed;
+    /// the work they cost counts in `attempts_failed` as `disconnected`
+    /// when their shard went on elsewhere meanwhile).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub reconnects: u64,
     pub devices: Vec<DeviceReport>,
     /// The job's metrics: what its Python processor's metric reducers
     /// (`context.wrap_reducer`) reduced to over every committed batch,
@@ -314,6 +320,7 @@ impl EfficiencyReport {
             redone_batches: before.redone_batches + self.redone_batches,
             backups: before.backups + self.backups,
             backups_won: before.backups_won + self.backups_won,
+            reconnects: before.reconnects + self.reconnects,
             held_back_s: before.held_back_s + self.held_back_s,
             held_s: before.held_s + self.held_s,
             starved_s: before.starved_s + self.starved_s,
@@ -342,6 +349,10 @@ impl EfficiencyReport {
             0.0
         }
     }
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

@@ -102,15 +102,22 @@ class Poison(TorchBatchProcessor):
     code "crashes" on the records listed in `poison`: `os.abort()`, as a
     segfault in a decoder or a CUDA illegal address would end the process.
     It hangs (a native call that never returns) on those in `hang`, and
-    raises CUDA's sticky "illegal memory access" on those in `sticky`."""
+    raises CUDA's sticky "illegal memory access" on those in `sticky`; it
+    takes `seconds_per_record` for every record (a slow model)."""
 
     def __init__(self, context):
         self.context = context
         self.poison = set(context.params.get("poison", []))
         self.hang = set(context.params.get("hang", []))
         self.sticky = set(context.params.get("sticky", []))
+        # A slow model: this long per record (healthy ones too).
+        self.seconds_per_record = float(context.params.get("seconds_per_record", 0))
 
     def process_batch(self, batch, batch_idx):
+        if self.seconds_per_record:
+            import time
+
+            time.sleep(self.seconds_per_record * len(batch))
         for record_id in batch.ids:
             if record_id in self.poison:
                 os.abort()

@@ -490,6 +490,7 @@ async fn raw_session(
             hostname: "test".to_string(),
             held: Vec::new(),
             pool: String::new(),
+            incarnation: String::new(),
         })),
     })
     .await

@@ -21,7 +21,8 @@ use std::thread::JoinHandle;
 use stoke_core::records::ProgressRecord;
 use stoke_tests::chaos::{self, LEASE_TIMEOUT};
 use stoke_tests::{
-    Coordinator, DEADLINE, committed_rows, lines_with, manifest, wait_until, worker_at,
+    Coordinator, DEADLINE, committed_rows, lines_with, manifest, output_batches, repo_root,
+    wait_until, worker_at,
 };
 
 /// Open: bytes flow. Closed: every pump holds what it read and waits.
@@ -120,6 +121,15 @@ impl Proxy {
     /// Forwards again, starting with what was held.
     fn heal(&self) {
         self.gate.set(true);
+    }
+
+    /// Resets every connection through it (as a flapping link or a NAT
+    /// that drops its table does); new ones go through as before.
+    fn reset(&self) {
+        let sockets = std::mem::take(&mut *self.sockets.lock().unwrap_or_else(|p| p.into_inner()));
+        for s in sockets {
+            let _ = s.shutdown(Shutdown::Both);
+        }
     }
 }
 
@@ -333,4 +343,115 @@ fn a_partitioned_worker_loses_its_shard_and_its_late_commits_are_refused() {
 /// The coordinator's count of refused commits since it started.
 fn refused_commits(coordinator: &Coordinator) -> Option<u64> {
     coordinator.api_status()?["counters"]["commits_refused"].as_u64()
+}
+
+/// 8 healthy records of a model taking 1 s each, in batches of 2, behind a
+/// link reset every 3 s: the worker's process never dies.
+fn flapping_spec(policy: &str) -> String {
+    format!(
+        "name = \"flap\"\n[dataset]\nformat = \"range\"\ncount = 8\n\
+         [processor]\npython = \"processors:Poison\"\npython_path = [\"{dir}\"]\n\
+         [processor.params]\nseconds_per_record = 1.0\n\
+         [batching]\nbatch_size = 2\n[checkpoint]\ninterval = 1\n\
+         [sharding]\nrecords = 4\n[errors]\npolicy = \"{policy}\"\ncrash_threshold = 1\n",
+        dir = repo_root().join("tests/python").display()
+    )
+}
+
+/// A link that resets every 3 s breaks a live worker's session again and
+/// again: nothing is blamed (no crash counted, no record skipped, the job
+/// does not fail under `fail`), every record is committed once, and the
+/// breaks are counted as reconnects (issue 58).
+#[test]
+fn a_flapping_link_blames_no_record_and_counts_reconnects_not_crashes() {
+    for policy in ["fail", "skip"] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().join("root");
+        let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "30s"]);
+        let spec_path = tmp.path().join("flap.toml");
+        std::fs::write(&spec_path, flapping_spec(policy)).expect("spec");
+        let job_id = coordinator.submit(spec_path.to_str().expect("utf8 path"));
+        let upstream: SocketAddr = coordinator
+            .addr
+            .trim_start_matches("http://")
+            .parse()
+            .expect("coordinator address");
+        let proxy = Proxy::start(upstream);
+        let mut w = worker_at(&format!("http://{}", proxy.addr), "w", tmp.path());
+        // Reset the link every 3 s until the job ends (at most 20 times).
+        let mut resets = 0;
+        let mut last = std::time::Instant::now();
+        let status = wait_until("the job to end under a flapping link", DEADLINE, || {
+            let status = coordinator.status(&job_id);
+            if status["state"] != "running" {
+                return Some(status);
+            }
+            if last.elapsed() >= std::time::Duration::from_secs(3) && resets < 20 {
+                proxy.reset();
+                resets += 1;
+                last = std::time::Instant::now();
+            }
+            None
+        });
+        assert!(
+            resets >= 2,
+            "{policy}: only {resets} resets before the end: {status}\n{}",
+            w.log_text()
+        );
+        assert_eq!(status["state"], "succeeded", "{policy}: {status}");
+        // Every record once, none skipped.
+        let m = manifest(&root, &job_id);
+        let mut ids = Vec::new();
+        for batch in output_batches(&m) {
+            let col = batch.column_by_name("id").expect("id column");
+            use arrow_array::cast::AsArray;
+            ids.extend(col.as_string::<i32>().iter().flatten().map(str::to_string));
+        }
+        ids.sort();
+        let expected: Vec<String> = {
+            let mut v: Vec<String> = (0..8).map(|i| i.to_string()).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(ids, expected, "{policy}: every record once");
+        assert_eq!(m.records_in, 8, "{policy}");
+        assert_eq!(
+            status["records_skipped"].as_u64().unwrap_or(0),
+            0,
+            "{policy}: {status}"
+        );
+        // No crash counted against any shard; the breaks are reconnects.
+        for shard in ["s00000", "s00001"] {
+            let p = progress(&root, &job_id, shard).expect("progress");
+            assert_eq!(p.crashes, 0, "{policy}: {shard}: {p:?}");
+            assert_eq!(p.skipped, 0, "{policy}: {shard}: {p:?}");
+        }
+        let out = coordinator.cli(&["report", &job_id, "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report json");
+        assert!(
+            report["reconnects"].as_u64() >= Some(1),
+            "{policy}: {report}"
+        );
+        assert_eq!(
+            report["attempts_failed"].get("crashed"),
+            None,
+            "{policy}: {report}"
+        );
+        let reconnects =
+            coordinator.api_status().expect("status")["counters"]["worker_reconnects"].as_u64();
+        assert!(reconnects >= Some(1), "{policy}: {reconnects:?}");
+        let log = w.log_text();
+        assert!(
+            log.contains("session lost; registering again"),
+            "{policy}: {log}"
+        );
+        assert!(w.wait_exit(DEADLINE).success(), "{}", w.log_text());
+        drop(proxy);
+        println!("flapping link ({policy}): {resets} resets, {reconnects:?} reconnects, 0 crashes");
+    }
 }

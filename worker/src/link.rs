@@ -181,6 +181,7 @@ impl CoordinatorLink for GrpcLink {
                 hostname: registration.hostname,
                 held: registration.held.into_iter().map(Into::into).collect(),
                 pool: registration.pool,
+                incarnation: registration.incarnation,
             })),
         };
         out_tx

@@ -105,6 +105,9 @@ pub async fn run<L: CoordinatorLink>(
             hostname: hostname(),
             held: Vec::new(),
             pool: config.pool.clone(),
+            // This process's: a session that breaks and opens again is
+            // known as a reconnect, not a death.
+            incarnation: uuid::Uuid::new_v4().simple().to_string(),
         },
         Arc::clone(&active),
         Arc::clone(&stages),

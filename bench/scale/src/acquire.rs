@@ -93,6 +93,7 @@ pub async fn run(options: &Options) -> anyhow::Result<AcquireReport> {
                 hostname: "bench".to_string(),
                 held: Vec::new(),
                 pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
+                incarnation: String::new(),
             },
             events_tx,
         )?;
@@ -144,6 +145,7 @@ async fn end_jobs(state: &mut Inline, stores: &Stores, n: usize) -> anyhow::Resu
             hostname: "bench".to_string(),
             held: Vec::new(),
             pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
+            incarnation: String::new(),
         },
         events_tx,
     )?;

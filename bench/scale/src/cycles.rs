@@ -316,6 +316,7 @@ pub(crate) async fn register(channel: Channel, worker_id: String) -> anyhow::Res
                 hostname: "bench".to_string(),
                 held: Vec::new(),
                 pool: String::new(),
+                incarnation: String::new(),
             })),
         })
         .await

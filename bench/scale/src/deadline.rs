@@ -932,6 +932,7 @@ impl<'a> Sim<'a> {
                 hostname: format!("node-{i:05}"),
                 held: Vec::new(),
                 pool: DEFAULT_POOL.to_string(),
+                incarnation: String::new(),
             },
             events_tx,
         )?;

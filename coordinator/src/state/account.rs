@@ -139,6 +139,8 @@ pub(super) struct Account {
     /// Backup leases granted, and those that won their race.
     pub backups: u64,
     pub backups_won: u64,
+    /// Broken sessions whose worker came back as itself (`deaths.rs`).
+    reconnects: u64,
     /// A pipeline stage: time held back by the next stage, and time with
     /// nothing to read while the stage before ran (`pipeline.rs`).
     pub held_back: Duration,
@@ -178,6 +180,7 @@ impl Account {
             failed: BTreeMap::new(),
             backups: 0,
             backups_won: 0,
+            reconnects: 0,
             held_back: Duration::ZERO,
             starved: Duration::ZERO,
             workers: HashMap::new(),
@@ -209,6 +212,11 @@ impl Account {
         self.before
             .get_or_insert_with(EfficiencyReport::default)
             .held_s += missing;
+    }
+
+    /// A worker holding the job's leases reconnected (`deaths.rs`).
+    pub fn reconnected(&mut self) {
+        self.reconnects += 1;
     }
 
     /// The job ended now: its report's wall time stops here.
@@ -386,6 +394,7 @@ impl Account {
             redone_batches: self.redone_batches,
             backups: self.backups,
             backups_won: self.backups_won,
+            reconnects: self.reconnects,
             held_back_s: self.held_back.as_secs_f64(),
             held_s: self.held().as_secs_f64(),
             starved_s: self.starved.as_secs_f64(),

@@ -65,6 +65,17 @@ impl State {
         self.settle_session(session_id, now);
         let token = self.next_token();
         let deadline = now + self.config.lease_timeout;
+        if self
+            .jobs
+            .get(&job_id)
+            .and_then(|j| j.pending.get(pos))
+            .is_some_and(|&idx| self.death_owed(&job_id, idx))
+        {
+            // A death is owed to the shard: judged now it is free, and the
+            // shard leased once that is stored (`deaths.rs`).
+            self.judge_deaths(now);
+            return Ok(AcquireOutcome::Wait(self.config.wait_retry));
+        }
         let job = self.job_mut(&job_id)?;
         let Some(idx) = job.pending.remove(pos) else {
             return Ok(AcquireOutcome::Wait(self.config.wait_retry));
@@ -335,6 +346,7 @@ impl State {
         self.enforce_budgets(now);
         self.size_deadlines(now);
         self.sample_rates(now);
+        self.judge_deaths(now);
         // Only leased shards can expire: walk the sessions' leases (one per
         // busy processor), not every shard of every job.
         let mut expired: Vec<(String, String, usize)> = Vec::new();

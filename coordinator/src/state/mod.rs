@@ -55,6 +55,7 @@ mod budget;
 mod commit;
 mod crash;
 mod deadline;
+mod deaths;
 mod effects;
 mod finish;
 mod jobs;
@@ -107,6 +108,7 @@ pub use view::{DeltaRecord, JobOutputs};
 /// the low 32. Epochs grow at every start, so tokens grow across restarts.
 const TOKEN_EPOCH_SHIFT: u32 = 32;
 
+#[derive(Clone)]
 struct ActiveLease {
     session_id: String,
     token: u64,
@@ -703,6 +705,8 @@ impl Job {
 
 struct Session {
     worker_id: String,
+    /// Its worker process's incarnation (`Registration::incarnation`).
+    incarnation: String,
     hostname: String,
     /// The pool it serves: it is leased only its pool's jobs' shards.
     pool: String,
@@ -769,6 +773,8 @@ pub struct State {
     /// The wall clock against the state's (deadlines, events), as the
     /// owner gave it at restore.
     wall: Option<deadline::WallClock>,
+    /// Closed sessions not yet known alive or dead (`deaths.rs`).
+    deaths: deaths::Deaths,
 }
 
 impl State {
@@ -797,6 +803,7 @@ impl State {
             accounted_at: None,
             splits_in_flight: 0,
             wall: None,
+            deaths: deaths::Deaths::default(),
         }
     }
 

@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use super::account::Lost;
 use super::crash::{Death, InFlight};
+use super::deaths::Closed;
 use super::{ActiveLease, Session, State, TOKEN_EPOCH_SHIFT};
 
 /// At most this many batch-time observations per heartbeat.
@@ -38,9 +39,12 @@ impl State {
         self.account_time(now);
         info!(worker = %registration.worker_id, session = %session_id, host = %registration.hostname, pool = %registration.pool, devices = ?registration.devices, held = registration.held.len(), "worker registered");
         self.counters.sessions_registered += 1;
+        let worker_id = registration.worker_id.clone();
+        let incarnation = registration.incarnation.clone();
         self.sessions.insert(
             session_id.clone(),
             Session {
+                incarnation: registration.incarnation,
                 worker_id: registration.worker_id,
                 hostname: registration.hostname,
                 pool: registration.pool,
@@ -54,11 +58,41 @@ impl State {
                 terms_sent: HashSet::new(),
             },
         );
-        let refused: Vec<LeaseKey> = registration
-            .held
-            .into_iter()
-            .filter(|key| !self.adopt(&session_id, key, now))
-            .collect();
+        // A session of this worker that broke: a reconnect (the same
+        // process), or a death (another one). See `deaths.rs`.
+        let kept = self.worker_back(&worker_id, &incarnation, now);
+        let mut refused: Vec<LeaseKey> = Vec::new();
+        let mut taken: Vec<LeaseKey> = Vec::new();
+        for key in registration.held {
+            let closed = kept.iter().find(|c| {
+                c.lease.token == key.token
+                    && c.job_id == key.job_id
+                    && self
+                        .jobs
+                        .get(&key.job_id)
+                        .and_then(|j| j.shard_index.get(&key.shard_id))
+                        == Some(&c.idx)
+            });
+            match closed {
+                Some(c) => {
+                    let c = c.clone();
+                    if !self.keep_after_reconnect(&session_id, &c, now) {
+                        taken.push(key);
+                    }
+                }
+                None if self.adopt(&session_id, &key, now) => {}
+                None => refused.push(key),
+            }
+        }
+        if !taken.is_empty() {
+            self.notify(
+                &session_id,
+                SessionEvent::Revoke {
+                    leases: taken,
+                    reason: "lease taken back: its shard went on elsewhere while this worker was disconnected".to_string(),
+                },
+            );
+        }
         if !refused.is_empty() {
             self.notify(
                 &session_id,
@@ -126,6 +160,8 @@ impl State {
         self.waiting.retain(|s| s != session_id);
         let mut requeued = 0;
         let mut lost_work: Vec<String> = Vec::new();
+        // Kept until its worker is known alive or dead (`deaths.rs`).
+        let mut closed: Vec<Closed> = Vec::new();
         for (job_id, idx) in session.leases {
             // A backup simply ends: the holder goes on.
             if let Some(job) = self.jobs.get_mut(&job_id)
@@ -156,18 +192,28 @@ impl State {
                     lost_work.push(job_id.clone());
                     continue;
                 }
-                // A batch in progress: a crash, requeued once it is stored.
-                if self.lease_lost(
-                    &job_id,
-                    idx,
-                    &lease,
-                    &session.worker_id,
-                    Death::SessionEnded,
-                    now,
-                ) {
+                // A batch in progress with the worker's last words: it
+                // knew it was dying, a crash now, requeued once stored.
+                if lease.last_words.is_some()
+                    && self.lease_lost(
+                        &job_id,
+                        idx,
+                        &lease,
+                        &session.worker_id,
+                        Death::SessionEnded,
+                        now,
+                    )
+                {
                     warn!(job = %job_id, shard = %self.shard_name(&job_id, idx), token = lease.token, worker = %session.worker_id, "worker gone; shard requeued once its crash is stored (a batch was in progress)");
                     continue;
                 }
+                // Otherwise the shard goes on at once; the batch in
+                // flight is blamed only once the worker is known dead.
+                closed.push(Closed {
+                    job_id: job_id.clone(),
+                    idx,
+                    lease: lease.clone(),
+                });
                 lost_work.push(job_id.clone());
                 if let Some(job) = self.jobs.get_mut(&job_id) {
                     job.account.lost(lease.work, Lost::Disconnected);
@@ -183,6 +229,7 @@ impl State {
             let lost = lost_work.contains(&job.id);
             job.account.worker_gone(&session.worker_id, lost);
         }
+        self.session_gone(&session.worker_id, &session.incarnation, closed, now);
         self.wake(requeued);
         self.take_back_reduces(Some(session_id), now);
         info!(session = %session_id, worker = %session.worker_id, "session closed");

@@ -177,6 +177,7 @@ async fn group_commits_and_snapshots_store_every_acknowledged_commit() {
             hostname: "test".to_string(),
             held: Vec::new(),
             pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
+            incarnation: String::new(),
         })
         .await
         .expect("register");

@@ -80,9 +80,14 @@ async fn commit_records(
         .expect("commit");
 }
 
-/// A worker dies (its session breaks) and the crash is stored.
+/// A worker dies (its session breaks) and the crash is stored: the
+/// evidence of its death is a new process of the same worker registering
+/// (a break alone blames nothing, see `reconnects.rs`).
 async fn dies(state: &mut Inline, session: &str) {
     state.session_closed(session);
+    let worker = session.rsplit_once('-').map_or(session, |(w, _)| w);
+    let (again, _events) = register(state, worker);
+    state.session_closed(&again);
     state.run_writes().await;
 }
 
@@ -316,6 +321,7 @@ async fn releases_idle_deaths_and_restarts_are_not_crashes() {
                 hostname: "test".to_string(),
                 held: vec![held.key()],
                 pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
+                incarnation: String::new(),
             },
             events_tx,
         )
@@ -395,4 +401,141 @@ async fn a_suspect_whose_probes_all_pass_is_cleared() {
     assert_eq!(progress.suspect, None, "every suspected record passed");
     assert_eq!(progress.crashes, 2, "the deaths stay counted");
     assert_eq!(state.get_job("j").expect("job").isolating, None);
+}
+
+/// The job's shard `s00000` as stored (a default one before any write).
+async fn shard_record(stores: &Stores) -> stoke_core::records::ProgressRecord {
+    stoke_core::progress::load(stores, &job_layout("j"))
+        .await
+        .expect("read progress records")
+        .records
+        .remove("s00000")
+        .unwrap_or_default()
+}
+
+fn reconnects(state: &Inline) -> u64 {
+    state
+        .snapshot(tokio::time::Instant::now())
+        .counters
+        .worker_reconnects
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_broken_session_whose_process_comes_back_blames_nothing_and_keeps_its_lease() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_crash_job(&mut state, &stores, "fail", 1).await;
+    let (s, _e) = register_as(&mut state, "w1", "proc-a", Vec::new());
+    let lease = leased(state.acquire(&s));
+    started(&mut state, &s, &lease, 0, 0, 8, None);
+    // The link flaps: the session breaks, the shard goes back at once.
+    state.session_closed(&s);
+    state.run_writes().await;
+    assert_eq!(state.get_job("j").expect("job").shards_leased, 0);
+    // The same process registers again, still holding its lease: it keeps
+    // it (nobody else took the shard), and nothing is blamed.
+    let (s2, mut events) = register_as(&mut state, "w1", "proc-a", vec![lease.key()]);
+    state.run_writes().await;
+    assert!(events.try_recv().is_err(), "no revoke: the lease is kept");
+    assert_eq!(state.get_job("j").expect("job").shards_leased, 1);
+    assert_eq!(reconnects(&state), 1);
+    // Past the lease timeout (renewed on the new session): still nothing.
+    for _ in 0..4 {
+        advance(lease_timeout() / 2).await;
+        state.heartbeat(&s2, &[lease.key()]).expect("heartbeat");
+        state.tick().await;
+    }
+    state.run_writes().await;
+    let record = shard_record(&stores).await;
+    assert_eq!(
+        (record.crashes, record.suspect.clone()),
+        (0, None),
+        "{record:?}"
+    );
+    // It commits the batch it had in flight, on its new session.
+    commit_records(&mut state, &stores, &s2, &lease, 0, 1, 8).await;
+    assert_eq!(shard_record(&stores).await.records, 8);
+    let report = state
+        .report("j", tokio::time::Instant::now())
+        .expect("report");
+    assert_eq!(report.reconnects, 1);
+    assert_eq!(report.attempts_failed.get("crashed"), None, "{report:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_process_that_does_not_come_back_within_the_lease_timeout_died() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_crash_job(&mut state, &stores, "skip", 2).await;
+    let (s, _e) = register_as(&mut state, "w1", "proc-a", Vec::new());
+    let lease = leased(state.acquire(&s));
+    started(&mut state, &s, &lease, 0, 0, 8, None);
+    state.session_closed(&s);
+    state.run_writes().await;
+    assert_eq!(
+        shard_record(&stores).await.crashes,
+        0,
+        "not yet: no evidence"
+    );
+    expire_leases(&mut state).await;
+    state.run_writes().await;
+    let record = shard_record(&stores).await;
+    assert_eq!(record.crashes, 1, "{record:?}");
+    assert_eq!(
+        record.suspect.as_ref().map(|s| (s.from, s.until)),
+        Some((0, 8))
+    );
+    assert_eq!(reconnects(&state), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_process_of_the_worker_is_evidence_the_old_one_died() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_crash_job(&mut state, &stores, "skip", 2).await;
+    let (s, _e) = register_as(&mut state, "w1", "proc-a", Vec::new());
+    let lease = leased(state.acquire(&s));
+    started(&mut state, &s, &lease, 0, 0, 8, None);
+    state.session_closed(&s);
+    // Started again by its supervisor: another process, holding nothing.
+    let (s2, _e2) = register_as(&mut state, "w1", "proc-b", Vec::new());
+    state.run_writes().await;
+    assert_eq!(shard_record(&stores).await.crashes, 1);
+    // The next attempt is told nothing of isolation yet (1 death of 2).
+    let again = leased(state.acquire(&s2));
+    assert_eq!(isolate_of(&again), None);
+    assert_eq!(reconnects(&state), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_death_confirmed_while_another_holds_the_shard_is_judged_once_it_is_free() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_crash_job(&mut state, &stores, "skip", 1).await;
+    let (a, _ea) = register_as(&mut state, "a", "proc-a", Vec::new());
+    let lease = leased(state.acquire(&a));
+    started(&mut state, &a, &lease, 0, 0, 8, None);
+    state.session_closed(&a);
+    // Fast failover: b takes the shard at once.
+    let (b, _eb) = register_as(&mut state, "b", "proc-b", Vec::new());
+    let b_lease = leased(state.acquire(&b));
+    assert_eq!(b_lease.shard.id, lease.shard.id);
+    started(&mut state, &b, &b_lease, 0, 0, 8, None);
+    // a comes back as another process: its old one died on batch 0, which
+    // b holds now. Owed to the shard, not yet written.
+    let (a2, _ea2) = register_as(&mut state, "a", "proc-a2", Vec::new());
+    state.run_writes().await;
+    assert_eq!(shard_record(&stores).await.crashes, 0);
+    // b dies too, leaving last words (judged at once): then the shard is
+    // free, and the owed death is judged before anyone leases it.
+    started(&mut state, &b, &b_lease, 0, 0, 8, Some("SIGSEGV"));
+    state.session_closed(&b);
+    state.run_writes().await;
+    state.tick().await;
+    state.run_writes().await;
+    let record = shard_record(&stores).await;
+    assert_eq!(record.crashes, 2, "{record:?}");
+    // Isolated: the next attempt probes half the batch.
+    let next = leased(state.acquire(&a2));
+    assert_eq!(isolate_of(&next), Some((0, 8, 4)));
 }

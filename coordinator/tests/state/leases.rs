@@ -212,6 +212,7 @@ async fn owner_task_takes_back_expired_leases_on_its_own() {
         hostname: "test".to_string(),
         held: Vec::new(),
         pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
+        incarnation: String::new(),
     };
     let (a, _a_events) = handle
         .register(registration("a"))
@@ -280,6 +281,7 @@ fn register_holding(
         hostname: "test".to_string(),
         held,
         pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
+        incarnation: String::new(),
     };
     (
         state

@@ -41,6 +41,7 @@ fn join(
         hostname: "test".to_string(),
         held: Vec::new(),
         pool: pool.to_string(),
+        incarnation: String::new(),
     };
     Ok((
         state.register(registration, events_tx)?.session_id,

@@ -567,6 +567,7 @@ async fn a_split_survives_a_coordinator_restart_and_the_holder_is_told_again() {
                 hostname: "test".to_string(),
                 held: vec![held.key()],
                 pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
+                incarnation: String::new(),
             },
             events_tx,
         )
