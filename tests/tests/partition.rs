@@ -455,3 +455,123 @@ fn a_flapping_link_blames_no_record_and_counts_reconnects_not_crashes() {
         println!("flapping link ({policy}): {resets} resets, {reconnects:?} reconnects, 0 crashes");
     }
 }
+
+/// A job of `count` records through `Poison` (1 s a record unless `params`
+/// say otherwise), in batches of `batch`, one commit per batch.
+fn poison_job(count: u64, batch: u64, params: &str, threshold: u32) -> String {
+    format!(
+        "name = \"poison\"\n[dataset]\nformat = \"range\"\ncount = {count}\n\
+         [processor]\npython = \"processors:Poison\"\npython_path = [\"{dir}\"]\n\
+         [processor.params]\n{params}\n\
+         [batching]\nbatch_size = {batch}\n[checkpoint]\ninterval = 1\n\
+         [sharding]\nrecords = {count}\n[errors]\npolicy = \"skip\"\ncrash_threshold = {threshold}\n",
+        dir = repo_root().join("tests/python").display()
+    )
+}
+
+/// Crashes counted against shard `s00000`.
+fn crashes_of(root: &Path, job_id: &str) -> u32 {
+    progress(root, job_id, "s00000").map_or(0, |p| p.crashes)
+}
+
+/// A worker killed with kill -9 just after its link broke never comes
+/// back: that is a death, counted once its lease timeout passes, and the
+/// job goes on elsewhere with every record once.
+#[test]
+fn a_kill_9_while_the_link_is_down_is_still_a_death() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "3s"]);
+    let spec_path = tmp.path().join("job.toml");
+    std::fs::write(&spec_path, poison_job(8, 2, "seconds_per_record = 0.5", 2)).expect("spec");
+    let job_id = coordinator.submit(spec_path.to_str().expect("utf8 path"));
+    let upstream: SocketAddr = coordinator
+        .addr
+        .trim_start_matches("http://")
+        .parse()
+        .expect("coordinator address");
+    let proxy = Proxy::start(upstream);
+    let mut a = worker_at(&format!("http://{}", proxy.addr), "a", tmp.path());
+    // A is on its second batch: one committed, one in flight.
+    wait_until("A's first commit", DEADLINE, || {
+        progress(&root, &job_id, "s00000").filter(|p| p.next_batch >= 1)
+    });
+    proxy.reset();
+    stoke_tests::signal(a.pid(), libc::SIGKILL);
+    let _ = a.wait_exit(DEADLINE);
+    assert_eq!(crashes_of(&root, &job_id), 0, "not before the evidence");
+    let mut b = worker_at(&coordinator.addr, "b", tmp.path());
+    // No process of A comes back: past the lease timeout it is dead.
+    wait_until("A's death counted", DEADLINE, || {
+        (coordinator.status(&job_id)["crashes"] == 1).then_some(())
+    });
+    let status = coordinator.wait_job(&job_id);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    assert!(b.wait_exit(DEADLINE).success(), "{}", b.log_text());
+    let m = manifest(&root, &job_id);
+    assert_eq!(m.records_in, 8);
+    assert_eq!(
+        m.records_skipped, 0,
+        "the batch passed on B: nothing skipped"
+    );
+    drop(proxy);
+}
+
+/// A poison record is still found and skipped while the worker's link
+/// flaps: its deaths (the worker, restarted as a pod is, comes back as
+/// another process) are told from the breaks of a live one.
+#[test]
+fn a_poison_record_is_isolated_while_the_link_flaps() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "30s"]);
+    let spec_path = tmp.path().join("job.toml");
+    std::fs::write(
+        &spec_path,
+        poison_job(32, 8, "seconds_per_record = 0.05\npoison = [\"13\"]", 2),
+    )
+    .expect("spec");
+    let job_id = coordinator.submit(spec_path.to_str().expect("utf8 path"));
+    let upstream: SocketAddr = coordinator
+        .addr
+        .trim_start_matches("http://")
+        .parse()
+        .expect("coordinator address");
+    let proxy = Proxy::start(upstream);
+    let through = format!("http://{}", proxy.addr);
+    let mut w = worker_at(&through, "w", tmp.path());
+    let mut resets = 0;
+    let mut restarts = 0;
+    let mut last = std::time::Instant::now();
+    let status = wait_until("the poison job to end", DEADLINE, || {
+        let status = coordinator.status(&job_id);
+        if status["state"] != "running" {
+            return Some(status);
+        }
+        if w.exited().is_some() && restarts < 20 {
+            w = worker_at(&through, "w", tmp.path());
+            restarts += 1;
+        }
+        if last.elapsed() >= std::time::Duration::from_secs(2) && resets < 30 {
+            proxy.reset();
+            resets += 1;
+            last = std::time::Instant::now();
+        }
+        None
+    });
+    assert_eq!(status["state"], "succeeded", "{status}");
+    let m = manifest(&root, &job_id);
+    assert_eq!(m.records_in, 32);
+    assert_eq!(m.records_skipped, 1, "the poison record alone");
+    let skipped = stoke_tests::skipped_records(&root, &job_id);
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert_eq!(skipped[0].0, "13", "{skipped:?}");
+    // 2 + log2(8) deaths, one more for last words lost to a break.
+    let deaths = crashes_of(&root, &job_id);
+    assert!(
+        (5..=7).contains(&deaths),
+        "{deaths} deaths, {restarts} restarts"
+    );
+    println!("poison under a flapping link: {deaths} deaths, {restarts} restarts, {resets} resets");
+    drop(proxy);
+}

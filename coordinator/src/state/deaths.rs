@@ -24,7 +24,8 @@
 //! holder released it, or lost it), and the shard is not leased before
 //! that, so the next attempt learns of the suspect batch. A holder that
 //! commits past the batch proved its records innocent: the death is
-//! counted, and blames nothing.
+//! counted against the shard (stored with its next progress record), and
+//! blames nothing.
 
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -182,8 +183,20 @@ impl State {
         let shard = &job.shards[closed.idx];
         let position = job.plan.shards[closed.idx].from_record() + shard.progress.records;
         if shard.progress.done || position >= in_flight.span.until() || !job.life.running() {
+            // A death all the same: counted against the shard (stored with
+            // its next progress record), its batch blamed for nothing.
             self.counters.worker_crashes += 1;
+            let span = &in_flight.span;
+            let mut progress = (*shard.progress).clone();
+            progress.crashes += 1;
+            progress.last_crash = Some(format!(
+                "worker process died (it did not come back) while processing batch {} (records {}..{}) on {worker}; the batch was committed since",
+                span.batch,
+                span.from,
+                span.until()
+            ));
             info!(job = %closed.job_id, shard = %job.plan.shards[closed.idx].id, worker = %worker, "worker died, but the batch it had in flight was committed since: nothing is blamed");
+            job.set_progress(closed.idx, progress);
             return;
         }
         let free = shard.lease().is_none() && shard.backup.is_none() && !shard.writing();
