@@ -46,7 +46,32 @@ pub(crate) fn print_status(job: &JobInfo, json: bool) {
     print_job(job, json);
     if !json {
         print!("{}", progress_line(job));
+        print!("{}", events_lines(job));
     }
+}
+
+/// Events shown by `stoke status`: the last few, oldest first (its
+/// deadline at risk, its budget reached, the store not answering).
+const EVENTS_SHOWN: usize = 5;
+
+/// The job's last events, one a line, with their UTC time of day.
+pub(crate) fn events_lines(job: &JobInfo) -> String {
+    if job.events.is_empty() {
+        return String::new();
+    }
+    let skip = job.events.len().saturating_sub(EVENTS_SHOWN);
+    let mut out = String::from("events:\n");
+    for e in &job.events[skip..] {
+        let secs = e.at_ms / 1000;
+        out.push_str(&format!(
+            "  {:02}:{:02}:{:02} {}\n",
+            (secs / 3600) % 24,
+            (secs / 60) % 60,
+            secs % 60,
+            e.message
+        ));
+    }
+    out
 }
 
 /// `stoke jobs`: one line per job, columns as wide as their longest

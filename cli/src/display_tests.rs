@@ -187,3 +187,28 @@ fn a_total_not_counted_up_front_shows_as_an_estimate() {
     assert_eq!(json["records_total_estimate"], 3_000);
     assert_eq!(json["eta_s"], 20.0);
 }
+
+#[test]
+fn status_shows_the_last_events_with_their_time() {
+    let mut j = job("j", 1, Some(10));
+    assert_eq!(events_lines(&j), "");
+    // 12:03:11 UTC on some day, then one a second.
+    let at = 1_796_000_000_000 - 1_796_000_000_000 % 86_400_000 + (12 * 3600 + 3 * 60 + 11) * 1000;
+    j.events = (0..7)
+        .map(|i| stoke_core::records::JobEvent {
+            at_ms: at + i * 1000,
+            message: format!("event {i}"),
+        })
+        .collect();
+    j.events[6].message =
+        "store: not answering since 12:03:11 UTC (state root s3://b/r): a write failed".to_string();
+    let text = events_lines(&j);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 6, "the last 5: {text}");
+    assert_eq!(lines[0], "events:");
+    assert_eq!(lines[1], "  12:03:13 event 2");
+    assert!(
+        lines[5].starts_with("  12:03:17 store: not answering since 12:03:11 UTC"),
+        "{text}"
+    );
+}

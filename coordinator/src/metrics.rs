@@ -45,6 +45,8 @@ pub struct Counters {
     pub backups_won: u64,
     /// Workers that died with a batch in progress (see `state/crash.rs`).
     pub worker_crashes: u64,
+    /// The coordinator's writes that failed on the state root's store.
+    pub store_errors: u64,
     /// Sessions that broke and whose worker process came back (the same
     /// incarnation): reconnects, not deaths (see `state/deaths.rs`).
     pub worker_reconnects: u64,
@@ -94,6 +96,8 @@ pub struct Snapshot {
     pub reports: Vec<EfficiencyReport>,
     /// Shards whose state the coordinator holds in memory.
     pub shards_in_memory: u64,
+    /// Seconds the state root's store has not answered (0 while it does).
+    pub store_not_answering_s: f64,
 }
 
 /// What an autoscaler reads for one queue: the work waiting and running,
@@ -200,6 +204,11 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
             c.sessions_closed,
         ),
         (
+            "stoke_store_errors",
+            "The coordinator's writes that failed on the state root's store",
+            c.store_errors,
+        ),
+        (
             "stoke_worker_reconnects",
             "Worker sessions that broke while the worker process lived on (it registered again as itself): not crashes",
             c.worker_reconnects,
@@ -240,6 +249,13 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         "stoke_shards_in_memory",
         "Shards whose state the coordinator holds in memory: every shard of jobs not succeeded; a succeeded job's leave once its end is stored",
         gauge(snapshot.shards_in_memory),
+    );
+    let not_answering = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    not_answering.set(snapshot.store_not_answering_s);
+    registry.register(
+        "stoke_store_not_answering_seconds",
+        "Seconds the state root's store has not answered the coordinator's writes (a write failed, or waited 10 s); 0 while it answers",
+        not_answering,
     );
     let worker_leases = Family::<Labels, Gauge>::default();
     let stage_seconds = Family::<Labels, Counter<f64>>::default();
@@ -573,6 +589,7 @@ mod tests {
                 ..Default::default()
             }],
             shards_in_memory: 4,
+            store_not_answering_s: 12.5,
         };
         snapshot.histograms.commit.observe(0.002);
         let job = JobInfo {
@@ -643,6 +660,10 @@ mod tests {
         assert_eq!(line(&body, "stoke_workers{pool=\"gpu\"}"), Some("1"));
         assert_eq!(line(&body, "stoke_workers{pool=\"default\"}"), Some("0"));
         assert_eq!(line(&body, "stoke_shards_in_memory"), Some("4"));
+        assert_eq!(
+            line(&body, "stoke_store_not_answering_seconds"),
+            Some("12.5")
+        );
         assert_eq!(
             line(
                 &body,

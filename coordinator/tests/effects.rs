@@ -4,6 +4,7 @@
 //! promises: a job's writes never hold up another job, a change is applied
 //! only once stored, and changes of one job apply in order.
 
+use std::time::Duration;
 use stoke_coordinator::state::{
     Answer, Effect, GroupWrite, GroupWritten, Io, IoId, Outcome, State,
 };
@@ -13,6 +14,7 @@ use stoke_core::records::{JobInfo, JobState};
 use stoke_core::spec::JobSpec;
 use stoke_data::plan::plan_range;
 use stoke_store::StoreUri;
+
 use tokio::time::Instant;
 
 fn config() -> CoordinatorConfig {
@@ -552,5 +554,95 @@ async fn a_failure_whose_write_failed_is_retried_at_the_tick_before_other_change
         matches!(&fx.replies[..], [(11, Answer::Job(a))] if matches!(a.as_ref(), Err(CoordinatorError::JobNotRunning { .. }))),
         "{:?}",
         fx.replies
+    );
+}
+
+/// The state root's store stops answering (a write that waits, then one
+/// that fails) and answers again: said once each way in the running jobs'
+/// events, counted, and in the snapshot for `/metrics`.
+#[tokio::test(start_paused = true)]
+async fn a_store_that_stops_answering_is_said_in_the_jobs_events() {
+    let mut state = State::new(config(), 1);
+    let t0 = Instant::now();
+    // 12:03:11 UTC.
+    state.set_wall_clock(
+        t0,
+        1_796_000_000_000 - 1_796_000_000_000 % 86_400_000 + 43_391_000,
+    );
+    submit(&mut state, 1, "j", 50);
+    // A second job whose write does not come back.
+    let spec = spec(10);
+    let plan = plan_range(10, spec.sharding.records);
+    state.create_job(2, "k".to_string(), spec, plan, t0);
+    let fx = effects(&mut state);
+    let [(create_id, Io::CreateJob(_))] = &fx.io[..] else {
+        panic!("expected the create write");
+    };
+    let events = |state: &State| -> Vec<String> {
+        state
+            .get_job("j")
+            .expect("j")
+            .events
+            .iter()
+            .map(|e| e.message.clone())
+            .collect()
+    };
+    state.tick(t0 + Duration::from_secs(5));
+    assert!(events(&state).is_empty(), "a write just sent");
+    // Seen waiting at the first tick (t0 + 5 s): 10 s after that.
+    state.tick(t0 + Duration::from_secs(14));
+    assert!(events(&state).is_empty(), "9 s of waiting is no outage");
+    state.tick(t0 + Duration::from_secs(16));
+    let said = events(&state);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].starts_with("store: not answering since 12:03:16 UTC (state root memory:///")
+            && said[0].contains("a write has waited"),
+        "{said:?}"
+    );
+    let snapshot = state.snapshot(t0 + Duration::from_secs(20));
+    assert!(
+        snapshot.store_not_answering_s >= 10.0,
+        "{}",
+        snapshot.store_not_answering_s
+    );
+    // It fails: still the same outage, said once; counted.
+    state.written(
+        *create_id,
+        Err(CoordinatorError::Store(stoke_store::StoreError::Shared {
+            message: "connection reset".to_string(),
+            transient: true,
+        })),
+        t0 + Duration::from_secs(30),
+    );
+    assert_eq!(events(&state).len(), 1);
+    assert_eq!(
+        state
+            .snapshot(t0 + Duration::from_secs(30))
+            .counters
+            .store_errors,
+        1
+    );
+    // The next write that succeeds ends it.
+    let _ = effects(&mut state);
+    state.pause(3, "j", String::new());
+    let fx = effects(&mut state);
+    let Some((pause_id, _)) = fx.io.iter().find(
+        |(_, io)| matches!(io, Io::Stamped { uri, .. } if uri.as_str().ends_with("/status.json")),
+    ) else {
+        panic!("expected the status write");
+    };
+    state.written(*pause_id, Ok(()), t0 + Duration::from_secs(40));
+    let said = events(&state);
+    assert_eq!(said.len(), 2, "{said:?}");
+    assert_eq!(
+        said[1],
+        "store: answering again after 35 s (not answering since 12:03:16 UTC)"
+    );
+    assert_eq!(
+        state
+            .snapshot(t0 + Duration::from_secs(41))
+            .store_not_answering_s,
+        0.0
     );
 }

@@ -198,9 +198,34 @@ fn a_job_survives_the_s3_server_stopping_and_starting_again() {
         http_get_within(&http, "/readyz", Duration::from_secs(30)).expect("an answer");
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("store"), "{body}");
+    // Said where users look (issue 58): the job's events, which `stoke
+    // status` prints and `--json` holds, and `/metrics`.
+    let said = wait_until("the outage in `stoke status`", DEADLINE, || {
+        let out = coordinator.cli(&["status", &job_id]);
+        let t = String::from_utf8_lossy(&out.stdout).into_owned();
+        t.contains("store: not answering since").then_some(t)
+    });
+    assert!(
+        said.contains("events:") && said.contains("(state root s3://"),
+        "{said}"
+    );
+    assert_eq!(coordinator.status(&job_id)["state"], "running");
+    let events = coordinator.status(&job_id)["events"].to_string();
+    assert!(events.contains("store: not answering since"), "{events}");
+    let (_, metrics) = http_get(&http, "/metrics").expect("metrics");
+    assert!(
+        metric(&metrics, "stoke_store_not_answering_seconds") > Some(0.0),
+        "{metrics}"
+    );
     server.resume();
     wait_until("ready again", DEADLINE, || {
         http_get_within(&http, "/readyz", Duration::from_secs(30)).filter(|(code, _)| *code == 200)
+    });
+    wait_until("the store said to answer again", DEADLINE, || {
+        let events = coordinator.status(&job_id)["events"].to_string();
+        events
+            .contains("store: answering again after")
+            .then_some(())
     });
     coordinator.wait_success(&job_id);
     let manifest = env.manifest(&job_id);

@@ -347,6 +347,7 @@ impl State {
         self.size_deadlines(now);
         self.sample_rates(now);
         self.judge_deaths(now);
+        self.watch_store(now);
         // Only leased shards can expire: walk the sessions' leases (one per
         // busy processor), not every shard of every job.
         let mut expired: Vec<(String, String, usize)> = Vec::new();

@@ -68,6 +68,7 @@ mod restore;
 mod schedule;
 mod sessions;
 mod split;
+mod store_health;
 mod table_log;
 mod view;
 
@@ -775,6 +776,8 @@ pub struct State {
     wall: Option<deadline::WallClock>,
     /// Closed sessions not yet known alive or dead (`deaths.rs`).
     deaths: deaths::Deaths,
+    /// Whether the state root's store answers (`store_health.rs`).
+    store: store_health::StoreHealth,
 }
 
 impl State {
@@ -804,6 +807,7 @@ impl State {
             splits_in_flight: 0,
             wall: None,
             deaths: deaths::Deaths::default(),
+            store: store_health::StoreHealth::default(),
         }
     }
 
@@ -858,10 +862,12 @@ impl State {
         let Some(then) = self.in_flight.remove(&id) else {
             return;
         };
+        let outcome = outcome.into();
+        self.store_answered(id, store_trouble(&outcome), now);
         // A result of another kind than the write (a bug in the owner)
         // counts as a failed write.
         let mismatch = || "a store write's result does not match the write".to_string();
-        let (then, result) = match (then, outcome.into()) {
+        let (then, result) = match (then, outcome) {
             (Then::Group(commits), Outcome::Group { write, written }) => {
                 return self.group_written(write, commits, written, now);
             }
@@ -1000,6 +1006,26 @@ struct AttemptFailed {
     progress: ProgressRecord,
     log_uri: StoreUri,
     counts_as_failure: bool,
+}
+
+/// What went wrong on the store with a write, if it did: it failed on the
+/// store, or was not sent because this process's hold on the root lapsed
+/// (its renewals did not get through). `None` also for an answer that is
+/// no trouble of the store's (a conflict, an object already there).
+fn store_trouble(outcome: &Outcome) -> Option<String> {
+    use stoke_store::StoreError as E;
+    let trouble = |e: &E| {
+        matches!(e, E::Io { .. } | E::Shared { .. } | E::Fenced { .. }).then(|| e.to_string())
+    };
+    match outcome {
+        Outcome::Done(Err(CoordinatorError::Store(e))) => trouble(e),
+        Outcome::Done(_) => None,
+        Outcome::Group { written, .. } => written
+            .results
+            .iter()
+            .find_map(|r| r.as_ref().err().and_then(trouble)),
+        Outcome::Snapshot { written, .. } => written.as_ref().err().and_then(trouble),
+    }
 }
 
 #[cfg(test)]

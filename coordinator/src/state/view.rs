@@ -258,6 +258,8 @@ impl State {
         workers.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
         // The reports' causes do not depend on the time; only their wall
         // time does, which `/metrics` does not show.
+        // Above 0 from the outage's first instant.
+        let store_not_answering_s = self.store_outage(now).map_or(0.0, |(s, _)| s.max(0.001));
         let now = self.accounted_at.unwrap_or(now);
         Snapshot {
             counters: self.counters.clone(),
@@ -267,6 +269,7 @@ impl State {
             pools: self.pool_demand(),
             reports: self.reports(now),
             shards_in_memory: self.shards_in_memory(),
+            store_not_answering_s,
         }
     }
 
