@@ -133,10 +133,14 @@ if [ -z "$wheel" ] || [ -z "$client_wheel" ]; then
   # dependencies. --auditwheel skip: libtorch is torch's (the wheel depends
   # on torch==2.11.0 and finds torch/lib through its rpath), never a copy
   # bundled into this wheel; the tag's symbol limits are checked below.
+  # The release extensions are stripped, as the binaries are (a third of
+  # their size is symbols).
+  strip=()
+  [ "$profile" = dev ] || strip=(--strip)
   for manifest in python/client/Cargo.toml python/Cargo.toml; do
     "$STOKE_VENV/bin/maturin" build --quiet --profile "$profile" --manifest-path "$manifest" \
         --interpreter "$STOKE_VENV/bin/python" --compatibility "$compat" --auditwheel skip \
-        --out "$wheels/$key.tmp" >&2
+        "${strip[@]}" --out "$wheels/$key.tmp" >&2
   done
   rm -rf python/stoke/bin python/client/stoke/bin
   for built in "$wheels/$key.tmp"/*.whl; do
