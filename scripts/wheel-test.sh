@@ -20,6 +20,8 @@
 #      venv's bin, running the book's Python processor (a TorchScript model,
 #      in the workers' embedded CPython: the venv's own Python);
 #    - `stoke run --embedded` (stoke-embedded, bundled beside stoke);
+#    - stoke.torch_batch_process with a torch Dataset, in process and on
+#      2 local workers;
 #    - with --llm, an LLM job (`[llm] python` = the engine venv).
 # 3. The client-only install: a fresh venv, `pip install` of the
 #    stoke-client wheel alone: no torch in `pip list`; its `stoke submit`,
@@ -305,7 +307,39 @@ else:
     raise AssertionError("no StokeError for an unknown job")
 PY
 
-# 4. An LLM job: the engine in its own venv, `[llm] python`.
+# 4. The Python API from the full install: torch_batch_process with a torch
+# Dataset, in this process and on 2 local worker processes (python -m
+# stoke._worker against a coordinator in the calling process).
+log "torch_batch_process, in process and with workers=2"
+(cd "$work" && as_user "$full" python - "$work/tbp" <<'PY') || fail "torch_batch_process (full install)"
+import sys
+import torch
+from torch.utils.data import Dataset
+import pyarrow.dataset as ds
+from stoke import TorchBatchProcessor, torch_batch_process
+
+class Squares(Dataset):
+    def __len__(self):
+        return 300
+    def __getitem__(self, i):
+        return torch.tensor([float(i)]), i * i
+
+class Recorder(TorchBatchProcessor):
+    def __init__(self, context):
+        self.context = context
+    def process_batch(self, batch, batch_idx):
+        self.context.write_rows({"id": batch.ids, "square": batch[1]})
+
+if __name__ == "__main__":
+    for workers in (0, 2):
+        root = f"{sys.argv[1]}/{workers}"
+        report = torch_batch_process(Recorder, Squares(), batch_size=16, root=root, job_id=f"w{workers}",
+                                     workers=workers, device="cpu", shard_records=64)
+        ids = ds.dataset(f"{root}/jobs/w{workers}/outputs", format="parquet").to_table(columns=["id"]).column("id").to_pylist()
+        assert report["records"] == 300 and sorted(ids, key=int) == [str(i) for i in range(300)], (workers, report, len(ids))
+PY
+
+# 5. An LLM job: the engine in its own venv, `[llm] python`.
 llm_note="llm: not run (--llm)"
 if [ "$llm" = 1 ]; then
   log "an LLM job ([llm] python = the engine venv)"

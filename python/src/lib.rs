@@ -12,29 +12,32 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 use stoke::{EmbeddedOptions, JobInfo, Registry, StoreUri};
 use stoke_core::spec::JobSpec;
 
-/// Raises `stoke.<class>` (`StokeError`, `JobPaused`) with `message`. The
-/// classes are `stoke._native_client`'s, so one `except stoke.StokeError`
-/// catches what either compiled module raises (each cdylib would
-/// otherwise have a class of its own).
-fn raise(class: &str, message: String) -> PyErr {
-    Python::attach(|py| {
-        let found = py
-            .import("stoke._native_client")
-            .and_then(|m| m.getattr(class))
-            .and_then(|c| c.cast_into::<PyType>().map_err(PyErr::from));
-        match found {
-            Ok(ty) => PyErr::from_type(ty, message),
-            Err(e) => e,
-        }
+/// `stoke.StokeError` and `stoke.JobPaused`: `stoke._native_client`'s
+/// classes, so one `except stoke.StokeError` catches what either compiled
+/// module raises (each cdylib would otherwise have a class of its own).
+/// Looked up once, when this module is imported (see [`_native`]): an
+/// import at raise time would run Python code, where a pending signal's
+/// handler (the SIGTERM that paused the job) would raise instead.
+static STOKE_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static JOB_PAUSED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+const CLASSES_FROM: &str = "stoke._native_client";
+
+/// Raises the class held in `cell` (`StokeError` or `JobPaused`) with
+/// `message`.
+fn raise(cell: &'static PyOnceLock<Py<PyType>>, class: &str, message: String) -> PyErr {
+    Python::attach(|py| match cell.import(py, CLASSES_FROM, class) {
+        Ok(ty) => PyErr::from_type(ty.clone(), message),
+        Err(e) => e,
     })
 }
 
 fn err(e: impl std::fmt::Display) -> PyErr {
-    raise("StokeError", e.to_string())
+    raise(&STOKE_ERROR, "StokeError", e.to_string())
 }
 
 fn runtime() -> PyResult<tokio::runtime::Runtime> {
@@ -107,7 +110,7 @@ fn run_embedded(
             Ok(report) => report,
             Err(e @ stoke::EmbeddedError::Paused { .. }) => {
                 rt.shutdown_timeout(Duration::from_secs(5));
-                return Err(raise("JobPaused", e.to_string()));
+                return Err(raise(&JOB_PAUSED, "JobPaused", e.to_string()));
             }
             Err(e) => return Err(err(e)),
         };
@@ -302,6 +305,9 @@ fn worker_torch_version() -> &'static str {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    STOKE_ERROR.import(py, CLASSES_FROM, "StokeError")?;
+    JOB_PAUSED.import(py, CLASSES_FROM, "JobPaused")?;
     m.add_function(wrap_pyfunction!(run_embedded, m)?)?;
     m.add_function(wrap_pyfunction!(worker_torch_version, m)?)?;
     m.add_function(wrap_pyfunction!(worker_main, m)?)?;

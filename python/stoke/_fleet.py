@@ -151,7 +151,7 @@ def _submit(client: Any, spec: dict, job_id: str) -> dict:
 
 def run_on(coordinator: str, spec: dict, job_id: str) -> dict:
     """Submits to a running fleet and waits for the job to end."""
-    from ._api import Client
+    from ._client import Client
 
     client = Client(coordinator)
     _submit(client, spec, job_id)
@@ -238,7 +238,8 @@ def run_local(spec: dict, root: str, job_id: str, workers: int, device: str) -> 
     """Runs the job on ``workers`` local worker processes, as ``stoke run
     --local N``. SIGTERM or Ctrl-C: the workers checkpoint and stop, the
     job is paused, and :class:`JobPaused` is raised."""
-    from ._api import Client, _stop_on_signals
+    from ._api import _stop_on_signals
+    from ._client import Client
 
     coordinator = _native.LocalCoordinator(root)
     fleet = None

@@ -41,12 +41,13 @@ def test_libpython_goes_on_the_library_path_only_from_its_own_folder():
     parts = env["LD_LIBRARY_PATH"].split(os.pathsep)
     assert parts[-1] == "/already/there"
     if os.path.exists(os.path.join(libdir, soname)) and os.path.normpath(libdir) not in _launch._system_library_folders():
-        assert parts[0] == libdir
+        # First, or after torch's lib when torch is not beside stoke.
+        assert libdir in parts[:-1]
         # Not twice.
         again = _launch.environment(dict(env))
         assert again["LD_LIBRARY_PATH"] == env["LD_LIBRARY_PATH"]
     else:
-        assert parts == ["/already/there"]
+        assert libdir not in parts
 
 
 def test_a_command_execs_its_binary_with_its_arguments(tmp_path):
