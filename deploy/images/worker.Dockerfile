@@ -21,9 +21,9 @@
 # torch wheel's libtorch beside them; libtorch_cuda.so finds cuDNN, cuBLAS,
 # NCCL and the CUDA runtime through its own rpath, $ORIGIN/../../nvidia/*/lib.
 # The commands in /opt/stoke/venv/bin are launchers (stoke/_launch.py) that
-# exec those binaries with STOKE_PYTHON set to the venv's Python, in which
-# Python processors (`[processor] python = "module:Class"`) run with the
-# venv's torch, numpy, pyarrow and the stoke package. Add your code as a
+# exec those binaries with STOKE_DEFAULT_PYTHON set to the venv's Python, in
+# which Python processors (`[processor] python = "module:Class"`) run with
+# the venv's torch, numpy, pyarrow and the stoke package. Add your code as a
 # layer (COPY to /opt/stoke/code, pip install your dependencies into
 # /opt/stoke/venv) or mount it; see the book,
 # docs/src/guide/processors/python.md ("Kubernetes"). LLM workers: add the

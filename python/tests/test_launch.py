@@ -23,15 +23,17 @@ getattr(_launch, sys.argv[0].replace("stoke-", "") if sys.argv[0] != "stoke" els
 
 def _fake_binary(folder, name):
     path = folder / name
-    path.write_text('#!/bin/sh\necho "argv0=$0 args=$* python=$STOKE_PYTHON pid=$$"\n')
+    path.write_text('#!/bin/sh\necho "argv0=$0 args=$* python=$STOKE_DEFAULT_PYTHON pid=$$"\n')
     path.chmod(0o755)
     return path
 
 
-def test_the_environment_names_this_python_and_keeps_a_given_one():
+def test_the_environment_names_this_python_and_leaves_stoke_python_alone():
     env = _launch.environment({})
-    assert env["STOKE_PYTHON"] == sys.executable
-    assert _launch.environment({"STOKE_PYTHON": "/opt/py/bin/python"})["STOKE_PYTHON"] == "/opt/py/bin/python"
+    assert env["STOKE_DEFAULT_PYTHON"] == sys.executable
+    assert "STOKE_PYTHON" not in env
+    given = _launch.environment({"STOKE_PYTHON": "/opt/py/bin/python"})
+    assert given["STOKE_PYTHON"] == "/opt/py/bin/python"
 
 
 def test_libpython_goes_on_the_library_path_only_from_its_own_folder():
