@@ -375,6 +375,10 @@ seed = 7
 
 [llm]
 python = "$llm_python"
+# The tests' CPU settings (tests/tests/llm.rs): vLLM's CPU backend
+# otherwise reserves 90% of the machine's memory for each engine.
+engine_args = { max_model_len = 256, dtype = "float32", gpu_memory_utilization = 0.05, kv_cache_memory_bytes = 134217728, seed = 0 }
+in_flight = 8
 
 [sharding]
 records = 20
