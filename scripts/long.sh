@@ -12,19 +12,23 @@
 #   wheel     `pip install stoke` as a user meets it: the release wheels in
 #             fresh venvs with no Rust toolchain, the book's first job, a
 #             coordinator and 2 workers from the venv's bin, a Python
-#             processor, the client-only install (scripts/wheel-test.sh);
-#             WHEEL_MIN minutes with the release build cached, WHEEL_COLD on
-#             a fresh machine (the release build of the binaries and wheels)
+#             processor, torch_batch_process, the client-only install
+#             (scripts/wheel-test.sh); about 2.5 minutes with the release
+#             wheels built (pip's cache warm: 4 with it cold), about 25 more
+#             on a fresh 2-core machine for the release build (binaries 18,
+#             wheels 4)
 #   image     the container images built from the wheels with buildah and a
 #             job run through 2 workers from the worker image
-#             (scripts/image.sh; root); IMAGE_MIN minutes with the
-#             debootstrap base and the wheelhouse cached, IMAGE_COLD cold
+#             (scripts/image.sh; root); about 3 minutes with the wheels,
+#             the debootstrap base and the wheelhouse cached, 2 more for the
+#             base and 1 for the wheelhouse the first time
 #
 # Usage: scripts/long.sh [suite...]   (all five by default)
 # Each suite's whole output goes to ~/.cache/stoke/long/<suite>.log. Ends
 # with one summary line, `long suites: chaos ok (412 s), ...`; exits 1 if
 # any suite failed. Takes about 15 minutes on 2 cores for the first three,
-# plus the wheel and image suites' times above.
+# plus the wheel and image suites' times above (about 6 minutes once the
+# release build is cached; its first build, shared by both, about 25).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$STOKE_REPO"
