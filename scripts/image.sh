@@ -138,6 +138,8 @@ cleanup() {
   for ctr in "${containers[@]}"; do
     buildah rm "$ctr" >/dev/null 2>&1 || true
   done
+  # The images this run's builds untagged (the previous run's).
+  buildah rmi --prune >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -197,18 +199,18 @@ EOF
 chown -R 10001:10001 "$job_dir"
 chmod 755 "$work"
 
-# A working container of an image, removed at exit.
+# A working container of an image, in $ctr, removed at exit (set here,
+# not printed: a command substitution's subshell would lose the list).
 container() {
-  local ctr
   ctr=$(buildah from "$1")
   containers+=("$ctr")
-  echo "$ctr"
 }
 
 port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 addr="http://127.0.0.1:$port"
 run=(buildah run --isolation chroot --network host -v "$job_dir:$job_dir" --workingdir "$job_dir")
-coordinator=$(container localhost/stoke-coordinator:0.1.0)
+container localhost/stoke-coordinator:0.1.0
+coordinator="$ctr"
 setsid "${run[@]}" --user 10001:10001 "$coordinator" -- \
   stoke-coordinator --listen "127.0.0.1:$port" --http-listen off --root "$job_dir/state" >"$work/coordinator.log" 2>&1 &
 pids+=($!)
@@ -220,8 +222,8 @@ done
 "${run[@]}" "$coordinator" -- stoke --coordinator "$addr" submit my-job.toml --job-id image-digits >/dev/null \
   || fail "stoke submit (coordinator image)"
 for w in 1 2; do
-  worker=$(container localhost/stoke-worker:0.1.0)
-  setsid "${run[@]}" "$worker" -- \
+  container localhost/stoke-worker:0.1.0
+  setsid "${run[@]}" "$ctr" -- \
     stoke-worker --coordinator "$addr" --worker-id "image-w$w" --device cpu >"$work/worker-$w.log" 2>&1 &
   pids+=($!)
 done

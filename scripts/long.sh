@@ -14,9 +14,9 @@
 #             coordinator and 2 workers from the venv's bin, a Python
 #             processor, torch_batch_process, the client-only install
 #             (scripts/wheel-test.sh); about 2.5 minutes with the release
-#             wheels built (pip's cache warm: 4 with it cold), about 25 more
-#             on a fresh 2-core machine for the release build (binaries 18,
-#             wheels 4)
+#             wheels built (torch's 2.7 GiB downloaded each run: pip caches
+#             nothing from this registry), about 25 more on a fresh 2-core
+#             machine for the release build (binaries 18, wheels 4)
 #   image     the container images built from the wheels with buildah and a
 #             job run through 2 workers from the worker image
 #             (scripts/image.sh; root); about 3 minutes with the wheels,

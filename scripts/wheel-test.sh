@@ -398,6 +398,6 @@ for i in "${!pids[@]}"; do
 done
 pids=("${pids[0]}")
 
-log "full install: download $(mib "$full_dl"), install ${full_s}s (pip cache warm), installed $(mib "$full_size")"
+log "full install: download $(mib "$full_dl"), install ${full_s}s (from the downloaded wheels), installed $(mib "$full_size")"
 log "client install: download $(mib "$client_dl"), install ${client_s}s, installed $(mib "$client_size")"
 echo "wheel-test: ok ($(($(date +%s) - started))s: stoke wheel $(mib "$(stat -c %s "$wheel")"), installed $(mib "$full_size") with torch, downloaded $(mib "$full_dl"); stoke-client wheel $(mib "$(stat -c %s "$client_wheel")"), installed $(mib "$client_size"); first job ${first_s}s, cluster job ${cluster_s}s; $llm_note)"
