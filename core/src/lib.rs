@@ -44,19 +44,27 @@ pub use error::{ConvError, SpecError};
 /// of version 2 could not take.
 pub const PROTOCOL_VERSION: u32 = 3;
 
+/// The Python for Python processors that a pip install's launcher
+/// (`stoke/_launch.py`) names for the binaries it starts: its own
+/// interpreter. The worker takes it after `--python` / `STOKE_PYTHON`, in
+/// place of the venv it was built against.
+pub const DEFAULT_PYTHON_VAR: &str = "STOKE_DEFAULT_PYTHON";
+
 /// `STOKE_*` variables that the project's own scripts export (cache and
 /// venv locations), `STOKE_DEBUG` (errors in full, see
 /// [`logging::DEBUG_VAR`]), the LLM engine's python (read by the `llm`
-/// processor, see [`spec::llm::LLM_PYTHON_ENV`]) and the engine host's
+/// processor, see [`spec::llm::LLM_PYTHON_ENV`]), the pip install's
+/// launcher's Python ([`DEFAULT_PYTHON_VAR`]) and the engine host's
 /// fault points for tests, not flags: the binaries' check for unknown
 /// variables passes them over.
-pub const TOOLING_ENV_VARS: [&str; 9] = [
+pub const TOOLING_ENV_VARS: [&str; 10] = [
     "STOKE_CACHE",
     "STOKE_VENV",
     "STOKE_BIN_DIR",
     "STOKE_REPO",
     logging::DEBUG_VAR,
     spec::llm::LLM_PYTHON_ENV,
+    DEFAULT_PYTHON_VAR,
     "STOKE_LLM_VENV",
     "STOKE_LLM_FAULT_ABORT_ON",
     "STOKE_LLM_FAULT_HANG_ON",

@@ -1,45 +1,33 @@
 # syntax=docker/dockerfile:1.7
-# The coordinator image: stoke-coordinator alone, no libtorch, on a
-# distroless runtime (glibc, CA certificates, nothing else), as a non-root
-# user. Build from the repository root:
+# The coordinator image: the stoke-client wheel (stoke-coordinator and the
+# stoke CLI, built in it; no torch, no libtorch, no Rust toolchain) on a
+# Python base image, as a non-root user. The build context is a folder
+# holding the stoke-client release wheel:
 #
-#   docker build -f deploy/images/coordinator.Dockerfile -t stoke-coordinator:dev .
+#   scripts/python-package.sh --release --no-install --client-wheel   # prints its path
+#   docker build -f deploy/images/coordinator.Dockerfile -t stoke-coordinator:0.1.0 WHEEL_FOLDER
 #
-# Layers: the toolchain with cargo-chef; a recipe of the workspace's
-# dependencies (changes only when a Cargo.toml or Cargo.lock does); the
-# dependencies compiled from the recipe (the slow part, cached until the
-# recipe changes); then stoke's own crates.
+# scripts/image.sh builds and runs it here. PYTHON_IMAGE: any CPython 3.11 or
+# later (stoke-client is an abi3 wheel); PIP_ARGS: pip options for the
+# install.
 
-ARG RUST_VERSION=1.95
-ARG DEBIAN=bookworm
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-FROM rust:${RUST_VERSION}-${DEBIAN} AS chef
-RUN cargo install --locked cargo-chef@0.1.78
-WORKDIR /src
+FROM ${PYTHON_IMAGE} AS install
+ARG PIP_ARGS=""
+COPY stoke_client-*.whl /wheels/
+RUN python3 -m venv /opt/stoke/venv \
+ && /opt/stoke/venv/bin/pip install --no-cache-dir --disable-pip-version-check $PIP_ARGS /wheels/stoke_client-*.whl \
+ && ! /opt/stoke/venv/bin/python -c "import torch" 2>/dev/null
 
-FROM chef AS planner
-COPY . .
-RUN cargo chef prepare --recipe-path recipe.json
-
-FROM chef AS builder
-COPY --from=planner /src/recipe.json recipe.json
-# protoc comes from the protoc-bin-vendored crate: nothing to install.
-RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
-    cargo chef cook --release --locked --recipe-path recipe.json -p stoke-coordinator
-COPY . .
-RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
-    cargo build --release --locked -p stoke-coordinator --bin stoke-coordinator \
- && if cargo tree -p stoke-coordinator -e normal,build --prefix none | grep -Eq '^(tch|torch-sys) '; then \
-      echo "stoke-coordinator depends on tch/torch-sys" >&2; exit 1; \
-    fi \
- && cp target/release/stoke-coordinator /stoke-coordinator
-
-# glibc 2.36 like the builder (both Debian 12), libgcc, CA certificates.
-FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
-COPY --from=builder /stoke-coordinator /usr/local/bin/stoke-coordinator
-# distroless's "nonroot" user, by number so Kubernetes' runAsNonRoot can
-# verify it.
+FROM ${PYTHON_IMAGE} AS runtime
+COPY --from=install /opt/stoke/venv /opt/stoke/venv
+ENV PATH="/opt/stoke/venv/bin:${PATH}" \
+    HOME=/tmp
+RUN stoke-coordinator --version
+# The uid of distroless's "nonroot", which the manifests' runAsUser names.
 USER 65532:65532
+WORKDIR /tmp
 # gRPC (workers, clients) and HTTP (/healthz, /readyz, /metrics).
 EXPOSE 7070 8080
-ENTRYPOINT ["/usr/local/bin/stoke-coordinator"]
+ENTRYPOINT ["/opt/stoke/venv/bin/stoke-coordinator"]

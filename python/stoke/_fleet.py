@@ -29,6 +29,7 @@ import uuid
 from typing import Any
 
 from . import _native
+from ._native_client import JobPaused, StokeError
 
 _TERMINAL = {"succeeded", "failed", "cancelled"}
 
@@ -129,7 +130,7 @@ def _report(client: Any, job_id: str) -> dict:
     }
     if info["state"] != "succeeded":
         reason = info.get("reason") or "no reason recorded"
-        raise _native.StokeError(f"job {job_id} {info['state']}: {reason}")
+        raise StokeError(f"job {job_id} {info['state']}: {reason}")
     manifest = json.loads(_native.store_get(info["manifest_uri"]))
     report["records"] = manifest["records_in"]
     report["records_out"] = manifest.get("records_out")
@@ -150,7 +151,7 @@ def _submit(client: Any, spec: dict, job_id: str) -> dict:
 
 def run_on(coordinator: str, spec: dict, job_id: str) -> dict:
     """Submits to a running fleet and waits for the job to end."""
-    from ._api import Client
+    from ._client import Client
 
     client = Client(coordinator)
     _submit(client, spec, job_id)
@@ -214,7 +215,7 @@ class _Workers:
             elif code != 0:
                 self.restarts += 1
                 if self.restarts > 10 * len(self.procs):
-                    raise _native.StokeError(f"local workers keep dying (last exit {code}); see their logs in {self.logs}")
+                    raise StokeError(f"local workers keep dying (last exit {code}); see their logs in {self.logs}")
                 self.procs[i] = self._spawn(i)
                 alive = True
         return alive
@@ -237,7 +238,8 @@ def run_local(spec: dict, root: str, job_id: str, workers: int, device: str) -> 
     """Runs the job on ``workers`` local worker processes, as ``stoke run
     --local N``. SIGTERM or Ctrl-C: the workers checkpoint and stop, the
     job is paused, and :class:`JobPaused` is raised."""
-    from ._api import Client, _stop_on_signals
+    from ._api import _stop_on_signals
+    from ._client import Client
 
     coordinator = _native.LocalCoordinator(root)
     fleet = None
@@ -263,13 +265,13 @@ def run_local(spec: dict, root: str, job_id: str, workers: int, device: str) -> 
                 info = client.status(job_id)
                 if info["state"] not in _TERMINAL:
                     info = client.pause(job_id)
-                    raise _native.JobPaused(
+                    raise JobPaused(
                         f"job {job_id} paused after its last checkpoint ({info['records_done']} of {info.get('records_total')} records committed): "
                         f"run the same call again with job id {job_id} and root {root} to resume it"
                     ) from None
         info = client.status(job_id)
         if info["state"] == "running" and fleet is not None:
-            raise _native.StokeError(f"job {job_id}: every local worker stopped before the job ended; see their logs in {logs}")
+            raise StokeError(f"job {job_id}: every local worker stopped before the job ended; see their logs in {logs}")
         report = _report(client, job_id)
         shutil.rmtree(logs, ignore_errors=True)
         return report

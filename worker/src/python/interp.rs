@@ -97,16 +97,28 @@ pub(crate) fn use_python(python: &str) {
     let _ = CHOSEN.set(python.to_string());
 }
 
-/// The Python a worker binary uses: `--python`, `STOKE_PYTHON`, else the
-/// build's.
+/// The Python a worker binary uses: `--python`, `STOKE_PYTHON`,
+/// `STOKE_DEFAULT_PYTHON`, else the build's.
+///
+/// `STOKE_DEFAULT_PYTHON` is where a pip install's launcher
+/// (`stoke/_launch.py`) names its own interpreter, in place of the build's
+/// venv, which does not exist where a wheel is installed. Unlike
+/// `STOKE_PYTHON` it is not probed when the worker starts (the launcher's
+/// Python has the wheel's torch by its dependencies), only when a Python
+/// processor first runs: the probe is a Python start, about 45 ms of CPU
+/// per worker.
 pub(crate) fn chosen_python() -> (String, &'static str) {
     if let Some(p) = CHOSEN.get() {
         return (p.clone(), "--python");
     }
-    match std::env::var("STOKE_PYTHON") {
-        Ok(p) if !p.trim().is_empty() => (p, "STOKE_PYTHON"),
-        _ => (BUILD_PYTHON.to_string(), "the stoke venv"),
+    let given = |var: &str| std::env::var(var).ok().filter(|p| !p.trim().is_empty());
+    if let Some(p) = given("STOKE_PYTHON") {
+        return (p, "STOKE_PYTHON");
     }
+    if let Some(p) = given(stoke_core::DEFAULT_PYTHON_VAR) {
+        return (p, "the installed package's Python");
+    }
+    (BUILD_PYTHON.to_string(), "the stoke venv")
 }
 
 /// `1.2.3+cu130` -> `1.2.3`.
