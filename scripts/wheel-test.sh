@@ -174,6 +174,10 @@ else:
     raise AssertionError("a client-only install has the processor API")
 assert "torch" not in sys.modules
 PY
+# `stoke run` needs the worker side, which the client-only install lacks:
+# it says how to get it.
+(cd "$work" && as_user "$client" stoke run --local 1 --root "$work/no-worker" "$assets/digits.toml" 2>&1 || true) | grep -q "pip install stoke" \
+  || fail "stoke run in the client-only install does not say to pip install stoke"
 # The same binaries as cargo's: the launchers exec them, so --version is theirs.
 as_user "$full" stoke --version | grep -q '^stoke ' || fail "stoke --version"
 as_user "$full" stoke-worker --help >/dev/null || fail "stoke-worker --help"

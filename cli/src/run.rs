@@ -415,19 +415,41 @@ pub(crate) fn idle_workers_note(spec: &JobSpec, job: &JobInfo, workers: usize) -
 }
 
 /// A binary installed next to this one (cargo puts all of a workspace's
-/// binaries in one folder).
+/// binaries in one folder; a pip install bundles them in the package's
+/// `stoke/bin/`).
 fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the stoke binary")?;
     let path = exe.with_file_name(name);
     if path.exists() {
         Ok(path)
     } else {
-        let how = if name == "stoke-embedded" {
-            "build it with `cargo build -p stoke`"
-        } else {
-            "build it with `cargo build -p stoke-worker`, or pass --worker-bin"
-        };
-        bail!("no {name} next to {} ({how})", exe.display())
+        bail!(
+            "no {name} next to {} ({})",
+            exe.display(),
+            missing_hint(name, &exe)
+        )
+    }
+}
+
+/// How to get `name` when it is not beside `exe`: from pip when `exe` came
+/// in a wheel (`site-packages/stoke/bin/`: the `stoke-client` distribution
+/// alone, which has no worker side), from cargo otherwise.
+fn missing_hint(name: &str, exe: &Path) -> &'static str {
+    let from_pip = exe.parent().is_some_and(|bin| {
+        bin.ends_with("stoke/bin")
+            && bin
+                .components()
+                .any(|c| c.as_os_str() == "site-packages" || c.as_os_str() == "dist-packages")
+    });
+    match (from_pip, name == "stoke-embedded") {
+        (true, true) => {
+            "this is the client-only install (stoke-client); the `stoke` distribution adds stoke-embedded and torch: pip install stoke"
+        }
+        (true, false) => {
+            "this is the client-only install (stoke-client); the `stoke` distribution adds stoke-worker and torch: pip install stoke, or pass --worker-bin"
+        }
+        (false, true) => "build it with `cargo build -p stoke`",
+        (false, false) => "build it with `cargo build -p stoke-worker`, or pass --worker-bin",
     }
 }
 
@@ -450,5 +472,22 @@ pub(crate) async fn connect_with_retry(addr: &str) -> anyhow::Result<Client> {
             Err(e) if Instant::now() > deadline => return Err(e.into()),
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod missing_binary_tests {
+    use super::*;
+
+    #[test]
+    fn a_wheels_binary_points_to_pip_and_a_cargo_one_to_cargo() {
+        let pip = Path::new("/venv/lib/python3.11/site-packages/stoke/bin/stoke");
+        assert!(missing_hint("stoke-worker", pip).contains("pip install stoke"));
+        assert!(missing_hint("stoke-embedded", pip).contains("stoke-embedded"));
+        let debian = Path::new("/usr/lib/python3/dist-packages/stoke/bin/stoke");
+        assert!(missing_hint("stoke-worker", debian).contains("pip install stoke"));
+        let cargo = Path::new("/repo/target/release/stoke");
+        assert!(missing_hint("stoke-worker", cargo).contains("cargo build -p stoke-worker"));
+        assert!(missing_hint("stoke-embedded", cargo).contains("cargo build -p stoke"));
     }
 }
