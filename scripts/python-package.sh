@@ -152,7 +152,17 @@ if [ -z "$wheel" ] || [ -z "$client_wheel" ]; then
   client_wheel="$(ls "$wheels/$key"/stoke_client-*.whl | head -n1)"
 fi
 if [ "$install" = 1 ] && { [ ! -f "$installed_marker" ] || [ "$(cat "$installed_marker")" != "$key" ]; }; then
-  "$STOKE_VENV/bin/pip" install --disable-pip-version-check -q --no-deps --force-reinstall "$client_wheel" "$wheel"
+  # Both out first: the two distributions share the stoke/ folder, and a
+  # venv may hold the single `stoke` of before the split, whose record
+  # lists stoke/__init__.py (now stoke-client's). Reinstalled in one pip
+  # command, removing the old `stoke` after stoke-client was written would
+  # delete that file, and `import stoke` would find an empty namespace.
+  "$STOKE_VENV/bin/pip" uninstall --disable-pip-version-check -q -y stoke stoke-client >/dev/null 2>&1 || true
+  "$STOKE_VENV/bin/pip" install --disable-pip-version-check -q --no-deps "$client_wheel" "$wheel"
+  if ! "$STOKE_VENV/bin/python" -c "import stoke, sys; stoke.TorchBatchProcessor; stoke.Client" 2>/dev/null; then
+    echo "python-package.sh: the installed stoke package does not import (stoke.TorchBatchProcessor, stoke.Client)" >&2
+    exit 1
+  fi
   echo "$key" >"$installed_marker"
 fi
 if [ "$print_wheel" = 1 ]; then
