@@ -60,6 +60,16 @@ struct Proxy {
 }
 
 impl Proxy {
+    /// A proxy in front of `coordinator`'s gRPC address.
+    fn to(coordinator: &Coordinator) -> Self {
+        let upstream: SocketAddr = coordinator
+            .addr
+            .trim_start_matches("http://")
+            .parse()
+            .expect("coordinator address");
+        Self::start(upstream)
+    }
+
     fn start(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("proxy bind");
         let addr = listener.local_addr().expect("proxy addr");
@@ -215,12 +225,7 @@ fn a_partitioned_worker_loses_its_shard_and_its_late_commits_are_refused() {
     let spec_path = tmp.path().join("job.toml");
     std::fs::write(&spec_path, chaos::spec("parquet/part-0.parquet", 2)).expect("spec");
     let job_id = coordinator.submit(spec_path.to_str().expect("utf8 path"));
-    let upstream: SocketAddr = coordinator
-        .addr
-        .trim_start_matches("http://")
-        .parse()
-        .expect("coordinator address");
-    let proxy = Proxy::start(upstream);
+    let proxy = Proxy::to(&coordinator);
     let mut a = worker_at(&format!("http://{}", proxy.addr), "a", tmp.path());
     let mut b = worker_at(&coordinator.addr, "b", tmp.path());
     let mut watch = coordinator.watch();
@@ -371,12 +376,7 @@ fn a_flapping_link_blames_no_record_and_counts_reconnects_not_crashes() {
         let spec_path = tmp.path().join("flap.toml");
         std::fs::write(&spec_path, flapping_spec(policy)).expect("spec");
         let job_id = coordinator.submit(spec_path.to_str().expect("utf8 path"));
-        let upstream: SocketAddr = coordinator
-            .addr
-            .trim_start_matches("http://")
-            .parse()
-            .expect("coordinator address");
-        let proxy = Proxy::start(upstream);
+        let proxy = Proxy::to(&coordinator);
         let mut w = worker_at(&format!("http://{}", proxy.addr), "w", tmp.path());
         // Reset the link every 3 s until the job ends (at most 20 times).
         let mut resets = 0;
@@ -485,12 +485,7 @@ fn a_kill_9_while_the_link_is_down_is_still_a_death() {
     let spec_path = tmp.path().join("job.toml");
     std::fs::write(&spec_path, poison_job(8, 2, "seconds_per_record = 0.5", 2)).expect("spec");
     let job_id = coordinator.submit(spec_path.to_str().expect("utf8 path"));
-    let upstream: SocketAddr = coordinator
-        .addr
-        .trim_start_matches("http://")
-        .parse()
-        .expect("coordinator address");
-    let proxy = Proxy::start(upstream);
+    let proxy = Proxy::to(&coordinator);
     let mut a = worker_at(&format!("http://{}", proxy.addr), "a", tmp.path());
     // A is on its second batch: one committed, one in flight.
     wait_until("A's first commit", DEADLINE, || {
@@ -532,12 +527,7 @@ fn a_poison_record_is_isolated_while_the_link_flaps() {
     )
     .expect("spec");
     let job_id = coordinator.submit(spec_path.to_str().expect("utf8 path"));
-    let upstream: SocketAddr = coordinator
-        .addr
-        .trim_start_matches("http://")
-        .parse()
-        .expect("coordinator address");
-    let proxy = Proxy::start(upstream);
+    let proxy = Proxy::to(&coordinator);
     let through = format!("http://{}", proxy.addr);
     let mut w = worker_at(&through, "w", tmp.path());
     let mut resets = 0;

@@ -1045,17 +1045,21 @@ impl<'a> Sim<'a> {
         let (Some(work), Some(session)) = (w.ahead.take(), w.session.clone()) else {
             return Ok(());
         };
+        self.release(session, work.key).await
+    }
+
+    /// A clean release of `key`, as a worker that goes on without it.
+    async fn release(&mut self, session_id: String, key: LeaseKey) -> anyhow::Result<()> {
         self.state
             .release(Release {
-                session_id: session,
-                key: work.key,
+                session_id,
+                key,
                 error: None,
                 transient: false,
                 crashed: false,
             })
             .await
-            .context("releasing a lease taken ahead")?;
-        Ok(())
+            .context("releasing a lease")
     }
 
     /// Commits what a busy worker did since its last commit.
@@ -1122,16 +1126,7 @@ impl<'a> Sim<'a> {
         w.generation += 1;
         if let (false, Phase::Busy(work)) = (over, phase) {
             let session = w.session.clone().context("a session")?;
-            self.state
-                .release(Release {
-                    session_id: session,
-                    key: work.key,
-                    error: None,
-                    transient: false,
-                    crashed: false,
-                })
-                .await
-                .context("releasing a lease")?;
+            self.release(session, work.key).await?;
         }
         Ok(())
     }

@@ -62,9 +62,9 @@ impl State {
     /// back since it was sent, means the store does not answer (one slow
     /// write among others that come back is only slow).
     pub(super) fn watch_store(&mut self, now: Instant) {
-        let in_flight: Vec<IoId> = self.in_flight.keys().copied().collect();
-        self.store.seen.retain(|id, _| in_flight.contains(id));
-        for id in in_flight {
+        let in_flight = &self.in_flight;
+        self.store.seen.retain(|id, _| in_flight.contains_key(id));
+        for &id in self.in_flight.keys() {
             self.store.seen.entry(id).or_insert(now);
         }
         let Some(oldest) = self.store.seen.values().min().copied() else {

@@ -75,22 +75,7 @@ pub async fn submit_spec(
 }
 
 pub fn register(state: &mut Inline, worker_id: &str) -> (String, mpsc::Receiver<SessionEvent>) {
-    let (events_tx, events_rx) = mpsc::channel(16);
-    let registration = Registration {
-        worker_id: worker_id.to_string(),
-        devices: vec!["cpu".to_string()],
-        hostname: "test".to_string(),
-        held: Vec::new(),
-        pool: stoke_core::schedule::DEFAULT_POOL.to_string(),
-        incarnation: String::new(),
-    };
-    (
-        state
-            .register(registration, events_tx)
-            .expect("registered")
-            .session_id,
-        events_rx,
-    )
+    register_as(state, worker_id, "", Vec::new())
 }
 
 /// Registers worker `worker_id` as process `incarnation`, saying it still
