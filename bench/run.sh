@@ -33,6 +33,10 @@
 #   BENCH_BASE_BIN=DIR bench/run.sh compare
 #                          # W1 with --local 2, this build vs another's binaries in
 #                          #   DIR (an older commit's target/release), and the floor
+#   bench/run.sh link      # W1 on one worker whose link to the coordinator holds
+#                          #   every chunk 0, 50 and 200 ms each way (a proxy),
+#                          #   at checkpoint intervals 100 (the default) and 5,
+#                          #   interleaved (bench/link.py); ratios to 0 ms
 #   bench/run.sh s3        # W1 with --local 2 on file:// vs the local S3 server,
 #                          #   and store requests per checkpoint (a counting proxy)
 #
@@ -52,9 +56,9 @@ set -euo pipefail
 
 what="${1:-all}"
 case "$what" in
-  all | w1 | scale | scale-deadline | ragged | s3 | pt2 | python | split | delta | compare | straggler | straggler-late | incremental) ;;
+  all | w1 | scale | scale-deadline | ragged | s3 | pt2 | python | split | delta | compare | straggler | straggler-late | incremental | link) ;;
   *)
-    echo "usage: bench/run.sh [all|w1|scale|scale-deadline|ragged|s3|pt2|python|split|delta|compare|straggler|straggler-late|incremental]" >&2
+    echo "usage: bench/run.sh [all|w1|scale|scale-deadline|ragged|s3|pt2|python|split|delta|compare|straggler|straggler-late|incremental|link]" >&2
     exit 2
     ;;
 esac
@@ -130,7 +134,7 @@ build() {
   case "$what" in
     # Only the three binaries the straggler runs start (a release build of
     # everything takes long on 2 cores).
-    straggler | straggler-late)
+    straggler | straggler-late | link)
       (cd "$STOKE_REPO" && cargo build --release -q -p stoke-cli -p stoke-worker -p stoke-coordinator)
       ;;
     *)
@@ -465,7 +469,7 @@ run_scale_deadline() {
   "$BIN/stoke-bench-scale" deadline --seeds "${BENCH_DEADLINE_SEEDS:-20}" | tee -a "$out"
 }
 
-if [ "$what" = pt2 ] || [ "$what" = straggler-late ] || [ "$what" = incremental ] || [ "$what" = scale-deadline ]; then
+if [ "$what" = pt2 ] || [ "$what" = straggler-late ] || [ "$what" = link ] || [ "$what" = incremental ] || [ "$what" = scale-deadline ]; then
   # Only stoke runs here: the stoke venv has all the Python this needs
   # (torch to export the model, pyarrow to check outputs).
   BENCH_VENV="$STOKE_VENV"
@@ -627,6 +631,28 @@ case "$what" in
     done
     done
     "$BPY" "$BENCH_SRC/straggler.py" ratios "$results"
+    exit 0
+    ;;
+  link)
+    W1="$BENCH_DIR/w1"
+    "$BPY" "$BENCH_SRC/w1_data.py" "$W1"
+    results="$BENCH_DIR/link-results.jsonl"
+    : >"$results"
+    mkdir -p "$BENCH_DIR/runs"
+    delays=(0 50 200)
+    log "link: W1 on one worker, 0/50/200 ms each way to the coordinator, $RUNS rounds"
+    for round in $(seq 1 "$RUNS"); do
+      for interval in ${BENCH_LINK_INTERVALS:-100 5}; do
+        for i in 0 1 2; do
+          # The order turns each round: drift falls on every delay alike.
+          delay="${delays[$(((i + round - 1) % 3))]}"
+          "$BPY" "$BENCH_SRC/link.py" run "$BIN" "$W1" "$BENCH_DIR/runs" \
+            --delay-ms "$delay" --interval "$interval" --round "$round" | tee -a "$results" ||
+            log "link $delay ms interval $interval round $round failed"
+        done
+      done
+    done
+    "$BPY" "$BENCH_SRC/link.py" summary "$results" | tee "$BENCH_DIR/link.md"
     exit 0
     ;;
   s3)

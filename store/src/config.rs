@@ -86,6 +86,32 @@ pub const STORE_ENV_VARS: [&str; 11] = [
 const MIN_PART_SIZE: usize = 5 * 1024 * 1024;
 
 impl StoreConfig {
+    /// How long a worker holding a lease waits on one store operation
+    /// before its attempt fails and the lease goes back (issue 58; ADR
+    /// 020): a request and one retry, both unanswered (a request's limit
+    /// covers its connect; the retry's backoff, under a second, comes on
+    /// top). 65 s at the defaults; `STOKE_STORE_RETRY_TIMEOUT` may make it
+    /// shorter.
+    pub fn holder_gives_up_after(&self) -> Duration {
+        self.holder_retry_timeout() + self.request_timeout
+    }
+
+    /// A holder's retry budget: one retry after a request that went
+    /// unanswered (it fails after `request_timeout`), no more.
+    fn holder_retry_timeout(&self) -> Duration {
+        self.retry_timeout
+            .min(self.request_timeout + self.connect_timeout)
+    }
+
+    /// The settings of a lease holder (a worker): retries end once a
+    /// request and one retry went unanswered, so a worker cut off from the
+    /// store gives its shard back instead of holding it through minutes of
+    /// retries into the same hole (see [`Self::holder_gives_up_after`]).
+    pub fn for_holder(mut self) -> Self {
+        self.retry_timeout = self.holder_retry_timeout();
+        self
+    }
+
     /// Reads the `STOKE_STORE_*` variables of this process.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_vars(|name| std::env::var(name).ok())
@@ -208,6 +234,29 @@ mod tests {
         assert_eq!(config.retry_timeout, Duration::from_secs(60));
         assert_eq!(config.multipart_threshold, 8 * 1024 * 1024);
         assert_eq!(config.part_size, 5 * 1024 * 1024);
+    }
+
+    #[test]
+    fn a_holder_gives_up_after_a_request_and_one_retry() {
+        let config = StoreConfig::default();
+        assert_eq!(config.holder_gives_up_after(), Duration::from_secs(65));
+        let holder = config.clone().for_holder();
+        assert_eq!(holder.retry_timeout, Duration::from_secs(35));
+        assert_eq!(holder.request_timeout, config.request_timeout);
+        let short = StoreConfig::from_vars(vars(&[
+            ("STOKE_STORE_TIMEOUT", "2s"),
+            ("STOKE_STORE_CONNECT_TIMEOUT", "1s"),
+        ]))
+        .expect("config");
+        assert_eq!(short.holder_gives_up_after(), Duration::from_secs(5));
+        // A shorter retry budget of the user's own stays.
+        let user =
+            StoreConfig::from_vars(vars(&[("STOKE_STORE_RETRY_TIMEOUT", "10s")])).expect("config");
+        assert_eq!(
+            user.clone().for_holder().retry_timeout,
+            Duration::from_secs(10)
+        );
+        assert_eq!(user.holder_gives_up_after(), Duration::from_secs(40));
     }
 
     #[test]

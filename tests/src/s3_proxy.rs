@@ -26,6 +26,10 @@ pub struct Faults {
     pub lose_copy_answers: u32,
     /// Hold each request this long before forwarding it.
     pub delay: Duration,
+    /// A black hole: hold every request, answering nothing, until this is
+    /// cleared; then forward those whose client still waits (a client
+    /// that gave up closed its connection, and nothing of it arrived).
+    pub black_hole: bool,
 }
 
 #[derive(Debug, Default)]
@@ -37,6 +41,10 @@ struct Shared {
     times: BTreeMap<String, Duration>,
     /// Requests answered with an injected 503.
     injected: u64,
+    /// Requests a black hole held, and those of them dropped because
+    /// their client gave up.
+    held: u64,
+    dropped: u64,
 }
 
 /// A running proxy; it stops with the test process.
@@ -87,6 +95,12 @@ impl S3Proxy {
         self.lock().injected
     }
 
+    /// (requests held by a black hole, those dropped as their client gave up).
+    pub fn held(&self) -> (u64, u64) {
+        let s = self.lock();
+        (s.held, s.dropped)
+    }
+
     /// Time the forwarded requests took upstream so far, by kind.
     pub fn times(&self) -> BTreeMap<String, Duration> {
         self.lock().times.clone()
@@ -126,6 +140,21 @@ fn kind(method: &str, target: &str, copy: bool) -> String {
         ""
     };
     format!("{method}{tag}{log}")
+}
+
+/// Whether the client is still connected (a closed connection reads as
+/// its end at once).
+fn still_waiting(client: &TcpStream) -> bool {
+    if client.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let mut byte = [0u8; 1];
+    let open = match client.peek(&mut byte) {
+        Ok(0) => false,
+        Ok(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+    };
+    open && client.set_nonblocking(false).is_ok()
 }
 
 fn serve(client: TcpStream, upstream_port: u16, shared: &Mutex<Shared>) -> std::io::Result<()> {
@@ -181,6 +210,21 @@ fn serve(client: TcpStream, upstream_port: u16, shared: &Mutex<Shared>) -> std::
         };
         if !faults.delay.is_zero() {
             std::thread::sleep(faults.delay);
+        }
+        if faults.black_hole {
+            shared.lock().unwrap_or_else(|p| p.into_inner()).held += 1;
+            while shared
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .faults
+                .black_hole
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if !still_waiting(&client) {
+                shared.lock().unwrap_or_else(|p| p.into_inner()).dropped += 1;
+                return Ok(());
+            }
         }
         let is_write = matches!(method.as_str(), "PUT" | "POST" | "DELETE");
         if faults.fail_all || (faults.fail_writes && is_write) || fail_copy {

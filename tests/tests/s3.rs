@@ -283,6 +283,137 @@ fn retries_carry_a_job_through_5xx_and_slow_responses() {
     env.assert_no_secrets_in_logs();
 }
 
+/// The leases `worker` holds, as the coordinator lists them.
+fn leases_of(coordinator: &Coordinator, worker: &str) -> Option<usize> {
+    let out = coordinator.cli(&["workers", "--json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    listed
+        .as_array()?
+        .iter()
+        .find(|w| w["worker_id"] == worker)
+        .and_then(|w| w["leases"].as_array().map(Vec::len))
+}
+
+/// Issue 58, part 2: a worker cut off from the store (a black hole: its
+/// requests get no answer at all) while its coordinator link is fine
+/// gives its lease back within the bound its store settings make (a
+/// request and one retry unanswered, ADR 020), says so in `stoke status`,
+/// and takes no lease until the store answers it again; another worker
+/// finishes the job meanwhile, and what the cut-off worker sends after
+/// the heal leaves nothing stray.
+#[test]
+fn a_worker_cut_off_from_the_store_gives_its_lease_back_within_the_bound() {
+    let env = TestEnv::new(Backend::S3);
+    let proxy = S3Proxy::start(env.s3.as_ref().expect("server").port);
+    let coordinator = env.coordinator(&[]);
+    // Small batches, a checkpoint each: the job lasts, and a holder
+    // writes to the store every few milliseconds.
+    let text = std::fs::read_to_string(spec(&env, "")).expect("spec");
+    let job_id = coordinator.submit(&env.write_spec(
+        "small.toml",
+        &text.replace("batch_size = 50", "batch_size = 5"),
+    ));
+    // 2 s a request, 1 s to connect: it gives up after 2 + 1 + 2 = 5 s
+    // (the defaults make 65 s; without the bound, retries ran for 120 s).
+    let endpoint = proxy.endpoint();
+    let cut = coordinator.worker_with(
+        "stoke-worker",
+        "cut",
+        env.dir(),
+        &[],
+        &[
+            ("STOKE_STORE_ENDPOINT", endpoint.as_str()),
+            ("STOKE_STORE_TIMEOUT", "2s"),
+            ("STOKE_STORE_CONNECT_TIMEOUT", "1s"),
+        ],
+    );
+    wait_until("the cut-off worker to commit", DEADLINE, || {
+        (records_done(&coordinator, &job_id) > 0
+            && leases_of(&coordinator, "cut").is_some_and(|n| n > 0))
+        .then_some(())
+    });
+    assert!(
+        cut.log_text().contains("gives_up_after=5s"),
+        "{}",
+        cut.log_text()
+    );
+    proxy.set(Faults {
+        black_hole: true,
+        ..Faults::default()
+    });
+    let cut_at = std::time::Instant::now();
+    // Given back within the bound (5 s, and the time to its next store
+    // request: milliseconds), with slack for a busy machine; said in the
+    // job's events, which `stoke status` prints.
+    let bound = Duration::from_secs(5) + Duration::from_secs(20);
+    let said = wait_until("the cut-off worker's store trouble said", bound, || {
+        let out = coordinator.cli(&["status", &job_id]);
+        let t = String::from_utf8_lossy(&out.stdout).into_owned();
+        t.contains("store: not answering worker cut (").then_some(t)
+    });
+    let took = cut_at.elapsed();
+    assert!(said.contains("its attempt at shard s0"), "{said}");
+    // Its lease taken ahead, if any, goes back the same way; then it takes
+    // none while the store does not answer it.
+    wait_until("the cut-off worker to hold no lease", bound, || {
+        (leases_of(&coordinator, "cut") == Some(0)).then_some(())
+    });
+    // Alone, it was the only way the shard could go back: no backup or
+    // split raced it. A healthy worker now finishes the job while the
+    // cut-off one stays cut off.
+    let healthy = coordinator.worker("stoke-worker", "healthy", env.dir());
+    coordinator.wait_success(&job_id);
+    // Its look at the store goes unanswered too: it still takes no lease.
+    wait_until(
+        "the cut-off worker to find the store silent",
+        DEADLINE,
+        || {
+            cut.log_text()
+                .contains("no lease until it does")
+                .then_some(())
+        },
+    );
+    assert_eq!(leases_of(&coordinator, "cut"), Some(0));
+    let progress: Vec<_> = (0..10)
+        .filter_map(|i| env.progress(&job_id, &format!("s{i:05}")))
+        .collect();
+    let store_failures: u32 = progress.iter().map(|p| p.store_failures).sum();
+    let failed: u32 = progress.iter().map(|p| p.failed_attempts).sum();
+    assert!(store_failures >= 1 && failed == 0, "{progress:?}");
+    // The heal: what it still sends lands after the job ended.
+    proxy.set(Faults::default());
+    wait_until(
+        "the cut-off worker to reach the store again",
+        DEADLINE,
+        || {
+            cut.log_text()
+                .contains("the store answers this worker again")
+                .then_some(())
+        },
+    );
+    let manifest = env.manifest(&job_id);
+    assert_matches_reference(&committed_rows(&manifest));
+    let mut in_folder = env.list(&format!("{}/jobs/{job_id}/outputs/", env.root()));
+    in_folder.sort();
+    let mut listed: Vec<String> = manifest
+        .outputs
+        .iter()
+        .map(|o| o.object.uri.clone())
+        .collect();
+    listed.sort();
+    assert_eq!(
+        in_folder, listed,
+        "the output folder is the manifest, exactly"
+    );
+    wait_until("the staging folder to be empty", DEADLINE, || {
+        env.list(&format!("{}/jobs/{job_id}/staging/", env.root()))
+            .is_empty()
+            .then_some(())
+    });
+    eprintln!("given back and said {took:?} after the cut");
+    drop(healthy);
+}
+
 #[test]
 fn writes_rejected_past_the_retries_fail_the_attempt_and_the_job_goes_on() {
     let env = TestEnv::new(Backend::S3);

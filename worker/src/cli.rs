@@ -418,7 +418,16 @@ fn run_worker(registry: Registry, args: WorkerArgs) -> Result<WorkerExit, Worker
     if args.python_prewarm {
         tracing::warn!("--python-prewarm: this worker was built without Python processors");
     }
-    let stores = Stores::from_env().map_err(|e| WorkerError::Config(e.to_string()))?;
+    // A holder's store operations give up after a request and one retry
+    // went unanswered, and its lease goes back (ADR 020).
+    let store_config = StoreConfig::from_env()
+        .map_err(|e| WorkerError::Config(e.to_string()))?
+        .for_holder();
+    tracing::info!(
+        gives_up_after = %humantime::format_duration(store_config.holder_gives_up_after()),
+        "a store operation unanswered this long gives the lease back"
+    );
+    let stores = Stores::with_config(store_config);
     for var in unknown_env_vars() {
         tracing::warn!(var, "unknown STOKE_ environment variable; ignored");
     }

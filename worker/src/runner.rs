@@ -10,7 +10,7 @@ use std::time::Duration;
 use stoke_core::lease::{AcquireOutcome, Lease, ReduceTask, Registration, Release};
 use stoke_data::batcher::BatchTx;
 use stoke_data::read::{ShardRead, read_shard};
-use stoke_store::Stores;
+use stoke_store::{StoreError, StoreUri, Stores};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -248,7 +248,11 @@ impl<L: CoordinatorLink> Worker<L> {
                 _ = &mut current.reader => true,
                 _ = self.shutdown.cancelled() => false,
             };
-            if read_all && !self.shutdown.is_cancelled() {
+            // A reader also ends when its attempt does (failed on the
+            // store, say): then no lease is taken ahead, and the next one
+            // waits for what the end says.
+            let attempt_on = !current.committer.is_finished();
+            if read_all && attempt_on && !self.shutdown.is_cancelled() {
                 match self.next_lease(false).await {
                     Ok(Next::Lease(lease)) => ahead = Some(self.start(*lease).await?),
                     // Another job's last step: done now, while this
@@ -260,20 +264,52 @@ impl<L: CoordinatorLink> Worker<L> {
                     _ => {}
                 }
             }
+            let probe = current.probe.clone();
             let store_failed = self.finish(current).await;
             // An attempt that failed on the store: wait before the next
-            // one, longer each time, so an outage is not a busy loop.
+            // one, longer each time, so an outage is not a busy loop; and
+            // take no lease until the store answers this worker again, so
+            // a worker cut off from it holds no shard meanwhile.
             if store_failed {
                 store_backoff = (store_backoff * 2).clamp(STORE_BACKOFF_MIN, STORE_BACKOFF_MAX);
                 if ahead.is_none() {
                     warn!(backoff = ?store_backoff, "the store is failing; waiting before the next lease");
-                    if self.pause(store_backoff).await {
-                        return Ok(WorkerExit::Shutdown);
+                    loop {
+                        if self.pause(store_backoff).await {
+                            return Ok(WorkerExit::Shutdown);
+                        }
+                        match self.probe_store(&probe).await {
+                            Ok(()) => {
+                                info!("the store answers this worker again");
+                                break;
+                            }
+                            Err(e) => {
+                                store_backoff =
+                                    (store_backoff * 2).clamp(STORE_BACKOFF_MIN, STORE_BACKOFF_MAX);
+                                warn!(error = %e, backoff = ?store_backoff, "the store still does not answer this worker; no lease until it does");
+                            }
+                        }
                     }
                 }
             } else {
                 store_backoff = Duration::ZERO;
             }
+        }
+    }
+
+    /// Whether the store answers this worker: a look at an object that is
+    /// not there, in `folder` (the last failed attempt's output folder),
+    /// within one request's limit. "Not found" is an answer.
+    async fn probe_store(&self, folder: &StoreUri) -> Result<(), String> {
+        let uri = folder.join(".stoke-probe");
+        let limit = self.stores.config().request_timeout;
+        match tokio::time::timeout(limit, self.stores.head(&uri)).await {
+            Ok(Ok(_)) | Ok(Err(StoreError::NotFound { .. })) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!(
+                "looking at {uri}: no answer in {}",
+                humantime::format_duration(limit)
+            )),
         }
     }
 
@@ -409,6 +445,7 @@ impl<L: CoordinatorLink> Worker<L> {
             tokio::spawn(async move { proc_tx.send(ProcMsg::Shard(Box::new(run))).await.is_ok() });
         Ok(Started {
             key,
+            probe: lease.output_prefix.clone(),
             reader,
             committer,
             reply: reply_rx,
@@ -421,6 +458,7 @@ impl<L: CoordinatorLink> Worker<L> {
     async fn finish(&self, started: Started) -> bool {
         let Started {
             key,
+            probe: _,
             reader,
             committer,
             reply,
@@ -548,6 +586,9 @@ enum Next {
 /// An attempt in flight: its reader, committer and the processor's answer.
 struct Started {
     key: stoke_core::lease::LeaseKey,
+    /// Where to look whether the store answers this worker again after
+    /// the attempt failed on it (its output folder).
+    probe: StoreUri,
     reader: tokio::task::JoinHandle<()>,
     committer: tokio::task::JoinHandle<Result<u64, WorkerError>>,
     reply: oneshot::Receiver<ShardOutcome>,

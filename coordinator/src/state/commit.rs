@@ -533,6 +533,10 @@ impl State {
             Vec::new()
         };
         job.set_progress(idx, progress);
+        if job.store_trouble.remove(&worker) {
+            let at_ms = self.wall.map_or(0, |w| w.unix_ms(now));
+            job.event(at_ms, format!("store: worker {worker} commits again"));
+        }
         // The holder's pace (`pace.rs`): what it committed, by wall time.
         if let Some(session) = sessions.get_mut(&commit.session_id) {
             session.committed(&key.job_id, commit.records, now);

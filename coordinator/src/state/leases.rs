@@ -156,6 +156,12 @@ impl State {
             return Ok(());
         }
         let idx = job.shard(&key.shard_id)?;
+        if release.transient
+            && let Some(error) = &release.error
+        {
+            self.store_trouble(&release.session_id, key, error, now);
+        }
+        let job = self.job(&key.job_id)?;
         let role = job.shards[idx].role(&release.session_id, key.token);
         if role == Some(Role::Backup) {
             // A backup given back (drained, or its attempt failed: the
@@ -238,6 +244,30 @@ impl State {
         };
         self.start_io(io, Then::AttemptFailed(Box::new(failed)));
         Ok(())
+    }
+
+    /// A worker's attempt failed on the store (a transient release, even
+    /// of a lease already gone): said in the job's events, once until
+    /// that worker commits again (ADR 020).
+    fn store_trouble(
+        &mut self,
+        session_id: &str,
+        key: &stoke_core::lease::LeaseKey,
+        error: &str,
+        now: Instant,
+    ) {
+        let worker = self.worker_of(session_id);
+        let at_ms = self.unix_ms(now);
+        let Ok(job) = self.job_mut(&key.job_id) else {
+            return;
+        };
+        if job.life.running() && job.store_trouble.insert(worker.clone()) {
+            let message = format!(
+                "store: not answering worker {worker} ({error}); its attempt at shard {} ended",
+                key.shard_id
+            );
+            job.event(at_ms, message);
+        }
     }
 
     /// A failed attempt's progress record is stored (or not): apply it.

@@ -72,7 +72,7 @@ mod store_health;
 mod table_log;
 mod view;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use stoke_core::layout::{JobLayout, RootLayout};
@@ -319,6 +319,9 @@ struct Job {
     ended_deferred: bool,
     /// What happened to it that its user should know, oldest first.
     events: deadline::Events,
+    /// Workers whose attempts at it failed on the store, said once in its
+    /// events until they commit again (`leases.rs`, `commit.rs`).
+    store_trouble: BTreeSet<String>,
     /// Commits of this pipeline stage held until the next stage consumed
     /// enough (`pipeline.rs`), oldest first.
     held: VecDeque<pipeline::HeldCommit>,
@@ -620,6 +623,7 @@ impl Job {
             deadline,
             ended_deferred: false,
             events: Default::default(),
+            store_trouble: BTreeSet::new(),
         }
     }
 

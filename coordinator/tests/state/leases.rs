@@ -446,3 +446,56 @@ async fn an_expired_lease_wakes_a_waiting_session() {
     assert!(is_wake(&mut b_events));
     assert_eq!(leased(state.acquire(&b)).shard.id, lease.shard.id);
 }
+
+/// A worker's own store trouble (its attempt failed on the store and it
+/// gave the lease back) is said in the job's events once, uses up no
+/// attempt, and is said over when that worker commits again (ADR 020).
+#[tokio::test(start_paused = true)]
+async fn a_workers_store_trouble_is_said_once_until_it_commits_again() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit(&mut state, &stores, "j", 20).await;
+    let (a, _a_events) = register(&mut state, "w-3");
+    let said = |state: &Inline| -> Vec<String> {
+        state
+            .get_job("j")
+            .expect("job")
+            .events
+            .iter()
+            .map(|e| e.message.clone())
+            .filter(|m| m.starts_with("store: "))
+            .collect()
+    };
+    let store_failure = |lease: &Lease| Release {
+        transient: true,
+        ..release(&a, lease, Some("writing s3://b/x: no answer in 30s"))
+    };
+    let first = leased(state.acquire(&a));
+    state.release(store_failure(&first)).await.expect("release");
+    assert_eq!(
+        said(&state),
+        [format!(
+            "store: not answering worker w-3 (writing s3://b/x: no answer in 30s); its attempt at shard {} ended",
+            first.shard.id
+        )]
+    );
+    let stored = stored_progress(&stores, "j", &first.shard.id).await;
+    assert_eq!(stored.failed_attempts, 0, "a store failure uses no attempt");
+    assert_eq!(stored.store_failures, 1);
+    // Again: counted, not said again.
+    let second = leased(state.acquire(&a));
+    state
+        .release(store_failure(&second))
+        .await
+        .expect("release");
+    assert_eq!(said(&state).len(), 1, "{:?}", said(&state));
+    // It commits again: said.
+    let third = leased(state.acquire(&a));
+    let commit = staged(&stores, checkpoint(&a, &third, 0, 1)).await;
+    state.commit(commit).await.expect("commit");
+    assert_eq!(
+        said(&state).last().map(String::as_str),
+        Some("store: worker w-3 commits again")
+    );
+    assert_eq!(said(&state).len(), 2);
+}

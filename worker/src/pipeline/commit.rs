@@ -44,6 +44,16 @@ pub(crate) struct Committer<L> {
 /// the outputs are uploaded and the last commit stands.
 const COMMIT_RETRY_BUDGET: Duration = Duration::from_secs(60);
 
+/// Deletes staged objects, best effort: what is left is swept by the
+/// coordinator when the job ends.
+async fn delete_all(stores: &Stores, staged: &[StoreUri]) {
+    for uri in staged {
+        if let Err(e) = stores.delete(uri).await {
+            debug!(object = %uri, error = %e, "deleting a staged object failed; the coordinator sweeps it later");
+        }
+    }
+}
+
 impl<L: CoordinatorLink> Committer<L> {
     /// Runs until the processor closes the channel or a commit is refused.
     pub async fn run(self, mut rx: mpsc::Receiver<Checkpoint>) -> Result<u64, WorkerError> {
@@ -51,14 +61,21 @@ impl<L: CoordinatorLink> Committer<L> {
         while let Some(mut checkpoint) = rx.recv().await {
             let (placeholder, _) = oneshot::channel();
             let ack = std::mem::replace(&mut checkpoint.ack, placeholder);
+            let (batches, model_us) = (checkpoint.batches, checkpoint.model_us);
             let mut staged = Vec::new();
             let result = self.checkpoint(checkpoint, &mut staged).await;
             if let Err(e) = result {
                 self.control.abort();
                 let _ = ack.send(false);
-                self.delete_staged(&staged).await;
+                // Deleted aside: the lease goes back now, not after the
+                // deletes of a store that may not answer (ADR 020).
+                if self.outputs_staged && !staged.is_empty() {
+                    let stores = self.stores.clone();
+                    tokio::spawn(async move { delete_all(&stores, &staged).await });
+                }
                 return Err(e);
             }
+            self.control.committed(batches, model_us);
             let _ = ack.send(true);
             self.delete_staged(&staged).await;
             committed += 1;
@@ -71,13 +88,8 @@ impl<L: CoordinatorLink> Committer<L> {
     /// refused or abandoned, they will never count. Best effort: what is
     /// left is swept by the coordinator when the job ends.
     async fn delete_staged(&self, staged: &[StoreUri]) {
-        if !self.outputs_staged {
-            return;
-        }
-        for uri in staged {
-            if let Err(e) = self.stores.delete(uri).await {
-                debug!(object = %uri, error = %e, "deleting a staged object failed; the coordinator sweeps it later");
-            }
+        if self.outputs_staged {
+            delete_all(&self.stores, staged).await;
         }
     }
 

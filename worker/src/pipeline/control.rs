@@ -110,10 +110,19 @@ impl ShardControl {
         self.uncommitted_us.fetch_add(model_us, Ordering::SeqCst);
     }
 
-    /// A checkpoint was committed: nothing is at risk any more.
-    pub fn committed(&self) {
-        self.uncommitted_batches.store(0, Ordering::SeqCst);
-        self.uncommitted_us.store(0, Ordering::SeqCst);
+    /// A checkpoint of `batches` batches (`model_us` of model time) was
+    /// committed: they are no longer at risk (the batches processed while
+    /// its commit was on its way still are).
+    pub fn committed(&self, batches: u64, model_us: u64) {
+        let less = |n: u64| move |v: u64| Some(v.saturating_sub(n));
+        let _ = self.uncommitted_batches.fetch_update(
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+            less(batches),
+        );
+        let _ =
+            self.uncommitted_us
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, less(model_us));
     }
 
     /// (batches, model ms) since the last committed checkpoint.
@@ -159,6 +168,10 @@ pub(crate) struct Checkpoint {
     pub next_batch: u64,
     /// Input records processed since the previous checkpoint.
     pub records: u64,
+    /// Batches processed since the previous checkpoint, and their model
+    /// time: no longer at risk once this one is committed.
+    pub batches: u64,
+    pub model_us: u64,
     pub rows: Vec<RecordBatch>,
     /// Scratch files moved aside for this checkpoint.
     pub files: Vec<PathBuf>,

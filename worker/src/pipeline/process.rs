@@ -341,6 +341,13 @@ struct ShardLoop<'a> {
     from_batch: u64,
     next_batch: u64,
     records_since: u64,
+    /// Batches (and their model time) since the last checkpoint handed
+    /// over: the part of the uncommitted work its commit takes off.
+    batches_since: u64,
+    model_us_since: u64,
+    /// The answer to the commit of the checkpoint handed over last, while
+    /// it is not in.
+    in_flight: Option<oneshot::Receiver<bool>>,
     times: StageTimes,
     stages: Arc<StageCounters>,
     isolate: Option<Isolation>,
@@ -350,10 +357,48 @@ struct ShardLoop<'a> {
 }
 
 impl ShardLoop<'_> {
-    /// Hands the batches since the last checkpoint to the committer and
-    /// waits for the commit. `Ok(false)`: the committer gave up (refused).
-    fn checkpoint(&mut self, done: bool) -> Result<bool, WorkerError> {
+    /// Hands the batches since the last checkpoint to the committer and,
+    /// with `wait`, waits for its commit. Without, only the commit before
+    /// it must be answered first: a commit's round trip overlaps the next
+    /// batches, one checkpoint deep (issue 58). `Ok(false)`: the committer
+    /// gave up (a commit was refused).
+    fn checkpoint(&mut self, done: bool, wait: bool) -> Result<bool, WorkerError> {
         let started = Instant::now();
+        let handed = self.hand_over(done);
+        let answered = match handed {
+            Ok(true) if wait => self.answered(),
+            other => other,
+        };
+        let took = started.elapsed();
+        self.times.checkpoint += took;
+        self.stages.add_checkpoint(took);
+        self.stages
+            .add_job(&self.l.job_id, JobCause::Checkpoint, took);
+        answered
+    }
+
+    /// Waits for the commit in flight, if any; true when it was accepted
+    /// (or none was in flight).
+    fn answered(&mut self) -> Result<bool, WorkerError> {
+        let Some(flight) = self.in_flight.take() else {
+            return Ok(true);
+        };
+        let committed = flight.blocking_recv().unwrap_or(false);
+        if committed {
+            // The job's report counts its model time as checkpoints commit,
+            // not only when a shard ends (or a heartbeat interval later).
+            self.stages.request_flush();
+        }
+        Ok(committed)
+    }
+
+    /// Waits for the commit before (a crash loses at most the batches since
+    /// it and the ones processed during this commit's round trip, never
+    /// several queued checkpoints), then hands this one over.
+    fn hand_over(&mut self, done: bool) -> Result<bool, WorkerError> {
+        if !self.answered()? {
+            return Ok(false);
+        }
         let l = &mut *self.l;
         l.processor.on_checkpoint_start(&mut l.ctx).map_err(|e| {
             WorkerError::ProcessorCheckpoint {
@@ -376,6 +421,8 @@ impl ShardLoop<'_> {
             from_batch: self.from_batch,
             next_batch: self.next_batch,
             records: self.records_since,
+            batches: std::mem::take(&mut self.batches_since),
+            model_us: std::mem::take(&mut self.model_us_since),
             rows,
             files,
             skipped,
@@ -386,24 +433,10 @@ impl ShardLoop<'_> {
         if self.checkpoints.blocking_send(cp).is_err() {
             return Ok(false);
         }
-        // Wait for the commit before going on: a crash then loses at most
-        // the batches since this checkpoint (one interval), never several
-        // queued checkpoints. The reader keeps prefetching meanwhile.
-        let committed = ack_rx.blocking_recv().unwrap_or(false);
-        if committed {
-            self.control.committed();
-            // The job's report counts its model time as checkpoints commit,
-            // not only when a shard ends (or a heartbeat interval later).
-            self.stages.request_flush();
-        }
+        self.in_flight = Some(ack_rx);
         self.from_batch = self.next_batch;
         self.records_since = 0;
-        let took = started.elapsed();
-        self.times.checkpoint += took;
-        self.stages.add_checkpoint(took);
-        self.stages
-            .add_job(&self.l.job_id, JobCause::Checkpoint, took);
-        Ok(committed)
+        Ok(true)
     }
 
     fn process(&mut self, mut batch: Batch) -> Result<(), WorkerError> {
@@ -522,6 +555,8 @@ impl ShardLoop<'_> {
         self.stages.add_batch(took, consumed);
         self.stages.add_job(&self.l.job_id, JobCause::Model, took);
         self.control.add_uncommitted(took.as_micros() as u64);
+        self.batches_since += 1;
+        self.model_us_since += took.as_micros() as u64;
         // Heard by the worker's log: the batches a killed attempt cost.
         tracing::debug!(shard = %self.shard_id, batch = idx, "batch processed");
         // Fault injection for tests: hold the processor thread after a
@@ -546,7 +581,7 @@ impl ShardLoop<'_> {
                 return Ok(ShardOutcome::Aborted);
             }
             if self.control.is_stopped() {
-                return Ok(if self.checkpoint(false)? {
+                return Ok(if self.checkpoint(false, true)? {
                     ShardOutcome::Stopped
                 } else {
                     ShardOutcome::Aborted
@@ -573,7 +608,7 @@ impl ShardLoop<'_> {
                 // A batch across the new end (cut before the split was
                 // heard): keep what is committed and give the shard back;
                 // the next attempt reads up to the end.
-                return Ok(if self.checkpoint(false)? {
+                return Ok(if self.checkpoint(false, true)? {
                     ShardOutcome::Stopped
                 } else {
                     ShardOutcome::Aborted
@@ -589,7 +624,9 @@ impl ShardLoop<'_> {
                 || since_checkpoint >= interval
                 || every.is_some_and(|d| last_checkpoint.elapsed() >= d)
             {
-                if !self.checkpoint(false)? {
+                // An isolated batch's commit is answered before the next
+                // batch runs, so a death after it is blamed on that one.
+                if !self.checkpoint(false, isolated)? {
                     return Ok(ShardOutcome::Aborted);
                 }
                 since_checkpoint = 0;
@@ -600,7 +637,10 @@ impl ShardLoop<'_> {
             return Ok(ShardOutcome::Aborted);
         }
         self.queue.look(self.l);
-        Ok(if self.checkpoint(true)? {
+        // The last checkpoint is handed over and not waited for: the next
+        // attempt runs while its commit is on its way (the runner waits
+        // for the committer before it counts the attempt finished).
+        Ok(if self.checkpoint(true, false)? {
             ShardOutcome::Finished
         } else {
             ShardOutcome::Aborted
@@ -655,6 +695,9 @@ fn run_shard<'a>(
         from_batch: start_batch,
         next_batch: start_batch,
         records_since: 0,
+        batches_since: 0,
+        model_us_since: 0,
+        in_flight: None,
         times: StageTimes::default(),
         stages,
         isolate,
