@@ -1,9 +1,13 @@
-"""A slow link between worker and coordinator (issue 58, part 4): W1 on one
-worker whose gRPC connection goes through a proxy that holds every chunk
-`--delay-ms` in each direction (so a round trip costs twice that), against
-the same with 0 ms, side by side in one run.
+"""A slow link between worker and coordinator (issue 58, part 4): W1's data
+on one worker whose gRPC connection goes through a proxy that holds every
+chunk `--delay-ms` in each direction (so a round trip costs twice that),
+against the same with 0 ms, side by side in one run. `--model` swaps W1's
+model for a slower one (`bench/straggler.py model`): W1's own model does a
+shard in a fifth of a second, shorter than one 400 ms round trip, so on it
+the link's fixed costs (hearing of the job, the first lease, the last
+commit) are the whole story.
 
-    python bench/link.py run BIN_DIR W1_DIR WORK --delay-ms 200 --interval 100 --round 1
+    python bench/link.py run BIN_DIR W1_DIR WORK --delay-ms 200 --interval 100 --round 1 [--model M --label slow]
     python bench/link.py summary RESULTS.jsonl
 
 `run` starts a coordinator, the proxy (in this process, asyncio, one thread)
@@ -97,7 +101,7 @@ def wait_file(path, proc, what):
     sys.exit(f"{what} not ready within 60 s")
 
 
-def spec_text(w1_dir, interval):
+def spec_text(w1_dir, interval, model):
     return f"""name = "link"
 [dataset]
 format = "parquet"
@@ -106,7 +110,7 @@ id_column = "id"
 [processor]
 name = "torchscript"
 [processor.params]
-model = "file://{w1_dir}/model.pt"
+model = "file://{model}"
 input_column = "features"
 outputs = ["argmax"]
 [batching]
@@ -148,7 +152,8 @@ def run(args):
         time.sleep(0.05)
     spec = os.path.join(work, "job.toml")
     with open(spec, "w") as f:
-        f.write(spec_text(os.path.abspath(args.w1_dir), args.interval))
+        model = os.path.abspath(args.model or os.path.join(args.w1_dir, "model.pt"))
+        f.write(spec_text(os.path.abspath(args.w1_dir), args.interval, model))
     load = os.getloadavg()[0]
     out = subprocess.run(cli + ["submit", spec], capture_output=True, text=True, check=True)
     job = out.stdout.split()[2].rstrip(":")
@@ -167,6 +172,7 @@ def run(args):
     if status["state"] != "succeeded":
         sys.exit(f"job {job} ended {status['state']}: see {work}/log.txt")
     result = {
+        "model": args.label,
         "delay_ms": args.delay_ms,
         "interval": args.interval,
         "round": args.round,
@@ -183,16 +189,17 @@ def summary(args):
     rows = [json.loads(line) for line in open(args.results) if line.strip()]
     by = {}
     for r in rows:
-        by.setdefault((r["interval"], r["delay_ms"]), []).append(r)
-    print("| checkpoint interval | delay each way | runs | job s (median) | checkpoint s (median) | vs 0 ms |")
-    print("|---|---|---|---|---|---|")
-    for (interval, delay) in sorted(by):
-        rs = by[(interval, delay)]
+        by.setdefault((r.get("model", "w1"), r["interval"], r["delay_ms"]), []).append(r)
+    print("| model | checkpoint interval | delay each way | runs | job s (median) | checkpoint s (median) | vs 0 ms (median of per-round ratios) |")
+    print("|---|---|---|---|---|---|---|")
+    for (model, interval, delay) in sorted(by):
+        rs = by[(model, interval, delay)]
         med = statistics.median(r["seconds"] for r in rs)
         cp = statistics.median(r["checkpoint_s"] for r in rs)
-        base = by.get((interval, 0))
-        ratio = med / statistics.median(r["seconds"] for r in base) if base else float("nan")
-        print(f"| {interval} batches | {delay} ms | {len(rs)} | {med:.2f} | {cp:.2f} | {ratio:.3f}x |")
+        base = {r["round"]: r["seconds"] for r in by.get((model, interval, 0), [])}
+        ratios = [r["seconds"] / base[r["round"]] for r in rs if r["round"] in base]
+        ratio = f"{statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})" if ratios else "-"
+        print(f"| {model} | {interval} batches | {delay} ms | {len(rs)} | {med:.2f} | {cp:.2f} | {ratio} |")
 
 
 def main():
@@ -205,6 +212,8 @@ def main():
     r.add_argument("--delay-ms", type=int, default=0)
     r.add_argument("--interval", type=int, default=100)
     r.add_argument("--round", type=int, default=1)
+    r.add_argument("--model", help="a TorchScript model over W1's features (default: W1's)")
+    r.add_argument("--label", default="w1", help="the model's name in the results")
     s = sub.add_parser("summary")
     s.add_argument("results")
     args = p.parse_args()

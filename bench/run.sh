@@ -33,10 +33,11 @@
 #   BENCH_BASE_BIN=DIR bench/run.sh compare
 #                          # W1 with --local 2, this build vs another's binaries in
 #                          #   DIR (an older commit's target/release), and the floor
-#   bench/run.sh link      # W1 on one worker whose link to the coordinator holds
-#                          #   every chunk 0, 50 and 200 ms each way (a proxy),
-#                          #   at checkpoint intervals 100 (the default) and 5,
-#                          #   interleaved (bench/link.py); ratios to 0 ms
+#   bench/run.sh link      # W1's data on one worker whose link to the coordinator
+#                          #   holds every chunk 0, 50 and 200 ms each way (a
+#                          #   proxy): a slower model at checkpoint intervals 100
+#                          #   (the default) and 5, W1's model at 100, interleaved
+#                          #   (bench/link.py); ratios to 0 ms
 #   bench/run.sh s3        # W1 with --local 2 on file:// vs the local S3 server,
 #                          #   and store requests per checkpoint (a counting proxy)
 #
@@ -636,19 +637,26 @@ case "$what" in
   link)
     W1="$BENCH_DIR/w1"
     "$BPY" "$BENCH_SRC/w1_data.py" "$W1"
+    slow_model="$BENCH_DIR/straggler-model.pt"
+    [ -f "$slow_model" ] || "$BPY" "$BENCH_SRC/straggler.py" model "$slow_model"
     results="$BENCH_DIR/link-results.jsonl"
     : >"$results"
     mkdir -p "$BENCH_DIR/runs"
     delays=(0 50 200)
-    log "link: W1 on one worker, 0/50/200 ms each way to the coordinator, $RUNS rounds"
+    log "link: W1's data on one worker, 0/50/200 ms each way to the coordinator, $RUNS rounds"
     for round in $(seq 1 "$RUNS"); do
-      for interval in ${BENCH_LINK_INTERVALS:-100 5}; do
+      # The slow model at the default interval (the target) and at 5; W1's
+      # own model at the default interval.
+      for case in "slow 100" "slow 5" "w1 100"; do
+        read -r label interval <<<"$case"
+        model_args=()
+        [ "$label" = slow ] && model_args=(--model "$slow_model" --label slow)
         for i in 0 1 2; do
           # The order turns each round: drift falls on every delay alike.
           delay="${delays[$(((i + round - 1) % 3))]}"
-          "$BPY" "$BENCH_SRC/link.py" run "$BIN" "$W1" "$BENCH_DIR/runs" \
+          "$BPY" "$BENCH_SRC/link.py" run "$BIN" "$W1" "$BENCH_DIR/runs" "${model_args[@]}" \
             --delay-ms "$delay" --interval "$interval" --round "$round" | tee -a "$results" ||
-            log "link $delay ms interval $interval round $round failed"
+            log "link $label $delay ms interval $interval round $round failed"
         done
       done
     done

@@ -5,6 +5,7 @@
 //! whenever it is lost.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use stoke_core::lease::{AcquireOutcome, Lease, ReduceTask, Registration, Release};
@@ -142,6 +143,7 @@ pub async fn run<L: CoordinatorLink>(
             session_rx: session_rx.clone(),
             wake_rx: wake_rx.clone(),
             said: Arc::clone(&said),
+            acquire_us: AtomicU64::new(0),
         };
         slots.spawn(async move {
             let result = worker.lease_loop().await;
@@ -186,6 +188,8 @@ struct Worker<L> {
     /// The errors this worker's attempts failed with, by shape, and how
     /// often: each is logged whole once.
     said: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>,
+    /// An acquire's round trip, smoothed (µs).
+    acquire_us: AtomicU64,
 }
 
 impl<L: CoordinatorLink> Worker<L> {
@@ -246,6 +250,10 @@ impl<L: CoordinatorLink> Worker<L> {
             let mut current = current;
             let read_all = tokio::select! {
                 _ = &mut current.reader => true,
+                // Or once the shard is nearly done: the next lease's round
+                // trip and its first read then end before this shard does,
+                // however far the coordinator is (issue 58).
+                () = self.near_end(current.end, &current.control) => true,
                 _ = self.shutdown.cancelled() => false,
             };
             // A reader also ends when its attempt does (failed on the
@@ -297,6 +305,25 @@ impl<L: CoordinatorLink> Worker<L> {
         }
     }
 
+    /// Resolves once an attempt, at its pace so far, will reach its shard's
+    /// end within the lead the next lease needs: twice the last lease's
+    /// round trip, and 200 ms to read the next shard's first batches.
+    /// Never, for a shard whose record count is unknown (the reader's end
+    /// says it then).
+    async fn near_end(&self, end: Option<u64>, control: &ShardControl) {
+        let Some(end) = end else {
+            return std::future::pending().await;
+        };
+        loop {
+            let rtt = Duration::from_micros(self.acquire_us.load(Ordering::Relaxed));
+            let lead = rtt * 2 + Duration::from_millis(200);
+            if control.time_to(end).is_some_and(|t| t <= lead) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Whether the store answers this worker: a look at an object that is
     /// not there, in `folder` (the last failed attempt's output folder),
     /// within one request's limit. "Not found" is an answer.
@@ -328,7 +355,19 @@ impl<L: CoordinatorLink> Worker<L> {
         // Wakes sent from here on cut a `Wait` or `Idle` pause short.
         let mut wake = self.wake_rx.clone();
         wake.mark_unchanged();
+        let asked = std::time::Instant::now();
         let answer = self.link.acquire(&session_id).await;
+        if answer.is_ok() {
+            // The round trip, smoothed: how early to ask for the next one.
+            let took = asked.elapsed().as_micros() as u64;
+            let before = self.acquire_us.load(Ordering::Relaxed);
+            let smoothed = if before == 0 {
+                took
+            } else {
+                (before * 3 + took) / 4
+            };
+            self.acquire_us.store(smoothed, Ordering::Relaxed);
+        }
         if !wait {
             return Ok(match answer {
                 Ok(AcquireOutcome::Lease(lease)) => Next::Lease(lease),
@@ -381,6 +420,12 @@ impl<L: CoordinatorLink> Worker<L> {
         info!(parent: &span, next_batch = lease.next_batch, "lease taken");
         let key = lease.key();
         let control = Arc::new(ShardControl::new(&self.shutdown));
+        let end = lease.shard.until_record().or_else(|| {
+            lease
+                .shard
+                .records
+                .map(|n| lease.shard.from_record().saturating_add(n))
+        });
         self.active
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -445,6 +490,8 @@ impl<L: CoordinatorLink> Worker<L> {
             tokio::spawn(async move { proc_tx.send(ProcMsg::Shard(Box::new(run))).await.is_ok() });
         Ok(Started {
             key,
+            end,
+            control,
             probe: lease.output_prefix.clone(),
             reader,
             committer,
@@ -458,6 +505,8 @@ impl<L: CoordinatorLink> Worker<L> {
     async fn finish(&self, started: Started) -> bool {
         let Started {
             key,
+            end: _,
+            control: _,
             probe: _,
             reader,
             committer,
@@ -586,6 +635,9 @@ enum Next {
 /// An attempt in flight: its reader, committer and the processor's answer.
 struct Started {
     key: stoke_core::lease::LeaseKey,
+    /// The record (offset) its shard ends before, when known.
+    end: Option<u64>,
+    control: Arc<ShardControl>,
     /// Where to look whether the store answers this worker again after
     /// the attempt failed on it (its output folder).
     probe: StoreUri,

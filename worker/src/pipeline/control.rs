@@ -39,6 +39,11 @@ pub(crate) struct ShardControl {
     /// reported with heartbeats, so a death is blamed on that batch.
     current: Mutex<Option<BatchSpan>>,
     last_words: Mutex<Option<String>>,
+    /// When the attempt's first batch started, and its first record; and
+    /// the record (offset) its processed batches reach: how near the end
+    /// it is, for taking the next lease in time (`runner.rs`).
+    began: std::sync::OnceLock<(std::time::Instant, u64)>,
+    processed_to: AtomicU64,
     /// The last batch start (its first record + 1) the coordinator noted.
     noted: Mutex<u64>,
     noted_cv: Condvar,
@@ -55,6 +60,8 @@ impl ShardControl {
             uncommitted_us: AtomicU64::new(0),
             current: Mutex::new(None),
             last_words: Mutex::new(None),
+            began: std::sync::OnceLock::new(),
+            processed_to: AtomicU64::new(0),
             noted: Mutex::new(0),
             noted_cv: Condvar::new(),
         }
@@ -131,6 +138,27 @@ impl ShardControl {
             self.uncommitted_batches.load(Ordering::SeqCst),
             self.uncommitted_us.load(Ordering::SeqCst) / 1000,
         )
+    }
+
+    /// A batch from record `from` starts (the first one marks the
+    /// attempt's start).
+    pub fn batch_starts(&self, from: u64) {
+        let _ = self.began.set((std::time::Instant::now(), from));
+    }
+
+    /// A batch that ends before record `to` was processed.
+    pub fn processed_to(&self, to: u64) {
+        self.processed_to.fetch_max(to, Ordering::SeqCst);
+    }
+
+    /// How long the attempt needs to reach record `end` at the pace of its
+    /// batches so far; `None` before its first batch is processed.
+    pub fn time_to(&self, end: u64) -> Option<Duration> {
+        let (at, from) = *self.began.get()?;
+        let to = self.processed_to.load(Ordering::SeqCst);
+        let done = to.checked_sub(from).filter(|&n| n > 0)?;
+        let left = end.min(self.until()).saturating_sub(to);
+        Some(at.elapsed().mul_f64(left as f64 / done as f64))
     }
 
     /// The shard was split: stop before record `until`. Only ever lowers

@@ -488,6 +488,7 @@ impl ShardLoop<'_> {
         {
             crate::fatal::segfault();
         }
+        self.control.batch_starts(from);
         let started = Instant::now();
         let l = &mut *self.l;
         let processed = l.processor.process_batch(batch, idx, &mut l.ctx);
@@ -555,6 +556,7 @@ impl ShardLoop<'_> {
         self.stages.add_batch(took, consumed);
         self.stages.add_job(&self.l.job_id, JobCause::Model, took);
         self.control.add_uncommitted(took.as_micros() as u64);
+        self.control.processed_to(span_until);
         self.batches_since += 1;
         self.model_us_since += took.as_micros() as u64;
         // Heard by the worker's log: the batches a killed attempt cost.
