@@ -8,7 +8,8 @@
 #                          #   simulation included)
 #   bench/run.sh scale-deadline # only the deadline simulation: a job with a
 #                          #   deadline and a budget on the state machine, an
-#                          #   autoscaler following stoke_workers_wanted, 20 seeds
+#                          #   autoscaler following stoke_workers_wanted, 20 seeds;
+#                          #   fails (non-zero) when a target is missed
 #   bench/run.sh ragged    # only the ragged workload (fixed batches vs a budget)
 #   bench/run.sh pt2       # W1 with --local 2, the model as TorchScript vs as a
 #                          #   .pt2 package (AOTInductor), interleaved

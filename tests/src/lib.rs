@@ -133,8 +133,14 @@ pub fn fixture_model_spec(format: &str, data: String, model: String, extra: &str
 /// and row count against the manifest, and returns the rows by record id,
 /// with every occurrence (so duplicates show).
 pub fn committed_rows(manifest: &Manifest) -> HashMap<String, Vec<Prediction>> {
+    rows_of(&manifest.outputs)
+}
+
+/// [`committed_rows`] of any list of committed objects (`stoke outputs
+/// --json` of a job that has not ended).
+pub fn rows_of(entries: &[stoke_core::records::ManifestEntry]) -> HashMap<String, Vec<Prediction>> {
     let mut rows: HashMap<String, Vec<Prediction>> = HashMap::new();
-    for entry in &manifest.outputs {
+    for entry in entries {
         let bytes = read_object(&entry.object.uri);
         assert_eq!(
             bytes.len() as u64,
@@ -289,6 +295,26 @@ pub fn assert_matches_reference(rows: &HashMap<String, Vec<Prediction>>) {
         assert_eq!(got.argmax, want.argmax, "prediction for {id}");
         assert_eq!(got.scores.len(), want.scores.len(), "scores for {id}");
         for (a, b) in got.scores.iter().zip(&want.scores) {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "score for {id}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+/// Part of the fixture's records, as a job that has not ended committed
+/// them: each once, each equal to the reference; `n` of them.
+pub fn assert_part_matches_reference(rows: &HashMap<String, Vec<Prediction>>, n: usize) {
+    let reference = reference();
+    assert_eq!(rows.len(), n, "committed records");
+    for (id, got) in rows {
+        let want = reference
+            .get(id)
+            .unwrap_or_else(|| panic!("an output for an unknown id {id}"));
+        assert_eq!(got.len(), 1, "record {id} committed {} times", got.len());
+        assert_eq!(got[0].argmax, want.argmax, "prediction for {id}");
+        for (a, b) in got[0].scores.iter().zip(&want.scores) {
             assert!(
                 (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
                 "score for {id}: {a} vs {b}"

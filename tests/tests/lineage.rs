@@ -90,8 +90,12 @@ fn assert_nothing_left(report: &Path, out: &str) {
 
 /// Every id in the job's committed outputs, none twice.
 fn committed_ids(root: &Path) -> BTreeSet<String> {
+    committed_ids_of(root, "j")
+}
+
+fn committed_ids_of(root: &Path, job: &str) -> BTreeSet<String> {
     let mut ids = BTreeSet::new();
-    for batch in output_batches(&manifest(root, "j")) {
+    for batch in output_batches(&manifest(root, job)) {
         let col = batch.column_by_name("id").expect("id column");
         for id in col.as_string::<i32>().iter().flatten() {
             assert!(ids.insert(id.to_string()), "record {id} committed twice");
@@ -237,4 +241,51 @@ fn start_time(pid: u32) -> u64 {
         .nth(19)
         .and_then(|t| t.parse().ok())
         .expect("start time")
+}
+
+/// Issue 63, point 1: a `stoke-worker` started on its own, as Kubernetes
+/// starts it (no `stoke run` above it, and a parent that kills no process
+/// group: only the subreaper that finds what is left), is killed with
+/// SIGKILL mid-batch while its 2 load processes run. Its fork server and
+/// load processes are gone within 10 s of its death (the grace the
+/// subreaper gives them), by their own parent-death signal and the fork
+/// server's alive pipe alone. A second worker, on its own too, finishes
+/// the job: every record once.
+#[test]
+fn a_standalone_worker_killed_with_kill_9_leaves_no_fork_server_nor_load_process() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("root");
+    let coordinator = Coordinator::start(&root, tmp.path(), &[]);
+    let marker = tmp.path().join("killed");
+    let spec = spec(
+        tmp.path(),
+        &format!("kill_at = 3\nmarker = \"{}\"", marker.display()),
+        "",
+    );
+    let job = coordinator.submit(&spec);
+    let standalone = |name: &str| {
+        let report = tmp.path().join(format!("left-{name}.json"));
+        let mut cmd = Command::new(python());
+        cmd.arg(repo_root().join("tests/python/reap.py"))
+            .arg(&report)
+            .args(["--grace", "10", "--"])
+            .arg(bin("stoke-worker"))
+            .args(["--coordinator", coordinator.addr.as_str()])
+            .args(["--worker-id", name, "--device", "cpu", "--exit-when-idle"])
+            .env("RUST_LOG", "info");
+        (cmd, report)
+    };
+    let (doomed, report) = standalone("doomed");
+    let (out, all) = run(doomed);
+    // It died of the kill (the subreaper passes its status on), mid-job,
+    // with its load processes running.
+    assert!(marker.exists(), "{all}");
+    assert_eq!(out.status.code(), Some(128 + libc::SIGKILL), "{all}");
+    assert_nothing_left(&report, &all);
+    let (rescuer, report) = standalone("rescuer");
+    let (out, all) = run(rescuer);
+    assert!(out.status.success(), "{all}");
+    assert_nothing_left(&report, &all);
+    assert_eq!(coordinator.wait_job(&job)["state"], "succeeded");
+    assert_eq!(committed_ids_of(&root, &job), all_ids(&[]));
 }

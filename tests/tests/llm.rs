@@ -421,6 +421,23 @@ fn completions_equal_vllm_offline_through_engine_and_worker_kills() {
         counted >= committed && committed > 0,
         "{committed}: {report}"
     );
+    // Each death costs at most the batches its engine held, from this
+    // test's settings: `in_flight = 8` prompts in batches of 4 span at most
+    // 3 batches, and one more was processed while its commit travelled
+    // (ADR 021). Two deaths here (the engine's, and w1's kill -9). Tokens
+    // counted beyond the committed ones are at most those batches' worth.
+    const BATCH: u64 = 4;
+    const HELD: u64 = 8 / BATCH + 1 + 1;
+    let redone = report["redone_batches"].as_u64().expect("redone_batches");
+    assert!(
+        redone <= 2 * HELD,
+        "redone {redone} > {}: {report}",
+        2 * HELD
+    );
+    assert!(
+        counted - committed <= 2 * HELD * BATCH * MAX_TOKENS,
+        "{counted} counted, {committed} committed, {redone} batches redone: {report}"
+    );
     assert!(llm["prompt_tokens"].as_u64() > Some(0), "{report}");
     assert!(
         llm["completion_tokens_per_s"].as_f64() > Some(0.0),

@@ -80,6 +80,23 @@ fn split_end(root: &Path, job_id: &str, shard: &str) -> Option<u64> {
     progress(root, job_id, shard)?.shard?.until_record()
 }
 
+/// Every file under `dir` (none when it does not exist).
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                todo.push(path);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
 fn report(coordinator: &Coordinator, job_id: &str) -> EfficiencyReport {
     let out = coordinator.cli(&["report", job_id, "--json"]);
     assert!(out.status.success(), "stoke report: {}", text(&out.stderr));
@@ -192,8 +209,19 @@ fn a_stopped_holders_last_batches_go_to_a_backup_and_the_job_ends_without_it() {
     }
     let log = slow.log_text();
     assert!(log.contains("lease revoked"), "{log}");
-    // Nothing the holder did once it ran again changed what counts.
+    // The coordinator ended the holder's attempt for the backup: counted
+    // as an attempt lost to it.
+    assert!(
+        r.attempts_failed.get("backup").is_some_and(|&n| n >= 1),
+        "{r:?}"
+    );
+    // Nothing the holder did once it ran again changed what counts, and
+    // what it staged after it lost was swept: the staging folder is empty.
     assert_eq!(manifest(&root, &job_id).outputs, m.outputs);
+    let staging = root.join("jobs").join(&job_id).join("staging");
+    wait_until("the staging folder to be empty", DEADLINE, || {
+        files_under(&staging).is_empty().then_some(())
+    });
     let text_report = coordinator.cli(&["report", &job_id]);
     let text_report = text(&text_report.stdout);
     assert!(text_report.contains("backups: "), "{text_report}");

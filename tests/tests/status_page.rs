@@ -341,6 +341,28 @@ fn the_status_page_shows_a_job_in_progress_as_the_coordinator_sees_it() {
         },
     );
     assert_eq!(commits_accepted(&coordinator), Some(frozen_at));
+    // A frozen commit is not a frozen processor: it goes on with the next
+    // checkpoint interval (its commit travels, ADR 021) and may take its
+    // next lease meanwhile. Wait until what the workers hold and report
+    // has stopped changing.
+    let mut last = None;
+    let mut same = 0;
+    wait_until("the workers to settle", DEADLINE, || {
+        let out = coordinator.cli(&["workers", "--json"]);
+        let now: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let held: Vec<_> = now
+            .as_array()?
+            .iter()
+            .map(|w| (w["leases"].clone(), w["stages"]["batches"].clone()))
+            .collect();
+        same = if last.as_ref() == Some(&held) {
+            same + 1
+        } else {
+            0
+        };
+        last = Some(held);
+        (same >= 10).then_some(())
+    });
     let status = coordinator.status(&job_id);
     let done = status["records_done"].as_u64().expect("records_done");
     let total = status["records_total"].as_u64().expect("records_total");
@@ -384,7 +406,8 @@ fn the_status_page_shows_a_job_in_progress_as_the_coordinator_sees_it() {
             .unwrap_or_else(|| panic!("worker {id} not on the page:\n{dom}"));
         let leases = w["leases"].as_array().map_or(0, Vec::len);
         assert_eq!(row.get("data-leases"), Some(&leases.to_string()), "{w}");
-        assert_eq!(leases, 1, "{w}");
+        // Its shard, and the next one once it is nearly done.
+        assert!((1..=2).contains(&leases), "{w}");
     }
     // Nothing moved while the page was read (the rate, and the time left
     // at it, are measured over a window that goes on moving).

@@ -370,6 +370,43 @@ impl fmt::Display for Summary<'_> {
     }
 }
 
+impl Summary<'_> {
+    /// The targets missed, by name (the same verdicts the summary line
+    /// prints): `bench/run.sh scale-deadline` fails on any.
+    pub fn missed(&self) -> Vec<&'static str> {
+        let seeds = self.0;
+        let n = seeds.len().max(1) as f64;
+        let met = seeds.iter().filter(|s| s.met()).count() as f64 / n;
+        let bills: Vec<f64> = seeds.iter().filter_map(|s| s.over(s.bill)).collect();
+        let within = bills.iter().filter(|x| **x <= TARGET_SPEND_OVER).count();
+        let etas: Vec<f64> = seeds.iter().flat_map(|s| s.eta_errors.clone()).collect();
+        let eta_max = quantile(&etas, 1.0);
+        let paused = seeds.iter().filter(|s| s.budget.paused.is_some()).count();
+        let overs: Vec<f64> = seeds
+            .iter()
+            .filter_map(|s| s.budget.overshoot_intervals)
+            .collect();
+        let over_max = quantile(&overs, 1.0);
+        let checks = [
+            ("deadlines met", met >= TARGET_MET_SHARE),
+            ("bill within 10% of the optimum", within == seeds.len()),
+            (
+                "forecast error",
+                eta_max.is_some_and(|x| x <= TARGET_ETA_ERROR),
+            ),
+            (
+                "budget overshoot",
+                paused == seeds.len() && over_max.is_some_and(|x| x <= TARGET_OVERSHOOT_INTERVALS),
+            ),
+        ];
+        checks
+            .into_iter()
+            .filter(|(_, ok)| !ok)
+            .map(|(name, _)| name)
+            .collect()
+    }
+}
+
 /// Both runs of one seed: the deadline alone, then with a budget below
 /// what the job needs.
 pub async fn run_seed(options: &Options, seed: u64) -> anyhow::Result<SeedReport> {

@@ -410,7 +410,14 @@ fn run_deadline(options: &deadline::Options, first_seed: u64, seeds: u64) -> any
             println!("{report}");
             reports.push(report);
         }
-        println!("{}", deadline::Summary(&reports));
+        let summary = deadline::Summary(&reports);
+        println!("{summary}");
+        let missed = summary.missed();
+        anyhow::ensure!(
+            missed.is_empty(),
+            "targets missed: {} (see the summary line)",
+            missed.join(", ")
+        );
         Ok(())
     })
 }

@@ -241,14 +241,26 @@ impl State {
         }
         let role = shard.role(&commit.session_id, key.token);
         let Some(role) = role else {
-            return Err(CoordinatorError::StaleToken {
+            let error = CoordinatorError::StaleToken {
                 job_id: key.job_id.clone(),
                 shard_id: key.shard_id.clone(),
                 token: key.token,
                 current: shard
                     .lease()
                     .map_or("no active lease".to_string(), |l| l.token.to_string()),
-            });
+            };
+            // An attempt that lost its lease (revoked for a backup, lapsed,
+            // taken over) staged this after it lost: it can never count,
+            // so its staging folder is swept now, not at the job's end. Not
+            // while a lease of that token stands (its commit came on an
+            // old session).
+            let token_stands = shard.lease().is_some_and(|l| l.token == key.token)
+                || shard.backup.as_ref().is_some_and(|b| b.token == key.token);
+            if !token_stands {
+                let attempt = folder(&attempt_prefix(&job.staging, &key.shard_id, key.token));
+                self.effects.push(Effect::Sweep(attempt));
+            }
+            return Err(error);
         };
         if shard.writing() {
             return Err(CoordinatorError::CommitInFlight {

@@ -102,6 +102,19 @@ fn revoked(events: &mut mpsc::Receiver<SessionEvent>) -> Option<(LeaseKey, Strin
     None
 }
 
+/// The sweeps asked for since the last look include `lease`'s staging
+/// folder (issue 63: a loser's objects, staged before or after it lost).
+fn assert_swept(state: &mut Inline, lease: &Lease, when: &str) {
+    let sweeps = state.take_sweeps();
+    let folder = lease.output_prefix.to_string();
+    assert!(
+        sweeps
+            .iter()
+            .any(|s| s.as_str().trim_end_matches('/') == folder.trim_end_matches('/')),
+        "{when}: {folder} not among {sweeps:?}"
+    );
+}
+
 fn report(state: &mut Inline) -> stoke_core::report::EfficiencyReport {
     state.report("j", Instant::now()).expect("report")
 }
@@ -153,24 +166,19 @@ async fn a_backup_that_commits_first_wins_and_the_holder_is_refused() {
     assert_eq!(key.token, t.a_lease.token);
     assert!(reason.contains("backup"), "{reason}");
     assert!(revoked(&mut t.b_events).is_none());
-    // a's commit of the same records comes later: refused by its token.
+    // a's staged outputs are swept as it loses...
+    assert_swept(&mut state, &t.a_lease, "the holder, as it loses");
+    // ... and again when its commit of the same records comes later
+    // (refused by its token): it staged them after the revocation.
     let late = commit(&mut state, &stores, &t.a, &t.a_lease, 0, 1, false).await;
     assert!(
         matches!(late, Err(CoordinatorError::StaleToken { .. })),
         "{late:?}"
     );
+    assert_swept(&mut state, &t.a_lease, "the holder's late commit");
     commit(&mut state, &stores, &t.b, &backup, 1, 2, true)
         .await
         .expect("the backup ends the shard");
-    // a's staged outputs are swept.
-    let sweeps = state.take_sweeps();
-    let a_attempt = t.a_lease.output_prefix.to_string();
-    assert!(
-        sweeps
-            .iter()
-            .any(|s| s.as_str().trim_end_matches('/') == a_attempt.trim_end_matches('/')),
-        "{a_attempt} not among {sweeps:?}"
-    );
     exactly_once(&mut state, &stores, &backup).await;
     let r = report(&mut state);
     assert_eq!((r.backups, r.backups_won), (1, 1));
@@ -189,11 +197,13 @@ async fn a_holder_that_commits_first_ends_the_backup() {
         .expect("the holder's commit wins");
     let (key, _) = revoked(&mut t.b_events).expect("the backup is told to stop");
     assert_eq!(key.token, backup.token);
+    assert_swept(&mut state, &backup, "the backup, as it loses");
     let late = commit(&mut state, &stores, &t.b, &backup, 0, 1, false).await;
     assert!(
         matches!(late, Err(CoordinatorError::StaleToken { .. })),
         "{late:?}"
     );
+    assert_swept(&mut state, &backup, "the backup's late commit");
     commit(&mut state, &stores, &t.a, &t.a_lease, 1, 2, true)
         .await
         .expect("the holder ends the shard");

@@ -205,3 +205,53 @@ async fn the_spend_that_paused_a_job_is_stored_with_the_pause() {
     assert_eq!(info(&state, "j").state, JobState::Paused);
     assert!(seconds <= 2, "ran {seconds} s more on a cap raised by 1");
 }
+
+/// Issue 63, point 3: a budget pause stops the spend within a tick and
+/// grants nothing after it. Spend is checked at each tick (here every
+/// second, as the coordinator's); one worker at 1 a second passes a cap of
+/// 10 by at most one tick's worth; the holder is told to drain; and no
+/// session, new or old, gets a lease while the job is paused.
+#[tokio::test(start_paused = true)]
+async fn a_budget_pause_stops_within_a_tick_drains_the_holder_and_grants_nothing() {
+    let stores = Stores::new();
+    let mut state = recover_priced(&stores).await;
+    submit_capped(&mut state, &stores, "j", 10.0).await;
+    let (a, mut a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    let mut ticks = 0;
+    while info(&state, "j").state == JobState::Running {
+        ticks += 1;
+        assert!(ticks <= 20, "no pause after {ticks} ticks");
+        hold(&mut state, &a, &lease, 1).await;
+    }
+    let paused = info(&state, "j");
+    assert_eq!(paused.state, JobState::Paused);
+    let spent = paused.cost_so_far.expect("priced");
+    assert!(
+        (10.0..=11.0 + 1e-6).contains(&spent),
+        "at most one tick of one worker past the cap: spent {spent}"
+    );
+    let reason = paused.reason.expect("a reason");
+    assert_eq!(
+        reason,
+        format!("budget of 10.00 reached (spent {spent:.2})")
+    );
+    // The holder is asked to checkpoint and give its lease back.
+    let mut drained = Vec::new();
+    while let Ok(event) = a_events.try_recv() {
+        if let SessionEvent::Drain { leases, .. } = event {
+            drained.extend(leases);
+        }
+    }
+    assert_eq!(drained, vec![lease.key()]);
+    // Nobody gets a lease of the paused job: not a fresh session, not the
+    // holder asking again.
+    let (b, _b_events) = register(&mut state, "b");
+    for session in [&b, &a] {
+        let answer = state.acquire(session);
+        assert!(
+            !matches!(answer, Ok(AcquireOutcome::Lease(_))),
+            "a lease after the budget pause: {answer:?}"
+        );
+    }
+}

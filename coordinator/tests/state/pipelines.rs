@@ -360,3 +360,96 @@ async fn a_succeeded_stage_lets_go_of_its_shards_while_the_next_reads_it_and_a_r
         "once the downstream ended"
     );
 }
+
+/// The committed objects of `job_id` (its shards' progress), exactly: what
+/// a downstream shard may read.
+fn committed_objects(state: &Inline, job_id: &str) -> BTreeSet<String> {
+    listed(state.job_outputs(job_id).expect("outputs"))
+        .into_iter()
+        .map(|e| e.object.uri)
+        .collect()
+}
+
+/// Issue 63, point 4: an upstream commit that would pass `max_pending` is
+/// held, and the downstream gains no shard until it is released; a stale
+/// upstream commit, and an object staged but never committed, add none;
+/// every downstream shard reads an object the upstream committed.
+#[tokio::test(start_paused = true)]
+async fn a_held_commit_feeds_nothing_until_released_and_stale_or_staged_objects_never() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    submit_pipeline(&mut state, &stores, 40, 2).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let (b, _b_events) = register(&mut state, "b");
+    let first = leased(state.acquire(&a));
+    let second = leased(state.acquire(&b));
+    assert_eq!((first.job_id.as_str(), second.job_id.as_str()), (UP, UP));
+    // a's two objects fill max_pending.
+    commit(&mut state, &stores, &a, &first, 0, 1, false).await;
+    commit(&mut state, &stores, &a, &first, 1, SHARD_BATCHES, true).await;
+    assert_eq!(info(&state, DOWN).shards_total, 2);
+    // b's commit would make 3: held, unanswered, and nothing fed.
+    let up_done = info(&state, UP).records_done;
+    let held = state
+        .commit(staged(&stores, checkpoint(&b, &second, 0, 1)).await)
+        .await;
+    assert!(
+        matches!(held, Err(CoordinatorError::ShuttingDown)),
+        "held, not answered: {held:?}"
+    );
+    assert_eq!(info(&state, DOWN).shards_total, 2, "fed while held");
+    assert_eq!(info(&state, UP).records_done, up_done, "applied while held");
+    state.tick().await;
+    assert_eq!(
+        info(&state, DOWN).shards_total,
+        2,
+        "fed by a tick while held"
+    );
+    // The downstream consumes one: the held commit is applied and fed.
+    let (c, _c_events) = register(&mut state, "c");
+    let read = leased(state.acquire(&c));
+    assert_eq!(read.job_id, DOWN);
+    let mut done = last_checkpoint(&c, &read, 0);
+    done.records = read.shard.records.unwrap_or(0);
+    done.outputs[0].records = done.records;
+    state
+        .commit(staged(&stores, done).await)
+        .await
+        .expect("the downstream's commit");
+    assert_eq!(info(&state, DOWN).shards_total, 3, "fed once released");
+    assert_eq!(
+        info(&state, UP).records_done,
+        up_done + BATCH,
+        "applied once released"
+    );
+    assert_eq!(
+        stored_progress(&stores, UP, &second.shard.id)
+            .await
+            .next_batch,
+        1
+    );
+
+    // An object b stages and does not commit is never planned.
+    let never = staged(&stores, checkpoint(&b, &second, 1, 2)).await;
+    assert!(never.outputs[0].uri.contains("/staging/"), "{never:?}");
+    state.tick().await;
+    assert_eq!(info(&state, DOWN).shards_total, 3, "a staged object fed");
+    // Its lease lapses: the commit, stale now, is refused and feeds nothing.
+    expire_leases(&mut state).await;
+    let late = state.commit(never).await;
+    assert!(late.is_err(), "a stale commit taken: {late:?}");
+    assert_eq!(info(&state, DOWN).shards_total, 3, "a stale commit fed");
+    // Every downstream shard so far reads an object the upstream
+    // committed, by its exact name.
+    let committed = committed_objects(&state, UP);
+    let (e, _e_events) = register(&mut state, "e");
+    while let Ok(AcquireOutcome::Lease(lease)) = state.acquire(&e) {
+        if lease.job_id != DOWN {
+            continue;
+        }
+        let stoke_core::plan::ShardSource::Parquet { uri, .. } = &lease.shard.source else {
+            panic!("a Parquet shard: {:?}", lease.shard.source);
+        };
+        assert!(committed.contains(uri), "{uri} is not among {committed:?}");
+    }
+}
