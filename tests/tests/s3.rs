@@ -234,6 +234,70 @@ fn a_job_survives_the_s3_server_stopping_and_starting_again() {
     env.assert_no_secrets_in_logs();
 }
 
+/// Issue 58: the coordinator's store black-holed for 30 s (its requests
+/// held, unanswered, as a network partition does; not refused as by a
+/// stopped server): the outage is said in `stoke status`, its `--json`
+/// and `/metrics` while it lasts, from the silence alone, and the job goes
+/// on after the heal, exactly once.
+#[test]
+fn a_coordinator_whose_store_goes_silent_says_so_and_resumes_exactly_once() {
+    let env = TestEnv::new(Backend::S3);
+    let proxy = S3Proxy::start(env.s3.as_ref().expect("server").port);
+    let endpoint = proxy.endpoint();
+    let coordinator = env.coordinator_with_env(&[], &[("STOKE_STORE_ENDPOINT", endpoint.as_str())]);
+    let text_spec = std::fs::read_to_string(spec(&env, "")).expect("spec");
+    let job_id = coordinator.submit(&env.write_spec(
+        "small.toml",
+        &text_spec.replace("batch_size = 50", "batch_size = 5"),
+    ));
+    let _workers: Vec<Proc> = (0..2)
+        .map(|i| coordinator.worker("stoke-worker", &format!("w{i}"), env.dir()))
+        .collect();
+    wait_until("a first commit", DEADLINE, || {
+        (records_done(&coordinator, &job_id) > 0).then_some(())
+    });
+    proxy.set(Faults {
+        black_hole: true,
+        ..Faults::default()
+    });
+    let cut_at = std::time::Instant::now();
+    let said = wait_until("the silence in `stoke status`", DEADLINE, || {
+        let out = coordinator.cli(&["status", &job_id]);
+        let t = String::from_utf8_lossy(&out.stdout).into_owned();
+        t.contains("store: not answering since").then_some(t)
+    });
+    assert!(said.contains("(state root s3://"), "{said}");
+    let events = coordinator.status(&job_id)["events"].to_string();
+    assert!(events.contains("store: not answering since"), "{events}");
+    let http = coordinator.http_addr.clone();
+    let (_, metrics) = http_get(&http, "/metrics").expect("metrics");
+    assert!(
+        metric(&metrics, "stoke_store_not_answering_seconds") > Some(0.0),
+        "{metrics}"
+    );
+    // Nothing is committed while the store is silent.
+    let during = records_done(&coordinator, &job_id);
+    // The silence lasts 30 s, the coordinator counting it all along.
+    wait_until("30 s of silence", DEADLINE, || {
+        let (_, metrics) = http_get(&http, "/metrics")?;
+        let counted = metric(&metrics, "stoke_store_not_answering_seconds")?;
+        (cut_at.elapsed() >= Duration::from_secs(30) && counted >= 15.0).then_some(())
+    });
+    assert_eq!(records_done(&coordinator, &job_id), during);
+    assert!(proxy.held().0 > 0, "the coordinator's requests were held");
+    proxy.set(Faults::default());
+    wait_until("the store said to answer again", DEADLINE, || {
+        let events = coordinator.status(&job_id)["events"].to_string();
+        events
+            .contains("store: answering again after")
+            .then_some(())
+    });
+    coordinator.wait_success(&job_id);
+    let manifest = env.manifest(&job_id);
+    assert_eq!(manifest.records_in, 3000);
+    assert_matches_reference(&committed_rows(&manifest));
+}
+
 /// Workers reach the store through a fault-injecting proxy; the
 /// coordinator reaches it directly.
 fn workers_behind_proxy(
