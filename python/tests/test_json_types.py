@@ -182,9 +182,6 @@ def test_the_same_on_local_workers_and_through_client(data, tmp_path, cluster):
     last = list(client.watch(job["job_id"], poll=0.05))[-1]
     assert last["state"] == "succeeded", last
     manifest = json.loads(pathlib.Path(last["manifest_uri"].removeprefix("file://")).read_text())
-    got = {}
-    for o in manifest["outputs"]:
-        for row in pq.read_table(o["uri"].removeprefix("file://")).to_pylist():
-            got[row["id"]] = row
+    got = outputs(manifest)
     check_predictions(got, data, [r["id"] for r in data["rows"]])
     assert {r["features_dtype"] for r in got.values()} == {"torch.float32"}

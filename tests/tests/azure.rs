@@ -11,11 +11,20 @@ use stoke_tests::*;
 fn the_server_honours_the_conditional_writes_stoke_relies_on() {
     let env = TestEnv::new(Backend::Azure);
     store_checks::assert_conditional_writes(&env);
-    // A copy that must not replace an object refuses an existing one.
+    // A server-side copy to a fresh key holds the source's bytes; over an
+    // existing key it replaces it (`Stores::copy` replaces by design: a
+    // commit retried after a lost answer copies again to the same name).
     let stores = env.stores();
     let uri = StoreUri::parse(&env.uri("cas/record.json")).expect("uri");
     let to = StoreUri::parse(&env.uri("cas/copy.json")).expect("uri");
     env.block_on(stores.copy(&uri, &to)).expect("copy");
+    assert_eq!(
+        env.block_on(stores.get(&to)).expect("read copy"),
+        Bytes::from_static(b"2")
+    );
+    env.block_on(stores.put(&to, Bytes::from_static(b"other")))
+        .expect("overwrite the copy");
+    env.block_on(stores.copy(&uri, &to)).expect("copy again");
     assert_eq!(
         env.block_on(stores.get(&to)).expect("read copy"),
         Bytes::from_static(b"2")

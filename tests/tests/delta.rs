@@ -97,12 +97,24 @@ backend_tests! {
         let coordinator = env.coordinator(&[]);
         let spec = delta_spec(&env, "job.toml", &table_uri, "commit = \"checkpoint\"");
         let job = coordinator.submit(&spec);
-        let _w = coordinator.worker("stoke-worker", "w1", env.dir());
+        // Each commit 100 ms after its upload: commits arrive one at a time,
+        // each its own progress group (commits that arrive while a group is
+        // written join the next one, and the worker no longer waits for
+        // each answer before it goes on: ADR 021), so the table gets one
+        // version per commit, past the tenth.
+        let _w = coordinator.worker_with(
+            "stoke-worker",
+            "w1",
+            env.dir(),
+            &[],
+            &[("FAILPOINTS", "worker::after_upload_before_commit=sleep(100)")],
+        );
         coordinator.wait_success(&job);
         let table = read_table(&env, &table_uri, &[&job]);
         assert_rows_match_reference(&table, 1);
         // Many commits, each a group's objects (the fixture job commits
         // 23 times); the manifest names every one.
+        assert!(table.version >= 10, "{:?}", table.commits);
         assert!(table.commits.len() > 1, "{:?}", table.commits);
         let manifest = env.manifest(&job);
         let delta = manifest.delta.expect("the manifest's delta");

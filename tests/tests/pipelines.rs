@@ -24,26 +24,27 @@ fn metric(coordinator: &Coordinator, series: &str) -> Option<u64> {
 }
 
 fn records_done(coordinator: &Coordinator, job: &str) -> u64 {
-    coordinator.status(job)["records_done"]
+    let s = coordinator.status(job);
+    s["records_done"]
         .as_u64()
-        .unwrap_or_default()
+        .unwrap_or_else(|| panic!("no records_done: {s}"))
 }
 
 /// The count of objects the downstream has been fed and not consumed.
 fn unconsumed(coordinator: &Coordinator) -> u64 {
     let s = coordinator.status("pl-classify");
-    let total = s["shards_total"].as_u64().unwrap_or_default();
-    let done = coordinator
-        .api_status()
-        .and_then(|page| {
-            page["jobs"].as_array().and_then(|jobs| {
-                jobs.iter()
-                    .find(|j| j["id"] == "pl-classify")
-                    .and_then(|j| j["shards"]["done"].as_u64())
-            })
-        })
-        .unwrap_or_default();
-    total.saturating_sub(done)
+    let total = s["shards_total"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no shards_total: {s}"));
+    let page = coordinator.api_status().expect("/api/status");
+    let done = page["jobs"]
+        .as_array()
+        .and_then(|jobs| jobs.iter().find(|j| j["id"] == "pl-classify"))
+        .and_then(|j| j["shards"]["done"].as_u64())
+        .unwrap_or_else(|| panic!("no shards.done for pl-classify: {page}"));
+    total
+        .checked_sub(done)
+        .unwrap_or_else(|| panic!("{done} done of {total}"))
 }
 
 /// Two stages over the fixture: `features` passed through by a Python
@@ -143,9 +144,19 @@ fn a_cpu_stage_feeds_a_gpu_stage_and_the_result_equals_one_stage() {
     let prep = coordinator.status("pl-prep");
     let classify = coordinator.status("pl/classify");
     assert_eq!(classify["records_done"], 3000);
-    assert!(
-        classify["shards_total"].as_u64() >= prep["shards_total"].as_u64(),
-        "{prep}\n{classify}"
+    // One shard per object the first stage committed, and one more per
+    // split of them at the tail.
+    let objects = manifest(&root, "pl-prep").outputs.len() as u64;
+    let out = coordinator.cli(&["report", "pl-classify", "--json"]);
+    let classify_report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("report json");
+    let splits = classify_report["shards_split"]
+        .as_u64()
+        .expect("shards_split");
+    assert_eq!(
+        classify["shards_total"].as_u64(),
+        Some(objects + splits),
+        "{prep}\n{classify}\n{classify_report}"
     );
     // Intermediates are deleted once consumed.
     wait_until("the intermediates deleted", DEADLINE, || {
@@ -334,7 +345,7 @@ fn with_the_downstream_paused_no_more_than_max_pending_objects_wait() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report json");
     let held = report["stages"][0]["report"]["held_back_s"]
         .as_f64()
-        .unwrap_or_default();
+        .expect("held_back_s");
     assert!(held > 0.0, "{report}");
     assert_eq!(report["slowest_stage"], "classify", "{report}");
     let out = coordinator.cli(&["report", "pl"]);
