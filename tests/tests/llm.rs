@@ -429,6 +429,7 @@ fn completions_equal_vllm_offline_through_engine_and_worker_kills() {
     const BATCH: u64 = 4;
     const HELD: u64 = 8 / BATCH + 1 + 1;
     let redone = report["redone_batches"].as_u64().expect("redone_batches");
+    eprintln!("redone {redone} batches; {counted} tokens counted, {committed} committed");
     assert!(
         redone <= 2 * HELD,
         "redone {redone} > {}: {report}",
