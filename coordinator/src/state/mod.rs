@@ -719,7 +719,7 @@ struct Session {
     /// Its processor threads' time, as last reported.
     stages: StageTotals,
     /// (job id, shard index) of every lease this session holds.
-    leases: HashSet<(String, usize)>,
+    leases: BTreeSet<(String, usize)>,
     /// Since when it has asked for work and got none (for the lease-wait
     /// histogram).
     waiting_since: Option<Instant>,
@@ -752,7 +752,7 @@ pub struct State {
     /// ran thousands of jobs leases as fast as a new one.
     released: BTreeMap<String, Job>,
     order: Vec<String>,
-    sessions: HashMap<String, Session>,
+    sessions: BTreeMap<String, Session>,
     /// Sessions answered `Wait` or `Idle` since their last lease, oldest
     /// first: they get a `Wake` when work may be there for them.
     waiting: VecDeque<String>,
@@ -761,7 +761,7 @@ pub struct State {
     /// What the owner is to do, in order (see [`State::take_effects`]).
     effects: Vec<Effect>,
     /// Writes in flight, and what to do when each is done.
-    in_flight: HashMap<IoId, Then>,
+    in_flight: BTreeMap<IoId, Then>,
     io_seq: IoId,
     /// Stride scheduling's virtual time: the pass of the job served last.
     vtime: f64,
@@ -796,12 +796,12 @@ impl State {
             jobs: BTreeMap::new(),
             released: BTreeMap::new(),
             order: Vec::new(),
-            sessions: HashMap::new(),
+            sessions: BTreeMap::new(),
             waiting: VecDeque::new(),
             counters: Counters::default(),
             histograms: Histograms::default(),
             effects: Vec::new(),
-            in_flight: HashMap::new(),
+            in_flight: BTreeMap::new(),
             io_seq: 0,
             vtime: 0.0,
             stage_waits_at: None,

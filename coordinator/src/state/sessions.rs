@@ -50,7 +50,7 @@ impl State {
                 pool: registration.pool,
                 devices: registration.devices,
                 stages: StageTotals::default(),
-                leases: HashSet::new(),
+                leases: std::collections::BTreeSet::new(),
                 waiting_since: None,
                 paces: Default::default(),
                 reported: Default::default(),
