@@ -31,6 +31,8 @@ import tempfile
 import threading
 import time
 
+from straggler import wait_file
+
 
 class DelayProxy:
     """Forwards 127.0.0.1:<port> to `upstream`, every chunk `delay` seconds
@@ -87,18 +89,6 @@ class DelayProxy:
         finally:
             queue.put_nowait((0, None))
             await sender
-
-
-def wait_file(path, proc, what):
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if os.path.exists(path) and os.path.getsize(path) > 0:
-            with open(path) as f:
-                return f.read().strip()
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited before it was ready")
-        time.sleep(0.01)
-    sys.exit(f"{what} not ready within 60 s")
 
 
 def spec_text(w1_dir, interval, model):

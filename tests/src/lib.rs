@@ -291,15 +291,19 @@ pub fn assert_matches_reference(rows: &HashMap<String, Vec<Prediction>>) {
         "outputs for unknown ids, e.g. {unknown:?}"
     );
     for (id, want) in reference {
-        let got = &rows[id][0];
-        assert_eq!(got.argmax, want.argmax, "prediction for {id}");
-        assert_eq!(got.scores.len(), want.scores.len(), "scores for {id}");
-        for (a, b) in got.scores.iter().zip(&want.scores) {
-            assert!(
-                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                "score for {id}: {a} vs {b}"
-            );
-        }
+        assert_same_prediction(id, &rows[id][0], want);
+    }
+}
+
+/// `got` is the reference's prediction `want` for record `id`.
+fn assert_same_prediction(id: &str, got: &Prediction, want: &Prediction) {
+    assert_eq!(got.argmax, want.argmax, "prediction for {id}");
+    assert_eq!(got.scores.len(), want.scores.len(), "scores for {id}");
+    for (a, b) in got.scores.iter().zip(&want.scores) {
+        assert!(
+            (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+            "score for {id}: {a} vs {b}"
+        );
     }
 }
 
@@ -313,13 +317,7 @@ pub fn assert_part_matches_reference(rows: &HashMap<String, Vec<Prediction>>, n:
             .get(id)
             .unwrap_or_else(|| panic!("an output for an unknown id {id}"));
         assert_eq!(got.len(), 1, "record {id} committed {} times", got.len());
-        assert_eq!(got[0].argmax, want.argmax, "prediction for {id}");
-        for (a, b) in got[0].scores.iter().zip(&want.scores) {
-            assert!(
-                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                "score for {id}: {a} vs {b}"
-            );
-        }
+        assert_same_prediction(id, &got[0], want);
     }
 }
 

@@ -20,6 +20,37 @@ fn spec(env: &TestEnv, extra: &str) -> String {
     env.write_spec("job.toml", &text)
 }
 
+/// The fixture job in batches of 5, a checkpoint each: hundreds of
+/// commits, so it is still early when the first one shows and a holder
+/// writes to the store every few milliseconds. Submitted; its id.
+fn submit_small_batches(env: &TestEnv, coordinator: &Coordinator) -> String {
+    let text = std::fs::read_to_string(spec(env, "")).expect("spec");
+    coordinator.submit(&env.write_spec(
+        "small.toml",
+        &text.replace("batch_size = 50", "batch_size = 5"),
+    ))
+}
+
+/// The job's output folder holds the manifest's objects, exactly.
+fn assert_output_folder_is_manifest(
+    env: &TestEnv,
+    job_id: &str,
+    manifest: &stoke_core::records::Manifest,
+) {
+    let mut in_folder = env.list(&format!("{}/jobs/{job_id}/outputs/", env.root()));
+    in_folder.sort();
+    let mut listed: Vec<String> = manifest
+        .outputs
+        .iter()
+        .map(|o| o.object.uri.clone())
+        .collect();
+    listed.sort();
+    assert_eq!(
+        in_folder, listed,
+        "the output folder is the manifest, exactly"
+    );
+}
+
 fn records_done(coordinator: &Coordinator, job_id: &str) -> u64 {
     coordinator.status(job_id)["records_done"]
         .as_u64()
@@ -158,13 +189,7 @@ fn missing_credentials_are_refused_naming_the_uri_and_the_variables() {
 fn a_job_survives_the_s3_server_stopping_and_starting_again() {
     let mut env = TestEnv::new(Backend::S3);
     let coordinator = env.coordinator(&[]);
-    // Small batches, a checkpoint each: hundreds of commits, so the job is
-    // still early when the first one shows.
-    let text = std::fs::read_to_string(spec(&env, "")).expect("spec");
-    let job_id = coordinator.submit(&env.write_spec(
-        "small.toml",
-        &text.replace("batch_size = 50", "batch_size = 5"),
-    ));
+    let job_id = submit_small_batches(&env, &coordinator);
     let workers: Vec<Proc> = (0..2)
         .map(|i| coordinator.worker("stoke-worker", &format!("w{i}"), env.dir()))
         .collect();
@@ -245,11 +270,7 @@ fn a_coordinator_whose_store_goes_silent_says_so_and_resumes_exactly_once() {
     let proxy = S3Proxy::start(env.s3.as_ref().expect("server").port);
     let endpoint = proxy.endpoint();
     let coordinator = env.coordinator_with_env(&[], &[("STOKE_STORE_ENDPOINT", endpoint.as_str())]);
-    let text_spec = std::fs::read_to_string(spec(&env, "")).expect("spec");
-    let job_id = coordinator.submit(&env.write_spec(
-        "small.toml",
-        &text_spec.replace("batch_size = 50", "batch_size = 5"),
-    ));
+    let job_id = submit_small_batches(&env, &coordinator);
     let _workers: Vec<Proc> = (0..2)
         .map(|i| coordinator.worker("stoke-worker", &format!("w{i}"), env.dir()))
         .collect();
@@ -370,13 +391,7 @@ fn a_worker_cut_off_from_the_store_gives_its_lease_back_within_the_bound() {
     let env = TestEnv::new(Backend::S3);
     let proxy = S3Proxy::start(env.s3.as_ref().expect("server").port);
     let coordinator = env.coordinator(&[]);
-    // Small batches, a checkpoint each: the job lasts, and a holder
-    // writes to the store every few milliseconds.
-    let text = std::fs::read_to_string(spec(&env, "")).expect("spec");
-    let job_id = coordinator.submit(&env.write_spec(
-        "small.toml",
-        &text.replace("batch_size = 50", "batch_size = 5"),
-    ));
+    let job_id = submit_small_batches(&env, &coordinator);
     // 2 s a request, 1 s to connect: it gives up after 2 + 1 + 2 = 5 s
     // (the defaults make 65 s; without the bound, retries ran for 120 s).
     let endpoint = proxy.endpoint();
@@ -457,18 +472,7 @@ fn a_worker_cut_off_from_the_store_gives_its_lease_back_within_the_bound() {
     );
     let manifest = env.manifest(&job_id);
     assert_matches_reference(&committed_rows(&manifest));
-    let mut in_folder = env.list(&format!("{}/jobs/{job_id}/outputs/", env.root()));
-    in_folder.sort();
-    let mut listed: Vec<String> = manifest
-        .outputs
-        .iter()
-        .map(|o| o.object.uri.clone())
-        .collect();
-    listed.sort();
-    assert_eq!(
-        in_folder, listed,
-        "the output folder is the manifest, exactly"
-    );
+    assert_output_folder_is_manifest(&env, &job_id, &manifest);
     wait_until("the staging folder to be empty", DEADLINE, || {
         env.list(&format!("{}/jobs/{job_id}/staging/", env.root()))
             .is_empty()
@@ -561,18 +565,7 @@ fn failed_and_retried_copies_into_the_output_folder_leave_it_exact() {
     assert!(proxy.counts().get("PUT copy").copied().unwrap_or(0) > 0);
     let manifest = env.manifest(&job_id);
     assert_matches_reference(&committed_rows(&manifest));
-    let mut in_folder = env.list(&format!("{}/jobs/{job_id}/outputs/", env.root()));
-    in_folder.sort();
-    let mut listed: Vec<String> = manifest
-        .outputs
-        .iter()
-        .map(|o| o.object.uri.clone())
-        .collect();
-    listed.sort();
-    assert_eq!(
-        in_folder, listed,
-        "the output folder is the manifest, exactly"
-    );
+    assert_output_folder_is_manifest(&env, &job_id, &manifest);
     // The staging folder is swept once the job ended.
     wait_until("the staging folder to be swept", DEADLINE, || {
         env.list(&format!("{}/jobs/{job_id}/staging/", env.root()))

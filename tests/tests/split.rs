@@ -80,23 +80,6 @@ fn split_end(root: &Path, job_id: &str, shard: &str) -> Option<u64> {
     progress(root, job_id, shard)?.shard?.until_record()
 }
 
-/// Every file under `dir` (none when it does not exist).
-fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                todo.push(path);
-            } else {
-                out.push(path);
-            }
-        }
-    }
-    out
-}
-
 fn report(coordinator: &Coordinator, job_id: &str) -> EfficiencyReport {
     let out = coordinator.cli(&["report", job_id, "--json"]);
     assert!(out.status.success(), "stoke report: {}", text(&out.stderr));

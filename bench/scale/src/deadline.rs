@@ -294,10 +294,16 @@ pub struct Summary<'a>(pub &'a [SeedReport]);
 impl fmt::Display for Summary<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let seeds = self.0;
-        let n = seeds.len().max(1) as f64;
-        let met = seeds.iter().filter(|s| s.met()).count();
-        let met_share = met as f64 / n;
-        let bills: Vec<f64> = seeds.iter().filter_map(|s| s.over(s.bill)).collect();
+        let Targets {
+            met,
+            met_share,
+            bills,
+            within,
+            etas,
+            eta_max,
+            paused,
+            over_max,
+        } = self.targets();
         let costs: Vec<f64> = seeds.iter().filter_map(|s| s.over(s.job_cost)).collect();
         let mean = |xs: &[f64]| (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64);
         let bill_max = quantile(&bills, 1.0);
@@ -314,16 +320,7 @@ impl fmt::Display for Summary<'_> {
         let of_fleet = |part: f64| share(Some(part / fleet_s));
         let starting: f64 = seeds.iter().map(|s| s.time.starting_s).sum();
         let idle: f64 = seeds.iter().map(|s| s.time.idle_s).sum();
-        let within = bills.iter().filter(|x| **x <= TARGET_SPEND_OVER).count();
-        let etas: Vec<f64> = seeds.iter().flat_map(|s| s.eta_errors.clone()).collect();
-        let eta_max = quantile(&etas, 1.0);
         let eta_p90 = quantile(&etas, 0.9);
-        let paused = seeds.iter().filter(|s| s.budget.paused.is_some()).count();
-        let overs: Vec<f64> = seeds
-            .iter()
-            .filter_map(|s| s.budget.overshoot_intervals)
-            .collect();
-        let over_max = quantile(&overs, 1.0);
         let verdict = |ok: bool| if ok { "met" } else { "missed" };
         write!(
             f,
@@ -370,33 +367,59 @@ impl fmt::Display for Summary<'_> {
     }
 }
 
+/// The figures the targets are judged on, over all seeds.
+struct Targets {
+    met: usize,
+    met_share: f64,
+    /// Each seed's bill over the optimum's.
+    bills: Vec<f64>,
+    /// Seeds whose bill is within `TARGET_SPEND_OVER`.
+    within: usize,
+    etas: Vec<f64>,
+    eta_max: Option<f64>,
+    paused: usize,
+    over_max: Option<f64>,
+}
+
 impl Summary<'_> {
-    /// The targets missed, by name (the same verdicts the summary line
-    /// prints): `bench/run.sh scale-deadline` fails on any.
-    pub fn missed(&self) -> Vec<&'static str> {
+    fn targets(&self) -> Targets {
         let seeds = self.0;
-        let n = seeds.len().max(1) as f64;
-        let met = seeds.iter().filter(|s| s.met()).count() as f64 / n;
+        let met = seeds.iter().filter(|s| s.met()).count();
         let bills: Vec<f64> = seeds.iter().filter_map(|s| s.over(s.bill)).collect();
         let within = bills.iter().filter(|x| **x <= TARGET_SPEND_OVER).count();
         let etas: Vec<f64> = seeds.iter().flat_map(|s| s.eta_errors.clone()).collect();
         let eta_max = quantile(&etas, 1.0);
-        let paused = seeds.iter().filter(|s| s.budget.paused.is_some()).count();
         let overs: Vec<f64> = seeds
             .iter()
             .filter_map(|s| s.budget.overshoot_intervals)
             .collect();
-        let over_max = quantile(&overs, 1.0);
+        Targets {
+            met,
+            met_share: met as f64 / seeds.len().max(1) as f64,
+            bills,
+            within,
+            etas,
+            eta_max,
+            paused: seeds.iter().filter(|s| s.budget.paused.is_some()).count(),
+            over_max: quantile(&overs, 1.0),
+        }
+    }
+
+    /// The targets missed, by name (the same verdicts the summary line
+    /// prints): `bench/run.sh scale-deadline` fails on any.
+    pub fn missed(&self) -> Vec<&'static str> {
+        let n = self.0.len();
+        let t = self.targets();
         let checks = [
-            ("deadlines met", met >= TARGET_MET_SHARE),
-            ("bill within 10% of the optimum", within == seeds.len()),
+            ("deadlines met", t.met_share >= TARGET_MET_SHARE),
+            ("bill within 10% of the optimum", t.within == n),
             (
                 "forecast error",
-                eta_max.is_some_and(|x| x <= TARGET_ETA_ERROR),
+                t.eta_max.is_some_and(|x| x <= TARGET_ETA_ERROR),
             ),
             (
                 "budget overshoot",
-                paused == seeds.len() && over_max.is_some_and(|x| x <= TARGET_OVERSHOOT_INTERVALS),
+                t.paused == n && t.over_max.is_some_and(|x| x <= TARGET_OVERSHOOT_INTERVALS),
             ),
         ];
         checks

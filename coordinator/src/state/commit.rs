@@ -509,6 +509,7 @@ impl State {
         let key = &commit.key;
         let deadline = now + self.config.lease_timeout;
         let worker = self.worker_of(&commit.session_id);
+        let at_ms = self.unix_ms(now);
         let sessions = &mut self.sessions;
         let job = self
             .jobs
@@ -546,7 +547,6 @@ impl State {
         };
         job.set_progress(idx, progress);
         if job.store_trouble.remove(&worker) {
-            let at_ms = self.wall.map_or(0, |w| w.unix_ms(now));
             job.event(at_ms, format!("store: worker {worker} commits again"));
         }
         // The holder's pace (`pace.rs`): what it committed, by wall time.

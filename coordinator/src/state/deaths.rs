@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::crash::Death;
-use super::{ActiveLease, State};
+use super::{ActiveLease, Job, State};
 
 /// A lease of a closed session, kept until its worker is known to be alive
 /// (a reconnect) or dead.
@@ -199,19 +199,12 @@ impl State {
             job.set_progress(closed.idx, progress);
             return;
         }
-        let free = shard.lease().is_none() && shard.backup.is_none() && !shard.writing();
-        let Some(pos) = job
-            .pending
-            .iter()
-            .position(|&i| i == closed.idx)
-            .filter(|_| free)
-        else {
+        if !job.take_if_free(closed.idx) {
             // Another worker holds it (or its record is being written):
             // judged once it is free, and not leased before.
             self.deaths.owed.push((closed, worker.to_string()));
             return;
-        };
-        job.pending.remove(pos);
+        }
         if !self.lease_lost(
             &closed.job_id,
             closed.idx,
@@ -243,20 +236,9 @@ impl State {
         }
         let shard = &job.shards[closed.idx];
         let token = closed.lease.token;
-        let free = shard.lease().is_none()
-            && shard.backup.is_none()
-            && !shard.writing()
-            && !shard.progress.done
-            && token >= shard.progress.token;
-        let Some(pos) = job
-            .pending
-            .iter()
-            .position(|&i| i == closed.idx)
-            .filter(|_| free)
-        else {
+        if shard.progress.done || token < shard.progress.token || !job.take_if_free(closed.idx) {
             return false;
-        };
-        job.pending.remove(pos);
+        }
         let mut lease = ActiveLease::new(session_id, token, deadline, now);
         lease.current = closed.lease.current.clone();
         job.put_lease(closed.idx, lease);
@@ -272,5 +254,21 @@ impl State {
     /// Whether shard `idx` of `job_id` waits for a death to be judged.
     pub(super) fn death_owed(&self, job_id: &str, idx: usize) -> bool {
         self.deaths.owes(job_id, idx)
+    }
+}
+
+impl Job {
+    /// Takes shard `idx` off the queue if it waits there with nobody on it
+    /// (no holder, no backup, no record being written); true if it did.
+    fn take_if_free(&mut self, idx: usize) -> bool {
+        let shard = &self.shards[idx];
+        if shard.lease().is_some() || shard.backup.is_some() || shard.writing() {
+            return false;
+        }
+        let Some(pos) = self.pending.iter().position(|&i| i == idx) else {
+            return false;
+        };
+        self.pending.remove(pos);
+        true
     }
 }

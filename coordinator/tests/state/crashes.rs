@@ -420,16 +420,30 @@ fn reconnects(state: &Inline) -> u64 {
         .worker_reconnects
 }
 
+/// A machine with the crash job (`policy`, `threshold`) and worker
+/// `worker` (its process `proc-a`) whose session broke with batch 0 (8
+/// records) in flight: the machine, the closed session, its lease, and
+/// its events.
+async fn broken_mid_batch(
+    stores: &Stores,
+    policy: &str,
+    threshold: u32,
+    worker: &str,
+) -> (Inline, String, Lease, mpsc::Receiver<SessionEvent>) {
+    let mut state = recover(stores).await;
+    submit_crash_job(&mut state, stores, policy, threshold).await;
+    let (s, events) = register_as(&mut state, worker, "proc-a", Vec::new());
+    let lease = leased(state.acquire(&s));
+    started(&mut state, &s, &lease, 0, 0, 8, None);
+    state.session_closed(&s);
+    (state, s, lease, events)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_broken_session_whose_process_comes_back_blames_nothing_and_keeps_its_lease() {
     let stores = Stores::new();
-    let mut state = recover(&stores).await;
-    submit_crash_job(&mut state, &stores, "fail", 1).await;
-    let (s, _e) = register_as(&mut state, "w1", "proc-a", Vec::new());
-    let lease = leased(state.acquire(&s));
-    started(&mut state, &s, &lease, 0, 0, 8, None);
     // The link flaps: the session breaks, the shard goes back at once.
-    state.session_closed(&s);
+    let (mut state, _s, lease, _e) = broken_mid_batch(&stores, "fail", 1, "w1").await;
     state.run_writes().await;
     assert_eq!(state.get_job("j").expect("job").shards_leased, 0);
     // The same process registers again, still holding its lease: it keeps
@@ -465,12 +479,7 @@ async fn a_broken_session_whose_process_comes_back_blames_nothing_and_keeps_its_
 #[tokio::test(start_paused = true)]
 async fn a_process_that_does_not_come_back_within_the_lease_timeout_died() {
     let stores = Stores::new();
-    let mut state = recover(&stores).await;
-    submit_crash_job(&mut state, &stores, "skip", 2).await;
-    let (s, _e) = register_as(&mut state, "w1", "proc-a", Vec::new());
-    let lease = leased(state.acquire(&s));
-    started(&mut state, &s, &lease, 0, 0, 8, None);
-    state.session_closed(&s);
+    let (mut state, _s, _lease, _e) = broken_mid_batch(&stores, "skip", 2, "w1").await;
     state.run_writes().await;
     assert_eq!(
         shard_record(&stores).await.crashes,
@@ -491,12 +500,7 @@ async fn a_process_that_does_not_come_back_within_the_lease_timeout_died() {
 #[tokio::test(start_paused = true)]
 async fn a_new_process_of_the_worker_is_evidence_the_old_one_died() {
     let stores = Stores::new();
-    let mut state = recover(&stores).await;
-    submit_crash_job(&mut state, &stores, "skip", 2).await;
-    let (s, _e) = register_as(&mut state, "w1", "proc-a", Vec::new());
-    let lease = leased(state.acquire(&s));
-    started(&mut state, &s, &lease, 0, 0, 8, None);
-    state.session_closed(&s);
+    let (mut state, _s, _lease, _e) = broken_mid_batch(&stores, "skip", 2, "w1").await;
     // Started again by its supervisor: another process, holding nothing.
     let (s2, _e2) = register_as(&mut state, "w1", "proc-b", Vec::new());
     state.run_writes().await;
@@ -510,12 +514,7 @@ async fn a_new_process_of_the_worker_is_evidence_the_old_one_died() {
 #[tokio::test(start_paused = true)]
 async fn a_death_confirmed_while_another_holds_the_shard_is_judged_once_it_is_free() {
     let stores = Stores::new();
-    let mut state = recover(&stores).await;
-    submit_crash_job(&mut state, &stores, "skip", 1).await;
-    let (a, _ea) = register_as(&mut state, "a", "proc-a", Vec::new());
-    let lease = leased(state.acquire(&a));
-    started(&mut state, &a, &lease, 0, 0, 8, None);
-    state.session_closed(&a);
+    let (mut state, _a, lease, _ea) = broken_mid_batch(&stores, "skip", 1, "a").await;
     // Fast failover: b takes the shard at once.
     let (b, _eb) = register_as(&mut state, "b", "proc-b", Vec::new());
     let b_lease = leased(state.acquire(&b));
