@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Issue 60's benchmark rows: the pip-installed wheel against cargo's binaries.
 #
-#   bench/wheel.sh          # W1 `stoke run --local 2`: the wheel's `stoke` (launcher
-#                           #   and bundled binaries) against cargo's target/release/stoke,
-#                           #   paired, BENCH_RUNS pairs (default 9); then the bundled
-#                           #   binary run directly against cargo's; then a command's
-#                           #   start through the launcher (`stoke --version`)
+#   bench/wheel.sh          # W1 `stoke run --local 2`: the wheel's `stoke` (launcher,
+#                           #   bundled binary, workers run in the venv's Python: ADR 022)
+#                           #   against cargo's target/release/stoke (cargo's stoke-worker
+#                           #   binary), paired, BENCH_RUNS pairs (default 9); then the
+#                           #   bundled `stoke` run directly against cargo's; then a
+#                           #   command's start through the launcher (`stoke --version`)
 #   bench/wheel.sh cold     # cold installs (pip's cache off, the registry's download
 #                           #   included) of the stoke wheel and of stoke-client alone,
 #                           #   each into a fresh venv: time, download and installed size
@@ -30,6 +31,8 @@ log() { echo "bench: $*" >&2; }
 
 wheel="$(scripts/python-package.sh --release --no-install --wheel)"
 client_wheel="$(scripts/python-package.sh --release --no-install --client-wheel)"
+# cargo's side: stoke and the stoke-worker binary beside it.
+cargo build --release --locked -q -p stoke-cli -p stoke-worker --bins >&2
 base_python="$(python -c 'import os, sys; print(os.path.realpath(sys._base_executable))')"
 mib() { awk -v b="$1" 'BEGIN { printf "%.0f MiB", b / 1048576 }'; }
 
@@ -68,7 +71,7 @@ run() { echo "sh -c 'rm -rf $work/$1 && exec $2 run $w1/job.toml --local 2 --dev
 
 log "W1 --local 2: A = the wheel's stoke (launcher), B = cargo's target/release/stoke"
 eval "farm-bench -n $runs --warmup 1 --timeout 900 --vs \"$(run b "$cargo_stoke")\" -- $(run a "$venv/bin/stoke")"
-log "W1 --local 2: A = the wheel's bundled binary run directly, B = cargo's"
+log "W1 --local 2: A = the wheel's bundled stoke run directly (its workers in the venv's Python), B = cargo's"
 eval "farm-bench -n $runs --warmup 1 --timeout 900 --vs \"$(run b "$cargo_stoke")\" -- $(run a "$bundled")"
 log "a command's start: A = stoke --version through the launcher, B = the bundled binary"
 farm-bench -n 20 --warmup 2 --vs "$bundled --version" -- "$venv/bin/stoke" --version

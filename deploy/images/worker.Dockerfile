@@ -1,29 +1,28 @@
 # syntax=docker/dockerfile:1.7
 # The worker image: the stoke wheel (stoke-worker, the stoke CLI and the
-# stoke Python package; the binaries come built in it, so no Rust toolchain)
-# with torch 2.11.0 and its CUDA runtime libraries from PyPI (CUDA 13: GPU
-# nodes need an NVIDIA driver >= 580), on a Python base image, as a non-root
-# user. The build context is a folder holding the two release wheels, stoke
-# and stoke-client:
+# stoke Python package; nothing to compile, so no Rust toolchain) with torch
+# 2.11.0 and its CUDA runtime libraries from PyPI (CUDA 13: GPU nodes need
+# an NVIDIA driver >= 580), on a Python base image, as a non-root user. The
+# build context is a folder holding the two release wheels, stoke and
+# stoke-client:
 #
 #   scripts/python-package.sh --release --no-install --wheel   # prints the stoke wheel; stoke-client's is beside it
 #   docker build -f deploy/images/worker.Dockerfile -t stoke-worker:0.1.0 WHEEL_FOLDER
 #
-# scripts/image.sh builds and runs it here (buildah, a debootstrap stand-in
-# for the base image). PYTHON_IMAGE must be a CPython 3.11 image (the stoke
-# wheel is cp311) with a shared libpython3.11 (stoke-worker embeds CPython
-# for Python processors): the official python:3.11-slim-bookworm is.
-# PIP_ARGS passes pip options to the install (scripts/image.sh installs from
-# a local wheelhouse with "--no-index --find-links /wheelhouse").
+# scripts/image.sh builds and runs it here (buildah, debootstrap stand-ins
+# for the base images), on CPython 3.11 and 3.13. PYTHON_IMAGE may be any
+# CPython 3.11 or later image (both wheels are abi3); no shared libpython
+# is needed: the worker runs in the image's Python (ADR 022). PIP_ARGS
+# passes pip options to the install (scripts/image.sh installs from a local
+# wheelhouse with "--no-index --find-links /wheelhouse").
 #
-# Where libraries are found at run time: stoke-worker and stoke-embedded
-# (site-packages/stoke/bin/) carry the rpath $ORIGIN/../../torch/lib, the
-# torch wheel's libtorch beside them; libtorch_cuda.so finds cuDNN, cuBLAS,
-# NCCL and the CUDA runtime through its own rpath, $ORIGIN/../../nvidia/*/lib.
-# The commands in /opt/stoke/venv/bin are launchers (stoke/_launch.py) that
-# exec those binaries with STOKE_DEFAULT_PYTHON set to the venv's Python, in
-# which Python processors (`[processor] python = "module:Class"`) run with
-# the venv's torch, numpy, pyarrow and the stoke package. Add your code as a
+# Where libraries are found at run time: stoke-worker is the venv's Python
+# running the worker (stoke/_worker.py) through the compiled stoke._native,
+# whose rpath $ORIGIN/../torch/lib is the torch wheel's libtorch beside it;
+# libtorch_cuda.so finds cuDNN, cuBLAS, NCCL and the CUDA runtime through
+# its own rpath, $ORIGIN/../../nvidia/*/lib. Python processors
+# (`[processor] python = "module:Class"`) run in that same Python, with the
+# venv's torch, numpy, pyarrow and the stoke package. Add your code as a
 # layer (COPY to /opt/stoke/code, pip install your dependencies into
 # /opt/stoke/venv) or mount it; see the book,
 # docs/src/guide/processors/python.md ("Kubernetes"). LLM workers: add the
@@ -58,8 +57,8 @@ RUN site="$(/opt/stoke/venv/bin/python -c 'import sysconfig; print(sysconfig.get
  && stoke-worker --version && stoke --version \
  && /opt/stoke/venv/bin/python -c "import stoke, torch; assert torch.__version__.startswith('2.11.0'); stoke.TorchBatchProcessor"
 # OMP_WAIT_POLICY / GOMP_SPINCOUNT: how libtorch's OpenMP threads wait
-# (stoke_core::OPENMP_WAIT: spin about 0.1 ms, then sleep; the binaries would
-# otherwise re-run themselves once to set this). The GPUs themselves are
+# (stoke_core::OPENMP_WAIT: spin about 0.1 ms, then sleep; stoke-worker sets
+# them itself when they are unset, this only says so). The GPUs themselves are
 # chosen by the device plugin (NVIDIA_VISIBLE_DEVICES), not here.
 USER 10001:10001
 WORKDIR /tmp

@@ -263,10 +263,37 @@ impl LocalCoordinator {
 /// Never returns: the process exits when the worker stops.
 #[pyfunction]
 fn worker_main(py: Python<'_>, args: Vec<String>) -> PyResult<()> {
+    name_process(c"stoke-worker");
     py.detach(|| {
         let _ = stoke_worker::cli::worker_main_from(Registry::with_builtins(), args);
     });
     Ok(())
+}
+
+/// Runs `stoke-embedded` (what `stoke run --embedded` hands over to) with
+/// its command line `args` in this interpreter: `python -m stoke._embedded`.
+/// Never returns: the process exits when the job ends.
+#[pyfunction]
+fn embedded_main(py: Python<'_>, args: Vec<String>) -> PyResult<()> {
+    name_process(c"stoke-embedded");
+    py.detach(|| {
+        stoke::embedded_cli::embedded_main_from(args);
+    });
+    Ok(())
+}
+
+/// Names this process as the binary of a cargo build is named (its
+/// `comm`: what `ps -o comm`, `top` and `pkill stoke-worker` match), not
+/// `python3.X`: a pip install runs the worker in the package's Python.
+/// Called on the interpreter's main thread, whose name is the process's.
+#[allow(unsafe_code)]
+fn name_process(name: &std::ffi::CStr) {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16
+    // bytes (longer ones are cut) from the pointer, which `name` keeps
+    // alive for the call; it changes only the calling thread's name.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+    }
 }
 
 /// Writes `data` to a store URI (or path), replacing what is there.
@@ -311,6 +338,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_embedded, m)?)?;
     m.add_function(wrap_pyfunction!(worker_torch_version, m)?)?;
     m.add_function(wrap_pyfunction!(worker_main, m)?)?;
+    m.add_function(wrap_pyfunction!(embedded_main, m)?)?;
     m.add_function(wrap_pyfunction!(store_put, m)?)?;
     m.add_function(wrap_pyfunction!(store_get, m)?)?;
     m.add_class::<LocalCoordinator>()?;

@@ -1,17 +1,18 @@
 """A stoke worker in a Python process: ``python -m stoke._worker
 --coordinator ADDR ...`` takes the ``stoke-worker`` command line and runs
-Python processors in this interpreter. What ``torch_batch_process(...,
-workers=N)`` starts; the process exits when the worker stops."""
+Python processors in this interpreter. It is the ``stoke-worker`` command
+of a pip install, and what ``torch_batch_process(..., workers=N)`` starts;
+the process exits when the worker stops, with the binary's exit codes."""
 
 import sys
 
-# torch first: it loads libtorch, which the compiled module links to.
-import torch  # noqa: F401
-
-from . import _dataset, _native
+from . import _host
 
 
 def main() -> None:
+    _host.prepare()
+    from . import _dataset, _native
+
     # A worker process: DataLoader workers start from a fork server, not
     # by forking this multi-threaded process.
     _dataset.IN_WORKER = True

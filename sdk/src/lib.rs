@@ -11,10 +11,11 @@
 //!
 //! The `stoke` CLI (crate `stoke-cli`) is built on the client part, which
 //! does not link libtorch; `stoke run --embedded` runs `stoke-embedded`
-//! (`src/bin/stoke-embedded.rs`). Tested end to end by
+//! (`src/bin/stoke-embedded.rs`, [`embedded_cli`]). Tested end to end by
 //! `stoke-tests`.
 
 pub mod embedded;
+pub mod embedded_cli;
 pub mod error;
 pub mod link;
 

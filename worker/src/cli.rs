@@ -404,7 +404,22 @@ fn run_worker(registry: Registry, args: WorkerArgs) -> Result<WorkerExit, Worker
     // At once and in one line, before connecting or loading anything.
     crate::config::check_devices(&config.devices)?;
     #[cfg(feature = "python")]
-    if let Some(python) = args.python.as_deref().filter(|p| !p.trim().is_empty()) {
+    let hosting = crate::python::hosting_python();
+    #[cfg(feature = "python")]
+    if let (Some(python), Some(hosting)) = (args.python.as_deref(), hosting.as_deref()) {
+        let same = |p: &str| std::fs::canonicalize(p).ok();
+        if same(python) != same(hosting) {
+            tracing::warn!(
+                python,
+                hosting,
+                "--python/STOKE_PYTHON names another Python than the one this worker runs in (a pip install's stoke-worker, python -m stoke._worker): Python processors run in this one; start the worker with that Python to use it"
+            );
+        }
+    }
+    #[cfg(feature = "python")]
+    if let Some(python) = args.python.as_deref().filter(|p| !p.trim().is_empty())
+        && hosting.is_none()
+    {
         crate::python::use_python(python);
         let checked =
             crate::python::check_python().map_err(|e| WorkerError::Config(e.to_string()))?;

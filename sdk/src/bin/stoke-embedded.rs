@@ -1,90 +1,11 @@
 //! `stoke-embedded`: what `stoke run --embedded` hands over to. Runs a job
 //! in this one process (the coordinator's state machine and the worker's
-//! pipeline, no gRPC) and prints the same summary as `stoke run`. Lives
-//! apart from `stoke` because it links libtorch, whose start-up (about
-//! 0.4 s of static initialisers) the other commands need not pay.
-
-use std::path::Path;
-use std::time::Instant;
-
-use anyhow::Context;
-use clap::Parser;
-use stoke::{EmbeddedOptions, JobSpec, Registry, StoreUri};
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "stoke-embedded",
-    version,
-    about = "Run a job in this process (what `stoke run --embedded` runs)"
-)]
-struct Args {
-    #[command(flatten)]
-    job: stoke_client::RunArgs,
-}
-
-fn main() {
-    if let Err(e) = run() {
-        // The message and its causes; the debug form only with STOKE_DEBUG.
-        stoke_core::logging::print_fatal("stoke", &*e, &e);
-        std::process::exit(exit_code(&e));
-    }
-}
-
-/// The `stoke` CLI's exit codes (`docs/src/guide/cli.md`, "Exit codes"):
-/// 2 for bad input, 3 for a cancelled job, 1 for a failed one and anything
-/// else.
-fn exit_code(e: &anyhow::Error) -> i32 {
-    for cause in e.chain() {
-        if cause.downcast_ref::<stoke_core::SpecError>().is_some()
-            || cause.downcast_ref::<stoke_store::UriError>().is_some()
-        {
-            return 2;
-        }
-        if let Some(stoke::EmbeddedError::JobEnded { state, .. }) =
-            cause.downcast_ref::<stoke::EmbeddedError>()
-        {
-            return if *state == stoke_core::records::JobState::Cancelled {
-                3
-            } else {
-                1
-            };
-        }
-    }
-    1
-}
+//! pipeline, no gRPC) and prints the same summary as `stoke run`
+//! (`stoke::embedded_cli`, which `python -m stoke._embedded` runs too).
 
 // The OpenMP wait settings before libtorch loads: no second start.
 stoke_worker::openmp_wait_at_start!();
 
-fn run() -> anyhow::Result<()> {
-    stoke_worker::cli::ensure_openmp_wait();
-    stoke_worker::cli::keep_freed_memory();
-    let args = Args::parse();
-    stoke_core::logging::init_logging(stoke_core::logging::LogFormat::Text, "warn");
-    let spec = JobSpec::from_file(&args.job.spec)?;
-    let root = StoreUri::parse(
-        &StoreUri::resolve_path_or_uri(&args.job.root, Path::new("."))
-            .map_err(anyhow::Error::msg)?,
-    )?;
-    let mut options = EmbeddedOptions::new(root);
-    options.device = stoke_worker::config::parse_device(&args.job.device)?;
-    options.threads = args.job.threads;
-    options.job_id = args.job.job_id;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
-    let started = Instant::now();
-    let report = runtime.block_on(stoke::run_embedded(
-        spec,
-        Registry::with_builtins(),
-        options,
-    ))?;
-    print!("{}", stoke_client::summary::summary(&report.job));
-    eprintln!("took {:.1}s", started.elapsed().as_secs_f64());
-    drop(runtime);
-    // The job is committed and every file closed: skip libtorch's exit
-    // handlers (about 0.15 s).
-    stoke_worker::fatal::exit_now(0)
+fn main() {
+    stoke::embedded_cli::embedded_main_from(std::env::args().collect())
 }

@@ -63,7 +63,8 @@ pub(crate) fn start_fork_server_first() {
     START_FORK_SERVER.store(true, Ordering::Relaxed);
 }
 
-/// The interpreter, started and checked on first use.
+/// The interpreter, started and checked on first use. Call it on a thread
+/// that does not hold the GIL (see [`keep_thread_state`]).
 pub(crate) fn interp() -> Result<&'static Interp, PythonError> {
     INTERP
         .get_or_init(init)
@@ -154,10 +155,51 @@ pub(crate) fn probe(python: &str, what: &str) -> Result<Probe, String> {
     }
 }
 
+/// The interpreter this process runs in, when a Python process hosts the
+/// worker (`python -m stoke._worker`, a pip install's `stoke-worker`):
+/// Python processors run in it, whatever `--python` names. `None` in a
+/// worker binary, which starts its own.
+pub(crate) fn hosting_python() -> Option<String> {
+    // SAFETY: Py_IsInitialized may be called at any time.
+    if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
+        return None;
+    }
+    Python::attach(|py| {
+        let sys = py.import("sys").ok()?;
+        sys.getattr("executable").ok()?.extract::<String>().ok()
+    })
+}
+
+/// Gives the calling thread a Python thread state that lives as long as
+/// the thread, in a process a Python program hosts (the thread that
+/// started a worker binary's interpreter has one already). Call it on a
+/// thread that does not hold the GIL.
+///
+/// `import torch` on a thread makes that thread state pybind11's for the
+/// thread, kept in pybind11's own thread-local slot. A thread state that
+/// `Python::attach` made (PyGILState_Ensure) is deleted when the attach
+/// ends, and the thread's next attach makes another: torch's next
+/// `gil_scoped_acquire` on the thread (a TorchScript module's attribute
+/// set, for one) then deletes the stale one again, and the process dies of
+/// a segmentation fault. With this state held (the GIL released, its count
+/// left at one), every attach on the thread reuses it.
+fn keep_thread_state() {
+    // SAFETY: the interpreter is initialised (the caller checked) and this
+    // thread does not hold the GIL: PyGILState_Ensure makes (or finds) the
+    // thread's state and takes the GIL; PyEval_SaveThread releases the GIL
+    // and keeps that state, which stays the thread's (never released, so
+    // PyGILState's count for the thread never falls back to zero).
+    unsafe {
+        let _ = pyo3::ffi::PyGILState_Ensure();
+        let _ = pyo3::ffi::PyEval_SaveThread();
+    }
+}
+
 fn init() -> Result<Interp, String> {
     // SAFETY: Py_IsInitialized may be called at any time.
     let embedded_in_python = unsafe { pyo3::ffi::Py_IsInitialized() } != 0;
     let (python, probed) = if embedded_in_python {
+        keep_thread_state();
         ("this Python process".to_string(), None)
     } else {
         let (python, what) = chosen_python();

@@ -59,6 +59,12 @@ pub fn check_python() -> Result<String, PythonError> {
         .map_err(PythonError::Setup)
 }
 
+/// The interpreter hosting this worker, when a Python process runs it
+/// (`python -m stoke._worker`); `None` in a worker binary.
+pub fn hosting_python() -> Option<String> {
+    interp::hosting_python()
+}
+
 /// Uses `python` (an interpreter) for Python processors in this process;
 /// call before the first Python processor starts.
 pub fn use_python(python: &str) {
