@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import _loading
+from . import _host, _loading
 
 # DataLoader arguments the shards own: refused, as Determined refuses them.
 _REFUSED = {
@@ -29,10 +29,6 @@ _REFUSED = {
 # record left out) is loaded in this process instead.
 _WORKER_ARGS = ("num_workers", "prefetch_factor", "persistent_workers", "worker_init_fn", "multiprocessing_context", "timeout")
 
-
-# Set in a worker process started as `python -m stoke._worker` (an
-# embedded interpreter in a worker binary says so when it opens a feed).
-IN_WORKER = False
 
 
 class DatasetError(Exception):
@@ -185,7 +181,10 @@ class DatasetFeed:
         self.batch_size = batch_size
         self.count = count
         self.kwargs = dict(dataloader_kwargs)
-        self._in_worker = in_worker or IN_WORKER
+        # `_host.IN_WORKER`: set in a worker process started as `python -m
+        # stoke._worker` (an embedded interpreter in a worker binary says so
+        # when it opens a feed).
+        self._in_worker = in_worker or _host.IN_WORKER
         self._it = None
         self._next = None  # the first index of the batch `_it` yields next
 

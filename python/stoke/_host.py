@@ -30,6 +30,12 @@ import os
 import signal
 import sys
 
+# This process is a worker (python -m stoke._worker): DataLoader workers
+# start from a fork server, not by forking this multi-threaded process
+# (read by stoke._dataset, which the worker imports only when a Python
+# processor needs it).
+IN_WORKER = False
+
 # stoke_core::OPENMP_WAIT (core/src/lib.rs): both, unless the user set either.
 OPENMP_WAIT = (("OMP_WAIT_POLICY", "PASSIVE"), ("GOMP_SPINCOUNT", "10000"))
 

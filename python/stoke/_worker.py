@@ -11,11 +11,9 @@ from . import _host
 
 def main() -> None:
     _host.prepare()
-    from . import _dataset, _native
+    _host.IN_WORKER = True
+    from . import _native
 
-    # A worker process: DataLoader workers start from a fork server, not
-    # by forking this multi-threaded process.
-    _dataset.IN_WORKER = True
     _native.worker_main(["stoke-worker", *sys.argv[1:]])
 
 
