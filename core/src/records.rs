@@ -38,17 +38,32 @@ impl std::fmt::Display for JobState {
 }
 
 /// `jobs/<job>/status.json`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusRecord {
     pub state: JobState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// A pause at the job's budget cap (`[budget] max_cost`), stored with
+    /// the pause: a restarted coordinator knows it by this, not by the
+    /// reason's words, and resumes the job when the cap is raised. `None`
+    /// for any other state or pause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_pause: Option<BudgetPause>,
     pub updated_ms: u64,
     /// The job's lease-held worker time in ms (what its spend is counted
     /// from) as the change was made: stored with it, so the spend that
     /// paused a job at its cap survives a crash right after the pause.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_ms: Option<u64>,
+}
+
+/// What paused a job at its budget cap (see [`StatusRecord::budget_pause`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BudgetPause {
+    /// The cap it reached.
+    pub cap: f64,
+    /// What it had spent then.
+    pub spent: f64,
 }
 
 /// One object a checkpoint wrote.

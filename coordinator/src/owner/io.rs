@@ -395,6 +395,7 @@ async fn finish_job(finish: FinishJob, stores: &Stores) -> Result<()> {
     let status = StatusRecord {
         state: JobState::Succeeded,
         reason: None,
+        budget_pause: None,
         updated_ms: now_ms(),
         // The job's report (`report.json`) holds its whole spend.
         held_ms: None,

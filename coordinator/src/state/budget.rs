@@ -5,27 +5,27 @@
 //! spend reached its cap is paused, the drain `pause` uses: its workers
 //! finish their batch, commit and release, and everything committed stays.
 //! A higher cap set while it is paused at its cap resumes it. Spend
-//! survives restarts with the report's counters (`report-so-far.json`).
+//! survives restarts with the report's counters (`report-so-far.json`),
+//! and the pause's cause with its status (`StatusRecord::budget_pause`).
 
 use stoke_core::spec::DeltaCommit;
 use tracing::info;
 
 use super::jobs::JobCmd;
 use super::table_log::DeltaLog;
-use super::{Job, State};
-
-/// How a pause at the cap's reason starts (a restart knows it by it).
-const REASON_PREFIX: &str = "budget of ";
+use super::{Job, Life, Pause, State};
 
 impl Job {
-    /// Whether it is paused at its cap (known by its reason, after a
-    /// restart too): a higher cap resumes it.
+    /// Whether it is paused at its cap (after a restart too): a higher cap
+    /// resumes it.
     pub(super) fn paused_at_cap(&self) -> bool {
-        self.life.paused()
-            && self
-                .life
-                .reason()
-                .is_some_and(|r| r.starts_with(REASON_PREFIX))
+        matches!(
+            self.life,
+            Life::Paused {
+                cause: Pause::Budget { .. },
+                ..
+            }
+        )
     }
 
     /// What the job spent so far at `price` per worker-hour.
@@ -67,12 +67,12 @@ impl State {
             }
         }
         for (job_id, cap, spent) in reached {
-            let reason = format!("{REASON_PREFIX}{cap:.2} reached (spent {spent:.2})");
+            let cause = Pause::Budget { cap, spent };
             info!(job = %job_id, cap, spent, "job paused: its budget is spent");
             if let Some(job) = self.jobs.get_mut(&job_id) {
-                job.event(now_ms, format!("paused: {reason}"));
+                job.event(now_ms, format!("paused: {}", cause.reason()));
             }
-            self.job_cmd(None, &job_id, JobCmd::Pause(reason));
+            self.job_cmd(None, &job_id, JobCmd::Pause(cause));
             self.commit_partial_table(&job_id);
         }
     }

@@ -15,14 +15,16 @@ use stoke_core::spec::JobSpec;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{Answer, Change, CreateJob, Effect, End, Io, Job, Life, ReqId, Stamped, State, Then};
+use super::{
+    Answer, Change, CreateJob, Effect, End, Io, Job, Life, Pause, ReqId, Stamped, State, Then,
+};
 use crate::error::{CoordinatorError, Result};
 
 /// A change of a job's state.
 #[derive(Debug, Clone)]
 pub(super) enum JobCmd {
     Cancel(String),
-    Pause(String),
+    Pause(Pause),
     Resume,
     /// The job failed (an attempt limit, the skip limit).
     Fail(String),
@@ -36,7 +38,7 @@ impl JobCmd {
     fn target(&self) -> Option<(JobState, Option<String>)> {
         match self {
             JobCmd::Cancel(reason) => Some((JobState::Cancelled, Some(reason.clone()))),
-            JobCmd::Pause(reason) => Some((JobState::Paused, Some(reason.clone()))),
+            JobCmd::Pause(cause) => Some((JobState::Paused, Some(cause.reason().into_owned()))),
             JobCmd::Resume => Some((JobState::Running, None)),
             JobCmd::Fail(reason) => Some((JobState::Failed, Some(reason.clone()))),
             JobCmd::Set(_) => None,
@@ -150,6 +152,7 @@ impl State {
             status: StatusRecord {
                 state: JobState::Running,
                 reason: None,
+                budget_pause: None,
                 updated_ms: 0,
                 held_ms: None,
             },
@@ -213,7 +216,7 @@ impl State {
         } else {
             reason
         };
-        self.job_cmd(Some(req), job_id, JobCmd::Pause(reason));
+        self.job_cmd(Some(req), job_id, JobCmd::Pause(Pause::User(reason)));
     }
 
     /// Resumes a paused job from its checkpoints.
@@ -287,6 +290,10 @@ impl State {
                 record: Stamped::Status(StatusRecord {
                     state,
                     reason,
+                    budget_pause: match &cmd {
+                        JobCmd::Pause(cause) => cause.record(),
+                        _ => None,
+                    },
                     updated_ms: 0,
                     // The spend as of this change, in the same write: a
                     // pause at the cap keeps what caused it (budget.rs).
@@ -382,7 +389,7 @@ impl State {
     /// A stored change of the job's state, applied in memory.
     fn apply_job_cmd(&mut self, job_id: &str, cmd: JobCmd, now: Instant) {
         match cmd {
-            JobCmd::Pause(reason) => self.paused(job_id, reason),
+            JobCmd::Pause(cause) => self.paused(job_id, cause),
             JobCmd::Resume => self.resumed(job_id),
             JobCmd::Cancel(reason) => self.ended(job_id, End::Cancelled(reason), now),
             JobCmd::Fail(reason) => self.ended(job_id, End::Failed(reason), now),
@@ -423,12 +430,13 @@ impl State {
         self.wake_all();
     }
 
-    fn paused(&mut self, job_id: &str, reason: String) {
+    fn paused(&mut self, job_id: &str, cause: Pause) {
+        let reason = cause.reason().into_owned();
         let Ok(job) = self.job_mut(job_id) else {
             return;
         };
         job.life = Life::Paused {
-            reason: reason.clone(),
+            cause,
             change: Change::Idle,
         };
         let mut draining: HashMap<String, Vec<LeaseKey>> = HashMap::new();

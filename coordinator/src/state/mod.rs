@@ -348,14 +348,48 @@ enum Life {
     Creating { waiters: Vec<ReqId> },
     /// Its shards are leased out.
     Running(Change),
-    /// None of its shards is leased out, for `reason`.
-    Paused { reason: String, change: Change },
+    /// None of its shards is leased out, for `cause`.
+    Paused { cause: Pause, change: Change },
     /// Every shard is done: its manifest and `succeeded` status are being
     /// stored (its stored status says running until then; changes wait
     /// in `deferred`).
     Finishing,
     /// It ended (see [`End`]).
     Ended(End),
+}
+
+/// Why a job is paused.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Pause {
+    /// A user paused it (`stoke pause`, a SIGTERM to `torch_batch_process`,
+    /// or a status stored as paused with no other cause), in these words.
+    User(String),
+    /// Its spend reached its budget cap (`budget.rs`): a higher cap
+    /// resumes it.
+    Budget { cap: f64, spent: f64 },
+}
+
+impl Pause {
+    /// Its words, as the job's status says them.
+    fn reason(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Self::User(reason) => std::borrow::Cow::Borrowed(reason),
+            Self::Budget { cap, spent } => {
+                std::borrow::Cow::Owned(format!("budget of {cap:.2} reached (spent {spent:.2})"))
+            }
+        }
+    }
+
+    /// What the status record stores of it beside its words.
+    fn record(&self) -> Option<stoke_core::records::BudgetPause> {
+        match self {
+            Self::User(_) => None,
+            Self::Budget { cap, spent } => Some(stoke_core::records::BudgetPause {
+                cap: *cap,
+                spent: *spent,
+            }),
+        }
+    }
 }
 
 /// A change of a running or paused job's status on its way to the store.
@@ -399,21 +433,29 @@ impl Life {
     }
 
     /// Why it is paused or ended, as its status says.
-    fn reason(&self) -> Option<&str> {
+    fn reason(&self) -> Option<std::borrow::Cow<'_, str>> {
         match self {
-            Self::Paused { reason, .. }
-            | Self::Ended(End::Cancelled(reason) | End::Failed(reason)) => Some(reason),
+            Self::Paused { cause, .. } => Some(cause.reason()),
+            Self::Ended(End::Cancelled(reason) | End::Failed(reason)) => {
+                Some(std::borrow::Cow::Borrowed(reason))
+            }
             _ => None,
         }
     }
 
     /// A life as a stored status says (at start, see `restore.rs`).
-    fn stored(state: JobState, reason: Option<String>) -> Self {
-        let reason = reason.unwrap_or_default();
-        match state {
+    fn stored(status: &stoke_core::records::StatusRecord) -> Self {
+        let reason = status.reason.clone().unwrap_or_default();
+        match status.state {
             JobState::Running => Self::Running(Change::Idle),
             JobState::Paused => Self::Paused {
-                reason,
+                cause: match status.budget_pause {
+                    Some(b) => Pause::Budget {
+                        cap: b.cap,
+                        spent: b.spent,
+                    },
+                    None => Pause::User(reason),
+                },
                 change: Change::Idle,
             },
             JobState::Succeeded => Self::Ended(End::Succeeded(None)),

@@ -158,7 +158,7 @@ impl State {
         }
         // A succeeded job loaded from its `ended.json` came with its life.
         if job.life.kept().is_none() {
-            job.life = Life::stored(s.status.state, s.status.reason);
+            job.life = Life::stored(&s.status);
         }
         if job.spec.processor.python.is_some()
             && let Some(metrics) = s.metrics

@@ -66,7 +66,7 @@ impl Job {
                 None => self.spec.name.clone().unwrap_or_default(),
             },
             state: self.life.state(),
-            reason: self.life.reason().map(str::to_string),
+            reason: self.life.reason().map(|r| r.into_owned()),
             shards_total: self.shards_total(),
             shards_done: self.totals.shards_done,
             shards_leased,

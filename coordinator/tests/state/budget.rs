@@ -169,6 +169,44 @@ async fn a_job_paused_at_its_cap_resumes_when_raised_after_a_restart() {
     assert_eq!(info(&state, "j").state, JobState::Running);
 }
 
+/// A pause's cause is typed and stored, not read from its words (issue
+/// 61): the budget's pause stores its cap and spend beside the reason,
+/// and a user's pause in the very words a budget pause uses is still the
+/// user's after a restart: a higher cap does not resume it.
+#[tokio::test(start_paused = true)]
+async fn a_pause_is_the_budgets_by_its_stored_cause_not_its_words() {
+    let stores = Stores::new();
+    let mut state = recover_priced(&stores).await;
+    submit_capped(&mut state, &stores, "j", 2.0).await;
+    let (a, _a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    hold(&mut state, &a, &lease, 3).await;
+    assert_eq!(info(&state, "j").state, JobState::Paused);
+    let stored = stored_status(&stores, "j").await;
+    let cause = stored
+        .budget_pause
+        .expect("the budget's pause is stored as such");
+    assert_eq!(cause.cap, 2.0);
+    assert!(cause.spent >= 2.0, "{cause:?}");
+
+    submit_capped(&mut state, &stores, "u", 50.0).await;
+    let words = "budget of 5.00 reached (spent 5.00)".to_string();
+    state.pause("u", words.clone()).await.expect("pause");
+    assert_eq!(stored_status(&stores, "u").await.budget_pause, None);
+    drop(state);
+    let mut state = recover_priced(&stores).await;
+    assert_eq!(info(&state, "u").reason.as_deref(), Some(words.as_str()));
+    set_cap(&mut state, "u", 100.0).await;
+    assert_eq!(
+        info(&state, "u").state,
+        JobState::Paused,
+        "a user's pause is resumed by the user, whatever its words"
+    );
+    // The budget's own pause, restored, still resumes on a higher cap.
+    set_cap(&mut state, "j", 100.0).await;
+    assert_eq!(info(&state, "j").state, JobState::Running);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_spend_that_paused_a_job_is_stored_with_the_pause() {
     let stores = Stores::new();
