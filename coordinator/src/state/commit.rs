@@ -507,7 +507,7 @@ impl State {
     ) -> Result<bool> {
         let Committing { idx, commit, .. } = committing;
         let key = &commit.key;
-        let deadline = now + self.config.lease_timeout;
+        let expires_at = now + self.config.lease_timeout;
         let worker = self.worker_of(&commit.session_id);
         let at_ms = self.unix_ms(now);
         let sessions = &mut self.sessions;
@@ -574,7 +574,7 @@ impl State {
                 self.wake(1);
             }
         } else if let Some(lease) = job.shards[idx].lease_mut() {
-            lease.deadline = lease.deadline.max(deadline);
+            lease.expires_at = lease.expires_at.max(expires_at);
         }
         if commit.skipped > 0 {
             self.check_skip_limit(&key.job_id, commit.last_skip_reason.as_deref());

@@ -64,7 +64,7 @@ impl State {
         // Its time so far went to what it held (or waited for) before this.
         self.settle_session(session_id, now);
         let token = self.next_token();
-        let deadline = now + self.config.lease_timeout;
+        let expires_at = now + self.config.lease_timeout;
         if self
             .jobs
             .get(&job_id)
@@ -85,7 +85,7 @@ impl State {
             progress.attempts += 1;
             progress.attempts
         };
-        job.put_lease(idx, ActiveLease::new(session_id, token, deadline, now));
+        job.put_lease(idx, ActiveLease::new(session_id, token, expires_at, now));
         let lease = self.lease_message(&job_id, idx, session_id, token, attempt, now)?;
         info!(job = %job_id, shard = %lease.shard.id, token, worker = %worker_id, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, isolate = ?lease.isolate, "lease granted");
         Ok(AcquireOutcome::Lease(Box::new(lease)))
@@ -180,7 +180,7 @@ impl State {
             // A record of this lease is being stored: let the lease lapse
             // once it is, rather than move the shard under it.
             if let Some(lease) = self.job_mut(&key.job_id)?.shards[idx].lease_mut() {
-                lease.deadline = now;
+                lease.expires_at = now;
             }
             self.reply(Some(req), Answer::Done(Ok(())));
             return Ok(());
@@ -387,7 +387,7 @@ impl State {
                     continue;
                 };
                 let shard = &job.shards[*idx];
-                let lapsed = |l: &ActiveLease| l.session_id == *session_id && l.deadline <= now;
+                let lapsed = |l: &ActiveLease| l.session_id == *session_id && l.expires_at <= now;
                 if shard.backup.as_ref().is_some_and(lapsed)
                     || (!shard.writing() && shard.lease().is_some_and(lapsed))
                 {

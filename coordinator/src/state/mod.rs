@@ -113,7 +113,8 @@ const TOKEN_EPOCH_SHIFT: u32 = 32;
 struct ActiveLease {
     session_id: String,
     token: u64,
-    deadline: Instant,
+    /// When it expires unless its holder's heartbeat renews it.
+    expires_at: Instant,
     /// When it was granted (or adopted): a lease younger than the minimum
     /// age is not preempted.
     granted: Instant,
@@ -129,11 +130,11 @@ struct ActiveLease {
 }
 
 impl ActiveLease {
-    fn new(session_id: &str, token: u64, deadline: Instant, now: Instant) -> Self {
+    fn new(session_id: &str, token: u64, expires_at: Instant, now: Instant) -> Self {
         Self {
             session_id: session_id.to_string(),
             token,
-            deadline,
+            expires_at,
             granted: now,
             preempted: false,
             work: Default::default(),

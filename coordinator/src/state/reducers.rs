@@ -4,7 +4,7 @@
 //! When every shard is done and the commits hold partials, the job's last
 //! step is to reduce them. That needs the user's Python, which the
 //! coordinator does not run: the step is a task leased to a worker like a
-//! shard (a fencing token, a deadline its heartbeats renew, taken back at
+//! shard (a fencing token, an expiry its heartbeats renew, taken back at
 //! once when its session breaks), and its answer, the metrics as JSON, is
 //! stored as `jobs/<job>/metrics.json` before the job may finish. A
 //! restarted coordinator that finds no `metrics.json` offers the task
@@ -36,7 +36,7 @@ pub(super) enum Reduce {
     Leased {
         session_id: String,
         token: u64,
-        deadline: Instant,
+        expires_at: Instant,
     },
     /// The holder's metrics are being stored.
     Storing,
@@ -109,13 +109,13 @@ impl State {
             .id
             .clone();
         let token = self.next_token();
-        let deadline = now + self.config.lease_timeout;
+        let expires_at = now + self.config.lease_timeout;
         let worker = self.worker_of(session_id);
         let job = self.jobs.get_mut(&job_id)?;
         job.reduce = Reduce::Leased {
             session_id: session_id.to_string(),
             token,
-            deadline,
+            expires_at,
         };
         let task = ReduceTask {
             job_id: job_id.clone(),
@@ -132,17 +132,17 @@ impl State {
     }
 
     /// The session's heartbeat renews the reduce tasks it holds.
-    pub(super) fn renew_reduces(&mut self, session_id: &str, deadline: Instant, now: Instant) {
+    pub(super) fn renew_reduces(&mut self, session_id: &str, expires_at: Instant, now: Instant) {
         for job in self.jobs.values_mut() {
             if let Reduce::Leased {
                 session_id: holder,
-                deadline: until,
+                expires_at: until,
                 ..
             } = &mut job.reduce
                 && holder == session_id
                 && *until > now
             {
-                *until = deadline;
+                *until = expires_at;
             }
         }
     }
@@ -155,13 +155,13 @@ impl State {
             let Reduce::Leased {
                 session_id,
                 token,
-                deadline,
+                expires_at,
             } = &job.reduce
             else {
                 continue;
             };
             let lost = gone == Some(session_id.as_str());
-            if !lost && *deadline > now {
+            if !lost && *expires_at > now {
                 continue;
             }
             warn!(job = %job.id, token, session = %session_id, why = if lost { "worker gone" } else { "expired" }, "metrics reduce task taken back; offered again");

@@ -115,7 +115,7 @@ impl State {
     /// neither done nor leased again since.
     fn adopt(&mut self, session_id: &str, key: &LeaseKey, now: Instant) -> bool {
         let epoch = self.epoch;
-        let deadline = now + self.config.lease_timeout;
+        let expires_at = now + self.config.lease_timeout;
         let Some(job) = self.jobs.get_mut(&key.job_id) else {
             return false;
         };
@@ -133,7 +133,10 @@ impl State {
         if !valid {
             return false;
         }
-        job.put_lease(idx, ActiveLease::new(session_id, key.token, deadline, now));
+        job.put_lease(
+            idx,
+            ActiveLease::new(session_id, key.token, expires_at, now),
+        );
         job.pending.retain(|&i| i != idx);
         if let Some(session) = self.sessions.get_mut(session_id) {
             session.leases.insert((key.job_id.clone(), idx));
@@ -242,18 +245,18 @@ impl State {
             });
         }
         self.account_time(now);
-        let deadline = now + self.config.lease_timeout;
+        let expires_at = now + self.config.lease_timeout;
         for key in leases {
             if let Some(job) = self.jobs.get_mut(&key.job_id)
                 && let Some(&idx) = job.shard_index.get(&key.shard_id)
                 && let Some(lease) = job.shards[idx].attempt_mut(session_id, key.token)
                 // An expired lease stays expired, even before the next tick.
-                && lease.deadline > now
+                && lease.expires_at > now
             {
-                lease.deadline = deadline;
+                lease.expires_at = expires_at;
             }
         }
-        self.renew_reduces(session_id, deadline, now);
+        self.renew_reduces(session_id, expires_at, now);
         Ok(())
     }
 
