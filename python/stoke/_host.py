@@ -30,6 +30,14 @@ import os
 import signal
 import sys
 
+# `threading` takes the thread that first imports it for the main thread:
+# imported here, that is this process's real main thread, not the worker's
+# processor thread that first runs Python code. torch's DataLoader asks
+# `threading` whether it runs on the main thread before it sets a SIGCHLD
+# handler, which CPython refuses anywhere else ("signal only works in main
+# thread").
+import threading  # noqa: F401
+
 # This process is a worker (python -m stoke._worker): DataLoader workers
 # start from a fork server, not by forking this multi-threaded process
 # (read by stoke._dataset, which the worker imports only when a Python
