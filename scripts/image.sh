@@ -216,24 +216,7 @@ interval = 4
 [sharding]
 records = 256
 TOML
-cat >"$job_dir/my_processor.py" <<'PY'
-# The book's Python processor (docs/src/getting-started/python.md).
-import torch
-from stoke import TorchBatchProcessor
-
-
-class InferenceProcessor(TorchBatchProcessor):
-    def __init__(self, context):
-        self.context = context
-        model = torch.jit.load(context.fetch(context.params["model"]))
-        self.model = context.prepare_model_for_inference(model)
-
-    def process_batch(self, batch, batch_idx):
-        x = self.context.to_device(batch["pixels"])
-        with torch.no_grad():
-            pred = self.model(x).argmax(1)
-        self.context.write_rows({"id": batch.ids, "prediction": pred})
-PY
+cp scripts/book_processor.py "$job_dir/my_processor.py"
 cat >"$job_dir/python-job.toml" <<TOML
 name = "image-python-digits"
 

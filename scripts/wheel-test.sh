@@ -239,25 +239,7 @@ spawn "$cluster/coordinator.log" "$full" "$cluster" \
   stoke-coordinator --listen "127.0.0.1:$port" --http-listen off --root "$cluster/state"
 wait_until "the coordinator ($addr)" 60 as_user "$client" stoke --coordinator "$addr" jobs
 ln -s "$assets/digits" "$cluster/digits"
-cat >"$cluster/my_processor.py" <<'EOF'
-# The book's Python processor (docs/src/getting-started/python.md), on the
-# demo's digits.
-import torch
-from stoke import TorchBatchProcessor
-
-
-class InferenceProcessor(TorchBatchProcessor):
-    def __init__(self, context):
-        self.context = context
-        model = torch.jit.load(context.fetch(context.params["model"]))
-        self.model = context.prepare_model_for_inference(model)
-
-    def process_batch(self, batch, batch_idx):
-        x = self.context.to_device(batch["pixels"])
-        with torch.no_grad():
-            pred = self.model(x).argmax(1)
-        self.context.write_rows({"id": batch.ids, "prediction": pred})
-EOF
+cp scripts/book_processor.py "$cluster/my_processor.py"
 cat >"$cluster/job.toml" <<EOF
 name = "python-digits"
 
