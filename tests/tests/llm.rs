@@ -341,21 +341,50 @@ fn completions_equal_vllm_offline_through_engine_and_worker_kills() {
     let data = tmp.path().join("prompts.jsonl");
     write_jsonl(&data, &data_rows);
     let spec = tmp.path().join("job.toml");
+    // One shard of 13 batches, so the engine dies mid-shard with the
+    // commits of the batches before behind it.
     std::fs::write(
         &spec,
-        llm_spec("gen", &data, "generate", "[errors]\npolicy = \"skip\"\n"),
+        llm_spec("gen", &data, "generate", "[errors]\npolicy = \"skip\"\n")
+            .replace("bytes = \"1KiB\"", "bytes = \"1MiB\""),
     )
     .expect("spec");
     let root = tmp.path().join("root");
-    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "300s"]);
+    // Heartbeats every 5 s tell the tokens of batches not yet committed.
+    let coordinator = Coordinator::start(&root, tmp.path(), &["--lease-timeout", "15s"]);
     let job = coordinator.submit(&spec.display().to_string());
     // Each engine step takes 100 ms longer, so the kills land with
     // prompts in the engine (an engine that dies idle costs nothing).
     let slow = [("STOKE_LLM_FAULT_STEP_MS", "100")];
+    // Each death costs at most the batches its engine held, from this
+    // test's settings: `in_flight = 8` prompts in batches of 4 span at most
+    // 3 batches, and one more was processed while its commit travelled
+    // (ADR 021). Tokens counted beyond the committed ones are at most
+    // those batches' worth.
+    const BATCH: u64 = 4;
+    const HELD: u64 = 8 / BATCH + 1 + 1;
+    // The tokens of the shard's first `n` batches, as vLLM gives them.
+    let tokens_of = |n: u64| -> u64 {
+        data_rows
+            .iter()
+            .take((n * BATCH) as usize)
+            .filter_map(|(id, _)| want.get(id))
+            .filter_map(|r| r["completion_tokens"].as_u64())
+            .sum()
+    };
+    let report_now = || {
+        let out = coordinator.cli(&["report", &job, "--json"]);
+        let report: serde_json::Value =
+            serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        report
+    };
 
     let mut w1 = coordinator.worker_with("stoke-worker", "w1", tmp.path(), &[], &slow);
-    wait_until("a first commit", DEADLINE, || {
-        (committed_batches(&root, &job) >= 1).then_some(())
+    // Six batches answered (their tokens counted; batches are answered in
+    // record order), committed or not.
+    wait_until("six batches answered", DEADLINE, || {
+        let counted = report_now()["llm"]["completion_tokens"].as_u64();
+        (counted >= Some(tokens_of(6))).then_some(())
     });
     let engine = engine_of(w1.pid()).expect("w1's engine");
     signal(engine, libc::SIGKILL);
@@ -364,6 +393,20 @@ fn completions_equal_vllm_offline_through_engine_and_worker_kills() {
     wait_until("the crash to be counted", DEADLINE, || {
         (crashes(&root, &job) == 1).then_some(())
     });
+    // That death cost at most the batches the engine held: the ones
+    // answered before it are committed, or redone within the bound.
+    let report = report_now();
+    let redone = report["redone_batches"].as_u64().expect("redone_batches");
+    let counted = report["llm"]["completion_tokens"].as_u64().unwrap_or(0);
+    let committed = tokens_of(committed_batches(&root, &job));
+    eprintln!(
+        "the engine's death: redone {redone} batches; {counted} tokens counted, {committed} committed"
+    );
+    assert!(redone <= HELD, "redone {redone} > {HELD}: {report}");
+    assert!(
+        counted.saturating_sub(committed) <= HELD * BATCH * MAX_TOKENS,
+        "{counted} counted, {committed} committed at the engine's death: {report}"
+    );
     let fresh = wait_until("w1's fresh engine", DEADLINE, || {
         engine_of(w1.pid()).filter(|p| *p != engine)
     });
@@ -421,13 +464,7 @@ fn completions_equal_vllm_offline_through_engine_and_worker_kills() {
         counted >= committed && committed > 0,
         "{committed}: {report}"
     );
-    // Each death costs at most the batches its engine held, from this
-    // test's settings: `in_flight = 8` prompts in batches of 4 span at most
-    // 3 batches, and one more was processed while its commit travelled
-    // (ADR 021). Two deaths here (the engine's, and w1's kill -9). Tokens
-    // counted beyond the committed ones are at most those batches' worth.
-    const BATCH: u64 = 4;
-    const HELD: u64 = 8 / BATCH + 1 + 1;
+    // Two deaths in all (the engine's, and w1's kill -9).
     let redone = report["redone_batches"].as_u64().expect("redone_batches");
     eprintln!("redone {redone} batches; {counted} tokens counted, {committed} committed");
     assert!(
