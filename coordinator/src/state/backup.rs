@@ -68,7 +68,7 @@ impl ShardState {
         let is = |l: &ActiveLease| l.token == token && l.session_id == session_id;
         if self.lease().is_some_and(is) {
             Some(Role::Holder)
-        } else if self.backup.as_ref().is_some_and(is) {
+        } else if self.backup().is_some_and(is) {
             Some(Role::Backup)
         } else {
             None
@@ -77,30 +77,30 @@ impl ShardState {
 
     /// The lease `token` of `session_id`, holder's or backup's.
     pub(super) fn attempt_mut(&mut self, session_id: &str, token: u64) -> Option<&mut ActiveLease> {
-        let is = |l: &&mut ActiveLease| l.token == token && l.session_id == session_id;
-        match self.slot.lease_mut().filter(is) {
-            Some(lease) => Some(lease),
-            None => self.backup.as_mut().filter(is),
-        }
+        self.slot
+            .attempts_mut()
+            .find(|l| l.token == token && l.session_id == session_id)
     }
 
     /// Whether `session_id` holds the shard's backup.
     pub(super) fn backs_up(&self, session_id: &str) -> bool {
-        self.backup
-            .as_ref()
-            .is_some_and(|b| b.session_id == session_id)
+        self.backup().is_some_and(|b| b.session_id == session_id)
     }
 }
 
 impl Job {
-    fn put_backup(&mut self, idx: usize, lease: ActiveLease) {
-        if self.shards[idx].backup.replace(lease).is_none() {
+    /// Races shard `idx`'s holder with `lease`; whether it could (the
+    /// shard has a holder, and no record of it is being stored).
+    fn put_backup(&mut self, idx: usize, lease: ActiveLease) -> bool {
+        let raced = self.shards[idx].slot.race(lease);
+        if raced {
             self.leased += 1;
         }
+        raced
     }
 
     pub(super) fn take_backup(&mut self, idx: usize) -> Option<ActiveLease> {
-        let lease = self.shards[idx].backup.take();
+        let lease = self.shards[idx].slot.take_backup();
         if lease.is_some() {
             self.leased = self.leased.saturating_sub(1);
         }
@@ -146,7 +146,7 @@ impl State {
             let shard = &job.shards[idx];
             let holds = shard.lease().is_some_and(|l| l.session_id == holder_id);
             if !holds
-                || shard.backup.is_some()
+                || shard.racing()
                 || shard.writing()
                 || shard.progress.done
                 || shard.progress.suspect.is_some()
@@ -206,12 +206,14 @@ impl State {
         let token = self.next_token();
         let deadline = now + self.config.lease_timeout;
         let job = self.job_mut(&job_id)?;
+        if !job.put_backup(idx, ActiveLease::new(session_id, token, deadline, now)) {
+            return Ok(None);
+        }
         let attempt = {
             let progress = std::sync::Arc::make_mut(&mut job.shards[idx].progress);
             progress.attempts += 1;
             progress.attempts
         };
-        job.put_backup(idx, ActiveLease::new(session_id, token, deadline, now));
         job.account.backups += 1;
         let holder = job.shards[idx]
             .lease()
@@ -243,10 +245,8 @@ impl State {
         let loser = match winner {
             Role::Holder => job.take_backup(idx),
             Role::Backup => {
+                // The backup holds the shard from now on.
                 let holder = job.take_lease(idx);
-                if let Some(backup) = job.take_backup(idx) {
-                    job.put_lease(idx, backup);
-                }
                 job.account.backups_won += 1;
                 self.counters.backups_won += 1;
                 holder
@@ -263,19 +263,19 @@ impl State {
     }
 
     /// The holder of shard `idx` went (released it, its lease expired, its
-    /// worker is gone): its backup, if it has one, holds the shard now.
-    /// Whether it had one.
+    /// worker is gone) and its lease was taken: whether a backup that
+    /// raced it holds the shard now (`ShardSlot::take_lease` gives it the
+    /// shard).
     pub(super) fn backup_stands_in(&mut self, job_id: &str, idx: usize) -> bool {
-        let Some(job) = self.jobs.get_mut(job_id) else {
+        let Some(job) = self.jobs.get(job_id) else {
             return false;
         };
-        let Some(backup) = job.take_backup(idx) else {
+        let Some(backup) = job.shards[idx].lease() else {
             return false;
         };
-        let (session, token) = (backup.session_id.clone(), backup.token);
-        job.put_lease(idx, backup);
-        let shard = job.plan.shards[idx].id.clone();
-        info!(job = %job_id, %shard, token, worker = %self.worker_of(&session), "the holder is gone; its backup holds the shard");
+        let (session, token) = (backup.session_id.as_str(), backup.token);
+        let shard = &job.plan.shards[idx].id;
+        info!(job = %job_id, %shard, token, worker = %self.worker_of(session), "the holder is gone; its backup holds the shard");
         true
     }
 

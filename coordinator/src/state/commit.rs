@@ -254,8 +254,7 @@ impl State {
             // so its staging folder is swept now, not at the job's end. Not
             // while a lease of that token stands (its commit came on an
             // old session).
-            let token_stands = shard.lease().is_some_and(|l| l.token == key.token)
-                || shard.backup.as_ref().is_some_and(|b| b.token == key.token);
+            let token_stands = shard.slot.attempts().any(|l| l.token == key.token);
             if !token_stands {
                 let attempt = folder(&attempt_prefix(&job.staging, &key.shard_id, key.token));
                 self.effects.push(Effect::Sweep(attempt));
@@ -292,7 +291,7 @@ impl State {
         }
         let staged = std::mem::take(&mut commit.outputs);
         let (outputs, copies) = job.committed_outputs(key, staged)?;
-        let racing = job.shards[idx].backup.is_some();
+        let racing = job.shards[idx].racing();
         let key = &commit.key;
         let job_id = key.job_id.clone();
         if racing {
@@ -321,7 +320,7 @@ impl State {
         }
         progress.seq = self.next_seq();
         let job = self.job_mut(&commit.key.job_id)?;
-        job.shards[idx].slot.begin_write();
+        job.begin_write(idx);
         // A batch this commit covers is no longer in progress.
         if let Some(lease) = job.shards[idx].lease_mut()
             && lease

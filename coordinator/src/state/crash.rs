@@ -264,7 +264,7 @@ impl State {
             }
         }
         puts.push((log_uri.clone(), progress_log(std::iter::once(&progress))));
-        job.shards[idx].slot.begin_write();
+        job.begin_write(idx);
         self.counters.worker_crashes += 1;
         let crashed = Crashed {
             job_id: job_id.to_string(),

@@ -262,7 +262,7 @@ impl Job {
     /// (no holder, no backup, no record being written); true if it did.
     fn take_if_free(&mut self, idx: usize) -> bool {
         let shard = &self.shards[idx];
-        if shard.lease().is_some() || shard.backup.is_some() || shard.writing() {
+        if shard.lease().is_some() || shard.writing() {
             return false;
         }
         let Some(pos) = self.pending.iter().position(|&i| i == idx) else {

@@ -46,6 +46,7 @@ impl Job {
             shards_total: self.shards.len() as u64,
             shards_split: self.shards_split(),
             errors,
+            ended_deferred: false,
         };
         self.plan = Arc::new(Plan {
             shards: Vec::new(),
@@ -114,6 +115,7 @@ impl Job {
             shards_total: record.shards_total,
             shards_split: record.shards_split,
             errors: record.errors,
+            ended_deferred: false,
         }))));
         job
     }
@@ -207,7 +209,9 @@ impl State {
             // leaves no `ended.json` until that stage ends: a restart
             // meanwhile loads it whole and rebuilds the next stage's
             // shards from its progress (`restore_feeds`).
-            job.ended_deferred = feeds;
+            if let Some(kept) = job.life.kept_mut() {
+                kept.ended_deferred = feeds;
+            }
             self.released.insert(job_id.clone(), job);
             if !feeds {
                 self.save_ended(&job_id);
@@ -222,7 +226,9 @@ impl State {
         let Some(job) = self.released.get_mut(job_id) else {
             return;
         };
-        job.ended_deferred = false;
+        if let Some(kept) = job.life.kept_mut() {
+            kept.ended_deferred = false;
+        }
         let Some(record) = job.ended_record() else {
             return;
         };

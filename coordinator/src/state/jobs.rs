@@ -442,7 +442,7 @@ impl State {
         let mut draining: HashMap<String, Vec<LeaseKey>> = HashMap::new();
         for (i, shard) in job.shards.iter().enumerate() {
             // A backup drains too: if it commits first, it wins the race.
-            for lease in shard.lease().into_iter().chain(shard.backup.as_ref()) {
+            for lease in shard.slot.attempts() {
                 draining
                     .entry(lease.session_id.clone())
                     .or_default()
@@ -509,8 +509,7 @@ impl State {
         let mut revoked: HashMap<String, Vec<LeaseKey>> = HashMap::new();
         job.leased = 0;
         for (i, shard) in job.shards.iter_mut().enumerate() {
-            let backup = shard.backup.take();
-            for lease in shard.slot.take_lease().into_iter().chain(backup) {
+            for lease in shard.slot.take_all() {
                 revoked.entry(lease.session_id).or_default().push(LeaseKey {
                     job_id: job_id.to_string(),
                     shard_id: job.plan.shards[i].id.clone(),

@@ -229,7 +229,7 @@ impl State {
         progress.seq = self.next_seq();
         let job = self.job_mut(&key.job_id)?;
         let log_uri = job.layout.progress_log(progress.seq);
-        job.shards[idx].slot.begin_write();
+        job.begin_write(idx);
         let io = Io::Put {
             uri: log_uri.clone(),
             bytes: progress_log(std::iter::once(&progress)),
@@ -388,7 +388,7 @@ impl State {
                 };
                 let shard = &job.shards[*idx];
                 let lapsed = |l: &ActiveLease| l.session_id == *session_id && l.expires_at <= now;
-                if shard.backup.as_ref().is_some_and(lapsed)
+                if shard.backup().is_some_and(lapsed)
                     || (!shard.writing() && shard.lease().is_some_and(lapsed))
                 {
                     expired.push((session_id.clone(), job_id.clone(), *idx));

@@ -83,6 +83,7 @@ use stoke_core::schedule::Schedule;
 use stoke_core::spec::{DeltaCommit, JobSpec};
 use stoke_store::StoreUri;
 use tokio::time::Instant;
+use tracing::warn;
 
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
@@ -148,12 +149,8 @@ struct ShardState {
     /// Shared, so a finishing job hands every record to the writer of its
     /// manifest without copying them.
     progress: Arc<ProgressRecord>,
-    /// Who has it now.
+    /// Who has it now: its holder, and a backup racing the holder.
     slot: ShardSlot,
-    /// A second attempt racing the holder for the shard's uncommitted
-    /// remainder, at a job's tail (`backup.rs`): the first of the two to
-    /// commit keeps the shard.
-    backup: Option<ActiveLease>,
 }
 
 impl ShardState {
@@ -161,10 +158,10 @@ impl ShardState {
         Self {
             progress: Arc::new(progress),
             slot: ShardSlot::default(),
-            backup: None,
         }
     }
 
+    /// Its holder's lease.
     fn lease(&self) -> Option<&ActiveLease> {
         self.slot.lease()
     }
@@ -173,9 +170,22 @@ impl ShardState {
         self.slot.lease_mut()
     }
 
+    /// The backup racing its holder (`backup.rs`).
+    fn backup(&self) -> Option<&ActiveLease> {
+        match &self.slot {
+            ShardSlot::Racing { backup, .. } => Some(backup),
+            _ => None,
+        }
+    }
+
     /// A record of it is being stored.
     fn writing(&self) -> bool {
         matches!(self.slot, ShardSlot::Writing(_))
+    }
+
+    /// A backup races its holder.
+    fn racing(&self) -> bool {
+        matches!(self.slot, ShardSlot::Racing { .. })
     }
 }
 
@@ -188,6 +198,15 @@ enum ShardSlot {
     Free { reserved: Option<(String, Instant)> },
     /// A worker holds it.
     Leased(ActiveLease),
+    /// A second attempt races the holder for the shard's uncommitted
+    /// remainder, at a job's tail (`backup.rs`): the first of the two to
+    /// commit keeps the shard. A backup exists only beside a holder, and
+    /// no record of the shard is stored while they race (the race is
+    /// settled, or the backup dropped, first).
+    Racing {
+        holder: ActiveLease,
+        backup: ActiveLease,
+    },
     /// A record of it (a commit's, a failed attempt's, a crash's, a
     /// split's) is being stored: its lease, if it has one, stays put until
     /// it is.
@@ -201,27 +220,54 @@ impl Default for ShardSlot {
 }
 
 impl ShardSlot {
+    /// The holder's lease.
     fn lease(&self) -> Option<&ActiveLease> {
         match self {
-            Self::Leased(lease) | Self::Writing(Some(lease)) => Some(lease),
+            Self::Leased(lease)
+            | Self::Racing { holder: lease, .. }
+            | Self::Writing(Some(lease)) => Some(lease),
             Self::Free { .. } | Self::Writing(None) => None,
         }
     }
 
     fn lease_mut(&mut self) -> Option<&mut ActiveLease> {
         match self {
-            Self::Leased(lease) | Self::Writing(Some(lease)) => Some(lease),
+            Self::Leased(lease)
+            | Self::Racing { holder: lease, .. }
+            | Self::Writing(Some(lease)) => Some(lease),
             Self::Free { .. } | Self::Writing(None) => None,
         }
     }
 
-    /// A record of the shard starts being stored; its lease stays.
-    fn begin_write(&mut self) {
-        *self = match std::mem::take(self) {
-            Self::Leased(lease) => Self::Writing(Some(lease)),
-            Self::Free { .. } => Self::Writing(None),
-            writing @ Self::Writing(_) => writing,
+    /// Every attempt at it: its holder, then its backup.
+    fn attempts(&self) -> impl Iterator<Item = &ActiveLease> {
+        let (holder, backup) = match self {
+            Self::Racing { holder, backup } => (Some(holder), Some(backup)),
+            other => (other.lease(), None),
         };
+        holder.into_iter().chain(backup)
+    }
+
+    fn attempts_mut(&mut self) -> impl Iterator<Item = &mut ActiveLease> {
+        let (holder, backup) = match self {
+            Self::Racing { holder, backup } => (Some(holder), Some(backup)),
+            other => (other.lease_mut(), None),
+        };
+        holder.into_iter().chain(backup)
+    }
+
+    /// A record of the shard starts being stored; its lease stays. Called
+    /// once a race is settled: a backup still racing is ended and given
+    /// back, so no lease is dropped unseen.
+    fn begin_write(&mut self) -> Option<ActiveLease> {
+        let (slot, ended) = match std::mem::take(self) {
+            Self::Leased(lease) => (Self::Writing(Some(lease)), None),
+            Self::Racing { holder, backup } => (Self::Writing(Some(holder)), Some(backup)),
+            Self::Free { .. } => (Self::Writing(None), None),
+            writing @ Self::Writing(_) => (writing, None),
+        };
+        *self = slot;
+        ended
     }
 
     /// The record is stored (or not): the lease, if any, is held again.
@@ -233,14 +279,14 @@ impl ShardSlot {
         };
     }
 
-    /// Gives it `lease`; whether it had none.
+    /// Gives it `lease` as its holder; whether it had none.
     fn put_lease(&mut self, lease: ActiveLease) -> bool {
         match self {
             Self::Free { .. } => {
                 *self = Self::Leased(lease);
                 true
             }
-            Self::Leased(held) => {
+            Self::Leased(held) | Self::Racing { holder: held, .. } => {
                 *held = lease;
                 false
             }
@@ -248,10 +294,15 @@ impl ShardSlot {
         }
     }
 
-    /// Takes its lease away (a record being stored stays so).
+    /// Takes its holder's lease away (a record being stored stays so); a
+    /// racing backup holds it from then on.
     fn take_lease(&mut self) -> Option<ActiveLease> {
         match std::mem::take(self) {
             Self::Leased(lease) => Some(lease),
+            Self::Racing { holder, backup } => {
+                *self = Self::Leased(backup);
+                Some(holder)
+            }
             Self::Writing(lease) => {
                 *self = Self::Writing(None);
                 lease
@@ -261,6 +312,53 @@ impl ShardSlot {
                 None
             }
         }
+    }
+
+    /// Starts a race: `backup` beside its holder. Whether it could: not
+    /// when the shard has no plain holder (free, raced already, or being
+    /// written), and then `backup` is dropped.
+    fn race(&mut self, backup: ActiveLease) -> bool {
+        match std::mem::take(self) {
+            Self::Leased(holder) => {
+                *self = Self::Racing { holder, backup };
+                true
+            }
+            other => {
+                *self = other;
+                false
+            }
+        }
+    }
+
+    /// Ends the race for the holder: the backup, taken away.
+    fn take_backup(&mut self) -> Option<ActiveLease> {
+        match std::mem::take(self) {
+            Self::Racing { holder, backup } => {
+                *self = Self::Leased(holder);
+                Some(backup)
+            }
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
+
+    /// Takes every attempt away, holder's and backup's (the job ended).
+    fn take_all(&mut self) -> impl Iterator<Item = ActiveLease> + use<> {
+        let (holder, backup) = match std::mem::take(self) {
+            Self::Racing { holder, backup } => (Some(holder), Some(backup)),
+            Self::Leased(lease) => (Some(lease), None),
+            Self::Writing(lease) => {
+                *self = Self::Writing(None);
+                (lease, None)
+            }
+            free @ Self::Free { .. } => {
+                *self = free;
+                (None, None)
+            }
+        };
+        holder.into_iter().chain(backup)
     }
 }
 
@@ -315,9 +413,6 @@ struct Job {
     reduce: reducers::Reduce,
     /// Its deadline and the fleet it asks for to meet it (`deadline.rs`).
     deadline: Option<deadline::Deadline>,
-    /// Released from memory without its `ended.json`: a pipeline stage
-    /// whose next stage still reads it (`finish.rs`).
-    ended_deferred: bool,
     /// What happened to it that its user should know, oldest first.
     events: deadline::Events,
     /// Workers whose attempts at it failed on the store, said once in its
@@ -529,6 +624,13 @@ impl Life {
             _ => None,
         }
     }
+
+    fn kept_mut(&mut self) -> Option<&mut Kept> {
+        match self {
+            Self::Ended(End::Succeeded(Some(kept))) => Some(kept),
+            _ => None,
+        }
+    }
 }
 
 /// What a succeeded job keeps in memory once its end is stored: what its
@@ -540,6 +642,9 @@ struct Kept {
     /// The shards with a failed attempt, a store failure or a skipped
     /// record (for `stoke errors`), in shard order.
     errors: Vec<ProgressRecord>,
+    /// Its `ended.json` waits: a pipeline stage whose next stage still
+    /// reads it (`finish.rs`).
+    ended_deferred: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -664,7 +769,6 @@ impl Job {
             inputs_complete,
             held: VecDeque::new(),
             deadline,
-            ended_deferred: false,
             events: Default::default(),
             store_trouble: BTreeSet::new(),
         }
@@ -684,6 +788,21 @@ impl Job {
             self.leased = self.leased.saturating_sub(1);
         }
         lease
+    }
+
+    /// A record of shard `idx` starts being stored. Every caller ends a
+    /// race first (a commit settles it, a failed or crashed batch drops
+    /// the backup, a raced shard is not split); a backup found racing is
+    /// ended here all the same, its lease no longer counted.
+    fn begin_write(&mut self, idx: usize) {
+        if let Some(backup) = self.shards[idx].slot.begin_write() {
+            debug_assert!(
+                false,
+                "a backup raced a shard whose record began to be stored"
+            );
+            self.leased = self.leased.saturating_sub(1);
+            warn!(job = %self.id, shard = %self.plan.shards[idx].id, token = backup.token, "a backup still raced as its shard's record began to be stored; it is ended");
+        }
     }
 
     /// Replaces a shard's progress, keeping the totals.
@@ -1089,7 +1208,7 @@ mod tests {
         let mut slot = ShardSlot::default();
         assert!(slot.put_lease(lease(1)), "a free slot had no lease");
         assert!(!slot.put_lease(lease(2)), "a leased slot had one");
-        slot.begin_write();
+        assert!(slot.begin_write().is_none());
         assert!(matches!(slot, ShardSlot::Writing(Some(_))));
         assert_eq!(slot.lease().map(|l| l.token), Some(2));
         // Taken while its record is stored: still writing, now without it.
@@ -1099,7 +1218,7 @@ mod tests {
         assert!(matches!(slot, ShardSlot::Free { reserved: None }));
         // A write that ends with the lease still there gives it back.
         slot.put_lease(lease(3));
-        slot.begin_write();
+        assert!(slot.begin_write().is_none());
         slot.end_write();
         assert!(matches!(&slot, ShardSlot::Leased(l) if l.token == 3));
         // Taking the lease of a free slot keeps its reservation.
@@ -1108,5 +1227,42 @@ mod tests {
         };
         assert!(reserved.take_lease().is_none());
         assert!(matches!(reserved, ShardSlot::Free { reserved: Some(_) }));
+    }
+
+    #[test]
+    fn a_backup_races_only_beside_a_holder_and_stands_in_when_the_holder_goes() {
+        // No holder, or a record being stored: no race.
+        let mut free = ShardSlot::default();
+        assert!(!free.race(lease(9)));
+        assert!(matches!(free, ShardSlot::Free { reserved: None }));
+        let mut writing = ShardSlot::Leased(lease(1));
+        assert!(writing.begin_write().is_none());
+        assert!(!writing.race(lease(9)));
+        assert!(matches!(&writing, ShardSlot::Writing(Some(l)) if l.token == 1));
+
+        let mut slot = ShardSlot::Leased(lease(1));
+        assert!(slot.race(lease(2)));
+        assert!(!slot.race(lease(3)), "one backup at a time");
+        let tokens: Vec<u64> = slot.attempts().map(|l| l.token).collect();
+        assert_eq!(tokens, [1, 2]);
+        assert_eq!(slot.lease().map(|l| l.token), Some(1));
+        // The holder goes: its backup holds the shard.
+        assert_eq!(slot.take_lease().map(|l| l.token), Some(1));
+        assert!(matches!(&slot, ShardSlot::Leased(l) if l.token == 2));
+        // The holder wins: the backup is taken, the holder stays.
+        assert!(slot.race(lease(3)));
+        assert_eq!(slot.take_backup().map(|l| l.token), Some(3));
+        assert!(matches!(&slot, ShardSlot::Leased(l) if l.token == 2));
+        assert!(slot.take_backup().is_none());
+        // A record begun while racing ends the backup, and says so.
+        assert!(slot.race(lease(4)));
+        assert_eq!(slot.begin_write().map(|l| l.token), Some(4));
+        assert!(matches!(&slot, ShardSlot::Writing(Some(l)) if l.token == 2));
+        slot.end_write();
+        // The job ends: every attempt is taken.
+        assert!(slot.race(lease(5)));
+        let all: Vec<u64> = slot.take_all().map(|l| l.token).collect();
+        assert_eq!(all, [2, 5]);
+        assert!(matches!(slot, ShardSlot::Free { reserved: None }));
     }
 }

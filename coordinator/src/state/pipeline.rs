@@ -275,7 +275,11 @@ impl State {
         // The stage before, let go of while this one read it, may now
         // leave its `ended.json` (see `release_ended`).
         if let Some(up) = stage.upstream.as_deref()
-            && self.released.get(up).is_some_and(|u| u.ended_deferred)
+            && self
+                .released
+                .get(up)
+                .and_then(|u| u.life.kept())
+                .is_some_and(|k| k.ended_deferred)
         {
             self.save_ended(up);
         }

@@ -269,7 +269,7 @@ impl Job {
         // narrows its suspect down. Nor is one raced by a backup: both
         // attempts run its remainder.
         if state.lease().is_none()
-            || state.backup.is_some()
+            || state.racing()
             || state.writing()
             || state.progress.done
             || state.progress.suspect.is_some()
@@ -479,7 +479,7 @@ impl State {
             shard: Some(child_shard),
             ..Default::default()
         };
-        job.shards[idx].slot.begin_write();
+        job.begin_write(idx);
         let log_uri = job.layout.progress_log(holder_seq);
         let io = Io::Put {
             uri: log_uri.clone(),
@@ -544,7 +544,6 @@ impl State {
             slot: ShardSlot::Free {
                 reserved: Some((asker.clone(), now + self.config.wait_retry)),
             },
-            backup: None,
         });
         job.shard_index.insert(child.shard_id.clone(), child_idx);
         job.set_progress(idx, holder);

@@ -239,7 +239,7 @@ impl State {
                         let job = self.jobs.get(job_id)?;
                         let shard = job.shards.get(*idx)?;
                         let lease = shard.lease().filter(|l| l.session_id == *session_id);
-                        let token = lease.or(shard.backup.as_ref())?.token;
+                        let token = lease.or(shard.backup())?.token;
                         Some((job_id.clone(), job.plan.shards.get(*idx)?.id.clone(), token))
                     })
                     .collect();
