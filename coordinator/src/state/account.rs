@@ -33,7 +33,7 @@ use stoke_core::report::{CauseSeconds, DeviceReport, EfficiencyReport, LlmUsage,
 use stoke_store::to_json_bytes;
 use tokio::time::Instant;
 
-use super::{Io, Job, Session, Stamped, State, Then};
+use super::{Fleet, Io, Job, Session, Stamped, State, Then};
 use crate::error::Result;
 
 /// How often, at most, the workers' time is given to jobs.
@@ -425,7 +425,7 @@ impl State {
     /// What a heartbeat says of the worker's time per job and of its
     /// leases' uncommitted work.
     pub fn report_work(&mut self, session_id: &str, jobs: &[JobStages], work: &[LeaseWork]) {
-        let Some(session) = self.sessions.get_mut(session_id) else {
+        let Some(session) = self.fleet.sessions.get_mut(session_id) else {
             return;
         };
         let worker_id = session.worker_id.clone();
@@ -485,8 +485,8 @@ impl State {
     /// Gives the time since the last call to the jobs the connected
     /// workers worked or idled for (call before a change, with its time).
     pub(super) fn account_time(&mut self, now: Instant) {
-        let Some(since) = self.accounted_at else {
-            self.accounted_at = Some(now);
+        let Some(since) = self.fleet.accounted_at else {
+            self.fleet.accounted_at = Some(now);
             return;
         };
         let dt = now.saturating_duration_since(since);
@@ -497,11 +497,15 @@ impl State {
         if dt < ACCOUNT_EVERY {
             return;
         }
-        self.accounted_at = Some(now);
+        self.fleet.accounted_at = Some(now);
         let idle_for = self.idle_target();
         // Disjoint borrows: the walk reads the sessions and writes the
         // jobs, with no copies (it runs on the owner's loop).
-        let State { sessions, jobs, .. } = self;
+        let State {
+            fleet: Fleet { sessions, .. },
+            jobs,
+            ..
+        } = self;
         for s in sessions.values_mut() {
             attribute(s, now, jobs, idle_for.as_ref());
         }
@@ -510,7 +514,7 @@ impl State {
     /// Gives session `session_id`'s time since it was last accounted to
     /// what it holds now: called just before its leases change.
     pub(super) fn settle_session(&mut self, session_id: &str, now: Instant) {
-        let Some(s) = self.sessions.get(session_id) else {
+        let Some(s) = self.fleet.sessions.get(session_id) else {
             return;
         };
         if now <= s.accounted_at {
@@ -521,7 +525,11 @@ impl State {
         } else {
             None
         };
-        let State { sessions, jobs, .. } = self;
+        let State {
+            fleet: Fleet { sessions, .. },
+            jobs,
+            ..
+        } = self;
         if let Some(s) = sessions.get_mut(session_id) {
             attribute(s, now, jobs, idle_for.as_ref());
         }

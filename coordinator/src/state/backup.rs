@@ -128,10 +128,10 @@ impl State {
     /// last, if racing it pays.
     pub(super) fn try_backup(&mut self, session_id: &str, now: Instant) -> Result<Option<Lease>> {
         // A split being stored is the asker's (or another's) next work.
-        if self.splits_in_flight > 0 {
+        if self.fleet.splits_in_flight > 0 {
             return Ok(None);
         }
-        let Some(asker) = self.sessions.get(session_id) else {
+        let Some(asker) = self.fleet.sessions.get(session_id) else {
             return Ok(None);
         };
         if !asker.leases.is_empty() {
@@ -292,7 +292,7 @@ impl State {
         if let Some(backup) = job.take_backup(idx) {
             job.account.lost(backup.work, Lost::Backup);
         }
-        if let Some(session) = self.sessions.get_mut(session_id) {
+        if let Some(session) = self.fleet.sessions.get_mut(session_id) {
             session.leases.remove(&(job_id.to_string(), idx));
         }
         true
@@ -327,7 +327,7 @@ impl State {
         now: Instant,
     ) {
         self.settle_session(&lease.session_id, now);
-        if let Some(session) = self.sessions.get_mut(&lease.session_id) {
+        if let Some(session) = self.fleet.sessions.get_mut(&lease.session_id) {
             session.leases.remove(&(job_id.to_string(), idx));
         }
         let Some(job) = self.jobs.get_mut(job_id) else {
@@ -336,7 +336,7 @@ impl State {
         job.account.lost(lease.work, Lost::Backup);
         let shard_id = job.plan.shards[idx].id.clone();
         let attempt = folder(&attempt_prefix(&job.staging, &shard_id, lease.token));
-        self.effects.push(Effect::Sweep(attempt));
+        self.io.effects.push(Effect::Sweep(attempt));
         let worker = self.worker_of(&lease.session_id);
         info!(job = %job_id, shard = %shard_id, token = lease.token, %worker, %reason, "backup race: attempt ended");
         self.notify(

@@ -222,7 +222,7 @@ impl State {
             // A zombie of a job that succeeded long ago (its shards have
             // left memory): refused like one just after the end.
             let (error, attempt) = job.refuse_after_end(key);
-            self.effects.push(Effect::Sweep(attempt));
+            self.io.effects.push(Effect::Sweep(attempt));
             return Err(error);
         }
         let idx = job.shard(&key.shard_id)?;
@@ -236,7 +236,7 @@ impl State {
         }
         if job.life.ended() {
             let (error, attempt) = job.refuse_after_end(key);
-            self.effects.push(Effect::Sweep(attempt));
+            self.io.effects.push(Effect::Sweep(attempt));
             return Err(error);
         }
         let role = shard.role(&commit.session_id, key.token);
@@ -257,7 +257,7 @@ impl State {
             let token_stands = shard.slot.attempts().any(|l| l.token == key.token);
             if !token_stands {
                 let attempt = folder(&attempt_prefix(&job.staging, &key.shard_id, key.token));
-                self.effects.push(Effect::Sweep(attempt));
+                self.io.effects.push(Effect::Sweep(attempt));
             }
             return Err(error);
         };
@@ -351,7 +351,7 @@ impl State {
         if self.backup_went(&commit.session_id, &key.job_id, idx) {
             return;
         }
-        if let Some(session) = self.sessions.get_mut(&commit.session_id) {
+        if let Some(session) = self.fleet.sessions.get_mut(&commit.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
         }
         let Some(job) = self.jobs.get_mut(&key.job_id) else {
@@ -509,7 +509,7 @@ impl State {
         let expires_at = now + self.config.lease_timeout;
         let worker = self.worker_of(&commit.session_id);
         let at_ms = self.unix_ms(now);
-        let sessions = &mut self.sessions;
+        let sessions = &mut self.fleet.sessions;
         let job = self
             .jobs
             .get_mut(&key.job_id)

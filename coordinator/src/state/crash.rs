@@ -295,7 +295,7 @@ impl State {
         now: Instant,
     ) -> crate::error::Result<()> {
         let key = &release.key;
-        if let Some(session) = self.sessions.get_mut(&release.session_id) {
+        if let Some(session) = self.fleet.sessions.get_mut(&release.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
         }
         let worker = self.worker_of(&release.session_id);

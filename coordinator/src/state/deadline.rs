@@ -343,7 +343,8 @@ impl State {
     /// Processors working on `job_id` now, over all workers (see
     /// [`Need::working`]): O(sessions).
     fn working_on(&self, job_id: &str) -> u64 {
-        self.sessions
+        self.fleet
+            .sessions
             .values()
             .map(|s| u64::from(s.working_on(job_id)))
             .sum()

@@ -84,7 +84,7 @@ impl State {
         if leases.is_empty() {
             return;
         }
-        self.deaths.gone.push(Gone {
+        self.fleet.deaths.gone.push(Gone {
             worker_id: worker_id.to_string(),
             incarnation: incarnation.to_string(),
             closed_at: now,
@@ -105,13 +105,13 @@ impl State {
         let mut kept = Vec::new();
         let mut dead = Vec::new();
         let mut i = 0;
-        while i < self.deaths.gone.len() {
-            let g = &self.deaths.gone[i];
+        while i < self.fleet.deaths.gone.len() {
+            let g = &self.fleet.deaths.gone[i];
             if g.worker_id != worker_id {
                 i += 1;
                 continue;
             }
-            let g = self.deaths.gone.remove(i);
+            let g = self.fleet.deaths.gone.remove(i);
             if !incarnation.is_empty() && g.incarnation == incarnation {
                 self.counters.worker_reconnects += 1;
                 let gap = now.saturating_duration_since(g.closed_at);
@@ -142,9 +142,9 @@ impl State {
         let grace = self.config.lease_timeout;
         let mut late = Vec::new();
         let mut i = 0;
-        while i < self.deaths.gone.len() {
-            if now.saturating_duration_since(self.deaths.gone[i].closed_at) >= grace {
-                late.push(self.deaths.gone.remove(i));
+        while i < self.fleet.deaths.gone.len() {
+            if now.saturating_duration_since(self.fleet.deaths.gone[i].closed_at) >= grace {
+                late.push(self.fleet.deaths.gone.remove(i));
             } else {
                 i += 1;
             }
@@ -153,10 +153,10 @@ impl State {
             info!(worker = %g.worker_id, "worker did not come back within the lease timeout: its process is taken as dead");
             self.confirm(g, now);
         }
-        if self.deaths.owed.is_empty() {
+        if self.fleet.deaths.owed.is_empty() {
             return;
         }
-        let owed = std::mem::take(&mut self.deaths.owed);
+        let owed = std::mem::take(&mut self.fleet.deaths.owed);
         for (closed, worker) in owed {
             self.judge_death(closed, &worker, now);
         }
@@ -202,7 +202,7 @@ impl State {
         if !job.take_if_free(closed.idx) {
             // Another worker holds it (or its record is being written):
             // judged once it is free, and not leased before.
-            self.deaths.owed.push((closed, worker.to_string()));
+            self.fleet.deaths.owed.push((closed, worker.to_string()));
             return;
         }
         if !self.lease_lost(
@@ -244,7 +244,7 @@ impl State {
         job.put_lease(closed.idx, lease);
         // What it had not committed was counted lost as its session closed;
         // it goes on with it after all.
-        if let Some(session) = self.sessions.get_mut(session_id) {
+        if let Some(session) = self.fleet.sessions.get_mut(session_id) {
             session.leases.insert((closed.job_id.clone(), closed.idx));
         }
         warn!(job = %closed.job_id, shard = %self.shard_name(&closed.job_id, closed.idx), token, session = %session_id, "lease kept across a reconnect");
@@ -253,7 +253,7 @@ impl State {
 
     /// Whether shard `idx` of `job_id` waits for a death to be judged.
     pub(super) fn death_owed(&self, job_id: &str, idx: usize) -> bool {
-        self.deaths.owes(job_id, idx)
+        self.fleet.deaths.owes(job_id, idx)
     }
 }
 

@@ -170,7 +170,7 @@ impl State {
                 job.account.end(now);
                 let staging = job.staging_dir();
                 info!(job = %job_id, records = job.totals.records, shards = job.shards.len(), "job succeeded; manifest written");
-                self.effects.push(Effect::Sweep(staging));
+                self.io.effects.push(Effect::Sweep(staging));
                 self.wake_all();
                 self.stage_ended(job_id);
             }

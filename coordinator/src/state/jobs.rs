@@ -182,7 +182,7 @@ impl State {
         }
         info!(job = %job_id, shards = job.shards.len(), priority = job.schedule.priority, queue = job.spec.queue_name(), "job submitted");
         // Its turn starts now, not from the beginning of time.
-        job.pass = self.vtime;
+        job.pass = self.fleet.vtime;
         job.seq = self.order.len();
         self.order.push(job_id.clone());
         self.jobs.insert(job_id.clone(), job);
@@ -517,9 +517,9 @@ impl State {
                 });
             }
         }
-        self.effects.push(Effect::Sweep(staging));
+        self.io.effects.push(Effect::Sweep(staging));
         for (session_id, leases) in revoked {
-            if let Some(session) = self.sessions.get_mut(&session_id) {
+            if let Some(session) = self.fleet.sessions.get_mut(&session_id) {
                 session.leases.retain(|(j, _)| j != job_id);
                 // Best effort: a worker that misses this learns at its next commit.
                 self.notify(

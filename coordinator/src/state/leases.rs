@@ -25,7 +25,7 @@ const MAX_STORE_FAILURES: u32 = 100;
 impl State {
     pub fn acquire(&mut self, session_id: &str, now: Instant) -> Result<AcquireOutcome> {
         self.account_time(now);
-        let Some(session) = self.sessions.get(session_id) else {
+        let Some(session) = self.fleet.sessions.get(session_id) else {
             return Err(CoordinatorError::UnknownSession {
                 session_id: session_id.to_string(),
             });
@@ -39,8 +39,8 @@ impl State {
         // Which job goes first: `schedule.rs`.
         let (chosen, any_unfinished) = self.choose(session_id, &worker_id, now);
         let Some(super::schedule::Choice { job_id, pos }) = chosen else {
-            if !self.waiting.iter().any(|s| s == session_id) {
-                self.waiting.push_back(session_id.to_string());
+            if !self.fleet.waiting.iter().any(|s| s == session_id) {
+                self.fleet.waiting.push_back(session_id.to_string());
             }
             // Nothing pending: split a leased shard's remainder for this
             // worker (it is woken once the split is stored), or, when no
@@ -52,7 +52,7 @@ impl State {
             {
                 return Ok(AcquireOutcome::Lease(Box::new(lease)));
             }
-            if let Some(session) = self.sessions.get_mut(session_id) {
+            if let Some(session) = self.fleet.sessions.get_mut(session_id) {
                 session.waiting_since.get_or_insert(now);
             }
             return Ok(if any_unfinished {
@@ -121,7 +121,7 @@ impl State {
             isolate: super::crash::isolation(&shard.progress),
             carries_terms: true,
         };
-        if let Some(session) = self.sessions.get_mut(session_id) {
+        if let Some(session) = self.fleet.sessions.get_mut(session_id) {
             // The job's terms go with the session's first lease of it only.
             lease.carries_terms = session.terms_sent.insert(job_id.to_string());
             session.leases.insert((job_id.to_string(), idx));
@@ -131,7 +131,7 @@ impl State {
                     .observe(now.saturating_duration_since(since).as_secs_f64());
             }
         }
-        self.waiting.retain(|s| s != session_id);
+        self.fleet.waiting.retain(|s| s != session_id);
         self.charge(job_id);
         self.counters.leases_granted += 1;
         Ok(lease)
@@ -195,7 +195,7 @@ impl State {
         let mut progress = (*self.job(&key.job_id)?.shards[idx].progress).clone();
         let worker = self.worker_of(&release.session_id);
         let Some(error) = release.error.clone() else {
-            if let Some(session) = self.sessions.get_mut(&release.session_id) {
+            if let Some(session) = self.fleet.sessions.get_mut(&release.session_id) {
                 session.leases.remove(&(key.job_id.clone(), idx));
             }
             let job = self.job_mut(&key.job_id)?;
@@ -223,6 +223,7 @@ impl State {
         }
         progress.last_error = Some(error.clone());
         progress.last_failed_worker = self
+            .fleet
             .sessions
             .get(&release.session_id)
             .map(|s| s.worker_id.clone());
@@ -284,7 +285,7 @@ impl State {
         let error = progress.last_error.clone().unwrap_or_default();
         let key = &release.key;
         let worker = self.worker_of(&release.session_id);
-        let session_gone = !self.sessions.contains_key(&release.session_id);
+        let session_gone = !self.fleet.sessions.contains_key(&release.session_id);
         let Ok(job) = self.job_mut(&key.job_id) else {
             return self.reply(Some(req), Answer::Done(result));
         };
@@ -312,7 +313,7 @@ impl State {
             job.account.lost(lease.work, why);
         }
         let running = job.life.running();
-        if let Some(session) = self.sessions.get_mut(&release.session_id) {
+        if let Some(session) = self.fleet.sessions.get_mut(&release.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
         }
         if counts_as_failure {
@@ -381,7 +382,7 @@ impl State {
         // Only leased shards can expire: walk the sessions' leases (one per
         // busy processor), not every shard of every job.
         let mut expired: Vec<(String, String, usize)> = Vec::new();
-        for (session_id, session) in &self.sessions {
+        for (session_id, session) in &self.fleet.sessions {
             for (job_id, idx) in &session.leases {
                 let Some(job) = self.jobs.get(job_id) else {
                     continue;
@@ -404,7 +405,7 @@ impl State {
                 warn!(job = %job_id, shard = %self.shard_name(&job_id, idx), worker = %worker, "backup lease expired; the holder goes on");
                 continue;
             }
-            if let Some(session) = self.sessions.get_mut(&session_id) {
+            if let Some(session) = self.fleet.sessions.get_mut(&session_id) {
                 session.leases.remove(&(job_id.clone(), idx));
             }
             let Some(lease) = self.jobs.get_mut(&job_id).and_then(|j| j.take_lease(idx)) else {

@@ -896,11 +896,13 @@ struct Session {
     terms_sent: HashSet<String>,
 }
 
-/// The coordinator's whole in-memory state.
+/// The coordinator's whole in-memory state: the jobs, the fleet that
+/// works on them, and the writes on their way to the store (ADR 023).
 pub struct State {
     config: CoordinatorConfig,
+    /// The coordinator's fencing epoch: the high bits of its lease tokens
+    /// and progress records' order.
     epoch: u64,
-    token_seq: u64,
     /// Orders progress records (see `ProgressRecord::seq`).
     record_seq: u64,
     /// Jobs by id; `order` keeps submission order (over both maps).
@@ -914,36 +916,72 @@ pub struct State {
     /// ran thousands of jobs leases as fast as a new one.
     released: BTreeMap<String, Job>,
     order: Vec<String>,
-    sessions: BTreeMap<String, Session>,
-    /// Sessions answered `Wait` or `Idle` since their last lease, oldest
-    /// first: they get a `Wake` when work may be there for them.
-    waiting: VecDeque<String>,
-    counters: Counters,
-    histograms: Histograms,
-    /// What the owner is to do, in order (see [`State::take_effects`]).
-    effects: Vec<Effect>,
-    /// Writes in flight, and what to do when each is done.
-    in_flight: BTreeMap<IoId, Then>,
-    io_seq: IoId,
-    /// Stride scheduling's virtual time: the pass of the job served last.
-    vtime: f64,
     /// When pipeline stages' waits were last counted (`pipeline.rs`).
     stage_waits_at: Option<Instant>,
     /// When jobs were last sized for their deadlines (`deadline.rs`).
     deadlines_sized_at: Option<Instant>,
+    /// The workers and what binds them to jobs.
+    fleet: Fleet,
+    /// The machine's side of the store: effects out, results expected.
+    io: IoTable,
+    counters: Counters,
+    histograms: Histograms,
+    /// The wall clock against the state's (deadlines, events), as the
+    /// owner gave it at restore.
+    wall: Option<deadline::WallClock>,
+}
+
+/// The workers: their sessions, the leases they hold (each session's
+/// `leases`, with the tokens that fence them), the schedule's memory
+/// (who waits, stride scheduling's virtual time, preemptions), the time
+/// they gave to jobs, their deaths, and the store's health as they and
+/// the coordinator meet it.
+struct Fleet {
+    sessions: BTreeMap<String, Session>,
+    /// Counts the lease tokens given out this epoch.
+    token_seq: u64,
+    /// Sessions answered `Wait` or `Idle` since their last lease, oldest
+    /// first: they get a `Wake` when work may be there for them.
+    waiting: VecDeque<String>,
+    /// Stride scheduling's virtual time: the pass of the job served last.
+    vtime: f64,
     /// When leases were preempted in the last second (the rate limit).
     preempted_at: schedule::PreemptTimes,
     /// Until when the workers' time is given to jobs (see `account.rs`).
     accounted_at: Option<Instant>,
     /// Splits being stored (see `split.rs`).
     splits_in_flight: usize,
-    /// The wall clock against the state's (deadlines, events), as the
-    /// owner gave it at restore.
-    wall: Option<deadline::WallClock>,
     /// Closed sessions not yet known alive or dead (`deaths.rs`).
     deaths: deaths::Deaths,
     /// Whether the state root's store answers (`store_health.rs`).
     store: store_health::StoreHealth,
+}
+
+impl Fleet {
+    fn new() -> Self {
+        Self {
+            sessions: BTreeMap::new(),
+            token_seq: 0,
+            waiting: VecDeque::new(),
+            vtime: 0.0,
+            preempted_at: schedule::PreemptTimes::new(),
+            accounted_at: None,
+            splits_in_flight: 0,
+            deaths: deaths::Deaths::default(),
+            store: store_health::StoreHealth::default(),
+        }
+    }
+}
+
+/// The writes the owner runs for the machine: asked in `effects`, each
+/// answered by [`State::written`] with what to do then (`in_flight`).
+#[derive(Default)]
+struct IoTable {
+    /// What the owner is to do, in order (see [`State::take_effects`]).
+    effects: Vec<Effect>,
+    /// Writes in flight, and what to do when each is done.
+    in_flight: BTreeMap<IoId, Then>,
+    io_seq: IoId,
 }
 
 impl State {
@@ -953,27 +991,17 @@ impl State {
         Self {
             config,
             epoch,
-            token_seq: 0,
             record_seq: 0,
             jobs: BTreeMap::new(),
             released: BTreeMap::new(),
             order: Vec::new(),
-            sessions: BTreeMap::new(),
-            waiting: VecDeque::new(),
-            counters: Counters::default(),
-            histograms: Histograms::default(),
-            effects: Vec::new(),
-            in_flight: BTreeMap::new(),
-            io_seq: 0,
-            vtime: 0.0,
             stage_waits_at: None,
             deadlines_sized_at: None,
-            preempted_at: schedule::PreemptTimes::new(),
-            accounted_at: None,
-            splits_in_flight: 0,
+            fleet: Fleet::new(),
+            io: IoTable::default(),
+            counters: Counters::default(),
+            histograms: Histograms::default(),
             wall: None,
-            deaths: deaths::Deaths::default(),
-            store: store_health::StoreHealth::default(),
         }
     }
 
@@ -993,30 +1021,31 @@ impl State {
     /// (hand each result to [`State::written`]), answers to send, staging
     /// folders to sweep.
     pub fn take_effects(&mut self) -> Vec<Effect> {
-        std::mem::take(&mut self.effects)
+        std::mem::take(&mut self.io.effects)
     }
 
     /// Asks the owner to run `io`; `then` says what to do with its result.
     fn start_io(&mut self, io: Io, then: Then) {
-        self.io_seq += 1;
-        let id = self.io_seq;
-        self.in_flight.insert(id, then);
-        self.effects.push(Effect::Io(id, io));
+        self.io.io_seq += 1;
+        let id = self.io.io_seq;
+        self.io.in_flight.insert(id, then);
+        self.io.effects.push(Effect::Io(id, io));
     }
 
     fn reply(&mut self, req: Option<ReqId>, answer: Answer) {
         if let Some(req) = req {
-            self.effects.push(Effect::Reply(req, answer));
+            self.io.effects.push(Effect::Reply(req, answer));
         }
     }
 
     /// Asks the owner to push `event` to the session's worker; whether the
     /// session is there to be told.
     fn notify(&mut self, session_id: &str, event: SessionEvent) -> bool {
-        if !self.sessions.contains_key(session_id) {
+        if !self.fleet.sessions.contains_key(session_id) {
             return false;
         }
-        self.effects
+        self.io
+            .effects
             .push(Effect::Notify(session_id.to_string(), event));
         true
     }
@@ -1025,7 +1054,7 @@ impl State {
     /// started it. A plain write's result converts (`state.written(id,
     /// Ok(()), now)`).
     pub fn written(&mut self, id: IoId, outcome: impl Into<Outcome>, now: Instant) {
-        let Some(then) = self.in_flight.remove(&id) else {
+        let Some(then) = self.io.in_flight.remove(&id) else {
             return;
         };
         let outcome = outcome.into();
@@ -1074,7 +1103,8 @@ impl State {
 
     /// The worker id of a session, for log lines (empty once it is gone).
     fn worker_of(&self, session_id: &str) -> String {
-        self.sessions
+        self.fleet
+            .sessions
             .get(session_id)
             .map(|s| s.worker_id.clone())
             .unwrap_or_default()
@@ -1083,14 +1113,14 @@ impl State {
     /// The jobs being created: each lives in its write's continuation
     /// until it is stored (a submit is rare; the writes in flight few).
     fn creating(&self) -> impl Iterator<Item = &Job> {
-        self.in_flight.values().filter_map(|then| match then {
+        self.io.in_flight.values().filter_map(|then| match then {
             Then::Created { job } => Some(&**job),
             _ => None,
         })
     }
 
     fn creating_mut(&mut self, job_id: &str) -> Option<&mut Job> {
-        self.in_flight.values_mut().find_map(|then| match then {
+        self.io.in_flight.values_mut().find_map(|then| match then {
             Then::Created { job } if job.id == job_id => Some(&mut **job),
             _ => None,
         })
@@ -1118,8 +1148,8 @@ impl State {
     }
 
     fn next_token(&mut self) -> u64 {
-        self.token_seq += 1;
-        (self.epoch << TOKEN_EPOCH_SHIFT) | self.token_seq
+        self.fleet.token_seq += 1;
+        (self.epoch << TOKEN_EPOCH_SHIFT) | self.fleet.token_seq
     }
 
     fn next_seq(&mut self) -> u64 {

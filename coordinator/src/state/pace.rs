@@ -207,13 +207,14 @@ impl State {
     /// of the job, or for an unknown session).
     #[cfg(feature = "test-util")]
     pub fn pace(&self, session_id: &str, job_id: &str, now: Instant) -> Option<f64> {
-        self.sessions.get(session_id)?.pace(job_id, now)
+        self.fleet.sessions.get(session_id)?.pace(job_id, now)
     }
 
     /// The median pace on `job_id` over the connected workers that have
     /// one (the upper one of an even count).
     pub(super) fn median_pace(&self, job_id: &str, now: Instant) -> Option<f64> {
         let mut paces: Vec<f64> = self
+            .fleet
             .sessions
             .values()
             .filter_map(|s| s.pace(job_id, now))
@@ -228,7 +229,7 @@ impl State {
     pub(super) fn median_steady(&self, job_id: &str, now: Instant) -> Option<Steady> {
         let mut rates = Vec::new();
         let mut intervals = Vec::new();
-        for s in self.sessions.values() {
+        for s in self.fleet.sessions.values() {
             let Some(pace) = s.paces.get(job_id) else {
                 continue;
             };
@@ -251,6 +252,7 @@ impl State {
     /// (`None` before any committed).
     pub(super) fn median_first_commit(&self, job_id: &str) -> Option<Duration> {
         let mut starts: Vec<Duration> = self
+            .fleet
             .sessions
             .values()
             .filter_map(|s| s.first_commit(job_id))

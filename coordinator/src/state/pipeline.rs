@@ -246,7 +246,7 @@ impl State {
                     .all(|(_, state)| state.progress.done)
             };
             if every_part_done {
-                self.effects.push(super::Effect::Delete(uri));
+                self.io.effects.push(super::Effect::Delete(uri));
             }
         }
         // One more slot under `max_pending`: a held commit of the upstream

@@ -123,8 +123,8 @@ impl State {
             spec: Arc::clone(&job.spec),
             partials: job.metric_partials(),
         };
-        self.waiting.retain(|s| s != session_id);
-        if let Some(session) = self.sessions.get_mut(session_id) {
+        self.fleet.waiting.retain(|s| s != session_id);
+        if let Some(session) = self.fleet.sessions.get_mut(session_id) {
             session.waiting_since = None;
         }
         info!(job = %job_id, token, worker = %worker, partials = task.partials.len(), "metrics reduce task granted");

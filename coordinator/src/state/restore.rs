@@ -185,7 +185,7 @@ impl State {
             job.pending.clear();
             // A zombie may have uploaded into an ended job's staging
             // folder after its last sweep.
-            self.effects.push(Effect::Sweep(job.staging_dir()));
+            self.io.effects.push(Effect::Sweep(job.staging_dir()));
         }
         job.seq = self.order.len();
         self.order.push(job_id.clone());

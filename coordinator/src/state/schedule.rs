@@ -230,7 +230,11 @@ impl State {
     ) -> (Option<Choice>, bool) {
         // A shard whose last attempt failed on this worker goes to another
         // one while others are connected.
-        let others_connected = self.sessions.values().any(|s| s.worker_id != worker_id);
+        let others_connected = self
+            .fleet
+            .sessions
+            .values()
+            .any(|s| s.worker_id != worker_id);
         let usage = self.queue_usage();
         let pool = self.pool_of(session_id);
         let mut any_unfinished = false;
@@ -285,7 +289,8 @@ impl State {
 
     /// The pool session `session_id` serves.
     pub(super) fn pool_of(&self, session_id: &str) -> &str {
-        self.sessions
+        self.fleet
+            .sessions
             .get(session_id)
             .map_or(stoke_core::schedule::DEFAULT_POOL, |s| s.pool.as_str())
     }
@@ -294,10 +299,10 @@ impl State {
     /// earlier than the pass of the job served last, so a job that was
     /// idle (or is new) takes its turn without a burst of catching up.
     pub(super) fn charge(&mut self, job_id: &str) {
-        let vtime = self.vtime;
+        let vtime = self.fleet.vtime;
         if let Some(job) = self.jobs.get_mut(job_id) {
             let start = job.pass.max(vtime);
-            self.vtime = start;
+            self.fleet.vtime = start;
             job.pass = start + 1.0 / job.schedule.weight;
         }
     }
@@ -365,7 +370,12 @@ impl State {
             let p = top.entry(job.spec.pool_name()).or_insert(i64::MIN);
             *p = (*p).max(job.schedule.priority);
         }
-        let pools: HashSet<&str> = self.sessions.values().map(|s| s.pool.as_str()).collect();
+        let pools: HashSet<&str> = self
+            .fleet
+            .sessions
+            .values()
+            .map(|s| s.pool.as_str())
+            .collect();
         self.jobs
             .values()
             .filter_map(|job| {
@@ -386,18 +396,24 @@ impl State {
         }
         let window = Duration::from_secs(1);
         while self
+            .fleet
             .preempted_at
             .front()
             .is_some_and(|&at| now.saturating_duration_since(at) >= window)
         {
-            self.preempted_at.pop_front();
+            self.fleet.preempted_at.pop_front();
         }
         // Workers serve their own pool: each pool preempts among its own.
-        let mut pools: Vec<String> = self.sessions.values().map(|s| s.pool.clone()).collect();
+        let mut pools: Vec<String> = self
+            .fleet
+            .sessions
+            .values()
+            .map(|s| s.pool.clone())
+            .collect();
         pools.sort();
         pools.dedup();
         for pool in pools {
-            let budget = (per_s as usize).saturating_sub(self.preempted_at.len());
+            let budget = (per_s as usize).saturating_sub(self.fleet.preempted_at.len());
             if budget == 0 {
                 return;
             }
@@ -408,8 +424,9 @@ impl State {
     /// [`State::preempt`] within one pool, at most `budget` leases.
     fn preempt_in(&mut self, pool: &str, budget: usize, now: Instant) {
         // A free worker takes the waiting work itself.
-        let free = self.waiting.iter().any(|id| self.pool_of(id) == pool)
+        let free = self.fleet.waiting.iter().any(|id| self.pool_of(id) == pool)
             || self
+                .fleet
                 .sessions
                 .values()
                 .any(|s| s.pool == pool && s.leases.is_empty());
@@ -434,7 +451,7 @@ impl State {
         // queue gives back no more than it borrowed.
         let mut given: HashMap<String, u64> = HashMap::new();
         let mut victims = Vec::new();
-        for (session_id, session) in self.sessions.iter().filter(|(_, s)| s.pool == pool) {
+        for (session_id, session) in self.fleet.sessions.iter().filter(|(_, s)| s.pool == pool) {
             for (job_id, idx) in &session.leases {
                 let Some(job) = self.jobs.get(job_id) else {
                     continue;
@@ -516,7 +533,7 @@ impl State {
                 shard_id: job.plan.shards[idx].id.clone(),
                 token,
             });
-            self.preempted_at.push_back(now);
+            self.fleet.preempted_at.push_back(now);
             self.counters.leases_preempted += 1;
             taken += 1;
         }
@@ -548,7 +565,7 @@ impl State {
             // (granted, token, session): the youngest first.
             let mut held: Vec<(Instant, u64, String, usize)> = Vec::new();
             let mut asked = 0u64;
-            for (session_id, session) in &self.sessions {
+            for (session_id, session) in &self.fleet.sessions {
                 for (held_job, idx) in &session.leases {
                     if *held_job != job_id {
                         continue;
@@ -674,7 +691,7 @@ impl State {
         for name in &self.config.pools {
             pools.entry(name.as_str()).or_default();
         }
-        for session in self.sessions.values() {
+        for session in self.fleet.sessions.values() {
             pools.entry(session.pool.as_str()).or_default().workers += 1;
         }
         // Each pool's wanted workers by queue, each capped by its queue's

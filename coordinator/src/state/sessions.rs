@@ -41,7 +41,7 @@ impl State {
         self.counters.sessions_registered += 1;
         let worker_id = registration.worker_id.clone();
         let incarnation = registration.incarnation.clone();
-        self.sessions.insert(
+        self.fleet.sessions.insert(
             session_id.clone(),
             Session {
                 incarnation: registration.incarnation,
@@ -138,7 +138,7 @@ impl State {
             ActiveLease::new(session_id, key.token, expires_at, now),
         );
         job.pending.retain(|&i| i != idx);
-        if let Some(session) = self.sessions.get_mut(session_id) {
+        if let Some(session) = self.fleet.sessions.get_mut(session_id) {
             session.leases.insert((key.job_id.clone(), idx));
         }
         let until = job.plan.shards[idx].until_record();
@@ -156,11 +156,11 @@ impl State {
     /// once.
     pub fn session_closed(&mut self, session_id: &str, now: Instant) {
         self.settle_session(session_id, now);
-        let Some(session) = self.sessions.remove(session_id) else {
+        let Some(session) = self.fleet.sessions.remove(session_id) else {
             return;
         };
         self.counters.sessions_closed += 1;
-        self.waiting.retain(|s| s != session_id);
+        self.fleet.waiting.retain(|s| s != session_id);
         let mut requeued = 0;
         let mut lost_work: Vec<String> = Vec::new();
         // Kept until its worker is known alive or dead (`deaths.rs`).
@@ -239,7 +239,7 @@ impl State {
     }
 
     pub fn heartbeat(&mut self, session_id: &str, leases: &[LeaseKey], now: Instant) -> Result<()> {
-        if !self.sessions.contains_key(session_id) {
+        if !self.fleet.sessions.contains_key(session_id) {
             return Err(CoordinatorError::UnknownSession {
                 session_id: session_id.to_string(),
             });
@@ -264,7 +264,7 @@ impl State {
     /// progress and its last words (what a death is blamed on, see
     /// `crash.rs`), and answers a span that wants it with `Noted`.
     pub fn note_work(&mut self, session_id: &str, work: &[LeaseWork], now: Instant) -> Result<()> {
-        if !self.sessions.contains_key(session_id) {
+        if !self.fleet.sessions.contains_key(session_id) {
             return Err(CoordinatorError::UnknownSession {
                 session_id: session_id.to_string(),
             });
@@ -320,7 +320,7 @@ impl State {
     /// Observes the batches since the last report in the batch-time
     /// histogram (at their mean: workers report totals).
     pub fn report_stages(&mut self, session_id: &str, stages: StageTotals) {
-        if let Some(session) = self.sessions.get_mut(session_id) {
+        if let Some(session) = self.fleet.sessions.get_mut(session_id) {
             let batches = stages.batches.saturating_sub(session.stages.batches);
             let model_ms = stages.model_ms.saturating_sub(session.stages.model_ms);
             if batches > 0 {
@@ -339,7 +339,7 @@ impl State {
     pub(super) fn wake(&mut self, n: usize) {
         let mut woken = 0;
         while woken < n {
-            let Some(session_id) = self.waiting.pop_front() else {
+            let Some(session_id) = self.fleet.waiting.pop_front() else {
                 break;
             };
             // Best effort: a worker that misses it asks again after its pause.

@@ -347,7 +347,8 @@ impl State {
         &'a self,
         asker: &'a str,
     ) -> impl Iterator<Item = (&'a str, &'a Session, &'a str, usize, &'a Job)> + 'a {
-        self.sessions
+        self.fleet
+            .sessions
             .iter()
             .filter(move |(id, _)| id.as_str() != asker)
             .flat_map(move |(id, holder)| {
@@ -366,10 +367,10 @@ impl State {
     pub(super) fn try_split(&mut self, session_id: &str, now: Instant) -> bool {
         // One split per waiting worker at a time: a worker that asks again
         // before its split is stored must not split a second shard.
-        if self.splits_in_flight >= self.waiting.len() {
+        if self.fleet.splits_in_flight >= self.fleet.waiting.len() {
             return false;
         }
-        let Some(asker) = self.sessions.get(session_id) else {
+        let Some(asker) = self.fleet.sessions.get(session_id) else {
             return false;
         };
         let may_lease = self.jobs_that_may_lease_more(self.pool_of(session_id));
@@ -494,7 +495,7 @@ impl State {
             log_uri,
             asker: session_id.to_string(),
         };
-        self.splits_in_flight += 1;
+        self.fleet.splits_in_flight += 1;
         self.start_io(io, Then::Split(Box::new(write)));
         true
     }
@@ -510,7 +511,7 @@ impl State {
             log_uri,
             asker,
         } = write;
-        self.splits_in_flight = self.splits_in_flight.saturating_sub(1);
+        self.fleet.splits_in_flight = self.fleet.splits_in_flight.saturating_sub(1);
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return;
         };
@@ -599,7 +600,7 @@ impl State {
     /// a lease, which is what keeps its reservation (see
     /// [`State::reserved_for_another`]).
     fn wake_asker(&mut self, asker: &str) {
-        let waits = self.waiting.iter().any(|s| s == asker);
+        let waits = self.fleet.waiting.iter().any(|s| s == asker);
         // Best effort: a worker that misses it asks again after its pause.
         if !(waits && self.notify(asker, SessionEvent::Wake)) {
             self.wake(1);
@@ -622,14 +623,14 @@ impl State {
         else {
             return false;
         };
-        asker != session_id && *until > now && self.waiting.iter().any(|s| s == asker)
+        asker != session_id && *until > now && self.fleet.waiting.iter().any(|s| s == asker)
     }
 
     /// The holder of shard `idx` went away while a write of the shard was
     /// in flight (its session's leases were skipped then): the shard goes
     /// back to the queue now.
     fn requeue_orphan(&mut self, job_id: &str, idx: usize) {
-        let sessions = &self.sessions;
+        let sessions = &self.fleet.sessions;
         let Some(job) = self.jobs.get_mut(job_id) else {
             return;
         };

@@ -47,8 +47,8 @@ pub(super) struct StoreHealth {
 impl State {
     /// A write came back: stored, or failed on the store (`error`).
     pub(super) fn store_answered(&mut self, id: IoId, error: Option<String>, now: Instant) {
-        self.store.seen.remove(&id);
-        self.store.answered = Some(now);
+        self.fleet.store.seen.remove(&id);
+        self.fleet.store.answered = Some(now);
         match error {
             Some(why) => {
                 self.counters.store_errors += 1;
@@ -62,24 +62,27 @@ impl State {
     /// back since it was sent, means the store does not answer (one slow
     /// write among others that come back is only slow).
     pub(super) fn watch_store(&mut self, now: Instant) {
-        let in_flight = &self.in_flight;
-        self.store.seen.retain(|id, _| in_flight.contains_key(id));
-        for &id in self.in_flight.keys() {
-            self.store.seen.entry(id).or_insert(now);
+        let in_flight = &self.io.in_flight;
+        self.fleet
+            .store
+            .seen
+            .retain(|id, _| in_flight.contains_key(id));
+        for &id in self.io.in_flight.keys() {
+            self.fleet.store.seen.entry(id).or_insert(now);
         }
-        let Some(oldest) = self.store.seen.values().min().copied() else {
+        let Some(oldest) = self.fleet.store.seen.values().min().copied() else {
             return;
         };
         let waited = now.saturating_duration_since(oldest);
-        let none_back = self.store.answered.is_none_or(|at| at <= oldest);
-        if waited >= SILENT_AFTER && none_back && self.store.outage.is_none() {
+        let none_back = self.fleet.store.answered.is_none_or(|at| at <= oldest);
+        if waited >= SILENT_AFTER && none_back && self.fleet.store.outage.is_none() {
             let why = format!("a write has waited {} s for an answer", waited.as_secs());
             self.store_down(oldest, why);
         }
     }
 
     fn store_down(&mut self, since: Instant, why: String) {
-        if self.store.outage.is_some() {
+        if self.fleet.store.outage.is_some() {
             return;
         }
         let since_ms = self.unix_ms(since);
@@ -89,7 +92,7 @@ impl State {
             "store: not answering since {} (state root {root}): {why}",
             clock(since_ms)
         );
-        self.store.outage = Some(Outage {
+        self.fleet.store.outage = Some(Outage {
             since,
             since_ms,
             why,
@@ -98,7 +101,7 @@ impl State {
     }
 
     fn store_up(&mut self, now: Instant) {
-        let Some(outage) = self.store.outage.take() else {
+        let Some(outage) = self.fleet.store.outage.take() else {
             return;
         };
         let down = now.saturating_duration_since(outage.since);
@@ -122,7 +125,7 @@ impl State {
 
     /// Seconds the store has not answered (0 while it does), and why.
     pub fn store_outage(&self, now: Instant) -> Option<(f64, String)> {
-        self.store.outage.as_ref().map(|o| {
+        self.fleet.store.outage.as_ref().map(|o| {
             (
                 now.saturating_duration_since(o.since).as_secs_f64(),
                 o.why.clone(),

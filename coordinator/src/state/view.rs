@@ -229,6 +229,7 @@ impl State {
     /// The counters and the connected workers, for `/metrics` and the CLI.
     pub fn snapshot(&self, now: Instant) -> Snapshot {
         let mut workers: Vec<WorkerInfo> = self
+            .fleet
             .sessions
             .iter()
             .map(|(session_id, s)| {
@@ -260,7 +261,7 @@ impl State {
         // time does, which `/metrics` does not show.
         // Above 0 from the outage's first instant.
         let store_not_answering_s = self.store_outage(now).map_or(0.0, |(s, _)| s.max(0.001));
-        let now = self.accounted_at.unwrap_or(now);
+        let now = self.fleet.accounted_at.unwrap_or(now);
         Snapshot {
             counters: self.counters.clone(),
             histograms: self.histograms.clone(),
@@ -281,7 +282,7 @@ impl State {
         self.sample_rates(now);
         // (leased, of those with failed attempts behind them) per job.
         let mut leased: HashMap<&str, (u64, u64)> = HashMap::new();
-        for (session_id, session) in &self.sessions {
+        for (session_id, session) in &self.fleet.sessions {
             for (job_id, idx) in &session.leases {
                 let Some(job) = self.jobs.get(job_id) else {
                     continue;
