@@ -11,21 +11,68 @@
 use stoke_core::spec::DeltaCommit;
 use tracing::info;
 
-use super::jobs::JobCmd;
+use super::component::{Component, JobAction, JobView};
 use super::table_log::DeltaLog;
 use super::{Job, Life, Pause, State};
+
+/// A job's spending cap, as a component: its cap is the job's schedule's
+/// (`max_cost`, which `stoke set` changes), what it spent the fleet's to
+/// price, and whether it is paused at its cap its life's.
+#[derive(Debug, Default)]
+pub(super) struct Budget;
+
+impl Component for Budget {
+    /// A running job whose spend reached its cap pauses: said in its
+    /// events, its workers drain, and a Delta `commit = "end"` table gets
+    /// what it committed so far.
+    fn on_tick(&mut self, job: &JobView) -> Vec<JobAction> {
+        let (Some(cap), Some(spent)) = (job.schedule.max_cost, job.spent) else {
+            return Vec::new();
+        };
+        if !job.life.leasing() || spent < cap {
+            return Vec::new();
+        }
+        let cause = Pause::Budget { cap, spent };
+        info!(job = %job.id, cap, spent, "job paused: its budget is spent");
+        vec![
+            JobAction::Event(format!("paused: {}", cause.reason())),
+            JobAction::Pause(cause),
+            JobAction::CommitTableSoFar,
+        ]
+    }
+
+    /// After `stoke set`: a job paused at its cap resumes when its cap is
+    /// now above what it spent (or gone).
+    fn on_schedule_set(&mut self, job: &JobView) -> Vec<JobAction> {
+        if !paused_at_cap(job.life) {
+            return Vec::new();
+        }
+        let spent = job.spent.unwrap_or(0.0);
+        let cap = job.schedule.max_cost;
+        if !cap.is_none_or(|cap| cap > spent) {
+            return Vec::new();
+        }
+        info!(job = %job.id, spent, ?cap, "job resumes: its cap was raised");
+        vec![JobAction::Resume]
+    }
+}
+
+/// Whether a job in `life` is paused at its cap (after a restart too).
+fn paused_at_cap(life: &Life) -> bool {
+    matches!(
+        life,
+        Life::Paused {
+            cause: Pause::Budget { .. },
+            ..
+        }
+    )
+}
 
 impl Job {
     /// Whether it is paused at its cap (after a restart too): a higher cap
     /// resumes it.
     pub(super) fn paused_at_cap(&self) -> bool {
-        matches!(
-            self.life,
-            Life::Paused {
-                cause: Pause::Budget { .. },
-                ..
-            }
-        )
+        paused_at_cap(&self.life)
     }
 
     /// What the job spent so far at `price` per worker-hour.
@@ -45,36 +92,6 @@ impl State {
         self.config
             .price_of(job.spec.pool_name())
             .map(|price| job.spent(price))
-    }
-
-    /// Pauses each running job whose spend reached its cap (see the module
-    /// docs). Called at each tick: O(jobs).
-    pub(super) fn enforce_budgets(&mut self, now: tokio::time::Instant) {
-        let now_ms = self.unix_ms(now);
-        let mut reached = Vec::new();
-        for job in self.jobs.values() {
-            let Some(cap) = job.schedule.max_cost else {
-                continue;
-            };
-            if !job.life.leasing() {
-                continue;
-            }
-            let Some(spent) = self.spend_of(job) else {
-                continue;
-            };
-            if spent >= cap {
-                reached.push((job.id.clone(), cap, spent));
-            }
-        }
-        for (job_id, cap, spent) in reached {
-            let cause = Pause::Budget { cap, spent };
-            info!(job = %job_id, cap, spent, "job paused: its budget is spent");
-            if let Some(job) = self.jobs.get_mut(&job_id) {
-                job.event(now_ms, format!("paused: {}", cause.reason()));
-            }
-            self.job_cmd(None, &job_id, JobCmd::Pause(cause));
-            self.commit_partial_table(&job_id);
-        }
     }
 
     /// A Delta job with `commit = "end"` paused at its cap: what it
@@ -100,20 +117,87 @@ impl State {
         job.delta_log = Some(DeltaLog::from_seq(seq));
         self.delta_next(job_id);
     }
+}
 
-    /// After `stoke set`: a job paused at its cap resumes when its cap is
-    /// now above what it spent.
-    pub(super) fn resume_if_budget_allows(&mut self, job_id: &str) {
-        let Some(job) = self.jobs.get(job_id) else {
-            return;
+#[cfg(test)]
+mod tests {
+    use super::super::Change;
+    use super::*;
+    use stoke_core::schedule::Schedule;
+
+    fn view<'a>(life: &'a Life, schedule: &'a Schedule, spent: f64) -> JobView<'a> {
+        JobView {
+            id: "j",
+            life,
+            schedule,
+            spent: Some(spent),
+        }
+    }
+
+    #[test]
+    fn the_budget_pauses_a_running_job_at_its_cap_and_resumes_it_above() {
+        let running = Life::Running(Change::Idle);
+        let capped = Schedule {
+            max_cost: Some(10.0),
+            ..Default::default()
         };
-        if !job.paused_at_cap() {
-            return;
-        }
-        let spent = self.spend_of(job).unwrap_or(0.0);
-        if job.schedule.max_cost.is_none_or(|cap| cap > spent) {
-            info!(job = %job_id, spent, cap = ?job.schedule.max_cost, "job resumes: its cap was raised");
-            self.job_cmd(None, job_id, JobCmd::Resume);
-        }
+        let mut budget = Budget;
+        // Below the cap, or no price (no spend known), or no cap: nothing.
+        assert!(budget.on_tick(&view(&running, &capped, 9.99)).is_empty());
+        let unpriced = JobView {
+            spent: None,
+            ..view(&running, &capped, 0.0)
+        };
+        assert!(budget.on_tick(&unpriced).is_empty());
+        let uncapped = Schedule::default();
+        assert!(budget.on_tick(&view(&running, &uncapped, 1e9)).is_empty());
+        // At the cap: said, paused with its cause, the table so far.
+        let cause = Pause::Budget {
+            cap: 10.0,
+            spent: 10.5,
+        };
+        assert_eq!(
+            budget.on_tick(&view(&running, &capped, 10.5)),
+            [
+                JobAction::Event("paused: budget of 10.00 reached (spent 10.50)".into()),
+                JobAction::Pause(cause.clone()),
+                JobAction::CommitTableSoFar,
+            ]
+        );
+        // A job already paused (by its cap, or a user) is not paused again.
+        let at_cap = Life::Paused {
+            cause,
+            change: Change::Idle,
+        };
+        assert!(budget.on_tick(&view(&at_cap, &capped, 12.0)).is_empty());
+        // `stoke set`: a cap at or under the spend keeps it paused; one
+        // above it, or none, resumes it.
+        assert!(
+            budget
+                .on_schedule_set(&view(&at_cap, &capped, 10.0))
+                .is_empty()
+        );
+        let raised = Schedule {
+            max_cost: Some(20.0),
+            ..Default::default()
+        };
+        assert_eq!(
+            budget.on_schedule_set(&view(&at_cap, &raised, 10.5)),
+            [JobAction::Resume]
+        );
+        assert_eq!(
+            budget.on_schedule_set(&view(&at_cap, &uncapped, 10.5)),
+            [JobAction::Resume]
+        );
+        // A user's pause is the user's to end.
+        let by_user = Life::Paused {
+            cause: Pause::User("maintenance".into()),
+            change: Change::Idle,
+        };
+        assert!(
+            budget
+                .on_schedule_set(&view(&by_user, &raised, 1.0))
+                .is_empty()
+        );
     }
 }

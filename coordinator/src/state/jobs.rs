@@ -15,6 +15,7 @@ use stoke_core::spec::JobSpec;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::component::Hook;
 use super::{
     Answer, Change, CreateJob, Effect, End, Io, Job, Life, Pause, ReqId, Stamped, State, Then,
 };
@@ -393,7 +394,7 @@ impl State {
             JobCmd::Resume => self.resumed(job_id),
             JobCmd::Cancel(reason) => self.ended(job_id, End::Cancelled(reason), now),
             JobCmd::Fail(reason) => self.ended(job_id, End::Failed(reason), now),
-            JobCmd::Set(change) => self.schedule_set(job_id, &change),
+            JobCmd::Set(change) => self.schedule_set(job_id, &change, now),
         }
         // A pipeline stage's held commits go once it no longer leases
         // (paused: its workers drain; ended: they are refused), and the
@@ -409,10 +410,11 @@ impl State {
         }
     }
 
-    fn schedule_set(&mut self, job_id: &str, change: &ScheduleChange) {
+    fn schedule_set(&mut self, job_id: &str, change: &ScheduleChange, now: Instant) {
         self.schedule_changed(job_id, change);
         if change.max_cost.is_some() {
-            self.resume_if_budget_allows(job_id);
+            let now_ms = self.unix_ms(now);
+            self.call_job_components(job_id, Hook::ScheduleSet, now_ms);
         }
     }
 

@@ -11,6 +11,7 @@ use tracing::{info, warn};
 
 use super::account::Lost;
 use super::backup::Role;
+use super::component::Hook;
 use super::crash::Death;
 use super::repeats::Repeat;
 use super::{
@@ -374,7 +375,7 @@ impl State {
     pub fn tick(&mut self, now: Instant) {
         self.account_time(now);
         self.account_stage_waits(now);
-        self.enforce_budgets(now);
+        self.call_components(Hook::Tick, self.unix_ms(now));
         self.size_deadlines(now);
         self.sample_rates(now);
         self.judge_deaths(now);

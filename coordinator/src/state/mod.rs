@@ -53,6 +53,7 @@ mod account;
 mod backup;
 mod budget;
 mod commit;
+mod component;
 mod crash;
 mod deadline;
 mod deaths;
@@ -411,6 +412,8 @@ struct Job {
     repeats: repeats::Repeats,
     /// Its metrics' reduce task (see `reducers.rs`).
     reduce: reducers::Reduce,
+    /// Its spending cap (`budget.rs`), a component.
+    budget: budget::Budget,
     /// Its deadline and the fleet it asks for to meet it (`deadline.rs`).
     deadline: Option<deadline::Deadline>,
     /// What happened to it that its user should know, oldest first.
@@ -769,6 +772,7 @@ impl Job {
             inputs_complete,
             held: VecDeque::new(),
             deadline,
+            budget: Default::default(),
             events: Default::default(),
             store_trouble: BTreeSet::new(),
         }
