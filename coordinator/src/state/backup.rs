@@ -164,7 +164,7 @@ impl State {
             };
             let Some(asker_pace) = asker
                 .pace(job_id, now)
-                .or_else(|| self.median_pace(job_id, now))
+                .or_else(|| self.fleet.median_pace(job_id, now))
                 .filter(|p| *p > 0.0)
             else {
                 continue;

@@ -8,10 +8,11 @@
 //! survives restarts with the report's counters (`report-so-far.json`),
 //! and the pause's cause with its status (`StatusRecord::budget_pause`).
 
+use stoke_core::schedule::Schedule;
 use stoke_core::spec::DeltaCommit;
 use tracing::info;
 
-use super::component::{Component, JobAction, JobView};
+use super::component::{Component, Ctx, JobAction};
 use super::table_log::DeltaLog;
 use super::{Job, Life, Pause, State};
 
@@ -25,36 +26,43 @@ impl Component for Budget {
     /// A running job whose spend reached its cap pauses: said in its
     /// events, its workers drain, and a Delta `commit = "end"` table gets
     /// what it committed so far.
-    fn on_tick(&mut self, job: &JobView) -> Vec<JobAction> {
-        let (Some(cap), Some(spent)) = (job.schedule.max_cost, job.spent) else {
-            return Vec::new();
-        };
-        if !job.life.leasing() || spent < cap {
-            return Vec::new();
-        }
-        let cause = Pause::Budget { cap, spent };
-        info!(job = %job.id, cap, spent, "job paused: its budget is spent");
-        vec![
-            JobAction::Event(format!("paused: {}", cause.reason())),
-            JobAction::Pause(cause),
-            JobAction::CommitTableSoFar,
-        ]
+    fn on_tick(&mut self, ctx: &Ctx) -> Vec<JobAction> {
+        reached(&ctx.job.life, &ctx.job.schedule, ctx.spent())
+            .map(|cause| {
+                info!(job = %ctx.job.id, cap = ?ctx.job.schedule.max_cost, spent = ?ctx.spent(), "job paused: its budget is spent");
+                vec![
+                    JobAction::Event(format!("paused: {}", cause.reason())),
+                    JobAction::Pause(cause),
+                    JobAction::CommitTableSoFar,
+                ]
+            })
+            .unwrap_or_default()
     }
 
     /// After `stoke set`: a job paused at its cap resumes when its cap is
     /// now above what it spent (or gone).
-    fn on_schedule_set(&mut self, job: &JobView) -> Vec<JobAction> {
-        if !paused_at_cap(job.life) {
+    fn on_schedule_set(&mut self, ctx: &Ctx) -> Vec<JobAction> {
+        let spent = ctx.spent();
+        if !raised(&ctx.job.life, &ctx.job.schedule, spent) {
             return Vec::new();
         }
-        let spent = job.spent.unwrap_or(0.0);
-        let cap = job.schedule.max_cost;
-        if !cap.is_none_or(|cap| cap > spent) {
-            return Vec::new();
-        }
-        info!(job = %job.id, spent, ?cap, "job resumes: its cap was raised");
+        info!(job = %ctx.job.id, spent = spent.unwrap_or(0.0), cap = ?ctx.job.schedule.max_cost, "job resumes: its cap was raised");
         vec![JobAction::Resume]
     }
+}
+
+/// The pause a job in `life` under `schedule`, having spent `spent`, is
+/// due: a running job whose spend reached its cap.
+fn reached(life: &Life, schedule: &Schedule, spent: Option<f64>) -> Option<Pause> {
+    let (cap, spent) = schedule.max_cost.zip(spent)?;
+    (life.leasing() && spent >= cap).then_some(Pause::Budget { cap, spent })
+}
+
+/// Whether a job in `life` is paused at a cap that `schedule` has now
+/// raised above `spent` (or removed).
+fn raised(life: &Life, schedule: &Schedule, spent: Option<f64>) -> bool {
+    let spent = spent.unwrap_or(0.0);
+    paused_at_cap(life) && schedule.max_cost.is_none_or(|cap| cap > spent)
 }
 
 /// Whether a job in `life` is paused at its cap (after a restart too).
@@ -123,16 +131,6 @@ impl State {
 mod tests {
     use super::super::Change;
     use super::*;
-    use stoke_core::schedule::Schedule;
-
-    fn view<'a>(life: &'a Life, schedule: &'a Schedule, spent: f64) -> JobView<'a> {
-        JobView {
-            id: "j",
-            life,
-            schedule,
-            spent: Some(spent),
-        }
-    }
 
     #[test]
     fn the_budget_pauses_a_running_job_at_its_cap_and_resumes_it_above() {
@@ -141,63 +139,42 @@ mod tests {
             max_cost: Some(10.0),
             ..Default::default()
         };
-        let mut budget = Budget;
         // Below the cap, or no price (no spend known), or no cap: nothing.
-        assert!(budget.on_tick(&view(&running, &capped, 9.99)).is_empty());
-        let unpriced = JobView {
-            spent: None,
-            ..view(&running, &capped, 0.0)
-        };
-        assert!(budget.on_tick(&unpriced).is_empty());
+        assert_eq!(reached(&running, &capped, Some(9.99)), None);
+        assert_eq!(reached(&running, &capped, None), None);
         let uncapped = Schedule::default();
-        assert!(budget.on_tick(&view(&running, &uncapped, 1e9)).is_empty());
-        // At the cap: said, paused with its cause, the table so far.
+        assert_eq!(reached(&running, &uncapped, Some(1e9)), None);
+        // At the cap: paused with its cause.
         let cause = Pause::Budget {
             cap: 10.0,
             spent: 10.5,
         };
+        assert_eq!(reached(&running, &capped, Some(10.5)), Some(cause.clone()));
         assert_eq!(
-            budget.on_tick(&view(&running, &capped, 10.5)),
-            [
-                JobAction::Event("paused: budget of 10.00 reached (spent 10.50)".into()),
-                JobAction::Pause(cause.clone()),
-                JobAction::CommitTableSoFar,
-            ]
+            cause.reason(),
+            "budget of 10.00 reached (spent 10.50)",
+            "what the event and the status say"
         );
         // A job already paused (by its cap, or a user) is not paused again.
         let at_cap = Life::Paused {
             cause,
             change: Change::Idle,
         };
-        assert!(budget.on_tick(&view(&at_cap, &capped, 12.0)).is_empty());
+        assert_eq!(reached(&at_cap, &capped, Some(12.0)), None);
         // `stoke set`: a cap at or under the spend keeps it paused; one
         // above it, or none, resumes it.
-        assert!(
-            budget
-                .on_schedule_set(&view(&at_cap, &capped, 10.0))
-                .is_empty()
-        );
-        let raised = Schedule {
+        assert!(!raised(&at_cap, &capped, Some(10.0)));
+        let higher = Schedule {
             max_cost: Some(20.0),
             ..Default::default()
         };
-        assert_eq!(
-            budget.on_schedule_set(&view(&at_cap, &raised, 10.5)),
-            [JobAction::Resume]
-        );
-        assert_eq!(
-            budget.on_schedule_set(&view(&at_cap, &uncapped, 10.5)),
-            [JobAction::Resume]
-        );
+        assert!(raised(&at_cap, &higher, Some(10.5)));
+        assert!(raised(&at_cap, &uncapped, Some(10.5)));
         // A user's pause is the user's to end.
         let by_user = Life::Paused {
             cause: Pause::User("maintenance".into()),
             change: Change::Idle,
         };
-        assert!(
-            budget
-                .on_schedule_set(&view(&by_user, &raised, 1.0))
-                .is_empty()
-        );
+        assert!(!raised(&by_user, &higher, Some(1.0)));
     }
 }

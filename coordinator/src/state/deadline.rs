@@ -50,6 +50,7 @@ use stoke_core::records::JobEvent;
 use tokio::time::Instant;
 use tracing::warn;
 
+use super::component::{Component, Ctx, JobAction};
 use super::{Job, State};
 
 /// The events a job keeps (the most recent).
@@ -98,6 +99,8 @@ pub(super) struct Deadline {
     said: bool,
     /// Its processors at work as last sized (see [`Need::working`]).
     pub working: u64,
+    /// When it was last sized.
+    sized_at: Option<Instant>,
 }
 
 impl Deadline {
@@ -266,13 +269,13 @@ impl Job {
 
     /// Workers it asks for to meet its deadline, when sized.
     pub(super) fn deadline_wanted(&self) -> Option<u64> {
-        Some(self.deadline.as_ref()?.sizing.as_ref()?.wanted)
+        Some(self.features.deadline.as_ref()?.sizing.as_ref()?.wanted)
     }
 
     /// Its deadline, while it holds fewer workers than the deadline asks
     /// for (or is not sized yet): it goes first among its equals.
     pub(super) fn urgent_deadline(&self) -> Option<u64> {
-        let d = self.deadline.as_ref()?;
+        let d = self.features.deadline.as_ref()?;
         d.sizing
             .as_ref()
             .is_none_or(|s| d.working < s.wanted)
@@ -288,104 +291,75 @@ impl State {
     pub(super) fn unix_ms(&self, now: Instant) -> u64 {
         self.wall.map_or(0, |w| w.unix_ms(now))
     }
+}
 
-    /// Sizes each running job with a deadline (see the module docs).
-    /// Called at each tick, done at most every `SIZE_EVERY`: O(deadline
-    /// jobs × sessions), and a walk of the plan for a job whose total is
-    /// estimated.
-    pub(super) fn size_deadlines(&mut self, now: Instant) {
+impl Component for Deadline {
+    /// Sizes a running job for its deadline (see the module docs), at
+    /// most every `SIZE_EVERY`: O(sessions), and a walk of the plan for a
+    /// job whose total is estimated. The first time it is at risk, says
+    /// so in its events.
+    fn on_tick(&mut self, ctx: &Ctx) -> Vec<JobAction> {
         if self
-            .deadlines_sized_at
-            .is_some_and(|at| now.saturating_duration_since(at) < SIZE_EVERY)
+            .sized_at
+            .is_some_and(|at| ctx.now.saturating_duration_since(at) < SIZE_EVERY)
+            || !ctx.job.life.running()
         {
-            return;
+            return Vec::new();
         }
-        self.deadlines_sized_at = Some(now);
-        let now_ms = self.unix_ms(now);
-        let mut sized = Vec::new();
-        for job in self.jobs.values() {
-            let Some(deadline) = &job.deadline else {
-                continue;
-            };
-            if !job.life.running() {
-                continue;
+        self.sized_at = Some(ctx.now);
+        let working = ctx.fleet.working_on(&ctx.job.id);
+        self.working = working;
+        let Some(mut sizing) = need_of(ctx, working, self.at_ms).map(|n| size(&n)) else {
+            self.sizing = None;
+            return Vec::new();
+        };
+        self.risk = sizing.risk.take();
+        self.sizing = Some(sizing);
+        match self.risk.clone() {
+            Some(risk) if !self.said => {
+                self.said = true;
+                warn!(job = %ctx.job.id, risk = %risk, "deadline at risk; the job keeps running");
+                vec![JobAction::Event(format!("deadline at risk: {risk}"))]
             }
-            let working = self.working_on(&job.id);
-            let sizing = self
-                .need_of(job, working, deadline.at_ms, now_ms, now)
-                .map(|n| size(&n));
-            sized.push((job.id.clone(), working, sizing));
-        }
-        for (job_id, working, sizing) in sized {
-            let Some(job) = self.jobs.get_mut(&job_id) else {
-                continue;
-            };
-            let Some(deadline) = job.deadline.as_mut() else {
-                continue;
-            };
-            deadline.working = working;
-            let Some(mut sizing) = sizing else {
-                deadline.sizing = None;
-                continue;
-            };
-            deadline.risk = sizing.risk.take();
-            deadline.sizing = Some(sizing);
-            if let Some(risk) = deadline.risk.clone()
-                && !deadline.said
-            {
-                deadline.said = true;
-                warn!(job = %job_id, risk = %risk, "deadline at risk; the job keeps running");
-                job.event(now_ms, format!("deadline at risk: {risk}"));
-            }
+            _ => Vec::new(),
         }
     }
+}
 
-    /// Processors working on `job_id` now, over all workers (see
-    /// [`Need::working`]): O(sessions).
-    fn working_on(&self, job_id: &str) -> u64 {
-        self.fleet
-            .sessions
-            .values()
-            .map(|s| u64::from(s.working_on(job_id)))
-            .sum()
-    }
-
-    /// What sizing `job` for its deadline works from; `None` before its
-    /// pace is measured or while its total is unknown.
-    fn need_of(
-        &self,
-        job: &Job,
-        working: u64,
-        at_ms: u64,
-        now_ms: u64,
-        now: Instant,
-    ) -> Option<Need> {
-        let total = job
-            .plan
-            .records_total
-            .or_else(|| job.records_total_estimate())?;
-        let steady = self.median_steady(&job.id, now).filter(|p| p.rate > 0.0)?;
-        let pace = steady.rate;
-        let margin_s = self.config.startup_margin.as_secs_f64();
-        let budget = job
-            .schedule
-            .max_cost
-            .zip(self.price_of(job))
-            .map(|(cap, price)| (cap - job.spent(price), price));
-        Some(Need {
-            left: total.saturating_sub(job.totals.records),
-            pace,
-            working,
-            time_left_s: (at_ms as f64 - now_ms as f64) / 1000.0,
-            margin_s,
-            tail_s: 2.0 * steady.interval.as_secs_f64(),
-            max_workers: job.schedule.max_workers,
-            budget,
-            start_s: self
-                .median_first_commit(&job.id)
-                .map_or(margin_s, |d| d.as_secs_f64()),
-        })
-    }
+/// What sizing `ctx`'s job for its deadline at `at_ms` works from, with
+/// `working` processors on it; `None` before its pace is measured or
+/// while its total is unknown.
+fn need_of(ctx: &Ctx, working: u64, at_ms: u64) -> Option<Need> {
+    let job = ctx.job;
+    let total = job
+        .plan
+        .records_total
+        .or_else(|| job.records_total_estimate())?;
+    let steady = ctx
+        .fleet
+        .median_steady(&job.id, ctx.now)
+        .filter(|p| p.rate > 0.0)?;
+    let pace = steady.rate;
+    let margin_s = ctx.config.startup_margin.as_secs_f64();
+    let budget = job
+        .schedule
+        .max_cost
+        .zip(ctx.price())
+        .map(|(cap, price)| (cap - job.spent(price), price));
+    Some(Need {
+        left: total.saturating_sub(job.totals.records),
+        pace,
+        working,
+        time_left_s: (at_ms as f64 - ctx.now_ms as f64) / 1000.0,
+        margin_s,
+        tail_s: 2.0 * steady.interval.as_secs_f64(),
+        max_workers: job.schedule.max_workers,
+        budget,
+        start_s: ctx
+            .fleet
+            .median_first_commit(&job.id)
+            .map_or(margin_s, |d| d.as_secs_f64()),
+    })
 }
 
 #[cfg(test)]

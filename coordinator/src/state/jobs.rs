@@ -413,8 +413,7 @@ impl State {
     fn schedule_set(&mut self, job_id: &str, change: &ScheduleChange, now: Instant) {
         self.schedule_changed(job_id, change);
         if change.max_cost.is_some() {
-            let now_ms = self.unix_ms(now);
-            self.call_job_components(job_id, Hook::ScheduleSet, now_ms);
+            self.call_job_components(job_id, Hook::ScheduleSet, now);
         }
     }
 

@@ -375,8 +375,8 @@ impl State {
     pub fn tick(&mut self, now: Instant) {
         self.account_time(now);
         self.account_stage_waits(now);
-        self.call_components(Hook::Tick, self.unix_ms(now));
-        self.size_deadlines(now);
+        // The jobs' components: budgets, deadlines.
+        self.call_components(Hook::Tick, now);
         self.sample_rates(now);
         self.judge_deaths(now);
         self.watch_store(now);

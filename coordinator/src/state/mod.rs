@@ -412,10 +412,8 @@ struct Job {
     repeats: repeats::Repeats,
     /// Its metrics' reduce task (see `reducers.rs`).
     reduce: reducers::Reduce,
-    /// Its spending cap (`budget.rs`), a component.
-    budget: budget::Budget,
-    /// Its deadline and the fleet it asks for to meet it (`deadline.rs`).
-    deadline: Option<deadline::Deadline>,
+    /// Its features' components: its budget, its deadline.
+    features: component::Features,
     /// What happened to it that its user should know, oldest first.
     events: deadline::Events,
     /// Workers whose attempts at it failed on the store, said once in its
@@ -771,8 +769,10 @@ impl Job {
             reduce: Default::default(),
             inputs_complete,
             held: VecDeque::new(),
-            deadline,
-            budget: Default::default(),
+            features: component::Features {
+                budget: Default::default(),
+                deadline,
+            },
             events: Default::default(),
             store_trouble: BTreeSet::new(),
         }
@@ -922,8 +922,6 @@ pub struct State {
     order: Vec<String>,
     /// When pipeline stages' waits were last counted (`pipeline.rs`).
     stage_waits_at: Option<Instant>,
-    /// When jobs were last sized for their deadlines (`deadline.rs`).
-    deadlines_sized_at: Option<Instant>,
     /// The workers and what binds them to jobs.
     fleet: Fleet,
     /// The machine's side of the store: effects out, results expected.
@@ -1000,7 +998,6 @@ impl State {
             released: BTreeMap::new(),
             order: Vec::new(),
             stage_waits_at: None,
-            deadlines_sized_at: None,
             fleet: Fleet::new(),
             io: IoTable::default(),
             counters: Counters::default(),

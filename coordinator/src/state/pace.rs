@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Session, State};
+use super::{Fleet, Session, State};
 
 /// How many commits a pace looks back over: enough to smooth out the
 /// steps of one checkpoint at a time, few enough that a worker that slows
@@ -209,12 +209,13 @@ impl State {
     pub fn pace(&self, session_id: &str, job_id: &str, now: Instant) -> Option<f64> {
         self.fleet.sessions.get(session_id)?.pace(job_id, now)
     }
+}
 
+impl Fleet {
     /// The median pace on `job_id` over the connected workers that have
     /// one (the upper one of an even count).
     pub(super) fn median_pace(&self, job_id: &str, now: Instant) -> Option<f64> {
         let mut paces: Vec<f64> = self
-            .fleet
             .sessions
             .values()
             .filter_map(|s| s.pace(job_id, now))
@@ -229,7 +230,7 @@ impl State {
     pub(super) fn median_steady(&self, job_id: &str, now: Instant) -> Option<Steady> {
         let mut rates = Vec::new();
         let mut intervals = Vec::new();
-        for s in self.fleet.sessions.values() {
+        for s in self.sessions.values() {
             let Some(pace) = s.paces.get(job_id) else {
                 continue;
             };
@@ -252,13 +253,21 @@ impl State {
     /// (`None` before any committed).
     pub(super) fn median_first_commit(&self, job_id: &str) -> Option<Duration> {
         let mut starts: Vec<Duration> = self
-            .fleet
             .sessions
             .values()
             .filter_map(|s| s.first_commit(job_id))
             .collect();
         starts.sort();
         starts.get(starts.len() / 2).copied()
+    }
+
+    /// Processors working on `job_id` now, over all workers (see
+    /// `deadline::Need::working`): O(sessions).
+    pub(super) fn working_on(&self, job_id: &str) -> u64 {
+        self.sessions
+            .values()
+            .map(|s| u64::from(s.working_on(job_id)))
+            .sum()
     }
 }
 

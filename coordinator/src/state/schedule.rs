@@ -738,7 +738,7 @@ impl Job {
     /// and pending shards; capped by `max_workers`.
     fn workers_wanted(&self) -> u64 {
         let busy = self.pending.len() as u64 + self.leased;
-        let wanted = match (&self.deadline, self.deadline_wanted()) {
+        let wanted = match (&self.features.deadline, self.deadline_wanted()) {
             (_, Some(n)) => n,
             // Before its pace is measured, a job with a deadline asks for
             // the workers it holds, at least one: sized from its first

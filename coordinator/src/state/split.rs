@@ -389,8 +389,10 @@ impl State {
             let (asker_pace, median, start) = *paces.entry(job_id).or_insert_with(|| {
                 (
                     asker.pace(job_id, now),
-                    self.median_pace(job_id, now),
-                    self.median_first_commit(job_id).map(|d| d.as_secs_f64()),
+                    self.fleet.median_pace(job_id, now),
+                    self.fleet
+                        .median_first_commit(job_id)
+                        .map(|d| d.as_secs_f64()),
                 )
             });
             let Some(left) = job.records_left(idx) else {

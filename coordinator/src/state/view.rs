@@ -54,6 +54,7 @@ impl Job {
     ) -> JobInfo {
         // Its deadline's last sizing, while it runs.
         let sized = self
+            .features
             .deadline
             .as_ref()
             .and_then(|d| d.sizing.as_ref())
@@ -109,6 +110,7 @@ impl Job {
             eta_wanted_s: sized.and_then(|s| s.eta_s),
             eta_held_s: sized.and_then(|s| s.eta_held_s),
             deadline_risk: self
+                .features
                 .deadline
                 .as_ref()
                 .and_then(|d| d.risk.clone())
