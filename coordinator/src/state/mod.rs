@@ -40,6 +40,9 @@
 //!   tail;
 //! - `pace.rs`: each worker's pace on each job (records committed per
 //!   second of lease held), which splits go by;
+//! - `component.rs`: what a job's feature is (its hooks, what it sees,
+//!   what it may ask); `budget.rs` (spending caps) and `deadline.rs` (the
+//!   fleet a deadline asks for) are components;
 //! - `reducers.rs`: a job's metric partials reduced on a worker (a leased
 //!   task) before it finishes;
 //! - `table_log.rs`: a job's Delta commits in order (the pending-commit
