@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::account::Lost;
+use super::backup::Role;
 use super::{
     Answer, Effect, GroupWrite, GroupWritten, Io, Job, ReqId, SnapshotWrite, StagedCopy, State,
     Then, folder, progress_log,
@@ -135,6 +136,148 @@ enum Step {
     Write(Box<PendingCommit>),
 }
 
+/// What a job makes of a commit of one of its shards (`Job::judge_commit`).
+enum Verdict {
+    /// A retry of a commit already stored (its answer was lost).
+    Duplicate,
+    /// Refused; `sweep`: the attempt's staging folder, when nothing it
+    /// staged can count any more.
+    Refused {
+        error: CoordinatorError,
+        sweep: Option<StoreUri>,
+    },
+    /// Its records reach past the shard's split end: refused, and the
+    /// attempt is over.
+    PastSplit { error: CoordinatorError, idx: usize },
+    /// Valid: from shard `idx`'s `role` attempt.
+    Accept { idx: usize, role: Role },
+}
+
+impl Job {
+    /// Judges `commit` by this job's rules alone: the job's life, the
+    /// shard's token and attempts, whether a record of it is being
+    /// stored, the batch it starts at and the shard's split end.
+    fn judge_commit(&self, commit: &Commit) -> Result<Verdict> {
+        let key = &commit.key;
+        if self.life.kept().is_some() {
+            // A zombie of a job that succeeded long ago (its shards have
+            // left memory): refused like one just after the end.
+            let (error, attempt) = self.refuse_after_end(key);
+            return Ok(Verdict::Refused {
+                error,
+                sweep: Some(attempt),
+            });
+        }
+        let idx = self.shard(&key.shard_id)?;
+        let shard = &self.shards[idx];
+        // A retry of a commit that was stored but whose answer was lost.
+        if shard.progress.token == key.token
+            && commit.next_batch <= shard.progress.next_batch
+            && (shard.progress.done || !commit.shard_done)
+        {
+            return Ok(Verdict::Duplicate);
+        }
+        if self.life.ended() {
+            let (error, attempt) = self.refuse_after_end(key);
+            return Ok(Verdict::Refused {
+                error,
+                sweep: Some(attempt),
+            });
+        }
+        let Some(role) = shard.role(&commit.session_id, key.token) else {
+            let error = CoordinatorError::StaleToken {
+                job_id: key.job_id.clone(),
+                shard_id: key.shard_id.clone(),
+                token: key.token,
+                current: shard
+                    .lease()
+                    .map_or("no active lease".to_string(), |l| l.token.to_string()),
+            };
+            // An attempt that lost its lease (revoked for a backup, lapsed,
+            // taken over) staged this after it lost: it can never count,
+            // so its staging folder is swept now, not at the job's end. Not
+            // while a lease of that token stands (its commit came on an
+            // old session).
+            let token_stands = shard.slot.attempts().any(|l| l.token == key.token);
+            let sweep = (!token_stands)
+                .then(|| folder(&attempt_prefix(&self.staging, &key.shard_id, key.token)));
+            return Ok(Verdict::Refused { error, sweep });
+        };
+        if shard.writing() {
+            let error = CoordinatorError::CommitInFlight {
+                job_id: key.job_id.clone(),
+                shard_id: key.shard_id.clone(),
+            };
+            return Ok(Verdict::Refused { error, sweep: None });
+        }
+        if commit.from_batch != shard.progress.next_batch {
+            let error = CoordinatorError::BatchMismatch {
+                job_id: key.job_id.clone(),
+                shard_id: key.shard_id.clone(),
+                from_batch: commit.from_batch,
+                committed: shard.progress.next_batch,
+            };
+            return Ok(Verdict::Refused { error, sweep: None });
+        }
+        let plan_shard = &self.plan.shards[idx];
+        if let Some(until) = plan_shard.until_record() {
+            let reaches = plan_shard.from_record() + shard.progress.records + commit.records;
+            if reaches > until {
+                let error = CoordinatorError::PastSplit {
+                    job_id: key.job_id.clone(),
+                    shard_id: key.shard_id.clone(),
+                    reaches,
+                    until,
+                };
+                return Ok(Verdict::PastSplit { error, idx });
+            }
+        }
+        Ok(Verdict::Accept { idx, role })
+    }
+
+    /// Shard `idx`'s progress once `commit` (accepted, its outputs where
+    /// they are committed) is applied, as record `seq`; marks the shard
+    /// as being written. `worker` names the committer in the log.
+    fn progress_after(
+        &mut self,
+        idx: usize,
+        commit: &mut Commit,
+        seq: u64,
+        worker: &str,
+    ) -> ProgressRecord {
+        let key = &commit.key;
+        let mut progress = (*self.shards[idx].progress).clone();
+        progress.token = key.token;
+        progress.next_batch = commit.next_batch;
+        progress.records += commit.records;
+        progress.outputs.extend(std::mem::take(&mut commit.outputs));
+        progress.done = commit.shard_done;
+        progress.skipped += commit.skipped;
+        progress
+            .errors
+            .extend(std::mem::take(&mut commit.error_objects));
+        let reach = self.plan.shards[idx].from_record() + progress.records;
+        // The suspected records all passed (isolated probes, or a death
+        // that was not theirs): nothing is suspected any more.
+        if progress.suspect.as_ref().is_some_and(|s| reach >= s.until) {
+            info!(job = %key.job_id, shard = %key.shard_id, token = key.token, %worker, reach, "suspected records passed; isolation over");
+            progress.suspect = None;
+        }
+        progress.seq = seq;
+        self.begin_write(idx);
+        // A batch this commit covers is no longer in progress.
+        if let Some(lease) = self.shards[idx].lease_mut()
+            && lease
+                .current
+                .as_ref()
+                .is_some_and(|c| c.span.until() <= reach)
+        {
+            lease.current = None;
+        }
+        progress
+    }
+}
+
 impl State {
     /// A worker's commit: validated now; its progress record goes to the
     /// store in the job's next group commit, and `req` is answered once it
@@ -216,120 +359,37 @@ impl State {
     }
 
     fn check_commit(&mut self, mut commit: Commit, req: ReqId, arrived: Instant) -> Result<Step> {
-        let key = &commit.key;
-        let job = self.job(&key.job_id)?;
-        if job.life.kept().is_some() {
-            // A zombie of a job that succeeded long ago (its shards have
-            // left memory): refused like one just after the end.
-            let (error, attempt) = job.refuse_after_end(key);
-            self.io.effects.push(Effect::Sweep(attempt));
-            return Err(error);
-        }
-        let idx = job.shard(&key.shard_id)?;
-        let shard = &job.shards[idx];
-        // A retry of a commit that was stored but whose answer was lost.
-        if shard.progress.token == key.token
-            && commit.next_batch <= shard.progress.next_batch
-            && (shard.progress.done || !commit.shard_done)
-        {
-            return Ok(Step::Duplicate);
-        }
-        if job.life.ended() {
-            let (error, attempt) = job.refuse_after_end(key);
-            self.io.effects.push(Effect::Sweep(attempt));
-            return Err(error);
-        }
-        let role = shard.role(&commit.session_id, key.token);
-        let Some(role) = role else {
-            let error = CoordinatorError::StaleToken {
-                job_id: key.job_id.clone(),
-                shard_id: key.shard_id.clone(),
-                token: key.token,
-                current: shard
-                    .lease()
-                    .map_or("no active lease".to_string(), |l| l.token.to_string()),
-            };
-            // An attempt that lost its lease (revoked for a backup, lapsed,
-            // taken over) staged this after it lost: it can never count,
-            // so its staging folder is swept now, not at the job's end. Not
-            // while a lease of that token stands (its commit came on an
-            // old session).
-            let token_stands = shard.slot.attempts().any(|l| l.token == key.token);
-            if !token_stands {
-                let attempt = folder(&attempt_prefix(&job.staging, &key.shard_id, key.token));
-                self.io.effects.push(Effect::Sweep(attempt));
+        let (idx, copies) = match self.job(&commit.key.job_id)?.judge_commit(&commit)? {
+            Verdict::Duplicate => return Ok(Step::Duplicate),
+            Verdict::Refused { error, sweep } => {
+                if let Some(attempt) = sweep {
+                    self.io.effects.push(Effect::Sweep(attempt));
+                }
+                return Err(error);
             }
-            return Err(error);
-        };
-        if shard.writing() {
-            return Err(CoordinatorError::CommitInFlight {
-                job_id: key.job_id.clone(),
-                shard_id: key.shard_id.clone(),
-            });
-        }
-        if commit.from_batch != shard.progress.next_batch {
-            return Err(CoordinatorError::BatchMismatch {
-                job_id: key.job_id.clone(),
-                shard_id: key.shard_id.clone(),
-                from_batch: commit.from_batch,
-                committed: shard.progress.next_batch,
-            });
-        }
-        let plan_shard = &job.plan.shards[idx];
-        if let Some(until) = plan_shard.until_record() {
-            let reaches = plan_shard.from_record() + shard.progress.records + commit.records;
-            if reaches > until {
-                let error = CoordinatorError::PastSplit {
-                    job_id: key.job_id.clone(),
-                    shard_id: key.shard_id.clone(),
-                    reaches,
-                    until,
-                };
+            Verdict::PastSplit { error, idx } => {
                 self.requeue_past_split(&commit, idx, arrived);
                 return Err(error);
             }
-        }
-        let staged = std::mem::take(&mut commit.outputs);
-        let (outputs, copies) = job.committed_outputs(key, staged)?;
-        let racing = job.shards[idx].racing();
-        let key = &commit.key;
-        let job_id = key.job_id.clone();
-        if racing {
-            // The first commit of either attempt wins the shard.
-            self.settle_race(&job_id, idx, role, arrived);
-        }
-        let job = self.job(&job_id)?;
-        let shard = &job.shards[idx];
-        let plan_shard = &job.plan.shards[idx];
-        let mut progress = (*shard.progress).clone();
-        progress.token = key.token;
-        progress.next_batch = commit.next_batch;
-        progress.records += commit.records;
-        progress.outputs.extend(outputs);
-        progress.done = commit.shard_done;
-        progress.skipped += commit.skipped;
-        progress
-            .errors
-            .extend(std::mem::take(&mut commit.error_objects));
-        let reach = plan_shard.from_record() + progress.records;
-        // The suspected records all passed (isolated probes, or a death
-        // that was not theirs): nothing is suspected any more.
-        if progress.suspect.as_ref().is_some_and(|s| reach >= s.until) {
-            info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %self.worker_of(&commit.session_id), reach, "suspected records passed; isolation over");
-            progress.suspect = None;
-        }
-        progress.seq = self.next_seq();
+            Verdict::Accept { idx, role } => {
+                let job = self.job(&commit.key.job_id)?;
+                let racing = job.shards[idx].racing();
+                // The outputs are checked before a race is settled by them.
+                let staged = std::mem::take(&mut commit.outputs);
+                let (outputs, copies) = job.committed_outputs(&commit.key, staged)?;
+                commit.outputs = outputs;
+                if racing {
+                    // The first commit of either attempt wins the shard.
+                    let job_id = commit.key.job_id.clone();
+                    self.settle_race(&job_id, idx, role, arrived);
+                }
+                (idx, copies)
+            }
+        };
+        let seq = self.next_seq();
+        let worker = self.worker_of(&commit.session_id);
         let job = self.job_mut(&commit.key.job_id)?;
-        job.begin_write(idx);
-        // A batch this commit covers is no longer in progress.
-        if let Some(lease) = job.shards[idx].lease_mut()
-            && lease
-                .current
-                .as_ref()
-                .is_some_and(|c| c.span.until() <= reach)
-        {
-            lease.current = None;
-        }
+        let progress = job.progress_after(idx, &mut commit, seq, &worker);
         Ok(Step::Write(Box::new(PendingCommit {
             idx,
             log_uri: job.layout.progress_log(progress.seq),
