@@ -33,7 +33,7 @@ use stoke_store::StoreUri;
 use tokio::time::Instant;
 use tracing::{error, warn};
 
-use super::{ActiveLease, Io, State, Then, progress_log};
+use super::{ActiveLease, Io, Job, State, Then, progress_log};
 
 /// How the holder of a lease was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,36 +164,25 @@ pub(super) struct Crashed {
     pub fail: Option<String>,
 }
 
-impl State {
-    /// Shard `idx` of `job_id`'s id, for log lines.
-    pub(super) fn shard_name(&self, job_id: &str, idx: usize) -> String {
-        self.jobs
-            .get(job_id)
-            .and_then(|j| j.plan.shards.get(idx))
-            .map(|s| s.id.clone())
-            .unwrap_or_default()
-    }
-
-    /// `lease` of shard `idx` of `job_id` was lost with its holder
-    /// (`worker`). With a batch in progress this is a crash: it is stored
-    /// (the shard is requeued once it is) and true is returned; otherwise
-    /// false, and the caller requeues the shard as for any lost lease.
-    pub(super) fn lease_lost(
+impl Job {
+    /// Shard `idx`'s holder `lease` (of `worker`) died processing the
+    /// batch it last reported (`None` when it reported none: no crash).
+    /// Judges the death by this job's rules (its crash threshold, the
+    /// shard's suspect, its error policy), marks the shard written and
+    /// returns the crash to store as record `seq`, with the objects to
+    /// put (its progress log, and a skipped record's error line).
+    fn crash(
         &mut self,
-        job_id: &str,
         idx: usize,
         lease: &ActiveLease,
         worker: &str,
         death: Death,
+        seq: u64,
         now: Instant,
-    ) -> bool {
-        let Some(in_flight) = lease.current.clone() else {
-            return false;
-        };
-        let seq = self.next_seq();
-        let Some(job) = self.jobs.get_mut(job_id) else {
-            return false;
-        };
+    ) -> Option<(Crashed, Vec<(StoreUri, Bytes)>)> {
+        let in_flight = lease.current.clone()?;
+        let job = self;
+        let job_id = job.id.clone();
         let span = in_flight.span;
         let dying = now.saturating_duration_since(in_flight.since);
         job.account.crashed(lease.work, dying);
@@ -265,9 +254,8 @@ impl State {
         }
         puts.push((log_uri.clone(), progress_log(std::iter::once(&progress))));
         job.begin_write(idx);
-        self.counters.worker_crashes += 1;
         let crashed = Crashed {
-            job_id: job_id.to_string(),
+            job_id,
             idx,
             token: lease.token,
             worker: worker.to_string(),
@@ -276,6 +264,44 @@ impl State {
             skipped,
             fail,
         };
+        Some((crashed, puts))
+    }
+}
+
+impl State {
+    /// Shard `idx` of `job_id`'s id, for log lines.
+    pub(super) fn shard_name(&self, job_id: &str, idx: usize) -> String {
+        self.jobs
+            .get(job_id)
+            .and_then(|j| j.plan.shards.get(idx))
+            .map(|s| s.id.clone())
+            .unwrap_or_default()
+    }
+
+    /// `lease` of shard `idx` of `job_id` was lost with its holder
+    /// (`worker`). With a batch in progress this is a crash: it is stored
+    /// (the shard is requeued once it is) and true is returned; otherwise
+    /// false, and the caller requeues the shard as for any lost lease.
+    pub(super) fn lease_lost(
+        &mut self,
+        job_id: &str,
+        idx: usize,
+        lease: &ActiveLease,
+        worker: &str,
+        death: Death,
+        now: Instant,
+    ) -> bool {
+        if lease.current.is_none() {
+            return false;
+        }
+        let seq = self.next_seq();
+        let Some(job) = self.jobs.get_mut(job_id) else {
+            return false;
+        };
+        let Some((crashed, puts)) = job.crash(idx, lease, worker, death, seq, now) else {
+            return false;
+        };
+        self.counters.worker_crashes += 1;
         self.start_io(Io::Puts(puts), Then::Crashed(Box::new(crashed)));
         true
     }
