@@ -226,6 +226,101 @@ pub(super) fn apply_stored(plan: &mut Plan, progress: &HashMap<String, ProgressR
 }
 
 impl Job {
+    /// The records of splitting shard `idx` at `point`, stored as `seqs`:
+    /// the holder's (its shard cut to end at the point) and the new
+    /// shard's (the rest); marks the shard written.
+    fn split_records(
+        &mut self,
+        idx: usize,
+        point: &SplitPoint,
+        holder_seq: u64,
+        child_seq: u64,
+    ) -> (ProgressRecord, ProgressRecord) {
+        let shard = &self.plan.shards[idx];
+        let origin = shard.origin().to_string();
+        let from = shard.from_record();
+        let until = shard
+            .until_record()
+            .or_else(|| shard.records.map(|n| from + n))
+            .unwrap_or(point.at + point.records);
+        let child_id = self.next_split_id(&origin);
+        let holder_shard = Shard {
+            records: Some(point.at - from),
+            cut: Some(Cut {
+                origin: origin.clone(),
+                from_record: from,
+                until_record: point.at,
+                first_batch: shard.first_batch(),
+            }),
+            ..shard.clone()
+        };
+        let child_shard = Shard {
+            id: child_id.clone(),
+            records: Some(point.records),
+            source: shard.source.clone(),
+            cut: Some(Cut {
+                origin,
+                from_record: point.at,
+                until_record: until,
+                first_batch: point.first_batch,
+            }),
+        };
+        let mut holder = (*self.shards[idx].progress).clone();
+        holder.seq = holder_seq;
+        holder.shard = Some(holder_shard);
+        let child = ProgressRecord {
+            shard_id: child_id,
+            seq: child_seq,
+            next_batch: point.first_batch,
+            shard: Some(child_shard),
+            ..Default::default()
+        };
+        self.begin_write(idx);
+        (holder, child)
+    }
+
+    /// A split of shard `idx` is stored (in `log_uri`): the holder's shard
+    /// ends where it was cut, and the new one joins the plan, reserved as
+    /// `reserved` says (sized for its asker: others leave it to it while
+    /// it comes for it) and pending while the job runs. The holder's new
+    /// end (a record offset); `None` for records without their shards.
+    fn split_applied(
+        &mut self,
+        idx: usize,
+        holder: ProgressRecord,
+        child: ProgressRecord,
+        log_uri: StoreUri,
+        reserved: (String, Instant),
+    ) -> Option<u64> {
+        let (Some(holder_shard), Some(child_shard)) = (holder.shard.clone(), child.shard.clone())
+        else {
+            return None;
+        };
+        let until = holder_shard.until_record().unwrap_or(u64::MAX);
+        self.progress_objects.push(log_uri);
+        self.totals.logged += 2;
+        let plan = Arc::make_mut(&mut self.plan);
+        plan.shards[idx] = holder_shard;
+        plan.shards.push(child_shard);
+        let child_idx = self.shards.len();
+        self.shards.push(ShardState {
+            progress: Arc::new(ProgressRecord {
+                shard_id: child.shard_id.clone(),
+                ..Default::default()
+            }),
+            slot: ShardSlot::Free {
+                reserved: Some(reserved),
+            },
+        });
+        self.shard_index.insert(child.shard_id.clone(), child_idx);
+        self.set_progress(idx, holder);
+        self.set_progress(child_idx, child);
+        if self.life.running() {
+            self.pending.push_front(child_idx);
+        }
+        Some(until)
+    }
+
     /// Shards made by splits.
     pub(super) fn shards_split(&self) -> u64 {
         if let Some(kept) = self.life.kept() {
@@ -443,46 +538,8 @@ impl State {
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return false;
         };
-        let shard = &job.plan.shards[idx];
-        let origin = shard.origin().to_string();
-        let from = shard.from_record();
-        let until = shard
-            .until_record()
-            .or_else(|| shard.records.map(|n| from + n))
-            .unwrap_or(point.at + point.records);
-        let child_id = job.next_split_id(&origin);
-        let holder_shard = Shard {
-            records: Some(point.at - from),
-            cut: Some(Cut {
-                origin: origin.clone(),
-                from_record: from,
-                until_record: point.at,
-                first_batch: shard.first_batch(),
-            }),
-            ..shard.clone()
-        };
-        let child_shard = Shard {
-            id: child_id.clone(),
-            records: Some(point.records),
-            source: shard.source.clone(),
-            cut: Some(Cut {
-                origin,
-                from_record: point.at,
-                until_record: until,
-                first_batch: point.first_batch,
-            }),
-        };
-        let mut holder = (*job.shards[idx].progress).clone();
-        holder.seq = holder_seq;
-        holder.shard = Some(holder_shard);
-        let child = ProgressRecord {
-            shard_id: child_id.clone(),
-            seq: child_seq,
-            next_batch: point.first_batch,
-            shard: Some(child_shard),
-            ..Default::default()
-        };
-        job.begin_write(idx);
+        let (holder, child) = job.split_records(idx, &point, holder_seq, child_seq);
+        let child_id = child.shard_id.clone();
         let log_uri = job.layout.progress_log(holder_seq);
         let io = Io::Put {
             uri: log_uri.clone(),
@@ -525,36 +582,11 @@ impl State {
             self.requeue_orphan(&job_id, idx);
             return;
         }
-        let (Some(holder_shard), Some(child_shard)) = (holder.shard.clone(), child.shard.clone())
-        else {
+        let reserved = (asker.clone(), now + self.config.wait_retry);
+        let Some(until) = job.split_applied(idx, holder, child, log_uri, reserved) else {
             return;
         };
-        let until = holder_shard.until_record().unwrap_or(u64::MAX);
-        job.progress_objects.push(log_uri);
-        job.totals.logged += 2;
-        let plan = Arc::make_mut(&mut job.plan);
-        plan.shards[idx] = holder_shard;
-        plan.shards.push(child_shard);
-        let child_idx = job.shards.len();
-        job.shards.push(ShardState {
-            progress: Arc::new(ProgressRecord {
-                shard_id: child.shard_id.clone(),
-                ..Default::default()
-            }),
-            // Sized for the asker: others leave it to it while it comes
-            // for it (it is woken below, and asks at least every
-            // `wait_retry` anyway).
-            slot: ShardSlot::Free {
-                reserved: Some((asker.clone(), now + self.config.wait_retry)),
-            },
-        });
-        job.shard_index.insert(child.shard_id.clone(), child_idx);
-        job.set_progress(idx, holder);
-        job.set_progress(child_idx, child);
         let running = job.life.running();
-        if running {
-            job.pending.push_front(child_idx);
-        }
         let holder_lease = job.shards[idx].lease().map(|l| {
             (
                 l.session_id.clone(),
