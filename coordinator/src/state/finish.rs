@@ -121,17 +121,35 @@ impl Job {
     }
 }
 
+impl Job {
+    /// Whether it may finish: running with no change of its status being
+    /// stored, every shard done, and no Delta commit of it on its way.
+    fn may_finish(&self) -> bool {
+        matches!(self.life, Life::Running(Change::Idle))
+            && self.all_done()
+            && self.delta_log.as_ref().is_none_or(|l| l.idle())
+    }
+
+    /// It finishes: what storing its manifest and `succeeded` status
+    /// takes (its stored status says running until then).
+    fn finish(&mut self) -> FinishJob {
+        self.life = Life::Finishing;
+        FinishJob {
+            job_id: self.id.clone(),
+            layout: self.layout.clone(),
+            output: self.output.clone(),
+            plan: self.plan.clone(),
+            progress: self.shards.iter().map(|s| s.progress.clone()).collect(),
+            delta: self.delta.clone(),
+        }
+    }
+}
+
 impl State {
     /// Starts finishing the job if it is running, every shard is done and
     /// no status change of it is being stored.
     pub(super) fn finish_if_done(&mut self, job_id: &str) {
-        let Some(job) = self.jobs.get_mut(job_id) else {
-            return;
-        };
-        if !matches!(job.life, Life::Running(Change::Idle))
-            || !job.all_done()
-            || job.delta_log.as_ref().is_some_and(|l| !l.idle())
-        {
+        if !self.jobs.get(job_id).is_some_and(Job::may_finish) {
             return;
         }
         // The job's metrics are reduced (on a worker) first.
@@ -141,15 +159,7 @@ impl State {
         let Some(job) = self.jobs.get_mut(job_id) else {
             return;
         };
-        job.life = Life::Finishing;
-        let finish = FinishJob {
-            job_id: job_id.to_string(),
-            layout: job.layout.clone(),
-            output: job.output.clone(),
-            plan: job.plan.clone(),
-            progress: job.shards.iter().map(|s| s.progress.clone()).collect(),
-            delta: job.delta.clone(),
-        };
+        let finish = job.finish();
         info!(job = %job_id, shards = job.shards.len(), "every shard done; finishing the job");
         self.start_io(
             Io::Finish(Box::new(finish)),
