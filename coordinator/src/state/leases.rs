@@ -15,13 +15,53 @@ use super::component::Hook;
 use super::crash::Death;
 use super::repeats::Repeat;
 use super::{
-    ActiveLease, Answer, AttemptFailed, Change, Io, Life, ReqId, State, Then, progress_log,
+    ActiveLease, Answer, AttemptFailed, Change, Io, Job, Life, ReqId, State, Then, progress_log,
 };
 use crate::error::{CoordinatorError, Result};
 
 /// Attempts of one shard that may fail on the store before they count
 /// against `max_attempts` (a store that never recovers still ends the job).
 const MAX_STORE_FAILURES: u32 = 100;
+
+impl Job {
+    /// Gives the shard at `pos` in its queue to `lease` (an attempt more
+    /// of it); the shard's index and the attempt's number. `None` when
+    /// nothing waits there.
+    fn grant(&mut self, pos: usize, lease: ActiveLease) -> Option<(usize, u32)> {
+        let idx = self.pending.remove(pos)?;
+        let attempt = {
+            let progress = Arc::make_mut(&mut self.shards[idx].progress);
+            progress.attempts += 1;
+            progress.attempts
+        };
+        self.put_lease(idx, lease);
+        Some((idx, attempt))
+    }
+
+    /// What a worker is told of its lease `token` of shard `idx`, its
+    /// `attempt`: where it starts, where it stages, what it isolates.
+    /// With the job's terms (its spec, its input schema): the fleet
+    /// leaves them out for a session that has them.
+    pub(super) fn lease_of(&self, idx: usize, token: u64, attempt: u32) -> Lease {
+        let shard = &self.shards[idx];
+        let plan_shard = self.plan.shards[idx].clone();
+        Lease {
+            job_id: self.id.clone(),
+            token,
+            attempt,
+            spec: Arc::clone(&self.spec),
+            output_prefix: attempt_prefix(&self.staging, &plan_shard.id, token),
+            next_batch: shard.progress.next_batch,
+            records_done: shard.progress.records,
+            input_schema: self.plan.jsonl_schema.clone(),
+            errors_prefix: self.layout.errors_prefix(&plan_shard.id, token),
+            shard: plan_shard,
+            outputs_staged: true,
+            isolate: super::crash::isolation(&shard.progress),
+            carries_terms: true,
+        }
+    }
+}
 
 impl State {
     pub fn acquire(&mut self, session_id: &str, now: Instant) -> Result<AcquireOutcome> {
@@ -78,15 +118,10 @@ impl State {
             return Ok(AcquireOutcome::Wait(self.config.wait_retry));
         }
         let job = self.job_mut(&job_id)?;
-        let Some(idx) = job.pending.remove(pos) else {
+        let lease = ActiveLease::new(session_id, token, expires_at, now);
+        let Some((idx, attempt)) = job.grant(pos, lease) else {
             return Ok(AcquireOutcome::Wait(self.config.wait_retry));
         };
-        let attempt = {
-            let progress = Arc::make_mut(&mut job.shards[idx].progress);
-            progress.attempts += 1;
-            progress.attempts
-        };
-        job.put_lease(idx, ActiveLease::new(session_id, token, expires_at, now));
         let lease = self.lease_message(&job_id, idx, session_id, token, attempt, now)?;
         info!(job = %job_id, shard = %lease.shard.id, token, worker = %worker_id, attempt = lease.attempt, next_batch = lease.next_batch, session = %session_id, isolate = ?lease.isolate, "lease granted");
         Ok(AcquireOutcome::Lease(Box::new(lease)))
@@ -104,24 +139,7 @@ impl State {
         attempt: u32,
         now: Instant,
     ) -> Result<Lease> {
-        let job = self.job(job_id)?;
-        let shard = &job.shards[idx];
-        let plan_shard = job.plan.shards[idx].clone();
-        let mut lease = Lease {
-            job_id: job_id.to_string(),
-            token,
-            attempt,
-            spec: Arc::clone(&job.spec),
-            output_prefix: attempt_prefix(&job.staging, &plan_shard.id, token),
-            next_batch: shard.progress.next_batch,
-            records_done: shard.progress.records,
-            input_schema: job.plan.jsonl_schema.clone(),
-            errors_prefix: job.layout.errors_prefix(&plan_shard.id, token),
-            shard: plan_shard,
-            outputs_staged: true,
-            isolate: super::crash::isolation(&shard.progress),
-            carries_terms: true,
-        };
+        let mut lease = self.job(job_id)?.lease_of(idx, token, attempt);
         if let Some(session) = self.fleet.sessions.get_mut(session_id) {
             // The job's terms go with the session's first lease of it only.
             lease.carries_terms = session.terms_sent.insert(job_id.to_string());
