@@ -137,7 +137,7 @@ impl State {
         if !asker.leases.is_empty() {
             return Ok(None);
         }
-        let may_lease = self.jobs_that_may_lease_more(self.pool_of(session_id));
+        let may_lease = self.jobs_that_may_lease_more(self.fleet.pool_of(session_id));
         let mut best: Option<Candidate> = None;
         for (holder_id, holder, job_id, idx, job) in self.others_leases(session_id) {
             if !job.backups_allowed() || !may_lease.contains(job_id) {
@@ -225,8 +225,8 @@ impl State {
             job = %job_id,
             shard = %lease.shard.id,
             token,
-            worker = %self.worker_of(session_id),
-            holder = %self.worker_of(&holder),
+            worker = %self.fleet.worker_of(session_id),
+            holder = %self.fleet.worker_of(&holder),
             next_batch = lease.next_batch,
             holder_ends_in_s = format!("{holder_ends_in:.1}"),
             backup_ends_in_s = format!("{backup_ends_in:.1}"),
@@ -275,7 +275,7 @@ impl State {
         };
         let (session, token) = (backup.session_id.as_str(), backup.token);
         let shard = &job.plan.shards[idx].id;
-        info!(job = %job_id, %shard, token, worker = %self.worker_of(session), "the holder is gone; its backup holds the shard");
+        info!(job = %job_id, %shard, token, worker = %self.fleet.worker_of(session), "the holder is gone; its backup holds the shard");
         true
     }
 
@@ -337,7 +337,7 @@ impl State {
         let shard_id = job.plan.shards[idx].id.clone();
         let attempt = folder(&attempt_prefix(&job.staging, &shard_id, lease.token));
         self.io.effects.push(Effect::Sweep(attempt));
-        let worker = self.worker_of(&lease.session_id);
+        let worker = self.fleet.worker_of(&lease.session_id);
         info!(job = %job_id, shard = %shard_id, token = lease.token, %worker, %reason, "backup race: attempt ended");
         self.notify(
             &lease.session_id,

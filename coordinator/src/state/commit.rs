@@ -387,7 +387,7 @@ impl State {
             }
         };
         let seq = self.next_seq();
-        let worker = self.worker_of(&commit.session_id);
+        let worker = self.fleet.worker_of(&commit.session_id);
         let job = self.job_mut(&commit.key.job_id)?;
         let progress = job.progress_after(idx, &mut commit, seq, &worker);
         Ok(Step::Write(Box::new(PendingCommit {
@@ -567,7 +567,7 @@ impl State {
         let Committing { idx, commit, .. } = committing;
         let key = &commit.key;
         let expires_at = now + self.config.lease_timeout;
-        let worker = self.worker_of(&commit.session_id);
+        let worker = self.fleet.worker_of(&commit.session_id);
         let at_ms = self.unix_ms(now);
         let sessions = &mut self.fleet.sessions;
         let job = self

@@ -324,7 +324,7 @@ impl State {
         if let Some(session) = self.fleet.sessions.get_mut(&release.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
         }
-        let worker = self.worker_of(&release.session_id);
+        let worker = self.fleet.worker_of(&release.session_id);
         let job = self.job_mut(&key.job_id)?;
         if let Some(mut lease) = job.take_lease(idx) {
             if let Some(words) = &release.error {

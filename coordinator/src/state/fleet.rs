@@ -57,6 +57,21 @@ pub(super) struct Fleet {
 }
 
 impl Fleet {
+    /// The worker id of a session, for log lines (empty once it is gone).
+    pub(super) fn worker_of(&self, session_id: &str) -> String {
+        self.sessions
+            .get(session_id)
+            .map(|s| s.worker_id.clone())
+            .unwrap_or_default()
+    }
+
+    /// The pool session `session_id` serves.
+    pub(super) fn pool_of(&self, session_id: &str) -> &str {
+        self.sessions
+            .get(session_id)
+            .map_or(stoke_core::schedule::DEFAULT_POOL, |s| s.pool.as_str())
+    }
+
     pub(super) fn new() -> Self {
         Self {
             sessions: BTreeMap::new(),

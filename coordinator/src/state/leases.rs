@@ -186,7 +186,7 @@ impl State {
             // A backup given back (drained, or its attempt failed: the
             // holder runs the same records and is judged on them).
             self.backup_went(&release.session_id, &key.job_id, idx);
-            info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %self.worker_of(&release.session_id), "backup lease released; the holder goes on");
+            info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %self.fleet.worker_of(&release.session_id), "backup lease released; the holder goes on");
             self.reply(Some(req), Answer::Done(Ok(())));
             return Ok(());
         }
@@ -212,7 +212,7 @@ impl State {
             return self.crash_released(req, &release, idx, now);
         }
         let mut progress = (*self.job(&key.job_id)?.shards[idx].progress).clone();
-        let worker = self.worker_of(&release.session_id);
+        let worker = self.fleet.worker_of(&release.session_id);
         let Some(error) = release.error.clone() else {
             if let Some(session) = self.fleet.sessions.get_mut(&release.session_id) {
                 session.leases.remove(&(key.job_id.clone(), idx));
@@ -276,7 +276,7 @@ impl State {
         error: &str,
         now: Instant,
     ) {
-        let worker = self.worker_of(session_id);
+        let worker = self.fleet.worker_of(session_id);
         let at_ms = self.unix_ms(now);
         let Ok(job) = self.job_mut(&key.job_id) else {
             return;
@@ -303,7 +303,7 @@ impl State {
         // The stored record holds the attempt's error.
         let error = progress.last_error.clone().unwrap_or_default();
         let key = &release.key;
-        let worker = self.worker_of(&release.session_id);
+        let worker = self.fleet.worker_of(&release.session_id);
         let session_gone = !self.fleet.sessions.contains_key(&release.session_id);
         let Ok(job) = self.job_mut(&key.job_id) else {
             return self.reply(Some(req), Answer::Done(result));
@@ -418,7 +418,7 @@ impl State {
         let mut requeued = 0;
         for (session_id, job_id, idx) in expired {
             self.settle_session(&session_id, now);
-            let worker = self.worker_of(&session_id);
+            let worker = self.fleet.worker_of(&session_id);
             if self.backup_went(&session_id, &job_id, idx) {
                 self.counters.leases_expired += 1;
                 warn!(job = %job_id, shard = %self.shard_name(&job_id, idx), worker = %worker, "backup lease expired; the holder goes on");

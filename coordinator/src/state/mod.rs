@@ -291,15 +291,6 @@ impl State {
         RootLayout::new(self.config.root.clone())
     }
 
-    /// The worker id of a session, for log lines (empty once it is gone).
-    fn worker_of(&self, session_id: &str) -> String {
-        self.fleet
-            .sessions
-            .get(session_id)
-            .map(|s| s.worker_id.clone())
-            .unwrap_or_default()
-    }
-
     /// The jobs being created: each lives in its write's continuation
     /// until it is stored (a submit is rare; the writes in flight few).
     fn creating(&self) -> impl Iterator<Item = &Job> {

@@ -97,7 +97,7 @@ impl State {
         now: Instant,
     ) -> Option<AcquireOutcome> {
         // The reducer runs the job's processor code: on its pool's workers.
-        let pool = self.pool_of(session_id);
+        let pool = self.fleet.pool_of(session_id);
         let job_id = self
             .jobs
             .values()
@@ -110,7 +110,7 @@ impl State {
             .clone();
         let token = self.next_token();
         let expires_at = now + self.config.lease_timeout;
-        let worker = self.worker_of(session_id);
+        let worker = self.fleet.worker_of(session_id);
         let job = self.jobs.get_mut(&job_id)?;
         job.reduce = Reduce::Leased {
             session_id: session_id.to_string(),

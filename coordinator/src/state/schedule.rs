@@ -236,7 +236,7 @@ impl State {
             .values()
             .any(|s| s.worker_id != worker_id);
         let usage = self.queue_usage();
-        let pool = self.pool_of(session_id);
+        let pool = self.fleet.pool_of(session_id);
         let mut any_unfinished = false;
         let mut best: Option<(Rank, Choice)> = None;
         for job in self.jobs.values() {
@@ -285,14 +285,6 @@ impl State {
             }
         }
         (best.map(|(_, c)| c), any_unfinished)
-    }
-
-    /// The pool session `session_id` serves.
-    pub(super) fn pool_of(&self, session_id: &str) -> &str {
-        self.fleet
-            .sessions
-            .get(session_id)
-            .map_or(stoke_core::schedule::DEFAULT_POOL, |s| s.pool.as_str())
     }
 
     /// A lease of `job_id` went out: advance its stride pass, from no
@@ -424,7 +416,11 @@ impl State {
     /// [`State::preempt`] within one pool, at most `budget` leases.
     fn preempt_in(&mut self, pool: &str, budget: usize, now: Instant) {
         // A free worker takes the waiting work itself.
-        let free = self.fleet.waiting.iter().any(|id| self.pool_of(id) == pool)
+        let free = self
+            .fleet
+            .waiting
+            .iter()
+            .any(|id| self.fleet.pool_of(id) == pool)
             || self
                 .fleet
                 .sessions

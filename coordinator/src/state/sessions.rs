@@ -142,7 +142,7 @@ impl State {
             session.leases.insert((key.job_id.clone(), idx));
         }
         let until = job.plan.shards[idx].until_record();
-        let worker = self.worker_of(session_id);
+        let worker = self.fleet.worker_of(session_id);
         info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %worker, session = %session_id, "lease adopted after restart");
         // The holder may not have heard of a split stored just before the
         // restart: tell it again (a repeat changes nothing).

@@ -468,7 +468,7 @@ impl State {
         let Some(asker) = self.fleet.sessions.get(session_id) else {
             return false;
         };
-        let may_lease = self.jobs_that_may_lease_more(self.pool_of(session_id));
+        let may_lease = self.jobs_that_may_lease_more(self.fleet.pool_of(session_id));
         // A worker asks ahead, while it finishes its last shard (so it can
         // read the next one meanwhile): its part starts when that ends.
         let busy = self.busy_for(asker, now);
