@@ -51,6 +51,23 @@ fn info(state: &Inline, job_id: &str) -> JobInfo {
     state.get_job(job_id).expect("job")
 }
 
+/// A coordinator with job "j" capped at `cap`, held by worker "a" for
+/// `secs` seconds: past its cap, it is paused. The worker's event channel
+/// comes back too (dropped, the worker would be gone).
+async fn paused_at_cap(
+    stores: &Stores,
+    cap: f64,
+    secs: u64,
+) -> (Inline, mpsc::Receiver<SessionEvent>) {
+    let mut state = recover_priced(stores).await;
+    submit_capped(&mut state, stores, "j", cap).await;
+    let (a, a_events) = register(&mut state, "a");
+    let lease = leased(state.acquire(&a));
+    hold(&mut state, &a, &lease, secs).await;
+    assert_eq!(info(&state, "j").state, JobState::Paused);
+    (state, a_events)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_job_pauses_at_its_cap_and_a_higher_cap_resumes_it() {
     let stores = Stores::new();
@@ -83,12 +100,7 @@ async fn a_job_pauses_at_its_cap_and_a_higher_cap_resumes_it() {
 #[tokio::test(start_paused = true)]
 async fn a_cap_not_above_the_spend_leaves_the_job_paused() {
     let stores = Stores::new();
-    let mut state = recover_priced(&stores).await;
-    submit_capped(&mut state, &stores, "j", 2.0).await;
-    let (a, _a_events) = register(&mut state, "a");
-    let lease = leased(state.acquire(&a));
-    hold(&mut state, &a, &lease, 3).await;
-    assert_eq!(info(&state, "j").state, JobState::Paused);
+    let (mut state, _a_events) = paused_at_cap(&stores, 2.0, 3).await;
     set_cap(&mut state, "j", 2.5).await;
     assert_eq!(info(&state, "j").state, JobState::Paused);
 }
@@ -148,12 +160,7 @@ async fn a_cap_on_a_coordinator_without_a_price_is_refused() {
 #[tokio::test(start_paused = true)]
 async fn a_job_paused_at_its_cap_resumes_when_raised_after_a_restart() {
     let stores = Stores::new();
-    let mut state = recover_priced(&stores).await;
-    submit_capped(&mut state, &stores, "j", 2.0).await;
-    let (a, _a_events) = register(&mut state, "a");
-    let lease = leased(state.acquire(&a));
-    hold(&mut state, &a, &lease, 3).await;
-    assert_eq!(info(&state, "j").state, JobState::Paused);
+    let (state, _a_events) = paused_at_cap(&stores, 2.0, 3).await;
     drop(state);
     let mut state = recover_priced(&stores).await;
     let paused = info(&state, "j");
@@ -176,12 +183,7 @@ async fn a_job_paused_at_its_cap_resumes_when_raised_after_a_restart() {
 #[tokio::test(start_paused = true)]
 async fn a_pause_is_the_budgets_by_its_stored_cause_not_its_words() {
     let stores = Stores::new();
-    let mut state = recover_priced(&stores).await;
-    submit_capped(&mut state, &stores, "j", 2.0).await;
-    let (a, _a_events) = register(&mut state, "a");
-    let lease = leased(state.acquire(&a));
-    hold(&mut state, &a, &lease, 3).await;
-    assert_eq!(info(&state, "j").state, JobState::Paused);
+    let (mut state, _a_events) = paused_at_cap(&stores, 2.0, 3).await;
     let stored = stored_status(&stores, "j").await;
     let cause = stored
         .budget_pause
