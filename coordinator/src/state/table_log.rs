@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use stoke_core::records::{OutputObject, ProgressRecord};
 use tracing::warn;
 
-use super::{DeltaAppend, DeltaWrite, End, Io, Life, State, Then};
+use super::{DeltaAppend, DeltaWrite, End, Io, Job, Life, State, Then};
 use crate::error::{CoordinatorError, Result};
 
 /// A `commit = "checkpoint"` job's objects on their way to its table.
@@ -91,24 +91,17 @@ impl DeltaLog {
     }
 }
 
-impl State {
-    /// Starts the job's next Delta commit, if it has objects waiting (or
-    /// has not reconciled since the start) and none is in flight. Not
-    /// while the job finishes: its finish adds what is left itself.
-    pub(super) fn delta_next(&mut self, job_id: &str) {
-        let Some(job) = self.jobs.get_mut(job_id) else {
-            return;
-        };
-        let Some(target) = job.delta.clone() else {
-            return;
-        };
-        let finishing = matches!(job.life, Life::Finishing | Life::Ended(End::Succeeded(_)));
+impl Job {
+    /// Its next Delta commit, if it has objects waiting (or has not
+    /// reconciled since the start) and none is in flight: marked in
+    /// flight. Not while it finishes: its finish adds what is left itself.
+    fn next_delta_commit(&mut self) -> Option<DeltaWrite> {
+        let target = self.delta.clone()?;
+        let finishing = matches!(self.life, Life::Finishing | Life::Ended(End::Succeeded(_)));
         // Split borrows: the log changes while the shards are read.
-        let (shards, Some(log)) = (&job.shards, job.delta_log.as_mut()) else {
-            return;
-        };
+        let (shards, log) = (&self.shards, self.delta_log.as_mut()?);
         if finishing || !log.due() {
-            return;
+            return None;
         }
         let reconcile = log.table == Table::Unreconciled;
         let objects = if reconcile {
@@ -121,18 +114,26 @@ impl State {
             std::mem::take(&mut log.pending)
         };
         log.table = Table::Committing;
-        let seq = log.seq;
-        let write = DeltaWrite {
+        Some(DeltaWrite {
             append: DeltaAppend {
-                table: target.table.clone(),
-                job_id: job_id.to_string(),
-                seq,
+                table: target.table,
+                job_id: self.id.clone(),
+                seq: log.seq,
                 objects,
                 reconcile,
                 // Incremental jobs commit at the end only.
                 done: None,
             },
-            record: job.layout.delta_versions(),
+            record: self.layout.delta_versions(),
+        })
+    }
+}
+
+impl State {
+    /// Starts the job's next Delta commit (`Job::next_delta_commit`).
+    pub(super) fn delta_next(&mut self, job_id: &str) {
+        let Some(write) = self.jobs.get_mut(job_id).and_then(Job::next_delta_commit) else {
+            return;
         };
         self.start_io(
             Io::Delta(Box::new(write)),
