@@ -6,6 +6,7 @@ mod display;
 #[cfg(test)]
 mod display_tests;
 mod fleet;
+mod local;
 mod outputs;
 mod pipelines;
 mod report;
@@ -561,7 +562,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             if workers == 0 {
                 bail!("--local needs at least 1 worker");
             }
-            let local = run::LocalRun {
+            let local = local::LocalRun {
                 workers,
                 worker_bin,
                 device,
@@ -569,7 +570,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 job_id,
                 lease_timeout,
             };
-            local.run(spec, root).await
+            match spec {
+                SpecFile::Job(spec) => run::run_local(local, *spec, root).await,
+                SpecFile::Pipeline(pipeline) => pipelines::run_local(local, pipeline, root).await,
+            }
         }
     }
 }
