@@ -263,11 +263,11 @@ fn default_max_skipped() -> u64 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchingSpec {
-    /// Records per batch (the most, with a budget).
+    /// Records per batch (the most, with an element cap).
     #[serde(default = "default_batch_size")]
     pub batch_size: u64,
     /// Adaptive batching: cut a batch before its padded size (records ×
-    /// the longest record's length in `length_column`) passes this budget,
+    /// the longest record's length in `length_column`) passes this cap,
     /// so variable-size records make fair batches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_elements: Option<u64>,
