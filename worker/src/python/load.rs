@@ -15,11 +15,11 @@ use crate::batch::Batch;
 use crate::error::WorkerError;
 use crate::processor::Prepare;
 
-/// A Python processor's `load_fn` pool (`stoke._loading.LoadPool`), as its
+/// A Python processor's `load_fn` processes (`stoke._loading.LoadProcesses`), as its
 /// prepare stage: each batch's records are submitted as soon as the
 /// reader cuts it, ahead of the model.
-pub(super) struct LoadPool {
-    pub(super) pool: Py<PyAny>,
+pub(super) struct LoadProcesses {
+    pub(super) processes: Py<PyAny>,
     pub(super) runtime: Py<PyModule>,
     /// A `files` dataset: where its objects are local files, each load
     /// process reads the file itself for its item's `bytes`, so the bytes
@@ -64,7 +64,7 @@ impl Loaded {
     }
 }
 
-impl LoadPool {
+impl LoadProcesses {
     /// Submits a batch's records; the handle to wait on.
     pub(super) fn submit(&self, py: Python<'_>, batch: &Batch) -> PyResult<Py<PyAny>> {
         let paths = self.files.then(|| local_paths(batch)).flatten();
@@ -78,7 +78,7 @@ impl LoadPool {
             .bind(py)
             .call_method1(
                 "load_submit",
-                (self.pool.bind(py), columns, batch.len(), paths),
+                (self.processes.bind(py), columns, batch.len(), paths),
             )
             .map(Bound::unbind)
     }
@@ -100,7 +100,7 @@ fn local_paths(batch: &Batch) -> Option<Vec<String>> {
         .collect()
 }
 
-impl Prepare for LoadPool {
+impl Prepare for LoadProcesses {
     /// Whole batches waiting for each load process (see [`load_ahead`]).
     fn ahead(&self) -> usize {
         self.ahead

@@ -34,7 +34,7 @@ use crate::context::{ProcessorContext, ShardInfo, check_output_rows};
 use crate::error::ProcessorResult;
 use crate::processor::{Created, DynProcessor, Prepare};
 
-use load::{LoadPool, Loaded, load_ahead};
+use load::{LoadProcesses, Loaded, load_ahead};
 
 pub use interp::libtorch_cpu_copies;
 
@@ -215,8 +215,8 @@ struct PythonProcessor {
     /// indices into the DataLoader's batch.
     feed: Option<Py<PyAny>>,
     batch_size: u64,
-    /// The job's pool of load processes, when the class defines `load_fn`.
-    pool: Option<Arc<LoadPool>>,
+    /// The job's load processes, when the class defines `load_fn`.
+    loads: Option<Arc<LoadProcesses>>,
     /// Batches processed since the metric reducers were last taken (or
     /// reset): a checkpoint without any commits no metric partial.
     batches_since_partial: u64,
@@ -338,14 +338,14 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
         let instance = runtime
             .call_method1("load", (module, class, native, shipped.as_ref()))
             .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
-        // Graphbook's `load_fn`: a pool of load processes for the job.
-        let pool = if feed.is_none() {
-            let pool = runtime
-                .call_method1("open_load_pool", (&instance, workers))
+        // Graphbook's `load_fn`: load processes for the job.
+        let loads = if feed.is_none() {
+            let loads = runtime
+                .call_method1("open_load_processes", (&instance, workers))
                 .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
-            (!pool.is_none()).then(|| {
-                Arc::new(LoadPool {
-                    pool: pool.unbind(),
+            (!loads.is_none()).then(|| {
+                Arc::new(LoadProcesses {
+                    processes: loads.unbind(),
                     runtime: runtime.clone().unbind(),
                     files: dataset.format == DatasetFormat::Files,
                     ahead: load_ahead(workers, batch_size),
@@ -361,7 +361,7 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
             interp,
             feed,
             batch_size,
-            pool,
+            loads,
             batches_since_partial: 0,
             undo_reducers: skip_policy,
         })
@@ -452,7 +452,7 @@ impl PythonProcessor {
     /// and the traceback).
     fn loaded(
         &self,
-        pool: &LoadPool,
+        loads: &LoadProcesses,
         batch: Batch,
         batch_idx: u64,
         ctx: &mut ProcessorContext,
@@ -467,10 +467,10 @@ impl PythonProcessor {
             let raised = |e: PyErr| PythonError::Raised(describe(py, runtime, &e));
             let pending = match pending {
                 Some(p) => p,
-                None => pool.submit(py, &batch).map_err(raised)?,
+                None => loads.submit(py, &batch).map_err(raised)?,
             };
             runtime
-                .call_method1("load_results", (pool.pool.bind(py), pending))
+                .call_method1("load_results", (loads.processes.bind(py), pending))
                 .and_then(|r| r.extract())
                 .map_err(raised)
         })?;
@@ -599,7 +599,7 @@ impl PythonProcessor {
 
 impl DynProcessor for PythonProcessor {
     fn prepare_stage(&self) -> Option<Arc<dyn Prepare>> {
-        self.pool
+        self.loads
             .as_ref()
             .map(|p| Arc::clone(p) as Arc<dyn Prepare>)
     }
@@ -611,8 +611,8 @@ impl DynProcessor for PythonProcessor {
         ctx: &mut ProcessorContext,
     ) -> ProcessorResult<()> {
         self.set_shard(ctx.shard());
-        let (mut batch, mut loaded) = match &self.pool {
-            Some(pool) => self.loaded(pool, batch, batch_idx, ctx)?,
+        let (mut batch, mut loaded) = match &self.loads {
+            Some(loads) => self.loaded(loads, batch, batch_idx, ctx)?,
             None => (batch, None),
         };
         if batch.is_empty() {
@@ -721,8 +721,8 @@ impl Drop for PythonProcessor {
             if let Some(feed) = self.feed.take() {
                 let _ = feed.bind(py).call_method0("close");
             }
-            if let Some(pool) = self.pool.take() {
-                let _ = pool.pool.bind(py).call_method0("close");
+            if let Some(loads) = self.loads.take() {
+                let _ = loads.processes.bind(py).call_method0("close");
             }
         });
     }
