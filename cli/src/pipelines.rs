@@ -5,7 +5,6 @@
 //! `<pipeline>-<stage>`), which every verb takes.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use stoke_client::Client;
@@ -13,11 +12,11 @@ use stoke_client::pipeline::{deciding, new_pipeline_id, pipeline_json, state_of,
 use stoke_client::summary::{count, total};
 use stoke_core::records::JobInfo;
 use stoke_core::spec::pipeline::PipelineSpec;
-use tokio::signal::unix::{SignalKind, signal};
+use stoke_store::StoreUri;
 
 use crate::display::{columns, exit_code, print_summary};
 use crate::fleet;
-use crate::run::{INTERRUPTED, LocalRun, TERMINATED, connect_with_retry, prewarm};
+use crate::local::{Event, LocalRun, Signals, Started, connect_with_retry, prewarm};
 use crate::watch;
 
 /// The exit status of a pipeline: its deciding stage's.
@@ -245,12 +244,27 @@ pub(crate) enum Verb<'a> {
 /// `stoke run --local N pipeline.toml`: a local coordinator, the
 /// pipeline's stages, and N workers in each pool its stages use.
 pub(crate) async fn run_local(
-    run: &LocalRun,
+    local: LocalRun,
     pipeline: PipelineSpec,
-    worker_bin: &Path,
-    addr: &str,
-    http_addr: std::net::SocketAddr,
+    root: StoreUri,
 ) -> anyhow::Result<i32> {
+    let specs: Vec<_> = pipeline.stages.iter().map(|(_, spec)| spec).collect();
+    let worker_bin = local.preflight(&specs)?;
+    local
+        .serve(root, worker_bin, |started| drive(started, pipeline))
+        .await
+}
+
+/// The pipeline's part of a local run, once its coordinator is up: submit
+/// the stages, start the workers, follow the stages to their end.
+async fn drive(started: Started, pipeline: PipelineSpec) -> anyhow::Result<i32> {
+    let Started {
+        run,
+        worker_bin,
+        addr,
+        http_addr,
+    } = started;
+    let addr = addr.as_str();
     let client = connect_with_retry(addr).await?;
     let id = run
         .job_id
@@ -299,7 +313,7 @@ pub(crate) async fn run_local(
         let stage = of.last().copied().unwrap_or(0);
         pool_stage.insert(pool.clone(), stage);
         let command = fleet::WorkerCommand {
-            bin: worker_bin.to_path_buf(),
+            bin: worker_bin.clone(),
             coordinator: addr.to_string(),
             device: run.device.clone(),
             threads,
@@ -317,33 +331,26 @@ pub(crate) async fn run_local(
     }
     let mut workers = fleet::Fleet::start_groups(groups)?;
     let started = Instant::now();
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
+    let mut signals = Signals::listen()?;
     let mut ticker = tokio::time::interval(Duration::from_millis(50));
     let stages = loop {
-        tokio::select! {
-            _ = ticker.tick() => {
+        match signals.next(&mut workers, ticker.tick()).await {
+            Event::Done(_) => {
                 let now = refresh(&client, &stages).await?;
                 if now.iter().all(|j| j.state.is_terminal()) {
                     break now;
                 }
             }
-            how = async {
-                tokio::select! {
-                    _ = interrupt.recv() => (INTERRUPTED, "interrupted"),
-                    _ = terminate.recv() => (TERMINATED, "terminated (SIGTERM)"),
-                }
-            } => {
-                let (code, what) = how;
-                eprintln!("{what}: stopping the workers (each checkpoints first)");
-                workers.terminate();
-                workers.finish(Duration::from_secs(60)).await;
+            Event::Stop(stop) => {
+                let code = stop.stop(workers).await;
                 let now = refresh(&client, &stages).await?;
                 print_status(&id, &now, false);
-                eprintln!("pipeline {id} stopped; run the same command with --job-id {id} to resume it");
+                eprintln!(
+                    "pipeline {id} stopped; run the same command with --job-id {id} to resume it"
+                );
                 return Ok(code);
             }
-            exited = workers.next_exit() => {
+            Event::Exited(exited) => {
                 let pool = workers.pool_of(&exited).to_string();
                 let at = pool_stage.get(&pool).copied().unwrap_or(0);
                 let now = client.get_job(&stages[at].job_id).await?;
@@ -352,7 +359,9 @@ pub(crate) async fn run_local(
                     if now.iter().all(|j| j.state.is_terminal()) {
                         break now;
                     }
-                    eprintln!("stopping: {why}; pipeline {id} keeps its committed progress: run again with --job-id {id} to resume it");
+                    eprintln!(
+                        "stopping: {why}; pipeline {id} keeps its committed progress: run again with --job-id {id} to resume it"
+                    );
                     print_status(&id, &now, false);
                     return Ok(1);
                 }

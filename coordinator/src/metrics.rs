@@ -161,7 +161,23 @@ fn counter(value: u64) -> Counter {
 /// (Counters get their `_total` suffix from the library.)
 pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
-    let c = &snapshot.counters;
+    register_counters(&mut registry, &snapshot.counters);
+    register_histograms(&mut registry, &snapshot.histograms);
+    register_coordinator(&mut registry, snapshot);
+    register_workers(&mut registry, &snapshot.workers);
+    register_job_states(&mut registry, jobs);
+    register_job_progress(&mut registry, jobs);
+    register_job_crashes(&mut registry, jobs);
+    register_demand(&mut registry, &snapshot.pools, &snapshot.queues);
+    register_reports(&mut registry, &snapshot.reports);
+    let mut out = String::new();
+    encode(&mut out, &registry)?;
+    Ok(out)
+}
+
+/// What happened since this coordinator started: leases, attempts,
+/// sessions, store errors, commits by result.
+fn register_counters(registry: &mut Registry, c: &Counters) {
     for (name, help, value) in [
         (
             "stoke_leases_granted",
@@ -227,8 +243,10 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
             .inc_by(n);
     }
     registry.register("stoke_commits", "Checkpoint commits, by result", commits);
+}
 
-    let h = &snapshot.histograms;
+/// Commit latency, lease wait and batch time.
+fn register_histograms(registry: &mut Registry, h: &Histograms) {
     registry.register(
         "stoke_commit_seconds",
         "Commit latency at the coordinator: validation, copying the staged outputs, storing the record",
@@ -244,7 +262,11 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         "Model time per batch, each worker's mean over a heartbeat interval",
         h.batch.clone(),
     );
+}
 
+/// The coordinator's own: the shards it holds in memory, and how long its
+/// state root's store has not answered.
+fn register_coordinator(registry: &mut Registry, snapshot: &Snapshot) {
     registry.register(
         "stoke_shards_in_memory",
         "Shards whose state the coordinator holds in memory: every shard of jobs not succeeded; a succeeded job's leave once its end is stored",
@@ -257,10 +279,15 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         "Seconds the state root's store has not answered the coordinator's writes (a write failed, or waited 10 s); 0 while it answers",
         not_answering,
     );
+}
+
+/// Per connected worker: the leases it holds, its processor thread's time
+/// by phase, its batches.
+fn register_workers(registry: &mut Registry, workers: &[WorkerInfo]) {
     let worker_leases = Family::<Labels, Gauge>::default();
     let stage_seconds = Family::<Labels, Counter<f64>>::default();
     let batches = Family::<Labels, Counter>::default();
-    for w in &snapshot.workers {
+    for w in workers {
         worker_leases
             .get_or_create(&labels([
                 ("worker", &w.worker_id),
@@ -296,7 +323,10 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         "Batches processed per worker",
         batches,
     );
+}
 
+/// Jobs by state.
+fn register_job_states(registry: &mut Registry, jobs: &[JobInfo]) {
     let by_state = Family::<Labels, Gauge>::default();
     for state in [
         JobState::Running,
@@ -315,6 +345,11 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         "Jobs known to the coordinator, by state",
         by_state,
     );
+}
+
+/// Per job: records committed and skipped, shards by state, and whether
+/// a running job's deadline is at risk.
+fn register_job_progress(registry: &mut Registry, jobs: &[JobInfo]) {
     // Records are gauges so their names stay as documented (a counter
     // would gain `_total`); they only grow while the job runs, so `rate()`
     // of them is the job's records/s.
@@ -367,6 +402,10 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         records_skipped,
     );
     registry.register("stoke_job_shards", "Shards per job, by state", shards);
+}
+
+/// Per job: the workers that died on its batches.
+fn register_job_crashes(registry: &mut Registry, jobs: &[JobInfo]) {
     // From the jobs' progress records: it survives a coordinator restart.
     let crashes = Family::<Labels, Counter>::default();
     for job in jobs {
@@ -379,13 +418,17 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         "Workers that died while processing a batch of the job (crashes), per job",
         crashes,
     );
-    register_demand(&mut registry, &snapshot.pools, &snapshot.queues);
+}
+
+/// Per job, from its efficiency report: processor time by cause, an LLM
+/// job's tokens, shards split, backup leases and those won.
+fn register_reports(registry: &mut Registry, reports: &[EfficiencyReport]) {
     let processor_seconds = Family::<Labels, Counter<f64>>::default();
     let shards_split = Family::<Labels, Counter>::default();
     let backups = Family::<Labels, Counter>::default();
     let backups_won = Family::<Labels, Counter>::default();
     let llm_tokens = Family::<Labels, Counter>::default();
-    for report in &snapshot.reports {
+    for report in reports {
         let id = report.job_id.as_str();
         if let Some(llm) = &report.llm {
             for (kind, n) in [
@@ -438,9 +481,6 @@ pub fn render(jobs: &[JobInfo], snapshot: &Snapshot) -> Result<String, std::fmt:
         "Backup leases that committed first and finished their shard, per job",
         backups_won,
     );
-    let mut out = String::new();
-    encode(&mut out, &registry)?;
-    Ok(out)
 }
 
 /// The autoscaling signal per pool (each pool's autoscaler follows its

@@ -1,6 +1,6 @@
 //! The batcher: cuts the rows a reader pushes into batches of exactly
 //! `batch_size` records (the last one may be shorter), or fewer under an
-//! element budget, starting at a batch index, so a resumed shard cuts the
+//! element cap, starting at a batch index, so a resumed shard cuts the
 //! same batches with the same numbers.
 
 use std::collections::VecDeque;
@@ -58,7 +58,7 @@ pub(crate) enum Flow {
 }
 
 /// Cuts incoming rows into batches (`batch_size` rows, or fewer under an
-/// element budget), attaches ids and the bad records that fall inside each
+/// element cap), attaches ids and the bad records that fall inside each
 /// batch's record range, and sends them. Every row and bad record carries
 /// its record offset in the shard, so batches stay the same on a resume.
 pub(crate) struct Emitter {
@@ -76,7 +76,7 @@ pub(crate) struct Emitter {
     tail_offset: u64,
     shard_id: String,
     id_column: Option<String>,
-    budget: Option<Budget>,
+    element_cap: Option<ElementCap>,
     /// The rows' schema when known before any row (JSON Lines): a batch
     /// of bad records only still has the columns a processor looks for.
     schema: Option<SchemaRef>,
@@ -90,15 +90,15 @@ pub(crate) struct Emitter {
 
 /// Adaptive batching: a batch's padded size (records × longest record)
 /// stays within `max_elements`.
-struct Budget {
+struct ElementCap {
     column: String,
     max_elements: u64,
 }
 
-/// Records per batch for a run of record lengths: as many as fit the budget
+/// Records per batch for a run of record lengths: as many as fit the cap
 /// (at least one) and at most `batch_size`. `None` when the run ends before
 /// a limit is reached (more records may still fit).
-fn budget_cut(lengths: &[u64], batch_size: usize, max_elements: u64) -> Option<usize> {
+fn element_cap_cut(lengths: &[u64], batch_size: usize, max_elements: u64) -> Option<usize> {
     let mut longest = 0u64;
     for (n, &len) in lengths.iter().enumerate() {
         if n == batch_size {
@@ -115,7 +115,7 @@ fn budget_cut(lengths: &[u64], batch_size: usize, max_elements: u64) -> Option<u
 
 impl Emitter {
     /// A batcher that numbers its first batch `start_batch` and counts
-    /// records from `start_record` (those before are committed); `budget`
+    /// records from `start_record` (those before are committed); `element_cap`
     /// is `(max_elements, length column)` for adaptive batching; without
     /// an `id_column`, ids are `<shard>:<offset>`.
     pub fn new(
@@ -123,7 +123,7 @@ impl Emitter {
         batch_size: usize,
         start_batch: u64,
         start_record: u64,
-        budget: Option<(u64, String)>,
+        element_cap: Option<(u64, String)>,
         shard_id: String,
         id_column: Option<String>,
     ) -> Self {
@@ -136,7 +136,7 @@ impl Emitter {
             next_index: start_batch,
             next_offset: start_record,
             tail_offset: start_record,
-            budget: budget.map(|(max_elements, column)| Budget {
+            element_cap: element_cap.map(|(max_elements, column)| ElementCap {
                 column,
                 max_elements,
             }),
@@ -251,12 +251,12 @@ impl Emitter {
     async fn drain(&mut self, at_end: bool) -> Result<Flow, DataError> {
         while !self.pending_offsets.is_empty() {
             let all = self.take_pending()?;
-            let cut = match &self.budget {
+            let cut = match &self.element_cap {
                 None if all.num_rows() >= self.batch_size => Some(self.batch_size),
                 None => None,
-                Some(budget) => {
-                    let lengths = self.lengths(&all, &budget.column)?;
-                    budget_cut(&lengths, self.batch_size, budget.max_elements)
+                Some(cap) => {
+                    let lengths = self.lengths(&all, &cap.column)?;
+                    element_cap_cut(&lengths, self.batch_size, cap.max_elements)
                 }
             };
             let natural = match cut {
@@ -432,16 +432,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn budget_cuts_fair_batches() {
-        // Budget 12: [2,2,2,2,2,2] fits 6 records of length 2.
-        assert_eq!(budget_cut(&[2, 2, 2, 2, 2, 2], 10, 12), None);
-        assert_eq!(budget_cut(&[2, 2, 2, 2, 2, 2, 2], 10, 12), Some(6));
+    fn element_caps_cut_fair_batches() {
+        // Cap 12: [2,2,2,2,2,2] fits 6 records of length 2.
+        assert_eq!(element_cap_cut(&[2, 2, 2, 2, 2, 2], 10, 12), None);
+        assert_eq!(element_cap_cut(&[2, 2, 2, 2, 2, 2, 2], 10, 12), Some(6));
         // A long record shrinks the batch: 3 x 4 = 12.
-        assert_eq!(budget_cut(&[1, 4, 1, 1], 10, 12), Some(3));
-        // A record longer than the budget goes alone.
-        assert_eq!(budget_cut(&[50, 1], 10, 12), Some(1));
+        assert_eq!(element_cap_cut(&[1, 4, 1, 1], 10, 12), Some(3));
+        // A record longer than the cap goes alone.
+        assert_eq!(element_cap_cut(&[50, 1], 10, 12), Some(1));
         // batch_size still caps it.
-        assert_eq!(budget_cut(&[1, 1, 1, 1], 3, 100), Some(3));
-        assert_eq!(budget_cut(&[1, 1, 1], 3, 100), Some(3));
+        assert_eq!(element_cap_cut(&[1, 1, 1, 1], 3, 100), Some(3));
+        assert_eq!(element_cap_cut(&[1, 1, 1], 3, 100), Some(3));
     }
 }

@@ -91,7 +91,7 @@ fn run_embedded(
             let job = stoke::run_embedded(spec, Registry::with_builtins(), options);
             tokio::pin!(job);
             // Python runs its signal handlers (Ctrl-C's KeyboardInterrupt,
-            // the SIGTERM handler `stoke._api` sets) only when asked on
+            // the SIGTERM handler `stoke._signals` sets) only when asked on
             // this, the main, thread: ask every 100 ms; one that raises
             // stops the job after its current batch.
             let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -136,7 +136,7 @@ fn run_embedded(
 }
 
 /// Reads the FIFO Python's `signal.set_wakeup_fd` writes signal numbers
-/// to (`stoke._api._stop_on_signals`): SIGTERM or SIGINT stops the job at
+/// to (`stoke._signals.stop_on_signals`): SIGTERM or SIGINT stops the job at
 /// once, whatever the main thread is doing, and says so on stderr (the
 /// first time). The thread ends when Python
 /// closes the FIFO's write end, after the call.

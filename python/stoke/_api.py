@@ -12,8 +12,12 @@ from typing import Any, Mapping
 # libtorch in the process, shared with Python's torch).
 import torch  # noqa: F401
 
+from . import _dataset
+from . import _fleet
 from . import _native
 from . import _runtime
+from ._signals import stop_on_signals
+from .processor import TorchBatchProcessor
 
 
 # torch_batch_process(..., name=value): where each override goes in the spec.
@@ -88,8 +92,6 @@ def torch_batch_process(
     into ``[processor.params]``. Raises :class:`StokeError` when the job
     fails.
     """
-    from .processor import TorchBatchProcessor
-
     if not isinstance(batch_processor_cls, type) or not issubclass(batch_processor_cls, TorchBatchProcessor):
         raise TypeError(f"{batch_processor_cls!r} is not a subclass of stoke.TorchBatchProcessor")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
@@ -148,14 +150,12 @@ def torch_batch_process(
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
     if shipping:
-        from . import _fleet
-
         job_id = job_id or _fleet.new_job_id(batch_processor_cls)
         processor["code"] = _fleet.ship(shipped, root, job_id)
         if coordinator is not None:
             return _fleet.run_on(coordinator, value, job_id)
         return _fleet.run_local(value, root, job_id, workers, device)
-    with _stop_on_signals() as signals:
+    with stop_on_signals() as signals:
         report = _native.run_embedded(json.dumps(value), base, root, device, None, job_id, signals.path)
     return json.loads(report)
 
@@ -164,8 +164,6 @@ def _dataset_spec(dataset: Any, batch_size: Any, max_batches: Any, checkpoint_in
     """The job spec for a torch Dataset (``format = "python"``, records
     ``0..len(dataset)`` or the first ``max_batches`` batches; its factory
     left for the caller to name) and the DataLoader arguments."""
-    from . import _dataset
-
     try:
         count = _dataset.check_map_style(dataset)
         kwargs, batch_size = _dataset.check_dataloader_kwargs(dataloader_kwargs, batch_size)
@@ -182,60 +180,6 @@ def _dataset_spec(dataset: Any, batch_size: Any, max_batches: Any, checkpoint_in
         "checkpoint": {"interval": int(checkpoint_interval)},
     }
     return spec, kwargs
-
-
-class _stop_on_signals:
-    """While a job runs in this process, SIGTERM stops it as Ctrl-C does
-    (checkpoint after the current batch, pause, :class:`JobPaused`)
-    instead of killing the process. Python runs signal handlers only when
-    the main thread runs Python, which it does not while the job runs; so
-    the signal is also written to a FIFO (``signal.set_wakeup_fd``) that
-    the job's Rust side reads, and stops at once. The previous handler
-    and wake-up fd come back after."""
-
-    def __init__(self, fifo: bool = True) -> None:
-        self._fifo = fifo
-
-    def __enter__(self) -> "_stop_on_signals":
-        import signal
-        import tempfile
-        import threading
-
-        self.path = None
-        self._old = None
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        if not self._fifo:
-            self._old = signal.signal(signal.SIGTERM, _raise_stop)
-            return self
-        self._dir = tempfile.mkdtemp(prefix="stoke-signals-")
-        self.path = os.path.join(self._dir, "wakeup")
-        os.mkfifo(self.path)
-        # The read end first (non-blocking, so opening does not wait for a
-        # writer), then the write end the signal handler writes to.
-        self._rfd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-        self._wfd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
-        self._old_fd = signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
-        self._old = signal.signal(signal.SIGTERM, _raise_stop)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        import shutil
-        import signal
-
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
-        if self.path is None:
-            return
-        signal.set_wakeup_fd(self._old_fd)
-        # Closing the write end ends the Rust side's reader.
-        os.close(self._wfd)
-        os.close(self._rfd)
-        shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def _raise_stop(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _read_spec(path: pathlib.Path) -> dict:

@@ -29,7 +29,9 @@ import uuid
 from typing import Any
 
 from . import _native
+from ._client import Client
 from ._native_client import JobPaused, StokeError
+from ._signals import stop_on_signals
 
 _TERMINAL = {"succeeded", "failed", "cancelled"}
 
@@ -151,8 +153,6 @@ def _submit(client: Any, spec: dict, job_id: str) -> dict:
 
 def run_on(coordinator: str, spec: dict, job_id: str) -> dict:
     """Submits to a running fleet and waits for the job to end."""
-    from ._client import Client
-
     client = Client(coordinator)
     _submit(client, spec, job_id)
     for info in client.watch(job_id, poll=0.2):
@@ -238,16 +238,13 @@ def run_local(spec: dict, root: str, job_id: str, workers: int, device: str) -> 
     """Runs the job on ``workers`` local worker processes, as ``stoke run
     --local N``. SIGTERM or Ctrl-C: the workers checkpoint and stop, the
     job is paused, and :class:`JobPaused` is raised."""
-    from ._api import _stop_on_signals
-    from ._client import Client
-
     coordinator = _native.LocalCoordinator(root)
     fleet = None
     logs = tempfile.mkdtemp(prefix=f"stoke-{job_id}-")
     try:
         client = Client(coordinator.address)
         _submit(client, spec, job_id)
-        with _stop_on_signals(fifo=False):
+        with stop_on_signals(fifo=False):
             try:
                 fleet = _Workers(coordinator.address, workers, device, logs)
                 while True:

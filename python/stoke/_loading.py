@@ -1,5 +1,5 @@
 """A Python processor's ``load_fn`` (Graphbook's): called once per record
-on a pool of load processes that runs ahead of the model; the results
+on load processes that run ahead of the model; the results
 reach ``process_batch`` as ``batch.samples``, in record order.
 
 The worker's prepare thread submits each batch here as soon as the
@@ -12,7 +12,7 @@ that batch's results. When ``load_fn``
 returns tensors of one shape and type, the load process stacks them into
 shared memory: that is ``batch.collated``, and ``batch.samples`` are
 views of it.
-The pool lives for the job on that worker. Its processes start from a
+The load processes live for the job on that worker. They start from a
 fork server run by the venv's Python (never a fork of the worker, which
 is a multi-threaded process), and get ``load_fn`` by value
 (cloudpickle), once each. The server imports ``load_fn``'s module before
@@ -21,8 +21,8 @@ second of CPU) is imported once, not once per load process; a server
 started ahead of its job waits for the module's name (``say_word``).
 
 An exception in ``load_fn`` is that record's error (its traceback); a
-load process that dies breaks the pool: a new pool is started (once, for
-all the batches that were in flight on the broken one) and their records
+load process that dies breaks their executor: a new one is started (once,
+for all the batches that were in flight on the broken one) and their records
 are tried again one at a time, so the record
 that kills a process is the one that counts as an error, and nothing
 waits forever.
@@ -231,9 +231,10 @@ def load_fn_of(instance: Any) -> Any:
 
 class Pending:
     """One batch's records in flight: the whole batch on one load process
-    (``future``), the pool it was submitted to (``executor``: when a load
-    process dies, only that pool is replaced, once, however many of the
-    batches in flight on it fail), and the ``LoadPool`` that took it
+    (``future``), the executor it was submitted to (``executor``: when a
+    load process dies, only that executor is replaced, once, however many
+    of the batches in flight on it fail), and the ``LoadProcesses`` that
+    took it
     (``owner``: a batch submitted ahead by a processor since replaced is
     loaded again by the new one)."""
 
@@ -244,7 +245,10 @@ class Pending:
         self.owner = owner
 
 
-class LoadPool:
+class LoadProcesses:
+    """A job's load processes on this worker (``[loading] workers`` of
+    them), which run ``load_fn`` ahead of the model."""
+
     def __init__(self, fn: Any, workers: int) -> None:
         self.fn = fn
         self.workers = workers
@@ -254,19 +258,19 @@ class LoadPool:
         # thread may still hand one over) starts no processes.
         self._closed = False
         # The prepare thread submits while the processor's thread waits
-        # for results (and may replace a broken pool): one pool at a time.
+        # for results (and may replace a broken executor): one at a time.
         self._lock = threading.Lock()
 
     def start(self) -> None:
         """Starts the load processes now (the processor is being made),
         so they are ready when the first batch comes."""
-        pool = self._pool() if self.workers > 0 else None
-        if pool is None:
+        executor = self._running() if self.workers > 0 else None
+        if executor is None:
             return
         for _ in range(self.workers):
-            pool.submit(_ready)
+            executor.submit(_ready)
 
-    def _pool(self) -> concurrent.futures.ProcessPoolExecutor | None:
+    def _running(self) -> concurrent.futures.ProcessPoolExecutor | None:
         with self._lock:
             if self._closed:
                 return None
@@ -294,7 +298,7 @@ class LoadPool:
         return self._submit_items(items)
 
     def _submit_items(self, items: list) -> Pending:
-        executor = self._pool() if self.workers > 0 else None
+        executor = self._running() if self.workers > 0 else None
         if executor is None:
             # No load processes (or closed): loaded when asked for.
             return Pending(items, owner=self)
@@ -307,15 +311,16 @@ class LoadPool:
             future = executor.submit(_load_chunk, items)
         except BrokenProcessPool:
             self._replace(executor)
-            executor = self._pool()
+            executor = self._running()
             if executor is None:
                 return Pending(items, owner=self)
             future = executor.submit(_load_chunk, items)
         return Pending(items, future, executor, self)
 
     def _replace(self, broken: Any) -> None:
-        """Drops ``broken`` (a pool a load process died in), unless it was
-        replaced already: a new pool is never shut down for an old one."""
+        """Drops ``broken`` (an executor a load process died in), unless
+        it was replaced already: a new executor is never shut down for an
+        old one."""
         with self._lock:
             if self._executor is not broken:
                 return
@@ -328,7 +333,8 @@ class LoadPool:
         memory by the load process when they are tensors of one shape and
         type (else ``None``)."""
         if pending.owner is not self:
-            # Submitted ahead to the pool of a processor since replaced.
+            # Submitted ahead to the load processes of a processor since
+            # replaced.
             pending = self._submit_items(pending.items)
         if pending.future is None:
             return _load_here(self.fn, pending.items), None
@@ -336,7 +342,7 @@ class LoadPool:
             result = pending.future.result()
         except BrokenProcessPool:
             # A load process died (this batch's or another's on the same
-            # pool): a fresh pool, and each record of the batch tried on
+            # executor): a fresh executor, and each record of the batch tried on
             # its own, so the one that kills a process is the one that
             # counts as an error.
             self._replace(pending.executor)
@@ -346,7 +352,7 @@ class LoadPool:
         return result, None
 
     def _alone(self, item: Any) -> tuple:
-        executor = self._pool()
+        executor = self._running()
         if executor is None:
             return _load_here(self.fn, [item])[0]
         try:

@@ -537,23 +537,23 @@ def preload_load_fn_module(module: str) -> None:
         _loading.preload_module(module)
 
 
-def open_load_pool(instance: Any, workers: int) -> Any:
-    """The job's pool of load processes for the processor's ``load_fn``
-    (``None`` when it defines none; see ``stoke._loading``)."""
+def open_load_processes(instance: Any, workers: int) -> Any:
+    """The job's load processes for the processor's ``load_fn`` (``None``
+    when it defines none; see ``stoke._loading``)."""
     fn = _loading.load_fn_of(instance)
     if fn is None:
         return None
-    pool = _loading.LoadPool(fn, workers)
-    pool.start()
-    return pool
+    loads = _loading.LoadProcesses(fn, workers)
+    loads.start()
+    return loads
 
 
-def load_submit(pool: Any, columns: dict, n: int, paths: list | None = None) -> Any:
-    return pool.submit(columns, n, paths)
+def load_submit(loads: Any, columns: dict, n: int, paths: list | None = None) -> Any:
+    return loads.submit(columns, n, paths)
 
 
-def load_results(pool: Any, pending: Any) -> tuple:
-    return pool.results(pending)
+def load_results(loads: Any, pending: Any) -> tuple:
+    return loads.results(pending)
 
 
 def bad_record(exc: BaseException):

@@ -196,7 +196,7 @@ if sys.argv[1] == "early":
     _loading.preload_module("word_probe")
 import word_probe
 
-pool = _loading.LoadPool(word_probe.load, 2)
+pool = _loading.LoadProcesses(word_probe.load, 2)
 pool.start()
 try:
     results, _ = pool.results(pool.submit({"x": [1, 2, 3]}, 3))
@@ -336,7 +336,7 @@ def test_a_dead_load_process_replaces_the_pool_once():
             os.kill(os.getpid(), signal.SIGKILL)
         return torch.tensor([float(item["x"])])
 
-    pool = _loading.LoadPool(load, 1)
+    pool = _loading.LoadProcesses(load, 1)
     try:
         a = pool.submit({"x": [0, 1], "kind": ["ok", "die"]}, 2)
         # Behind a on the one load process: it fails with the pool.

@@ -51,7 +51,7 @@ fn last_processed_batch(log: &str) -> Option<u64> {
         .max()
 }
 
-const TRACE: (&str, &str) = ("RUST_LOG", "info,stoke_worker::pipeline::process=trace");
+const TRACE: (&str, &str) = ("RUST_LOG", "info,stoke_worker::attempt::process=trace");
 
 #[test]
 #[ignore = "measurement; run by scripts/reliability.sh"]

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use tracing::error;
 
-use crate::pipeline::control::ShardControl;
-use crate::pipeline::stages::StageCounters;
+use crate::attempt::control::ShardControl;
+use crate::attempt::phases::PhaseCounters;
 use crate::session::Active;
 
 /// The exit status of a worker that ended itself because of a batch (past
@@ -37,19 +37,19 @@ const LAST_WORDS_WAIT: Duration = Duration::from_secs(2);
 const TRANSPORT_GRACE: Duration = Duration::from_millis(150);
 
 /// Sends the leases' last words now, and waits (bounded) until they left.
-fn say_last_words(stages: &StageCounters) {
-    let sent = stages.request_brief();
-    if stages.wait_brief_after(sent, LAST_WORDS_WAIT) {
+fn say_last_words(phases: &PhaseCounters) {
+    let sent = phases.request_brief();
+    if phases.wait_brief_after(sent, LAST_WORDS_WAIT) {
         std::thread::sleep(TRANSPORT_GRACE);
     }
 }
 
 /// Ends the process with [`EXIT_CRASHED`] after telling the coordinator
 /// `words` about the batch `control` is processing.
-pub(crate) fn die(control: &ShardControl, stages: &StageCounters, words: &str) -> ! {
+pub(crate) fn die(control: &ShardControl, phases: &PhaseCounters, words: &str) -> ! {
     error!(%words, batch = ?control.current().map(|c| c.batch), "worker ends itself: restart it");
     control.set_last_words(words.to_string());
-    say_last_words(stages);
+    say_last_words(phases);
     exit_now(EXIT_CRASHED)
 }
 
@@ -92,18 +92,18 @@ struct Armed {
 pub(crate) struct Watchdog {
     armed: Mutex<Option<Armed>>,
     changed: Condvar,
-    stages: Arc<StageCounters>,
+    phases: Arc<PhaseCounters>,
     /// The process ends past a timeout (a worker process); otherwise the
     /// watchdog only logs it.
     exits: bool,
 }
 
 impl Watchdog {
-    pub fn spawn(stages: Arc<StageCounters>, exits: bool) -> std::io::Result<Arc<Self>> {
+    pub fn spawn(phases: Arc<PhaseCounters>, exits: bool) -> std::io::Result<Arc<Self>> {
         let dog = Arc::new(Self {
             armed: Mutex::new(None),
             changed: Condvar::new(),
-            stages,
+            phases,
             exits,
         });
         let watched = Arc::clone(&dog);
@@ -148,7 +148,7 @@ impl Watchdog {
                     humantime::format_duration(a.limit)
                 );
                 if self.exits {
-                    die(&a.control, &self.stages, &words);
+                    die(&a.control, &self.phases, &words);
                 }
                 error!(%words, "batch timed out; this worker is embedded, so it cannot end itself");
                 armed = self.armed.lock().unwrap_or_else(|p| p.into_inner());
@@ -224,7 +224,7 @@ extern "C" fn on_fatal_signal(sig: libc::c_int) {
 /// Installs the fatal-signal handlers of a worker process: a death by
 /// signal is reported as the last words of the leases with a batch in
 /// progress before the process dies by it.
-pub(crate) fn install_signal_handlers(active: Active, stages: Arc<StageCounters>) {
+pub(crate) fn install_signal_handlers(active: Active, phases: Arc<PhaseCounters>) {
     let mut fds = [0i32; 2];
     // SAFETY: `fds` has room for the two descriptors pipe2 writes.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -247,7 +247,7 @@ pub(crate) fn install_signal_handlers(active: Active, stages: Arc<StageCounters>
                         control.set_last_words(words.clone());
                     }
                 }
-                say_last_words(&stages);
+                say_last_words(&phases);
             }
             SIGNAL_REPORTED.store(true, Ordering::SeqCst);
         });

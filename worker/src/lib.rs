@@ -1,4 +1,4 @@
-//! stoke's worker: the lease loop, the data pipeline (read -> processor
+//! stoke's worker: the lease loop, the attempt path (read -> processor
 //! thread -> committer), the processor lifecycle, checkpoint upload, and the
 //! built-in `pytorch` processor (TorchScript files and AOTInductor `.pt2`
 //! packages; alias `torchscript`). `unsafe` code is allowed module by
@@ -16,6 +16,7 @@
 //! process tests in `stoke-tests`.
 
 pub mod aoti;
+mod attempt;
 pub mod batch;
 mod builtins;
 pub mod cli;
@@ -29,7 +30,6 @@ pub mod lineage;
 pub mod link;
 pub mod llm;
 pub mod model_format;
-mod pipeline;
 pub mod processor;
 #[cfg(feature = "python")]
 pub mod python;

@@ -103,7 +103,7 @@ impl Loader {
 }
 
 /// Prepared batches buffered ahead of the model, at least: the look-ahead
-/// of the load stage (`pipeline::prep`), which a [`Prepare`] may raise.
+/// of the load stage (`attempt::prep`), which a [`Prepare`] may raise.
 pub(crate) const AHEAD: usize = 2;
 
 /// A processor's own stage ahead of the model (a Python processor's
@@ -136,7 +136,7 @@ pub(crate) struct EngineUsage {
     pub startup: std::time::Duration,
 }
 
-/// The object-safe face of a processor, used by the worker's pipeline.
+/// The object-safe face of a processor, used by the worker's attempt path.
 pub(crate) trait DynProcessor: Send {
     /// Its stage ahead of the model, if it has one.
     fn prepare_stage(&self) -> Option<Arc<dyn Prepare>> {
@@ -221,7 +221,7 @@ impl Registry {
         self
     }
 
-    /// Adds a processor that implements the pipeline's face directly.
+    /// Adds a processor that implements the attempt path's face directly.
     pub(crate) fn register_dyn(
         &mut self,
         name: &str,

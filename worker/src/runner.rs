@@ -16,15 +16,15 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::attempt::commit::Committer;
+use crate::attempt::control::ShardControl;
+use crate::attempt::phases::PhaseCounters;
+use crate::attempt::process::{Batches, ProcMsg, ProcessorThread, ShardOutcome, ShardRun};
 use crate::config::{WorkerConfig, device_name};
 use crate::context::ShardInfo;
 use crate::error::{LinkErrorKind, WorkerError};
 use crate::link::CoordinatorLink;
 use crate::link::{self, SessionState};
-use crate::pipeline::commit::Committer;
-use crate::pipeline::control::ShardControl;
-use crate::pipeline::process::{Batches, ProcMsg, ProcessorThread, ShardOutcome, ShardRun};
-use crate::pipeline::stages::StageCounters;
 use crate::processor::Registry;
 use crate::session::{self, Active};
 
@@ -91,11 +91,11 @@ pub async fn run<L: CoordinatorLink>(
     let (wake_tx, wake_rx) = watch::channel(0u64);
     // Where this process's processor threads spend their time: added to by
     // each, reported by the session keeper.
-    let stages = Arc::new(StageCounters::default());
+    let phases = Arc::new(PhaseCounters::default());
     if config.crash_exits {
-        crate::fatal::install_signal_handlers(Arc::clone(&active), Arc::clone(&stages));
+        crate::fatal::install_signal_handlers(Arc::clone(&active), Arc::clone(&phases));
     }
-    let watchdog = crate::fatal::Watchdog::spawn(Arc::clone(&stages), config.crash_exits)
+    let watchdog = crate::fatal::Watchdog::spawn(Arc::clone(&phases), config.crash_exits)
         .map_err(|e| WorkerError::Config(format!("starting the batch watchdog: {e}")))?;
     let session_stop = CancellationToken::new();
     let keeper = tokio::spawn(session::maintain(
@@ -111,7 +111,7 @@ pub async fn run<L: CoordinatorLink>(
             incarnation: uuid::Uuid::new_v4().simple().to_string(),
         },
         Arc::clone(&active),
-        Arc::clone(&stages),
+        Arc::clone(&phases),
         session::Signals {
             state: session_tx,
             wake: wake_tx,
@@ -127,7 +127,7 @@ pub async fn run<L: CoordinatorLink>(
             stores: stores.clone(),
             runtime: tokio::runtime::Handle::current(),
             scratch_root: scratch_root.join(format!("slot{i}")),
-            stages: Arc::clone(&stages),
+            phases: Arc::clone(&phases),
             watchdog: Arc::clone(&watchdog),
             crash_exits: config.crash_exits,
         }

@@ -13,10 +13,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::attempt::control::ShardControl;
+use crate::attempt::phases::PhaseCounters;
 use crate::error::LinkErrorKind;
 use crate::link::{CoordinatorLink, Session, SessionState};
-use crate::pipeline::control::ShardControl;
-use crate::pipeline::stages::StageCounters;
 
 /// The leases this worker works on, and how to steer each attempt.
 pub(crate) type Active = Arc<Mutex<HashMap<LeaseKey, Arc<ShardControl>>>>;
@@ -69,12 +69,12 @@ pub(crate) struct Signals {
     pub wake: watch::Sender<u64>,
 }
 
-/// Runs until `stop` is cancelled; reports `stages` with every heartbeat.
+/// Runs until `stop` is cancelled; reports `phases` with every heartbeat.
 pub(crate) async fn maintain<L: CoordinatorLink>(
     link: Arc<L>,
     registration: Registration,
     active: Active,
-    stages: Arc<StageCounters>,
+    phases: Arc<PhaseCounters>,
     signals: Signals,
     stop: CancellationToken,
 ) {
@@ -95,7 +95,7 @@ pub(crate) async fn maintain<L: CoordinatorLink>(
                 backoff = Duration::from_millis(100);
                 info!(session = %session.grant.session_id, "session open");
                 let _ = state_tx.send(SessionState::Open(session.grant.session_id.clone()));
-                keep(session, &active, &stages, &wake, &stop).await;
+                keep(session, &active, &phases, &wake, &stop).await;
                 let _ = state_tx.send(SessionState::Connecting);
                 if !stop.is_cancelled() {
                     warn!("session lost; registering again");
@@ -123,7 +123,7 @@ pub(crate) async fn maintain<L: CoordinatorLink>(
 async fn keep(
     session: Session,
     active: &Active,
-    stages: &StageCounters,
+    phases: &PhaseCounters,
     wake: &watch::Sender<u64>,
     stop: &CancellationToken,
 ) {
@@ -136,31 +136,31 @@ async fn keep(
     let mut ticker = tokio::time::interval(grant.heartbeat_interval.max(Duration::from_millis(10)));
     // Per-job times are reported from this session's start: a coordinator
     // that restarted (or a session opened again) counts only what it saw.
-    let base = stages.jobs_snapshot();
+    let base = phases.jobs_snapshot();
     loop {
         tokio::select! {
             _ = stop.cancelled() => {
                 // The last times (a job's last checkpoint, say), so the
                 // job's report counts them: best effort.
-                let _ = heartbeats.send(heartbeat(active, stages, &base)).await;
+                let _ = heartbeats.send(heartbeat(active, phases, &base)).await;
                 break;
             }
             _ = lost.cancelled() => break,
             // An attempt ended: its times now, not a heartbeat interval
             // later (when its job may have ended).
-            _ = stages.flush_requested() => {
-                if heartbeats.send(heartbeat(active, stages, &base)).await.is_err() {
+            _ = phases.flush_requested() => {
+                if heartbeats.send(heartbeat(active, phases, &base)).await.is_err() {
                     break;
                 }
             }
-            _ = stages.brief_requested() => {
+            _ = phases.brief_requested() => {
                 if heartbeats.send(brief(active)).await.is_err() {
                     break;
                 }
-                stages.brief_sent();
+                phases.brief_sent();
             }
             _ = ticker.tick() => {
-                if heartbeats.send(heartbeat(active, stages, &base)).await.is_err() {
+                if heartbeats.send(heartbeat(active, phases, &base)).await.is_err() {
                     break;
                 }
             }
@@ -175,8 +175,8 @@ async fn keep(
 
 /// What the worker tells the coordinator on its session now: its per-job
 /// times since `base` (the session's start).
-fn heartbeat(active: &Active, stages: &StageCounters, base: &[JobStages]) -> Heartbeat {
-    let jobs = stages
+fn heartbeat(active: &Active, phases: &PhaseCounters, base: &[JobStages]) -> Heartbeat {
+    let jobs = phases
         .jobs_snapshot()
         .into_iter()
         .map(|now| match base.iter().find(|b| b.job_id == now.job_id) {
@@ -193,7 +193,7 @@ fn heartbeat(active: &Active, stages: &StageCounters, base: &[JobStages]) -> Hea
         .collect();
     let heartbeat = Heartbeat {
         leases: active_keys(active),
-        stages: stages.snapshot(),
+        stages: phases.snapshot(),
         jobs,
         work: active_work(active),
         brief: false,

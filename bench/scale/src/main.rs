@@ -38,7 +38,7 @@ mod pin;
 mod pipeline_memory;
 mod plan;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -285,114 +285,117 @@ fn main() -> anyhow::Result<()> {
         cpus: cli.coordinator_cpus.clone(),
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
-    let result = runtime.block_on(async {
-        match cli.command {
-            Cmd::Cycles {
-                workers,
-                seconds,
-                workers_per_channel,
-                shards,
-                jobs,
-            } => {
-                for w in workers {
-                    let options = cycles::Options {
-                        workers: w,
-                        duration: Duration::from_secs_f64(seconds),
-                        workers_per_channel: workers_per_channel.max(1),
-                        shards,
-                        jobs,
-                    };
-                    let dir = work_dir.join(format!("cycles-{w}"));
-                    let report = cycles::run(&launcher, &dir, &options)
-                        .await
-                        .with_context(|| format!("cycles with {w} workers"))?;
-                    println!("{report}");
-                }
-                Ok(())
-            }
-            Cmd::Finish {
-                shards,
-                workers,
-                steady_workers,
-                after,
-            } => {
-                let options = finish::Options {
-                    shards,
-                    workers,
-                    steady_workers: steady_workers.max(1),
-                    after: Duration::from_secs_f64(after),
-                };
-                let dir = work_dir.join("finish");
-                let report = finish::run(&launcher, &dir, &options)
-                    .await
-                    .context("finish")?;
-                println!("{report}");
-                Ok(())
-            }
-            Cmd::Acquire {
-                jobs,
-                ended,
-                workers,
-                seconds,
-            } => {
-                for j in jobs {
-                    let options = acquire::Options {
-                        jobs: j,
-                        ended,
-                        workers: workers.max(1),
-                        duration: Duration::from_secs_f64(seconds),
-                    };
-                    let report = acquire::run(&options)
-                        .await
-                        .with_context(|| format!("acquire with {j} jobs"))?;
-                    println!("{report}");
-                }
-                Ok(())
-            }
-            Cmd::Ended {
-                jobs,
-                shards,
-                workers,
-            } => {
-                let options = ended::Options {
-                    jobs,
-                    shards,
-                    workers: workers.max(1),
-                };
-                let dir = work_dir.join("ended");
-                let report = ended::run(&launcher, &dir, &options)
-                    .await
-                    .context("ended")?;
-                println!("{report}");
-                Ok(())
-            }
-            Cmd::PipelineMemory { shards, workers } => {
-                let options = pipeline_memory::Options {
-                    shards,
-                    workers: workers.max(1),
-                };
-                let dir = work_dir.join("pipeline-memory");
-                std::fs::create_dir_all(&dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-                let report = pipeline_memory::run(&launcher, &dir, &options)
-                    .await
-                    .context("pipeline-memory")?;
-                println!("{report}");
-                Ok(())
-            }
-            Cmd::Deadline { .. } => unreachable!("run above, without a coordinator"),
-            Cmd::Plan { shards } => {
-                let dir = work_dir.join("plan");
-                let report = plan::run(&launcher, &dir, shards).await.context("plan")?;
-                println!("{report}");
-                Ok(())
-            }
-        }
-    });
+    let result = runtime.block_on(run(cli.command, &launcher, &work_dir));
     if remove_after {
         let _ = std::fs::remove_dir_all(&work_dir);
     }
     result
+}
+
+/// Runs a measurement that needs a coordinator (`launcher` starts it),
+/// each in its folder under `work_dir`, and prints its report.
+async fn run(command: Cmd, launcher: &Launcher, work_dir: &Path) -> anyhow::Result<()> {
+    match command {
+        Cmd::Cycles {
+            workers,
+            seconds,
+            workers_per_channel,
+            shards,
+            jobs,
+        } => {
+            for w in workers {
+                let options = cycles::Options {
+                    workers: w,
+                    duration: Duration::from_secs_f64(seconds),
+                    workers_per_channel: workers_per_channel.max(1),
+                    shards,
+                    jobs,
+                };
+                let dir = work_dir.join(format!("cycles-{w}"));
+                let report = cycles::run(launcher, &dir, &options)
+                    .await
+                    .with_context(|| format!("cycles with {w} workers"))?;
+                println!("{report}");
+            }
+            Ok(())
+        }
+        Cmd::Finish {
+            shards,
+            workers,
+            steady_workers,
+            after,
+        } => {
+            let options = finish::Options {
+                shards,
+                workers,
+                steady_workers: steady_workers.max(1),
+                after: Duration::from_secs_f64(after),
+            };
+            let dir = work_dir.join("finish");
+            let report = finish::run(launcher, &dir, &options)
+                .await
+                .context("finish")?;
+            println!("{report}");
+            Ok(())
+        }
+        Cmd::Acquire {
+            jobs,
+            ended,
+            workers,
+            seconds,
+        } => {
+            for j in jobs {
+                let options = acquire::Options {
+                    jobs: j,
+                    ended,
+                    workers: workers.max(1),
+                    duration: Duration::from_secs_f64(seconds),
+                };
+                let report = acquire::run(&options)
+                    .await
+                    .with_context(|| format!("acquire with {j} jobs"))?;
+                println!("{report}");
+            }
+            Ok(())
+        }
+        Cmd::Ended {
+            jobs,
+            shards,
+            workers,
+        } => {
+            let options = ended::Options {
+                jobs,
+                shards,
+                workers: workers.max(1),
+            };
+            let dir = work_dir.join("ended");
+            let report = ended::run(launcher, &dir, &options)
+                .await
+                .context("ended")?;
+            println!("{report}");
+            Ok(())
+        }
+        Cmd::PipelineMemory { shards, workers } => {
+            let options = pipeline_memory::Options {
+                shards,
+                workers: workers.max(1),
+            };
+            let dir = work_dir.join("pipeline-memory");
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let report = pipeline_memory::run(launcher, &dir, &options)
+                .await
+                .context("pipeline-memory")?;
+            println!("{report}");
+            Ok(())
+        }
+        Cmd::Deadline { .. } => unreachable!("run above, without a coordinator"),
+        Cmd::Plan { shards } => {
+            let dir = work_dir.join("plan");
+            let report = plan::run(launcher, &dir, shards).await.context("plan")?;
+            println!("{report}");
+            Ok(())
+        }
+    }
 }
 
 /// `deadline`: one seed after another on one paused clock (hours of job

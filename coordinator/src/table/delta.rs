@@ -433,141 +433,29 @@ fn commit_blocking(
     } = append;
     let url = table_url(&table);
     let engine = engine(store, &table)?;
-    let txn_version = i64::try_from(seq).unwrap_or(i64::MAX);
-    let err = kernel(&table);
     // Objects without rows are scratch files (a processor's uploads), not
     // data files.
     let objects: Vec<OutputObject> = objects.into_iter().filter(|o| o.records > 0).collect();
-    // The files' schema, from the first one's footer: read only to
-    // create the table or for the job's first commit to it (later ones
-    // passed the check already).
-    let mut job_schema: Option<SchemaRef> = None;
-    let mut schema = |engine: &dyn Engine| -> Result<Option<SchemaRef>, DeltaError> {
-        if job_schema.is_none()
-            && let Some(first) = objects.first()
-        {
-            job_schema = Some(file_schema(engine, first).map_err(err)?);
-        }
-        Ok(job_schema.clone())
+    let txn = Txn {
+        engine: &engine,
+        table: &table,
+        url: &url,
+        job_id: &job_id,
+        version: i64::try_from(seq).unwrap_or(i64::MAX),
+        objects: &objects,
+        reconcile,
+        done: done.as_ref(),
     };
+    let mut schema = FilesSchema::default();
     for _ in 0..MAX_CONFLICTS {
-        let result = if !exists {
-            // No log yet: create the table, with these files.
-            let Some(schema) = schema(&engine)? else {
-                return Ok(Committed {
-                    version: None,
-                    prior_txn: None,
-                    snapshot: None,
-                });
-            };
-            exists = true;
-            let adds = add_files(&table, &objects)?;
-            let mut builder = create_table(&url, table_schema(&schema), ENGINE_INFO, true)
-                .with_transaction_id(job_id.clone(), txn_version);
-            if let Some(update) = &done {
-                // Incremental jobs record their inputs in domain metadata,
-                // a writer feature a table has from its creation.
-                builder = builder
-                    .with_table_properties([("delta.feature.domainMetadata", "supported")])
-                    .with_domain_metadata(
-                        inputs_domain(&update.fingerprint),
-                        merged_done(DoneInputs::default(), update),
-                    );
-            }
-            let created = builder
-                .build(&engine, Box::new(FileSystemCommitter::new()))
-                .and_then(|mut txn| {
-                    txn.add_files(adds);
-                    txn.commit(&engine)
-                });
-            match created {
-                Ok(CommitResult::Committed(done)) => {
-                    Ok((done.commit_version(), after_commit(&engine, &table, &done)))
-                }
-                // Another writer created it first: append to it.
-                Ok(_)
-                | Err(
-                    delta_kernel::KernelError::TableAlreadyExistsAtPath(_)
-                    | delta_kernel::KernelError::FileAlreadyExists(_),
-                ) => Err(()),
-                Err(e) => return Err(err(e)),
-            }
+        let tried = if !exists {
+            txn.create(&mut schema, &mut exists)?
         } else {
-            let snapshot = current(&engine, &url, cached.take()).map_err(err)?;
-            // A conflict's retry brings this one up to date.
-            cached = Some(snapshot.clone());
-            let prior_txn = snapshot.get_app_id_version(&job_id, &engine).map_err(err)?;
-            if prior_txn.is_some_and(|v| v >= txn_version) {
-                return Ok(Committed {
-                    version: None,
-                    prior_txn,
-                    snapshot: Some(snapshot),
-                });
-            }
-            let first_of_job = prior_txn.is_none();
-            // A `commit = "end"` job with a commit of its own before this
-            // one (a pause at its cap): only what the table lacks.
-            let reconcile = reconcile || prior_txn.is_some();
-            let prior_txn = prior_txn.filter(|_| reconcile);
-            let adding: Vec<OutputObject> = if reconcile {
-                let present = files_in(&snapshot, &engine, &table, &job_id).map_err(err)?;
-                objects
-                    .iter()
-                    .filter(|o| !present.contains(relative(&table, &o.uri).unwrap_or("")))
-                    .cloned()
-                    .collect()
-            } else {
-                objects.clone()
-            };
-            if adding.is_empty() && done.is_none() {
-                return Ok(Committed {
-                    version: None,
-                    prior_txn,
-                    snapshot: Some(snapshot),
-                });
-            }
-            if first_of_job && let Some(files) = schema(&engine)? {
-                check_schema(&table, &job_id, &snapshot.schema(), &files)?;
-            }
-            let mut builder = snapshot
-                .clone()
-                .update_table(UpdateTableOperation::Write, ENGINE_INFO, true)
-                .with_transaction_id(job_id.clone(), txn_version);
-            if let Some(update) = &done {
-                // Read again on each try: another job of the pipeline may
-                // have recorded inputs since.
-                let domain = inputs_domain(&update.fingerprint);
-                let before = read_done(&snapshot, &engine, &table, &domain)?;
-                builder = builder.with_domain_metadata(domain, merged_done(before, update));
-            }
-            let mut txn = builder
-                .build(&engine, Box::new(FileSystemCommitter::new()))
-                .map_err(err)?;
-            txn.add_files(add_files(&table, &adding)?);
-            match txn.commit(&engine) {
-                Ok(CommitResult::Committed(done)) => {
-                    let version = done.commit_version();
-                    info!(table = %table, job = %job_id, version, files = adding.len(), "Delta commit");
-                    return Ok(Committed {
-                        version: Some(version),
-                        prior_txn,
-                        snapshot: after_commit(&engine, &table, &done),
-                    });
-                }
-                Ok(_) => Err(()),
-                Err(e) => return Err(err(e)),
-            }
+            txn.append(&mut schema, &mut cached)?
         };
-        match result {
-            Ok((version, snapshot)) => {
-                info!(table = %table, job = %job_id, version, files = objects.len(), "Delta table created");
-                return Ok(Committed {
-                    version: Some(version),
-                    prior_txn: None,
-                    snapshot,
-                });
-            }
-            Err(()) => {
+        match tried {
+            Tried::Committed(committed) => return Ok(committed),
+            Tried::Conflict => {
                 warn!(table = %table, job = %job_id, "Delta commit conflicted with another writer; retrying");
             }
         }
@@ -575,6 +463,180 @@ fn commit_blocking(
     Err(DeltaError::Conflicts {
         table: table.to_string(),
     })
+}
+
+/// One try at a job's Delta commit.
+enum Tried {
+    /// Made, or found made already, or nothing to make.
+    Committed(Committed),
+    /// Another writer committed first: try again on the table as it is.
+    Conflict,
+}
+
+/// The files' schema, from the first one's footer: read only to create
+/// the table or for the job's first commit to it (later ones passed the
+/// check already), and once.
+#[derive(Default)]
+struct FilesSchema(Option<SchemaRef>);
+
+impl FilesSchema {
+    fn get(
+        &mut self,
+        engine: &dyn Engine,
+        table: &StoreUri,
+        objects: &[OutputObject],
+    ) -> Result<Option<SchemaRef>, DeltaError> {
+        if self.0.is_none()
+            && let Some(first) = objects.first()
+        {
+            self.0 = Some(file_schema(engine, first).map_err(kernel(table))?);
+        }
+        Ok(self.0.clone())
+    }
+}
+
+/// One job's Delta commit: what each try works with.
+struct Txn<'a> {
+    engine: &'a DefaultEngine<TokioMultiThreadExecutor>,
+    table: &'a StoreUri,
+    url: &'a str,
+    job_id: &'a str,
+    /// The txn version, the commit's sequence number.
+    version: i64,
+    /// Data files only (objects with rows).
+    objects: &'a [OutputObject],
+    reconcile: bool,
+    done: Option<&'a DoneUpdate>,
+}
+
+impl Txn<'_> {
+    /// No log yet: create the table, with these files. `exists` is set
+    /// once a creation was tried.
+    fn create(&self, schema: &mut FilesSchema, exists: &mut bool) -> Result<Tried, DeltaError> {
+        let (engine, table, job_id) = (self.engine, self.table, self.job_id);
+        let err = kernel(table);
+        let Some(schema) = schema.get(engine, table, self.objects)? else {
+            return Ok(Tried::Committed(Committed {
+                version: None,
+                prior_txn: None,
+                snapshot: None,
+            }));
+        };
+        *exists = true;
+        let adds = add_files(table, self.objects)?;
+        let mut builder = create_table(self.url, table_schema(&schema), ENGINE_INFO, true)
+            .with_transaction_id(job_id.to_string(), self.version);
+        if let Some(update) = self.done {
+            // Incremental jobs record their inputs in domain metadata,
+            // a writer feature a table has from its creation.
+            builder = builder
+                .with_table_properties([("delta.feature.domainMetadata", "supported")])
+                .with_domain_metadata(
+                    inputs_domain(&update.fingerprint),
+                    merged_done(DoneInputs::default(), update),
+                );
+        }
+        let created = builder
+            .build(engine, Box::new(FileSystemCommitter::new()))
+            .and_then(|mut txn| {
+                txn.add_files(adds);
+                txn.commit(engine)
+            });
+        match created {
+            Ok(CommitResult::Committed(done)) => {
+                let version = done.commit_version();
+                let snapshot = after_commit(engine, table, &done);
+                info!(table = %table, job = %job_id, version, files = self.objects.len(), "Delta table created");
+                Ok(Tried::Committed(Committed {
+                    version: Some(version),
+                    prior_txn: None,
+                    snapshot,
+                }))
+            }
+            // Another writer created it first: append to it.
+            Ok(_)
+            | Err(
+                delta_kernel::KernelError::TableAlreadyExistsAtPath(_)
+                | delta_kernel::KernelError::FileAlreadyExists(_),
+            ) => Ok(Tried::Conflict),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    /// Appends to the table as it is now (`cached`, brought up to date):
+    /// what it lacks of these files, once per txn version.
+    fn append(
+        &self,
+        schema: &mut FilesSchema,
+        cached: &mut Option<delta_kernel::SnapshotRef>,
+    ) -> Result<Tried, DeltaError> {
+        let (engine, table, job_id) = (self.engine, self.table, self.job_id);
+        let err = kernel(table);
+        let snapshot = current(engine, self.url, cached.take()).map_err(err)?;
+        // A conflict's retry brings this one up to date.
+        *cached = Some(snapshot.clone());
+        let prior_txn = snapshot.get_app_id_version(job_id, engine).map_err(err)?;
+        if prior_txn.is_some_and(|v| v >= self.version) {
+            return Ok(Tried::Committed(Committed {
+                version: None,
+                prior_txn,
+                snapshot: Some(snapshot),
+            }));
+        }
+        let first_of_job = prior_txn.is_none();
+        // A `commit = "end"` job with a commit of its own before this
+        // one (a pause at its cap): only what the table lacks.
+        let reconcile = self.reconcile || prior_txn.is_some();
+        let prior_txn = prior_txn.filter(|_| reconcile);
+        let adding: Vec<OutputObject> = if reconcile {
+            let present = files_in(&snapshot, engine, table, job_id).map_err(err)?;
+            self.objects
+                .iter()
+                .filter(|o| !present.contains(relative(table, &o.uri).unwrap_or("")))
+                .cloned()
+                .collect()
+        } else {
+            self.objects.to_vec()
+        };
+        if adding.is_empty() && self.done.is_none() {
+            return Ok(Tried::Committed(Committed {
+                version: None,
+                prior_txn,
+                snapshot: Some(snapshot),
+            }));
+        }
+        if first_of_job && let Some(files) = schema.get(engine, table, self.objects)? {
+            check_schema(table, job_id, &snapshot.schema(), &files)?;
+        }
+        let mut builder = snapshot
+            .clone()
+            .update_table(UpdateTableOperation::Write, ENGINE_INFO, true)
+            .with_transaction_id(job_id.to_string(), self.version);
+        if let Some(update) = self.done {
+            // Read again on each try: another job of the pipeline may
+            // have recorded inputs since.
+            let domain = inputs_domain(&update.fingerprint);
+            let before = read_done(&snapshot, engine, table, &domain)?;
+            builder = builder.with_domain_metadata(domain, merged_done(before, update));
+        }
+        let mut txn = builder
+            .build(engine, Box::new(FileSystemCommitter::new()))
+            .map_err(err)?;
+        txn.add_files(add_files(table, &adding)?);
+        match txn.commit(engine) {
+            Ok(CommitResult::Committed(done)) => {
+                let version = done.commit_version();
+                info!(table = %table, job = %job_id, version, files = adding.len(), "Delta commit");
+                Ok(Tried::Committed(Committed {
+                    version: Some(version),
+                    prior_txn,
+                    snapshot: after_commit(engine, table, &done),
+                }))
+            }
+            Ok(_) => Ok(Tried::Conflict),
+            Err(e) => Err(err(e)),
+        }
+    }
 }
 
 /// The paths (relative to the table) of the table's files in the job's

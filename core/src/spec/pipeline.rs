@@ -156,6 +156,103 @@ struct Settings {
     keep_intermediate: bool,
 }
 
+/// What a pipeline's stage is read in: the pipeline's name and settings,
+/// and where its relative paths are relative to.
+struct StageIn<'a> {
+    pipeline: &'a str,
+    base: &'a FsPath,
+    format: &'static str,
+    stages: usize,
+    max_pending: u64,
+    keep_intermediate: bool,
+}
+
+impl StageIn<'_> {
+    /// Stage `i`'s `[[stage]]` table as its name and job spec, checked as
+    /// the stage it will be; `seen` holds the names of the stages before.
+    fn parse(
+        &self,
+        i: usize,
+        stage: serde_json::Value,
+        seen: &mut HashSet<String>,
+    ) -> Result<(String, JobSpec), SpecError> {
+        let last = self.stages - 1;
+        let serde_json::Value::Object(mut stage) = stage else {
+            return Err(SpecError::invalid(format!("stage[{i}]"), "must be a table"));
+        };
+        let stage_name = match stage.remove("name") {
+            Some(serde_json::Value::String(n)) => n,
+            _ => {
+                return Err(SpecError::invalid(
+                    format!("stage[{i}].name"),
+                    "missing: each stage names itself",
+                ));
+            }
+        };
+        check_name(&format!("stage[{i}].name"), &stage_name)?;
+        if !seen.insert(stage_name.clone()) {
+            return Err(SpecError::invalid(
+                format!("stage[{i}].name"),
+                format!("{stage_name:?} names two stages"),
+            ));
+        }
+        let field = |key: &str| format!("stage {stage_name:?}: {key}");
+        if i > 0 && stage.contains_key("dataset") {
+            return Err(SpecError::invalid(
+                field("dataset"),
+                "only the first stage has a [stage.dataset]; the others read the stage \
+                 before's committed outputs",
+            ));
+        }
+        if i == 0 && !stage.contains_key("dataset") {
+            return Err(SpecError::invalid(
+                field("dataset"),
+                "missing: the first stage reads the pipeline's input",
+            ));
+        }
+        if stage.contains_key("name") || stage.contains_key("stage_of") {
+            return Err(SpecError::invalid(field("stage_of"), "not a stage key"));
+        }
+        if i > 0 {
+            stage.insert(
+                "dataset".to_string(),
+                serde_json::json!({ "format": DatasetFormat::Stage.as_str() }),
+            );
+        }
+        stage.insert(
+            "name".to_string(),
+            serde_json::Value::String(format!("{}-{stage_name}", self.pipeline)),
+        );
+        let value = JobSpec::resolve_relative(serde_json::Value::Object(stage), self.base)?;
+        let mut spec: JobSpec =
+            serde_path_to_error::deserialize(value).map_err(|e| SpecError::Parse {
+                format: self.format,
+                path: format!("stage {stage_name:?}: {}", e.path()),
+                message: e.inner().to_string(),
+            })?;
+        spec.fill_implied();
+        // Checked as the stage it will be (its place set below).
+        spec.stage_of = Some(StageOf {
+            pipeline: self.pipeline.to_string(),
+            stage: stage_name.clone(),
+            index: i as u32,
+            stages: last as u32 + 1,
+            upstream: (i > 0).then(String::new),
+            downstream: (i < last).then(String::new),
+            max_pending: self.max_pending,
+            keep_intermediate: self.keep_intermediate,
+        });
+        spec.validate().map_err(|e| match e {
+            SpecError::Invalid { field: f, message } if !f.starts_with("stage ") => {
+                SpecError::invalid(field(&f), message)
+            }
+            other => other,
+        })?;
+        spec.stage_of = None;
+        Ok((stage_name, spec))
+    }
+}
+
 impl PipelineSpec {
     /// Whether a spec document (TOML or JSON, as a value) is a pipeline:
     /// it has `[[stage]]` tables.
@@ -236,83 +333,18 @@ impl PipelineSpec {
                 "must be at least 1",
             ));
         }
+        let stage_in = StageIn {
+            pipeline: &name,
+            base,
+            format,
+            stages: stages.len(),
+            max_pending,
+            keep_intermediate: settings.keep_intermediate,
+        };
         let mut seen = HashSet::new();
         let mut parsed = Vec::with_capacity(stages.len());
-        let last = stages.len() - 1;
         for (i, stage) in stages.into_iter().enumerate() {
-            let serde_json::Value::Object(mut stage) = stage else {
-                return Err(SpecError::invalid(format!("stage[{i}]"), "must be a table"));
-            };
-            let stage_name = match stage.remove("name") {
-                Some(serde_json::Value::String(n)) => n,
-                _ => {
-                    return Err(SpecError::invalid(
-                        format!("stage[{i}].name"),
-                        "missing: each stage names itself",
-                    ));
-                }
-            };
-            check_name(&format!("stage[{i}].name"), &stage_name)?;
-            if !seen.insert(stage_name.clone()) {
-                return Err(SpecError::invalid(
-                    format!("stage[{i}].name"),
-                    format!("{stage_name:?} names two stages"),
-                ));
-            }
-            let field = |key: &str| format!("stage {stage_name:?}: {key}");
-            if i > 0 && stage.contains_key("dataset") {
-                return Err(SpecError::invalid(
-                    field("dataset"),
-                    "only the first stage has a [stage.dataset]; the others read the stage \
-                     before's committed outputs",
-                ));
-            }
-            if i == 0 && !stage.contains_key("dataset") {
-                return Err(SpecError::invalid(
-                    field("dataset"),
-                    "missing: the first stage reads the pipeline's input",
-                ));
-            }
-            if stage.contains_key("name") || stage.contains_key("stage_of") {
-                return Err(SpecError::invalid(field("stage_of"), "not a stage key"));
-            }
-            if i > 0 {
-                stage.insert(
-                    "dataset".to_string(),
-                    serde_json::json!({ "format": DatasetFormat::Stage.as_str() }),
-                );
-            }
-            stage.insert(
-                "name".to_string(),
-                serde_json::Value::String(format!("{name}-{stage_name}")),
-            );
-            let value = JobSpec::resolve_relative(serde_json::Value::Object(stage), base)?;
-            let mut spec: JobSpec =
-                serde_path_to_error::deserialize(value).map_err(|e| SpecError::Parse {
-                    format,
-                    path: format!("stage {stage_name:?}: {}", e.path()),
-                    message: e.inner().to_string(),
-                })?;
-            spec.fill_implied();
-            // Checked as the stage it will be (its place set below).
-            spec.stage_of = Some(StageOf {
-                pipeline: name.clone(),
-                stage: stage_name.clone(),
-                index: i as u32,
-                stages: last as u32 + 1,
-                upstream: (i > 0).then(String::new),
-                downstream: (i < last).then(String::new),
-                max_pending,
-                keep_intermediate: settings.keep_intermediate,
-            });
-            spec.validate().map_err(|e| match e {
-                SpecError::Invalid { field: f, message } if !f.starts_with("stage ") => {
-                    SpecError::invalid(field(&f), message)
-                }
-                other => other,
-            })?;
-            spec.stage_of = None;
-            parsed.push((stage_name, spec));
+            parsed.push(stage_in.parse(i, stage, &mut seen)?);
         }
         let pipeline = Self {
             name,

@@ -37,7 +37,7 @@ pub async fn read_shard(read: ShardRead, tx: BatchTx) {
             ShardSource::Files { .. } => Some("uri".to_string()),
             _ => None,
         });
-    let budget = read
+    let element_cap = read
         .spec
         .batching
         .max_elements
@@ -48,7 +48,7 @@ pub async fn read_shard(read: ShardRead, tx: BatchTx) {
         bs as usize,
         read.start_batch,
         read.start_record,
-        budget,
+        element_cap,
         read.shard.origin().to_string(),
         id_column,
     );
@@ -259,7 +259,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn jsonl_batches_follow_an_element_budget_and_resume_at_a_record() {
+    async fn jsonl_batches_follow_an_element_cap_and_resume_at_a_record() {
         let stores = Stores::new();
         let uri = StoreUri::parse("memory:///d/ragged.jsonl").expect("uri");
         let lens = [1usize, 1, 1, 6, 2, 2, 2, 2, 9, 1];
@@ -287,7 +287,7 @@ mod tests {
             until: None,
             isolate: None,
         };
-        // lengths 1 1 1 6 | 2 2 2 2 | 9 | 1 under budget 8, at most 4:
+        // lengths 1 1 1 6 | 2 2 2 2 | 9 | 1 under cap 8, at most 4:
         // [1,1,1] (a 4th of 6 would pad to 24), [6], [2,2,2,2], [9], [1].
         let batches = collect(read(0, 0)).await;
         let sizes: Vec<_> = batches.iter().map(RowBatch::len).collect();

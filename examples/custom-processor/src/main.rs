@@ -66,7 +66,7 @@ impl TorchBatchProcessor for FeatureStats {
 }
 
 /// `ragged-mean`: variable-length records through a load stage. `load`
-/// turns each record's list into a tensor on the worker's load pool; the
+/// turns each record's list into a tensor on the worker's load threads; the
 /// samples are padded into one batch with a mask; the model step computes
 /// each record's mean over its real values only.
 struct RaggedMean {

@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 import traceback
+from types import SimpleNamespace
 
 
 def main():
@@ -45,22 +46,7 @@ def main():
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     lock = threading.Lock()
-    # Answers of one engine step go out in one write (`flush`).
-    outbox = []
-
-    def send(msg):
-        outbox.append(json.dumps(msg, separators=(",", ":")))
-        flush()
-
-    def post(msg):
-        outbox.append(json.dumps(msg, separators=(",", ":")))
-
-    def flush():
-        if outbox:
-            with lock:
-                proto.write("\n".join(outbox) + "\n")
-                proto.flush()
-            outbox.clear()
+    outbox = Outbox(proto, lock)
 
     config = json.loads(os.environ["STOKE_LLM_CONFIG"])
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -70,35 +56,89 @@ def main():
     hang_on = os.environ.get("STOKE_LLM_FAULT_HANG_ON") or None
     step_s = float(os.environ.get("STOKE_LLM_FAULT_STEP_MS") or 0) / 1000
 
-    # Requests are read by the engine's own loop once it is up (`select`
-    # between steps: no reader thread to contend with the engine's for the
-    # GIL: about 8% of the tokens/s on a 2-core machine). While the engine
-    # loads, a thread watches stdin, so that a closed stdin (the worker is
-    # gone) ends the host even then; what it reads meanwhile waits in
-    # `early`.
     stdin = sys.stdin.fileno()
-    early = bytearray()
-    loading = threading.Event()
-    loading.set()
+    watcher = StdinWatcher(stdin, lock)
+    task = config.get("task", "generate")
+    vllm = start_engine(config, task, outbox)
+    outbox.send(
+        {
+            "type": "ready",
+            "vllm": vllm.version,
+            "max_model_len": vllm.max_model_len,
+            "engine_args": vllm.args,
+        }
+    )
+    requests = Requests(vllm, task, outbox, abort_on, hang_on)
+    serve(stdin, watcher.stop(), vllm.engine, requests, outbox, step_s)
 
-    def watch_stdin():
-        while loading.is_set():
-            ready, _, _ = select.select([stdin], [], [], 0.2)
-            if not ready or not loading.is_set():
+
+class Outbox:
+    """Answers to the worker, on the stdout the process started with.
+    Answers of one engine step go out in one write (`flush`)."""
+
+    def __init__(self, proto, lock):
+        self.proto = proto
+        self.lock = lock
+        self.lines = []
+
+    def send(self, msg):
+        self.lines.append(json.dumps(msg, separators=(",", ":")))
+        self.flush()
+
+    def post(self, msg):
+        self.lines.append(json.dumps(msg, separators=(",", ":")))
+
+    def flush(self):
+        if self.lines:
+            with self.lock:
+                self.proto.write("\n".join(self.lines) + "\n")
+                self.proto.flush()
+            self.lines.clear()
+
+
+class StdinWatcher:
+    """Requests are read by the engine's own loop once it is up (`select`
+    between steps: no reader thread to contend with the engine's for the
+    GIL: about 8% of the tokens/s on a 2-core machine). While the engine
+    loads, a thread watches stdin, so that a closed stdin (the worker is
+    gone) ends the host even then; what it reads meanwhile waits in
+    `early`, handed over by `stop`."""
+
+    def __init__(self, stdin, lock):
+        self.stdin = stdin
+        self.lock = lock
+        self.early = bytearray()
+        self.loading = threading.Event()
+        self.loading.set()
+        self.thread = threading.Thread(target=self.watch, daemon=True)
+        self.thread.start()
+
+    def watch(self):
+        while self.loading.is_set():
+            ready, _, _ = select.select([self.stdin], [], [], 0.2)
+            if not ready or not self.loading.is_set():
                 continue
-            with lock:
-                if not loading.is_set():
+            with self.lock:
+                if not self.loading.is_set():
                     return
-                data = os.read(stdin, 1 << 20)
+                data = os.read(self.stdin, 1 << 20)
                 if not data:
                     # The worker is gone (or stopped us): nothing more to do.
                     os._exit(0)
-                early.extend(data)
+                self.early.extend(data)
 
-    watcher = threading.Thread(target=watch_stdin, daemon=True)
-    watcher.start()
+    def stop(self):
+        """Ends the watch (the engine is up): what it read meanwhile."""
+        with self.lock:
+            self.loading.clear()
+            pending_bytes = bytes(self.early)
+        self.thread.join()
+        return pending_bytes
 
-    task = config.get("task", "generate")
+
+def start_engine(config, task, outbox):
+    """vLLM's engine for `config`, with what the requests need of vLLM;
+    a failure is said to the worker, and the host exits (3)."""
     try:
         import vllm
         from vllm import EngineArgs, PoolingParams, SamplingParams
@@ -122,109 +162,121 @@ def main():
             EngineArgs(model=config["model"], **args),
             usage_context=UsageContext.LLM_CLASS,
         )
-        tokenizer = engine.get_tokenizer()
-        max_model_len = engine.vllm_config.model_config.max_model_len
+        return SimpleNamespace(
+            version=vllm.__version__,
+            engine=engine,
+            args=args,
+            tokenizer=engine.get_tokenizer(),
+            max_model_len=engine.vllm_config.model_config.max_model_len,
+            SamplingParams=SamplingParams,
+            PoolingParams=PoolingParams,
+        )
     except BaseException as e:  # noqa: BLE001 - said to the worker, then exit
         last = traceback.format_exception_only(type(e), e)[-1].strip()
-        send({"type": "error", "message": last})
+        outbox.send({"type": "error", "message": last})
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(3)
-    send(
-        {
-            "type": "ready",
-            "vllm": vllm.__version__,
-            "max_model_len": max_model_len,
-            "engine_args": args,
-        }
-    )
 
-    # Our request ids by the engine's (it may add a suffix to them), and
-    # the engine's by ours.
-    pending = {}
-    internal_of = {}
 
-    def handle(req):
+class Requests:
+    """The worker's requests in the engine, and its answers."""
+
+    def __init__(self, vllm, task, outbox, abort_on, hang_on):
+        self.vllm = vllm
+        self.engine = vllm.engine
+        self.tokenizer = vllm.tokenizer
+        self.max_model_len = vllm.max_model_len
+        self.task = task
+        self.outbox = outbox
+        self.abort_on = abort_on
+        self.hang_on = hang_on
+        # Our request ids by the engine's (it may add a suffix to them),
+        # and the engine's by ours.
+        self.pending = {}
+        self.internal_of = {}
+
+    def handle(self, req):
         kind = req.get("type")
         rid = req.get("rid")
         if kind == "abort":
-            known = [r for r in req.get("rids") or [] if r in internal_of]
+            known = [r for r in req.get("rids") or [] if r in self.internal_of]
             for r in known:
-                pending.pop(internal_of.pop(r), None)
-                pending.pop(r, None)
+                self.pending.pop(self.internal_of.pop(r), None)
+                self.pending.pop(r, None)
             if known:
                 # By our (external) ids: vLLM maps them to its own.
-                engine.abort_request(known, internal=False)
+                self.engine.abort_request(known, internal=False)
             return
         if kind not in ("generate", "embed"):
-            post({"type": "rejected", "rid": rid, "reason": f"unknown request type {kind!r}"})
+            self.outbox.post({"type": "rejected", "rid": rid, "reason": f"unknown request type {kind!r}"})
             return
         try:
             if req.get("messages") is not None:
-                text = tokenizer.apply_chat_template(
+                text = self.tokenizer.apply_chat_template(
                     req["messages"], tokenize=False, add_generation_prompt=True
                 )
-                ids = tokenizer.encode(text, add_special_tokens=False)
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
             else:
                 text = req["prompt"]
-                ids = tokenizer.encode(text)
+                ids = self.tokenizer.encode(text)
         except Exception as e:  # noqa: BLE001 - a bad record, not a crash
-            post({"type": "rejected", "rid": rid, "reason": f"cannot tokenize the prompt: {e}"})
+            self.outbox.post({"type": "rejected", "rid": rid, "reason": f"cannot tokenize the prompt: {e}"})
             return
         # The engine would refuse it (or fail): a bad record, never a crash.
-        room = max_model_len - (1 if kind == "generate" else 0)
+        room = self.max_model_len - (1 if kind == "generate" else 0)
         if len(ids) > room:
-            post(
+            self.outbox.post(
                 {
                     "type": "rejected",
                     "rid": rid,
-                    "reason": f"prompt has {len(ids)} tokens, more than the engine's max_model_len ({max_model_len}) allows",
+                    "reason": f"prompt has {len(ids)} tokens, more than the engine's max_model_len ({self.max_model_len}) allows",
                 }
             )
             return
-        if abort_on is not None and abort_on in text:
-            sys.stderr.write(f"stoke fault point: aborting on a prompt containing {abort_on!r}\n")
+        if self.abort_on is not None and self.abort_on in text:
+            sys.stderr.write(f"stoke fault point: aborting on a prompt containing {self.abort_on!r}\n")
             sys.stderr.flush()
-            flush()
+            self.outbox.flush()
             os.abort()
-        if hang_on is not None and hang_on in text:
-            sys.stderr.write(f"stoke fault point: hanging on a prompt containing {hang_on!r}\n")
+        if self.hang_on is not None and self.hang_on in text:
+            sys.stderr.write(f"stoke fault point: hanging on a prompt containing {self.hang_on!r}\n")
             sys.stderr.flush()
-            flush()
+            self.outbox.flush()
             while True:
                 time.sleep(3600)
         if kind == "generate":
-            max_tokens = min(int(req.get("max_tokens", 16)), max_model_len - len(ids))
-            params = SamplingParams(
+            max_tokens = min(int(req.get("max_tokens", 16)), self.max_model_len - len(ids))
+            params = self.vllm.SamplingParams(
                 max_tokens=max_tokens,
                 temperature=float(req.get("temperature", 0.0)),
                 seed=req.get("seed"),
             )
         else:
-            params = PoolingParams(task="embed")
-        internal = engine.add_request(rid, {"prompt_token_ids": ids}, params)
+            params = self.vllm.PoolingParams(task="embed")
+        internal = self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
         if not isinstance(internal, str):
             internal = rid
         # Outputs carry the engine's id or ours, depending on the version.
-        pending[internal] = rid
-        pending[rid] = rid
-        internal_of[rid] = internal
+        self.pending[internal] = rid
+        self.pending[rid] = rid
+        self.internal_of[rid] = internal
 
-    def answer(out):
-        rid = pending.pop(out.request_id, None)
+    def answer(self, out):
+        rid = self.pending.pop(out.request_id, None)
         if rid is None:
             return
-        pending.pop(internal_of.pop(rid, None), None)
-        pending.pop(rid, None)
+        self.pending.pop(self.internal_of.pop(rid, None), None)
+        self.pending.pop(rid, None)
         prompt_tokens = len(out.prompt_token_ids or [])
         # Prompt tokens vLLM's prefix cache already held.
         cached = int(getattr(out, "num_cached_tokens", 0) or 0)
-        if task == "embed":
+        if self.task == "embed":
             # The engine's pooling output holds the vector as a tensor.
             data = getattr(out.outputs, "embedding", None)
             if data is None:
                 data = out.outputs.data.tolist()
-            post(
+            self.outbox.post(
                 {
                     "type": "done",
                     "rid": rid,
@@ -234,7 +286,7 @@ def main():
             )
             return
         c = out.outputs[0]
-        send(
+        self.outbox.send(
             {
                 "type": "done",
                 "rid": rid,
@@ -246,13 +298,13 @@ def main():
             }
         )
 
-    with lock:
-        loading.clear()
-        pending_bytes = bytes(early)
-    watcher.join()
+
+def serve(stdin, pending_bytes, engine, requests, outbox, step_s):
+    """Hands requests to the engine and its answers back, until stdin
+    closes."""
     lines = Lines(pending_bytes)
     for req in lines.take():
-        handle(req)
+        requests.handle(req)
     while True:
         busy = engine.has_unfinished_requests()
         # Wait for requests while the engine is idle; between steps, take
@@ -262,19 +314,19 @@ def main():
             data = os.read(stdin, 1 << 20)
             if not data:
                 # The worker is gone (or stopped us): nothing more to do.
-                flush()
+                outbox.flush()
                 os._exit(0)
             lines.feed(data)
             for req in lines.take():
-                handle(req)
-            flush()
+                requests.handle(req)
+            outbox.flush()
         if engine.has_unfinished_requests():
             if step_s:
                 time.sleep(step_s)
             for out in engine.step():
                 if out.finished:
-                    answer(out)
-            flush()
+                    requests.answer(out)
+            outbox.flush()
 
 
 class Lines:

@@ -254,7 +254,7 @@ fn init() -> Result<Interp, String> {
     })
 }
 
-/// Starts the fork server; a failure is logged, and the load pool starts
+/// Starts the fork server; a failure is logged, and the load processes start
 /// it later as it would without the flag (and reports any error then).
 fn start_fork_server(py: Python<'_>) {
     let started = py

@@ -14,12 +14,13 @@
 
 mod convert;
 mod interp;
+mod load;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use arrow_array::RecordBatch;
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, RecordBatch};
 use bytes::Bytes;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -31,8 +32,9 @@ use crate::batch::Batch;
 use crate::config::device_name;
 use crate::context::{ProcessorContext, ShardInfo, check_output_rows};
 use crate::error::ProcessorResult;
-use crate::error::WorkerError;
 use crate::processor::{Created, DynProcessor, Prepare};
+
+use load::{LoadProcesses, Loaded, load_ahead};
 
 pub use interp::libtorch_cpu_copies;
 
@@ -213,8 +215,8 @@ struct PythonProcessor {
     /// indices into the DataLoader's batch.
     feed: Option<Py<PyAny>>,
     batch_size: u64,
-    /// The job's pool of load processes, when the class defines `load_fn`.
-    pool: Option<Arc<LoadPool>>,
+    /// The job's load processes, when the class defines `load_fn`.
+    loads: Option<Arc<LoadProcesses>>,
     /// Batches processed since the metric reducers were last taken (or
     /// reset): a checkpoint without any commits no metric partial.
     batches_since_partial: u64,
@@ -222,119 +224,6 @@ struct PythonProcessor {
     /// runs again without the record: what it gathered in the metric
     /// reducers is undone first (under `fail` the attempt ends instead).
     undo_reducers: bool,
-}
-
-/// A Python processor's `load_fn` pool (`stoke._loading.LoadPool`), as its
-/// prepare stage: each batch's records are submitted as soon as the
-/// reader cuts it, ahead of the model.
-struct LoadPool {
-    pool: Py<PyAny>,
-    runtime: Py<PyModule>,
-    /// A `files` dataset: where its objects are local files, each load
-    /// process reads the file itself for its item's `bytes`, so the bytes
-    /// do not cross a pipe to it.
-    files: bool,
-    /// Batches submitted ahead of the model (see [`load_ahead`]).
-    ahead: usize,
-}
-
-/// Records queued for each load process, at least, ahead of the model.
-/// A whole batch goes to one process, so at small batch sizes a batch or
-/// two per process is a few tens of milliseconds of work: a process that
-/// is scheduled late (a busy machine), or a model that waits for a
-/// commit, would leave the others without work. Larger batches keep one
-/// each, as before (each one waiting is a batch held in shared memory).
-const RECORDS_AHEAD_PER_PROCESS: usize = 64;
-
-/// Batches submitted to `workers` load processes ahead of the model.
-fn load_ahead(workers: usize, batch_size: u64) -> usize {
-    let batch = usize::try_from(batch_size).unwrap_or(usize::MAX).max(1);
-    workers * RECORDS_AHEAD_PER_PROCESS.div_ceil(batch).max(1)
-}
-
-/// A batch's `load_fn` results, for `process_batch`.
-struct Loaded {
-    /// What `load_fn` returned, per record kept, in record order.
-    samples: Vec<Py<PyAny>>,
-    /// The batch as the load process stacked it, in shared memory
-    /// (`batch.collated`), kept only while the batch has every record it
-    /// was loaded with; otherwise `batch.collated` collates `samples`.
-    collated: Option<Py<PyAny>>,
-}
-
-impl Loaded {
-    /// The samples of the records kept; the load process's batch no
-    /// longer matches them.
-    fn retain(self, keep: &[bool]) -> Self {
-        Loaded {
-            samples: keep_where(self.samples, keep),
-            collated: None,
-        }
-    }
-}
-
-impl LoadPool {
-    /// Submits a batch's records; the handle to wait on.
-    fn submit(&self, py: Python<'_>, batch: &Batch) -> PyResult<Py<PyAny>> {
-        let paths = self.files.then(|| local_paths(batch)).flatten();
-        let skip = if paths.is_some() {
-            Some(FILE_BYTES)
-        } else {
-            None
-        };
-        let columns = convert::batch_lists(py, batch, skip)?;
-        self.runtime
-            .bind(py)
-            .call_method1(
-                "load_submit",
-                (self.pool.bind(py), columns, batch.len(), paths),
-            )
-            .map(Bound::unbind)
-    }
-}
-
-/// A `files` dataset's column of object bodies.
-const FILE_BYTES: &str = "bytes";
-
-/// The local path of every record of a `files` batch (its `uri` column),
-/// or `None` when any is not a local file.
-fn local_paths(batch: &Batch) -> Option<Vec<String>> {
-    let rows = batch.rows();
-    let uris = rows.column_by_name("uri")?.as_string_opt::<i32>()?;
-    (0..uris.len())
-        .map(|i| {
-            let path = StoreUri::parse(uris.value(i)).ok()?.local_path()?;
-            path.to_str().map(str::to_string)
-        })
-        .collect()
-}
-
-impl Prepare for LoadPool {
-    /// Whole batches waiting for each load process (see [`load_ahead`]).
-    fn ahead(&self) -> usize {
-        self.ahead
-    }
-
-    /// The next shard's batches may go to the load processes while this
-    /// one's last are processed: `load_fn` depends on the record alone.
-    fn across_shards(&self) -> bool {
-        true
-    }
-
-    fn prepare(&self, batch: Batch) -> Result<Batch, WorkerError> {
-        let submitted = Python::attach(|py| {
-            self.submit(py, &batch).map_err(|e| {
-                let runtime = self.runtime.bind(py);
-                describe(py, runtime, &e)
-            })
-        });
-        match submitted {
-            Ok(pending) => Ok(batch.with_prepared(Arc::new(pending))),
-            Err(message) => {
-                Err(batch.column_error("", format!("submitting records to load_fn: {message}")))
-            }
-        }
-    }
 }
 
 /// Puts `entries` first on `sys.path` (those not there yet).
@@ -449,14 +338,14 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
         let instance = runtime
             .call_method1("load", (module, class, native, shipped.as_ref()))
             .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
-        // Graphbook's `load_fn`: a pool of load processes for the job.
-        let pool = if feed.is_none() {
-            let pool = runtime
-                .call_method1("open_load_pool", (&instance, workers))
+        // Graphbook's `load_fn`: load processes for the job.
+        let loads = if feed.is_none() {
+            let loads = runtime
+                .call_method1("open_load_processes", (&instance, workers))
                 .map_err(|e| PythonError::Raised(describe(py, &runtime, &e)))?;
-            (!pool.is_none()).then(|| {
-                Arc::new(LoadPool {
-                    pool: pool.unbind(),
+            (!loads.is_none()).then(|| {
+                Arc::new(LoadProcesses {
+                    processes: loads.unbind(),
                     runtime: runtime.clone().unbind(),
                     files: dataset.format == DatasetFormat::Files,
                     ahead: load_ahead(workers, batch_size),
@@ -472,7 +361,7 @@ pub(crate) fn create(ctx: &mut ProcessorContext) -> ProcessorResult<Created> {
             interp,
             feed,
             batch_size,
-            pool,
+            loads,
             batches_since_partial: 0,
             undo_reducers: skip_policy,
         })
@@ -563,7 +452,7 @@ impl PythonProcessor {
     /// and the traceback).
     fn loaded(
         &self,
-        pool: &LoadPool,
+        loads: &LoadProcesses,
         batch: Batch,
         batch_idx: u64,
         ctx: &mut ProcessorContext,
@@ -578,10 +467,10 @@ impl PythonProcessor {
             let raised = |e: PyErr| PythonError::Raised(describe(py, runtime, &e));
             let pending = match pending {
                 Some(p) => p,
-                None => pool.submit(py, &batch).map_err(raised)?,
+                None => loads.submit(py, &batch).map_err(raised)?,
             };
             runtime
-                .call_method1("load_results", (pool.pool.bind(py), pending))
+                .call_method1("load_results", (loads.processes.bind(py), pending))
                 .and_then(|r| r.extract())
                 .map_err(raised)
         })?;
@@ -710,7 +599,7 @@ impl PythonProcessor {
 
 impl DynProcessor for PythonProcessor {
     fn prepare_stage(&self) -> Option<Arc<dyn Prepare>> {
-        self.pool
+        self.loads
             .as_ref()
             .map(|p| Arc::clone(p) as Arc<dyn Prepare>)
     }
@@ -722,8 +611,8 @@ impl DynProcessor for PythonProcessor {
         ctx: &mut ProcessorContext,
     ) -> ProcessorResult<()> {
         self.set_shard(ctx.shard());
-        let (mut batch, mut loaded) = match &self.pool {
-            Some(pool) => self.loaded(pool, batch, batch_idx, ctx)?,
+        let (mut batch, mut loaded) = match &self.loads {
+            Some(loads) => self.loaded(loads, batch, batch_idx, ctx)?,
             None => (batch, None),
         };
         if batch.is_empty() {
@@ -832,8 +721,8 @@ impl Drop for PythonProcessor {
             if let Some(feed) = self.feed.take() {
                 let _ = feed.bind(py).call_method0("close");
             }
-            if let Some(pool) = self.pool.take() {
-                let _ = pool.pool.bind(py).call_method0("close");
+            if let Some(loads) = self.loads.take() {
+                let _ = loads.processes.bind(py).call_method0("close");
             }
         });
     }

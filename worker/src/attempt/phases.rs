@@ -1,6 +1,6 @@
-//! Where the processor threads' time goes: [`StageCounters`], one handle
+//! Where the processor threads' time goes: [`PhaseCounters`], one handle
 //! per worker process, summed over its devices and attempts and sent with
-//! every heartbeat; [`StageTimes`], one attempt's share, logged when it
+//! every heartbeat; [`PhaseTimes`], one attempt's share, logged when it
 //! ends.
 
 use std::collections::HashMap;
@@ -15,7 +15,7 @@ use stoke_core::records::StageTotals;
 /// started. Shared (`Arc`) by the processor threads, which add to it, and
 /// the session keeper, which reports it.
 #[derive(Debug, Default)]
-pub(crate) struct StageCounters {
+pub(crate) struct PhaseCounters {
     batches: AtomicU64,
     records: AtomicU64,
     input_wait_us: AtomicU64,
@@ -53,7 +53,7 @@ pub(crate) enum JobCause {
     Checkpoint,
 }
 
-impl StageCounters {
+impl PhaseCounters {
     /// Asks for a report to the coordinator now (from any thread).
     pub fn request_flush(&self) {
         self.flush.notify_one();
@@ -65,7 +65,7 @@ impl StageCounters {
     }
 
     /// Asks for a brief heartbeat now (from any thread); answers how many
-    /// were sent before, for [`StageCounters::wait_brief_after`].
+    /// were sent before, for [`PhaseCounters::wait_brief_after`].
     pub fn request_brief(&self) -> u64 {
         let sent = self.briefs_sent.load(Ordering::SeqCst);
         self.brief.notify_one();
@@ -179,8 +179,8 @@ impl StageCounters {
 
 /// Where an attempt's time went on the processor thread.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct StageTimes {
-    /// Waiting for the next batch (the pipeline did not keep up).
+pub(crate) struct PhaseTimes {
+    /// Waiting for the next batch (the attempt path did not keep up).
     pub input_wait: Duration,
     /// Inside `process_batch`.
     pub model: Duration,
@@ -196,8 +196,8 @@ mod tests {
 
     #[test]
     fn counters_add_up_per_handle() {
-        let a = StageCounters::default();
-        let b = StageCounters::default();
+        let a = PhaseCounters::default();
+        let b = PhaseCounters::default();
         a.add_batch(Duration::from_millis(3), 10);
         a.add_batch(Duration::from_millis(2), 5);
         a.add_input_wait(Duration::from_micros(1500));
@@ -219,7 +219,7 @@ mod tests {
 
     #[test]
     fn job_times_add_up_per_job_and_cause() {
-        let c = StageCounters::default();
+        let c = PhaseCounters::default();
         for _ in 0..4 {
             c.add_job("j1", JobCause::Model, Duration::from_micros(600));
         }

@@ -20,11 +20,11 @@ use stoke_store::{StoreUri, Stores};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn};
 
+use crate::attempt::control::{Checkpoint, ShardControl};
+use crate::attempt::output::encode;
 use crate::error::{LinkError, LinkErrorKind, WorkerError};
 use crate::link::CoordinatorLink;
 use crate::link::{self, SessionState};
-use crate::pipeline::control::{Checkpoint, ShardControl};
-use crate::pipeline::output::encode;
 
 pub(crate) struct Committer<L> {
     pub link: Arc<L>,

@@ -12,13 +12,13 @@ use tch::Device;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
+use crate::attempt::control::{Checkpoint, ShardControl};
+use crate::attempt::phases::{JobCause, PhaseCounters, PhaseTimes};
+use crate::attempt::prep::{PrepareFeed, spawn_prep, spawn_prepare};
 use crate::batch::Batch;
 use crate::context::{ProcessorContext, ShardInfo};
 use crate::error::{WorkerError, processor_message};
 use crate::fatal::{Watchdog, is_sticky_device_error};
-use crate::pipeline::control::{Checkpoint, ShardControl};
-use crate::pipeline::prep::{PrepareFeed, spawn_prep, spawn_prepare};
-use crate::pipeline::stages::{JobCause, StageCounters, StageTimes};
 use crate::processor::{DynProcessor, Loader, Registry};
 use stoke_core::lease::{BatchSpan, Isolation};
 
@@ -28,7 +28,7 @@ const NOTED_WAIT: Duration = Duration::from_secs(5);
 
 /// What every attempt on a processor thread shares.
 pub(crate) struct ShardEnv {
-    pub stages: Arc<StageCounters>,
+    pub phases: Arc<PhaseCounters>,
     pub watchdog: Arc<Watchdog>,
     pub crash_exits: bool,
 }
@@ -97,7 +97,7 @@ pub(crate) struct ProcessorThread {
     pub runtime: tokio::runtime::Handle,
     pub scratch_root: PathBuf,
     /// The worker's stage totals, which every attempt adds to.
-    pub stages: Arc<StageCounters>,
+    pub phases: Arc<PhaseCounters>,
     /// Watches batches that have a `batch_timeout`.
     pub watchdog: Arc<Watchdog>,
     /// A batch that leaves the process unusable ends it (see `fatal.rs`).
@@ -165,7 +165,7 @@ impl ProcessorThread {
     /// What every attempt on this thread shares.
     fn shard_env(&self) -> ShardEnv {
         ShardEnv {
-            stages: Arc::clone(&self.stages),
+            phases: Arc::clone(&self.phases),
             watchdog: Arc::clone(&self.watchdog),
             crash_exits: self.crash_exits,
         }
@@ -233,7 +233,7 @@ impl ProcessorThread {
             Some(_) => None,
         };
         let took = started.elapsed();
-        self.stages.add_job(&run.job_id, JobCause::Startup, took);
+        self.phases.add_job(&run.job_id, JobCause::Startup, took);
         info!(job = %run.job_id, processor = %name, device = ?self.device, ms = took.as_millis() as u64, "processor loaded");
         Ok(Loaded {
             job_id: run.job_id.clone(),
@@ -348,8 +348,8 @@ struct ShardLoop<'a> {
     /// The answer to the commit of the checkpoint handed over last, while
     /// it is not in.
     in_flight: Option<oneshot::Receiver<bool>>,
-    times: StageTimes,
-    stages: Arc<StageCounters>,
+    times: PhaseTimes,
+    phases: Arc<PhaseCounters>,
     isolate: Option<Isolation>,
     batch_timeout: Option<Duration>,
     watchdog: Arc<Watchdog>,
@@ -371,8 +371,8 @@ impl ShardLoop<'_> {
         };
         let took = started.elapsed();
         self.times.checkpoint += took;
-        self.stages.add_checkpoint(took);
-        self.stages
+        self.phases.add_checkpoint(took);
+        self.phases
             .add_job(&self.l.job_id, JobCause::Checkpoint, took);
         answered
     }
@@ -387,7 +387,7 @@ impl ShardLoop<'_> {
         if committed {
             // The job's report counts its model time as checkpoints commit,
             // not only when a shard ends (or a heartbeat interval later).
-            self.stages.request_flush();
+            self.phases.request_flush();
         }
         Ok(committed)
     }
@@ -471,7 +471,7 @@ impl ShardLoop<'_> {
         let from = span.from;
         let span_until = span.until();
         self.control.set_current(Some(span));
-        self.stages.request_brief();
+        self.phases.request_brief();
         if isolated && !self.control.wait_noted(from, NOTED_WAIT) {
             warn!(shard = %self.shard_id, batch = idx, "the coordinator did not note an isolated batch in time; going on");
         }
@@ -500,9 +500,9 @@ impl ShardLoop<'_> {
         let mut engine_startup = std::time::Duration::ZERO;
         if let Some(usage) = self.l.processor.take_usage() {
             engine_startup = usage.startup;
-            self.stages
+            self.phases
                 .add_job(&self.l.job_id, JobCause::Startup, usage.startup);
-            self.stages.add_llm(&self.l.job_id, usage.stages);
+            self.phases.add_llm(&self.l.job_id, usage.stages);
         }
         if let Err(e) = processed {
             let message = processor_message(&e);
@@ -536,7 +536,7 @@ impl ShardLoop<'_> {
                 // and let the coordinator blame this batch.
                 crate::fatal::die(
                     &self.control,
-                    &self.stages,
+                    &self.phases,
                     &format!("sticky device error: {message}"),
                 );
             }
@@ -553,8 +553,8 @@ impl ShardLoop<'_> {
         self.times.model += took;
         self.times.batches += 1;
         self.times.records += consumed;
-        self.stages.add_batch(took, consumed);
-        self.stages.add_job(&self.l.job_id, JobCause::Model, took);
+        self.phases.add_batch(took, consumed);
+        self.phases.add_job(&self.l.job_id, JobCause::Model, took);
         self.control.add_uncommitted(took.as_micros() as u64);
         self.control.processed_to(span_until);
         self.batches_since += 1;
@@ -596,8 +596,8 @@ impl ShardLoop<'_> {
             };
             let took = waited.elapsed();
             self.times.input_wait += took;
-            self.stages.add_input_wait(took);
-            self.stages
+            self.phases.add_input_wait(took);
+            self.phases
                 .add_job(&self.l.job_id, JobCause::InputWait, took);
             let batch = item?;
             // The shard was split: its end moved to `until`. Batches the
@@ -657,7 +657,7 @@ fn run_shard<'a>(
     queue: NextAttempt<'a>,
 ) -> (ShardOutcome, oneshot::Sender<ShardOutcome>) {
     let ShardEnv {
-        stages,
+        phases,
         watchdog,
         crash_exits,
     } = env;
@@ -700,14 +700,14 @@ fn run_shard<'a>(
         batches_since: 0,
         model_us_since: 0,
         in_flight: None,
-        times: StageTimes::default(),
-        stages,
+        times: PhaseTimes::default(),
+        phases,
         isolate,
         batch_timeout: spec.errors.batch_timeout,
         watchdog,
         crash_exits,
     };
-    // With a load stage, batches go through the load pool first; it runs
+    // With a load stage, batches go through it first; it runs
     // ahead of the model on its own threads.
     let mut prepared = match batches {
         Batches::Prepared(prepared) => prepared,
@@ -728,7 +728,7 @@ fn run_shard<'a>(
         )
         .unwrap_or_else(ShardOutcome::Failed);
     // The attempt's last times reach the coordinator now.
-    shard.stages.request_flush();
+    shard.phases.request_flush();
     let t = shard.times;
     info!(
         shard = %shard_id,
