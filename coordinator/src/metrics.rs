@@ -553,7 +553,7 @@ fn register_demand(registry: &mut Registry, pools: &[PoolDemand], queues: &[Queu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stoke_core::lease::StageTotals;
+    use stoke_core::lease::PhaseTotals;
 
     fn line<'a>(body: &'a str, series: &str) -> Option<&'a str> {
         body.lines()
@@ -576,10 +576,10 @@ mod tests {
                 devices: vec!["cpu".to_string()],
                 pool: "gpu".to_string(),
                 leases: vec![("j".to_string(), "s00000".to_string(), 1)],
-                stages: StageTotals {
+                stages: PhaseTotals {
                     model_ms: 1500,
                     batches: 3,
-                    ..StageTotals::default()
+                    ..PhaseTotals::default()
                 },
             }],
             queues: vec![

@@ -7,7 +7,7 @@ use crate::error::ConvError;
 
 mod commit;
 mod lease;
-use crate::lease::{BatchSpan, Heartbeat, JobStages, LeaseWork, LlmStages, StageTotals};
+use crate::lease::{BatchSpan, Heartbeat, JobPhases, LeaseWork, LlmPhases, PhaseTotals};
 use crate::records::{
     JobErrors, JobInfo, JobScheduling, JobState, ManifestEntry, OutputObject, ShardErrors,
     SkippedRecord, Suspect, WorkerInfo,
@@ -165,8 +165,8 @@ impl TryFrom<pb::JobInfo> for JobInfo {
     }
 }
 
-impl From<StageTotals> for pb::StageTotals {
-    fn from(s: StageTotals) -> Self {
+impl From<PhaseTotals> for pb::StageTotals {
+    fn from(s: PhaseTotals) -> Self {
         Self {
             batches: s.batches,
             records: s.records,
@@ -177,7 +177,7 @@ impl From<StageTotals> for pb::StageTotals {
     }
 }
 
-impl From<pb::StageTotals> for StageTotals {
+impl From<pb::StageTotals> for PhaseTotals {
     fn from(s: pb::StageTotals) -> Self {
         Self {
             batches: s.batches,
@@ -242,13 +242,13 @@ impl From<pb::Heartbeat> for Heartbeat {
             jobs: h
                 .jobs
                 .into_iter()
-                .map(|j| JobStages {
+                .map(|j| JobPhases {
                     job_id: j.job_id,
                     startup_ms: j.startup_ms,
                     model_ms: j.model_ms,
                     input_wait_ms: j.input_wait_ms,
                     checkpoint_ms: j.checkpoint_ms,
-                    llm: j.llm.map(|l| LlmStages {
+                    llm: j.llm.map(|l| LlmPhases {
                         prompt_tokens: l.prompt_tokens,
                         completion_tokens: l.completion_tokens,
                         cached_prompt_tokens: l.cached_prompt_tokens,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::plan::Shard;
 use crate::records::OutputObject;
-pub use crate::records::StageTotals;
+pub use crate::records::PhaseTotals;
 use crate::spec::JobSpec;
 use stoke_store::StoreUri;
 
@@ -203,10 +203,10 @@ pub struct Release {
 pub struct Heartbeat {
     /// Leases it still works on (the coordinator extends them).
     pub leases: Vec<LeaseKey>,
-    pub stages: StageTotals,
+    pub stages: PhaseTotals,
     /// Its processor time per job, since this session opened (for the
     /// jobs' efficiency reports).
-    pub jobs: Vec<JobStages>,
+    pub jobs: Vec<JobPhases>,
     /// Per lease, the work done since its last committed checkpoint: lost
     /// (and counted as redone) if the attempt ends without committing it.
     pub work: Vec<LeaseWork>,
@@ -217,7 +217,7 @@ pub struct Heartbeat {
 
 /// One job's share of a worker's processor time, since the worker started.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct JobStages {
+pub struct JobPhases {
     pub job_id: String,
     /// Loading the processor for the job.
     pub startup_ms: u64,
@@ -225,13 +225,13 @@ pub struct JobStages {
     pub input_wait_ms: u64,
     pub checkpoint_ms: u64,
     /// An LLM job's engine and tokens on this worker.
-    pub llm: Option<LlmStages>,
+    pub llm: Option<LlmPhases>,
 }
 
 /// An LLM job's tokens through a worker's engine since the worker
 /// started, and what the engine is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LlmStages {
+pub struct LlmPhases {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub cached_prompt_tokens: u64,
@@ -241,12 +241,12 @@ pub struct LlmStages {
     pub engine_args: String,
 }
 
-impl LlmStages {
+impl LlmPhases {
     /// The tokens since `before` (counters that only grow), with the
     /// engine as it is now.
-    pub fn since(&self, before: Option<&LlmStages>) -> LlmStages {
+    pub fn since(&self, before: Option<&LlmPhases>) -> LlmPhases {
         let b = before.cloned().unwrap_or_default();
-        LlmStages {
+        LlmPhases {
             prompt_tokens: self.prompt_tokens.saturating_sub(b.prompt_tokens),
             completion_tokens: self.completion_tokens.saturating_sub(b.completion_tokens),
             cached_prompt_tokens: self

@@ -454,13 +454,13 @@ pub struct WorkerInfo {
     /// (job id, shard id, fencing token) of each lease.
     pub leases: Vec<(String, String, u64)>,
     /// Where its processor threads spent their time, as last reported.
-    pub stages: StageTotals,
+    pub stages: PhaseTotals,
 }
 
 /// Where a worker's processor threads spent their time since it started
 /// (summed over its devices); reported with every heartbeat.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StageTotals {
+pub struct PhaseTotals {
     pub batches: u64,
     pub records: u64,
     /// Waiting for input: the pipeline did not keep up with the model.

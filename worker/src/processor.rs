@@ -132,7 +132,7 @@ pub(crate) trait Prepare: Send + Sync {
 /// time).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct EngineUsage {
-    pub stages: stoke_core::lease::LlmStages,
+    pub stages: stoke_core::lease::LlmPhases,
     pub startup: std::time::Duration,
 }
 

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stoke_core::lease::{Heartbeat, JobStages, LeaseKey, LeaseWork, Registration, SessionEvent};
+use stoke_core::lease::{Heartbeat, JobPhases, LeaseKey, LeaseWork, Registration, SessionEvent};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -175,12 +175,12 @@ async fn keep(
 
 /// What the worker tells the coordinator on its session now: its per-job
 /// times since `base` (the session's start).
-fn heartbeat(active: &Active, phases: &PhaseCounters, base: &[JobStages]) -> Heartbeat {
+fn heartbeat(active: &Active, phases: &PhaseCounters, base: &[JobPhases]) -> Heartbeat {
     let jobs = phases
         .jobs_snapshot()
         .into_iter()
         .map(|now| match base.iter().find(|b| b.job_id == now.job_id) {
-            Some(b) => JobStages {
+            Some(b) => JobPhases {
                 startup_ms: now.startup_ms.saturating_sub(b.startup_ms),
                 model_ms: now.model_ms.saturating_sub(b.model_ms),
                 input_wait_ms: now.input_wait_ms.saturating_sub(b.input_wait_ms),

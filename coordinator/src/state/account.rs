@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use stoke_core::lease::{JobStages, LeaseWork, LlmStages};
+use stoke_core::lease::{JobPhases, LeaseWork, LlmPhases};
 use stoke_core::report::{CauseSeconds, DeviceReport, EfficiencyReport, LlmUsage, ReportSoFar};
 use stoke_store::to_json_bytes;
 use tokio::time::Instant;
@@ -157,7 +157,7 @@ pub(super) struct Account {
     /// The job's reduced metrics, once stored (see `reducers.rs`).
     pub metrics: BTreeMap<String, serde_json::Value>,
     /// An LLM job's tokens, and its engine as last reported.
-    llm: Option<LlmStages>,
+    llm: Option<LlmPhases>,
 }
 
 impl Account {
@@ -424,7 +424,7 @@ impl Account {
 impl State {
     /// What a heartbeat says of the worker's time per job and of its
     /// leases' uncommitted work.
-    pub fn report_work(&mut self, session_id: &str, jobs: &[JobStages], work: &[LeaseWork]) {
+    pub fn report_work(&mut self, session_id: &str, jobs: &[JobPhases], work: &[LeaseWork]) {
         let Some(session) = self.fleet.sessions.get_mut(session_id) else {
             return;
         };
@@ -436,7 +436,7 @@ impl State {
                 .reported
                 .insert(totals.job_id.clone(), totals.clone());
             let before = before.unwrap_or_default();
-            deltas.push(JobStages {
+            deltas.push(JobPhases {
                 job_id: totals.job_id.clone(),
                 startup_ms: totals.startup_ms.saturating_sub(before.startup_ms),
                 model_ms: totals.model_ms.saturating_sub(before.model_ms),
@@ -455,7 +455,7 @@ impl State {
             a.input_wait_ms += d.input_wait_ms;
             a.checkpoint_ms += d.checkpoint_ms;
             if let Some(l) = &d.llm {
-                let had = a.llm.get_or_insert_with(LlmStages::default);
+                let had = a.llm.get_or_insert_with(LlmPhases::default);
                 had.prompt_tokens += l.prompt_tokens;
                 had.completion_tokens += l.completion_tokens;
                 had.cached_prompt_tokens += l.cached_prompt_tokens;

@@ -13,7 +13,7 @@ pub(super) struct Session {
     pub(super) pool: String,
     pub(super) devices: Vec<String>,
     /// Its processor threads' time, as last reported.
-    pub(super) stages: StageTotals,
+    pub(super) stages: PhaseTotals,
     /// (job id, shard index) of every lease this session holds.
     pub(super) leases: BTreeSet<(String, usize)>,
     /// Since when it has asked for work and got none (for the lease-wait
@@ -22,7 +22,7 @@ pub(super) struct Session {
     /// Its pace on each job it committed to lately (see `pace.rs`).
     pub(super) paces: pace::Paces,
     /// Its processor time per job, as last reported.
-    pub(super) reported: HashMap<String, stoke_core::lease::JobStages>,
+    pub(super) reported: HashMap<String, stoke_core::lease::JobPhases>,
     /// Its time is given to jobs up to here (see `account.rs`).
     pub(super) accounted_at: Instant,
     /// Jobs whose terms (spec, input schema) it was sent with a lease:

@@ -87,7 +87,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use stoke_core::layout::{JobLayout, RootLayout};
-use stoke_core::lease::{Release, SessionEvent, StageTotals};
+use stoke_core::lease::{PhaseTotals, Release, SessionEvent};
 use stoke_core::plan::Plan;
 use stoke_core::records::{JobState, ProgressRecord};
 use stoke_core::schedule::Schedule;

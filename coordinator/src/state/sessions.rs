@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use stoke_core::lease::{
-    LeaseKey, LeaseWork, Registration, SessionEvent, SessionGrant, StageTotals,
+    LeaseKey, LeaseWork, PhaseTotals, Registration, SessionEvent, SessionGrant,
 };
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -49,7 +49,7 @@ impl State {
                 hostname: registration.hostname,
                 pool: registration.pool,
                 devices: registration.devices,
-                stages: StageTotals::default(),
+                stages: PhaseTotals::default(),
                 leases: std::collections::BTreeSet::new(),
                 waiting_since: None,
                 paces: Default::default(),
@@ -319,7 +319,7 @@ impl State {
     /// Keeps what a worker reported of its stage times (for `/metrics`).
     /// Observes the batches since the last report in the batch-time
     /// histogram (at their mean: workers report totals).
-    pub fn report_stages(&mut self, session_id: &str, stages: StageTotals) {
+    pub fn report_stages(&mut self, session_id: &str, stages: PhaseTotals) {
         if let Some(session) = self.fleet.sessions.get_mut(session_id) {
             let batches = stages.batches.saturating_sub(session.stages.batches);
             let model_ms = stages.model_ms.saturating_sub(session.stages.model_ms);

@@ -2,7 +2,7 @@
 //! with an attempt counted as redone, idle workers' time counted as tail
 //! idle or paused, all on the paused clock, and `report.json` at the end.
 
-use stoke_core::lease::{JobStages, LeaseWork, LlmStages};
+use stoke_core::lease::{JobPhases, LeaseWork, LlmPhases};
 use stoke_core::report::{EfficiencyReport, ReportSoFar};
 
 use crate::support::*;
@@ -12,8 +12,8 @@ async fn two_shards(state: &mut Inline, stores: &Stores) {
     submit(state, stores, "j", 2 * SHARD_RECORDS).await;
 }
 
-fn stages(model_ms: u64, startup_ms: u64) -> Vec<JobStages> {
-    vec![JobStages {
+fn stages(model_ms: u64, startup_ms: u64) -> Vec<JobPhases> {
+    vec![JobPhases {
         job_id: "j".to_string(),
         startup_ms,
         model_ms,
@@ -334,7 +334,7 @@ async fn an_llm_jobs_tokens_add_up_over_workers_and_heartbeats() {
     let (b, _b_events) = register(&mut state, "b");
     let tokens = |prompt, completion, cached| {
         let mut s = stages(100, 0);
-        s[0].llm = Some(LlmStages {
+        s[0].llm = Some(LlmPhases {
             prompt_tokens: prompt,
             completion_tokens: completion,
             cached_prompt_tokens: cached,

@@ -5,7 +5,7 @@
 //! are refused, and the split is stored before anyone acts on it.
 
 use stoke_coordinator::state::PROBE_LEAD;
-use stoke_core::lease::StageTotals;
+use stoke_core::lease::PhaseTotals;
 use tokio::time::Instant;
 
 use crate::support::*;
@@ -358,7 +358,7 @@ async fn a_workers_pace_falls_when_it_stalls_outside_its_stages() {
     // its stage times say it is fast (20 records in 10 ms of model)...
     state.report_stages(
         &a,
-        StageTotals {
+        PhaseTotals {
             batches: 10,
             records: 20,
             model_ms: 10,

@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use stoke_core::lease::{JobStages, LlmStages};
-use stoke_core::records::StageTotals;
+use stoke_core::lease::{JobPhases, LlmPhases};
+use stoke_core::records::PhaseTotals;
 
 /// Where this process's processor threads spent their time since it
 /// started. Shared (`Arc`) by the processor threads, which add to it, and
@@ -41,7 +41,7 @@ struct JobMicros {
     input_wait: u64,
     checkpoint: u64,
     /// An LLM job's tokens and engine.
-    llm: Option<LlmStages>,
+    llm: Option<LlmPhases>,
 }
 
 /// What a job's processor time was spent on.
@@ -114,10 +114,10 @@ impl PhaseCounters {
     }
 
     /// An LLM job's engine answered `usage`'s tokens.
-    pub fn add_llm(&self, job_id: &str, usage: LlmStages) {
+    pub fn add_llm(&self, job_id: &str, usage: LlmPhases) {
         let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
         let job = jobs.entry(job_id.to_string()).or_default();
-        let llm = job.llm.get_or_insert_with(LlmStages::default);
+        let llm = job.llm.get_or_insert_with(LlmPhases::default);
         llm.prompt_tokens += usage.prompt_tokens;
         llm.completion_tokens += usage.completion_tokens;
         llm.cached_prompt_tokens += usage.cached_prompt_tokens;
@@ -128,11 +128,11 @@ impl PhaseCounters {
     }
 
     /// Every job's totals since this worker started.
-    pub fn jobs_snapshot(&self) -> Vec<JobStages> {
+    pub fn jobs_snapshot(&self) -> Vec<JobPhases> {
         let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<JobStages> = jobs
+        let mut out: Vec<JobPhases> = jobs
             .iter()
-            .map(|(job_id, j)| JobStages {
+            .map(|(job_id, j)| JobPhases {
                 job_id: job_id.clone(),
                 startup_ms: j.startup / 1000,
                 model_ms: j.model / 1000,
@@ -166,8 +166,8 @@ impl PhaseCounters {
         Self::add_time(&self.checkpoint_us, d);
     }
 
-    pub fn snapshot(&self) -> StageTotals {
-        StageTotals {
+    pub fn snapshot(&self) -> PhaseTotals {
+        PhaseTotals {
             batches: self.batches.load(Ordering::Relaxed),
             records: self.records.load(Ordering::Relaxed),
             input_wait_ms: self.input_wait_us.load(Ordering::Relaxed) / 1000,
@@ -205,7 +205,7 @@ mod tests {
         let totals = a.snapshot();
         assert_eq!(
             totals,
-            StageTotals {
+            PhaseTotals {
                 batches: 2,
                 records: 15,
                 input_wait_ms: 1,
@@ -214,7 +214,7 @@ mod tests {
             }
         );
         // Handles are independent: no process-wide state.
-        assert_eq!(b.snapshot(), StageTotals::default());
+        assert_eq!(b.snapshot(), PhaseTotals::default());
     }
 
     #[test]
@@ -230,7 +230,7 @@ mod tests {
         assert_eq!(
             jobs,
             vec![
-                JobStages {
+                JobPhases {
                     job_id: "j1".into(),
                     startup_ms: 20,
                     // Summed in microseconds: 4 x 0.6 ms is 2 ms, not 0.
@@ -239,7 +239,7 @@ mod tests {
                     checkpoint_ms: 0,
                     llm: None,
                 },
-                JobStages {
+                JobPhases {
                     job_id: "j2".into(),
                     startup_ms: 0,
                     model_ms: 0,

@@ -44,7 +44,7 @@ use crate::batch::Batch;
 use crate::context::ProcessorContext;
 use crate::error::{ProcessorResult, WorkerError};
 use crate::processor::{AHEAD, DynProcessor, EngineUsage, Prepare};
-use stoke_core::lease::LlmStages;
+use stoke_core::lease::LlmPhases;
 
 pub use engine::{EngineSettings, HostMsg, HostRequest, Ready};
 use feed::{Ended, Feed, FeedClient};
@@ -466,7 +466,7 @@ impl DynProcessor for LlmProcessor {
         let t = std::mem::take(&mut self.usage);
         let ready = self.client.ready();
         Some(EngineUsage {
-            stages: LlmStages {
+            stages: LlmPhases {
                 prompt_tokens: t.prompt,
                 completion_tokens: t.completion,
                 cached_prompt_tokens: t.cached,
