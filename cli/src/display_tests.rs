@@ -8,34 +8,12 @@ use crate::run::idle_workers_note;
 
 fn job(id: &str, shards: u64, records: Option<u64>) -> JobInfo {
     JobInfo {
-        job_id: id.to_string(),
-        name: String::new(),
-        state: JobState::Running,
-        reason: None,
         shards_total: shards,
-        shards_done: 0,
-        shards_leased: 0,
         records_done: 1_000,
         records_total: records,
-        records_total_estimate: None,
         output_uri: "file:///out".to_string(),
-        manifest_uri: None,
         processor: "torchscript".to_string(),
-        records_skipped: 0,
-        records_per_s: None,
-        schedule: Default::default(),
-        crashes: 0,
-        isolating: None,
-        already_done: None,
-        pipeline: None,
-        cost_so_far: None,
-        price_per_hour: None,
-        finish_by: None,
-        workers_wanted: None,
-        eta_wanted_s: None,
-        eta_held_s: None,
-        deadline_risk: None,
-        events: Vec::new(),
+        ..JobInfo::example(id)
     }
 }
 

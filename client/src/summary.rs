@@ -252,40 +252,20 @@ fn humantime_span(d: std::time::Duration) -> String {
 
 #[cfg(test)]
 mod tests {
-    use stoke_core::records::{JobScheduling, JobState};
-
     use super::*;
 
     fn running(done: u64, total: u64, rate: f64, leased: u64) -> JobInfo {
         JobInfo {
-            job_id: "j".into(),
-            name: String::new(),
-            state: JobState::Running,
-            reason: None,
             shards_total: 10,
-            shards_done: 0,
             shards_leased: leased,
             records_done: done,
             records_total: Some(total),
-            records_total_estimate: None,
-            output_uri: String::new(),
-            manifest_uri: None,
             processor: "p".into(),
-            records_skipped: 0,
             records_per_s: Some(rate),
-            schedule: JobScheduling::default(),
-            crashes: 0,
-            isolating: None,
-            already_done: None,
-            pipeline: None,
             cost_so_far: Some(10.0),
             price_per_hour: Some(3.6),
             finish_by: Some("2026-12-01T06:00:00Z".into()),
-            workers_wanted: None,
-            eta_wanted_s: None,
-            eta_held_s: None,
-            deadline_risk: None,
-            events: Vec::new(),
+            ..JobInfo::example("j")
         }
     }
 

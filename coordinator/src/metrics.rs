@@ -633,34 +633,13 @@ mod tests {
         };
         snapshot.histograms.commit.observe(0.002);
         let job = JobInfo {
-            job_id: "j".to_string(),
-            state: JobState::Running,
             shards_total: 4,
             shards_done: 1,
             shards_leased: 1,
             records_done: 42,
-            name: String::new(),
-            reason: None,
-            records_total: None,
-            records_total_estimate: None,
-            output_uri: String::new(),
-            manifest_uri: None,
             processor: "p".to_string(),
-            records_skipped: 0,
-            records_per_s: None,
-            schedule: Default::default(),
             crashes: 2,
-            isolating: None,
-            already_done: None,
-            pipeline: None,
-            cost_so_far: None,
-            price_per_hour: None,
-            finish_by: None,
-            workers_wanted: None,
-            eta_wanted_s: None,
-            eta_held_s: None,
-            deadline_risk: None,
-            events: Vec::new(),
+            ..JobInfo::example("j")
         };
         // One job with a deadline it cannot make, one on track.
         let at_risk = JobInfo {

@@ -389,6 +389,42 @@ impl Default for JobScheduling {
 }
 
 impl JobInfo {
+    /// A running job `job_id` with nothing done yet and every optional
+    /// field empty: a base for tests and examples to spread
+    /// (`JobInfo { shards_total: 8, ..JobInfo::example("j") }`).
+    pub fn example(job_id: &str) -> Self {
+        Self {
+            job_id: job_id.to_string(),
+            name: String::new(),
+            state: JobState::Running,
+            reason: None,
+            shards_total: 0,
+            shards_done: 0,
+            shards_leased: 0,
+            records_done: 0,
+            records_total: None,
+            records_total_estimate: None,
+            output_uri: String::new(),
+            manifest_uri: None,
+            processor: String::new(),
+            records_skipped: 0,
+            records_per_s: None,
+            schedule: JobScheduling::default(),
+            crashes: 0,
+            isolating: None,
+            already_done: None,
+            pipeline: None,
+            cost_so_far: None,
+            price_per_hour: None,
+            finish_by: None,
+            workers_wanted: None,
+            eta_wanted_s: None,
+            eta_held_s: None,
+            deadline_risk: None,
+            events: Vec::new(),
+        }
+    }
+
     /// Time left at `records_per_s`, when the total is known or estimated
     /// (see [`JobInfo::eta_is_estimate`]) and the job moves.
     pub fn eta(&self) -> Option<std::time::Duration> {
