@@ -27,16 +27,21 @@ impl Component for Budget {
     /// events, its workers drain, and a Delta `commit = "end"` table gets
     /// what it committed so far.
     fn on_tick(&mut self, ctx: &Ctx) -> Vec<JobAction> {
-        reached(&ctx.job.life, &ctx.job.schedule, ctx.spent())
-            .map(|cause| {
-                info!(job = %ctx.job.id, cap = ?ctx.job.schedule.max_cost, spent = ?ctx.spent(), "job paused: its budget is spent");
-                vec![
-                    JobAction::Event(format!("paused: {}", cause.reason())),
-                    JobAction::Pause(cause),
-                    JobAction::CommitTableSoFar,
-                ]
-            })
-            .unwrap_or_default()
+        // Most jobs have no cap: their spend is not worked out each tick.
+        if ctx.job.schedule.max_cost.is_none() {
+            return Vec::new();
+        }
+        let Some(cause) = reached(&ctx.job.life, &ctx.job.schedule, ctx.spent()) else {
+            return Vec::new();
+        };
+        if let Pause::Budget { cap, spent } = &cause {
+            info!(job = %ctx.job.id, cap, spent, "job paused: its budget is spent");
+        }
+        vec![
+            JobAction::Event(format!("paused: {}", cause.reason())),
+            JobAction::Pause(cause),
+            JobAction::CommitTableSoFar,
+        ]
     }
 
     /// After `stoke set`: a job paused at its cap resumes when its cap is

@@ -387,9 +387,19 @@ impl State {
             }
         };
         let seq = self.next_seq();
-        let worker = self.fleet.worker_of(&commit.session_id);
-        let job = self.job_mut(&commit.key.job_id)?;
-        let progress = job.progress_after(idx, &mut commit, seq, &worker);
+        // The committer's name, borrowed (logged only when a suspect passes).
+        let worker = self
+            .fleet
+            .sessions
+            .get(&commit.session_id)
+            .map_or("", |s| s.worker_id.as_str());
+        let job =
+            self.jobs
+                .get_mut(&commit.key.job_id)
+                .ok_or_else(|| CoordinatorError::JobNotFound {
+                    job_id: commit.key.job_id.clone(),
+                })?;
+        let progress = job.progress_after(idx, &mut commit, seq, worker);
         Ok(Step::Write(Box::new(PendingCommit {
             idx,
             log_uri: job.layout.progress_log(progress.seq),
