@@ -22,9 +22,12 @@ if git cat-file -e "$habits_since^{commit}" 2>/dev/null; then
 fi
 
 echo "== the coordinator's state machine decides without I/O"
-# No channels, tasks, .await, clocks or store handles in
-# coordinator/src/state/ (ADR 005): what it wants done leaves as an effect.
-"$STOKE_REPO/scripts/check-state-pure.sh"
+# The machine (machine/, ADR 005 and 023) built alone: stoke-core without
+# its `io` feature, no tokio, object_store or tonic in its dependencies,
+# and machine/clippy.toml refusing clocks, threads, processes, the
+# environment, files and channels. The library alone: its tests' dev
+# dependencies would turn `io` back on.
+cargo clippy -q -p stoke-machine --lib -- -D warnings
 
 echo "== cargo fmt --check"
 cargo fmt --all --check

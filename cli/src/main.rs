@@ -245,8 +245,9 @@ fn error_exit_code(e: &anyhow::Error) -> i32 {
             return exit::BAD_INPUT;
         }
         // `--root`: a job that is not there is the caller's mistake.
-        if let Some(stoke_coordinator::CoordinatorError::JobNotFound { .. }) =
-            cause.downcast_ref::<stoke_coordinator::CoordinatorError>()
+        if let Some(stoke_coordinator::CoordinatorError::Machine(
+            stoke_coordinator::MachineError::JobNotFound { .. },
+        )) = cause.downcast_ref::<stoke_coordinator::CoordinatorError>()
         {
             return exit::BAD_INPUT;
         }

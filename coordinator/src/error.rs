@@ -5,84 +5,26 @@
 use stoke_core::refusal::Refusal;
 use stoke_core::{ConvError, SpecError};
 use stoke_data::PlanError;
+use stoke_machine::error::{MachineError, TableFault, WriteFault};
 use stoke_store::StoreError;
 use thiserror::Error;
 use tonic::Status;
 
 #[derive(Debug, Error)]
 pub enum CoordinatorError {
+    /// What the state machine refused a call with.
+    #[error(transparent)]
+    Machine(#[from] MachineError),
     #[error(transparent)]
     Spec(#[from] SpecError),
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error(transparent)]
     Delta(#[from] crate::table::delta::DeltaError),
-    #[error("job {job_id} not found")]
-    JobNotFound { job_id: String },
-    #[error("job {job_id} already exists with a different spec")]
-    JobExists { job_id: String },
-    #[error("storing job {job_id} failed: {reason}; submit it again")]
-    JobCreateFailed { job_id: String, reason: String },
     #[error("invalid job id {job_id:?}: {reason}")]
     BadJobId {
         job_id: String,
         reason: &'static str,
-    },
-    #[error("unknown session {session_id}; register again")]
-    UnknownSession { session_id: String },
-    #[error(
-        "stale fencing token {token} for shard {shard_id} of job {job_id} (current: {current})"
-    )]
-    StaleToken {
-        job_id: String,
-        shard_id: String,
-        token: u64,
-        current: String,
-    },
-    #[error(
-        "stale metrics for job {job_id}: token {token} no longer holds its reduce task (it went to another worker)"
-    )]
-    StaleReduce { job_id: String, token: u64 },
-    #[error(
-        "commit for shard {shard_id} of job {job_id} reaches record {reaches}, past the end of the shard after a split ({until}); the shard goes to another attempt"
-    )]
-    PastSplit {
-        job_id: String,
-        shard_id: String,
-        reaches: u64,
-        until: u64,
-    },
-    #[error("a commit for shard {shard_id} of job {job_id} is being stored; retry")]
-    CommitInFlight { job_id: String, shard_id: String },
-    #[error("shard {shard_id} not in job {job_id}")]
-    ShardNotFound { job_id: String, shard_id: String },
-    #[error("job {job_id} is {state}")]
-    JobNotRunning { job_id: String, state: String },
-    #[error(
-        "commit for shard {shard_id} of job {job_id} starts at batch {from_batch}, but committed progress is at batch {committed}"
-    )]
-    BatchMismatch {
-        job_id: String,
-        shard_id: String,
-        from_batch: u64,
-        committed: u64,
-    },
-    #[error(
-        "commit for shard {shard_id} of job {job_id} lists {uri}, outside its attempt's staging folder {prefix}"
-    )]
-    ForeignOutput {
-        job_id: String,
-        shard_id: String,
-        uri: String,
-        prefix: String,
-    },
-    #[error(
-        "commit for shard {shard_id} of job {job_id} lists {uri}, which is not in the store (was it uploaded?)"
-    )]
-    StagedObjectMissing {
-        job_id: String,
-        shard_id: String,
-        uri: String,
     },
     #[error(
         "protocol version mismatch: {peer} speaks version {peer_version}, this coordinator speaks version {ours}"
@@ -108,24 +50,6 @@ pub enum CoordinatorError {
         "another coordinator is starting on this state root at the same moment ({uri} changed)"
     )]
     EpochRace { uri: String },
-    #[error(
-        "the coordinator already has {unfinished} unfinished jobs, its limit (--max-jobs {max}); wait for some to finish or cancel some"
-    )]
-    TooManyJobs { unfinished: usize, max: usize },
-    #[error(
-        "job spec: queue: {queue:?} is not configured on this coordinator (its queues: {known}; see --queue)"
-    )]
-    UnknownQueue { queue: String, known: String },
-    #[error("{what}: pool {pool:?} is not one of this coordinator's pools ({known}; see --pool)")]
-    UnknownPool {
-        what: &'static str,
-        pool: String,
-        known: String,
-    },
-    #[error(
-        "{what}: this coordinator has no price for pool {pool:?}, so it cannot count what the job spends (see --price POOL=PER_WORKER_HOUR)"
-    )]
-    NoPrice { what: &'static str, pool: String },
     #[error("job spec is {size} bytes; the limit is {max} bytes (--max-spec-bytes)")]
     SpecTooLarge { size: usize, max: usize },
     #[error("invalid request: {0}")]
@@ -140,6 +64,39 @@ pub enum CoordinatorError {
     Ready(std::io::Error),
 }
 
+/// A store's error as the machine sees a failed write of its own.
+pub fn write_fault(e: StoreError) -> WriteFault {
+    let transient = e.is_transient();
+    match e {
+        StoreError::NotFound { uri } => WriteFault::NotFound { uri },
+        StoreError::AlreadyExists { uri } => WriteFault::AlreadyExists { uri },
+        StoreError::Conflict { uri } => WriteFault::Conflict { uri },
+        StoreError::Fenced { uri, reason } => WriteFault::Fenced { uri, reason },
+        e @ (StoreError::Io { .. } | StoreError::Shared { .. }) => WriteFault::Failed {
+            message: e.to_string(),
+            transient,
+        },
+        e => WriteFault::Refused {
+            message: e.to_string(),
+        },
+    }
+}
+
+/// What the machine is told of a write that failed: the store's and the
+/// table's errors as its own types; a machine refusal as it was.
+pub fn for_machine(e: CoordinatorError) -> MachineError {
+    match e {
+        CoordinatorError::Machine(e) => e,
+        CoordinatorError::Recovery(why) => MachineError::Recovery(why),
+        CoordinatorError::Store(e) => MachineError::Store(write_fault(e)),
+        CoordinatorError::Delta(e) => MachineError::Table(TableFault {
+            permanent: e.is_permanent(),
+            message: e.to_string(),
+        }),
+        e => MachineError::Recovery(e.to_string()),
+    }
+}
+
 pub type Result<T, E = CoordinatorError> = std::result::Result<T, E>;
 
 impl From<CoordinatorError> for Status {
@@ -147,15 +104,10 @@ impl From<CoordinatorError> for Status {
         use CoordinatorError::*;
         let msg = e.to_string();
         match e {
-            TooManyJobs { .. } => Status::resource_exhausted(msg),
-            Spec(_)
-            | BadJobId { .. }
-            | Request(_)
-            | InvalidRequest(_)
-            | SpecTooLarge { .. }
-            | UnknownQueue { .. }
-            | UnknownPool { .. }
-            | NoPrice { .. } => Status::invalid_argument(msg),
+            Machine(e) => machine_status(e, msg),
+            Spec(_) | BadJobId { .. } | Request(_) | InvalidRequest(_) | SpecTooLarge { .. } => {
+                Status::invalid_argument(msg)
+            }
             Plan(PlanError::Store { ref source, .. }) if source.is_transient() => {
                 Status::unavailable(msg)
             }
@@ -165,32 +117,46 @@ impl From<CoordinatorError> for Status {
             Plan(_) => Status::invalid_argument(msg),
             Delta(ref d) if d.is_permanent() => Status::failed_precondition(msg),
             Delta(_) => Status::unavailable(msg),
-            UnknownSession { .. } => {
-                let mut status = Status::not_found(msg);
-                Refusal::UnknownSession.attach(&mut status);
-                status
-            }
-            JobNotFound { .. } | ShardNotFound { .. } => Status::not_found(msg),
-            JobExists { .. } => Status::already_exists(msg),
-            StaleToken { .. }
-            | StaleReduce { .. }
-            | PastSplit { .. }
-            | JobNotRunning { .. }
-            | BatchMismatch { .. }
-            | ForeignOutput { .. }
-            | StagedObjectMissing { .. }
-            | ProtocolVersion { .. } => Status::failed_precondition(msg),
+            ProtocolVersion { .. } => Status::failed_precondition(msg),
             Security(_) => Status::internal(msg),
             Store(_)
             | Recovery(_)
             | ShuttingDown
             | Serve(_)
             | Ready(_)
-            | CommitInFlight { .. }
-            | JobCreateFailed { .. }
             | RootHeld { .. }
             | RootLost
             | EpochRace { .. } => Status::unavailable(msg),
+        }
+    }
+}
+
+/// The gRPC code of a machine's refusal.
+fn machine_status(e: MachineError, msg: String) -> Status {
+    use MachineError::*;
+    match e {
+        TooManyJobs { .. } => Status::resource_exhausted(msg),
+        Spec(_) | UnknownQueue { .. } | UnknownPool { .. } | NoPrice { .. } => {
+            Status::invalid_argument(msg)
+        }
+        Table(ref t) if t.permanent => Status::failed_precondition(msg),
+        Table(_) => Status::unavailable(msg),
+        UnknownSession { .. } => {
+            let mut status = Status::not_found(msg);
+            Refusal::UnknownSession.attach(&mut status);
+            status
+        }
+        JobNotFound { .. } | ShardNotFound { .. } => Status::not_found(msg),
+        JobExists { .. } => Status::already_exists(msg),
+        StaleToken { .. }
+        | StaleReduce { .. }
+        | PastSplit { .. }
+        | JobNotRunning { .. }
+        | BatchMismatch { .. }
+        | ForeignOutput { .. }
+        | StagedObjectMissing { .. } => Status::failed_precondition(msg),
+        Store(_) | Recovery(_) | CommitInFlight { .. } | JobCreateFailed { .. } => {
+            Status::unavailable(msg)
         }
     }
 }
@@ -203,14 +169,14 @@ mod tests {
 
     #[test]
     fn an_unknown_session_is_a_typed_refusal() {
-        let status = Status::from(CoordinatorError::UnknownSession {
+        let status = Status::from(CoordinatorError::from(MachineError::UnknownSession {
             session_id: "s1".to_string(),
-        });
+        }));
         assert_eq!(status.code(), tonic::Code::NotFound);
         assert_eq!(Refusal::of(&status), Some(Refusal::UnknownSession));
-        let other = Status::from(CoordinatorError::JobNotFound {
+        let other = Status::from(CoordinatorError::from(MachineError::JobNotFound {
             job_id: "j".to_string(),
-        });
+        }));
         assert_eq!(other.code(), tonic::Code::NotFound);
         assert_eq!(Refusal::of(&other), None);
     }

@@ -23,14 +23,14 @@ mod http;
 mod metrics;
 pub mod offline;
 pub mod owner;
-pub mod progress;
+pub use stoke_machine::progress;
 pub mod queues;
 mod root_lock;
 pub mod security;
 #[cfg(feature = "test-util")]
-pub mod state;
+pub use stoke_machine as state;
 #[cfg(not(feature = "test-util"))]
-mod state;
+use stoke_machine as state;
 mod status;
 mod submit;
 #[cfg(feature = "test-util")]
@@ -54,6 +54,7 @@ pub use error::{CoordinatorError, Result};
 #[cfg(feature = "test-util")]
 pub use owner::Inline;
 pub use owner::{Handle, start};
+pub use stoke_machine::error::MachineError;
 
 /// Serves the coordinator's gRPC on an already bound listener until
 /// `shutdown` is cancelled.

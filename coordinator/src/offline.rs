@@ -8,10 +8,10 @@
 //! reads the same here as from its coordinator, less what only a running
 //! coordinator knows (leases held now, the recent rate).
 
+use crate::owner::machine_now;
 use stoke_core::records::{CommittedOutputs, JobErrors, JobInfo};
 use stoke_core::report::EfficiencyReport;
 use stoke_store::{StoreUri, Stores};
-use tokio::time::Instant;
 
 use crate::config::CoordinatorConfig;
 use crate::error::Result;
@@ -32,7 +32,7 @@ impl Offline {
     }
 
     pub fn job(&self, job_id: &str) -> Result<JobInfo> {
-        self.state.get_job(job_id)
+        Ok(self.state.get_job(job_id)?)
     }
 
     pub fn jobs(&self) -> Vec<JobInfo> {
@@ -54,6 +54,6 @@ impl Offline {
     /// A job's efficiency report: an ended job's as stored with it, a
     /// running one's as last saved (`report-so-far.json`).
     pub fn report(&self, job_id: &str) -> Result<EfficiencyReport> {
-        self.state.report(job_id, Instant::now())
+        Ok(self.state.report(job_id, machine_now())?)
     }
 }

@@ -29,7 +29,7 @@
 //! another bucket stages in `<output>/_staging/`, which Spark, Hadoop,
 //! pyarrow and pandas skip because of the leading `_`.
 
-use stoke_store::StoreUri;
+use stoke_uri::StoreUri;
 
 /// The paths of a coordinator's state root.
 #[derive(Debug, Clone, PartialEq, Eq)]

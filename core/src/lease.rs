@@ -7,7 +7,7 @@ use crate::plan::Shard;
 use crate::records::OutputObject;
 pub use crate::records::PhaseTotals;
 use crate::spec::JobSpec;
-use stoke_store::StoreUri;
+use stoke_uri::StoreUri;
 
 /// Identifies one attempt at one shard.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

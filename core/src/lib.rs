@@ -20,18 +20,22 @@
 //! next to the code, against `memory://` and temporary `file://` stores.
 
 pub mod column_type;
+#[cfg(feature = "io")]
 pub mod conv;
 pub mod error;
 pub mod hints;
 pub mod layout;
 pub mod lease;
+#[cfg(feature = "io")]
 pub mod logging;
 pub mod plan;
 pub mod progress;
 pub mod records;
+#[cfg(feature = "io")]
 pub mod refusal;
 pub mod report;
 pub mod schedule;
+#[cfg(feature = "io")]
 pub mod security;
 pub mod spec;
 
@@ -57,6 +61,7 @@ pub const DEFAULT_PYTHON_VAR: &str = "STOKE_DEFAULT_PYTHON";
 /// launcher's Python ([`DEFAULT_PYTHON_VAR`]) and the engine host's
 /// fault points for tests, not flags: the binaries' check for unknown
 /// variables passes them over.
+#[cfg(feature = "io")]
 pub const TOOLING_ENV_VARS: [&str; 10] = [
     "STOKE_CACHE",
     "STOKE_VENV",
@@ -74,6 +79,7 @@ pub const TOOLING_ENV_VARS: [&str; 10] = [
 /// given the ones its flags read (`flag_vars`); the store's, security's
 /// and tooling's variables are known to every binary. Most often a typo,
 /// or one binary's setting given to another.
+#[cfg(feature = "io")]
 pub fn unknown_env_vars(flag_vars: impl IntoIterator<Item = String>) -> Vec<String> {
     let known: Vec<String> = flag_vars
         .into_iter()
@@ -102,6 +108,7 @@ pub const OPENMP_WAIT: [(&str, &str); 2] =
 /// The variables of [`OPENMP_WAIT`] a libtorch process should get: none
 /// when the user set either of them (their choice stands), else both.
 /// OpenMP reads them when it loads, before `main`.
+#[cfg(feature = "io")]
 pub fn openmp_wait_env() -> &'static [(&'static str, &'static str)] {
     if OPENMP_WAIT
         .iter()

@@ -10,14 +10,20 @@
 
 use std::collections::HashMap;
 
+#[cfg(feature = "io")]
 use futures::StreamExt;
 
+#[cfg(feature = "io")]
 use crate::layout::JobLayout;
-use crate::records::{ProgressLog, ProgressRecord};
-use stoke_store::StoreError;
-use stoke_store::{StoreUri, Stores};
+#[cfg(feature = "io")]
+use crate::records::ProgressLog;
+use crate::records::ProgressRecord;
+#[cfg(feature = "io")]
+use stoke_store::{StoreError, Stores};
+use stoke_uri::StoreUri;
 
 /// How many progress objects are read at once.
+#[cfg(feature = "io")]
 const READ_CONCURRENCY: usize = 32;
 
 /// What a job's `progress/` folder holds.
@@ -35,6 +41,7 @@ pub struct StoredProgress {
 /// than any record written since, which all have an epoch in their high
 /// bits; a stored record always has a `seq` above 0, which is how the
 /// coordinator tells shards with a record from those without).
+#[cfg(feature = "io")]
 pub fn decode(uri: &StoreUri, bytes: &[u8]) -> Result<Vec<ProgressRecord>, StoreError> {
     let records = match serde_json::from_slice::<ProgressLog>(bytes) {
         Ok(log) => log.records,
@@ -69,6 +76,7 @@ pub fn merge(records: &mut HashMap<String, ProgressRecord>, record: ProgressReco
 
 /// Reads every progress object of a job (concurrently) and keeps each
 /// shard's latest record.
+#[cfg(feature = "io")]
 pub async fn load(stores: &Stores, layout: &JobLayout) -> Result<StoredProgress, StoreError> {
     let listed = stores.list(&layout.progress_dir()).await?;
     let mut reads = futures::stream::iter(listed.into_iter().map(|l| {
@@ -97,7 +105,7 @@ pub async fn load(stores: &Stores, layout: &JobLayout) -> Result<StoredProgress,
     Ok(stored)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "io"))]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
 use crate::error::SpecError;
-use stoke_store::StoreUri;
+use stoke_uri::StoreUri;
 
 mod dataset;
 pub mod llm;

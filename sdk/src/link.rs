@@ -77,27 +77,31 @@ fn link_error(e: CoordinatorError) -> LinkError {
 
 #[cfg(test)]
 mod tests {
+    use stoke_coordinator::MachineError;
     use stoke_worker::error::LinkErrorKind;
 
     use super::*;
 
     #[test]
     fn coordinator_errors_keep_their_kind_in_memory() {
-        let unknown = CoordinatorError::UnknownSession {
+        let unknown = MachineError::UnknownSession {
             session_id: "s1".to_string(),
         };
-        assert_eq!(link_error(unknown).kind, LinkErrorKind::UnknownSession);
-        let stale = CoordinatorError::StaleToken {
+        assert_eq!(
+            link_error(unknown.into()).kind,
+            LinkErrorKind::UnknownSession
+        );
+        let stale = MachineError::StaleToken {
             job_id: "j".to_string(),
             shard_id: "s00000".to_string(),
             token: 1,
             current: "2".to_string(),
         };
-        assert_eq!(link_error(stale).kind, LinkErrorKind::Refused);
-        let missing = CoordinatorError::JobNotFound {
+        assert_eq!(link_error(stale.into()).kind, LinkErrorKind::Refused);
+        let missing = MachineError::JobNotFound {
             job_id: "j".to_string(),
         };
-        assert_eq!(link_error(missing).kind, LinkErrorKind::Refused);
+        assert_eq!(link_error(missing.into()).kind, LinkErrorKind::Refused);
         assert_eq!(
             link_error(CoordinatorError::ShuttingDown).kind,
             LinkErrorKind::Transient

@@ -1,17 +1,7 @@
 //! The store's typed errors, naming the object and what was being done.
 
+use stoke_uri::UriError;
 use thiserror::Error;
-
-/// A URI that does not name a store stoke can use.
-#[derive(Debug, Error)]
-pub enum UriError {
-    #[error(
-        "{uri:?} is not a URI ({reason}); use file:///abs/path, s3://bucket/key, gs://, az:// or memory://"
-    )]
-    Malformed { uri: String, reason: String },
-    #[error("{uri}: unsupported scheme {scheme:?}; use file, s3, gs, az or memory")]
-    Scheme { uri: String, scheme: String },
-}
 
 /// A configuration value (environment variable or flag) that cannot be used.
 #[derive(Debug, Error)]

@@ -14,10 +14,10 @@ mod local;
 mod open;
 
 pub use config::{STORE_ENV_VARS, StoreConfig};
-pub use error::{ConfigError, StoreError, UriError};
+pub use error::{ConfigError, StoreError};
+pub use stoke_uri::{Listed, StoreUri, UriError, to_json_bytes};
 
 use std::collections::HashMap;
-use std::path::Path as FsPath;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -26,160 +26,23 @@ use object_store::path::Path;
 use object_store::{
     ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion, WriteMultipart,
 };
-use url::Url;
 
-const SCHEMES: [&str; 5] = ["file", "memory", "s3", "gs", "az"];
-
-/// A validated store URI.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct StoreUri {
-    url: Url,
-}
-
-impl StoreUri {
-    pub fn parse(text: &str) -> Result<Self, UriError> {
-        let url = Url::parse(text).map_err(|e| UriError::Malformed {
-            uri: text.to_string(),
-            reason: e.to_string(),
-        })?;
-        if !SCHEMES.contains(&url.scheme()) {
-            return Err(UriError::Scheme {
-                uri: text.to_string(),
-                scheme: url.scheme().to_string(),
-            });
-        }
-        Ok(Self { url })
-    }
-
-    /// A `file://` URI for a local path (made absolute against the current
-    /// folder).
-    pub fn from_local_path(path: &FsPath) -> Result<Self, UriError> {
-        let abs = std::path::absolute(path).map_err(|e| UriError::Malformed {
-            uri: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        let url = Url::from_file_path(&abs).map_err(|()| UriError::Malformed {
-            uri: path.display().to_string(),
-            reason: "not an absolute path".to_string(),
-        })?;
-        Ok(Self { url })
-    }
-
-    /// Keeps a URI as it is; turns a plain path into a `file://` URI relative
-    /// to `base`.
-    pub fn resolve_path_or_uri(text: &str, base: &FsPath) -> Result<String, String> {
-        if text.contains("://") {
-            return Self::parse(text)
-                .map(|u| u.to_string())
-                .map_err(|e| e.to_string());
-        }
-        let trailing_slash = text.ends_with('/');
-        let uri = Self::from_local_path(&base.join(text)).map_err(|e| e.to_string())?;
-        let mut s = uri.to_string();
-        if trailing_slash && !s.ends_with('/') {
-            s.push('/');
-        }
-        Ok(s)
-    }
-
-    pub fn as_str(&self) -> &str {
-        self.url.as_str()
-    }
-
-    pub fn scheme(&self) -> &str {
-        self.url.scheme()
-    }
-
-    /// The object path inside its store.
-    pub fn object_path(&self) -> Result<Path, UriError> {
-        Path::from_url_path(self.url.path()).map_err(|e| UriError::Malformed {
-            uri: self.to_string(),
-            reason: e.to_string(),
-        })
-    }
-
-    /// This URI with `segment` appended as a child ("a/b" + "c" = "a/b/c").
-    pub fn join(&self, segment: &str) -> StoreUri {
-        let base = self.url.as_str().trim_end_matches('/');
-        let seg = segment.trim_start_matches('/');
-        match Url::parse(&format!("{base}/{seg}")) {
-            Ok(url) => Self { url },
-            // Appending a plain segment to a valid URL stays valid; keep the
-            // base if the segment held something a URL cannot.
-            Err(_) => self.clone(),
-        }
-    }
-
-    /// The URI of another object in the same store.
-    pub fn with_object_path(&self, path: &Path) -> StoreUri {
-        let mut url = self.url.clone();
-        url.set_path(&format!("/{path}"));
-        Self { url }
-    }
-
-    /// The last path segment ("part-1.parquet").
-    pub fn file_name(&self) -> &str {
-        self.url
-            .path()
-            .trim_end_matches('/')
-            .rsplit('/')
-            .next()
-            .unwrap_or("")
-    }
-
-    /// The local path of a `file://` URI (`None` for other schemes), for
-    /// readers that read local files directly rather than through a store.
-    pub fn local_path(&self) -> Option<std::path::PathBuf> {
-        if self.scheme() != "file" {
-            return None;
-        }
-        self.url.to_file_path().ok()
-    }
-
-    /// Whether `other` lives in the same store (scheme and bucket), so an
-    /// object can be copied from one to the other inside the store.
-    pub fn same_store(&self, other: &StoreUri) -> bool {
-        self.store_key() == other.store_key()
-    }
-
-    /// The bucket or container (empty for `file://` and `memory://`).
-    pub fn authority(&self) -> &str {
-        self.url.authority()
-    }
-
-    fn store_key(&self) -> String {
-        format!("{}://{}", self.url.scheme(), self.url.authority())
+/// A listed object from the store's metadata.
+fn listed(uri: StoreUri, meta: object_store::ObjectMeta) -> Listed {
+    Listed {
+        uri,
+        size: meta.size,
+        e_tag: meta.e_tag,
+        version: meta.version,
     }
 }
 
-impl std::fmt::Display for StoreUri {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.url.as_str())
-    }
-}
-
-/// One listed object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listed {
-    pub uri: StoreUri,
-    pub size: u64,
-    /// The store's entity tag of the object, when it gives one (S3, GCS
-    /// and Azure from the content or upload; local files from inode,
-    /// modification time and size): what tells a changed object apart.
-    pub e_tag: Option<String>,
-    /// The object's version, on a versioned bucket.
-    pub version: Option<String>,
-}
-
-impl Listed {
-    fn of(uri: StoreUri, meta: object_store::ObjectMeta) -> Self {
-        Self {
-            uri,
-            size: meta.size,
-            e_tag: meta.e_tag,
-            version: meta.version,
-        }
-    }
+/// The object path of `uri` inside its store.
+pub(crate) fn object_path(uri: &StoreUri) -> Result<Path, UriError> {
+    Path::from_url_path(uri.url_path()).map_err(|e| UriError::Malformed {
+        uri: uri.to_string(),
+        reason: e.to_string(),
+    })
 }
 
 /// The version of an object as read, for a later compare-and-swap write.
@@ -283,7 +146,7 @@ impl Stores {
 
     /// The store holding `uri`, and the object path inside it.
     pub fn resolve(&self, uri: &StoreUri) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
-        let path = uri.object_path()?;
+        let path = object_path(uri)?;
         let key = uri.store_key();
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(store) = cache.get(&key) {
@@ -365,7 +228,7 @@ impl Stores {
             .head(&path)
             .await
             .map_err(|e| StoreError::io("looking up", uri.as_str(), e))?;
-        Ok(Listed::of(uri.clone(), meta))
+        Ok(listed(uri.clone(), meta))
     }
 
     /// Writes an object, replacing what was there. Objects over the
@@ -485,7 +348,7 @@ impl Stores {
         self.check_fence(to)?;
         let (store, from_path) = self.resolve(from)?;
         if from.same_store(to) {
-            let to_path = to.object_path()?;
+            let to_path = object_path(to)?;
             match store.copy(&from_path, &to_path).await {
                 Ok(()) => return Ok(()),
                 Err(object_store::Error::NotFound { .. }) => {
@@ -648,11 +511,11 @@ impl Stores {
             .map_err(|e| StoreError::io("listing", prefix.as_str(), e))?;
         let mut out: Vec<Listed> = metas
             .into_iter()
-            .map(|m| Listed::of(prefix.with_object_path(&m.location), m))
+            .map(|m| listed(prefix.with_path(m.location.as_ref()), m))
             .collect();
         if out.is_empty() && !prefix.as_str().ends_with('/') {
             match store.head(&path).await {
-                Ok(meta) => out.push(Listed::of(prefix.clone(), meta)),
+                Ok(meta) => out.push(listed(prefix.clone(), meta)),
                 Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(StoreError::io("looking up", prefix.as_str(), e)),
             }
@@ -712,14 +575,6 @@ impl Stores {
     ) -> Result<(), StoreError> {
         self.put_new(uri, Bytes::from(to_json_bytes(value))).await
     }
-}
-
-/// A record as compact JSON: progress records are written once per
-/// checkpoint and plans can list a million shards, so no indentation
-/// (`jq .` shows them indented).
-pub fn to_json_bytes<T: serde::Serialize>(value: &T) -> Vec<u8> {
-    // Records are plain structs of strings and numbers: serialising cannot fail.
-    serde_json::to_vec(value).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ fn parse_and_join() {
     assert!(StoreUri::parse("ftp://x/y").is_err());
     assert!(StoreUri::parse("relative/path").is_err());
     let s = StoreUri::parse("s3://bucket/a/b").expect("s3");
-    assert_eq!(s.object_path().expect("path").as_ref(), "a/b");
+    assert_eq!(crate::object_path(&s).expect("path").as_ref(), "a/b");
 }
 
 #[tokio::test]

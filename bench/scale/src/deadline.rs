@@ -683,7 +683,7 @@ impl<'a> Sim<'a> {
             .context("the clock is before 1970")?
             .as_secs();
         let t0 = Instant::now();
-        state.set_wall_clock(t0, unix_s * 1000);
+        state.set_wall_clock(t0.into_std(), unix_s * 1000);
         let finish_by = UNIX_EPOCH + Duration::from_secs(unix_s) + options.deadline;
         let spec = JobSpec::from_toml(&spec_toml(options))?;
         let mut spec = spec;
@@ -897,7 +897,7 @@ impl<'a> Sim<'a> {
     /// The autoscaler's step, after the forecast is noted.
     async fn scale(&mut self, now_ms: u64) -> anyhow::Result<()> {
         self.note_forecast(now_ms)?;
-        let snapshot = self.state.snapshot(Instant::now());
+        let snapshot = self.state.snapshot(Instant::now().into_std());
         let wanted = snapshot
             .pools
             .iter()

@@ -18,9 +18,11 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{CoordinatorError, Result};
 use crate::metrics::Snapshot;
 use crate::progress::StatusReport;
+use crate::state::error::MachineError;
 use crate::state::{DeltaRecord, ErrorSources, JobOutputs};
 
-pub(super) type Reply<T> = oneshot::Sender<Result<T>>;
+/// Where the owner sends the machine's answer to a call.
+pub(super) type Reply<T> = oneshot::Sender<Result<T, MachineError>>;
 
 pub(super) enum Command {
     CreateJob {
@@ -122,7 +124,7 @@ impl Handle {
             .send(make(reply))
             .await
             .map_err(|_| CoordinatorError::ShuttingDown)?;
-        rx.await.map_err(|_| CoordinatorError::ShuttingDown)?
+        Ok(rx.await.map_err(|_| CoordinatorError::ShuttingDown)??)
     }
 
     /// Validates and plans the spec (outside the owner task: planning reads

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 
+use super::machine_now;
 use stoke_core::lease::{
     AcquireOutcome, Commit, LeaseKey, LeaseWork, MetricsDone, Registration, Release, SessionEvent,
     SessionGrant,
@@ -18,11 +19,16 @@ use stoke_core::records::JobInfo;
 use stoke_core::spec::JobSpec;
 use stoke_store::{StoreUri, Stores};
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 use super::io;
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
+use crate::state::error::MachineError;
+
+/// The machine's answer as the coordinator's.
+fn answered<T>(answer: std::result::Result<T, MachineError>) -> Result<T> {
+    Ok(answer?)
+}
 use crate::progress::StatusReport;
 use crate::state::{Answer, Effect, ReqId, State};
 
@@ -89,7 +95,7 @@ impl Inline {
                 match effect {
                     Effect::Io(id, io) => {
                         let outcome = io::perform(io, &self.stores).await;
-                        self.state.written(id, outcome, Instant::now());
+                        self.state.written(id, outcome, machine_now());
                     }
                     other => self.apply(other),
                 }
@@ -137,18 +143,21 @@ impl Inline {
         self.next_req
     }
 
-    async fn answer(&mut self, req: ReqId) -> Answer {
+    /// The machine's answer to `req` once its writes are done; a call it
+    /// did not answer (a commit its pipeline holds) reads as the
+    /// coordinator shutting down, as for a caller that gave up.
+    async fn answer(&mut self, req: ReqId) -> Result<Answer> {
         self.settle().await;
         self.answers
             .remove(&req)
-            .unwrap_or(Answer::Done(Err(CoordinatorError::ShuttingDown)))
+            .ok_or(CoordinatorError::ShuttingDown)
     }
 
     async fn job_answer(&mut self, req: ReqId) -> Result<JobInfo> {
-        match self.answer(req).await {
-            Answer::Job(answer) => *answer,
-            Answer::Done(answer) => answer.and(Err(CoordinatorError::ShuttingDown)),
-            Answer::Commit(answer) => answer.and(Err(CoordinatorError::ShuttingDown)),
+        match self.answer(req).await? {
+            Answer::Job(answer) => answered(*answer),
+            Answer::Done(answer) => answered(answer).and(Err(CoordinatorError::ShuttingDown)),
+            Answer::Commit(answer) => answered(answer).and(Err(CoordinatorError::ShuttingDown)),
         }
     }
 
@@ -171,7 +180,7 @@ impl Inline {
     ) -> Result<JobInfo> {
         let req = self.req();
         self.state
-            .create_job(req, job_id, spec, plan, Instant::now());
+            .create_job(req, job_id, spec, plan, machine_now());
         self.job_answer(req).await
     }
 
@@ -205,22 +214,22 @@ impl Inline {
 
     pub async fn release(&mut self, release: Release) -> Result<()> {
         let req = self.req();
-        self.state.release(req, release, Instant::now());
-        match self.answer(req).await {
-            Answer::Done(answer) => answer,
-            Answer::Job(answer) => (*answer).map(|_| ()),
-            Answer::Commit(answer) => answer.map(|_| ()),
+        self.state.release(req, release, machine_now());
+        match self.answer(req).await? {
+            Answer::Done(answer) => answered(answer),
+            Answer::Job(answer) => answered(*answer).map(|_| ()),
+            Answer::Commit(answer) => answered(answer).map(|_| ()),
         }
     }
 
     /// A worker's answer to a job's metrics reduce task.
     pub async fn commit_metrics(&mut self, done: MetricsDone) -> Result<()> {
         let req = self.req();
-        self.state.commit_metrics(req, done, Instant::now());
-        match self.answer(req).await {
-            Answer::Done(answer) => answer,
-            Answer::Job(answer) => (*answer).map(|_| ()),
-            Answer::Commit(answer) => answer.map(|_| ()),
+        self.state.commit_metrics(req, done, machine_now());
+        match self.answer(req).await? {
+            Answer::Done(answer) => answered(answer),
+            Answer::Job(answer) => answered(*answer).map(|_| ()),
+            Answer::Commit(answer) => answered(answer).map(|_| ()),
         }
     }
 
@@ -229,23 +238,23 @@ impl Inline {
     /// applied (a retry).
     pub async fn commit(&mut self, commit: Commit) -> Result<bool> {
         let req = self.req();
-        self.state.commit(req, commit, Instant::now());
-        match self.answer(req).await {
-            Answer::Commit(answer) => answer,
-            Answer::Done(answer) => answer.and(Err(CoordinatorError::ShuttingDown)),
-            Answer::Job(answer) => (*answer).and(Err(CoordinatorError::ShuttingDown)),
+        self.state.commit(req, commit, machine_now());
+        match self.answer(req).await? {
+            Answer::Commit(answer) => answered(answer),
+            Answer::Done(answer) => answered(answer).and(Err(CoordinatorError::ShuttingDown)),
+            Answer::Job(answer) => answered(*answer).and(Err(CoordinatorError::ShuttingDown)),
         }
     }
 
     pub async fn tick(&mut self) {
-        self.state.tick(Instant::now());
+        self.state.tick(machine_now());
         self.settle().await;
     }
 
     pub fn acquire(&mut self, session_id: &str) -> Result<AcquireOutcome> {
-        let outcome = self.state.acquire(session_id, Instant::now());
+        let outcome = self.state.acquire(session_id, machine_now());
         self.notify();
-        outcome
+        Ok(outcome?)
     }
 
     /// Opens a session whose events go to `events_tx`.
@@ -254,7 +263,7 @@ impl Inline {
         registration: Registration,
         events_tx: mpsc::Sender<SessionEvent>,
     ) -> Result<SessionGrant> {
-        let grant = self.state.register(registration, Instant::now())?;
+        let grant = self.state.register(registration, machine_now())?;
         self.sessions.insert(grant.session_id.clone(), events_tx);
         self.notify();
         Ok(grant)
@@ -262,25 +271,25 @@ impl Inline {
 
     /// The session's connection dropped.
     pub fn session_closed(&mut self, session_id: &str) {
-        self.state.session_closed(session_id, Instant::now());
+        self.state.session_closed(session_id, machine_now());
         self.notify();
         self.sessions.remove(session_id);
     }
 
     pub fn heartbeat(&mut self, session_id: &str, leases: &[LeaseKey]) -> Result<()> {
-        let renewed = self.state.heartbeat(session_id, leases, Instant::now());
+        let renewed = self.state.heartbeat(session_id, leases, machine_now());
         self.notify();
-        renewed
+        Ok(renewed?)
     }
 
     /// A worker's report of the batches in progress on its leases.
     pub fn note_work(&mut self, session_id: &str, work: &[LeaseWork]) -> Result<()> {
-        let noted = self.state.note_work(session_id, work, Instant::now());
+        let noted = self.state.note_work(session_id, work, machine_now());
         self.notify();
-        noted
+        Ok(noted?)
     }
 
     pub fn status(&mut self) -> StatusReport {
-        self.state.status(Instant::now())
+        self.state.status(machine_now())
     }
 }

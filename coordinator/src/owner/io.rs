@@ -11,7 +11,8 @@ use stoke_core::spec::{DeltaCommit, JobSpec};
 use stoke_store::{StoreError, StoreUri, Stores};
 use tracing::{info, warn};
 
-use crate::error::{CoordinatorError, Result};
+use crate::error::{CoordinatorError, Result, for_machine, write_fault};
+use crate::state::error::MachineError;
 use crate::state::{
     CreateJob, DeltaTarget, DeltaWrite, FinishJob, GroupWrite, GroupWritten, Io, Outcome,
     SnapshotWrite, Stamped, folder, plan_finish, progress_log,
@@ -31,16 +32,19 @@ pub async fn perform(io: Io, stores: &Stores) -> Outcome {
             let mut done = write_groups(vec![write], stores).await;
             match done.pop() {
                 Some((write, written)) => Outcome::Group { write, written },
-                None => Outcome::Done(Err(CoordinatorError::Recovery(
+                None => Outcome::Done(Err(MachineError::Recovery(
                     "a group commit came back empty".to_string(),
                 ))),
             }
         }
         Io::Snapshot(snapshot) => {
             let (written, deleted) = write_snapshot(&snapshot, stores).await;
-            Outcome::Snapshot { written, deleted }
+            Outcome::Snapshot {
+                written: written.map_err(write_fault),
+                deleted,
+            }
         }
-        io => Outcome::Done(perform_one(io, stores).await),
+        io => Outcome::Done(perform_one(io, stores).await.map_err(for_machine)),
     }
 }
 
@@ -64,7 +68,7 @@ async fn perform_one(io: Io, stores: &Stores) -> Result<()> {
                     // crashed submit); accept only the same spec.
                     let stored: Option<JobSpec> = stores.get_json(&spec_uri).await?;
                     if stored.as_ref() != Some(&*spec) {
-                        return Err(CoordinatorError::JobExists { job_id });
+                        return Err(MachineError::JobExists { job_id }.into());
                     }
                 }
                 Err(e) => return Err(e.into()),
@@ -145,7 +149,15 @@ pub async fn write_groups(
     let put = stores.put_all(objects, COPY_CONCURRENCY).await;
     for (g, result) in logged.into_iter().zip(put) {
         match result {
-            Ok(()) => stored[g] = true,
+            Ok(()) => {
+                stored[g] = true;
+                fail::fail_point!("coordinator::after_progress_stored", |_| {
+                    // Fault injection for tests: die as kill -9 would, after
+                    // a progress record is stored and before anyone hears
+                    // of it.
+                    std::process::abort()
+                });
+            }
             Err(e) => {
                 results[g] = writes[g].records.iter().map(|_| Err(e.share())).collect();
             }
@@ -154,7 +166,13 @@ pub async fn write_groups(
     writes
         .into_iter()
         .zip(results.into_iter().zip(stored))
-        .map(|(write, (results, stored))| (write, GroupWritten { stored, results }))
+        .map(|(write, (results, stored))| {
+            let results = results
+                .into_iter()
+                .map(|r| r.map_err(write_fault))
+                .collect();
+            (write, GroupWritten { stored, results })
+        })
         .collect()
 }
 

@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use std::time::Instant;
 use stoke_core::lease::SessionEvent;
 use stoke_core::records::JobInfo;
 use stoke_store::Stores;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, warn};
@@ -30,6 +30,7 @@ use tracing::{debug, warn};
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, Result};
 use crate::root_lock;
+use crate::state::error::MachineError;
 use crate::state::{Answer, Effect, GroupWrite, GroupWritten, Io, IoId, Outcome, ReqId, State};
 use crate::sweep::Sweeper;
 
@@ -37,6 +38,11 @@ pub use handle::Handle;
 use handle::{Command, Reply};
 #[cfg(feature = "test-util")]
 pub use inline::Inline;
+
+/// The machine's clock: tokio's, so a paused clock in tests pauses it.
+pub(crate) fn machine_now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
 
 /// Takes the state root (refused if another coordinator holds it), loads
 /// durable state from it and starts the owner task. The task ends when
@@ -160,12 +166,12 @@ impl Owner {
                     None => break,
                 },
                 Some(done) = self.running.next(), if !self.running.is_empty() => {
-                    self.finish(done, Instant::now());
+                    self.finish(done, machine_now());
                 }
                 Some((prefix, swept)) = self.sweeper.running.next(), if !self.sweeper.running.is_empty() => {
                     self.sweeper.finished(&prefix, swept);
                 }
-                _ = ticker.tick() => self.state.tick(Instant::now()),
+                _ = ticker.tick() => self.state.tick(machine_now()),
             }
         }
         self.drain(SHUTDOWN_DRAIN).await;
@@ -179,7 +185,7 @@ impl Owner {
     /// records complete and its staging folder gone.
     async fn drain(&mut self, limit: Duration) {
         let deadline = tokio::time::Instant::now() + limit;
-        self.state.tick(Instant::now());
+        self.state.tick(machine_now());
         loop {
             self.effects();
             if self.running.is_empty() && self.sweeper.running.is_empty() {
@@ -193,7 +199,7 @@ impl Owner {
                 }
             };
             match tokio::time::timeout_at(deadline, next).await {
-                Ok(Some(Ok(done))) => self.finish(done, Instant::now()),
+                Ok(Some(Ok(done))) => self.finish(done, machine_now()),
                 Ok(Some(Err((prefix, swept)))) => self.sweeper.finished(&prefix, swept),
                 Ok(None) => return,
                 Err(_) => {
@@ -229,7 +235,7 @@ impl Owner {
                     }));
                     self.running.push(Box::pin(async move {
                         let outcome = task.await.unwrap_or_else(|e| {
-                            Outcome::Done(Err(CoordinatorError::Recovery(format!(
+                            Outcome::Done(Err(MachineError::Recovery(format!(
                                 "a store write stopped: {e}"
                             ))))
                         });
@@ -307,7 +313,7 @@ impl Owner {
             } => {
                 let req = self.wait(Waiter::Job(reply));
                 self.state
-                    .create_job(req, job_id, *spec, *plan, Instant::now());
+                    .create_job(req, job_id, *spec, *plan, machine_now());
             }
             Command::GetJob { job_id, reply } => {
                 let _ = reply.send(state.get_job(&job_id));
@@ -316,16 +322,16 @@ impl Owner {
                 let _ = reply.send(state.job_terms(&job_id));
             }
             Command::Report { job_id, reply } => {
-                let _ = reply.send(state.report(&job_id, Instant::now()));
+                let _ = reply.send(state.report(&job_id, machine_now()));
             }
             Command::ListJobs { reply } => {
                 let _ = reply.send(Ok(state.list_jobs()));
             }
             Command::Snapshot { reply } => {
-                let _ = reply.send(Ok(state.snapshot(Instant::now())));
+                let _ = reply.send(Ok(state.snapshot(machine_now())));
             }
             Command::Status { reply } => {
-                let _ = reply.send(Ok(state.status(Instant::now())));
+                let _ = reply.send(Ok(state.status(machine_now())));
             }
             Command::JobErrors { job_id, reply } => {
                 let _ = reply.send(state.job_errors(&job_id));
@@ -369,14 +375,14 @@ impl Owner {
                 events_tx,
                 reply,
             } => {
-                let grant = state.register(registration, Instant::now());
+                let grant = state.register(registration, machine_now());
                 if let Ok(grant) = &grant {
                     self.sessions.insert(grant.session_id.clone(), events_tx);
                 }
                 let _ = reply.send(grant);
             }
             Command::SessionClosed { session_id } => {
-                state.session_closed(&session_id, Instant::now());
+                state.session_closed(&session_id, machine_now());
                 self.sessions.remove(&session_id);
             }
             Command::Heartbeat {
@@ -384,7 +390,7 @@ impl Owner {
                 heartbeat,
                 reply,
             } => {
-                let now = Instant::now();
+                let now = machine_now();
                 // A brief one (a batch starting) carries only its work.
                 let renewed = if heartbeat.brief {
                     Ok(())
@@ -401,19 +407,19 @@ impl Owner {
                 let _ = reply.send(renewed);
             }
             Command::Acquire { session_id, reply } => {
-                let _ = reply.send(state.acquire(&session_id, Instant::now()));
+                let _ = reply.send(state.acquire(&session_id, machine_now()));
             }
             Command::Commit { commit, reply } => {
                 let req = self.wait(Waiter::Commit(reply));
-                self.state.commit(req, commit, Instant::now());
+                self.state.commit(req, commit, machine_now());
             }
             Command::Release { release, reply } => {
                 let req = self.wait(Waiter::Done(reply));
-                self.state.release(req, release, Instant::now());
+                self.state.release(req, release, machine_now());
             }
             Command::CommitMetrics { done, reply } => {
                 let req = self.wait(Waiter::Done(reply));
-                self.state.commit_metrics(req, done, Instant::now());
+                self.state.commit_metrics(req, done, machine_now());
             }
         }
     }

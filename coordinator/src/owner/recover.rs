@@ -53,10 +53,10 @@ pub(crate) async fn recover(config: CoordinatorConfig, stores: &Stores) -> Resul
     let epoch = next_epoch(stores, &layout.epoch()).await?;
     let stored = read_jobs(&layout, stores).await?;
     Ok(State::restore(
-        config,
+        config.machine,
         epoch,
         stored,
-        tokio::time::Instant::now(),
+        tokio::time::Instant::now().into_std(),
         now_ms(),
     ))
 }
@@ -71,7 +71,13 @@ pub(crate) async fn read_only(config: CoordinatorConfig, stores: &Stores) -> Res
         .await?
         .map_or(0, |r| r.epoch);
     let stored = read_jobs(&layout, stores).await?;
-    let mut state = State::restore(config, epoch, stored, tokio::time::Instant::now(), now_ms());
+    let mut state = State::restore(
+        config.machine,
+        epoch,
+        stored,
+        tokio::time::Instant::now().into_std(),
+        now_ms(),
+    );
     // Nothing is run for it: what loading asked for (sweeps) is dropped.
     state.take_effects();
     Ok(state)

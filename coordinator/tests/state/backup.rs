@@ -3,8 +3,6 @@
 //! shard is too short to split; the first commit wins, the other attempt
 //! is told to stop and its commits are refused by their token.
 
-use tokio::time::Instant;
-
 use crate::support::*;
 
 /// Batches of 2, checkpoints every batch, shards of 4 records (2
@@ -116,7 +114,7 @@ fn assert_swept(state: &mut Inline, lease: &Lease, when: &str) {
 }
 
 fn report(state: &mut Inline) -> stoke_core::report::EfficiencyReport {
-    state.report("j", Instant::now()).expect("report")
+    state.report("j", now()).expect("report")
 }
 
 /// Every record of the job committed exactly once, by the job's
@@ -172,7 +170,10 @@ async fn a_backup_that_commits_first_wins_and_the_holder_is_refused() {
     // (refused by its token): it staged them after the revocation.
     let late = commit(&mut state, &stores, &t.a, &t.a_lease, 0, 1, false).await;
     assert!(
-        matches!(late, Err(CoordinatorError::StaleToken { .. })),
+        matches!(
+            late,
+            Err(CoordinatorError::Machine(MachineError::StaleToken { .. }))
+        ),
         "{late:?}"
     );
     assert_swept(&mut state, &t.a_lease, "the holder's late commit");
@@ -200,7 +201,10 @@ async fn a_holder_that_commits_first_ends_the_backup() {
     assert_swept(&mut state, &backup, "the backup, as it loses");
     let late = commit(&mut state, &stores, &t.b, &backup, 0, 1, false).await;
     assert!(
-        matches!(late, Err(CoordinatorError::StaleToken { .. })),
+        matches!(
+            late,
+            Err(CoordinatorError::Machine(MachineError::StaleToken { .. }))
+        ),
         "{late:?}"
     );
     assert_swept(&mut state, &backup, "the backup's late commit");

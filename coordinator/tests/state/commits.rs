@@ -35,11 +35,11 @@ async fn repeated_commit_is_a_duplicate_and_batch_gaps_are_refused() {
     assert!(
         matches!(
             err,
-            CoordinatorError::BatchMismatch {
+            CoordinatorError::Machine(MachineError::BatchMismatch {
                 from_batch: 3,
                 committed: 2,
                 ..
-            }
+            })
         ),
         "{err}"
     );
@@ -50,11 +50,11 @@ async fn repeated_commit_is_a_duplicate_and_batch_gaps_are_refused() {
     assert!(
         matches!(
             err,
-            CoordinatorError::BatchMismatch {
+            CoordinatorError::Machine(MachineError::BatchMismatch {
                 from_batch: 1,
                 committed: 2,
                 ..
-            }
+            })
         ),
         "{err}"
     );
@@ -122,7 +122,10 @@ async fn a_commit_copies_staged_outputs_into_the_output_folder() {
         .to_string();
     let err = state.commit(foreign).await.expect_err("foreign output");
     assert!(
-        matches!(err, CoordinatorError::ForeignOutput { .. }),
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::ForeignOutput { .. })
+        ),
         "{err}"
     );
     // An object never uploaded cannot be copied: refused, nothing stored.
@@ -131,7 +134,10 @@ async fn a_commit_copies_staged_outputs_into_the_output_folder() {
         .await
         .expect_err("missing staged object");
     assert!(
-        matches!(err, CoordinatorError::StagedObjectMissing { .. }),
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::StagedObjectMissing { .. })
+        ),
         "{err}"
     );
     assert!(

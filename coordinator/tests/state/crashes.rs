@@ -414,10 +414,7 @@ async fn shard_record(stores: &Stores) -> stoke_core::records::ProgressRecord {
 }
 
 fn reconnects(state: &Inline) -> u64 {
-    state
-        .snapshot(tokio::time::Instant::now())
-        .counters
-        .worker_reconnects
+    state.snapshot(now()).counters.worker_reconnects
 }
 
 /// A machine with the crash job (`policy`, `threshold`) and worker
@@ -469,9 +466,7 @@ async fn a_broken_session_whose_process_comes_back_blames_nothing_and_keeps_its_
     // It commits the batch it had in flight, on its new session.
     commit_records(&mut state, &stores, &s2, &lease, 0, 1, 8).await;
     assert_eq!(shard_record(&stores).await.records, 8);
-    let report = state
-        .report("j", tokio::time::Instant::now())
-        .expect("report");
+    let report = state.report("j", now()).expect("report");
     assert_eq!(report.reconnects, 1);
     assert_eq!(report.attempts_failed.get("crashed"), None, "{report:?}");
 }

@@ -6,7 +6,6 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use stoke_core::schedule::ScheduleChange;
-use tokio::time::Instant;
 
 use crate::support::*;
 
@@ -17,7 +16,7 @@ fn pin_wall_clock(state: &mut Inline) -> u64 {
         .duration_since(UNIX_EPOCH)
         .expect("after 1970")
         .as_secs();
-    state.set_wall_clock(Instant::now(), secs * 1000);
+    state.set_wall_clock(now(), secs * 1000);
     secs * 1000
 }
 
@@ -38,7 +37,7 @@ fn info(state: &Inline, job_id: &str) -> JobInfo {
 
 /// `stoke_workers_wanted{pool="default"}`.
 fn wanted(state: &Inline) -> u64 {
-    let snapshot = state.snapshot(Instant::now());
+    let snapshot = state.snapshot(now());
     snapshot
         .pools
         .iter()
@@ -283,6 +282,6 @@ async fn a_lease_taken_ahead_is_not_a_worker() {
         job.deadline_risk
     );
     // Its pace is per processor at work: 2 records a second, not 1.
-    let pace = state.pace(&a.session, "j", Instant::now()).expect("a pace");
+    let pace = state.pace(&a.session, "j", now()).expect("a pace");
     assert!((1.9..=2.1).contains(&pace), "{pace}");
 }

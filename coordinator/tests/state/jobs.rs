@@ -137,7 +137,10 @@ async fn a_zombie_commit_after_the_end_is_refused_and_its_staging_swept() {
     let late = staged(&stores, last_checkpoint(&a, &zombie, 0)).await;
     let err = state.commit(late.clone()).await.expect_err("job ended");
     assert!(
-        matches!(err, CoordinatorError::JobNotRunning { .. }),
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::JobNotRunning { .. })
+        ),
         "{err}"
     );
     let attempt = zombie.output_prefix.join("/");
@@ -216,7 +219,13 @@ async fn restart_reloads_progress_and_fences_old_tokens() {
         .commit(staged(&stores, checkpoint(&a, &partial, 2, 3)).await)
         .await
         .expect_err("commit with a token from before the restart");
-    assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::StaleToken { .. })
+        ),
+        "{err}"
+    );
     after
         .commit(staged(&stores, last_checkpoint(&b, &resumed, 2)).await)
         .await
@@ -255,7 +264,8 @@ async fn cancel_revokes_leases_and_refuses_their_commits() {
     assert!(
         matches!(
             err,
-            CoordinatorError::JobNotRunning { .. } | CoordinatorError::StaleToken { .. }
+            CoordinatorError::Machine(MachineError::JobNotRunning { .. })
+                | CoordinatorError::Machine(MachineError::StaleToken { .. })
         ),
         "{err}"
     );
@@ -307,7 +317,7 @@ async fn resubmitting_a_job_id_needs_the_same_spec() {
         .await
         .expect_err("different spec");
     assert!(
-        matches!(err, CoordinatorError::JobExists { ref job_id } if job_id == "j"),
+        matches!(err, CoordinatorError::Machine(MachineError::JobExists { ref job_id }) if job_id == "j"),
         "{err}"
     );
 
@@ -317,7 +327,13 @@ async fn resubmitting_a_job_id_needs_the_same_spec() {
         .create_job("j".to_string(), other, plan)
         .await
         .expect_err("different spec after restart");
-    assert!(matches!(err, CoordinatorError::JobExists { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::JobExists { .. })
+        ),
+        "{err}"
+    );
     assert_eq!(submit(&mut state, &stores, "j", 100).await.records_done, 4);
     let stored: JobSpec = stores
         .get_json(&job_layout("j").spec())
@@ -390,11 +406,15 @@ async fn pause_drains_leases_and_resume_continues_from_checkpoints() {
     state.cancel("j", String::new()).await.expect("cancel");
     assert!(matches!(
         state.resume("j").await,
-        Err(CoordinatorError::JobNotRunning { .. })
+        Err(CoordinatorError::Machine(
+            MachineError::JobNotRunning { .. }
+        ))
     ));
     assert!(matches!(
         state.pause("j", String::new()).await,
-        Err(CoordinatorError::JobNotRunning { .. })
+        Err(CoordinatorError::Machine(
+            MachineError::JobNotRunning { .. }
+        ))
     ));
 }
 
@@ -553,7 +573,7 @@ async fn an_uncounted_job_knows_its_total_once_done_and_lists_its_outputs() {
     assert_eq!(state.get_job("j").expect("job").records_total, Some(20));
     assert!(matches!(
         state.job_outputs("nope"),
-        Err(CoordinatorError::JobNotFound { .. })
+        Err(MachineError::JobNotFound { .. })
     ));
 }
 
@@ -599,9 +619,7 @@ async fn a_succeeded_job_lets_go_of_its_shards_and_answers_as_before() {
     assert_eq!(errors.shards.len(), 1, "{errors:?}");
     let outputs = listed(state.job_outputs("j").expect("outputs"));
     assert_eq!(outputs.len(), 3);
-    let report = state
-        .report("j", tokio::time::Instant::now())
-        .expect("report");
+    let report = state.report("j", now()).expect("report");
 
     // The first tick stores its report; the next lets go.
     state.tick().await;
@@ -612,9 +630,7 @@ async fn a_succeeded_job_lets_go_of_its_shards_and_answers_as_before() {
     let after = state.job_errors("j").expect("errors");
     assert_eq!(after.shards, errors.shards);
     assert_eq!(after.objects, errors.objects);
-    let report_after = state
-        .report("j", tokio::time::Instant::now())
-        .expect("report");
+    let report_after = state.report("j", now()).expect("report");
     assert_eq!(report_after.seconds, report.seconds);
     assert_eq!(report_after.shards_split, report.shards_split);
     assert_eq!(
@@ -639,7 +655,10 @@ async fn a_succeeded_job_lets_go_of_its_shards_and_answers_as_before() {
     let late = staged(&stores, last_checkpoint(&a, &failed, 0)).await;
     let err = state.commit(late).await.expect_err("job ended");
     assert!(
-        matches!(err, CoordinatorError::JobNotRunning { .. }),
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::JobNotRunning { .. })
+        ),
         "{err}"
     );
     let attempt = failed.output_prefix.join("/");
@@ -695,9 +714,7 @@ async fn a_succeeded_job_lets_go_of_its_shards_and_answers_as_before() {
         restarted.job_outputs("j"),
         Ok(JobOutputs::InManifest(_))
     ));
-    let reloaded_report = restarted
-        .report("j", tokio::time::Instant::now())
-        .expect("report");
+    let reloaded_report = restarted.report("j", now()).expect("report");
     assert_eq!(reloaded_report.seconds, report.seconds);
     assert_eq!(reloaded_report.wall_s, report.wall_s);
     assert_eq!(reloaded_report.shards_split, report.shards_split);

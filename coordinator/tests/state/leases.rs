@@ -47,7 +47,7 @@ async fn expired_lease_is_fenced_by_a_higher_token() {
         .await
         .expect_err("commit with the expired token");
     assert!(
-        matches!(err, CoordinatorError::StaleToken { token, .. } if token == old.token),
+        matches!(err, CoordinatorError::Machine(MachineError::StaleToken { token, .. }) if token == old.token),
         "{err}"
     );
     // A late heartbeat from the old holder does not give it the lease back.
@@ -56,7 +56,13 @@ async fn expired_lease_is_fenced_by_a_higher_token() {
         .commit(staged(&stores, checkpoint(&a, &old, 2, 4)).await)
         .await
         .expect_err("still stale");
-    assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::StaleToken { .. })
+        ),
+        "{err}"
+    );
 
     assert!(
         !state
@@ -128,10 +134,19 @@ async fn closed_session_requeues_its_shards_at_once() {
         .commit(staged(&stores, checkpoint(&a, &lease, 2, 3)).await)
         .await
         .expect_err("commit from the closed session");
-    assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::StaleToken { .. })
+        ),
+        "{err}"
+    );
     let err = state.acquire(&a).expect_err("closed session acquires");
     assert!(
-        matches!(err, CoordinatorError::UnknownSession { .. }),
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::UnknownSession { .. })
+        ),
         "{err}"
     );
 }
@@ -166,14 +181,17 @@ async fn acquire_answers_wait_idle_or_unknown_session() {
         .acquire("no-such-session")
         .expect_err("unknown session");
     assert!(
-        matches!(err, CoordinatorError::UnknownSession { ref session_id } if session_id == "no-such-session"),
+        matches!(err, CoordinatorError::Machine(MachineError::UnknownSession { ref session_id }) if session_id == "no-such-session"),
         "{err}"
     );
     let err = state
         .heartbeat("no-such-session", &[])
         .expect_err("unknown session heartbeat");
     assert!(
-        matches!(err, CoordinatorError::UnknownSession { .. }),
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::UnknownSession { .. })
+        ),
         "{err}"
     );
 
@@ -249,7 +267,13 @@ async fn owner_task_takes_back_expired_leases_on_its_own() {
         .commit(staged(&stores, checkpoint(&a.session_id, &old, 0, 1)).await)
         .await
         .expect_err("stale commit");
-    assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::StaleToken { .. })
+        ),
+        "{err}"
+    );
     let key: LeaseKey = next.key();
     handle
         .heartbeat(

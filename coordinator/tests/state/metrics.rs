@@ -87,7 +87,13 @@ async fn the_reduce_task_is_leased_fenced_retried_then_stored_before_success() {
         .commit_metrics(answer(&a, &first, Ok("{\"x\": 1}".to_string())))
         .await
         .expect_err("a stale answer");
-    assert!(matches!(err, CoordinatorError::StaleReduce { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::StaleReduce { .. })
+        ),
+        "{err}"
+    );
 
     // The store failed under the worker: offered again.
     let failure = ReduceFailure {
@@ -122,16 +128,12 @@ async fn the_reduce_task_is_leased_fenced_retried_then_stored_before_success() {
         .expect("read metrics")
         .expect("metrics.json");
     assert_eq!(stored, serde_json::json!({"records": 20, "mean": 4.5}));
-    let report = state
-        .report("j", tokio::time::Instant::now())
-        .expect("report");
+    let report = state.report("j", now()).expect("report");
     assert_eq!(report.metrics.get("mean"), Some(&serde_json::json!(4.5)));
 
     // A coordinator started again keeps them, and offers no task.
     let mut again = recover(&stores).await;
-    let report = again
-        .report("j", tokio::time::Instant::now())
-        .expect("report");
+    let report = again.report("j", now()).expect("report");
     assert_eq!(report.metrics.get("records"), Some(&serde_json::json!(20)));
     let (c, _c_events) = register(&mut again, "c");
     assert!(matches!(again.acquire(&c), Ok(AcquireOutcome::Idle)));
@@ -193,13 +195,7 @@ async fn a_job_without_partials_finishes_without_a_task() {
     state.commit(done).await.expect("commit");
     state.tick().await;
     assert_eq!(state.get_job("j").expect("job").state, JobState::Succeeded);
-    assert!(
-        state
-            .report("j", tokio::time::Instant::now())
-            .expect("report")
-            .metrics
-            .is_empty()
-    );
+    assert!(state.report("j", now()).expect("report").metrics.is_empty());
 }
 
 /// A pause while a worker holds the reduce task takes it back: the
@@ -226,7 +222,8 @@ async fn a_pause_or_a_cancel_takes_the_reduce_task_back() {
     assert!(
         matches!(
             err,
-            CoordinatorError::JobNotRunning { .. } | CoordinatorError::StaleReduce { .. }
+            CoordinatorError::Machine(MachineError::JobNotRunning { .. })
+                | CoordinatorError::Machine(MachineError::StaleReduce { .. })
         ),
         "{err}"
     );

@@ -5,7 +5,6 @@
 //! the other; a restart rebuilds the downstream's shards.
 
 use stoke_core::spec::pipeline::StageOf;
-use tokio::time::Instant;
 
 use crate::support::*;
 
@@ -180,7 +179,7 @@ async fn the_upstream_waits_while_max_pending_objects_are_unconsumed() {
         waiting.as_deref(),
         Some("held back: the next stage has 2 objects to read (max_pending 2)")
     );
-    let snapshot = state.snapshot(Instant::now());
+    let snapshot = state.snapshot(now());
     let pool = snapshot
         .pools
         .iter()
@@ -291,7 +290,7 @@ async fn keep_intermediate_keeps_each_consumed_object() {
 
 /// `stoke_shards_in_memory` now.
 fn shards_in_memory(state: &Inline) -> u64 {
-    state.snapshot(Instant::now()).shards_in_memory
+    state.snapshot(now()).shards_in_memory
 }
 
 async fn has_ended_record(stores: &Stores, job_id: &str) -> bool {

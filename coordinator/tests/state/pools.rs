@@ -3,8 +3,6 @@
 //! others, preemption stays within a pool, and each pool's demand is its
 //! own (`stoke_workers_wanted{pool}`).
 
-use tokio::time::Instant;
-
 use crate::support::*;
 
 /// A `range` job of `count` records in `pool` (none: the default pool),
@@ -61,7 +59,7 @@ fn waiting(state: &Inline, job_id: &str) -> Option<String> {
 
 /// (workers, wanted, pending, leased) of `pool` in the metrics snapshot.
 fn demand(state: &Inline, pool: &str) -> (u64, u64, u64, u64) {
-    let snapshot = state.snapshot(Instant::now());
+    let snapshot = state.snapshot(now());
     let p = snapshot
         .pools
         .iter()
@@ -190,11 +188,11 @@ async fn a_coordinator_that_names_its_pools_refuses_others() {
         "stoke-worker --pool: pool \"tpu\" is not one of this coordinator's pools \
          (default, cpu, gpu; see --pool)"
     );
-    assert!(state.snapshot(Instant::now()).workers.is_empty());
+    assert!(state.snapshot(now()).workers.is_empty());
     join(&mut state, "g", "gpu").expect("a worker of a named pool");
     // Every named pool has its gauges, zeros included.
     let pools: Vec<String> = state
-        .snapshot(Instant::now())
+        .snapshot(now())
         .pools
         .into_iter()
         .map(|p| p.pool)
@@ -335,7 +333,7 @@ async fn a_job_naming_no_pool_runs_in_the_coordinators_default_pool() {
     let (gpu, _gpu_events) = join(&mut state, "g", "gpu").expect("gpu worker");
     assert_eq!(leased(state.acquire(&gpu)).job_id, "plain");
     let pools: Vec<String> = state
-        .snapshot(Instant::now())
+        .snapshot(now())
         .pools
         .into_iter()
         .map(|p| p.pool)

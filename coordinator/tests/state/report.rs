@@ -37,9 +37,7 @@ fn assert_sums(r: &EfficiencyReport) {
 }
 
 fn report(state: &mut Inline) -> EfficiencyReport {
-    state
-        .report("j", tokio::time::Instant::now())
-        .expect("report")
+    state.report("j", now()).expect("report")
 }
 
 #[tokio::test(start_paused = true)]

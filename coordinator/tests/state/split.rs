@@ -6,7 +6,6 @@
 
 use stoke_coordinator::state::PROBE_LEAD;
 use stoke_core::lease::PhaseTotals;
-use tokio::time::Instant;
 
 use crate::support::*;
 
@@ -133,7 +132,7 @@ async fn paced(
 
 /// A worker's pace on job `j` now.
 fn pace(state: &Inline, session: &str) -> Option<f64> {
-    state.pace(session, "j", Instant::now())
+    state.pace(session, "j", now())
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -503,11 +502,11 @@ async fn a_commit_past_the_split_is_refused_and_the_shard_requeued() {
     assert!(
         matches!(
             err,
-            CoordinatorError::PastSplit {
+            CoordinatorError::Machine(MachineError::PastSplit {
                 reaches: 200,
                 until: 198,
                 ..
-            }
+            })
         ),
         "{err}"
     );
@@ -524,7 +523,13 @@ async fn a_commit_past_the_split_is_refused_and_the_shard_requeued() {
         .commit(staged(&stores, c).await)
         .await
         .expect_err("stale");
-    assert!(matches!(err, CoordinatorError::StaleToken { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::StaleToken { .. })
+        ),
+        "{err}"
+    );
     // The new holder finishes exactly at the split.
     let c = commit_records(&c_session, &again, 95, 99, 8, true);
     assert!(
@@ -586,7 +591,13 @@ async fn a_split_survives_a_coordinator_restart_and_the_holder_is_told_again() {
         .commit(staged(&stores, c).await)
         .await
         .expect_err("past the split after the restart");
-    assert!(matches!(err, CoordinatorError::PastSplit { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            CoordinatorError::Machine(MachineError::PastSplit { .. })
+        ),
+        "{err}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -7,7 +7,13 @@ pub use std::time::Duration;
 pub use bytes::Bytes;
 pub use stoke_coordinator::Inline;
 pub use stoke_coordinator::state::JobOutputs;
-pub use stoke_coordinator::{CoordinatorConfig, CoordinatorError};
+pub use stoke_coordinator::{CoordinatorConfig, CoordinatorError, MachineError};
+
+/// The machine's clock as the owner reads it: tokio's, paused in these
+/// tests.
+pub fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
 pub use stoke_core::layout::{RootLayout, part_name};
 pub use stoke_core::lease::{
     AcquireOutcome, Commit, Lease, LeaseKey, Registration, Release, SessionEvent,

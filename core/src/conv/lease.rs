@@ -9,7 +9,7 @@ use crate::error::ConvError;
 use crate::lease::{AcquireOutcome, Isolation, JobTerms, Lease, LeaseKey, SessionEvent};
 use crate::plan::{Cut, Shard, ShardSource};
 use crate::spec::JobSpec;
-use stoke_store::StoreUri;
+use stoke_uri::StoreUri;
 
 impl From<Shard> for pb::Shard {
     fn from(s: Shard) -> Self {
