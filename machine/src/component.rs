@@ -6,13 +6,15 @@
 //!
 //! A new feature is a file with its component, a field of [`Features`]
 //! holding it, and one line in [`Features::each`]. Budgets (`budget.rs`)
-//! came first, then deadlines (`deadline.rs`).
+//! came first, then deadlines (`deadline.rs`), then the metrics' reduce
+//! task (`reducers.rs`).
 
 use std::time::Instant;
 use tracing::debug;
 
 use super::budget::Budget;
 use super::deadline::Deadline;
+use super::reducers::Reduce;
 use super::{Fleet, Job, Pause, State};
 use crate::config::MachineConfig;
 
@@ -29,6 +31,8 @@ pub(super) enum JobAction {
     /// Put what it committed so far into its table as a version (a
     /// Delta `commit = "end"` job that stopped short of its end).
     CommitTableSoFar,
+    /// Wake a waiting worker: the job has a task for one again.
+    Wake,
 }
 
 /// What a component sees when it is called: its job and the fleet,
@@ -66,13 +70,31 @@ pub(super) trait Component {
     fn on_schedule_set(&mut self, _ctx: &Ctx) -> Vec<JobAction> {
         Vec::new()
     }
+
+    /// A worker's heartbeat renewed what `session_id` holds until
+    /// `expires_at`.
+    fn on_renew(&mut self, _ctx: &Ctx, _session_id: &str, _expires_at: Instant) -> Vec<JobAction> {
+        Vec::new()
+    }
+
+    /// `session_id` is gone (its connection broke, or it closed).
+    fn on_session_gone(&mut self, _ctx: &Ctx, _session_id: &str) -> Vec<JobAction> {
+        Vec::new()
+    }
 }
 
 /// Which hook to call.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Hook {
+pub(super) enum Hook<'a> {
     Tick,
     ScheduleSet,
+    Renew {
+        session_id: &'a str,
+        expires_at: Instant,
+    },
+    SessionGone {
+        session_id: &'a str,
+    },
 }
 
 /// A job's components. Taken out of the job while one of their hooks
@@ -83,6 +105,8 @@ pub(super) struct Features {
     pub budget: Budget,
     /// Its deadline and the fleet it asks for to meet it (`deadline.rs`).
     pub deadline: Option<Deadline>,
+    /// Its metrics' reduce task (`reducers.rs`).
+    pub reduce: Reduce,
 }
 
 impl Features {
@@ -90,16 +114,24 @@ impl Features {
     fn each(&mut self) -> impl Iterator<Item = &mut dyn Component> {
         let budget: &mut dyn Component = &mut self.budget;
         let deadline = self.deadline.as_mut().map(|d| d as &mut dyn Component);
-        std::iter::once(budget).chain(deadline)
+        let reduce: &mut dyn Component = &mut self.reduce;
+        std::iter::once(budget)
+            .chain(deadline)
+            .chain(std::iter::once(reduce))
     }
 
     /// Calls `hook` on each component; what they ask, in order.
-    fn call(&mut self, hook: Hook, ctx: &Ctx) -> Vec<JobAction> {
+    fn call(&mut self, hook: Hook<'_>, ctx: &Ctx) -> Vec<JobAction> {
         let mut actions = Vec::new();
         for component in self.each() {
             actions.extend(match hook {
                 Hook::Tick => component.on_tick(ctx),
                 Hook::ScheduleSet => component.on_schedule_set(ctx),
+                Hook::Renew {
+                    session_id,
+                    expires_at,
+                } => component.on_renew(ctx, session_id, expires_at),
+                Hook::SessionGone { session_id } => component.on_session_gone(ctx, session_id),
             });
         }
         actions
@@ -109,7 +141,7 @@ impl Features {
 impl State {
     /// Calls `hook` on every job's components (the tick's walk: O(jobs)),
     /// then applies what they asked.
-    pub(super) fn call_components(&mut self, hook: Hook, now: Instant) {
+    pub(super) fn call_components(&mut self, hook: Hook<'_>, now: Instant) {
         let now_ms = self.unix_ms(now);
         let mut asked = Vec::new();
         for job in self.jobs.values_mut() {
@@ -124,7 +156,7 @@ impl State {
     }
 
     /// Calls `hook` on one job's components, then applies what they asked.
-    pub(super) fn call_job_components(&mut self, job_id: &str, hook: Hook, now: Instant) {
+    pub(super) fn call_job_components(&mut self, job_id: &str, hook: Hook<'_>, now: Instant) {
         let now_ms = self.unix_ms(now);
         let Some(job) = self.jobs.get_mut(job_id) else {
             return;
@@ -148,6 +180,7 @@ impl State {
                 }
                 JobAction::Resume => self.job_cmd(None, job_id, super::jobs::JobCmd::Resume),
                 JobAction::CommitTableSoFar => self.commit_partial_table(job_id),
+                JobAction::Wake => self.wake(1),
             }
         }
     }
@@ -158,7 +191,7 @@ fn call(
     job: &mut Job,
     fleet: &Fleet,
     config: &MachineConfig,
-    hook: Hook,
+    hook: Hook<'_>,
     now: Instant,
     now_ms: u64,
 ) -> Vec<JobAction> {

@@ -52,22 +52,17 @@ pub(super) struct Job {
     pub(super) account: account::Account,
     /// Its failed attempts' errors so far (see `repeats.rs`).
     pub(super) repeats: repeats::Repeats,
-    /// Its metrics' reduce task (see `reducers.rs`).
-    pub(super) reduce: reducers::Reduce,
-    /// Its features' components: its budget, its deadline.
+    /// Its features' components: its budget, its deadline, its metrics'
+    /// reduce task.
     pub(super) features: component::Features,
     /// What happened to it that its user should know, oldest first.
     pub(super) events: deadline::Events,
     /// Workers whose attempts at it failed on the store, said once in its
     /// events until they commit again (`leases.rs`, `commit.rs`).
     pub(super) store_trouble: BTreeSet<String>,
-    /// Commits of this pipeline stage held until the next stage consumed
-    /// enough (`pipeline.rs`), oldest first.
-    pub(super) held: VecDeque<pipeline::HeldCommit>,
-    /// Whether every input shard is known: false for a pipeline stage
-    /// that reads the stage before until that stage succeeded (its shards
-    /// come from that stage's commits, see `pipeline.rs`).
-    pub(super) inputs_complete: bool,
+    /// Its link in its pipeline: the commits it holds for the next
+    /// stage, whether it knows every input shard (`pipeline.rs`).
+    pub(super) link: pipeline::Link,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -139,7 +134,7 @@ impl Job {
             None => (location, None),
         };
         let staging = layout.staging_for(&output);
-        let inputs_complete = inputs_known_at_submit(&spec);
+        let link = pipeline::Link::new(&spec);
         let shards: Vec<ShardState> = plan
             .shards
             .iter()
@@ -183,12 +178,11 @@ impl Job {
             spec,
             account: account::Account::new(now),
             repeats: Default::default(),
-            reduce: Default::default(),
-            inputs_complete,
-            held: VecDeque::new(),
+            link,
             features: component::Features {
                 budget: Default::default(),
                 deadline,
+                reduce: Default::default(),
             },
             events: Default::default(),
             store_trouble: BTreeSet::new(),
@@ -265,7 +259,7 @@ impl Job {
     }
 
     pub(super) fn all_done(&self) -> bool {
-        self.inputs_complete && self.totals.shards_done == self.shards_total()
+        self.link.inputs_complete && self.totals.shards_done == self.shards_total()
     }
 
     pub(super) fn shards_total(&self) -> u64 {

@@ -393,7 +393,7 @@ impl State {
     pub fn tick(&mut self, now: Instant) {
         self.account_time(now);
         self.account_stage_waits(now);
-        // The jobs' components: budgets, deadlines.
+        // The jobs' components: budgets, deadlines, reduce tasks' expiry.
         self.call_components(Hook::Tick, now);
         self.sample_rates(now);
         self.judge_deaths(now);
@@ -457,7 +457,6 @@ impl State {
             }
         }
         self.wake(requeued);
-        self.take_back_reduces(None, now);
         let retry: Vec<(String, Option<String>)> = self
             .jobs
             .values()

@@ -20,11 +20,12 @@
 //!   order), then applies the downstream's own progress: the same shards,
 //!   the same ids.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use std::time::Instant;
 use stoke_core::lease::Commit;
+use stoke_core::spec::JobSpec;
 
 use stoke_core::plan::{ALL_ROW_GROUPS, Shard, ShardSource};
 use stoke_core::records::{OutputObject, ProgressRecord};
@@ -38,6 +39,27 @@ use super::{End, Job, Life, ReqId, ShardState, State};
 pub(super) struct HeldCommit {
     req: ReqId,
     commit: Commit,
+}
+
+/// A job's link in its pipeline: what a stage holds for the next one and
+/// whether it knows its inputs. Every job has one; a job that is no
+/// pipeline's stage knows its inputs at submit and never holds a commit.
+pub(super) struct Link {
+    /// Commits held until the next stage consumed enough, oldest first.
+    pub(super) held: VecDeque<HeldCommit>,
+    /// Whether every input shard is known: false for a stage that reads
+    /// the stage before until that stage succeeded (its shards come from
+    /// that stage's commits).
+    pub(super) inputs_complete: bool,
+}
+
+impl Link {
+    pub(super) fn new(spec: &JobSpec) -> Self {
+        Self {
+            held: VecDeque::new(),
+            inputs_complete: super::job::inputs_known_at_submit(spec),
+        }
+    }
 }
 
 impl Job {
@@ -130,13 +152,13 @@ impl State {
         let Some(job) = self.jobs.get(&commit.key.job_id) else {
             return Some(commit);
         };
-        if !self.must_wait(job, commit.outputs.len() as u64, !job.held.is_empty()) {
+        if !self.must_wait(job, commit.outputs.len() as u64, !job.link.held.is_empty()) {
             return Some(commit);
         }
         let job_id = commit.key.job_id.clone();
         let job = self.jobs.get_mut(&job_id)?;
-        info!(job = %job_id, shard = %commit.key.shard_id, held = job.held.len() + 1, "pipeline: commit held until the next stage reads more");
-        job.held.push_back(HeldCommit { req, commit });
+        info!(job = %job_id, shard = %commit.key.shard_id, held = job.link.held.len() + 1, "pipeline: commit held until the next stage reads more");
+        job.link.held.push_back(HeldCommit { req, commit });
         None
     }
 
@@ -167,13 +189,17 @@ impl State {
             let Some(job) = self.jobs.get(job_id) else {
                 return;
             };
-            let Some(first) = job.held.front() else {
+            let Some(first) = job.link.held.front() else {
                 return;
             };
             if self.must_wait(job, first.commit.outputs.len() as u64, false) {
                 return;
             }
-            let Some(first) = self.jobs.get_mut(job_id).and_then(|j| j.held.pop_front()) else {
+            let Some(first) = self
+                .jobs
+                .get_mut(job_id)
+                .and_then(|j| j.link.held.pop_front())
+            else {
                 return;
             };
             self.commit_now(first.req, first.commit, now);
@@ -292,9 +318,9 @@ impl State {
                     return;
                 };
                 if let Some(down) = self.jobs.get_mut(down_id)
-                    && !down.inputs_complete
+                    && !down.link.inputs_complete
                 {
-                    down.inputs_complete = true;
+                    down.link.inputs_complete = true;
                     let total = down
                         .plan
                         .shards
@@ -353,11 +379,11 @@ impl State {
             if job.spec.stage_of.is_none() || !job.life.running() {
                 continue;
             }
-            if !job.held.is_empty() || self.held_back(job) {
+            if !job.link.held.is_empty() || self.held_back(job) {
                 held.push(job.id.clone());
             }
             if job.upstream().is_some()
-                && !job.inputs_complete
+                && !job.link.inputs_complete
                 && job.pending.is_empty()
                 && job.leased == 0
             {

@@ -20,6 +20,7 @@ use stoke_core::layout::is_metrics_partial;
 use stoke_core::lease::{AcquireOutcome, MetricsDone, ReduceTask};
 use tracing::{info, warn};
 
+use super::component::{Component, Ctx, JobAction};
 use super::{Answer, Change, Io, Job, Life, ReqId, State, Then};
 use crate::error::{MachineError, Result};
 
@@ -44,6 +45,54 @@ pub(super) enum Reduce {
     Done,
 }
 
+impl Reduce {
+    /// Offers the task to another worker if `lost` or its holder stopped
+    /// renewing it by `now`.
+    fn take_back(&mut self, job_id: &str, lost: Option<&str>, now: Instant) -> Vec<JobAction> {
+        let Reduce::Leased {
+            session_id,
+            token,
+            expires_at,
+        } = &*self
+        else {
+            return Vec::new();
+        };
+        let gone = lost == Some(session_id.as_str());
+        if !gone && *expires_at > now {
+            return Vec::new();
+        }
+        warn!(job = %job_id, token, session = %session_id, why = if gone { "worker gone" } else { "expired" }, "metrics reduce task taken back; offered again");
+        *self = Reduce::Pending;
+        vec![JobAction::Wake]
+    }
+}
+
+/// The reduce task is leased like a shard: its holder's heartbeats renew
+/// it, and it is taken back when they stop or the session breaks.
+impl Component for Reduce {
+    fn on_tick(&mut self, ctx: &Ctx) -> Vec<JobAction> {
+        self.take_back(&ctx.job.id, None, ctx.now)
+    }
+
+    fn on_renew(&mut self, ctx: &Ctx, session_id: &str, expires_at: Instant) -> Vec<JobAction> {
+        if let Reduce::Leased {
+            session_id: holder,
+            expires_at: until,
+            ..
+        } = self
+            && holder == session_id
+            && *until > ctx.now
+        {
+            *until = expires_at;
+        }
+        Vec::new()
+    }
+
+    fn on_session_gone(&mut self, ctx: &Ctx, session_id: &str) -> Vec<JobAction> {
+        self.take_back(&ctx.job.id, Some(session_id), ctx.now)
+    }
+}
+
 /// The metrics a job's `metrics.json` holds.
 pub type Metrics = BTreeMap<String, serde_json::Value>;
 
@@ -61,7 +110,7 @@ impl Job {
 
     /// The metrics were stored by an earlier coordinator (at start).
     pub(super) fn metrics_recovered(&mut self, metrics: Metrics) {
-        self.reduce = Reduce::Done;
+        self.features.reduce = Reduce::Done;
         self.account.metrics = metrics;
     }
 }
@@ -73,16 +122,16 @@ impl State {
         let Some(job) = self.jobs.get_mut(job_id) else {
             return false;
         };
-        match job.reduce {
+        match job.features.reduce {
             Reduce::Done => false,
             Reduce::Pending | Reduce::Leased { .. } | Reduce::Storing => true,
             Reduce::Unasked => {
                 let partials = job.metric_partials().len();
                 if partials == 0 {
-                    job.reduce = Reduce::Done;
+                    job.features.reduce = Reduce::Done;
                     return false;
                 }
-                job.reduce = Reduce::Pending;
+                job.features.reduce = Reduce::Pending;
                 info!(job = %job_id, partials, "every shard done; reducing the job's metrics on a worker");
                 self.wake(1);
                 true
@@ -102,7 +151,7 @@ impl State {
             .jobs
             .values()
             .find(|j| {
-                j.reduce == Reduce::Pending
+                j.features.reduce == Reduce::Pending
                     && matches!(j.life, Life::Running(Change::Idle))
                     && j.spec.pool_name() == pool
             })?
@@ -112,7 +161,7 @@ impl State {
         let expires_at = now + self.config.lease_timeout;
         let worker = self.fleet.worker_of(session_id);
         let job = self.jobs.get_mut(&job_id)?;
-        job.reduce = Reduce::Leased {
+        job.features.reduce = Reduce::Leased {
             session_id: session_id.to_string(),
             token,
             expires_at,
@@ -131,46 +180,6 @@ impl State {
         Some(AcquireOutcome::Reduce(Box::new(task)))
     }
 
-    /// The session's heartbeat renews the reduce tasks it holds.
-    pub(super) fn renew_reduces(&mut self, session_id: &str, expires_at: Instant, now: Instant) {
-        for job in self.jobs.values_mut() {
-            if let Reduce::Leased {
-                session_id: holder,
-                expires_at: until,
-                ..
-            } = &mut job.reduce
-                && holder == session_id
-                && *until > now
-            {
-                *until = expires_at;
-            }
-        }
-    }
-
-    /// Reduce tasks whose holder's session broke, or that it stopped
-    /// renewing by `now`, wait for another worker.
-    pub(super) fn take_back_reduces(&mut self, gone: Option<&str>, now: Instant) {
-        let mut taken = 0;
-        for job in self.jobs.values_mut() {
-            let Reduce::Leased {
-                session_id,
-                token,
-                expires_at,
-            } = &job.reduce
-            else {
-                continue;
-            };
-            let lost = gone == Some(session_id.as_str());
-            if !lost && *expires_at > now {
-                continue;
-            }
-            warn!(job = %job.id, token, session = %session_id, why = if lost { "worker gone" } else { "expired" }, "metrics reduce task taken back; offered again");
-            job.reduce = Reduce::Pending;
-            taken += 1;
-        }
-        self.wake(taken);
-    }
-
     /// A worker's answer to a reduce task: the metrics are stored (then
     /// the job finishes), or the task waits for another try (the store
     /// failed), or the job fails (a reducer failed, naming it).
@@ -187,7 +196,7 @@ impl State {
             .ok_or_else(|| MachineError::JobNotFound {
                 job_id: done.job_id.clone(),
             })?;
-        let holds = matches!(&job.reduce, Reduce::Leased { session_id, token, .. }
+        let holds = matches!(&job.features.reduce, Reduce::Leased { session_id, token, .. }
             if *token == done.token && *session_id == done.session_id);
         if !holds {
             return Err(MachineError::StaleReduce {
@@ -196,7 +205,7 @@ impl State {
             });
         }
         if !job.life.running() {
-            job.reduce = Reduce::Pending;
+            job.features.reduce = Reduce::Pending;
             return Err(MachineError::JobNotRunning {
                 job_id: done.job_id,
                 state: job.life.state().to_string(),
@@ -209,7 +218,7 @@ impl State {
         });
         match parsed {
             Ok(Ok(metrics)) => {
-                job.reduce = Reduce::Storing;
+                job.features.reduce = Reduce::Storing;
                 let io = Io::Put {
                     uri: job.layout.metrics(),
                     bytes: Bytes::from(stoke_uri::to_json_bytes(&metrics)),
@@ -225,7 +234,7 @@ impl State {
             }
             Err(failure) if failure.transient => {
                 warn!(job = %done.job_id, error = %failure.message, "reducing the job's metrics failed on the store; offered again");
-                job.reduce = Reduce::Pending;
+                job.features.reduce = Reduce::Pending;
                 self.reply(Some(req), Answer::Done(Ok(())));
                 self.wake(1);
             }
@@ -242,7 +251,7 @@ impl State {
     fn metrics_failed(&mut self, job_id: &str, req: ReqId, message: String) {
         warn!(job = %job_id, error = %message, "reducing the job's metrics failed; the job fails");
         if let Some(job) = self.jobs.get_mut(job_id) {
-            job.reduce = Reduce::Unasked;
+            job.features.reduce = Reduce::Unasked;
         }
         self.reply(Some(req), Answer::Done(Ok(())));
         self.fail_job(job_id, message);
@@ -262,14 +271,14 @@ impl State {
         match result {
             Ok(()) => {
                 info!(job = %job_id, metrics = metrics.len(), "job's metrics stored");
-                job.reduce = Reduce::Done;
+                job.features.reduce = Reduce::Done;
                 job.account.metrics = metrics;
                 self.reply(Some(req), Answer::Done(Ok(())));
                 self.finish_if_done(&job_id);
             }
             Err(e) => {
                 warn!(job = %job_id, error = %e, "storing the job's metrics failed; offered again");
-                job.reduce = Reduce::Pending;
+                job.features.reduce = Reduce::Pending;
                 self.reply(Some(req), Answer::Done(Err(e)));
                 self.wake(1);
             }

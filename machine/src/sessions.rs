@@ -11,6 +11,7 @@ use stoke_core::lease::{
 use tracing::{info, warn};
 
 use super::account::Lost;
+use super::component::Hook;
 use super::crash::{Death, InFlight};
 use super::deaths::Closed;
 use super::{ActiveLease, Session, State, TOKEN_EPOCH_SHIFT};
@@ -234,7 +235,7 @@ impl State {
         }
         self.session_gone(&session.worker_id, &session.incarnation, closed, now);
         self.wake(requeued);
-        self.take_back_reduces(Some(session_id), now);
+        self.call_components(Hook::SessionGone { session_id }, now);
         info!(session = %session_id, worker = %session.worker_id, "session closed");
     }
 
@@ -256,7 +257,13 @@ impl State {
                 lease.expires_at = expires_at;
             }
         }
-        self.renew_reduces(session_id, expires_at, now);
+        self.call_components(
+            Hook::Renew {
+                session_id,
+                expires_at,
+            },
+            now,
+        );
         Ok(())
     }
 

@@ -140,6 +140,33 @@ async fn the_reduce_task_is_leased_fenced_retried_then_stored_before_success() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_reduce_task_lasts_while_its_holders_heartbeats_renew_it() {
+    let stores = Stores::new();
+    let mut state = recover(&stores).await;
+    let (a, _a_events) = register(&mut state, "a");
+    every_shard_done(&mut state, &stores, "j", &a).await;
+    state.tick().await;
+    let first = reduce_task(state.acquire(&a));
+    let (b, _b_events) = register(&mut state, "b");
+    // Renewed twice, each time before it lapses: past a lease timeout in
+    // all, still a's.
+    for _ in 0..2 {
+        advance(lease_timeout() * 2 / 3).await;
+        state.heartbeat(&a, &[]).expect("heartbeat");
+        state.tick().await;
+    }
+    assert!(
+        !matches!(state.acquire(&b), Ok(AcquireOutcome::Reduce(_))),
+        "a renewed task is not offered again"
+    );
+    // Its holder falls silent: taken back at expiry, offered to b.
+    advance(lease_timeout()).await;
+    state.tick().await;
+    let second = reduce_task(state.acquire(&b));
+    assert!(second.token > first.token);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_restart_before_the_answer_offers_the_task_again() {
     let stores = Stores::new();
     let mut state = recover(&stores).await;
