@@ -46,7 +46,7 @@ pub fn summary(job: &JobInfo) -> String {
     }
     let _ = writeln!(out, "shards: {}/{}", job.shards_done, job.shards_total);
     let _ = writeln!(out, "records: {}/{}", job.records_done, total(job));
-    if let Some(spent) = job.cost_so_far {
+    if let Some(spent) = job.cost.map(|c| c.spent) {
         match job.schedule.max_cost {
             Some(cap) => {
                 let _ = writeln!(out, "cost: {spent:.2} of {cap:.2}");
@@ -57,11 +57,11 @@ pub fn summary(job: &JobInfo) -> String {
         }
     }
     if job.state == stoke_core::records::JobState::Running
-        && (job.finish_by.is_some() || job.schedule.max_cost.is_some())
+        && (job.deadline.is_some() || job.schedule.max_cost.is_some())
     {
         let _ = writeln!(out, "forecast: {}", forecast_line(job, now_ms()));
     }
-    if let Some(risk) = &job.deadline_risk {
+    if let Some(risk) = job.deadline.as_ref().and_then(|d| d.risk.as_ref()) {
         let _ = writeln!(out, "deadline at risk: {risk}");
     }
     if let Some(waiting) = &job.schedule.waiting {
@@ -120,6 +120,8 @@ pub fn already_done_line(job: &JobInfo) -> Option<String> {
 /// A job as JSON, with the field names `stoke status --json` prints.
 pub fn job_json(job: &JobInfo) -> serde_json::Value {
     let forecast = job.forecast(now_ms());
+    // Flat, as before `JobInfo` grouped them: the keys users read stay.
+    let deadline = job.deadline.as_ref();
     serde_json::json!({
         "job_id": job.job_id,
         "name": job.name,
@@ -152,20 +154,20 @@ pub fn job_json(job: &JobInfo) -> serde_json::Value {
         "pool": job.schedule.pool,
         // What it spent (its lease-held worker time at its pool's price;
         // null without a price), and its cap.
-        "cost_so_far": job.cost_so_far,
+        "cost_so_far": job.cost.map(|c| c.spent),
         "max_cost": job.schedule.max_cost,
         // The forecast at the measured pace with the workers it holds:
         // null until there is one (or without a price, or a deadline).
         "cost_forecast": forecast.and_then(|f| f.cost_forecast),
-        "finish_by": job.finish_by,
+        "finish_by": deadline.map(|d| &d.finish_by),
         "deadline_slack_s": forecast.and_then(|f| f.deadline_slack_s),
         // With a deadline and a pace: the workers that finish it in time
         // (capped by max_workers and max_cost), and the end with them.
-        "workers_wanted": job.workers_wanted,
+        "workers_wanted": deadline.and_then(|d| d.workers_wanted),
         "eta_wanted_s": forecast.and_then(|f| f.eta_wanted_s),
         // Whether it cannot make its deadline even at its cap, and why.
-        "deadline_at_risk": job.finish_by.as_ref().map(|_| job.deadline_risk.is_some()),
-        "deadline_risk": job.deadline_risk,
+        "deadline_at_risk": deadline.map(|d| d.risk.is_some()),
+        "deadline_risk": deadline.and_then(|d| d.risk.as_ref()),
         "events": job.events.iter().map(|e| serde_json::json!({
             "at_ms": e.at_ms,
             "message": e.message,
@@ -203,12 +205,12 @@ pub fn forecast_line(job: &JobInfo, now_ms: u64) -> String {
         } else {
             line.push_str(&format!("; late by {} at {workers}", span(slack)));
         }
-        if let Some(wanted) = job.workers_wanted.filter(|&n| n != job.shards_leased)
-            && let Some(by) = job.finish_by.as_deref()
+        if let Some(deadline) = &job.deadline
+            && let Some(wanted) = deadline.workers_wanted.filter(|&n| n != job.shards_leased)
         {
             line.push_str(&format!(
                 "; {wanted} wanted to finish by {}",
-                deadline_words(by, now_ms)
+                deadline_words(&deadline.finish_by, now_ms)
             ));
             if let Some(eta) = f.eta_wanted_s {
                 line.push_str(&format!(" (done in {} with them)", span(eta)));
@@ -252,6 +254,8 @@ fn humantime_span(d: std::time::Duration) -> String {
 
 #[cfg(test)]
 mod tests {
+    use stoke_core::records::{JobCost, JobDeadline};
+
     use super::*;
 
     fn running(done: u64, total: u64, rate: f64, leased: u64) -> JobInfo {
@@ -262,9 +266,11 @@ mod tests {
             records_total: Some(total),
             processor: "p".into(),
             records_per_s: Some(rate),
-            cost_so_far: Some(10.0),
-            price_per_hour: Some(3.6),
-            finish_by: Some("2026-12-01T06:00:00Z".into()),
+            cost: Some(JobCost {
+                spent: 10.0,
+                price_per_hour: 3.6,
+            }),
+            deadline: Some(JobDeadline::at("2026-12-01T06:00:00Z")),
             ..JobInfo::example("j")
         }
     }
@@ -288,7 +294,10 @@ mod tests {
         );
         // Asking for 4 workers: twice the pace, done in 30 minutes.
         let asking = JobInfo {
-            workers_wanted: Some(4),
+            deadline: Some(JobDeadline {
+                workers_wanted: Some(4),
+                ..JobDeadline::at("2026-12-01T06:00:00Z")
+            }),
             ..job.clone()
         };
         let f = asking
@@ -313,5 +322,37 @@ mod tests {
             forecast_line(&unmeasured, deadline_ms),
             "no forecast yet (the pace is not measured yet)"
         );
+    }
+
+    #[test]
+    fn the_json_keeps_its_flat_keys() {
+        let mut job = running(400, 4000, 1.0, 2);
+        job.deadline = Some(JobDeadline {
+            workers_wanted: Some(4),
+            risk: Some("it needs 9 workers".into()),
+            ..JobDeadline::at("2026-12-01T06:00:00Z")
+        });
+        let json = job_json(&job);
+        assert_eq!(json["cost_so_far"], 10.0);
+        assert_eq!(json["finish_by"], "2026-12-01T06:00:00Z");
+        assert_eq!(json["workers_wanted"], 4);
+        assert_eq!(json["deadline_at_risk"], true);
+        assert_eq!(json["deadline_risk"], "it needs 9 workers");
+        assert_eq!(json["eta_wanted_s"], 1800.0);
+        // No price and no deadline: the same keys, null.
+        let json = job_json(&JobInfo::example("j"));
+        for key in [
+            "cost_so_far",
+            "cost_forecast",
+            "finish_by",
+            "deadline_slack_s",
+            "workers_wanted",
+            "eta_wanted_s",
+            "deadline_at_risk",
+            "deadline_risk",
+        ] {
+            assert!(json[key].is_null(), "{key}: {json}");
+            assert!(json.get(key).is_some(), "{key} missing: {json}");
+        }
     }
 }

@@ -267,13 +267,13 @@ fn register_job_progress(registry: &mut Registry, jobs: &[JobInfo]) {
         records_done,
     );
     let at_risk = Family::<Labels, Gauge>::default();
-    for job in jobs
-        .iter()
-        .filter(|j| j.finish_by.is_some() && j.state == JobState::Running)
-    {
+    for job in jobs.iter().filter(|j| j.state == JobState::Running) {
+        let Some(deadline) = &job.deadline else {
+            continue;
+        };
         at_risk
             .get_or_create(&labels([("job", job.job_id.as_str())]))
-            .set(i64::from(job.deadline_risk.is_some()));
+            .set(i64::from(deadline.risk.is_some()));
     }
     registry.register(
         "stoke_job_deadline_at_risk",
@@ -438,6 +438,7 @@ fn register_demand(registry: &mut Registry, pools: &[PoolDemand], queues: &[Queu
 mod tests {
     use super::*;
     use stoke_core::lease::PhaseTotals;
+    use stoke_core::records::JobDeadline;
 
     fn line<'a>(body: &'a str, series: &str) -> Option<&'a str> {
         body.lines()
@@ -528,13 +529,15 @@ mod tests {
         // One job with a deadline it cannot make, one on track.
         let at_risk = JobInfo {
             job_id: "late".to_string(),
-            finish_by: Some("2026-12-01T06:00:00Z".to_string()),
-            deadline_risk: Some("it needs 9 workers to finish in time; max_workers = 3".into()),
+            deadline: Some(JobDeadline {
+                risk: Some("it needs 9 workers to finish in time; max_workers = 3".into()),
+                ..JobDeadline::at("2026-12-01T06:00:00Z")
+            }),
             ..job.clone()
         };
         let on_track = JobInfo {
             job_id: "soon".to_string(),
-            finish_by: Some("2026-12-01T06:00:00Z".to_string()),
+            deadline: Some(JobDeadline::at("2026-12-01T06:00:00Z")),
             ..job.clone()
         };
         let body = render(&[job, at_risk, on_track], &snapshot).expect("render");

@@ -418,16 +418,17 @@ impl JobView {
             report,
         } = job;
         let forecast = info.forecast(stoke_core::records::now_ms());
-        let budget = (info.cost_so_far.is_some() || info.finish_by.is_some()).then(|| BudgetView {
-            cost_so_far: info.cost_so_far,
+        let (cost, deadline) = (info.cost, info.deadline.as_ref());
+        let budget = (cost.is_some() || deadline.is_some()).then(|| BudgetView {
+            cost_so_far: cost.map(|c| c.spent),
             max_cost: info.schedule.max_cost,
-            price_per_hour: info.price_per_hour,
+            price_per_hour: cost.map(|c| c.price_per_hour),
             cost_forecast: forecast.and_then(|f| f.cost_forecast),
-            finish_by: info.finish_by.clone(),
+            finish_by: deadline.map(|d| d.finish_by.clone()),
             deadline_slack_s: forecast.and_then(|f| f.deadline_slack_s),
-            workers_wanted: info.workers_wanted,
+            workers_wanted: deadline.and_then(|d| d.workers_wanted),
             eta_wanted_s: forecast.and_then(|f| f.eta_wanted_s),
-            deadline_risk: info.deadline_risk.clone(),
+            deadline_risk: deadline.and_then(|d| d.risk.clone()),
         });
         let events = info
             .events
@@ -575,7 +576,7 @@ fn redact_word(word: &str) -> String {
 mod tests {
     use std::time::Duration;
 
-    use stoke_core::records::{JobInfo, ShardErrors, SkippedRecord};
+    use stoke_core::records::{JobCost, JobDeadline, JobInfo, ShardErrors, SkippedRecord};
 
     use super::*;
     use crate::metrics::{Snapshot, WorkerInfo};
@@ -647,13 +648,16 @@ mod tests {
     fn the_json_has_what_the_page_reads_and_no_secrets() {
         // The second priced, with a deadline it cannot make at its cap.
         let mut priced = job("fixture-2");
-        priced.info.cost_so_far = Some(1.5);
-        priced.info.price_per_hour = Some(3.6);
+        priced.info.cost = Some(JobCost {
+            spent: 1.5,
+            price_per_hour: 3.6,
+        });
         priced.info.schedule.max_cost = Some(400.0);
-        priced.info.finish_by = Some("2099-01-01T06:00:00Z".to_string());
-        priced.info.workers_wanted = Some(4);
-        priced.info.deadline_risk =
-            Some("it needs 9 workers to finish in time; max_workers = 4".into());
+        priced.info.deadline = Some(JobDeadline {
+            workers_wanted: Some(4),
+            risk: Some("it needs 9 workers to finish in time; max_workers = 4".into()),
+            ..JobDeadline::at("2099-01-01T06:00:00Z")
+        });
         priced.info.events = vec![stoke_core::records::JobEvent {
             at_ms: 1_796_000_000_000,
             message: "deadline at risk: it needs 9 workers to finish in time; max_workers = 4"
@@ -721,6 +725,7 @@ mod tests {
         assert_eq!(budget["cost_so_far"], 1.5);
         assert_eq!(budget["max_cost"], 400.0);
         assert_eq!(budget["price_per_hour"], 3.6);
+        assert_eq!(budget["finish_by"], "2099-01-01T06:00:00Z");
         // 1,800 records left at 100/s on 2 workers: 18 s, 9 s with 4.
         assert_eq!(budget["workers_wanted"], 4);
         assert_eq!(budget["eta_wanted_s"], 9.0);

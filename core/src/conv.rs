@@ -9,8 +9,8 @@ mod commit;
 mod lease;
 use crate::lease::{BatchSpan, Heartbeat, JobPhases, LeaseWork, LlmPhases, PhaseTotals};
 use crate::records::{
-    JobErrors, JobInfo, JobScheduling, JobState, ManifestEntry, OutputObject, ShardErrors,
-    SkippedRecord, Suspect, WorkerInfo,
+    JobCost, JobDeadline, JobErrors, JobInfo, JobScheduling, JobState, ManifestEntry, OutputObject,
+    ShardErrors, SkippedRecord, Suspect, WorkerInfo,
 };
 
 impl From<JobState> for pb::JobState {
@@ -72,13 +72,17 @@ impl From<JobInfo> for pb::JobInfo {
                 objects: a.objects,
                 records: a.records,
             }),
-            cost_so_far: j.cost_so_far,
-            price_per_hour: j.price_per_hour,
-            finish_by: j.finish_by.unwrap_or_default(),
-            workers_wanted: j.workers_wanted,
-            eta_wanted_s: j.eta_wanted_s,
-            eta_held_s: j.eta_held_s,
-            deadline_risk: j.deadline_risk.unwrap_or_default(),
+            cost: j.cost.map(|c| pb::JobCost {
+                spent: c.spent,
+                price_per_hour: c.price_per_hour,
+            }),
+            deadline: j.deadline.map(|d| pb::JobDeadline {
+                finish_by: d.finish_by,
+                workers_wanted: d.workers_wanted,
+                eta_wanted_s: d.eta_wanted_s,
+                eta_held_s: d.eta_held_s,
+                risk: d.risk.unwrap_or_default(),
+            }),
             events: j
                 .events
                 .into_iter()
@@ -140,13 +144,24 @@ impl TryFrom<pb::JobInfo> for JobInfo {
                 objects: a.objects,
                 records: a.records,
             }),
-            cost_so_far: j.cost_so_far.filter(|c| c.is_finite()),
-            price_per_hour: j.price_per_hour.filter(|c| c.is_finite()),
-            finish_by: non_empty(j.finish_by),
-            workers_wanted: j.workers_wanted,
-            eta_wanted_s: j.eta_wanted_s.filter(|e| e.is_finite() && *e >= 0.0),
-            eta_held_s: j.eta_held_s.filter(|e| e.is_finite() && *e >= 0.0),
-            deadline_risk: non_empty(j.deadline_risk),
+            cost: j
+                .cost
+                .filter(|c| c.spent.is_finite() && c.price_per_hour.is_finite())
+                .map(|c| JobCost {
+                    spent: c.spent,
+                    price_per_hour: c.price_per_hour,
+                }),
+            // A deadline is its time: without one, nothing was sized.
+            deadline: j
+                .deadline
+                .filter(|d| !d.finish_by.is_empty())
+                .map(|d| JobDeadline {
+                    finish_by: d.finish_by,
+                    workers_wanted: d.workers_wanted,
+                    eta_wanted_s: d.eta_wanted_s.filter(|e| e.is_finite() && *e >= 0.0),
+                    eta_held_s: d.eta_held_s.filter(|e| e.is_finite() && *e >= 0.0),
+                    risk: non_empty(d.risk),
+                }),
             events: j
                 .events
                 .into_iter()
@@ -496,15 +511,17 @@ mod tests {
                 objects: 3,
                 records: 30,
             }),
-            cost_so_far: Some(12.5),
-            price_per_hour: Some(2.5),
-            finish_by: Some("2026-12-01T06:00:00Z".into()),
-            workers_wanted: Some(5),
-            eta_wanted_s: Some(1234.5),
-            eta_held_s: Some(2000.0),
-            deadline_risk: Some(
-                "needs 9 workers to finish by its deadline; max_workers = 3".into(),
-            ),
+            cost: Some(JobCost {
+                spent: 12.5,
+                price_per_hour: 2.5,
+            }),
+            deadline: Some(JobDeadline {
+                finish_by: "2026-12-01T06:00:00Z".into(),
+                workers_wanted: Some(5),
+                eta_wanted_s: Some(1234.5),
+                eta_held_s: Some(2000.0),
+                risk: Some("needs 9 workers to finish by its deadline; max_workers = 3".into()),
+            }),
             events: vec![crate::records::JobEvent {
                 at_ms: 1_796_100_000_000,
                 message: "deadline at risk".into(),
@@ -519,6 +536,17 @@ mod tests {
         let back = JobInfo::try_from(pb::JobInfo::from(job.clone())).expect("convert");
         assert_eq!(back, job);
         assert_eq!(back.eta(), Some(std::time::Duration::from_secs(2)));
+        // No price and no deadline: neither group crosses; a deadline not
+        // sized yet crosses with its time alone.
+        let plain = JobInfo::example("j");
+        let back = JobInfo::try_from(pb::JobInfo::from(plain.clone())).expect("convert");
+        assert_eq!(back, plain);
+        let unsized_deadline = JobInfo {
+            deadline: Some(JobDeadline::at("2026-12-01T06:00:00Z")),
+            ..plain
+        };
+        let back = JobInfo::try_from(pb::JobInfo::from(unsized_deadline.clone())).expect("convert");
+        assert_eq!(back, unsized_deadline);
         let unknown = JobInfo {
             records_per_s: None,
             ..job.clone()

@@ -289,34 +289,17 @@ pub struct JobInfo {
     /// batch 7 (2 crashes)".
     pub isolating: Option<String>,
     /// `[dataset] incremental = true`: the inputs skipped as done by
-    /// earlier jobs of the pipeline.
+    /// earlier jobs writing the same table. Apart from `pipeline`: a job
+    /// that is no pipeline's stage can be incremental.
     pub already_done: Option<crate::plan::AlreadyDone>,
     /// A pipeline's stage: which pipeline, which stage (its `name` is
     /// `<pipeline>/<stage>`).
     pub pipeline: Option<PipelineStage>,
-    /// What it spent so far (its lease-held worker time at its pool's
-    /// price), when the coordinator has a price for its pool.
-    pub cost_so_far: Option<f64>,
-    /// What a worker-hour costs in its pool, when the coordinator prices it.
-    pub price_per_hour: Option<f64>,
-    /// Its deadline (`[limits] finish_by`, or `finish_within` from submit),
-    /// RFC 3339.
-    pub finish_by: Option<String>,
-    /// With a deadline and a measured pace: the workers that finish it by
-    /// then, capped by `max_workers` and by what `max_cost` can still pay
-    /// (what it adds to `stoke_workers_wanted`).
-    pub workers_wanted: Option<u64>,
-    /// Seconds to the end with `workers_wanted` (those it adds counted
-    /// after the coordinator's start-up margin), as the coordinator sized
-    /// it.
-    pub eta_wanted_s: Option<f64>,
-    /// With a deadline and a measured pace: seconds to the end with the
-    /// workers it holds, at their pace between commits (steadier than
-    /// `records_per_s`'s window while the fleet changes).
-    pub eta_held_s: Option<f64>,
-    /// Why it cannot make its deadline even at its cap; `None` while it can
-    /// (or has no deadline).
-    pub deadline_risk: Option<String>,
+    /// What it spent so far and at what price, when the coordinator has a
+    /// price for its pool; `None` otherwise.
+    pub cost: Option<JobCost>,
+    /// Its deadline and the fleet sized for it; `None` when it has none.
+    pub deadline: Option<JobDeadline>,
     /// What happened to it that its user should know (its deadline at
     /// risk, its budget reached), oldest first; the coordinator keeps the
     /// last few of this run.
@@ -343,8 +326,54 @@ pub struct Forecast {
     /// when it has one.
     pub deadline_slack_s: Option<f64>,
     /// Seconds to the end with the workers it asks for
-    /// ([`JobInfo::workers_wanted`]), at the same pace per worker.
+    /// ([`JobDeadline::workers_wanted`]), at the same pace per worker.
     pub eta_wanted_s: Option<f64>,
+}
+
+/// What a job spent so far, at its pool's price (see [`JobInfo::cost`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JobCost {
+    /// Its lease-held worker time so far at `price_per_hour` (what
+    /// `max_cost` counts).
+    pub spent: f64,
+    /// What a worker-hour costs in its pool.
+    pub price_per_hour: f64,
+}
+
+/// A job's deadline, and the fleet the coordinator sizes to meet it (see
+/// [`JobInfo::deadline`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobDeadline {
+    /// `[limits] finish_by`, or `finish_within` from submit, RFC 3339.
+    pub finish_by: String,
+    /// With a measured pace: the workers that finish it by then, capped
+    /// by `max_workers` and by what `max_cost` can still pay (what it
+    /// adds to `stoke_workers_wanted`).
+    pub workers_wanted: Option<u64>,
+    /// Seconds to the end with `workers_wanted` (those it adds counted
+    /// after the coordinator's start-up margin), as the coordinator sized
+    /// it.
+    pub eta_wanted_s: Option<f64>,
+    /// With a measured pace: seconds to the end with the workers it
+    /// holds, at their pace between commits (steadier than
+    /// `records_per_s`'s window while the fleet changes).
+    pub eta_held_s: Option<f64>,
+    /// Why it cannot make its deadline even at its cap; `None` while it
+    /// can.
+    pub risk: Option<String>,
+}
+
+impl JobDeadline {
+    /// A deadline at `finish_by` (RFC 3339) not sized yet.
+    pub fn at(finish_by: &str) -> Self {
+        Self {
+            finish_by: finish_by.to_string(),
+            workers_wanted: None,
+            eta_wanted_s: None,
+            eta_held_s: None,
+            risk: None,
+        }
+    }
 }
 
 /// A job that is a pipeline's stage: the pipeline's id, the stage's name
@@ -414,13 +443,8 @@ impl JobInfo {
             isolating: None,
             already_done: None,
             pipeline: None,
-            cost_so_far: None,
-            price_per_hour: None,
-            finish_by: None,
-            workers_wanted: None,
-            eta_wanted_s: None,
-            eta_held_s: None,
-            deadline_risk: None,
+            cost: None,
+            deadline: None,
             events: Vec::new(),
         }
     }
@@ -443,26 +467,26 @@ impl JobInfo {
         if self.state != JobState::Running {
             return None;
         }
-        let eta_s = match self.eta_held_s {
+        let deadline = self.deadline.as_ref();
+        let eta_s = match deadline.and_then(|d| d.eta_held_s) {
             Some(eta) => eta,
             None => self.eta()?.as_secs_f64(),
         };
         let cost_forecast = self
-            .cost_so_far
-            .zip(self.price_per_hour)
-            .map(|(spent, price)| spent + eta_s / 3600.0 * self.shards_leased as f64 * price);
-        let deadline_slack_s = self
-            .finish_by
-            .as_deref()
-            .and_then(|at| humantime::parse_rfc3339_weak(at).ok())
+            .cost
+            .map(|c| c.spent + eta_s / 3600.0 * self.shards_leased as f64 * c.price_per_hour);
+        let deadline_slack_s = deadline
+            .and_then(|d| humantime::parse_rfc3339_weak(&d.finish_by).ok())
             .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|at| at.as_secs_f64() - now_ms as f64 / 1000.0 - eta_s);
         // As the coordinator sized it; else its pace per worker holding a
         // shard, times the workers it asks for.
-        let eta_wanted_s = self.eta_wanted_s.or_else(|| {
-            self.workers_wanted
-                .filter(|&n| n > 0 && self.shards_leased > 0)
-                .map(|n| eta_s * self.shards_leased as f64 / n as f64)
+        let eta_wanted_s = deadline.and_then(|d| {
+            d.eta_wanted_s.or_else(|| {
+                d.workers_wanted
+                    .filter(|&n| n > 0 && self.shards_leased > 0)
+                    .map(|n| eta_s * self.shards_leased as f64 / n as f64)
+            })
         });
         Some(Forecast {
             eta_s,

@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 
 use std::time::Instant;
-use stoke_core::records::{JobInfo, JobScheduling, ManifestEntry, ProgressRecord, ShardErrors};
+use stoke_core::records::{
+    JobCost, JobDeadline, JobInfo, JobScheduling, ManifestEntry, ProgressRecord, ShardErrors,
+};
 use stoke_uri::StoreUri;
 
 use std::sync::Arc;
@@ -103,18 +105,27 @@ impl Job {
             crashes: self.totals.crashes,
             isolating: self.isolating(),
             already_done: self.plan.incremental.as_ref().map(|i| i.already_done),
-            cost_so_far: spent,
-            price_per_hour: price,
-            finish_by: self.spec.limits.finish_by.clone(),
-            workers_wanted: sized.map(|s| s.wanted),
-            eta_wanted_s: sized.and_then(|s| s.eta_s),
-            eta_held_s: sized.and_then(|s| s.eta_held_s),
-            deadline_risk: self
-                .features
-                .deadline
-                .as_ref()
-                .and_then(|d| d.risk.clone())
-                .filter(|_| self.life.running()),
+            cost: spent.zip(price).map(|(spent, price_per_hour)| JobCost {
+                spent,
+                price_per_hour,
+            }),
+            deadline: self
+                .spec
+                .limits
+                .finish_by
+                .clone()
+                .map(|finish_by| JobDeadline {
+                    finish_by,
+                    workers_wanted: sized.map(|s| s.wanted),
+                    eta_wanted_s: sized.and_then(|s| s.eta_s),
+                    eta_held_s: sized.and_then(|s| s.eta_held_s),
+                    risk: self
+                        .features
+                        .deadline
+                        .as_ref()
+                        .and_then(|d| d.risk.clone())
+                        .filter(|_| self.life.running()),
+                }),
             events: self.events.iter().cloned().collect(),
             pipeline: self
                 .spec

@@ -808,7 +808,7 @@ impl<'a> Sim<'a> {
             most_workers: self.most_workers,
             drawn_pace: paces.iter().sum::<f64>() / paces.len().max(1) as f64,
             bill: bill_ms as f64 / 3_600_000.0 * self.options.price,
-            job_cost: info.cost_so_far.context("the pool has a price")?,
+            job_cost: info.cost.context("the pool has a price")?.spent,
             forecasts: self.forecasts,
             no_forecast: self.no_forecast,
             refused: self.refused,
@@ -946,7 +946,11 @@ impl<'a> Sim<'a> {
             self.no_forecast += 1;
             return Ok(());
         };
-        let asks_other = info.workers_wanted.is_some_and(|n| n != info.shards_leased);
+        let asks_other = info
+            .deadline
+            .as_ref()
+            .and_then(|d| d.workers_wanted)
+            .is_some_and(|n| n != info.shards_leased);
         let eta_s = match forecast.eta_wanted_s {
             Some(s) if asks_other => s,
             _ => forecast.eta_s,

@@ -73,14 +73,14 @@ async fn a_job_pauses_at_its_cap_and_a_higher_cap_resumes_it() {
     let stores = Stores::new();
     let mut state = recover_priced(&stores).await;
     submit_capped(&mut state, &stores, "j", 10.0).await;
-    assert_eq!(info(&state, "j").cost_so_far, Some(0.0));
+    assert_eq!(info(&state, "j").cost.map(|c| c.spent), Some(0.0));
     assert_eq!(info(&state, "j").schedule.max_cost, Some(10.0));
     let (a, _a_events) = register(&mut state, "a");
     let lease = leased(state.acquire(&a));
     hold(&mut state, &a, &lease, 6).await;
     let now = info(&state, "j");
     assert_eq!(now.state, JobState::Running);
-    let spent = now.cost_so_far.expect("priced");
+    let spent = now.cost.expect("priced").spent;
     assert!((5.9..=6.1).contains(&spent), "{spent}");
     hold(&mut state, &a, &lease, 5).await;
     let paused = info(&state, "j");
@@ -116,11 +116,11 @@ async fn what_a_job_spent_survives_a_restart_and_the_cap_still_holds() {
         hold(&mut state, &a, &lease, 1).await;
     }
     // Saved with the report's counters (every 10 s).
-    let before = info(&state, "j").cost_so_far.expect("priced");
+    let before = info(&state, "j").cost.expect("priced").spent;
     assert!(before >= 10.0, "{before}");
     drop(state);
     let mut state = recover_priced(&stores).await;
-    let carried = info(&state, "j").cost_so_far.expect("priced");
+    let carried = info(&state, "j").cost.expect("priced").spent;
     assert!(
         carried >= 10.0 && carried <= before,
         "{carried} of {before}"
@@ -136,7 +136,7 @@ async fn what_a_job_spent_survives_a_restart_and_the_cap_still_holds() {
         }
     }
     assert!(paused, "paused at its cap after the restart");
-    let spent = info(&state, "j").cost_so_far.expect("priced");
+    let spent = info(&state, "j").cost.expect("priced").spent;
     assert!((30.0..31.5).contains(&spent), "{spent}");
 }
 
@@ -219,7 +219,7 @@ async fn the_spend_that_paused_a_job_is_stored_with_the_pause() {
     hold(&mut state, &a, &lease, 4).await;
     let paused = info(&state, "j");
     assert_eq!(paused.state, JobState::Paused);
-    let spent = paused.cost_so_far.expect("priced");
+    let spent = paused.cost.expect("priced").spent;
     assert!(spent >= 3.0, "{spent}");
     // Well before the report's counters are saved (every 10 s): the
     // status record written with the pause holds the spend.
@@ -229,7 +229,7 @@ async fn the_spend_that_paused_a_job_is_stored_with_the_pause() {
     // A crash at once: the spend comes back, not 0.
     drop(state);
     let mut state = recover_priced(&stores).await;
-    let carried = info(&state, "j").cost_so_far.expect("priced");
+    let carried = info(&state, "j").cost.expect("priced").spent;
     assert!((carried - spent).abs() < 1e-3, "{carried} of {spent}");
     // So a cap raised by 1 buys about 1 unit of work more, not the whole
     // cap again.
@@ -266,7 +266,7 @@ async fn a_budget_pause_stops_within_a_tick_drains_the_holder_and_grants_nothing
     }
     let paused = info(&state, "j");
     assert_eq!(paused.state, JobState::Paused);
-    let spent = paused.cost_so_far.expect("priced");
+    let spent = paused.cost.expect("priced").spent;
     assert!(
         (10.0..=11.0 + 1e-6).contains(&spent),
         "at most one tick of one worker past the cap: spent {spent}"

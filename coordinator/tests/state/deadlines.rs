@@ -5,6 +5,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use stoke_core::records::JobDeadline;
 use stoke_core::schedule::ScheduleChange;
 
 use crate::support::*;
@@ -33,6 +34,11 @@ fn deadline_spec(count: u64, finish_by_ms: u64) -> JobSpec {
 
 fn info(state: &Inline, job_id: &str) -> JobInfo {
     state.get_job(job_id).expect("job")
+}
+
+/// The job's deadline as clients see it.
+fn deadline(state: &Inline, job_id: &str) -> JobDeadline {
+    info(state, job_id).deadline.expect("a deadline")
 }
 
 /// `stoke_workers_wanted{pool="default"}`.
@@ -110,7 +116,7 @@ async fn the_fleet_asked_for_follows_the_work_left_and_the_pace() {
     let (mut state, t0) = recover_pinned(&stores).await;
     submit_spec(&mut state, &stores, "j", deadline_spec(2000, t0 + 600_000)).await;
     // No pace yet: it asks for one worker (a probe), not one per shard.
-    assert_eq!(info(&state, "j").workers_wanted, None);
+    assert_eq!(deadline(&state, "j").workers_wanted, None);
     assert_eq!(wanted(&state), 1);
 
     let mut a = Worker::start(&mut state, "a");
@@ -118,22 +124,22 @@ async fn the_fleet_asked_for_follows_the_work_left_and_the_pace() {
     // does 1,180 of them; a new one works 580 s after its 10 s start,
     // 1,160 records: 2 workers.
     a.work(&mut state, &stores, 10, S).await;
-    assert_eq!(info(&state, "j").workers_wanted, Some(2));
+    assert_eq!(deadline(&state, "j").workers_wanted, Some(2));
     assert_eq!(wanted(&state), 2);
-    assert_eq!(info(&state, "j").deadline_risk, None);
+    assert_eq!(deadline(&state, "j").risk, None);
 
     // Alone for 200 s more: 1,580 left in 390 s. Worker a does 780; each
     // new one 760: 3 workers.
     a.work(&mut state, &stores, 200, S).await;
     assert_eq!(info(&state, "j").records_done, 420);
-    assert_eq!(info(&state, "j").workers_wanted, Some(3));
+    assert_eq!(deadline(&state, "j").workers_wanted, Some(3));
 
     // Its pace halves (a batch every 2 s, over more than the commits a
     // pace looks back over): 1,560 left in 370 s at 1 a second. Worker a
     // does 370; each new one 360: 1 + ceil(1,190 / 360) = 5.
     a.work(&mut state, &stores, 10, 2 * S).await;
     assert_eq!(info(&state, "j").records_done, 440);
-    assert_eq!(info(&state, "j").workers_wanted, Some(5));
+    assert_eq!(deadline(&state, "j").workers_wanted, Some(5));
     assert_eq!(wanted(&state), 5);
 
     // Workers that would finish early: 4 more at the old pace do it with
@@ -151,7 +157,7 @@ async fn the_fleet_asked_for_follows_the_work_left_and_the_pace() {
     // 5 workers at 2 a second for 20 s: 200 more, 1,360 left in 350 s.
     // The median pace is 2 a second again: ceil(1,360 / 700) = 2.
     assert_eq!(info(&state, "j").records_done, 640);
-    assert_eq!(info(&state, "j").workers_wanted, Some(2));
+    assert_eq!(deadline(&state, "j").workers_wanted, Some(2));
     assert_eq!(wanted(&state), 2);
 }
 
@@ -165,15 +171,16 @@ async fn a_capped_job_that_cannot_make_it_says_so_once_and_keeps_running() {
     let mut a = Worker::start(&mut state, "a");
     // As above: 2 wanted, within its cap.
     a.work(&mut state, &stores, 10, S).await;
-    assert_eq!(info(&state, "j").workers_wanted, Some(2));
-    assert_eq!(info(&state, "j").deadline_risk, None);
+    assert_eq!(deadline(&state, "j").workers_wanted, Some(2));
+    assert_eq!(deadline(&state, "j").risk, None);
     // Then 3 are needed, and its cap is 2.
     a.work(&mut state, &stores, 200, S).await;
     let job = info(&state, "j");
-    assert_eq!(job.workers_wanted, Some(2));
+    let sized = job.deadline.as_ref().expect("a deadline");
+    assert_eq!(sized.workers_wanted, Some(2));
     assert_eq!(wanted(&state), 2);
     assert_eq!(
-        job.deadline_risk.as_deref(),
+        sized.risk.as_deref(),
         Some("it needs 3 workers to finish in time; max_workers = 2")
     );
     assert_eq!(job.state, JobState::Running);
@@ -207,9 +214,9 @@ async fn a_capped_job_that_cannot_make_it_says_so_once_and_keeps_running() {
     // Sized again within a second (at most once a second).
     advance(S).await;
     state.tick().await;
-    let job = info(&state, "j");
-    assert_eq!(job.deadline_risk, None);
-    assert!(job.workers_wanted.is_some_and(|n| n > 2), "{job:?}");
+    let sized = deadline(&state, "j");
+    assert_eq!(sized.risk, None);
+    assert!(sized.workers_wanted.is_some_and(|n| n > 2), "{sized:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -271,15 +278,16 @@ async fn a_lease_taken_ahead_is_not_a_worker() {
     assert_ne!(ahead.shard.id, a.lease.shard.id);
     assert_eq!(info(&state, "j").shards_leased, 2);
     a.work(&mut state, &stores, 2, S).await;
-    let job = info(&state, "j");
-    assert_eq!(job.workers_wanted, Some(1), "{job:?}");
+    let sized = deadline(&state, "j");
+    assert_eq!(sized.workers_wanted, Some(1), "{sized:?}");
     assert_eq!(wanted(&state), 1);
     assert!(
-        job.deadline_risk
+        sized
+            .risk
             .as_deref()
             .is_some_and(|r| r.ends_with("its 1 worker cannot finish in time")),
         "{:?}",
-        job.deadline_risk
+        sized.risk
     );
     // Its pace is per processor at work: 2 records a second, not 1.
     let pace = state.pace(&a.session, "j", now()).expect("a pace");
