@@ -33,7 +33,7 @@ use stoke_core::lease::{JobPhases, LeaseWork, LlmPhases};
 use stoke_core::report::{CauseSeconds, DeviceReport, EfficiencyReport, LlmUsage, ReportSoFar};
 use stoke_uri::to_json_bytes;
 
-use super::{Fleet, Io, Job, Session, Stamped, State, Then};
+use super::{Fleet, Io, Job, Jobs, Session, Stamped, State, Then};
 use crate::error::Result;
 
 /// How often, at most, the workers' time is given to jobs.
@@ -446,7 +446,7 @@ impl State {
             });
         }
         for d in deltas {
-            let Some(job) = self.jobs.get_mut(&d.job_id) else {
+            let Some(job) = self.jobs.by_id.get_mut(&d.job_id) else {
                 continue;
             };
             let a = &mut job.account;
@@ -470,7 +470,7 @@ impl State {
             });
         }
         for w in work {
-            if let Some(job) = self.jobs.get_mut(&w.lease.job_id)
+            if let Some(job) = self.jobs.by_id.get_mut(&w.lease.job_id)
                 && let Some(&idx) = job.shard_index.get(&w.lease.shard_id)
                 && let Some(lease) = job.shards[idx].attempt_mut(session_id, w.lease.token)
             {
@@ -503,7 +503,7 @@ impl State {
         // jobs, with no copies (it runs on the owner's loop).
         let State {
             fleet: Fleet { sessions, .. },
-            jobs,
+            jobs: Jobs { by_id: jobs, .. },
             ..
         } = self;
         for s in sessions.values_mut() {
@@ -527,7 +527,7 @@ impl State {
         };
         let State {
             fleet: Fleet { sessions, .. },
-            jobs,
+            jobs: Jobs { by_id: jobs, .. },
             ..
         } = self;
         if let Some(s) = sessions.get_mut(session_id) {
@@ -543,7 +543,7 @@ impl State {
         let mut paused: Option<&Job> = None;
         let mut tail: Option<&Job> = None;
         let earlier = |found: Option<&Job>, j: &Job| found.is_none_or(|f| j.seq < f.seq);
-        for j in self.jobs.values() {
+        for j in self.jobs.by_id.values() {
             if j.life.paused() {
                 if earlier(paused, j) {
                     paused = Some(j);
@@ -575,7 +575,8 @@ impl State {
 
     /// Every job's report, for `/metrics` and the status page.
     pub fn reports(&self, now: Instant) -> Vec<EfficiencyReport> {
-        self.order
+        self.jobs
+            .order
             .iter()
             .filter_map(|id| self.report(id, now).ok())
             .collect()
@@ -585,7 +586,7 @@ impl State {
     pub(super) fn write_reports(&mut self, now: Instant) {
         let mut writes = Vec::new();
         let mut saves = Vec::new();
-        for job in self.jobs.values_mut() {
+        for job in self.jobs.by_id.values_mut() {
             if !job.life.ended()
                 && !job.account.saving
                 && now.saturating_duration_since(job.account.saved) >= SAVE_EVERY
@@ -633,7 +634,7 @@ impl State {
 
     /// A running job's report is saved (or not: saved again later).
     pub(super) fn report_saved(&mut self, job_id: &str, result: Result<()>) {
-        if let Some(job) = self.jobs.get_mut(job_id) {
+        if let Some(job) = self.jobs.by_id.get_mut(job_id) {
             job.account.saving = false;
             if let Err(e) = result {
                 tracing::warn!(job = %job_id, error = %e, "saving the report so far failed; retrying");
@@ -643,7 +644,7 @@ impl State {
 
     /// `report.json` is stored (or not: tried again at the next tick).
     pub(super) fn report_written(&mut self, job_id: &str, result: Result<()>) {
-        let Some(job) = self.jobs.get_mut(job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(job_id) else {
             return;
         };
         match result {

@@ -127,15 +127,59 @@ impl State {
     /// nothing: a backup lease of the shard whose holder would finish
     /// last, if racing it pays.
     pub(super) fn try_backup(&mut self, session_id: &str, now: Instant) -> Result<Option<Lease>> {
-        // A split being stored is the asker's (or another's) next work.
-        if self.fleet.splits_in_flight > 0 {
-            return Ok(None);
-        }
-        let Some(asker) = self.fleet.sessions.get(session_id) else {
+        let Some(Candidate {
+            job_id,
+            idx,
+            holder_ends_in,
+            backup_ends_in,
+        }) = self.backup_candidate(session_id, now)
+        else {
             return Ok(None);
         };
-        if !asker.leases.is_empty() {
+        // Its time so far went to what it waited for.
+        self.settle_session(session_id, now);
+        let token = self.next_token();
+        let deadline = now + self.config.lease_timeout;
+        let job = self.job_mut(&job_id)?;
+        if !job.put_backup(idx, ActiveLease::new(session_id, token, deadline, now)) {
             return Ok(None);
+        }
+        let attempt = {
+            let progress = std::sync::Arc::make_mut(&mut job.shards[idx].progress);
+            progress.attempts += 1;
+            progress.attempts
+        };
+        job.account.backups += 1;
+        let holder = job.shards[idx]
+            .lease()
+            .map(|l| l.session_id.clone())
+            .unwrap_or_default();
+        self.meters.counters.backups += 1;
+        let lease = self.lease_message(&job_id, idx, session_id, token, attempt, now)?;
+        info!(
+            job = %job_id,
+            shard = %lease.shard.id,
+            token,
+            worker = %self.fleet.worker_of(session_id),
+            holder = %self.fleet.worker_of(&holder),
+            next_batch = lease.next_batch,
+            holder_ends_in_s = format!("{holder_ends_in:.1}"),
+            backup_ends_in_s = format!("{backup_ends_in:.1}"),
+            "backup lease granted: racing the holder for its shard's rest"
+        );
+        Ok(Some(lease))
+    }
+
+    /// The shard an idle `session_id` would race for, if a backup pays
+    /// anywhere: the one whose holder ends latest (ties by job and shard).
+    fn backup_candidate(&self, session_id: &str, now: Instant) -> Option<Candidate> {
+        // A split being stored is the asker's (or another's) next work.
+        if self.fleet.splits_in_flight > 0 {
+            return None;
+        }
+        let asker = self.fleet.sessions.get(session_id)?;
+        if !asker.leases.is_empty() {
+            return None;
         }
         let may_lease = self.jobs_that_may_lease_more(self.fleet.pool_of(session_id));
         let mut best: Option<Candidate> = None;
@@ -192,54 +236,14 @@ impl State {
                 });
             }
         }
-        let Some(Candidate {
-            job_id,
-            idx,
-            holder_ends_in,
-            backup_ends_in,
-        }) = best
-        else {
-            return Ok(None);
-        };
-        // Its time so far went to what it waited for.
-        self.settle_session(session_id, now);
-        let token = self.next_token();
-        let deadline = now + self.config.lease_timeout;
-        let job = self.job_mut(&job_id)?;
-        if !job.put_backup(idx, ActiveLease::new(session_id, token, deadline, now)) {
-            return Ok(None);
-        }
-        let attempt = {
-            let progress = std::sync::Arc::make_mut(&mut job.shards[idx].progress);
-            progress.attempts += 1;
-            progress.attempts
-        };
-        job.account.backups += 1;
-        let holder = job.shards[idx]
-            .lease()
-            .map(|l| l.session_id.clone())
-            .unwrap_or_default();
-        self.counters.backups += 1;
-        let lease = self.lease_message(&job_id, idx, session_id, token, attempt, now)?;
-        info!(
-            job = %job_id,
-            shard = %lease.shard.id,
-            token,
-            worker = %self.fleet.worker_of(session_id),
-            holder = %self.fleet.worker_of(&holder),
-            next_batch = lease.next_batch,
-            holder_ends_in_s = format!("{holder_ends_in:.1}"),
-            backup_ends_in_s = format!("{backup_ends_in:.1}"),
-            "backup lease granted: racing the holder for its shard's rest"
-        );
-        Ok(Some(lease))
+        best
     }
 
     /// A valid commit of shard `idx` by its `winner` attempt while a
     /// backup races: the winner keeps the shard (as its holder), the other
     /// attempt ends.
     pub(super) fn settle_race(&mut self, job_id: &str, idx: usize, winner: Role, now: Instant) {
-        let Some(job) = self.jobs.get_mut(job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(job_id) else {
             return;
         };
         let loser = match winner {
@@ -248,7 +252,7 @@ impl State {
                 // The backup holds the shard from now on.
                 let holder = job.take_lease(idx);
                 job.account.backups_won += 1;
-                self.counters.backups_won += 1;
+                self.meters.counters.backups_won += 1;
                 holder
             }
         };
@@ -267,7 +271,7 @@ impl State {
     /// raced it holds the shard now (`ShardSlot::take_lease` gives it the
     /// shard).
     pub(super) fn backup_stands_in(&mut self, job_id: &str, idx: usize) -> bool {
-        let Some(job) = self.jobs.get(job_id) else {
+        let Some(job) = self.jobs.by_id.get(job_id) else {
             return false;
         };
         let Some(backup) = job.shards[idx].lease() else {
@@ -283,7 +287,7 @@ impl State {
     /// it back): its work is lost, the holder goes on. Whether it was the
     /// backup.
     pub(super) fn backup_went(&mut self, session_id: &str, job_id: &str, idx: usize) -> bool {
-        let Some(job) = self.jobs.get_mut(job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(job_id) else {
             return false;
         };
         if !job.shards[idx].backs_up(session_id) {
@@ -302,7 +306,12 @@ impl State {
     /// crashed (the backup runs the same records): told to stop, its work
     /// lost.
     pub(super) fn drop_backup(&mut self, job_id: &str, idx: usize, now: Instant) {
-        let Some(backup) = self.jobs.get_mut(job_id).and_then(|j| j.take_backup(idx)) else {
+        let Some(backup) = self
+            .jobs
+            .by_id
+            .get_mut(job_id)
+            .and_then(|j| j.take_backup(idx))
+        else {
             return;
         };
         self.end_attempt(
@@ -330,7 +339,7 @@ impl State {
         if let Some(session) = self.fleet.sessions.get_mut(&lease.session_id) {
             session.leases.remove(&(job_id.to_string(), idx));
         }
-        let Some(job) = self.jobs.get_mut(job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(job_id) else {
             return;
         };
         job.account.lost(lease.work, Lost::Backup);

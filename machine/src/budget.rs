@@ -114,7 +114,7 @@ impl State {
     /// a table. Resumed, it commits the rest at its end again; that commit
     /// adds only what the table lacks (`table/delta.rs`).
     pub(super) fn commit_partial_table(&mut self, job_id: &str) {
-        let Some(job) = self.jobs.get_mut(job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(job_id) else {
             return;
         };
         if job.delta_log.is_some()

@@ -297,12 +297,12 @@ impl State {
     pub(super) fn commit_now(&mut self, req: ReqId, commit: Commit, now: Instant) {
         match self.check_commit(commit, req, now) {
             Ok(Step::Duplicate) => {
-                self.counters.commits_duplicate += 1;
+                self.meters.counters.commits_duplicate += 1;
                 self.reply(Some(req), Answer::Commit(Ok(true)));
             }
             Ok(Step::Write(pending)) => self.enqueue(*pending),
             Err(e) => {
-                self.counters.commits_refused += 1;
+                self.meters.counters.commits_refused += 1;
                 self.reply(Some(req), Answer::Commit(Err(e)));
             }
         }
@@ -312,7 +312,7 @@ impl State {
     /// writes it at once when there is none.
     fn enqueue(&mut self, pending: PendingCommit) {
         let job_id = pending.commit.key.job_id.clone();
-        let Some(job) = self.jobs.get_mut(&job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(&job_id) else {
             // `check_commit` found the job among the live ones; nothing
             // since could have let go of it.
             let error = MachineError::JobNotFound { job_id };
@@ -327,7 +327,7 @@ impl State {
     /// Writes the job's queued commits (at most [`MAX_GROUP`]) as one
     /// group, or marks the job as writing nothing when none wait.
     fn next_group(&mut self, job_id: &str) {
-        let Some(job) = self.jobs.get_mut(job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(job_id) else {
             return;
         };
         let n = job.commits.queued.len().min(MAX_GROUP);
@@ -393,12 +393,11 @@ impl State {
             .sessions
             .get(&commit.session_id)
             .map_or("", |s| s.worker_id.as_str());
-        let job =
-            self.jobs
-                .get_mut(&commit.key.job_id)
-                .ok_or_else(|| MachineError::JobNotFound {
-                    job_id: commit.key.job_id.clone(),
-                })?;
+        let job = self.jobs.by_id.get_mut(&commit.key.job_id).ok_or_else(|| {
+            MachineError::JobNotFound {
+                job_id: commit.key.job_id.clone(),
+            }
+        })?;
         let progress = job.progress_after(idx, &mut commit, seq, worker);
         Ok(Step::Write(Box::new(PendingCommit {
             idx,
@@ -424,7 +423,7 @@ impl State {
         if let Some(session) = self.fleet.sessions.get_mut(&commit.session_id) {
             session.leases.remove(&(key.job_id.clone(), idx));
         }
-        let Some(job) = self.jobs.get_mut(&key.job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(&key.job_id) else {
             return;
         };
         if let Some(lease) = job.take_lease(idx) {
@@ -433,7 +432,7 @@ impl State {
         if self.backup_stands_in(&key.job_id, idx) {
             return;
         }
-        let Some(job) = self.jobs.get_mut(&key.job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(&key.job_id) else {
             return;
         };
         warn!(job = %key.job_id, shard = %key.shard_id, token = key.token, "commit past the split end refused; shard requeued");
@@ -461,7 +460,7 @@ impl State {
             ..
         } = write;
         if written.stored
-            && let Some(job) = self.jobs.get_mut(&job_id)
+            && let Some(job) = self.jobs.by_id.get_mut(&job_id)
         {
             job.progress_objects.push(uri);
             job.totals.logged += written.results.iter().filter(|r| r.is_ok()).count() as u64;
@@ -475,10 +474,11 @@ impl State {
             let (req, arrived) = (committing.req, committing.arrived);
             let applied = self.apply_commit(committing, progress, result, now);
             match &applied {
-                Ok(_) => self.counters.commits_accepted += 1,
-                Err(_) => self.counters.commits_refused += 1,
+                Ok(_) => self.meters.counters.commits_accepted += 1,
+                Err(_) => self.meters.counters.commits_refused += 1,
             }
-            self.histograms
+            self.meters
+                .histograms
                 .commit
                 .observe(now.saturating_duration_since(arrived).as_secs_f64());
             self.reply(Some(req), Answer::Commit(applied));
@@ -500,11 +500,11 @@ impl State {
         let mut job_id = None;
         for committing in group {
             let key = &committing.commit.key;
-            if let Some(job) = self.jobs.get_mut(&key.job_id) {
+            if let Some(job) = self.jobs.by_id.get_mut(&key.job_id) {
                 job.shards[committing.idx].slot.end_write();
             }
             job_id.get_or_insert_with(|| key.job_id.clone());
-            self.counters.commits_refused += 1;
+            self.meters.counters.commits_refused += 1;
             let error = MachineError::Recovery(why.to_string());
             self.reply(Some(committing.req), Answer::Commit(Err(error)));
         }
@@ -517,14 +517,14 @@ impl State {
     /// to be worth replacing (only between groups: the snapshot holds what
     /// is applied).
     fn snapshot_due(&mut self, job_id: &str) -> Option<SnapshotWrite> {
-        let job = self.jobs.get(job_id)?;
+        let job = self.jobs.by_id.get(job_id)?;
         if job.progress_objects.len() < SNAPSHOT_MIN_OBJECTS
             || job.totals.logged * SNAPSHOT_AMORTISE < job.totals.recorded
         {
             return None;
         }
         let seq = self.next_seq();
-        let job = self.jobs.get(job_id)?;
+        let job = self.jobs.by_id.get(job_id)?;
         let bytes = progress_log(
             job.shards
                 .iter()
@@ -547,7 +547,7 @@ impl State {
         written: std::result::Result<(), WriteFault>,
         deleted: &[StoreUri],
     ) {
-        match (self.jobs.get_mut(job_id), written) {
+        match (self.jobs.by_id.get_mut(job_id), written) {
             (None, _) => return,
             (Some(_), Err(e)) => {
                 // The logs still hold everything; try again after the next group.
@@ -580,12 +580,13 @@ impl State {
         let worker = self.fleet.worker_of(&commit.session_id);
         let at_ms = self.unix_ms(now);
         let sessions = &mut self.fleet.sessions;
-        let job = self
-            .jobs
-            .get_mut(&key.job_id)
-            .ok_or_else(|| MachineError::JobNotFound {
-                job_id: key.job_id.clone(),
-            })?;
+        let job =
+            self.jobs
+                .by_id
+                .get_mut(&key.job_id)
+                .ok_or_else(|| MachineError::JobNotFound {
+                    job_id: key.job_id.clone(),
+                })?;
         let shard = &mut job.shards[idx];
         shard.slot.end_write();
         written.map_err(|e| match e {

@@ -144,7 +144,7 @@ impl State {
     pub(super) fn call_components(&mut self, hook: Hook<'_>, now: Instant) {
         let now_ms = self.unix_ms(now);
         let mut asked = Vec::new();
-        for job in self.jobs.values_mut() {
+        for job in self.jobs.by_id.values_mut() {
             let actions = call(job, &self.fleet, &self.config, hook, now, now_ms);
             if !actions.is_empty() {
                 asked.push((job.id.clone(), actions));
@@ -158,7 +158,7 @@ impl State {
     /// Calls `hook` on one job's components, then applies what they asked.
     pub(super) fn call_job_components(&mut self, job_id: &str, hook: Hook<'_>, now: Instant) {
         let now_ms = self.unix_ms(now);
-        let Some(job) = self.jobs.get_mut(job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(job_id) else {
             return;
         };
         let actions = call(job, &self.fleet, &self.config, hook, now, now_ms);
@@ -171,7 +171,7 @@ impl State {
             debug!(job = %job_id, ?action, "a component's action");
             match action {
                 JobAction::Event(message) => {
-                    if let Some(job) = self.jobs.get_mut(job_id) {
+                    if let Some(job) = self.jobs.by_id.get_mut(job_id) {
                         job.event(now_ms, message);
                     }
                 }

@@ -272,6 +272,7 @@ impl State {
     /// Shard `idx` of `job_id`'s id, for log lines.
     pub(super) fn shard_name(&self, job_id: &str, idx: usize) -> String {
         self.jobs
+            .by_id
             .get(job_id)
             .and_then(|j| j.plan.shards.get(idx))
             .map(|s| s.id.clone())
@@ -295,13 +296,13 @@ impl State {
             return false;
         }
         let seq = self.next_seq();
-        let Some(job) = self.jobs.get_mut(job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(job_id) else {
             return false;
         };
         let Some((crashed, puts)) = job.crash(idx, lease, worker, death, seq, now) else {
             return false;
         };
-        self.counters.worker_crashes += 1;
+        self.meters.counters.worker_crashes += 1;
         self.start_io(Io::Puts(puts), Then::Crashed(Box::new(crashed)));
         true
     }
@@ -355,7 +356,7 @@ impl State {
             skipped,
             fail,
         } = crashed;
-        let Some(job) = self.jobs.get_mut(&job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(&job_id) else {
             return;
         };
         job.shards[idx].slot.end_write();

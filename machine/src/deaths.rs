@@ -113,14 +113,14 @@ impl State {
             }
             let g = self.fleet.deaths.gone.remove(i);
             if !incarnation.is_empty() && g.incarnation == incarnation {
-                self.counters.worker_reconnects += 1;
+                self.meters.counters.worker_reconnects += 1;
                 let gap = now.saturating_duration_since(g.closed_at);
                 info!(worker = %worker_id, after = ?gap, leases = g.leases.len(), "worker reconnected: its session broke, its process lives; nothing is blamed");
                 let mut jobs: Vec<&str> = g.leases.iter().map(|c| c.job_id.as_str()).collect();
                 jobs.sort_unstable();
                 jobs.dedup();
                 for job_id in jobs {
-                    if let Some(job) = self.jobs.get_mut(job_id) {
+                    if let Some(job) = self.jobs.by_id.get_mut(job_id) {
                         job.account.reconnected();
                     }
                 }
@@ -174,7 +174,7 @@ impl State {
     /// is free, owed to it while another worker holds it, and blaming
     /// nothing once the batch's records were committed since.
     fn judge_death(&mut self, closed: Closed, worker: &str, now: Instant) {
-        let Some(job) = self.jobs.get_mut(&closed.job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(&closed.job_id) else {
             return;
         };
         let Some(in_flight) = closed.lease.current.as_ref() else {
@@ -185,7 +185,7 @@ impl State {
         if shard.progress.done || position >= in_flight.span.until() || !job.life.running() {
             // A death all the same: counted against the shard (stored with
             // its next progress record), its batch blamed for nothing.
-            self.counters.worker_crashes += 1;
+            self.meters.counters.worker_crashes += 1;
             let span = &in_flight.span;
             let mut progress = (*shard.progress).clone();
             progress.crashes += 1;
@@ -212,7 +212,7 @@ impl State {
             worker,
             Death::SessionEnded,
             now,
-        ) && let Some(job) = self.jobs.get_mut(&closed.job_id)
+        ) && let Some(job) = self.jobs.by_id.get_mut(&closed.job_id)
         {
             job.pending.push_front(closed.idx);
         }
@@ -228,7 +228,7 @@ impl State {
         now: Instant,
     ) -> bool {
         let deadline = now + self.config.lease_timeout;
-        let Some(job) = self.jobs.get_mut(&closed.job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(&closed.job_id) else {
             return false;
         };
         if !job.life.running() {

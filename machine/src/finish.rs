@@ -149,14 +149,14 @@ impl State {
     /// Starts finishing the job if it is running, every shard is done and
     /// no status change of it is being stored.
     pub(super) fn finish_if_done(&mut self, job_id: &str) {
-        if !self.jobs.get(job_id).is_some_and(Job::may_finish) {
+        if !self.jobs.by_id.get(job_id).is_some_and(Job::may_finish) {
             return;
         }
         // The job's metrics are reduced (on a worker) first.
         if self.metrics_hold_finish(job_id) {
             return;
         }
-        let Some(job) = self.jobs.get_mut(job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(job_id) else {
             return;
         };
         let finish = job.finish();
@@ -171,7 +171,7 @@ impl State {
 
     /// The manifest and the `succeeded` status are stored (or not).
     pub(super) fn job_finished(&mut self, job_id: &str, result: Result<()>, now: Instant) {
-        let Some(job) = self.jobs.get_mut(job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(job_id) else {
             return;
         };
         match result {
@@ -205,12 +205,13 @@ impl State {
     pub(super) fn release_ended(&mut self) {
         let done: Vec<(String, bool)> = self
             .jobs
+            .by_id
             .values()
             .filter(|job| job.may_let_go())
             .map(|job| (job.id.clone(), self.feeds_a_running_stage(job)))
             .collect();
         for (job_id, feeds) in done {
-            let Some(mut job) = self.jobs.remove(&job_id) else {
+            let Some(mut job) = self.jobs.by_id.remove(&job_id) else {
                 continue;
             };
             job.let_go();
@@ -222,7 +223,7 @@ impl State {
             if let Some(kept) = job.life.kept_mut() {
                 kept.ended_deferred = feeds;
             }
-            self.released.insert(job_id.clone(), job);
+            self.jobs.released.insert(job_id.clone(), job);
             if !feeds {
                 self.save_ended(&job_id);
             }
@@ -233,7 +234,7 @@ impl State {
     /// which then loads it without its shards (without it, after a failed
     /// write, it reads the plan and the progress as before).
     pub(super) fn save_ended(&mut self, job_id: &str) {
-        let Some(job) = self.released.get_mut(job_id) else {
+        let Some(job) = self.jobs.released.get_mut(job_id) else {
             return;
         };
         if let Some(kept) = job.life.kept_mut() {
@@ -264,7 +265,11 @@ impl State {
     /// Shards whose state is held in memory, over every job (for
     /// `/metrics`): a succeeded job's leave once its end is stored.
     pub fn shards_in_memory(&self) -> u64 {
-        self.jobs.values().map(|j| j.shards.len() as u64).sum()
+        self.jobs
+            .by_id
+            .values()
+            .map(|j| j.shards.len() as u64)
+            .sum()
     }
 }
 

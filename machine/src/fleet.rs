@@ -37,6 +37,9 @@ pub(super) struct Session {
 /// the coordinator meet it.
 pub(super) struct Fleet {
     pub(super) sessions: BTreeMap<String, Session>,
+    /// The coordinator's fencing epoch: the high bits of its lease tokens
+    /// and progress records' order.
+    pub(super) epoch: u64,
     /// Counts the lease tokens given out this epoch.
     pub(super) token_seq: u64,
     /// Sessions answered `Wait` or `Idle` since their last lease, oldest
@@ -48,6 +51,8 @@ pub(super) struct Fleet {
     pub(super) preempted_at: schedule::PreemptTimes,
     /// Until when the workers' time is given to jobs (see `account.rs`).
     pub(super) accounted_at: Option<Instant>,
+    /// When pipeline stages' waits were last counted (`pipeline.rs`).
+    pub(super) stage_waits_at: Option<Instant>,
     /// Splits being stored (see `split.rs`).
     pub(super) splits_in_flight: usize,
     /// Closed sessions not yet known alive or dead (`deaths.rs`).
@@ -72,14 +77,16 @@ impl Fleet {
             .map_or(stoke_core::schedule::DEFAULT_POOL, |s| s.pool.as_str())
     }
 
-    pub(super) fn new() -> Self {
+    pub(super) fn new(epoch: u64) -> Self {
         Self {
             sessions: BTreeMap::new(),
+            epoch,
             token_seq: 0,
             waiting: VecDeque::new(),
             vtime: 0.0,
             preempted_at: schedule::PreemptTimes::new(),
             accounted_at: None,
+            stage_waits_at: None,
             splits_in_flight: 0,
             deaths: deaths::Deaths::default(),
             store: store_health::StoreHealth::default(),

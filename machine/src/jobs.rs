@@ -82,7 +82,7 @@ impl State {
             return;
         }
         let unfinished =
-            self.jobs.values().filter(|j| !j.life.ended()).count() + self.creating().count();
+            self.jobs.by_id.values().filter(|j| !j.life.ended()).count() + self.creating().count();
         if unfinished >= self.config.max_jobs {
             let max = self.config.max_jobs;
             self.reply(
@@ -91,43 +91,7 @@ impl State {
             );
             return;
         }
-        // Only `default` and the configured queues exist: a job naming
-        // another (a typo, a queue of another fleet) is refused at submit.
-        let queue = spec.queue_name();
-        if queue != stoke_core::schedule::DEFAULT_QUEUE && !self.config.queues.contains_key(queue) {
-            let known = std::iter::once(stoke_core::schedule::DEFAULT_QUEUE.to_string())
-                .chain(
-                    self.config
-                        .queues
-                        .keys()
-                        .filter(|q| q.as_str() != stoke_core::schedule::DEFAULT_QUEUE)
-                        .cloned(),
-                )
-                .collect::<Vec<_>>()
-                .join(", ");
-            let error = MachineError::UnknownQueue {
-                queue: queue.to_string(),
-                known,
-            };
-            self.reply(Some(req), Answer::job(Err(error)));
-            return;
-        }
-        // A spending cap needs a price to count spend by.
-        if spec.limits.max_cost.is_some() && self.config.price_of(spec.pool_name()).is_none() {
-            let error = MachineError::NoPrice {
-                what: "job spec: limits.max_cost",
-                pool: spec.pool_name().to_string(),
-            };
-            self.reply(Some(req), Answer::job(Err(error)));
-            return;
-        }
-        // Likewise a pool, when the coordinator names its pools.
-        if let Err(known) = self.config.check_pool(spec.pool_name()) {
-            let error = MachineError::UnknownPool {
-                what: "job spec: scheduling.pool",
-                pool: spec.pool_name().to_string(),
-                known,
-            };
+        if let Some(error) = self.config_refuses(&spec) {
             self.reply(Some(req), Answer::job(Err(error)));
             return;
         }
@@ -161,6 +125,50 @@ impl State {
         self.start_io(io, Then::Created { job: Box::new(job) });
     }
 
+    /// Why this coordinator's settings refuse `spec`, if they do: a queue
+    /// it does not have, a spending cap with no price to count it by, a
+    /// pool it does not know.
+    fn config_refuses(&self, spec: &JobSpec) -> Option<MachineError> {
+        // Only `default` and the configured queues exist: a job naming
+        // another (a typo, a queue of another fleet) is refused at submit.
+        let queue = spec.queue_name();
+        if queue != stoke_core::schedule::DEFAULT_QUEUE && !self.config.queues.contains_key(queue) {
+            let known = std::iter::once(stoke_core::schedule::DEFAULT_QUEUE.to_string())
+                .chain(
+                    self.config
+                        .queues
+                        .keys()
+                        .filter(|q| q.as_str() != stoke_core::schedule::DEFAULT_QUEUE)
+                        .cloned(),
+                )
+                .collect::<Vec<_>>()
+                .join(", ");
+            let error = MachineError::UnknownQueue {
+                queue: queue.to_string(),
+                known,
+            };
+            return Some(error);
+        }
+        // A spending cap needs a price to count spend by.
+        if spec.limits.max_cost.is_some() && self.config.price_of(spec.pool_name()).is_none() {
+            let error = MachineError::NoPrice {
+                what: "job spec: limits.max_cost",
+                pool: spec.pool_name().to_string(),
+            };
+            return Some(error);
+        }
+        // Likewise a pool, when the coordinator names its pools.
+        if let Err(known) = self.config.check_pool(spec.pool_name()) {
+            let error = MachineError::UnknownPool {
+                what: "job spec: scheduling.pool",
+                pool: spec.pool_name().to_string(),
+                known,
+            };
+            return Some(error);
+        }
+        None
+    }
+
     pub(super) fn job_created(&mut self, mut job: Job, result: Result<()>) {
         let job_id = job.id.clone();
         let waiters = match std::mem::replace(&mut job.life, Life::Running(Change::Idle)) {
@@ -184,9 +192,9 @@ impl State {
         info!(job = %job_id, shards = job.shards.len(), priority = job.schedule.priority, queue = job.spec.queue_name(), "job submitted");
         // Its turn starts now, not from the beginning of time.
         job.pass = self.fleet.vtime;
-        job.seq = self.order.len();
-        self.order.push(job_id.clone());
-        self.jobs.insert(job_id.clone(), job);
+        job.seq = self.jobs.order.len();
+        self.jobs.order.push(job_id.clone());
+        self.jobs.by_id.insert(job_id.clone(), job);
         // A pipeline stage created after the stage before committed some
         // (or all) of its outputs starts from them.
         self.feed_from_upstream(&job_id);
@@ -402,6 +410,7 @@ impl State {
         self.release_held(job_id, now);
         let upstream = self
             .jobs
+            .by_id
             .get(job_id)
             .and_then(|j| j.upstream())
             .map(str::to_string);

@@ -108,6 +108,7 @@ impl State {
         let expires_at = now + self.config.lease_timeout;
         if self
             .jobs
+            .by_id
             .get(&job_id)
             .and_then(|j| j.pending.get(pos))
             .is_some_and(|&idx| self.death_owed(&job_id, idx))
@@ -145,14 +146,15 @@ impl State {
             lease.carries_terms = session.terms_sent.insert(job_id.to_string());
             session.leases.insert((job_id.to_string(), idx));
             if let Some(since) = session.waiting_since.take() {
-                self.histograms
+                self.meters
+                    .histograms
                     .lease_wait
                     .observe(now.saturating_duration_since(since).as_secs_f64());
             }
         }
         self.fleet.waiting.retain(|s| s != session_id);
         self.charge(job_id);
-        self.counters.leases_granted += 1;
+        self.meters.counters.leases_granted += 1;
         Ok(lease)
     }
 
@@ -211,26 +213,48 @@ impl State {
         if release.crashed {
             return self.crash_released(req, &release, idx, now);
         }
-        let mut progress = (*self.job(&key.job_id)?.shards[idx].progress).clone();
+        match release.error.clone() {
+            None => self.given_back(req, &release, idx),
+            Some(error) => self.attempt_failing(req, release, idx, error),
+        }
+    }
+
+    /// A lease given back cleanly (drained, preempted, paused): the shard
+    /// waits for another worker at the front, unless its backup holds it
+    /// now.
+    fn given_back(&mut self, req: ReqId, release: &Release, idx: usize) -> Result<()> {
+        let key = &release.key;
         let worker = self.fleet.worker_of(&release.session_id);
-        let Some(error) = release.error.clone() else {
-            if let Some(session) = self.fleet.sessions.get_mut(&release.session_id) {
-                session.leases.remove(&(key.job_id.clone(), idx));
-            }
+        if let Some(session) = self.fleet.sessions.get_mut(&release.session_id) {
+            session.leases.remove(&(key.job_id.clone(), idx));
+        }
+        let job = self.job_mut(&key.job_id)?;
+        job.take_lease(idx);
+        if !self.backup_stands_in(&key.job_id, idx) {
             let job = self.job_mut(&key.job_id)?;
-            job.take_lease(idx);
-            if !self.backup_stands_in(&key.job_id, idx) {
-                let job = self.job_mut(&key.job_id)?;
-                if job.life.running() {
-                    job.pending.push_front(idx);
-                    self.wake(1);
-                }
+            if job.life.running() {
+                job.pending.push_front(idx);
+                self.wake(1);
             }
-            info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %worker, "lease released");
-            self.counters.leases_released += 1;
-            self.reply(Some(req), Answer::Done(Ok(())));
-            return Ok(());
-        };
+        }
+        info!(job = %key.job_id, shard = %key.shard_id, token = key.token, worker = %worker, "lease released");
+        self.meters.counters.leases_released += 1;
+        self.reply(Some(req), Answer::Done(Ok(())));
+        Ok(())
+    }
+
+    /// An attempt that failed with `error`: its shard's record (the error,
+    /// the count) is stored before the shard moves (`attempt_failed`
+    /// goes on once it is).
+    fn attempt_failing(
+        &mut self,
+        req: ReqId,
+        release: Release,
+        idx: usize,
+        error: String,
+    ) -> Result<()> {
+        let key = &release.key;
+        let mut progress = (*self.job(&key.job_id)?.shards[idx].progress).clone();
         // A store outage is not the data's fault: retry without using up an
         // attempt, up to a bound so a store that never recovers still ends
         // the job.
@@ -336,9 +360,9 @@ impl State {
             session.leases.remove(&(key.job_id.clone(), idx));
         }
         if counts_as_failure {
-            self.counters.attempts_failed += 1;
+            self.meters.counters.attempts_failed += 1;
         } else {
-            self.counters.store_failures += 1;
+            self.meters.counters.store_failures += 1;
         }
         // One mistake, one message: an error seen before is counted, not
         // logged whole again; one that is clearly not a fluke fails the job.
@@ -403,7 +427,7 @@ impl State {
         let mut expired: Vec<(String, String, usize)> = Vec::new();
         for (session_id, session) in &self.fleet.sessions {
             for (job_id, idx) in &session.leases {
-                let Some(job) = self.jobs.get(job_id) else {
+                let Some(job) = self.jobs.by_id.get(job_id) else {
                     continue;
                 };
                 let shard = &job.shards[*idx];
@@ -420,19 +444,24 @@ impl State {
             self.settle_session(&session_id, now);
             let worker = self.fleet.worker_of(&session_id);
             if self.backup_went(&session_id, &job_id, idx) {
-                self.counters.leases_expired += 1;
+                self.meters.counters.leases_expired += 1;
                 warn!(job = %job_id, shard = %self.shard_name(&job_id, idx), worker = %worker, "backup lease expired; the holder goes on");
                 continue;
             }
             if let Some(session) = self.fleet.sessions.get_mut(&session_id) {
                 session.leases.remove(&(job_id.clone(), idx));
             }
-            let Some(lease) = self.jobs.get_mut(&job_id).and_then(|j| j.take_lease(idx)) else {
+            let Some(lease) = self
+                .jobs
+                .by_id
+                .get_mut(&job_id)
+                .and_then(|j| j.take_lease(idx))
+            else {
                 continue;
             };
-            self.counters.leases_expired += 1;
+            self.meters.counters.leases_expired += 1;
             if self.backup_stands_in(&job_id, idx) {
-                if let Some(job) = self.jobs.get_mut(&job_id) {
+                if let Some(job) = self.jobs.by_id.get_mut(&job_id) {
                     job.account.lost(lease.work, Lost::Expired);
                 }
                 warn!(job = %job_id, shard = %self.shard_name(&job_id, idx), token = lease.token, worker = %worker, "lease expired; its backup holds the shard");
@@ -443,7 +472,7 @@ impl State {
                 warn!(job = %job_id, shard = %self.shard_name(&job_id, idx), token = lease.token, worker = %worker, "lease expired; shard requeued once its crash is stored (a batch was in progress)");
                 continue;
             }
-            let Some(job) = self.jobs.get_mut(&job_id) else {
+            let Some(job) = self.jobs.by_id.get_mut(&job_id) else {
                 continue;
             };
             job.account.lost(lease.work, Lost::Expired);
@@ -459,6 +488,7 @@ impl State {
         self.wake(requeued);
         let retry: Vec<(String, Option<String>)> = self
             .jobs
+            .by_id
             .values()
             .filter_map(|j| match &j.life {
                 Life::Running(Change::Failing(reason))

@@ -148,34 +148,44 @@ pub fn folder(uri: &StoreUri) -> StoreUri {
 /// The coordinator's whole in-memory state: the jobs, the fleet that
 /// works on them, and the writes on their way to the store (ADR 023).
 pub struct State {
+    /// Every job (ADR 023: each job's own rules are its methods).
+    jobs: Jobs,
+    /// The workers and what binds them to jobs: sessions, lease tokens,
+    /// the schedule's memory, paces, deaths, the store's health.
+    fleet: Fleet,
+    /// The machine's side of the store: effects out, results expected.
+    io: IoTable,
+    /// What all three read: the settings, and the wall clock against the
+    /// state's (deadlines, events) as the owner gave it at restore.
     config: MachineConfig,
-    /// The coordinator's fencing epoch: the high bits of its lease tokens
-    /// and progress records' order.
-    epoch: u64,
-    /// Orders progress records (see `ProgressRecord::seq`).
-    record_seq: u64,
-    /// Jobs by id; `order` keeps submission order (over both maps).
-    /// Every stored job not yet let go of is here (one being created
-    /// lives in its write's continuation, `Then::Created`, until it is
-    /// stored): the paths that walk jobs (the acquire path, the tick)
-    /// walk these.
-    jobs: BTreeMap<String, Job>,
+    wall: Option<deadline::WallClock>,
+    /// What operators read: counters and histograms since start.
+    meters: Meters,
+}
+
+/// Every job the coordinator holds, in submission order.
+#[derive(Default)]
+struct Jobs {
+    /// Jobs by id. Every stored job not yet let go of is here (one being
+    /// created lives in its write's continuation, `Then::Created`, until
+    /// it is stored): the paths that walk jobs (the acquire path, the
+    /// tick) walk these.
+    by_id: BTreeMap<String, Job>,
     /// Succeeded jobs that let go of their shards (`release_ended`): only
     /// looked up by id, never walked on a hot path, so a coordinator that
     /// ran thousands of jobs leases as fast as a new one.
     released: BTreeMap<String, Job>,
+    /// Submission order, over both maps.
     order: Vec<String>,
-    /// When pipeline stages' waits were last counted (`pipeline.rs`).
-    stage_waits_at: Option<Instant>,
-    /// The workers and what binds them to jobs.
-    fleet: Fleet,
-    /// The machine's side of the store: effects out, results expected.
-    io: IoTable,
+    /// Orders progress records (see `ProgressRecord::seq`).
+    record_seq: u64,
+}
+
+/// The machine's counters and histograms since this process started.
+#[derive(Default)]
+struct Meters {
     counters: Counters,
     histograms: Histograms,
-    /// The wall clock against the state's (deadlines, events), as the
-    /// owner gave it at restore.
-    wall: Option<deadline::WallClock>,
 }
 
 /// The writes the owner runs for the machine: asked in `effects`, each
@@ -194,18 +204,12 @@ impl State {
     /// (`State::restore` builds the durable one from what the owner read; tests start here).
     pub fn new(config: MachineConfig, epoch: u64) -> Self {
         Self {
-            config,
-            epoch,
-            record_seq: 0,
-            jobs: BTreeMap::new(),
-            released: BTreeMap::new(),
-            order: Vec::new(),
-            stage_waits_at: None,
-            fleet: Fleet::new(),
+            jobs: Jobs::default(),
+            fleet: Fleet::new(epoch),
             io: IoTable::default(),
-            counters: Counters::default(),
-            histograms: Histograms::default(),
+            config,
             wall: None,
+            meters: Meters::default(),
         }
     }
 
@@ -218,7 +222,7 @@ impl State {
 
     #[cfg(feature = "test-util")]
     pub fn epoch(&self) -> u64 {
-        self.epoch
+        self.fleet.epoch
     }
 
     /// What the owner is to do since the last call: store writes to run
@@ -324,8 +328,9 @@ impl State {
     /// A job by id, live or released.
     fn job(&self, job_id: &str) -> Result<&Job> {
         self.jobs
+            .by_id
             .get(job_id)
-            .or_else(|| self.released.get(job_id))
+            .or_else(|| self.jobs.released.get(job_id))
             .ok_or_else(|| MachineError::JobNotFound {
                 job_id: job_id.to_string(),
             })
@@ -333,9 +338,9 @@ impl State {
 
     /// A job by id, live or released.
     fn job_mut(&mut self, job_id: &str) -> Result<&mut Job> {
-        let job = match self.jobs.get_mut(job_id) {
+        let job = match self.jobs.by_id.get_mut(job_id) {
             Some(job) => Some(job),
-            None => self.released.get_mut(job_id),
+            None => self.jobs.released.get_mut(job_id),
         };
         job.ok_or_else(|| MachineError::JobNotFound {
             job_id: job_id.to_string(),
@@ -344,12 +349,12 @@ impl State {
 
     fn next_token(&mut self) -> u64 {
         self.fleet.token_seq += 1;
-        (self.epoch << TOKEN_EPOCH_SHIFT) | self.fleet.token_seq
+        (self.fleet.epoch << TOKEN_EPOCH_SHIFT) | self.fleet.token_seq
     }
 
     fn next_seq(&mut self) -> u64 {
-        self.record_seq += 1;
-        (self.epoch << TOKEN_EPOCH_SHIFT) | self.record_seq
+        self.jobs.record_seq += 1;
+        (self.fleet.epoch << TOKEN_EPOCH_SHIFT) | self.jobs.record_seq
     }
 }
 

@@ -135,6 +135,7 @@ impl State {
             return false;
         };
         self.jobs
+            .by_id
             .get(downstream)
             .is_some_and(|d| !d.life.ended() && d.unconsumed() >= stage.max_pending)
     }
@@ -149,14 +150,14 @@ impl State {
         if commit.outputs.is_empty() {
             return Some(commit);
         }
-        let Some(job) = self.jobs.get(&commit.key.job_id) else {
+        let Some(job) = self.jobs.by_id.get(&commit.key.job_id) else {
             return Some(commit);
         };
         if !self.must_wait(job, commit.outputs.len() as u64, !job.link.held.is_empty()) {
             return Some(commit);
         }
         let job_id = commit.key.job_id.clone();
-        let job = self.jobs.get_mut(&job_id)?;
+        let job = self.jobs.by_id.get_mut(&job_id)?;
         info!(job = %job_id, shard = %commit.key.shard_id, held = job.link.held.len() + 1, "pipeline: commit held until the next stage reads more");
         job.link.held.push_back(HeldCommit { req, commit });
         None
@@ -172,7 +173,11 @@ impl State {
         if !job.life.leasing() {
             return false;
         }
-        let Some(down) = stage.downstream.as_deref().and_then(|d| self.jobs.get(d)) else {
+        let Some(down) = stage
+            .downstream
+            .as_deref()
+            .and_then(|d| self.jobs.by_id.get(d))
+        else {
             return false;
         };
         if down.life.ended() {
@@ -186,7 +191,7 @@ impl State {
     /// it no longer leases, or its downstream ended), oldest first.
     pub(super) fn release_held(&mut self, job_id: &str, now: Instant) {
         loop {
-            let Some(job) = self.jobs.get(job_id) else {
+            let Some(job) = self.jobs.by_id.get(job_id) else {
                 return;
             };
             let Some(first) = job.link.held.front() else {
@@ -197,6 +202,7 @@ impl State {
             }
             let Some(first) = self
                 .jobs
+                .by_id
                 .get_mut(job_id)
                 .and_then(|j| j.link.held.pop_front())
             else {
@@ -212,14 +218,14 @@ impl State {
         if outputs.is_empty() {
             return;
         }
-        let Some(up) = self.jobs.get(job_id) else {
+        let Some(up) = self.jobs.by_id.get(job_id) else {
             return;
         };
         let Some(down_id) = up.downstream().map(str::to_string) else {
             return;
         };
         let up_output = up.output.clone();
-        let Some(down) = self.jobs.get_mut(&down_id) else {
+        let Some(down) = self.jobs.by_id.get_mut(&down_id) else {
             return;
         };
         if down.life.ended() {
@@ -245,7 +251,7 @@ impl State {
     /// consumed. It is deleted (unless the pipeline keeps intermediates),
     /// and an upstream held back may lease again.
     pub(super) fn consumed(&mut self, job_id: &str, idx: usize, now: Instant) {
-        let Some(job) = self.jobs.get(job_id) else {
+        let Some(job) = self.jobs.by_id.get(job_id) else {
             return;
         };
         let Some(stage) = job.spec.stage_of.as_ref() else {
@@ -279,6 +285,7 @@ impl State {
         // may go, and a worker that waits may take its next shard.
         if let Some(up) = self
             .jobs
+            .by_id
             .get(job_id)
             .and_then(|j| j.upstream())
             .map(str::to_string)
@@ -292,7 +299,12 @@ impl State {
     /// downstream's input; a stage that failed or was cancelled ends the
     /// stages beside it, naming itself.
     pub(super) fn stage_ended(&mut self, job_id: &str) {
-        let Some(job) = self.jobs.get(job_id).or_else(|| self.released.get(job_id)) else {
+        let Some(job) = self
+            .jobs
+            .by_id
+            .get(job_id)
+            .or_else(|| self.jobs.released.get(job_id))
+        else {
             return;
         };
         let Some(stage) = job.spec.stage_of.clone() else {
@@ -302,6 +314,7 @@ impl State {
         // leave its `ended.json` (see `release_ended`).
         if let Some(up) = stage.upstream.as_deref()
             && self
+                .jobs
                 .released
                 .get(up)
                 .and_then(|u| u.life.kept())
@@ -309,7 +322,12 @@ impl State {
         {
             self.save_ended(up);
         }
-        let Some(job) = self.jobs.get(job_id).or_else(|| self.released.get(job_id)) else {
+        let Some(job) = self
+            .jobs
+            .by_id
+            .get(job_id)
+            .or_else(|| self.jobs.released.get(job_id))
+        else {
             return;
         };
         match &job.life {
@@ -317,7 +335,7 @@ impl State {
                 let Some(down_id) = stage.downstream.as_deref() else {
                     return;
                 };
-                if let Some(down) = self.jobs.get_mut(down_id)
+                if let Some(down) = self.jobs.by_id.get_mut(down_id)
                     && !down.link.inputs_complete
                 {
                     down.link.inputs_complete = true;
@@ -344,7 +362,7 @@ impl State {
                     .into_iter()
                     .flatten()
                 {
-                    let ended = self.jobs.get(other).is_none_or(|j| j.life.ended());
+                    let ended = self.jobs.by_id.get(other).is_none_or(|j| j.life.ended());
                     if ended {
                         continue;
                     }
@@ -365,7 +383,7 @@ impl State {
     /// ran: `stoke report`'s `held_back_s` and `starved_s`. Sampled at each
     /// tick: O(jobs).
     pub(super) fn account_stage_waits(&mut self, now: Instant) {
-        let since = self.stage_waits_at.replace(now);
+        let since = self.fleet.stage_waits_at.replace(now);
         let Some(since) = since else {
             return;
         };
@@ -375,7 +393,7 @@ impl State {
         }
         let mut held = Vec::new();
         let mut starved = Vec::new();
-        for job in self.jobs.values() {
+        for job in self.jobs.by_id.values() {
             if job.spec.stage_of.is_none() || !job.life.running() {
                 continue;
             }
@@ -391,12 +409,12 @@ impl State {
             }
         }
         for id in held {
-            if let Some(job) = self.jobs.get_mut(&id) {
+            if let Some(job) = self.jobs.by_id.get_mut(&id) {
                 job.account.held_back += dt;
             }
         }
         for id in starved {
-            if let Some(job) = self.jobs.get_mut(&id) {
+            if let Some(job) = self.jobs.by_id.get_mut(&id) {
                 job.account.starved += dt;
             }
         }
@@ -407,7 +425,7 @@ impl State {
     /// downstream's shards from its stored progress).
     pub(super) fn feeds_a_running_stage(&self, job: &Job) -> bool {
         job.downstream()
-            .is_some_and(|d| self.jobs.get(d).is_some_and(|d| !d.life.ended()))
+            .is_some_and(|d| self.jobs.by_id.get(d).is_some_and(|d| !d.life.ended()))
     }
 
     /// Feeds `job_id` (a downstream stage) every output its upstream
@@ -415,8 +433,8 @@ impl State {
     /// it has already are left as they are). The upstream's id, and
     /// whether it succeeded; `None` when `job_id` reads no stage here.
     fn refeed(&mut self, job_id: &str) -> Option<(String, bool)> {
-        let up_id = self.jobs.get(job_id)?.upstream()?.to_string();
-        let up = self.jobs.get(&up_id)?;
+        let up_id = self.jobs.by_id.get(job_id)?.upstream()?.to_string();
+        let up = self.jobs.by_id.get(&up_id)?;
         let outputs: Vec<OutputObject> = up
             .shards
             .iter()
@@ -424,7 +442,7 @@ impl State {
             .collect();
         let up_output = up.output.clone();
         let up_succeeded = matches!(up.life, Life::Ended(End::Succeeded(_)));
-        let job = self.jobs.get_mut(job_id)?;
+        let job = self.jobs.by_id.get_mut(job_id)?;
         for object in &outputs {
             job.feed(&up_output, object);
         }
@@ -437,7 +455,7 @@ impl State {
         let Some((up_id, up_succeeded)) = self.refeed(job_id) else {
             return;
         };
-        if let Some(job) = self.jobs.get_mut(job_id)
+        if let Some(job) = self.jobs.by_id.get_mut(job_id)
             && job.life.running()
         {
             job.pending = (0..job.shards.len())
@@ -460,7 +478,7 @@ impl State {
             let Some((up_id, up_succeeded)) = self.refeed(&job_id) else {
                 continue;
             };
-            let Some(job) = self.jobs.get_mut(&job_id) else {
+            let Some(job) = self.jobs.by_id.get_mut(&job_id) else {
                 continue;
             };
             for i in 0..job.shards.len() {

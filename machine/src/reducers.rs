@@ -119,7 +119,7 @@ impl State {
     /// Whether the job (every shard done) must reduce its metrics before
     /// it finishes; offers the task to the workers the first time.
     pub(super) fn metrics_hold_finish(&mut self, job_id: &str) -> bool {
-        let Some(job) = self.jobs.get_mut(job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(job_id) else {
             return false;
         };
         match job.features.reduce {
@@ -149,6 +149,7 @@ impl State {
         let pool = self.fleet.pool_of(session_id);
         let job_id = self
             .jobs
+            .by_id
             .values()
             .find(|j| {
                 j.features.reduce == Reduce::Pending
@@ -160,7 +161,7 @@ impl State {
         let token = self.next_token();
         let expires_at = now + self.config.lease_timeout;
         let worker = self.fleet.worker_of(session_id);
-        let job = self.jobs.get_mut(&job_id)?;
+        let job = self.jobs.by_id.get_mut(&job_id)?;
         job.features.reduce = Reduce::Leased {
             session_id: session_id.to_string(),
             token,
@@ -190,12 +191,13 @@ impl State {
     }
 
     fn try_commit_metrics(&mut self, req: ReqId, done: MetricsDone) -> Result<()> {
-        let job = self
-            .jobs
-            .get_mut(&done.job_id)
-            .ok_or_else(|| MachineError::JobNotFound {
-                job_id: done.job_id.clone(),
-            })?;
+        let job =
+            self.jobs
+                .by_id
+                .get_mut(&done.job_id)
+                .ok_or_else(|| MachineError::JobNotFound {
+                    job_id: done.job_id.clone(),
+                })?;
         let holds = matches!(&job.features.reduce, Reduce::Leased { session_id, token, .. }
             if *token == done.token && *session_id == done.session_id);
         if !holds {
@@ -250,7 +252,7 @@ impl State {
 
     fn metrics_failed(&mut self, job_id: &str, req: ReqId, message: String) {
         warn!(job = %job_id, error = %message, "reducing the job's metrics failed; the job fails");
-        if let Some(job) = self.jobs.get_mut(job_id) {
+        if let Some(job) = self.jobs.by_id.get_mut(job_id) {
             job.features.reduce = Reduce::Unasked;
         }
         self.reply(Some(req), Answer::Done(Ok(())));
@@ -264,7 +266,7 @@ impl State {
             req,
             metrics,
         } = write;
-        let Some(job) = self.jobs.get_mut(&job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(&job_id) else {
             self.reply(Some(req), Answer::Done(result));
             return;
         };

@@ -81,6 +81,7 @@ impl State {
         // makes this one add nothing).
         let paused: Vec<String> = state
             .jobs
+            .by_id
             .values()
             .filter(|j| j.paused_at_cap())
             .map(|j| j.id.clone())
@@ -90,7 +91,11 @@ impl State {
         }
         // Stages that fed a stage now ended may let go of their shards.
         state.release_ended();
-        info!(epoch, jobs = state.jobs.len(), "coordinator state loaded");
+        info!(
+            epoch,
+            jobs = state.jobs.by_id.len(),
+            "coordinator state loaded"
+        );
         state
     }
 
@@ -122,32 +127,7 @@ impl State {
                 (job, Some(progress))
             }
         };
-        if s.status.state.is_terminal() {
-            // An ended job's report is the one stored at its end; its
-            // clock stays stopped. Without one (the coordinator before
-            // stopped between the job's end and its report), the last
-            // one saved, written out again as its report.
-            job.account.end(now);
-            job.account.report_file = ReportFile::Stored;
-            if let Some(report) = s.report {
-                job.account.before = Some(report);
-            } else if let Some(so_far) = s.report_so_far {
-                job.account.before = Some(so_far.report);
-                job.account.report_file = ReportFile::Unwritten;
-            }
-        } else if let Some(so_far) = s.report_so_far {
-            // What the coordinators before this one counted of a running
-            // job.
-            job.account.carry_on(so_far, now_ms);
-        }
-        // The spend stored with the job's last change of state (a pause at
-        // its cap, say) may be newer than the report saved every few
-        // seconds: the job spent at least that.
-        if !s.status.state.is_terminal()
-            && let Some(held_ms) = s.status.held_ms
-        {
-            job.account.spent_at_least(held_ms as f64 / 1000.0);
-        }
+        job.restore_account(&s.status, s.report, s.report_so_far, now, now_ms);
         if let Some(record) = s.schedule {
             job.schedule = Schedule {
                 priority: record.priority,
@@ -187,18 +167,59 @@ impl State {
             // folder after its last sweep.
             self.io.effects.push(Effect::Sweep(job.staging_dir()));
         }
-        job.seq = self.order.len();
-        self.order.push(job_id.clone());
+        job.seq = self.jobs.order.len();
+        self.jobs.order.push(job_id.clone());
         if job.may_let_go() && job.downstream().is_none() {
             // As it loads (if `ended.json` did not spare that): the
             // coordinator never holds the shards of every job it ever ran,
             // not even while it starts. A pipeline stage that feeds another
             // waits for the stages to load (`release_ended` then).
             job.let_go();
-            self.released.insert(job_id, job);
+            self.jobs.released.insert(job_id, job);
         } else {
-            self.jobs.insert(job_id, job);
+            self.jobs.by_id.insert(job_id, job);
         }
         fed
+    }
+}
+
+impl Job {
+    /// What the coordinators before this one counted of the job: its
+    /// report (stored at its end, or saved every few seconds while it
+    /// ran), and the spend its last change of state stored.
+    fn restore_account(
+        &mut self,
+        status: &StatusRecord,
+        report: Option<EfficiencyReport>,
+        report_so_far: Option<ReportSoFar>,
+        now: Instant,
+        now_ms: u64,
+    ) {
+        if status.state.is_terminal() {
+            // An ended job's report is the one stored at its end; its
+            // clock stays stopped. Without one (the coordinator before
+            // stopped between the job's end and its report), the last
+            // one saved, written out again as its report.
+            self.account.end(now);
+            self.account.report_file = ReportFile::Stored;
+            if let Some(report) = report {
+                self.account.before = Some(report);
+            } else if let Some(so_far) = report_so_far {
+                self.account.before = Some(so_far.report);
+                self.account.report_file = ReportFile::Unwritten;
+            }
+        } else if let Some(so_far) = report_so_far {
+            // What the coordinators before this one counted of a running
+            // job.
+            self.account.carry_on(so_far, now_ms);
+        }
+        // The spend stored with the job's last change of state (a pause at
+        // its cap, say) may be newer than the report saved every few
+        // seconds: the job spent at least that.
+        if !status.state.is_terminal()
+            && let Some(held_ms) = status.held_ms
+        {
+            self.account.spent_at_least(held_ms as f64 / 1000.0);
+        }
     }
 }

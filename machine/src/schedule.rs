@@ -190,7 +190,7 @@ impl State {
         if self.config.queues.is_empty() {
             return HashMap::new();
         }
-        queue_usage(self.jobs.values())
+        queue_usage(self.jobs.by_id.values())
     }
 
     /// Whether each job may take one more lease now: under its `max_workers`
@@ -202,6 +202,7 @@ impl State {
     pub(super) fn jobs_that_may_lease_more(&self, pool: &str) -> HashSet<&str> {
         let usage = self.queue_usage();
         self.jobs
+            .by_id
             .values()
             .filter(|job| job.spec.pool_name() == pool && !self.held_back(job))
             .filter(|job| {
@@ -239,7 +240,7 @@ impl State {
         let pool = self.fleet.pool_of(session_id);
         let mut any_unfinished = false;
         let mut best: Option<(Rank, Choice)> = None;
-        for job in self.jobs.values() {
+        for job in self.jobs.by_id.values() {
             // A worker serves its own pool's jobs only.
             if job.life.ended() || job.spec.pool_name() != pool {
                 continue;
@@ -292,7 +293,7 @@ impl State {
     /// idle (or is new) takes its turn without a burst of catching up.
     pub(super) fn charge(&mut self, job_id: &str) {
         let vtime = self.fleet.vtime;
-        if let Some(job) = self.jobs.get_mut(job_id) {
+        if let Some(job) = self.jobs.by_id.get_mut(job_id) {
             let start = job.pass.max(vtime);
             self.fleet.vtime = start;
             job.pass = start + 1.0 / job.schedule.weight;
@@ -318,7 +319,7 @@ impl State {
             let stage = job.spec.stage_of.as_ref();
             let unconsumed = stage
                 .and_then(|s| s.downstream.as_deref())
-                .and_then(|d| self.jobs.get(d))
+                .and_then(|d| self.jobs.by_id.get(d))
                 .map_or(0, Job::unconsumed);
             return Some(WaitReason::HeldBack {
                 unconsumed,
@@ -344,7 +345,7 @@ impl State {
 
     /// Why each job waits (see [`WaitReason`]), by job id: O(jobs).
     pub(super) fn wait_reasons(&self) -> HashMap<&str, WaitReason> {
-        let usage = queue_usage(self.jobs.values());
+        let usage = queue_usage(self.jobs.by_id.values());
         let eligible = |job: &&Job| {
             job.life.running()
                 && !job.pending.is_empty()
@@ -356,6 +357,7 @@ impl State {
         let mut top: HashMap<&str, i64> = HashMap::new();
         for job in self
             .jobs
+            .by_id
             .values()
             .filter(|j| eligible(j) || (j.life.running() && j.leased > 0))
         {
@@ -369,6 +371,7 @@ impl State {
             .map(|s| s.pool.as_str())
             .collect();
         self.jobs
+            .by_id
             .values()
             .filter_map(|job| {
                 let top = top.get(job.spec.pool_name()).copied();
@@ -430,14 +433,14 @@ impl State {
             return;
         }
         // Owned: the leases picked below are marked in place.
-        let usage: HashMap<String, u64> = queue_usage(self.jobs.values())
+        let usage: HashMap<String, u64> = queue_usage(self.jobs.by_id.values())
             .into_iter()
             .map(|(q, n)| (q.to_string(), n))
             .collect();
         let Some((claimant, demand)) = self.claimant(pool, &usage) else {
             return;
         };
-        let Some(job) = self.jobs.get(&claimant) else {
+        let Some(job) = self.jobs.by_id.get(&claimant) else {
             return;
         };
         let priority = job.schedule.priority;
@@ -449,7 +452,7 @@ impl State {
         let mut victims = Vec::new();
         for (session_id, session) in self.fleet.sessions.iter().filter(|(_, s)| s.pool == pool) {
             for (job_id, idx) in &session.leases {
-                let Some(job) = self.jobs.get(job_id) else {
+                let Some(job) = self.jobs.by_id.get(job_id) else {
                     continue;
                 };
                 let shard = &job.shards[*idx];
@@ -507,7 +510,7 @@ impl State {
                 idx,
                 ..
             } = victim;
-            let Some(job) = self.jobs.get_mut(&job_id) else {
+            let Some(job) = self.jobs.by_id.get_mut(&job_id) else {
                 continue;
             };
             if borrowed {
@@ -530,7 +533,7 @@ impl State {
                 token,
             });
             self.fleet.preempted_at.push_back(now);
-            self.counters.leases_preempted += 1;
+            self.meters.counters.leases_preempted += 1;
             taken += 1;
         }
         let reason = format!("preempted for job {claimant} (priority {priority})");
@@ -547,6 +550,7 @@ impl State {
     pub(super) fn shed_over_cap(&mut self) {
         let over: Vec<(String, u64)> = self
             .jobs
+            .by_id
             .values()
             .filter(|j| j.life.leasing())
             .filter_map(|j| {
@@ -566,7 +570,7 @@ impl State {
                     if *held_job != job_id {
                         continue;
                     }
-                    let Some(job) = self.jobs.get(held_job) else {
+                    let Some(job) = self.jobs.by_id.get(held_job) else {
                         continue;
                     };
                     let shard = &job.shards[*idx];
@@ -580,7 +584,7 @@ impl State {
                     }
                 }
             }
-            let Some(job) = self.jobs.get_mut(&job_id) else {
+            let Some(job) = self.jobs.by_id.get_mut(&job_id) else {
                 continue;
             };
             let excess = job.leased.saturating_sub(cap).saturating_sub(asked) as usize;
@@ -599,7 +603,7 @@ impl State {
                     shard_id: job.plan.shards[idx].id.clone(),
                     token,
                 });
-                self.counters.leases_preempted += 1;
+                self.meters.counters.leases_preempted += 1;
             }
             let reason = format!("job {job_id} is over its max_workers ({cap})");
             self.send_drains(drains, &reason);
@@ -611,7 +615,7 @@ impl State {
     /// could use.
     fn claimant(&self, pool: &str, usage: &HashMap<String, u64>) -> Option<(String, u64)> {
         let mut best: Option<(Rank, &str, u64)> = None;
-        for job in self.jobs.values() {
+        for job in self.jobs.by_id.values() {
             if !job.life.leasing()
                 || job.pending.is_empty()
                 || job.spec.pool_name() != pool
@@ -648,7 +652,7 @@ impl State {
         for name in self.config.queues.keys() {
             queues.entry(name.as_str()).or_default();
         }
-        for job in self.jobs.values() {
+        for job in self.jobs.by_id.values() {
             if !job.life.running() {
                 continue;
             }
@@ -693,7 +697,7 @@ impl State {
         // Each pool's wanted workers by queue, each capped by its queue's
         // cap (exact when a queue's jobs are in one pool, as is usual).
         let mut wanted: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-        for job in self.jobs.values().filter(|j| j.life.running()) {
+        for job in self.jobs.by_id.values().filter(|j| j.life.running()) {
             let pool = job.spec.pool_name();
             let p = pools.entry(pool).or_default();
             p.pending += job.pending.len() as u64;

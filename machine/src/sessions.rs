@@ -39,7 +39,7 @@ impl State {
         );
         self.account_time(now);
         info!(worker = %registration.worker_id, session = %session_id, host = %registration.hostname, pool = %registration.pool, devices = ?registration.devices, held = registration.held.len(), "worker registered");
-        self.counters.sessions_registered += 1;
+        self.meters.counters.sessions_registered += 1;
         let worker_id = registration.worker_id.clone();
         let incarnation = registration.incarnation.clone();
         self.fleet.sessions.insert(
@@ -70,6 +70,7 @@ impl State {
                     && c.job_id == key.job_id
                     && self
                         .jobs
+                        .by_id
                         .get(&key.job_id)
                         .and_then(|j| j.shard_index.get(&key.shard_id))
                         == Some(&c.idx)
@@ -115,9 +116,9 @@ impl State {
     /// epoch, not older than the last committed attempt, and the shard is
     /// neither done nor leased again since.
     fn adopt(&mut self, session_id: &str, key: &LeaseKey, now: Instant) -> bool {
-        let epoch = self.epoch;
+        let epoch = self.fleet.epoch;
         let expires_at = now + self.config.lease_timeout;
-        let Some(job) = self.jobs.get_mut(&key.job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(&key.job_id) else {
             return false;
         };
         if !job.life.running() {
@@ -160,7 +161,7 @@ impl State {
         let Some(session) = self.fleet.sessions.remove(session_id) else {
             return;
         };
-        self.counters.sessions_closed += 1;
+        self.meters.counters.sessions_closed += 1;
         self.fleet.waiting.retain(|s| s != session_id);
         let mut requeued = 0;
         let mut lost_work: Vec<String> = Vec::new();
@@ -168,7 +169,7 @@ impl State {
         let mut closed: Vec<Closed> = Vec::new();
         for (job_id, idx) in session.leases {
             // A backup simply ends: the holder goes on.
-            if let Some(job) = self.jobs.get_mut(&job_id)
+            if let Some(job) = self.jobs.by_id.get_mut(&job_id)
                 && job.shards[idx].backs_up(session_id)
             {
                 if let Some(backup) = job.take_backup(idx) {
@@ -176,7 +177,7 @@ impl State {
                 }
                 continue;
             }
-            if let Some(job) = self.jobs.get_mut(&job_id) {
+            if let Some(job) = self.jobs.by_id.get_mut(&job_id) {
                 let shard = &job.shards[idx];
                 if shard.writing() {
                     // A record of this lease is being written; the shard is
@@ -190,7 +191,7 @@ impl State {
                 // A backup stands in: the records are not judged by a
                 // death that the backup may well live through.
                 if self.backup_stands_in(&job_id, idx) {
-                    if let Some(job) = self.jobs.get_mut(&job_id) {
+                    if let Some(job) = self.jobs.by_id.get_mut(&job_id) {
                         job.account.lost(lease.work, Lost::Disconnected);
                     }
                     lost_work.push(job_id.clone());
@@ -219,7 +220,7 @@ impl State {
                     lease: lease.clone(),
                 });
                 lost_work.push(job_id.clone());
-                if let Some(job) = self.jobs.get_mut(&job_id) {
+                if let Some(job) = self.jobs.by_id.get_mut(&job_id) {
                     job.account.lost(lease.work, Lost::Disconnected);
                     if job.life.running() {
                         job.pending.push_front(idx);
@@ -229,7 +230,7 @@ impl State {
                 }
             }
         }
-        for job in self.jobs.values_mut() {
+        for job in self.jobs.by_id.values_mut() {
             let lost = lost_work.contains(&job.id);
             job.account.worker_gone(&session.worker_id, lost);
         }
@@ -248,7 +249,7 @@ impl State {
         self.account_time(now);
         let expires_at = now + self.config.lease_timeout;
         for key in leases {
-            if let Some(job) = self.jobs.get_mut(&key.job_id)
+            if let Some(job) = self.jobs.by_id.get_mut(&key.job_id)
                 && let Some(&idx) = job.shard_index.get(&key.shard_id)
                 && let Some(lease) = job.shards[idx].attempt_mut(session_id, key.token)
                 // An expired lease stays expired, even before the next tick.
@@ -278,7 +279,7 @@ impl State {
         }
         let mut noted = Vec::new();
         for w in work {
-            let Some(job) = self.jobs.get_mut(&w.lease.job_id) else {
+            let Some(job) = self.jobs.by_id.get_mut(&w.lease.job_id) else {
                 continue;
             };
             let Some(&idx) = job.shard_index.get(&w.lease.shard_id) else {
@@ -334,7 +335,7 @@ impl State {
                 let mean = model_ms as f64 / 1000.0 / batches as f64;
                 // Bounded work per heartbeat, however many batches it covers.
                 for _ in 0..batches.min(MAX_BATCH_OBSERVATIONS) {
-                    self.histograms.batch.observe(mean);
+                    self.meters.histograms.batch.observe(mean);
                 }
             }
             session.stages = stages;

@@ -448,7 +448,7 @@ impl State {
             .filter(move |(id, _)| id.as_str() != asker)
             .flat_map(move |(id, holder)| {
                 holder.leases.iter().filter_map(move |(job_id, idx)| {
-                    let job = self.jobs.get(job_id)?;
+                    let job = self.jobs.by_id.get(job_id)?;
                     Some((id.as_str(), holder, job_id.as_str(), *idx, job))
                 })
             })
@@ -535,7 +535,7 @@ impl State {
         let asker_pace = asker.pace(&job_id, now);
         let holder_seq = self.next_seq();
         let child_seq = self.next_seq();
-        let Some(job) = self.jobs.get_mut(&job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(&job_id) else {
             return false;
         };
         let (holder, child) = job.split_records(idx, &point, holder_seq, child_seq);
@@ -571,7 +571,7 @@ impl State {
             asker,
         } = write;
         self.fleet.splits_in_flight = self.fleet.splits_in_flight.saturating_sub(1);
-        let Some(job) = self.jobs.get_mut(&job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(&job_id) else {
             return;
         };
         job.shards[idx].slot.end_write();
@@ -597,7 +597,7 @@ impl State {
                 },
             )
         });
-        self.counters.shards_split += 1;
+        self.meters.counters.shards_split += 1;
         if let Some((session_id, key)) = holder_lease {
             self.tell_split(&session_id, key, until);
         }
@@ -620,7 +620,11 @@ impl State {
             .leases
             .iter()
             .map(|(job_id, idx)| {
-                let left = self.jobs.get(job_id).and_then(|j| j.records_left(*idx));
+                let left = self
+                    .jobs
+                    .by_id
+                    .get(job_id)
+                    .and_then(|j| j.records_left(*idx));
                 match (left, session.pace(job_id, now)) {
                     (Some(left), Some(pace)) if pace > 0.0 => left as f64 / pace,
                     _ => f64::INFINITY,
@@ -665,7 +669,7 @@ impl State {
     /// back to the queue now.
     fn requeue_orphan(&mut self, job_id: &str, idx: usize) {
         let sessions = &self.fleet.sessions;
-        let Some(job) = self.jobs.get_mut(job_id) else {
+        let Some(job) = self.jobs.by_id.get_mut(job_id) else {
             return;
         };
         let orphaned = job.shards[idx]

@@ -51,7 +51,7 @@ impl State {
         self.fleet.store.answered = Some(now);
         match error {
             Some(why) => {
-                self.counters.store_errors += 1;
+                self.meters.counters.store_errors += 1;
                 self.store_down(now, format!("a write failed: {why}"));
             }
             None => self.store_up(now),
@@ -116,7 +116,7 @@ impl State {
     }
 
     fn tell_running_jobs(&mut self, at_ms: u64, message: &str) {
-        for job in self.jobs.values_mut() {
+        for job in self.jobs.by_id.values_mut() {
             if job.life.running() {
                 job.event(at_ms, message.to_string());
             }

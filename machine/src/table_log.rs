@@ -132,7 +132,12 @@ impl Job {
 impl State {
     /// Starts the job's next Delta commit (`Job::next_delta_commit`).
     pub(super) fn delta_next(&mut self, job_id: &str) {
-        let Some(write) = self.jobs.get_mut(job_id).and_then(Job::next_delta_commit) else {
+        let Some(write) = self
+            .jobs
+            .by_id
+            .get_mut(job_id)
+            .and_then(Job::next_delta_commit)
+        else {
             return;
         };
         self.start_io(
@@ -146,7 +151,12 @@ impl State {
     /// A Delta commit of the job is made, or not: after a failed one the
     /// next reconciles; a refusal (another schema) fails the job.
     pub(super) fn delta_written(&mut self, job_id: &str, result: Result<()>) {
-        let Some(log) = self.jobs.get_mut(job_id).and_then(|j| j.delta_log.as_mut()) else {
+        let Some(log) = self
+            .jobs
+            .by_id
+            .get_mut(job_id)
+            .and_then(|j| j.delta_log.as_mut())
+        else {
             return;
         };
         // Only one commit of the job is in flight at a time, so its result
@@ -176,6 +186,7 @@ impl State {
     pub(super) fn delta_retry(&mut self) {
         let due: Vec<String> = self
             .jobs
+            .by_id
             .values()
             .filter(|j| j.delta_log.as_ref().is_some_and(DeltaLog::due))
             .map(|j| j.id.clone())

@@ -250,7 +250,7 @@ impl State {
                     .leases
                     .iter()
                     .filter_map(|(job_id, idx)| {
-                        let job = self.jobs.get(job_id)?;
+                        let job = self.jobs.by_id.get(job_id)?;
                         let shard = job.shards.get(*idx)?;
                         let lease = shard.lease().filter(|l| l.session_id == *session_id);
                         let token = lease.or(shard.backup())?.token;
@@ -276,8 +276,8 @@ impl State {
         let store_not_answering_s = self.store_outage(now).map_or(0.0, |(s, _)| s.max(0.001));
         let now = self.fleet.accounted_at.unwrap_or(now);
         Snapshot {
-            counters: self.counters.clone(),
-            histograms: self.histograms.clone(),
+            counters: self.meters.counters.clone(),
+            histograms: self.meters.histograms.clone(),
             workers,
             queues: self.demand(),
             pools: self.pool_demand(),
@@ -297,7 +297,7 @@ impl State {
         let mut leased: HashMap<&str, (u64, u64)> = HashMap::new();
         for (session_id, session) in &self.fleet.sessions {
             for (job_id, idx) in &session.leases {
-                let Some(job) = self.jobs.get(job_id) else {
+                let Some(job) = self.jobs.by_id.get(job_id) else {
                     continue;
                 };
                 // A shard raced by a backup is leased once.
@@ -317,6 +317,7 @@ impl State {
         }
         let waiting = self.wait_reasons();
         let jobs = self
+            .jobs
             .order
             .iter()
             .filter_map(|id| self.job(id).ok())
@@ -365,7 +366,7 @@ impl State {
     /// Samples every running job's committed records for its rate; a job
     /// that is not running has none (a resumed one starts afresh).
     pub(super) fn sample_rates(&mut self, now: Instant) {
-        for job in self.jobs.values_mut() {
+        for job in self.jobs.by_id.values_mut() {
             if job.life.running() {
                 job.rate.record(now, job.totals.records);
             } else {
@@ -464,7 +465,8 @@ impl State {
 
     pub fn list_jobs(&self) -> Vec<JobInfo> {
         let waiting = self.wait_reasons();
-        self.order
+        self.jobs
+            .order
             .iter()
             .filter_map(|id| self.job(id).ok())
             .map(|j| {
