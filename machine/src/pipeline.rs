@@ -299,12 +299,7 @@ impl State {
     /// downstream's input; a stage that failed or was cancelled ends the
     /// stages beside it, naming itself.
     pub(super) fn stage_ended(&mut self, job_id: &str) {
-        let Some(job) = self
-            .jobs
-            .by_id
-            .get(job_id)
-            .or_else(|| self.jobs.released.get(job_id))
-        else {
+        let Ok(job) = self.job(job_id) else {
             return;
         };
         let Some(stage) = job.spec.stage_of.clone() else {
@@ -322,12 +317,7 @@ impl State {
         {
             self.save_ended(up);
         }
-        let Some(job) = self
-            .jobs
-            .by_id
-            .get(job_id)
-            .or_else(|| self.jobs.released.get(job_id))
-        else {
+        let Ok(job) = self.job(job_id) else {
             return;
         };
         match &job.life {
