@@ -6,14 +6,18 @@
 //! counts.
 
 use stoke_client::summary::{count, local_path};
-use stoke_core::records::{CommittedOutputs, DeltaVersions, JobState, ManifestEntry};
+use stoke_core::records::{CommittedOutputs, JobState, ManifestEntry, TableVersions};
 
 use crate::source::Source;
 
 /// Prints the job's committed outputs: a table, or JSON with `--json`.
 pub async fn print(source: &Source, job_id: &str, json: bool) -> anyhow::Result<i32> {
     let job = source.job(job_id).await?;
-    let CommittedOutputs { outputs, delta } = source.outputs(job_id).await?;
+    let CommittedOutputs {
+        outputs,
+        delta,
+        iceberg,
+    } = source.outputs(job_id).await?;
     let records: u64 = outputs.iter().map(|o| o.object.records).sum();
     let bytes: u64 = outputs.iter().map(|o| o.object.bytes).sum();
     let complete = job.state == JobState::Succeeded;
@@ -31,6 +35,10 @@ pub async fn print(source: &Source, job_id: &str, json: bool) -> anyhow::Result<
             "delta": delta.as_ref().map(|d| serde_json::json!({
                 "table": d.table,
                 "versions": d.versions,
+            })),
+            "iceberg": iceberg.as_ref().map(|d| serde_json::json!({
+                "table": d.table,
+                "snapshots": d.versions,
             })),
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
@@ -54,6 +62,10 @@ pub async fn print(source: &Source, job_id: &str, json: bool) -> anyhow::Result<
         println!("{}", delta_line(d, complete));
         return Ok(0);
     }
+    if let Some(i) = &iceberg {
+        println!("{}", iceberg_line(i, complete));
+        return Ok(0);
+    }
     if complete {
         println!(
             "every committed object is under {} (read the folder with any Parquet reader)",
@@ -69,7 +81,7 @@ pub async fn print(source: &Source, job_id: &str, json: bool) -> anyhow::Result<
 }
 
 /// Where a Delta job's rows are, and which table versions hold them.
-pub(crate) fn delta_line(d: &DeltaVersions, complete: bool) -> String {
+pub(crate) fn delta_line(d: &TableVersions, complete: bool) -> String {
     let versions: Vec<String> = d.versions.iter().map(u64::to_string).collect();
     let table = local_path(&d.table);
     match (versions.is_empty(), complete) {
@@ -81,6 +93,23 @@ pub(crate) fn delta_line(d: &DeltaVersions, complete: bool) -> String {
             "Delta table {table}: the job's rows are in version{} {} (read the table with any Delta reader: deltalake, Polars, Spark, DuckDB)",
             if versions.len() == 1 { "" } else { "s" },
             versions.join(", ")
+        ),
+    }
+}
+
+/// Where an Iceberg job's rows are, and which snapshots hold them.
+pub(crate) fn iceberg_line(i: &TableVersions, complete: bool) -> String {
+    let snapshots: Vec<String> = i.versions.iter().map(u64::to_string).collect();
+    let table = &i.table;
+    match (snapshots.is_empty(), complete) {
+        (true, true) => format!("Iceberg table {table}: the job added no rows"),
+        (true, false) => format!(
+            "Iceberg table {table}: no snapshot of it holds this job's rows yet (with commit = \"end\" they land when the job succeeds)"
+        ),
+        (false, _) => format!(
+            "Iceberg table {table}: the job's rows are in snapshot{} {} (read the table through its catalog with any Iceberg reader: pyiceberg, Spark, Trino, DuckDB)",
+            if snapshots.len() == 1 { "" } else { "s" },
+            snapshots.join(", ")
         ),
     }
 }

@@ -168,11 +168,14 @@ async fn drive(started: Started, spec: JobSpec) -> anyhow::Result<i32> {
     };
     workers.finish(Duration::from_secs(60)).await;
     print_summary(&job);
-    if job.state == JobState::Succeeded && spec.output.delta().is_some() {
+    if job.state == JobState::Succeeded && spec.output.format.is_table() {
         // Where the rows are: the table and the versions holding them.
         let outputs = client.job_outputs(&job.job_id).await?;
         if let Some(d) = &outputs.delta {
             println!("{}", crate::outputs::delta_line(d, true));
+        }
+        if let Some(i) = &outputs.iceberg {
+            println!("{}", crate::outputs::iceberg_line(i, true));
         }
     }
     eprintln!("took {:.1}s", started.elapsed().as_secs_f64());

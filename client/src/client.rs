@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use stoke_core::PROTOCOL_VERSION;
-use stoke_core::records::{CommittedOutputs, DeltaVersions, JobErrors, JobInfo, WorkerInfo};
+use stoke_core::records::{CommittedOutputs, JobErrors, JobInfo, TableVersions, WorkerInfo};
 use stoke_core::report::EfficiencyReport;
 use stoke_core::security::{AuthChannel, ClientSecurity, Role};
 use stoke_core::spec::JobSpec;
@@ -193,7 +193,11 @@ impl Client {
             .await?;
         Ok(CommittedOutputs {
             outputs: resp.outputs.into_iter().map(Into::into).collect(),
-            delta: resp.delta.map(|d| DeltaVersions {
+            delta: resp.delta.map(|d| TableVersions {
+                table: d.table,
+                versions: d.versions,
+            }),
+            iceberg: resp.iceberg.map(|d| TableVersions {
                 table: d.table,
                 versions: d.versions,
             }),

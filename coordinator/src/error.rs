@@ -21,6 +21,8 @@ pub enum CoordinatorError {
     Plan(#[from] PlanError),
     #[error(transparent)]
     Delta(#[from] crate::table::delta::DeltaError),
+    #[error(transparent)]
+    Iceberg(#[from] crate::table::iceberg::IcebergError),
     #[error("invalid job id {job_id:?}: {reason}")]
     BadJobId {
         job_id: String,
@@ -93,6 +95,10 @@ pub fn for_machine(e: CoordinatorError) -> MachineError {
             permanent: e.is_permanent(),
             message: e.to_string(),
         }),
+        CoordinatorError::Iceberg(e) => MachineError::Table(TableFault {
+            permanent: e.is_permanent(),
+            message: e.to_string(),
+        }),
         e => MachineError::Recovery(e.to_string()),
     }
 }
@@ -117,6 +123,8 @@ impl From<CoordinatorError> for Status {
             Plan(_) => Status::invalid_argument(msg),
             Delta(ref d) if d.is_permanent() => Status::failed_precondition(msg),
             Delta(_) => Status::unavailable(msg),
+            Iceberg(ref i) if i.is_permanent() => Status::failed_precondition(msg),
+            Iceberg(_) => Status::unavailable(msg),
             ProtocolVersion { .. } => Status::failed_precondition(msg),
             Security(_) => Status::internal(msg),
             Store(_)

@@ -150,6 +150,10 @@ impl JobService for JobApi {
                 table: d.table,
                 versions: d.versions,
             }),
+            iceberg: outputs.iceberg.map(|d| pb::DeltaVersions {
+                table: d.table,
+                versions: d.versions,
+            }),
         }))
     }
 

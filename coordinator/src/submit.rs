@@ -1,6 +1,7 @@
 //! Submit-time work, before the state machine sees a job: the spec
 //! validated, the job id checked or made, and the dataset planned (which
-//! reads the dataset, and a Delta job's table). Runs outside the owner
+//! reads the dataset, and a Delta job's table; an Iceberg job's table is
+//! looked up in its catalog, and where its data files go written in). Runs outside the owner
 //! task, in the caller's, so a slow store never holds the state up.
 
 use stoke_core::plan::Plan;
@@ -10,12 +11,12 @@ use stoke_store::{StoreUri, Stores};
 
 use crate::error::{CoordinatorError, Result};
 use crate::table::delta::{self, KnownType};
-use crate::table::incremental;
+use crate::table::{iceberg, incremental};
 
 /// The job's id (`job_id`, checked, or `<name>-<8 hex>`) and its shard
 /// plan, once the spec is valid.
 pub(crate) async fn prepare(
-    spec: &JobSpec,
+    spec: &mut JobSpec,
     job_id: Option<String>,
     stores: &Stores,
 ) -> Result<(String, Plan)> {
@@ -31,6 +32,16 @@ pub(crate) async fn prepare(
             format!("{name}-{}", &suffix[..8])
         }
     };
+    if spec.output.iceberg().is_some() {
+        let location =
+            iceberg::at_submit(stores, &spec.output, &job_id, builtin_columns(spec)).await?;
+        StoreUri::parse(&location).map_err(|e| {
+            CoordinatorError::InvalidRequest(format!(
+                "the Iceberg table's location {location} is not a store stoke writes to ({e}): give [output] uri, a folder for the job's data files"
+            ))
+        })?;
+        spec.output.uri = Some(location);
+    }
     let plan = plan(spec, &job_id, stores).await?;
     Ok((job_id, plan))
 }

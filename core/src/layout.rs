@@ -102,9 +102,18 @@ impl JobLayout {
         self.dir.join("manifest.json")
     }
     /// The Delta table versions a `commit = "checkpoint"` job made so far
-    /// (a `DeltaVersions`), for its manifest.
+    /// (a `TableVersions`), for its manifest.
     pub fn delta_versions(&self) -> StoreUri {
         self.dir.join("delta.json")
+    }
+
+    /// The table versions (Delta) or snapshots (Iceberg) a table job made
+    /// so far, by its output format (`delta.json`, `iceberg.json`).
+    pub fn table_versions(&self, format: crate::spec::OutputFormat) -> StoreUri {
+        match format {
+            crate::spec::OutputFormat::Iceberg => self.dir.join("iceberg.json"),
+            _ => self.delta_versions(),
+        }
     }
     /// The job's metrics, reduced from its committed metric partials
     /// (JSON: name -> value), stored before the job succeeds.
@@ -160,6 +169,13 @@ impl JobLayout {
 /// (`<table>/stoke/<job>`): jobs appending to one table never share one.
 pub fn delta_job_folder(table: &StoreUri, job_id: &str) -> StoreUri {
     table.join(&format!("stoke/{job_id}"))
+}
+
+/// The folder of a job's data files in the Iceberg table located at
+/// `location` (`<location>/data/stoke/<job>`, where Iceberg's own writers
+/// put data files too).
+pub fn iceberg_job_folder(location: &StoreUri, job_id: &str) -> StoreUri {
+    location.join(&format!("data/stoke/{job_id}"))
 }
 
 /// Where one attempt of one shard writes its outputs.

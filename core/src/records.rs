@@ -238,22 +238,28 @@ pub struct Manifest {
     pub created_ms: u64,
     /// `format = "delta"`: the table and the versions the job committed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delta: Option<DeltaVersions>,
+    pub delta: Option<TableVersions>,
+    /// `format = "iceberg"`: the table (`namespace.table`) and the
+    /// snapshots the job's appends made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iceberg: Option<TableVersions>,
 }
 
 /// A job's committed outputs as `stoke outputs` shows them: its objects
-/// and, for a Delta job, its table and the versions committed so far.
+/// and, for a table job, its table and the versions committed so far.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CommittedOutputs {
     pub outputs: Vec<ManifestEntry>,
-    pub delta: Option<DeltaVersions>,
+    pub delta: Option<TableVersions>,
+    pub iceberg: Option<TableVersions>,
 }
 
-/// The Delta table a job wrote to, and the table versions of its commits
-/// (one with `commit = "end"`, one per progress group with
-/// `commit = "checkpoint"`), in order.
+/// The table a job wrote to, and the table versions of its commits (one
+/// with `commit = "end"`, one per progress group with `commit =
+/// "checkpoint"`), in order. A Delta table's versions; an Iceberg table's
+/// snapshot ids (what `VERSION AS OF` takes), its name `namespace.table`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeltaVersions {
+pub struct TableVersions {
     pub table: String,
     pub versions: Vec<u64>,
 }

@@ -14,11 +14,13 @@ use stoke_uri::StoreUri;
 
 mod dataset;
 pub mod llm;
+mod output;
 pub mod pipeline;
 mod processor;
 mod read;
 
 pub use dataset::{DatasetFormat, DatasetSpec, OPENAI_BATCH_ID};
+pub use output::{CatalogSpec, DeltaCommit, OutputFormat, OutputSpec, split_table_name};
 pub use processor::{
     BUILTIN_PREDICTION_COLUMN, BUILTIN_RUNNER_NAMES, BUILTIN_RUNNER_URI_PARAMS, ProcessorSpec,
 };
@@ -337,72 +339,6 @@ impl Default for CheckpointSpec {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OutputSpec {
-    /// Where output objects go; default `<root>/jobs/<job>/outputs`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uri: Option<String>,
-    #[serde(default)]
-    pub format: OutputFormat,
-    /// `format = "delta"` only: when the table shows the job's rows.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub commit: Option<DeltaCommit>,
-}
-
-impl OutputSpec {
-    /// The Delta commit mode, for a job that writes a Delta table.
-    pub fn delta(&self) -> Option<DeltaCommit> {
-        (self.format == OutputFormat::Delta).then(|| self.commit.unwrap_or_default())
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OutputFormat {
-    #[default]
-    Parquet,
-    Jsonl,
-    /// Parquet data files in a Delta Lake table at `output.uri`, added to
-    /// its log by the coordinator (see `output.commit`).
-    Delta,
-    /// The OpenAI Batch API's output lines (`id`, `custom_id`, `response`,
-    /// `error`), one per record, from the LLM processor.
-    #[serde(rename = "openai-batch")]
-    OpenaiBatch,
-}
-
-impl OutputFormat {
-    pub fn extension(self) -> &'static str {
-        match self {
-            Self::Parquet | Self::Delta => "parquet",
-            Self::Jsonl | Self::OpenaiBatch => "jsonl",
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Parquet => "parquet",
-            Self::Jsonl => "jsonl",
-            Self::Delta => "delta",
-            Self::OpenaiBatch => "openai-batch",
-        }
-    }
-}
-
-/// When a Delta job's rows become visible in its table.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeltaCommit {
-    /// One Delta commit when the job succeeds: readers see all of the job
-    /// or none of it.
-    #[default]
-    End,
-    /// One Delta commit per progress group: readers of a long job see its
-    /// committed rows as they land.
-    Checkpoint,
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShardingSpec {
@@ -658,23 +594,6 @@ impl JobSpec {
                 format!(
                     "must be between 1 and {MAX_ATTEMPTS}, got {}",
                     self.max_attempts
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// `[output]`: its URI, and a commit mode only for Delta.
-    fn validate_output(&self) -> Result<(), SpecError> {
-        if let Some(uri) = &self.output.uri {
-            StoreUri::parse(uri).map_err(|e| SpecError::invalid("output.uri", e.to_string()))?;
-        }
-        if self.output.commit.is_some() && self.output.format != OutputFormat::Delta {
-            return Err(SpecError::invalid(
-                "output.commit",
-                format!(
-                    "only for format \"delta\", not \"{}\"",
-                    self.output.format.as_str()
                 ),
             ));
         }

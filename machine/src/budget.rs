@@ -13,7 +13,7 @@ use stoke_core::spec::DeltaCommit;
 use tracing::info;
 
 use super::component::{Component, Ctx, JobAction};
-use super::table_log::DeltaLog;
+use super::table_log::TableLog;
 use super::{Job, Life, Pause, State};
 
 /// A job's spending cap, as a component: its cap is the job's schedule's
@@ -127,8 +127,8 @@ impl State {
         }
         let seq = job.shards.iter().map(|s| s.progress.seq).max().unwrap_or(0);
         info!(job = %job_id, "committing what the job committed to its Delta table, as it paused at its cap");
-        job.delta_log = Some(DeltaLog::from_seq(seq));
-        self.delta_next(job_id);
+        job.delta_log = Some(TableLog::from_seq(seq));
+        self.table_next(job_id);
     }
 }
 

@@ -483,7 +483,7 @@ impl State {
                 .observe(now.saturating_duration_since(arrived).as_secs_f64());
             self.reply(Some(req), Answer::Commit(applied));
         }
-        self.delta_next(&job_id);
+        self.table_next(&job_id);
         match self.snapshot_due(&job_id) {
             Some(snapshot) => {
                 let uri = snapshot.uri.clone();

@@ -12,7 +12,7 @@ use stoke_core::plan::Plan;
 use stoke_core::records::{JobInfo, OutputObject, ProgressRecord, StatusRecord};
 use stoke_core::report::ReportSoFar;
 use stoke_core::schedule::ScheduleRecord;
-use stoke_core::spec::{DeltaCommit, JobSpec};
+use stoke_core::spec::{CatalogSpec, DeltaCommit, JobSpec, OutputFormat};
 use stoke_uri::StoreUri;
 
 use crate::error::WriteFault;
@@ -87,16 +87,16 @@ pub enum Io {
     /// A snapshot of one job's progress (see [`SnapshotWrite`]).
     Snapshot(SnapshotWrite),
     /// A Delta commit of a `commit = "checkpoint"` job (see
-    /// [`DeltaWrite`]).
-    Delta(Box<DeltaWrite>),
+    /// [`TableWrite`]).
+    Table(Box<TableWrite>),
 }
 
 /// Committed objects of a job added to its Delta table (see
 /// `table::delta`), then the table version recorded in `record` (the
 /// job's `delta.json`, which its manifest lists at the end).
 #[derive(Debug)]
-pub struct DeltaWrite {
-    pub append: DeltaAppend,
+pub struct TableWrite {
+    pub append: TableAppend,
     pub record: StoreUri,
 }
 
@@ -190,14 +190,56 @@ pub struct FinishJob {
     /// commit before the manifest (`commit = "end"`; with
     /// `"checkpoint"` the groups' commits added them already, and this
     /// one adds what a crash left out).
-    pub delta: Option<DeltaTarget>,
+    pub delta: Option<TableTarget>,
 }
 
-/// A Delta table a job writes to, and when its rows become visible.
+/// A table a job writes to, and when its rows become visible.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeltaTarget {
+pub struct TableTarget {
+    /// A Delta table's folder; an Iceberg table's location (or the
+    /// `output.uri` its job's data files go under).
     pub table: StoreUri,
     pub commit: DeltaCommit,
+    pub kind: TableKind,
+}
+
+/// A table's format, and for Iceberg, which table of which catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TableKind {
+    Delta,
+    Iceberg {
+        /// `namespace.table`.
+        name: String,
+        catalog: CatalogSpec,
+    },
+}
+
+impl TableKind {
+    /// The output format it is.
+    pub fn format(&self) -> OutputFormat {
+        match self {
+            Self::Delta => OutputFormat::Delta,
+            Self::Iceberg { .. } => OutputFormat::Iceberg,
+        }
+    }
+
+    /// The folder of job `job_id`'s data files in the table at `table`.
+    pub fn job_folder(&self, table: &StoreUri, job_id: &str) -> StoreUri {
+        match self {
+            Self::Delta => stoke_core::layout::delta_job_folder(table, job_id),
+            Self::Iceberg { .. } => stoke_core::layout::iceberg_job_folder(table, job_id),
+        }
+    }
+
+    /// The table as messages name it.
+    pub fn describe(&self, table: &StoreUri) -> String {
+        match self {
+            Self::Delta => format!("Delta table {table}"),
+            Self::Iceberg { name, catalog } => {
+                format!("Iceberg table {name} (catalog {})", catalog.name())
+            }
+        }
+    }
 }
 
 /// (staged, committed): an object an attempt uploaded, and where the
@@ -246,8 +288,9 @@ pub fn progress_log<'a>(records: impl Iterator<Item = &'a ProgressRecord>) -> By
 /// One Delta commit to make: `objects` (committed, under `table`) added
 /// with the txn `(job_id, seq)`.
 #[derive(Debug, Clone)]
-pub struct DeltaAppend {
+pub struct TableAppend {
     pub table: StoreUri,
+    pub kind: TableKind,
     pub job_id: String,
     pub seq: u64,
     pub objects: Vec<OutputObject>,

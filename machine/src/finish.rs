@@ -11,13 +11,15 @@ use bytes::Bytes;
 use std::time::Instant;
 use stoke_core::layout::JobLayout;
 use stoke_core::plan::{Incremental, Plan};
-use stoke_core::records::{DeltaVersions, EndedRecord, Manifest, ManifestEntry};
+use stoke_core::records::{EndedRecord, Manifest, ManifestEntry, TableVersions};
 use stoke_core::spec::JobSpec;
 use stoke_uri::{Listed, StoreUri, to_json_bytes};
 use tracing::{debug, info, warn};
 
 use super::account::ReportFile;
-use super::{Change, Effect, End, FinishJob, Io, Job, Kept, Life, State, Then, folder, has_errors};
+use super::{
+    Change, Effect, End, FinishJob, Io, Job, Kept, Life, State, TableKind, Then, folder, has_errors,
+};
 use crate::error::{MachineError, Result};
 
 impl Job {
@@ -304,9 +306,18 @@ pub fn plan_finish(
     finish: &FinishJob,
     outputs_listed: Vec<Listed>,
     errors_listed: Vec<Listed>,
-    delta: Option<DeltaVersions>,
+    versions: Option<TableVersions>,
     created_ms: u64,
 ) -> (Manifest, Vec<StoreUri>) {
+    let iceberg = finish
+        .delta
+        .as_ref()
+        .is_some_and(|t| matches!(t.kind, TableKind::Iceberg { .. }));
+    let (delta, iceberg) = if iceberg {
+        (None, versions)
+    } else {
+        (versions, None)
+    };
     let progress = &finish.progress;
     let shard_ids: HashSet<&str> = finish.plan.shards.iter().map(|s| s.id.as_str()).collect();
     let committed: HashSet<&str> = progress
@@ -346,6 +357,7 @@ pub fn plan_finish(
             .collect(),
         created_ms,
         delta,
+        iceberg,
     };
     (manifest, orphans)
 }

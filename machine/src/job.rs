@@ -16,9 +16,9 @@ pub(super) struct Job {
     pub(super) output: StoreUri,
     /// `format = "delta"`: the table the job's objects are added to (its
     /// `output` is the job's folder inside it).
-    pub(super) delta: Option<DeltaTarget>,
+    pub(super) delta: Option<TableTarget>,
     /// `commit = "checkpoint"`: the committed objects not yet in the table.
-    pub(super) delta_log: Option<table_log::DeltaLog>,
+    pub(super) delta_log: Option<table_log::TableLog>,
     /// Where attempts upload (see `stoke_core::layout`).
     pub(super) staging: StoreUri,
     pub(super) shards: Vec<ShardState>,
@@ -101,6 +101,19 @@ pub(super) fn inputs_known_at_submit(spec: &JobSpec) -> bool {
     spec.dataset.format != stoke_core::spec::DatasetFormat::Stage
 }
 
+/// A table job's format and commit mode (`None`: not a table job).
+fn table_kind(spec: &JobSpec) -> Option<(TableKind, DeltaCommit)> {
+    let commit = spec.output.table_commit()?;
+    let kind = match spec.output.iceberg() {
+        Some((name, catalog)) => TableKind::Iceberg {
+            name: name.to_string(),
+            catalog: catalog.clone(),
+        },
+        None => TableKind::Delta,
+    };
+    Some((kind, commit))
+}
+
 impl Job {
     pub(super) fn new(
         id: String,
@@ -122,13 +135,14 @@ impl Job {
             .ok()
             .flatten()
             .map(deadline::Deadline::new);
-        // A Delta job's objects go into its own folder in the table.
-        let (output, delta) = match spec.output.delta() {
-            Some(commit) => (
-                stoke_core::layout::delta_job_folder(&location, &id),
-                Some(DeltaTarget {
+        // A table job's objects go into its own folder in the table.
+        let (output, delta) = match table_kind(&spec) {
+            Some((kind, commit)) => (
+                kind.job_folder(&location, &id),
+                Some(TableTarget {
                     table: location,
                     commit,
+                    kind,
                 }),
             ),
             None => (location, None),
@@ -161,7 +175,7 @@ impl Job {
             delta_log: delta
                 .as_ref()
                 .filter(|d| d.commit == DeltaCommit::Checkpoint)
-                .map(|_| table_log::DeltaLog::default()),
+                .map(|_| table_log::TableLog::default()),
             delta,
             staging,
             life: Life::Running(Change::Idle),

@@ -506,7 +506,7 @@ impl State {
                 None => self.finish_if_done(&job_id),
             }
         }
-        self.delta_retry();
+        self.table_retry();
         self.shed_over_cap();
         self.preempt(now);
         self.write_reports(now);

@@ -123,8 +123,8 @@ use shard::{ActiveLease, ShardSlot, ShardState};
 #[cfg(feature = "test-util")]
 pub use crash::{Verdict, judge};
 pub use effects::{
-    Answer, CreateJob, DeltaAppend, DeltaTarget, DeltaWrite, DoneUpdate, Effect, FinishJob,
-    GroupWrite, GroupWritten, Io, IoId, Outcome, ReqId, SnapshotWrite, StagedCopy, Stamped,
+    Answer, CreateJob, DoneUpdate, Effect, FinishJob, GroupWrite, GroupWritten, Io, IoId, Outcome,
+    ReqId, SnapshotWrite, StagedCopy, Stamped, TableAppend, TableKind, TableTarget, TableWrite,
     progress_log,
 };
 pub use finish::plan_finish;
@@ -291,7 +291,7 @@ impl State {
             Then::Report { job_id } => self.report_written(&job_id, result),
             Then::ReportSaved { job_id } => self.report_saved(&job_id, result),
             Then::EndedSaved { job_id } => self.ended_saved(&job_id, result),
-            Then::Delta { job_id } => self.delta_written(&job_id, result),
+            Then::Table { job_id } => self.table_written(&job_id, result),
             Then::Crashed(crashed) => self.crash_stored(*crashed, result),
             Then::Metrics(write) => self.metrics_stored(*write, result),
             Then::Group(commits) => self.group_failed(commits, &mismatch()),
@@ -389,7 +389,7 @@ enum Then {
     /// A snapshot of the job's progress is stored (or not).
     Snapshot { job_id: String, uri: StoreUri },
     /// A Delta commit of the job is made (or not).
-    Delta { job_id: String },
+    Table { job_id: String },
     /// A job's reduced metrics are stored (or not).
     Metrics(Box<reducers::MetricsWrite>),
 }

@@ -2,7 +2,7 @@
 //! group's new objects go into the job's Delta table in a commit of their
 //! own, one Delta commit in flight per job, so readers of a long job see
 //! its rows as they land. The state keeps the objects not yet in the table
-//! and hands them to the owner as an [`Io::Delta`]; a failed commit keeps
+//! and hands them to the owner as an [`Io::Table`]; a failed commit keeps
 //! them for the next try (the next group or tick).
 //!
 //! The first Delta commit after a coordinator (re)start, and the one after
@@ -17,12 +17,12 @@ use std::collections::HashSet;
 use stoke_core::records::{OutputObject, ProgressRecord};
 use tracing::warn;
 
-use super::{DeltaAppend, DeltaWrite, End, Io, Job, Life, State, Then};
+use super::{End, Io, Job, Life, State, TableAppend, TableWrite, Then};
 use crate::error::{MachineError, Result};
 
 /// A `commit = "checkpoint"` job's objects on their way to its table.
 #[derive(Debug, Default)]
-pub(super) struct DeltaLog {
+pub(super) struct TableLog {
     /// Committed objects no Delta commit has added yet, in commit order.
     pending: Vec<OutputObject>,
     /// The highest progress `seq` applied: the next commit's txn version.
@@ -47,7 +47,7 @@ enum Table {
     Refused,
 }
 
-impl DeltaLog {
+impl TableLog {
     /// A log whose first commit reconciles the table with every committed
     /// object, at txn version `seq` (a `commit = "end"` job paused at its
     /// cap, `budget.rs`).
@@ -95,7 +95,7 @@ impl Job {
     /// Its next Delta commit, if it has objects waiting (or has not
     /// reconciled since the start) and none is in flight: marked in
     /// flight. Not while it finishes: its finish adds what is left itself.
-    fn next_delta_commit(&mut self) -> Option<DeltaWrite> {
+    fn next_delta_commit(&mut self) -> Option<TableWrite> {
         let target = self.delta.clone()?;
         let finishing = matches!(self.life, Life::Finishing | Life::Ended(End::Succeeded(_)));
         // Split borrows: the log changes while the shards are read.
@@ -114,9 +114,11 @@ impl Job {
             std::mem::take(&mut log.pending)
         };
         log.table = Table::Committing;
-        Some(DeltaWrite {
-            append: DeltaAppend {
+        Some(TableWrite {
+            record: self.layout.table_versions(target.kind.format()),
+            append: TableAppend {
                 table: target.table,
+                kind: target.kind,
                 job_id: self.id.clone(),
                 seq: log.seq,
                 objects,
@@ -124,14 +126,13 @@ impl Job {
                 // Incremental jobs commit at the end only.
                 done: None,
             },
-            record: self.layout.delta_versions(),
         })
     }
 }
 
 impl State {
     /// Starts the job's next Delta commit (`Job::next_delta_commit`).
-    pub(super) fn delta_next(&mut self, job_id: &str) {
+    pub(super) fn table_next(&mut self, job_id: &str) {
         let Some(write) = self
             .jobs
             .by_id
@@ -141,8 +142,8 @@ impl State {
             return;
         };
         self.start_io(
-            Io::Delta(Box::new(write)),
-            Then::Delta {
+            Io::Table(Box::new(write)),
+            Then::Table {
                 job_id: job_id.to_string(),
             },
         );
@@ -150,7 +151,7 @@ impl State {
 
     /// A Delta commit of the job is made, or not: after a failed one the
     /// next reconciles; a refusal (another schema) fails the job.
-    pub(super) fn delta_written(&mut self, job_id: &str, result: Result<()>) {
+    pub(super) fn table_written(&mut self, job_id: &str, result: Result<()>) {
         let Some(log) = self
             .jobs
             .by_id
@@ -183,16 +184,16 @@ impl State {
     }
 
     /// The tick's retry: jobs with objects waiting and no commit in flight.
-    pub(super) fn delta_retry(&mut self) {
+    pub(super) fn table_retry(&mut self) {
         let due: Vec<String> = self
             .jobs
             .by_id
             .values()
-            .filter(|j| j.delta_log.as_ref().is_some_and(DeltaLog::due))
+            .filter(|j| j.delta_log.as_ref().is_some_and(TableLog::due))
             .map(|j| j.id.clone())
             .collect();
         for job_id in due {
-            self.delta_next(&job_id);
+            self.table_next(&job_id);
         }
     }
 }
@@ -220,7 +221,7 @@ mod tests {
 
     #[test]
     fn a_shards_new_objects_wait_for_the_next_delta_commit_once() {
-        let mut log = DeltaLog::default();
+        let mut log = TableLog::default();
         log.note(&[], &progress(5, &["a", "b"]));
         let old = progress(5, &["a", "b"]).outputs;
         log.note(&old, &progress(9, &["a", "b", "c"]));
@@ -240,7 +241,7 @@ mod tests {
 
     #[test]
     fn a_delta_commit_is_due_until_reconciled_then_only_for_new_objects() {
-        let mut log = DeltaLog::default();
+        let mut log = TableLog::default();
         // At start, even with nothing waiting: the table may lack objects
         // stored just before a crash.
         assert!(log.idle() && log.due());

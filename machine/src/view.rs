@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use stoke_core::lease::JobTerms;
 
-use super::{Job, State, WaitReason, failed_unfinished, has_errors};
+use super::{Job, State, TableKind, WaitReason, failed_unfinished, has_errors};
 use crate::error::{MachineError, Result};
 use crate::metrics::{Snapshot, WorkerInfo};
 use crate::progress::{JobProgress, ShardCounts, StatusReport, eta};
@@ -42,6 +42,7 @@ pub enum JobOutputs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeltaRecord {
     pub table: StoreUri,
+    pub kind: TableKind,
     pub record: Option<StoreUri>,
     pub in_manifest: bool,
 }
@@ -454,10 +455,11 @@ impl State {
             Some(job.layout.manifest())
         } else {
             // `commit = "end"`: the versions of its pauses at its cap, if any.
-            Some(job.layout.delta_versions())
+            Some(job.layout.table_versions(target.kind.format()))
         };
         Ok(Some(DeltaRecord {
             table: target.table.clone(),
+            kind: target.kind.clone(),
             record,
             in_manifest: succeeded,
         }))

@@ -13,6 +13,7 @@ pub mod backend;
 pub mod chaos;
 pub mod delta;
 pub mod deploy;
+pub mod iceberg;
 pub mod pt2;
 pub mod s3;
 pub mod s3_proxy;

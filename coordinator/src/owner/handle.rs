@@ -7,7 +7,7 @@ use stoke_core::lease::{
     SessionGrant,
 };
 use stoke_core::records::{
-    CommittedOutputs, DeltaVersions, JobErrors, JobInfo, Manifest, SkippedRecord,
+    CommittedOutputs, JobErrors, JobInfo, Manifest, SkippedRecord, TableVersions,
 };
 use stoke_core::report::EfficiencyReport;
 use stoke_core::schedule::ScheduleChange;
@@ -19,7 +19,7 @@ use crate::error::{CoordinatorError, Result};
 use crate::metrics::Snapshot;
 use crate::progress::StatusReport;
 use crate::state::error::MachineError;
-use crate::state::{DeltaRecord, ErrorSources, JobOutputs};
+use crate::state::{DeltaRecord, ErrorSources, JobOutputs, TableKind};
 
 /// Where the owner sends the machine's answer to a call.
 pub(super) type Reply<T> = oneshot::Sender<Result<T, MachineError>>;
@@ -131,7 +131,7 @@ impl Handle {
     /// the dataset; see `submit.rs`), then stores and adds the job.
     pub async fn submit(&self, mut spec: JobSpec, job_id: Option<String>) -> Result<JobInfo> {
         crate::submit::resolve_deadline(&mut spec, std::time::SystemTime::now())?;
-        let (job_id, plan) = crate::submit::prepare(&spec, job_id, &self.stores).await?;
+        let (job_id, plan) = crate::submit::prepare(&mut spec, job_id, &self.stores).await?;
         self.call(|reply| Command::CreateJob {
             job_id,
             spec: Box::new(spec),
@@ -338,7 +338,7 @@ pub(crate) async fn read_errors(
 pub(crate) async fn read_outputs(
     job_id: &str,
     outputs: JobOutputs,
-    delta: Option<DeltaRecord>,
+    delta_record: Option<DeltaRecord>,
     stores: &Stores,
 ) -> Result<CommittedOutputs> {
     let read_manifest = |uri: StoreUri| async move {
@@ -359,29 +359,42 @@ pub(crate) async fn read_outputs(
             outputs
         }
     };
-    let delta = match delta {
-        None => None,
-        Some(DeltaRecord {
-            table,
-            record,
-            in_manifest,
-        }) => {
-            let none = || DeltaVersions {
-                table: table.to_string(),
-                versions: Vec::new(),
-            };
-            Some(match (record, in_manifest) {
-                (None, _) => none(),
-                (Some(uri), true) => {
-                    let m = match manifest {
-                        Some(m) => m,
-                        None => read_manifest(uri).await?,
-                    };
-                    m.delta.unwrap_or_else(none)
-                }
-                (Some(uri), false) => stores.get_json(&uri).await?.unwrap_or_else(none),
-            })
+    let (mut delta, mut iceberg) = (None, None);
+    if let Some(DeltaRecord {
+        table,
+        kind,
+        record,
+        in_manifest,
+    }) = delta_record
+    {
+        let is_iceberg = matches!(kind, TableKind::Iceberg { .. });
+        let none = || TableVersions {
+            table: match &kind {
+                TableKind::Iceberg { name, .. } => name.clone(),
+                TableKind::Delta => table.to_string(),
+            },
+            versions: Vec::new(),
+        };
+        let versions = match (record, in_manifest) {
+            (None, _) => none(),
+            (Some(uri), true) => {
+                let m = match manifest {
+                    Some(m) => m,
+                    None => read_manifest(uri).await?,
+                };
+                if is_iceberg { m.iceberg } else { m.delta }.unwrap_or_else(none)
+            }
+            (Some(uri), false) => stores.get_json(&uri).await?.unwrap_or_else(none),
+        };
+        if is_iceberg {
+            iceberg = Some(versions);
+        } else {
+            delta = Some(versions);
         }
-    };
-    Ok(CommittedOutputs { outputs, delta })
+    }
+    Ok(CommittedOutputs {
+        outputs,
+        delta,
+        iceberg,
+    })
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use stoke_core::records::{DeltaVersions, JobState, Manifest, StatusRecord, now_ms};
+use stoke_core::records::{JobState, Manifest, StatusRecord, TableVersions, now_ms};
 use stoke_core::spec::{DeltaCommit, JobSpec};
 use stoke_store::{StoreError, StoreUri, Stores};
 use tracing::{info, warn};
@@ -14,10 +14,11 @@ use tracing::{info, warn};
 use crate::error::{CoordinatorError, Result, for_machine, write_fault};
 use crate::state::error::MachineError;
 use crate::state::{
-    CreateJob, DeltaTarget, DeltaWrite, FinishJob, GroupWrite, GroupWritten, Io, Outcome,
-    SnapshotWrite, Stamped, folder, plan_finish, progress_log,
+    CreateJob, FinishJob, GroupWrite, GroupWritten, Io, Outcome, SnapshotWrite, Stamped, TableKind,
+    TableTarget, TableWrite, folder, plan_finish, progress_log,
 };
-use crate::table::delta::{self, DeltaAppend, DoneUpdate};
+use crate::table::delta::{self, DoneUpdate, TableAppend};
+use crate::table::iceberg;
 use stoke_core::plan::{DoneInput, ShardSource};
 
 /// How many objects one group commit copies into the output folder at once.
@@ -87,7 +88,7 @@ async fn perform_one(io: Io, stores: &Stores) -> Result<()> {
             Ok(())
         }
         Io::Finish(finish) => finish_job(*finish, stores).await,
-        Io::Delta(write) => delta_write(*write, stores).await,
+        Io::Table(write) => table_write(*write, stores).await,
         Io::Group(_) | Io::Snapshot(_) => Err(CoordinatorError::Recovery(
             "a group or snapshot write has its own result".to_string(),
         )),
@@ -197,18 +198,20 @@ pub async fn write_snapshot(
     (Ok(()), deleted)
 }
 
-/// A Delta job's committed objects, added to its table: in one commit
+/// A table job's committed objects, added to its table: in one commit
 /// (`commit = "end"`), or those the groups' commits left out (a crash
-/// between a group and its Delta commit; `"checkpoint"`). Run again after
-/// a crash, the job's txn in the table shows what is there already.
+/// between a group and its table commit; `"checkpoint"`). Run again after
+/// a crash, the job's txn (Delta) or snapshot summary (Iceberg) in the
+/// table shows what is there already.
 async fn commit_to_table(
     finish: &FinishJob,
-    target: &DeltaTarget,
+    target: &TableTarget,
     stores: &Stores,
-) -> Result<DeltaVersions> {
+) -> Result<TableVersions> {
     let checkpoint = target.commit == DeltaCommit::Checkpoint;
-    let append = DeltaAppend {
+    let append = TableAppend {
         table: target.table.clone(),
+        kind: target.kind.clone(),
         job_id: finish.job_id.clone(),
         seq: finish.progress.iter().map(|p| p.seq).max().unwrap_or(0),
         objects: finish
@@ -219,18 +222,19 @@ async fn commit_to_table(
         reconcile: checkpoint,
         done: done_update(finish),
     };
-    let appended = delta::append(stores, append).await?;
+    let record = finish.layout.table_versions(target.kind.format());
+    let name = table_name(&append);
+    let appended = append_to_table(stores, append).await?;
     if appended.version.is_some() {
         fail::fail_point!("coordinator::after_delta_commit", |_| std::process::abort());
     }
     let versions = if checkpoint {
         let made = appended.version.into_iter().chain(appended.prior);
-        record_versions(stores, &finish.layout.delta_versions(), &target.table, made).await?
+        record_versions(stores, &record, &name, made).await?
     } else {
         let mut versions: Vec<u64> = appended.version.or(appended.prior).into_iter().collect();
         // A pause at its cap committed what it had then (`budget.rs`).
-        let paused: Option<DeltaVersions> =
-            stores.get_json(&finish.layout.delta_versions()).await?;
+        let paused: Option<TableVersions> = stores.get_json(&record).await?;
         if let Some(paused) = paused {
             versions.extend(paused.versions);
             versions.sort_unstable();
@@ -238,9 +242,26 @@ async fn commit_to_table(
         }
         versions
     };
-    Ok(DeltaVersions {
-        table: target.table.to_string(),
+    Ok(TableVersions {
+        table: name,
         versions,
+    })
+}
+
+/// The table as its versions' record names it: a Delta table's URI, an
+/// Iceberg table's `namespace.table`.
+fn table_name(append: &TableAppend) -> String {
+    match &append.kind {
+        TableKind::Delta => append.table.to_string(),
+        TableKind::Iceberg { name, .. } => name.clone(),
+    }
+}
+
+/// One commit to a job's table, by its format.
+async fn append_to_table(stores: &Stores, append: TableAppend) -> Result<delta::Appended> {
+    Ok(match append.kind {
+        TableKind::Delta => delta::append(stores, append).await?,
+        TableKind::Iceberg { .. } => iceberg::append(stores, append).await?,
     })
 }
 
@@ -294,25 +315,26 @@ fn done_update(finish: &FinishJob) -> Option<DoneUpdate> {
     })
 }
 
-/// A `commit = "checkpoint"` job's Delta commit: its objects added, then
-/// the version made (or found) recorded in the job's `delta.json`.
-async fn delta_write(write: DeltaWrite, stores: &Stores) -> Result<()> {
-    let DeltaWrite { append, record } = write;
-    let table = append.table.clone();
+/// A `commit = "checkpoint"` job's table commit: its objects added, then
+/// the version made (or found) recorded in the job's `delta.json` or
+/// `iceberg.json`.
+async fn table_write(write: TableWrite, stores: &Stores) -> Result<()> {
+    let TableWrite { append, record } = write;
+    let name = table_name(&append);
     fail::fail_point!("coordinator::before_delta_commit", |_| Err(
-        CoordinatorError::Recovery("fault point: a Delta commit failed".into())
+        CoordinatorError::Recovery("fault point: a table commit failed".into())
     ));
-    let appended = delta::append(stores, append).await?;
+    let appended = append_to_table(stores, append).await?;
     if appended.version.is_some() {
         fail::fail_point!("coordinator::after_delta_commit", |_| std::process::abort());
         // Fault injection: the commit landed, but the answer is lost (a
         // connection broken after the store took the write).
         fail::fail_point!("coordinator::delta_answer_lost", |_| Err(
-            CoordinatorError::Recovery("fault point: a Delta commit's answer was lost".into())
+            CoordinatorError::Recovery("fault point: a table commit's answer was lost".into())
         ));
     }
     let made = appended.version.into_iter().chain(appended.prior);
-    record_versions(stores, &record, &table, made).await?;
+    record_versions(stores, &record, &name, made).await?;
     Ok(())
 }
 
@@ -321,14 +343,14 @@ async fn delta_write(write: DeltaWrite, stores: &Stores) -> Result<()> {
 async fn record_versions(
     stores: &Stores,
     record: &StoreUri,
-    table: &StoreUri,
+    table: &str,
     made: impl Iterator<Item = u64>,
 ) -> Result<Vec<u64>> {
-    let mut versions: DeltaVersions =
+    let mut versions: TableVersions =
         stores
             .get_json(record)
             .await?
-            .unwrap_or_else(|| DeltaVersions {
+            .unwrap_or_else(|| TableVersions {
                 table: table.to_string(),
                 versions: Vec::new(),
             });

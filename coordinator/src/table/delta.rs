@@ -35,7 +35,7 @@ use stoke_store::{StoreError, StoreUri, Stores};
 use thiserror::Error;
 use tracing::{info, warn};
 
-pub use crate::state::{DeltaAppend, DoneUpdate};
+pub use crate::state::{DoneUpdate, TableAppend};
 
 mod files;
 use files::{add_files, check_schema, file_schema, files_in, relative, table_schema};
@@ -258,7 +258,7 @@ pub struct Appended {
 
 /// Commits `append` to its table (creating the table with the objects'
 /// schema if it has no log yet). Runs the kernel on a blocking thread.
-pub async fn append(stores: &Stores, append: DeltaAppend) -> Result<Appended, DeltaError> {
+pub async fn append(stores: &Stores, append: TableAppend) -> Result<Appended, DeltaError> {
     let table = append.table.clone();
     // One commit at a time per table from this coordinator: its jobs do
     // not conflict with each other, and do not rely on the store's
@@ -422,12 +422,13 @@ fn kernel(table: &StoreUri) -> impl Fn(delta_kernel::KernelError) -> DeltaError 
 
 fn commit_blocking(
     store: Arc<dyn ObjectStore>,
-    append: DeltaAppend,
+    append: TableAppend,
     mut exists: bool,
     mut cached: Option<delta_kernel::SnapshotRef>,
 ) -> Result<Committed, DeltaError> {
-    let DeltaAppend {
+    let TableAppend {
         table,
+        kind: _,
         job_id,
         seq,
         objects,

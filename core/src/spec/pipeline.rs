@@ -133,6 +133,7 @@ fn output_format_name(format: OutputFormat) -> &'static str {
         OutputFormat::Parquet => "parquet",
         OutputFormat::Jsonl => "jsonl",
         OutputFormat::Delta => "delta",
+        OutputFormat::Iceberg => "iceberg",
         OutputFormat::OpenaiBatch => "openai-batch",
     }
 }

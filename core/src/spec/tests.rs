@@ -437,7 +437,7 @@ fn a_delta_output_defaults_to_one_commit_at_the_end_and_commit_is_delta_only() {
     assert_eq!(JobSpec::from_toml(GOOD).expect("spec").output.delta(), None);
     let e = err(&delta("commit = \"checkpoint\""));
     assert!(
-        e.contains("output.commit") && e.contains("only for format \"delta\""),
+        e.contains("output.commit") && e.contains("only for format \"delta\" or \"iceberg\""),
         "{e}"
     );
     let e = err(&delta("format = \"delta\"\ncommit = \"sometimes\""));
@@ -638,4 +638,72 @@ fn non_finite_numbers_in_a_spec_file_are_refused_by_key_not_dropped() {
     let text = format!("{GOOD}[limits]\nmax_cost = 2.5\n");
     let spec = JobSpec::from_toml_in(&text, base).expect("valid");
     assert_eq!(spec.limits.max_cost, Some(2.5));
+}
+
+#[test]
+fn an_iceberg_output_names_its_table_and_catalog_and_refuses_what_is_wrong() {
+    let iceberg = |output: &str| format!("{GOOD}[output]\nformat = \"iceberg\"\n{output}\n");
+    let sql = "catalog = { type = \"sql\", uri = \"sqlite:///var/lib/stoke/catalog.db\", warehouse = \"s3://lake/warehouse\" }";
+    let spec = JobSpec::from_toml(&iceberg(&format!(
+        "table = \"analytics.predictions\"\n{sql}\ncommit = \"checkpoint\""
+    )))
+    .expect("iceberg spec");
+    assert_eq!(spec.output.format.extension(), "parquet");
+    assert_eq!(spec.output.table_commit(), Some(DeltaCommit::Checkpoint));
+    assert_eq!(spec.output.delta(), None);
+    let (table, catalog) = spec.output.iceberg().expect("an iceberg output");
+    assert_eq!(table, "analytics.predictions");
+    assert_eq!((catalog.kind(), catalog.name()), ("sql", "default"));
+    assert_eq!(JobSpec::from_json(&spec.to_json()).expect("json"), spec);
+    assert_eq!(
+        output::split_table_name("a.b.t").expect("nested"),
+        (vec!["a".to_string(), "b".to_string()], "t".to_string())
+    );
+    let rest = "catalog = { type = \"rest\", uri = \"https://catalog.example/api/catalog\", warehouse = \"prod\", token_env = \"ICEBERG_TOKEN\" }";
+    let spec = JobSpec::from_toml(&iceberg(&format!("table = \"a.t\"\n{rest}"))).expect("rest");
+    assert_eq!(spec.output.table_commit(), Some(DeltaCommit::End));
+    for (output, wants) in [
+        (sql.to_string(), "output.table: format \"iceberg\" needs the table"),
+        ("table = \"a.t\"".to_string(), "output.catalog: format \"iceberg\" needs the catalog"),
+        (format!("table = \"predictions\"\n{sql}"), "\"predictions\" has no namespace"),
+        (format!("table = \"a..t\"\n{sql}"), "has an empty part"),
+        (
+            "table = \"a.t\"\ncatalog = { type = \"sql\", uri = \"postgresql://h/db\", warehouse = \"s3://l/w\" }".to_string(),
+            "output.catalog.uri: a SQL catalog is an SQLite database",
+        ),
+        (
+            "table = \"a.t\"\ncatalog = { type = \"sql\", uri = \"sqlite:///c.db\", warehouse = \"nowhere\" }".to_string(),
+            "output.catalog.warehouse",
+        ),
+        (
+            "table = \"a.t\"\ncatalog = { type = \"hive\", uri = \"thrift://h\" }".to_string(),
+            "hive",
+        ),
+        (
+            "table = \"a.t\"\ncatalog = { type = \"sql\", uri = \"sqlite:///c.db\", warehouse = \"s3://l/w\", token = \"x\" }".to_string(),
+            "token",
+        ),
+        (
+            "table = \"a.t\"\ncatalog = { type = \"rest\", uri = \"catalog.example\" }".to_string(),
+            "output.catalog.uri: must be an http:// or https:// URI",
+        ),
+        (
+            "table = \"a.t\"\ncatalog = { type = \"rest\", uri = \"https://c\", token_env = \"abc-secret-value\" }".to_string(),
+            "output.catalog.token_env: names an environment variable",
+        ),
+        (
+            "table = \"a.t\"\ncatalog = { type = \"rest\", uri = \"https://c\", token_env = \"T\", credential_env = \"C\" }".to_string(),
+            "give one",
+        ),
+    ] {
+        let e = err(&iceberg(&output));
+        assert!(e.contains(wants), "{output}: {e}");
+    }
+    let e = err(&format!(
+        "{GOOD}[output]\nformat = \"delta\"\nuri = \"s3://b/t\"\ntable = \"a.t\"\n"
+    ));
+    assert!(
+        e.contains("output.table: only for format \"iceberg\", not \"delta\""),
+        "{e}"
+    );
 }

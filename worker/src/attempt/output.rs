@@ -17,7 +17,7 @@ pub(crate) fn encode(rows: &[RecordBatch], format: OutputFormat) -> Result<Bytes
     let mut buf = Vec::new();
     match format {
         // A Delta table's data files are Parquet.
-        OutputFormat::Parquet | OutputFormat::Delta => {
+        OutputFormat::Parquet | OutputFormat::Delta | OutputFormat::Iceberg => {
             let props = WriterProperties::builder()
                 .set_compression(Compression::ZSTD(ZstdLevel::default()))
                 // Record ids are unique: a dictionary for them never pays

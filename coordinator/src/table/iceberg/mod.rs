@@ -1,0 +1,529 @@
+//! Adding a job's committed Parquet objects to an Iceberg table with the
+//! table format's own crate (`iceberg`) and its catalogs (ADR 024). The
+//! workers write Parquet with stoke's writer, as for Delta; the
+//! coordinator registers the files as data files in a fast append.
+//!
+//! Every append carries its identity in the snapshot summary:
+//! `stoke.job-id` and `stoke.seq`, the highest progress `seq` the commit
+//! covers. Before committing, and again after any failed commit (whose
+//! answer may have been lost after the catalog took it), the table's
+//! snapshots (the current one and its ancestors) are read: a snapshot of
+//! the job at or past the sequence means the files are in the table
+//! already, and nothing is added twice. Another writer's commit between
+//! our read and ours makes the catalog refuse ours (its compare-and-swap
+//! on the table's metadata location); the crate retries such a refusal
+//! on the table as it is then, and stoke's own loop re-reads the
+//! snapshots before any other retry.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use iceberg::spec::{DEFAULT_SCHEMA_NAME_MAPPING, ManifestList, ManifestStatus, Schema};
+use iceberg::table::Table;
+use iceberg::transaction::{ApplyTransactionAction, Transaction};
+use iceberg::{Catalog, ErrorKind, NamespaceIdent, TableCreation, TableIdent};
+use parquet::file::metadata::ParquetMetaData;
+use stoke_core::records::OutputObject;
+use stoke_core::spec::{CatalogSpec, OutputSpec};
+use stoke_store::{StoreError, Stores};
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::state::{TableAppend, TableKind};
+use crate::table::delta::{Appended, KnownType};
+
+pub mod catalog;
+pub mod files;
+
+/// The snapshot summary's key for the job that made it.
+pub const JOB_ID_KEY: &str = "stoke.job-id";
+/// The snapshot summary's key for the commit's sequence number.
+pub const SEQ_KEY: &str = "stoke.seq";
+/// What the snapshots name as their writer.
+const ENGINE_KEY: &str = "stoke.engine";
+const ENGINE_INFO: &str = concat!("stoke/", env!("CARGO_PKG_VERSION"));
+/// Failed commits retried before giving up (the finish or the group is
+/// tried again later anyway).
+const MAX_CONFLICTS: usize = 20;
+
+#[derive(Debug, Error)]
+pub enum IcebergError {
+    #[error("opening the {catalog}: {source}")]
+    Open {
+        catalog: String,
+        #[source]
+        source: Box<iceberg::Error>,
+    },
+    #[error("Iceberg table {table}: {source}")]
+    Catalog {
+        table: String,
+        #[source]
+        source: Box<iceberg::Error>,
+    },
+    #[error("{catalog}: {what} are not built in")]
+    Unsupported { catalog: String, what: String },
+    #[error(
+        "Iceberg table {table} has schema {table_schema}, but job {job_id} writes {job_schema}: write to another table, or make the processor's output columns match"
+    )]
+    SchemaClash {
+        table: String,
+        job_id: String,
+        table_schema: String,
+        job_schema: String,
+    },
+    #[error(
+        "Iceberg table {table}: column {column} is of type {data_type}, which Iceberg has no type for (cast it in the processor: timestamps in microseconds, no unsigned 64-bit integers, no float16)"
+    )]
+    ColumnType {
+        table: String,
+        column: String,
+        data_type: String,
+    },
+    #[error("Iceberg table {table}: {message}")]
+    Schema { table: String, message: String },
+    #[error("reading the Parquet footer of {object}: {message}")]
+    Footer { object: String, message: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("Iceberg table {table}: gave up after {MAX_CONFLICTS} failed commits")]
+    Conflicts { table: String },
+}
+
+impl IcebergError {
+    /// Errors no retry can fix: the job fails with them.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Self::SchemaClash { .. }
+                | Self::ColumnType { .. }
+                | Self::Unsupported { .. }
+                | Self::Footer { .. }
+        )
+    }
+}
+
+/// The identifier of `namespace.table`.
+fn ident(table: &str) -> Result<TableIdent, IcebergError> {
+    let bad = |message: String| IcebergError::Schema {
+        table: table.to_string(),
+        message,
+    };
+    let (namespace, name) =
+        stoke_core::spec::split_table_name(table).map_err(|e| bad(e.to_string()))?;
+    let namespace = NamespaceIdent::from_vec(namespace).map_err(|e| bad(e.to_string()))?;
+    Ok(TableIdent::new(namespace, name))
+}
+
+fn catalog_error(table: &str) -> impl Fn(iceberg::Error) -> IcebergError + '_ {
+    move |e| IcebergError::Catalog {
+        table: table.to_string(),
+        source: Box::new(e),
+    }
+}
+
+/// The table, or `None` if its catalog has no such table (or namespace).
+async fn load(catalog: &dyn Catalog, table: &str) -> Result<Option<Table>, IcebergError> {
+    match catalog.load_table(&ident(table)?).await {
+        Ok(t) => Ok(Some(t)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::TableNotFound | ErrorKind::NamespaceNotFound
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(catalog_error(table)(e)),
+    }
+}
+
+/// What submit needs of an Iceberg job's table: where its data files go
+/// (`output.uri` if given, else the table's location, or the location a
+/// new table will have). A job whose columns are known now (the built-in
+/// processor's) is refused if the table has others.
+pub async fn at_submit(
+    stores: &Stores,
+    output: &OutputSpec,
+    job: &str,
+    columns: Option<Vec<(String, KnownType)>>,
+) -> Result<String, IcebergError> {
+    let Some((table, spec)) = output.iceberg() else {
+        return Err(IcebergError::Schema {
+            table: output.table.clone().unwrap_or_default(),
+            message: "no table and catalog in [output]".to_string(),
+        });
+    };
+    let catalog = catalog::open(spec, stores).await?;
+    let found = load(catalog.as_ref(), table).await?;
+    if let (Some(t), Some(columns)) = (&found, &columns) {
+        check_known_columns(t.metadata().current_schema(), table, job, columns)?;
+    }
+    if let Some(uri) = &output.uri {
+        return Ok(uri.clone());
+    }
+    match found {
+        Some(t) => Ok(t.metadata().location().to_string()),
+        None => new_table_location(catalog.as_ref(), spec, table).await,
+    }
+}
+
+/// Where a new table goes: its namespace's `location` property, else
+/// the warehouse's folder for the namespace, then the table's name (the
+/// SQL catalog's and pyiceberg's own choice).
+async fn new_table_location(
+    catalog: &dyn Catalog,
+    spec: &CatalogSpec,
+    table: &str,
+) -> Result<String, IcebergError> {
+    let ident = ident(table)?;
+    let namespace_location = match catalog.get_namespace(ident.namespace()).await {
+        Ok(ns) => ns.properties().get("location").cloned(),
+        Err(e) if e.kind() == ErrorKind::NamespaceNotFound => None,
+        Err(e) => return Err(catalog_error(table)(e)),
+    };
+    let base = match (namespace_location, spec) {
+        (Some(location), _) => location,
+        (None, CatalogSpec::Sql { warehouse, .. }) => format!(
+            "{}/{}",
+            warehouse.trim_end_matches('/'),
+            ident.namespace().join("/")
+        ),
+        (None, CatalogSpec::Rest { .. }) => {
+            return Err(IcebergError::Unsupported {
+                catalog: catalog::describe(spec),
+                what: "new tables without [output] uri in REST catalogs".to_string(),
+            });
+        }
+    };
+    Ok(format!("{}/{}", base.trim_end_matches('/'), ident.name()))
+}
+
+/// The table's columns are `columns`, by name and type.
+fn check_known_columns(
+    schema: &Schema,
+    table: &str,
+    job: &str,
+    columns: &[(String, KnownType)],
+) -> Result<(), IcebergError> {
+    let want: Vec<(String, &str)> = columns
+        .iter()
+        .map(|(n, k)| {
+            let t = match k {
+                KnownType::String => "string",
+                KnownType::Long => "long",
+                KnownType::FloatList => "list<float>",
+            };
+            (n.clone(), t)
+        })
+        .collect();
+    let have = files::columns(schema);
+    let fits = have.len() == want.len()
+        && want
+            .iter()
+            .all(|(n, t)| have.get(n).is_some_and(|h| h == t));
+    if fits {
+        return Ok(());
+    }
+    let mut want: Vec<String> = want.iter().map(|(n, t)| format!("{n}: {t}")).collect();
+    want.sort();
+    Err(IcebergError::SchemaClash {
+        table: table.to_string(),
+        job_id: job.to_string(),
+        table_schema: files::show(&have),
+        job_schema: format!("({})", want.join(", ")),
+    })
+}
+
+type TableLock = Arc<tokio::sync::Mutex<()>>;
+
+/// One commit at a time per table from this coordinator: its jobs do not
+/// conflict with each other.
+fn table_lock(key: &str) -> TableLock {
+    static LOCKS: LazyLock<Mutex<HashMap<String, TableLock>>> = LazyLock::new(Default::default);
+    let mut locks = LOCKS.lock().unwrap_or_else(|p| p.into_inner());
+    locks.entry(key.to_string()).or_default().clone()
+}
+
+/// The job's appends in the table's current state (its current snapshot
+/// and that one's ancestors): (snapshot id, seq), newest first.
+fn appends_of(table: &Table, job_id: &str) -> Vec<(i64, u64)> {
+    let metadata = table.metadata();
+    let mut found = Vec::new();
+    let mut next = metadata.current_snapshot_id();
+    let mut seen = HashSet::new();
+    while let Some(id) = next {
+        if !seen.insert(id) {
+            break;
+        }
+        let Some(snapshot) = metadata.snapshot_by_id(id) else {
+            break;
+        };
+        let props = &snapshot.summary().additional_properties;
+        if props.get(JOB_ID_KEY).map(String::as_str) == Some(job_id)
+            && let Some(seq) = props.get(SEQ_KEY).and_then(|s| s.parse::<u64>().ok())
+        {
+            found.push((id, seq));
+        }
+        next = snapshot.parent_snapshot_id();
+    }
+    found
+}
+
+/// The paths of the live data files of the table under `folder`.
+async fn files_under(table: &Table, folder: &str) -> Result<HashSet<String>, iceberg::Error> {
+    let metadata = table.metadata();
+    let mut paths = HashSet::new();
+    let Some(snapshot) = metadata.current_snapshot() else {
+        return Ok(paths);
+    };
+    let file_io = table.file_io();
+    let bytes = file_io.new_input(snapshot.manifest_list())?.read().await?;
+    let list = ManifestList::parse_with_version(&bytes, metadata.format_version())?;
+    for manifest in list.entries() {
+        for entry in manifest.load_manifest(file_io).await?.entries() {
+            let path = entry.file_path();
+            if entry.status() != ManifestStatus::Deleted && path.starts_with(folder) {
+                paths.insert(path.to_string());
+            }
+        }
+    }
+    Ok(paths)
+}
+
+/// Commits `append` to its Iceberg table (creating the namespace and the
+/// table with the objects' schema if the catalog lacks them).
+pub async fn append(stores: &Stores, append: TableAppend) -> Result<Appended, IcebergError> {
+    let TableKind::Iceberg {
+        name,
+        catalog: spec,
+    } = &append.kind
+    else {
+        return Err(IcebergError::Schema {
+            table: append.table.to_string(),
+            message: "not an Iceberg table".to_string(),
+        });
+    };
+    let lock = table_lock(&format!("{}\n{name}", catalog::describe(spec)));
+    let _held = lock.lock().await;
+    let catalog = catalog::open(spec, stores).await?;
+    let mut commit = Commit {
+        stores,
+        catalog: catalog.as_ref(),
+        name,
+        append: &append,
+        // Objects without rows are scratch files (a processor's
+        // uploads), not data files.
+        objects: append
+            .objects
+            .iter()
+            .filter(|o| o.records > 0)
+            .cloned()
+            .collect(),
+        footers: HashMap::new(),
+    };
+    for _ in 0..MAX_CONFLICTS {
+        match commit.try_once().await? {
+            Tried::Done(appended) => return Ok(appended),
+            Tried::Again => {}
+        }
+    }
+    Err(IcebergError::Conflicts {
+        table: name.clone(),
+    })
+}
+
+enum Tried {
+    /// Made, or found made already, or nothing to make.
+    Done(Appended),
+    /// The table changed under us, or a commit failed without landing:
+    /// read it again.
+    Again,
+}
+
+/// One job's append: what each try works with.
+struct Commit<'a> {
+    stores: &'a Stores,
+    catalog: &'a dyn Catalog,
+    name: &'a str,
+    append: &'a TableAppend,
+    /// Data files only (objects with rows).
+    objects: Vec<OutputObject>,
+    /// Footers read so far, by URI: each is read once.
+    footers: HashMap<String, Arc<ParquetMetaData>>,
+}
+
+impl Commit<'_> {
+    async fn footer(
+        &mut self,
+        object: &OutputObject,
+    ) -> Result<Arc<ParquetMetaData>, IcebergError> {
+        if let Some(f) = self.footers.get(&object.uri) {
+            return Ok(Arc::clone(f));
+        }
+        let f = Arc::new(files::footer(self.stores, object).await?);
+        self.footers.insert(object.uri.clone(), Arc::clone(&f));
+        Ok(f)
+    }
+
+    /// The table, created if the catalog lacks it (`None`: it lacks it
+    /// and there is nothing to create it with).
+    async fn table(&mut self) -> Result<Option<Table>, IcebergError> {
+        if let Some(t) = load(self.catalog, self.name).await? {
+            return Ok(Some(t));
+        }
+        let Some(first) = self.objects.first().cloned() else {
+            return Ok(None);
+        };
+        let footer = self.footer(&first).await?;
+        let schema = files::table_schema(self.name, &files::arrow_schema(&first, &footer)?)?;
+        let ident = ident(self.name)?;
+        match self
+            .catalog
+            .create_namespace(ident.namespace(), HashMap::new())
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::NamespaceAlreadyExists => {}
+            Err(e) => return Err(catalog_error(self.name)(e)),
+        }
+        let creation = TableCreation::builder()
+            .name(ident.name().to_string())
+            .schema(schema)
+            .location(self.append.table.as_str().trim_end_matches('/').to_string())
+            .properties([(ENGINE_KEY.to_string(), ENGINE_INFO.to_string())])
+            .build();
+        match self.catalog.create_table(ident.namespace(), creation).await {
+            Ok(t) => {
+                info!(table = %self.name, location = %self.append.table, "Iceberg table created");
+                Ok(Some(t))
+            }
+            // Another writer created it first: append to theirs.
+            Err(e) if e.kind() == ErrorKind::TableAlreadyExists => {
+                load(self.catalog, self.name).await
+            }
+            Err(e) => Err(catalog_error(self.name)(e)),
+        }
+    }
+
+    async fn try_once(&mut self) -> Result<Tried, IcebergError> {
+        let (append, name) = (self.append, self.name);
+        let job_id = append.job_id.as_str();
+        let Some(table) = self.table().await? else {
+            return Ok(Tried::Done(Appended::default()));
+        };
+        let ours = appends_of(&table, job_id);
+        let newest = ours.iter().max_by_key(|(_, seq)| *seq).copied();
+        if let Some((id, seq)) = newest
+            && seq >= append.seq
+        {
+            return Ok(Tried::Done(Appended {
+                version: None,
+                prior: u64::try_from(id).ok(),
+            }));
+        }
+        // A `commit = "end"` job with an append of its own before this
+        // one (a pause at its cap): only what the table lacks.
+        let reconcile = append.reconcile || newest.is_some();
+        let prior = newest
+            .filter(|_| reconcile)
+            .and_then(|(id, _)| u64::try_from(id).ok());
+        let adding: Vec<OutputObject> = if reconcile {
+            let folder = append.kind.job_folder(&append.table, job_id);
+            let folder = format!("{}/", folder.as_str().trim_end_matches('/'));
+            let present = files_under(&table, &folder)
+                .await
+                .map_err(catalog_error(name))?;
+            self.objects
+                .iter()
+                .filter(|o| !present.contains(&o.uri))
+                .cloned()
+                .collect()
+        } else {
+            self.objects.clone()
+        };
+        if adding.is_empty() {
+            return Ok(Tried::Done(Appended {
+                version: None,
+                prior,
+            }));
+        }
+        let schema = table.metadata().current_schema().clone();
+        let spec_id = table.metadata().default_partition_spec_id();
+        let mut data_files = Vec::with_capacity(adding.len());
+        for (i, object) in adding.iter().enumerate() {
+            let footer = self.footer(object).await?;
+            if i == 0 && newest.is_none() {
+                let files = files::arrow_schema(object, &footer)?;
+                if let Some((have, want)) = files::misfit(name, &schema, &files) {
+                    return Err(IcebergError::SchemaClash {
+                        table: name.to_string(),
+                        job_id: job_id.to_string(),
+                        table_schema: have,
+                        job_schema: want,
+                    });
+                }
+            }
+            data_files.push(files::data_file(object, &footer, &schema, spec_id)?);
+        }
+        let summary = HashMap::from([
+            (JOB_ID_KEY.to_string(), job_id.to_string()),
+            (SEQ_KEY.to_string(), append.seq.to_string()),
+            (ENGINE_KEY.to_string(), ENGINE_INFO.to_string()),
+        ]);
+        let err = catalog_error(name);
+        let tx = Transaction::new(&table);
+        let mut tx = tx
+            .fast_append()
+            .add_data_files(data_files)
+            .set_snapshot_properties(summary)
+            .apply(tx)
+            .map_err(&err)?;
+        if !table
+            .metadata()
+            .properties()
+            .contains_key(DEFAULT_SCHEMA_NAME_MAPPING)
+        {
+            let mapping = serde_json::to_string(&files::name_mapping(&schema)).unwrap_or_default();
+            tx = tx
+                .update_table_properties()
+                .set(DEFAULT_SCHEMA_NAME_MAPPING.to_string(), mapping)
+                .apply(tx)
+                .map_err(&err)?;
+        }
+        match tx.commit(self.catalog).await {
+            Ok(after) => {
+                let id = after.metadata().current_snapshot_id();
+                info!(table = %name, job = %job_id, snapshot = ?id, files = adding.len(), "Iceberg append");
+                Ok(Tried::Done(Appended {
+                    version: id.and_then(|id| u64::try_from(id).ok()),
+                    prior,
+                }))
+            }
+            Err(e) => {
+                // Whether it landed or not, the next try reads the
+                // table's snapshots first: its own append found there is
+                // not made again.
+                let conflict = e.kind() == ErrorKind::CatalogCommitConflicts;
+                warn!(table = %name, job = %job_id, error = %e, conflict, "an Iceberg append failed; reading the table again");
+                if conflict || landed(self.catalog, name, job_id, append.seq).await? {
+                    Ok(Tried::Again)
+                } else {
+                    Err(err(e))
+                }
+            }
+        }
+    }
+}
+
+/// Whether the table holds the job's append of `seq` (or a later one).
+async fn landed(
+    catalog: &dyn Catalog,
+    name: &str,
+    job_id: &str,
+    seq: u64,
+) -> Result<bool, IcebergError> {
+    Ok(match load(catalog, name).await? {
+        Some(t) => appends_of(&t, job_id).iter().any(|(_, s)| *s >= seq),
+        None => false,
+    })
+}

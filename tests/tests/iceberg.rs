@@ -1,0 +1,166 @@
+//! `[output] format = "iceberg"`: a job's results appended to an Iceberg
+//! table through a SQLite catalog, committed by the coordinator with the
+//! `iceberg` Rust crate and read back here by other implementations:
+//! pyiceberg through the same catalog, and DuckDB's iceberg extension
+//! (`scripts/read_iceberg.py`). Each record must be in the table exactly
+//! once, whatever crashes, lost answers and other writers.
+
+use std::collections::HashMap;
+
+use stoke_tests::iceberg::{self, SqlCatalog, Table};
+use stoke_tests::*;
+
+const TABLE: &str = "analytics.predictions";
+
+/// The test's catalog: a SQLite file in its folder, tables in its store.
+fn catalog(env: &TestEnv) -> SqlCatalog {
+    SqlCatalog::new(env.dir(), &env.uri("warehouse"))
+}
+
+/// The fixture job (3,000 records in 8 shards) appending to `table`;
+/// `output` adds lines to its `[output]` section.
+fn iceberg_spec(env: &TestEnv, name: &str, table: &str, output: &str) -> String {
+    let text = format!(
+        "{}\n[output]\n{}{output}\n",
+        env.spec("parquet", ""),
+        catalog(env).output(table)
+    );
+    env.write_spec(name, &text)
+}
+
+fn read_table(env: &TestEnv, table: &str, jobs: &[&str]) -> Table {
+    iceberg::read_table(&catalog(env), table, jobs, &env.store_env())
+}
+
+/// Every fixture record `times` times, with the model's prediction.
+fn assert_rows_match_reference(table: &Table, times: usize) {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    let reference = reference();
+    for (id, prediction) in &table.rows {
+        *counts.entry(id.as_str()).or_default() += 1;
+        let want = reference
+            .get(id)
+            .unwrap_or_else(|| panic!("row for an unknown id {id}"));
+        assert_eq!(*prediction, Some(want.argmax), "prediction of {id}");
+    }
+    let wrong: Vec<_> = reference
+        .keys()
+        .filter(|id| counts.get(id.as_str()).copied().unwrap_or(0) != times)
+        .take(5)
+        .map(|id| (id, counts.get(id.as_str()).copied().unwrap_or(0)))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "records not in the table {times} time(s), e.g. {wrong:?}"
+    );
+    assert_eq!(table.rows.len(), reference.len() * times);
+    if let Some(n) = table.duckdb_rows {
+        assert_eq!(n as usize, table.rows.len(), "DuckDB reads the same rows");
+    }
+}
+
+#[test]
+fn a_job_appends_its_rows_to_an_iceberg_table_once_at_the_end() {
+    let env = TestEnv::new(Backend::File);
+    let coordinator = env.coordinator(&[]);
+    let job = coordinator.submit(&iceberg_spec(&env, "job.toml", TABLE, ""));
+    let _w = coordinator.worker("stoke-worker", "w1", env.dir());
+    coordinator.wait_success(&job);
+
+    let table = read_table(&env, TABLE, &[&job]);
+    assert_rows_match_reference(&table, 1);
+    assert!(table.duckdb_rows.is_some(), "DuckDB read the table");
+    // One snapshot: an append carrying the job's identity.
+    assert_eq!(table.snapshots.len(), 1, "{:?}", table.snapshots);
+    let snapshot = &table.snapshots[0];
+    assert_eq!(snapshot.operation.as_deref(), Some("append"));
+    assert_eq!(snapshot.summary["stoke.job-id"], job);
+    assert!(
+        snapshot.summary["stoke.engine"].starts_with("stoke/"),
+        "{:?}",
+        snapshot.summary
+    );
+    assert_eq!(table.jobs[&job].len(), 1);
+    // Created where the catalog puts it, with the processor's columns
+    // and a name mapping for readers of files without field ids.
+    assert_eq!(table.location, env.uri("warehouse/analytics/predictions"));
+    assert_eq!(
+        table.schema,
+        ["id: string", "prediction: long", "scores: list<float>"]
+    );
+    assert!(
+        table.properties["schema.name-mapping.default"].contains("\"scores\""),
+        "{:?}",
+        table.properties
+    );
+    // The data files are the manifest's, in the job's folder; the
+    // manifest and `stoke outputs` name the snapshot.
+    let manifest = env.manifest(&job);
+    let mut listed: Vec<String> = manifest
+        .outputs
+        .iter()
+        .filter(|o| o.object.records > 0)
+        .map(|o| o.object.uri.clone())
+        .collect();
+    listed.sort();
+    let folder = format!("{}/data/stoke/{job}/", table.location);
+    assert!(listed.iter().all(|f| f.starts_with(&folder)), "{listed:?}");
+    assert_eq!(table.files, listed);
+    let recorded = manifest.iceberg.as_ref().expect("the manifest's iceberg");
+    assert_eq!(recorded.table, TABLE);
+    assert_eq!(recorded.versions, [snapshot.id]);
+    assert!(manifest.delta.is_none());
+    let out = coordinator.cli(&["outputs", &job, "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(said["iceberg"]["table"], TABLE);
+    assert_eq!(
+        said["iceberg"]["snapshots"],
+        serde_json::json!([snapshot.id])
+    );
+
+    // A second job appends to the same table: a snapshot of its own, the
+    // first job's rows untouched.
+    let second = coordinator.submit(&iceberg_spec(&env, "job2.toml", TABLE, ""));
+    let _w2 = coordinator.worker("stoke-worker", "w2", env.dir());
+    coordinator.wait_success(&second);
+    let table = read_table(&env, TABLE, &[&job, &second]);
+    assert_rows_match_reference(&table, 2);
+    assert_eq!(table.snapshots.len(), 2);
+    assert_eq!(table.snapshots[1].summary["stoke.job-id"], second);
+}
+
+#[test]
+fn with_commit_checkpoint_rows_land_as_groups_commit() {
+    let env = TestEnv::new(Backend::File);
+    let coordinator = env.coordinator(&[]);
+    let spec = iceberg_spec(&env, "job.toml", TABLE, "commit = \"checkpoint\"");
+    let job = coordinator.submit(&spec);
+    // Each commit 100 ms after its upload: commits arrive one at a time,
+    // each its own progress group, so the table gets many snapshots.
+    let _w = coordinator.worker_with(
+        "stoke-worker",
+        "w1",
+        env.dir(),
+        &[],
+        &[(
+            "FAILPOINTS",
+            "worker::after_upload_before_commit=sleep(100)",
+        )],
+    );
+    coordinator.wait_success(&job);
+    let table = read_table(&env, TABLE, &[&job]);
+    assert_rows_match_reference(&table, 1);
+    assert!(table.snapshots.len() > 1, "{:?}", table.snapshots);
+    // Each snapshot is the job's, in rising seq order; the manifest names
+    // every one.
+    let seqs = &table.jobs[&job];
+    assert_eq!(seqs.len(), table.snapshots.len());
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    let manifest = env.manifest(&job);
+    let mut recorded = manifest.iceberg.expect("the manifest's iceberg").versions;
+    let mut ids = table.snapshot_ids();
+    recorded.sort_unstable();
+    ids.sort_unstable();
+    assert_eq!(recorded, ids);
+}
