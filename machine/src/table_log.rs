@@ -170,14 +170,14 @@ impl State {
         match result {
             Ok(()) => {}
             Err(MachineError::Table(e)) if e.permanent => {
-                warn!(job = %job_id, error = %e, "the Delta table refused the job's objects; the job fails");
+                warn!(job = %job_id, error = %e, "the table refused the job's objects; the job fails");
                 self.fail_job(job_id, e.to_string());
             }
             Err(e) => {
                 // A commit whose answer was lost may have landed: the next
                 // one reconciles (adds only what the table lacks), so its
                 // objects are not added twice.
-                warn!(job = %job_id, error = %e, "a Delta commit failed; the next one adds what the table lacks");
+                warn!(job = %job_id, error = %e, "a table commit failed; the next one adds what the table lacks");
             }
         }
         self.finish_if_done(job_id);

@@ -111,3 +111,30 @@ pub fn read_table(
 ) -> Table {
     try_read_table(catalog, table, jobs, env).unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// Another writer: appends one row per id to `table` with pyiceberg
+/// (`scripts/append_iceberg.py`), creating it if it is missing; returns
+/// the snapshot it made.
+pub fn append_rows(
+    catalog: &SqlCatalog,
+    table: &str,
+    ids: &[&str],
+    env: &[(String, String)],
+) -> u64 {
+    let out = Command::new(python())
+        .arg(repo_root().join("scripts/append_iceberg.py"))
+        .args([&catalog.uri, &catalog.name, &catalog.warehouse, table])
+        .args(ids)
+        .envs(env.iter().cloned())
+        .output()
+        .unwrap_or_else(|e| panic!("running scripts/append_iceberg.py: {e}"));
+    assert!(
+        out.status.success(),
+        "append_iceberg.py {table}: {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("append_iceberg.py printed no snapshot id: {e}"))
+}

@@ -157,7 +157,7 @@ backend_tests! {
         let table = read_table(&env, &table_uri, &[&job]);
         assert_rows_match_reference(&table, 1);
         assert!(
-            coordinator.all_logs().contains("a Delta commit failed"),
+            coordinator.all_logs().contains("a table commit failed"),
             "the fault point never fired"
         );
     }

@@ -32,11 +32,17 @@ fn read_table(env: &TestEnv, table: &str, jobs: &[&str]) -> Table {
     iceberg::read_table(&catalog(env), table, jobs, &env.store_env())
 }
 
-/// Every fixture record `times` times, with the model's prediction.
+/// Every fixture record `times` times, with the model's prediction (rows
+/// of other writers, ids `other-*`, aside).
 fn assert_rows_match_reference(table: &Table, times: usize) {
     let mut counts: HashMap<&str, usize> = HashMap::new();
     let reference = reference();
-    for (id, prediction) in &table.rows {
+    let ours: Vec<_> = table
+        .rows
+        .iter()
+        .filter(|(id, _)| !id.starts_with("other-"))
+        .collect();
+    for (id, prediction) in &ours {
         *counts.entry(id.as_str()).or_default() += 1;
         let want = reference
             .get(id)
@@ -53,7 +59,7 @@ fn assert_rows_match_reference(table: &Table, times: usize) {
         wrong.is_empty(),
         "records not in the table {times} time(s), e.g. {wrong:?}"
     );
-    assert_eq!(table.rows.len(), reference.len() * times);
+    assert_eq!(ours.len(), reference.len() * times);
     if let Some(n) = table.duckdb_rows {
         assert_eq!(n as usize, table.rows.len(), "DuckDB reads the same rows");
     }
@@ -163,4 +169,159 @@ fn with_commit_checkpoint_rows_land_as_groups_commit() {
     recorded.sort_unstable();
     ids.sort_unstable();
     assert_eq!(recorded, ids);
+}
+
+/// The coordinator stops at `coordinator::after_delta_commit` (the table
+/// commit made, not yet recorded: as `kill -9` there would), then starts
+/// again: the job succeeds and the table holds each record once.
+fn crash_after_the_commit(env: &TestEnv, commit: &str) {
+    let mut coordinator = env.coordinator_with_env(
+        &[],
+        &[("FAILPOINTS", "coordinator::after_delta_commit=return")],
+    );
+    let spec = iceberg_spec(env, "job.toml", TABLE, &format!("commit = \"{commit}\""));
+    let job = coordinator.submit(&spec);
+    let _w = coordinator.worker("stoke-worker", "w1", env.dir());
+    let status = coordinator.proc.wait_exit(DEADLINE);
+    assert!(
+        !status.success(),
+        "the fault point should have stopped the coordinator"
+    );
+    let before = read_table(env, TABLE, &[&job]);
+    assert!(!before.jobs[&job].is_empty(), "the append was made");
+
+    coordinator.restart(&[]);
+    let _w2 = coordinator.worker("stoke-worker", "w2", env.dir());
+    coordinator.wait_success(&job);
+    let table = read_table(env, TABLE, &[&job]);
+    assert_rows_match_reference(&table, 1);
+    let recorded = env.manifest(&job).iceberg.expect("the manifest's iceberg");
+    let mut ids = table.snapshot_ids();
+    ids.sort_unstable();
+    let mut versions = recorded.versions.clone();
+    versions.sort_unstable();
+    assert_eq!(versions, ids, "{commit}: every snapshot is the job's");
+    if commit == "end" {
+        assert_eq!(ids.len(), 1, "one append, not two");
+    }
+}
+
+#[test]
+fn a_coordinator_killed_between_the_append_and_its_record_adds_nothing_twice() {
+    crash_after_the_commit(&TestEnv::new(Backend::File), "end");
+}
+
+#[test]
+fn with_commit_checkpoint_a_crash_after_an_append_adds_nothing_twice() {
+    crash_after_the_commit(&TestEnv::new(Backend::File), "checkpoint");
+}
+
+#[test]
+fn a_lost_answer_is_found_in_the_snapshot_summaries_and_not_appended_again() {
+    let env = TestEnv::new(Backend::File);
+    // The catalog takes the job's one append; its answer is lost. The
+    // append's own retry reads the snapshots and finds it there.
+    let coordinator = env.coordinator_with_env(
+        &[],
+        &[("FAILPOINTS", "coordinator::iceberg_answer_lost=1*return")],
+    );
+    let job = coordinator.submit(&iceberg_spec(&env, "job.toml", TABLE, ""));
+    let _w = coordinator.worker("stoke-worker", "w1", env.dir());
+    coordinator.wait_success(&job);
+    let logs = coordinator.all_logs();
+    assert!(
+        logs.contains("fault point: the catalog's answer to a commit was lost"),
+        "the fault point never fired"
+    );
+    let table = read_table(&env, TABLE, &[&job]);
+    assert_rows_match_reference(&table, 1);
+    assert_eq!(table.snapshots.len(), 1, "{:?}", table.snapshots);
+    let recorded = env.manifest(&job).iceberg.expect("iceberg").versions;
+    assert_eq!(recorded, table.snapshot_ids());
+
+    // With commit = "checkpoint", a quarter of the commits fail before
+    // they are made and a quarter land but report a failure to the
+    // machine: the next commit adds what the table lacks, and only that.
+    let env = TestEnv::new(Backend::File);
+    let coordinator = env.coordinator_with_env(
+        &[],
+        &[(
+            "FAILPOINTS",
+            "coordinator::before_delta_commit=25%return;coordinator::delta_answer_lost=25%return",
+        )],
+    );
+    let spec = iceberg_spec(
+        &env,
+        "live.toml",
+        "analytics.live",
+        "commit = \"checkpoint\"",
+    );
+    let job = coordinator.submit(&spec);
+    let _w = coordinator.worker_with(
+        "stoke-worker",
+        "w2",
+        env.dir(),
+        &[],
+        &[("FAILPOINTS", "worker::after_upload_before_commit=sleep(50)")],
+    );
+    coordinator.wait_success(&job);
+    let table = read_table(&env, "analytics.live", &[&job]);
+    assert_rows_match_reference(&table, 1);
+    assert!(
+        coordinator.all_logs().contains("a table commit failed"),
+        "the fault points never fired"
+    );
+}
+
+#[test]
+fn another_writer_committing_between_our_read_and_our_swap_loses_no_row() {
+    let env = TestEnv::new(Backend::File);
+    let catalog = catalog(&env);
+    let store_env = env.store_env();
+    // Another writer made the table and appended to it first.
+    let theirs = iceberg::append_rows(&catalog, TABLE, &["other-1", "other-2"], &store_env);
+    // Stoke's append stops after writing its new metadata file, before
+    // the catalog's swap; the other writer commits meanwhile.
+    let hold = env.dir().join("hold");
+    std::fs::create_dir_all(&hold).expect("hold folder");
+    let coordinator = env.coordinator_with_env(
+        &[],
+        &[(
+            "FAILPOINTS",
+            &format!(
+                "coordinator::iceberg_metadata_written=1*return({})",
+                hold.display()
+            ),
+        )],
+    );
+    let job = coordinator.submit(&iceberg_spec(&env, "job.toml", TABLE, ""));
+    let _w = coordinator.worker("stoke-worker", "w1", env.dir());
+    wait_until("the append's hold", DEADLINE, || {
+        hold.join("reached").exists().then_some(())
+    });
+    let between = iceberg::append_rows(&catalog, TABLE, &["other-3", "other-4"], &store_env);
+    std::fs::write(hold.join("go"), b"").expect("go");
+    coordinator.wait_success(&job);
+
+    // The swap was refused; stoke read the table again and appended on
+    // top of the other writer's snapshot.
+    assert!(
+        coordinator.all_logs().contains("an Iceberg append failed"),
+        "the catalog never refused the append"
+    );
+    let table = read_table(&env, TABLE, &[&job]);
+    assert_rows_match_reference(&table, 1);
+    let mut others: Vec<&str> = table
+        .rows
+        .iter()
+        .filter(|(id, _)| id.starts_with("other-"))
+        .map(|(id, _)| id.as_str())
+        .collect();
+    others.sort_unstable();
+    assert_eq!(others, ["other-1", "other-2", "other-3", "other-4"]);
+    let ours = table.snapshots_of(&job);
+    assert_eq!(ours.len(), 1, "{:?}", table.snapshots);
+    let ids = table.snapshot_ids();
+    assert_eq!(ids, [theirs, between, ours[0]]);
+    assert_eq!(env.manifest(&job).iceberg.expect("iceberg").versions, ours);
 }

@@ -85,7 +85,14 @@ impl Storage for StoreStorage {
     }
 
     async fn write(&self, path: &str, bs: Bytes) -> iceberg::Result<()> {
-        self.stores.put(&uri(path)?, bs).await.map_err(store_error)
+        self.stores
+            .put(&uri(path)?, bs)
+            .await
+            .map_err(store_error)?;
+        if path.ends_with(".metadata.json") {
+            hold_after_metadata_written().await;
+        }
+        Ok(())
     }
 
     async fn writer(&self, path: &str) -> iceberg::Result<Box<dyn FileWrite>> {
@@ -131,6 +138,32 @@ impl Storage for StoreStorage {
 
     fn new_output(&self, path: &str) -> iceberg::Result<OutputFile> {
         Ok(OutputFile::new(Arc::new(self.clone()), path.to_string()))
+    }
+}
+
+/// Fault injection (`coordinator::iceberg_metadata_written=return(DIR)`):
+/// a table's new metadata file is written and the catalog has not yet
+/// swapped it in. Marks `DIR/reached` and waits (at most two minutes) for
+/// `DIR/go`: a test's other writer commits meanwhile, and the catalog's
+/// compare-and-swap then refuses this commit.
+async fn hold_after_metadata_written() {
+    let dir: Option<String> = (|| {
+        fail::fail_point!("coordinator::iceberg_metadata_written", |dir| dir);
+        None
+    })();
+    let Some(dir) = dir else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    if let Err(e) = tokio::fs::write(dir.join("reached"), b"").await {
+        tracing::warn!(error = %e, "fault point iceberg_metadata_written: no marker");
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    while tokio::fs::metadata(dir.join("go")).await.is_err()
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 
@@ -310,7 +343,10 @@ mod tests {
             assert!(!storage.exists(&a).await.expect("exists"));
             let e = storage.read(&a).await.expect_err("gone");
             assert_eq!(e.kind(), ErrorKind::DataInvalid, "{e}");
-            let e = storage.read("hdfs://nn/t").await.expect_err("no such store");
+            let e = storage
+                .read("hdfs://nn/t")
+                .await
+                .expect_err("no such store");
             assert!(e.to_string().contains("hdfs://nn/t"), "{e}");
         }
     }

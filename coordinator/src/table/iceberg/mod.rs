@@ -18,7 +18,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, LazyLock, Mutex};
 
-use iceberg::spec::{DEFAULT_SCHEMA_NAME_MAPPING, ManifestList, ManifestStatus, Schema};
+use iceberg::spec::{
+    DEFAULT_SCHEMA_NAME_MAPPING, ManifestList, ManifestStatus, Schema, TableProperties,
+};
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{Catalog, ErrorKind, NamespaceIdent, TableCreation, TableIdent};
@@ -471,7 +473,7 @@ impl Commit<'_> {
             (ENGINE_KEY.to_string(), ENGINE_INFO.to_string()),
         ]);
         let err = catalog_error(name);
-        let tx = Transaction::new(&table);
+        let tx = Transaction::new(&tried_once(&table).map_err(&err)?);
         let mut tx = tx
             .fast_append()
             .add_data_files(data_files)
@@ -490,7 +492,20 @@ impl Commit<'_> {
                 .apply(tx)
                 .map_err(&err)?;
         }
-        match tx.commit(self.catalog).await {
+        let mut result = tx.commit(self.catalog).await;
+        if result.is_ok() {
+            // Fault injection: the catalog took the commit, but its answer
+            // is lost (a connection broken after the database's update).
+            (|| {
+                fail::fail_point!("coordinator::iceberg_answer_lost", |_| {
+                    result = Err(iceberg::Error::new(
+                        ErrorKind::Unexpected,
+                        "fault point: the catalog's answer to a commit was lost",
+                    ));
+                });
+            })();
+        }
+        match result {
             Ok(after) => {
                 let id = after.metadata().current_snapshot_id();
                 info!(table = %name, job = %job_id, snapshot = ?id, files = adding.len(), "Iceberg append");
@@ -513,6 +528,35 @@ impl Commit<'_> {
             }
         }
     }
+}
+
+/// A copy of `table` whose properties make the crate try a commit once
+/// (`commit.retry.num-retries = 0`): after a refusal or a lost answer,
+/// stoke's loop reads the snapshots again before any retry, as the crate
+/// would not (it replays the append on the refreshed table).
+fn tried_once(table: &Table) -> Result<Table, iceberg::Error> {
+    let mut properties = table.metadata().properties().clone();
+    properties.insert(
+        TableProperties::PROPERTY_COMMIT_NUM_RETRIES.to_string(),
+        "0".to_string(),
+    );
+    let location = table.metadata_location().map(str::to_string);
+    let metadata = table
+        .metadata()
+        .clone()
+        .into_builder(location.clone())
+        .set_properties(properties)?
+        .build()?
+        .metadata;
+    let mut builder = Table::builder()
+        .metadata(metadata)
+        .identifier(table.identifier().clone())
+        .file_io(table.file_io().clone())
+        .runtime(iceberg::Runtime::try_current()?);
+    if let Some(location) = location {
+        builder = builder.metadata_location(location);
+    }
+    builder.build()
 }
 
 /// Whether the table holds the job's append of `seq` (or a later one).
