@@ -325,3 +325,143 @@ fn another_writer_committing_between_our_read_and_our_swap_loses_no_row() {
     assert_eq!(ids, [theirs, between, ours[0]]);
     assert_eq!(env.manifest(&job).iceberg.expect("iceberg").versions, ours);
 }
+
+#[test]
+fn a_table_with_other_columns_refuses_a_builtin_job_at_submit_and_fails_another_at_its_append() {
+    let env = TestEnv::new(Backend::File);
+    let coordinator = env.coordinator(&[]);
+    let first = coordinator.submit(&iceberg_spec(&env, "a.toml", TABLE, ""));
+    let _w1 = coordinator.worker("stoke-worker", "w1", env.dir());
+    coordinator.wait_success(&first);
+
+    // The built-in processor's columns are known at submit: the same
+    // model writing only its prediction is refused there, naming both.
+    let text = std::fs::read_to_string(env.dir().join("a.toml"))
+        .expect("spec")
+        .replace("outputs = [\"argmax\", \"scores\"]", "outputs = [\"argmax\"]");
+    let out = coordinator.cli(&["submit", &env.write_spec("b.toml", &text)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("Iceberg table {TABLE}"))
+            && err.contains("scores: list<float>")
+            && err.contains("(id: string, prediction: long)"),
+        "{err}"
+    );
+
+    // A processor of the user's own (columns known only from its files):
+    // the job fails at its append, naming both schemas.
+    let data = env.fixture_uri("parquet");
+    let custom = env.write_spec(
+        "c.toml",
+        &format!(
+            "[dataset]\nformat = \"parquet\"\nuri = \"{data}/\"\nid_column = \"id\"\ncolumns = [\"features\"]\n\
+             [processor]\nname = \"feature-stats\"\nparams = {{ column = \"features\" }}\n\
+             [sharding]\nrecords = 600\n[output]\n{}",
+            catalog(&env).output(TABLE)
+        ),
+    );
+    let second = coordinator.submit(&custom);
+    let _w2 = coordinator.worker("stoke-example-worker", "w2", env.dir());
+    let end = coordinator.wait_job(&second);
+    assert_eq!(end["state"], "failed", "{end}");
+    let reason = end["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("scores") && reason.contains(TABLE) && reason.contains("prediction"),
+        "{reason}"
+    );
+    // The table is as the first job left it.
+    let table = read_table(&env, TABLE, &[&first, &second]);
+    assert_rows_match_reference(&table, 1);
+    assert!(table.jobs[&second].is_empty());
+
+    // A spec naming no catalog, or a catalog stoke cannot open, is
+    // refused at submit with what is wrong.
+    let bad = env.write_spec(
+        "d.toml",
+        &format!(
+            "{}\n[output]\nformat = \"iceberg\"\ntable = \"{TABLE}\"\n",
+            env.spec("parquet", "")
+        ),
+    );
+    let out = coordinator.cli(&["submit", &bad]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("output.catalog"), "{err}");
+    let bad = env.write_spec(
+        "e.toml",
+        &format!(
+            "{}\n[output]\nformat = \"iceberg\"\ntable = \"{TABLE}\"\ncatalog = {{ type = \"sql\", uri = \"sqlite:///nonexistent-folder/x/catalog.db\", warehouse = \"{}\" }}\n",
+            env.spec("parquet", ""),
+            env.uri("warehouse")
+        ),
+    );
+    let out = coordinator.cli(&["submit", &bad]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("opening the SQL catalog default at sqlite:///nonexistent-folder/x/catalog.db"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_job_committing_at_its_end_leaves_snapshots_when_it_pauses_at_its_budget() {
+    let env = TestEnv::new(Backend::File);
+    let coordinator = env.coordinator(&["--price", "default=3600"]);
+    let spec = env.spec("parquet", "").replace("interval = 3", "interval = 1")
+        + &format!(
+            "[output]\n{}commit = \"end\"\n[limits]\nmax_cost = 1.5\n",
+            catalog(&env).output(TABLE)
+        );
+    let job = coordinator.submit(&env.write_spec("job.toml", &spec));
+    let _w = coordinator.worker_with(
+        "stoke-worker",
+        "w0",
+        env.dir(),
+        &[],
+        &[("FAILPOINTS", "worker::after_upload_before_commit=sleep(100)")],
+    );
+    let status = wait_until("the job paused at its budget", DEADLINE, || {
+        let s = coordinator.status(&job);
+        (s["state"] == "paused" && s["shards_leased"] == 0).then_some(s)
+    });
+    assert!(
+        status["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("budget of 1.50 reached")),
+        "{status}"
+    );
+    // What it committed is a snapshot (its draining worker's last commits
+    // included), each record once.
+    let done = status["records_done"].as_u64().expect("records_done");
+    assert!(done > 0 && done < 3000, "paused midway: {status}");
+    let partial = wait_until("the partial table", DEADLINE, || {
+        let table = iceberg::try_read_table(&catalog(&env), TABLE, &[&job], &[]).ok()?;
+        (table.rows.len() as u64 == done).then_some(table)
+    });
+    let mut ids: Vec<&str> = partial.rows.iter().map(|(id, _)| id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len() as u64, done, "each committed record once");
+    let out = coordinator.cli(&["outputs", &job, "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("outputs json");
+    assert_eq!(
+        listed["iceberg"]["snapshots"],
+        serde_json::json!(partial.snapshot_ids()),
+        "{listed}"
+    );
+    // Raised, it finishes: the rest is one more snapshot, nothing twice.
+    let out = coordinator.cli(&["set", &job, "--max-cost", "1000"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    coordinator.wait_success(&job);
+    let table = read_table(&env, TABLE, &[&job]);
+    assert_rows_match_reference(&table, 1);
+    let mut versions = env.manifest(&job).iceberg.expect("iceberg").versions;
+    versions.sort_unstable();
+    let mut ids = table.snapshot_ids();
+    ids.sort_unstable();
+    assert_eq!(versions, ids, "the pause's snapshots and the end's");
+    assert_eq!(ids.len(), partial.snapshots.len() + 1, "{ids:?}");
+}

@@ -228,18 +228,19 @@ async fn commit_to_table(
     if appended.version.is_some() {
         fail::fail_point!("coordinator::after_delta_commit", |_| std::process::abort());
     }
+    let ordered = matches!(target.kind, TableKind::Delta);
     let versions = if checkpoint {
-        let made = appended.version.into_iter().chain(appended.prior);
-        record_versions(stores, &record, &name, made).await?
+        let made = appended.prior.into_iter().chain(appended.version);
+        record_versions(stores, &record, &name, made, ordered).await?
     } else {
-        let mut versions: Vec<u64> = appended.version.or(appended.prior).into_iter().collect();
         // A pause at its cap committed what it had then (`budget.rs`).
         let paused: Option<TableVersions> = stores.get_json(&record).await?;
-        if let Some(paused) = paused {
-            versions.extend(paused.versions);
-            versions.sort_unstable();
-            versions.dedup();
-        }
+        let mut versions = paused.map(|p| p.versions).unwrap_or_default();
+        add_versions(
+            &mut versions,
+            appended.version.or(appended.prior).into_iter(),
+            ordered,
+        );
         versions
     };
     Ok(TableVersions {
@@ -321,6 +322,7 @@ fn done_update(finish: &FinishJob) -> Option<DoneUpdate> {
 async fn table_write(write: TableWrite, stores: &Stores) -> Result<()> {
     let TableWrite { append, record } = write;
     let name = table_name(&append);
+    let kind = append.kind.clone();
     fail::fail_point!("coordinator::before_delta_commit", |_| Err(
         CoordinatorError::Recovery("fault point: a table commit failed".into())
     ));
@@ -333,18 +335,34 @@ async fn table_write(write: TableWrite, stores: &Stores) -> Result<()> {
             CoordinatorError::Recovery("fault point: a table commit's answer was lost".into())
         ));
     }
-    let made = appended.version.into_iter().chain(appended.prior);
-    record_versions(stores, &record, &name, made).await?;
+    let made = appended.prior.into_iter().chain(appended.version);
+    let ordered = matches!(kind, TableKind::Delta);
+    record_versions(stores, &record, &name, made, ordered).await?;
     Ok(())
 }
 
+/// Adds to `versions` those of `made` it lacks: in commit order, which
+/// is number order for Delta's versions (`ordered`) and the order made
+/// for Iceberg's snapshot ids.
+fn add_versions(versions: &mut Vec<u64>, made: impl Iterator<Item = u64>, ordered: bool) {
+    for v in made {
+        if !versions.contains(&v) {
+            versions.push(v);
+        }
+    }
+    if ordered {
+        versions.sort_unstable();
+    }
+}
+
 /// Adds `made` to the versions `record` lists (written only if it
-/// changes); returns them all, in order.
+/// changes); returns them all, in commit order.
 async fn record_versions(
     stores: &Stores,
     record: &StoreUri,
     table: &str,
     made: impl Iterator<Item = u64>,
+    ordered: bool,
 ) -> Result<Vec<u64>> {
     let mut versions: TableVersions =
         stores
@@ -355,12 +373,7 @@ async fn record_versions(
                 versions: Vec::new(),
             });
     let before = versions.versions.len();
-    for v in made {
-        if !versions.versions.contains(&v) {
-            versions.versions.push(v);
-        }
-    }
-    versions.versions.sort_unstable();
+    add_versions(&mut versions.versions, made, ordered);
     if versions.versions.len() != before {
         stores.put_json(record, &versions).await?;
     }
