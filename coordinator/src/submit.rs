@@ -117,17 +117,27 @@ fn builtin_columns(spec: &JobSpec) -> Option<Vec<(String, KnownType)>> {
 /// The job's shard plan. A Delta job reads its table once first when
 /// it needs to: the built-in processor's columns are checked against
 /// the table's, and an incremental job skips the inputs the table
-/// records as done for its pipeline.
+/// records as done for its pipeline. An Iceberg job's columns were
+/// checked already (`prepare`); an incremental one reads what its table
+/// records as done.
 async fn plan(spec: &JobSpec, job_id: &str, stores: &Stores) -> Result<Plan> {
+    let incremental = spec.incremental();
+    if spec.output.iceberg().is_some() {
+        if !incremental {
+            return Ok(plan_dataset(spec, stores).await?);
+        }
+        let pipeline = incremental::pipeline(spec, stores).await?;
+        let fingerprint = incremental::fingerprint(&pipeline);
+        let done = iceberg::done_inputs(stores, &spec.output, &fingerprint).await?;
+        return Ok(plan_incremental(spec, stores, fingerprint, pipeline, &done).await?);
+    }
     let columns = builtin_columns(spec);
     let table = match (&spec.output.uri, spec.output.delta()) {
-        (Some(uri), Some(_)) if columns.is_some() || spec.dataset.incremental => {
-            StoreUri::parse(uri)
-                .map_err(|e| CoordinatorError::InvalidRequest(format!("output.uri: {e}")))?
-        }
+        (Some(uri), Some(_)) if columns.is_some() || incremental => StoreUri::parse(uri)
+            .map_err(|e| CoordinatorError::InvalidRequest(format!("output.uri: {e}")))?,
         _ => return Ok(plan_dataset(spec, stores).await?),
     };
-    let pipeline = if spec.dataset.incremental {
+    let pipeline = if incremental {
         Some(incremental::pipeline(spec, stores).await?)
     } else {
         None

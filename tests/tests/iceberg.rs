@@ -338,7 +338,10 @@ fn a_table_with_other_columns_refuses_a_builtin_job_at_submit_and_fails_another_
     // model writing only its prediction is refused there, naming both.
     let text = std::fs::read_to_string(env.dir().join("a.toml"))
         .expect("spec")
-        .replace("outputs = [\"argmax\", \"scores\"]", "outputs = [\"argmax\"]");
+        .replace(
+            "outputs = [\"argmax\", \"scores\"]",
+            "outputs = [\"argmax\"]",
+        );
     let out = coordinator.cli(&["submit", &env.write_spec("b.toml", &text)]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
@@ -400,7 +403,9 @@ fn a_table_with_other_columns_refuses_a_builtin_job_at_submit_and_fails_another_
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("opening the SQL catalog default at sqlite:///nonexistent-folder/x/catalog.db"),
+        err.contains(
+            "opening the SQL catalog default at sqlite:///nonexistent-folder/x/catalog.db"
+        ),
         "{err}"
     );
 }
@@ -409,7 +414,9 @@ fn a_table_with_other_columns_refuses_a_builtin_job_at_submit_and_fails_another_
 fn a_job_committing_at_its_end_leaves_snapshots_when_it_pauses_at_its_budget() {
     let env = TestEnv::new(Backend::File);
     let coordinator = env.coordinator(&["--price", "default=3600"]);
-    let spec = env.spec("parquet", "").replace("interval = 3", "interval = 1")
+    let spec = env
+        .spec("parquet", "")
+        .replace("interval = 3", "interval = 1")
         + &format!(
             "[output]\n{}commit = \"end\"\n[limits]\nmax_cost = 1.5\n",
             catalog(&env).output(TABLE)
@@ -420,7 +427,10 @@ fn a_job_committing_at_its_end_leaves_snapshots_when_it_pauses_at_its_budget() {
         "w0",
         env.dir(),
         &[],
-        &[("FAILPOINTS", "worker::after_upload_before_commit=sleep(100)")],
+        &[(
+            "FAILPOINTS",
+            "worker::after_upload_before_commit=sleep(100)",
+        )],
     );
     let status = wait_until("the job paused at its budget", DEADLINE, || {
         let s = coordinator.status(&job);
@@ -464,4 +474,152 @@ fn a_job_committing_at_its_end_leaves_snapshots_when_it_pauses_at_its_budget() {
     ids.sort_unstable();
     assert_eq!(versions, ids, "the pause's snapshots and the end's");
     assert_eq!(ids.len(), partial.snapshots.len() + 1, "{ids:?}");
+}
+
+#[test]
+fn sigterm_and_cancel_leave_what_was_committed_as_snapshots_each_row_once() {
+    let env = TestEnv::new(Backend::File);
+    let mut coordinator = env.coordinator(&[]);
+    let spec = iceberg_spec(&env, "job.toml", TABLE, "commit = \"checkpoint\"");
+    let job = coordinator.submit(&spec);
+    let slow = [(
+        "FAILPOINTS",
+        "worker::after_upload_before_commit=sleep(100)",
+    )];
+    let w1 = coordinator.worker_with("stoke-worker", "w1", env.dir(), &[], &slow);
+    // SIGTERM once the table shows some of the job: the coordinator
+    // stops; started again, it goes on and the rest lands once.
+    let read = |env: &TestEnv| iceberg::try_read_table(&catalog(env), TABLE, &[&job], &[]).ok();
+    wait_until("a first snapshot", DEADLINE, || {
+        read(&env).filter(|t| !t.rows.is_empty()).map(|_| ())
+    });
+    let status = coordinator.stop();
+    assert!(status.success(), "SIGTERM is a clean stop: {status}");
+    drop(w1);
+    coordinator.restart(&[]);
+    let _w2 = coordinator.worker("stoke-worker", "w2", env.dir());
+    coordinator.wait_success(&job);
+    let table = read_table(&env, TABLE, &[&job]);
+    assert_rows_match_reference(&table, 1);
+
+    // A cancel midway: the snapshots made so far stay, each row once, and
+    // only committed rows.
+    let second = coordinator.submit(&iceberg_spec(
+        &env,
+        "b.toml",
+        "analytics.cancelled",
+        "commit = \"checkpoint\"",
+    ));
+    let _w3 = coordinator.worker_with("stoke-worker", "w3", env.dir(), &[], &slow);
+    let partial = |env: &TestEnv| {
+        iceberg::try_read_table(&catalog(env), "analytics.cancelled", &[&second], &[]).ok()
+    };
+    wait_until("a first snapshot", DEADLINE, || {
+        partial(&env).filter(|t| !t.rows.is_empty()).map(|_| ())
+    });
+    let out = coordinator.cli(&["cancel", &second]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let end = coordinator.wait_job(&second);
+    assert_eq!(end["state"], "cancelled", "{end}");
+    let table = partial(&env).expect("the table");
+    let mut ids: Vec<&str> = table.rows.iter().map(|(id, _)| id.as_str()).collect();
+    ids.sort_unstable();
+    let n = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "each row once");
+    assert!(n > 0 && n < 3000, "{n} rows");
+    let out = coordinator.cli(&["outputs", &second, "--json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let objects: Vec<stoke_core::records::ManifestEntry> =
+        serde_json::from_value(listed["objects"].clone()).expect("objects");
+    let committed: std::collections::HashSet<String> =
+        rows_of(&objects).into_iter().map(|(id, _)| id).collect();
+    assert!(
+        ids.iter().all(|id| committed.contains(*id)),
+        "every row in the table was committed"
+    );
+}
+
+/// The fixture's Parquet objects `names` (of part-0 .. part-4, 600
+/// records each) copied into this test's `data/` folder.
+fn put_inputs(env: &TestEnv, names: &[&str]) {
+    for name in names {
+        let bytes = std::fs::read(fixture().join("parquet").join(name)).expect("fixture object");
+        env.put(&env.uri(&format!("data/{name}")), bytes);
+    }
+}
+
+/// Submits with `stoke submit --json`; the job as JSON.
+fn submit_json(coordinator: &Coordinator, spec: &str) -> serde_json::Value {
+    let out = coordinator.cli(&["submit", spec, "--json"]);
+    assert!(out.status.success(), "submit: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("submit --json")
+}
+
+#[test]
+fn an_incremental_rerun_appends_only_new_objects_and_records_them_in_the_same_commit() {
+    let env = TestEnv::new(Backend::File);
+    let coordinator = env.coordinator(&[]);
+    let model = fixture_model_spec("parquet", env.uri("data/"), env.fixture_uri("model.pt"), "");
+    let spec = env.write_spec(
+        "incremental.toml",
+        &format!(
+            "{}\n[output]\n{}incremental = true\n",
+            model.toml(),
+            catalog(&env).output(TABLE)
+        ),
+    );
+    // The first night: 3 objects.
+    put_inputs(
+        &env,
+        &["part-0.parquet", "part-1.parquet", "part-2.parquet"],
+    );
+    let first = submit_json(&coordinator, &spec);
+    let first_id = first["job_id"].as_str().expect("job id").to_string();
+    assert_eq!(first["already_done"]["objects"], 0, "{first}");
+    let _w1 = coordinator.worker("stoke-worker", "w1", env.dir());
+    coordinator.wait_success(&first_id);
+    assert_eq!(env.manifest(&first_id).records_in, 1800);
+    let table = read_table(&env, TABLE, &[&first_id]);
+    let done: Vec<&String> = table
+        .properties
+        .keys()
+        .filter(|k| k.starts_with("stoke.inputs."))
+        .collect();
+    assert_eq!(
+        done.len(),
+        1,
+        "the pipeline's done inputs: {:?}",
+        table.properties
+    );
+    assert!(table.properties[done[0]].contains("part-2.parquet"));
+
+    // Two new objects: only they are processed.
+    put_inputs(&env, &["part-3.parquet", "part-4.parquet"]);
+    let second = submit_json(&coordinator, &spec);
+    let second_id = second["job_id"].as_str().expect("job id").to_string();
+    assert_eq!(second["already_done"]["objects"], 3, "{second}");
+    let _w2 = coordinator.worker("stoke-worker", "w2", env.dir());
+    coordinator.wait_success(&second_id);
+    assert_eq!(env.manifest(&second_id).records_in, 1200);
+    let table = read_table(&env, TABLE, &[&first_id, &second_id]);
+    assert_rows_match_reference(&table, 1);
+    assert_eq!(table.snapshots.len(), 2);
+
+    // Nothing new: the job has nothing to do, and the table is as it was.
+    let third = submit_json(&coordinator, &spec);
+    let third_id = third["job_id"].as_str().expect("job id").to_string();
+    assert_eq!(third["already_done"]["objects"], 5, "{third}");
+    assert_eq!(third["shards_total"], 0, "{third}");
+    coordinator.wait_success(&third_id);
+    assert_eq!(read_table(&env, TABLE, &[]).snapshots.len(), 2);
+
+    // An object processed before changes: the submit is refused, naming it.
+    let other = std::fs::read(fixture().join("parquet").join("part-4.parquet")).expect("fixture");
+    env.put(&env.uri("data/part-1.parquet"), other);
+    let out = coordinator.cli(&["submit", &spec]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("changed since an earlier job"), "{err}");
+    assert!(err.contains("data/part-1.parquet"), "{err}");
 }

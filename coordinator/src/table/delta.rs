@@ -234,7 +234,7 @@ fn check_known_columns(
 }
 
 /// `before` with `update`'s inputs added, as the domain's configuration.
-fn merged_done(before: DoneInputs, update: &DoneUpdate) -> String {
+pub(crate) fn merged_done(before: DoneInputs, update: &DoneUpdate) -> String {
     let mut done = before;
     done.pipeline = update.pipeline.clone();
     for (uri, input) in &update.inputs {

@@ -88,13 +88,23 @@ impl DatasetFormat {
 pub const OPENAI_BATCH_ID: &str = "custom_id";
 
 impl JobSpec {
-    /// `dataset.incremental` needs objects to skip and a Delta table to
-    /// record them in, committed at the end (see ADR 013).
+    /// Whether the job skips inputs its table records as done:
+    /// `[dataset] incremental` or `[output] incremental` (one meaning).
+    pub fn incremental(&self) -> bool {
+        self.dataset.incremental || self.output.incremental
+    }
+
+    /// An incremental job needs objects to skip and a table (Delta or
+    /// Iceberg) to record them in, committed at the end (see ADR 013).
     pub(super) fn validate_incremental(&self) -> Result<(), SpecError> {
-        if !self.dataset.incremental {
+        if !self.incremental() {
             return Ok(());
         }
-        let field = "dataset.incremental";
+        let field = if self.dataset.incremental {
+            "dataset.incremental"
+        } else {
+            "output.incremental"
+        };
         let format = self.dataset.format;
         if matches!(format, DatasetFormat::Range | DatasetFormat::Python) {
             return Err(SpecError::invalid(
@@ -105,11 +115,11 @@ impl JobSpec {
                 ),
             ));
         }
-        match self.output.delta() {
+        match self.output.table_commit() {
             None => Err(SpecError::invalid(
                 field,
                 format!(
-                    "needs [output] format = \"delta\", not \"{}\": the table records which inputs are done",
+                    "needs [output] format = \"delta\" or \"iceberg\", not \"{}\": the table records which inputs are done",
                     self.output.format.as_str()
                 ),
             )),
@@ -117,10 +127,14 @@ impl JobSpec {
                 field,
                 "needs [output] commit = \"end\": with \"checkpoint\", a job that fails leaves rows of inputs it did not finish in the table, and a re-run would add them again",
             )),
-            Some(DeltaCommit::End) if self.output.uri.is_none() => Err(SpecError::invalid(
-                field,
-                "needs [output] uri, the table re-runs share (without it, each job writes a table of its own)",
-            )),
+            Some(DeltaCommit::End)
+                if self.output.format == OutputFormat::Delta && self.output.uri.is_none() =>
+            {
+                Err(SpecError::invalid(
+                    field,
+                    "needs [output] uri, the table re-runs share (without it, each job writes a table of its own)",
+                ))
+            }
             Some(DeltaCommit::End) => Ok(()),
         }
     }

@@ -30,6 +30,11 @@ pub struct OutputSpec {
     /// `format = "iceberg"`: the catalog that holds `table`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub catalog: Option<CatalogSpec>,
+    /// The same as `[dataset] incremental`, said where the table is:
+    /// skip the input objects earlier jobs of the same pipeline wrote to
+    /// this table.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub incremental: bool,
 }
 
 impl OutputSpec {

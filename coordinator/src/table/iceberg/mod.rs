@@ -25,6 +25,7 @@ use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{Catalog, ErrorKind, NamespaceIdent, TableCreation, TableIdent};
 use parquet::file::metadata::ParquetMetaData;
+use stoke_core::plan::DoneInputs;
 use stoke_core::records::OutputObject;
 use stoke_core::spec::{CatalogSpec, OutputSpec};
 use stoke_store::{StoreError, Stores};
@@ -32,7 +33,7 @@ use thiserror::Error;
 use tracing::{info, warn};
 
 use crate::state::{TableAppend, TableKind};
-use crate::table::delta::{Appended, KnownType};
+use crate::table::delta::{Appended, KnownType, merged_done};
 
 pub mod catalog;
 pub mod files;
@@ -198,6 +199,42 @@ async fn new_table_location(
         }
     };
     Ok(format!("{}/{}", base.trim_end_matches('/'), ident.name()))
+}
+
+/// The table property that keeps the done inputs of the pipeline with
+/// `fingerprint` (ADR 013; Delta keeps them in a domain of its log).
+pub fn inputs_property(fingerprint: &str) -> String {
+    format!("stoke.inputs.{fingerprint}")
+}
+
+/// The inputs `table` records as done for the pipeline with
+/// `fingerprint`.
+fn read_done(table: &Table, name: &str, fingerprint: &str) -> Result<DoneInputs, IcebergError> {
+    let key = inputs_property(fingerprint);
+    match table.metadata().properties().get(&key) {
+        None => Ok(DoneInputs::default()),
+        Some(json) => serde_json::from_str(json).map_err(|e| IcebergError::Schema {
+            table: name.to_string(),
+            message: format!("the done inputs in table property {key} cannot be read: {e}"),
+        }),
+    }
+}
+
+/// What an incremental job's table records as done for its pipeline
+/// (nothing when the table does not exist yet).
+pub async fn done_inputs(
+    stores: &Stores,
+    output: &OutputSpec,
+    fingerprint: &str,
+) -> Result<DoneInputs, IcebergError> {
+    let Some((table, spec)) = output.iceberg() else {
+        return Ok(DoneInputs::default());
+    };
+    let catalog = catalog::open(spec, stores).await?;
+    match load(catalog.as_ref(), table).await? {
+        Some(t) => read_done(&t, table, fingerprint),
+        None => Ok(DoneInputs::default()),
+    }
 }
 
 /// The table's columns are `columns`, by name and type.
@@ -443,7 +480,7 @@ impl Commit<'_> {
         } else {
             self.objects.clone()
         };
-        if adding.is_empty() {
+        if adding.is_empty() && append.done.is_none() {
             return Ok(Tried::Done(Appended {
                 version: None,
                 prior,
@@ -473,24 +510,38 @@ impl Commit<'_> {
             (ENGINE_KEY.to_string(), ENGINE_INFO.to_string()),
         ]);
         let err = catalog_error(name);
-        let tx = Transaction::new(&tried_once(&table).map_err(&err)?);
-        let mut tx = tx
-            .fast_append()
-            .add_data_files(data_files)
-            .set_snapshot_properties(summary)
-            .apply(tx)
-            .map_err(&err)?;
+        let mut tx = Transaction::new(&tried_once(&table).map_err(&err)?);
+        if !data_files.is_empty() {
+            tx = tx
+                .fast_append()
+                .add_data_files(data_files)
+                .set_snapshot_properties(summary)
+                .apply(tx)
+                .map_err(&err)?;
+        }
+        let mut properties = tx.update_table_properties();
+        let mut changed = false;
         if !table
             .metadata()
             .properties()
             .contains_key(DEFAULT_SCHEMA_NAME_MAPPING)
         {
             let mapping = serde_json::to_string(&files::name_mapping(&schema)).unwrap_or_default();
-            tx = tx
-                .update_table_properties()
-                .set(DEFAULT_SCHEMA_NAME_MAPPING.to_string(), mapping)
-                .apply(tx)
-                .map_err(&err)?;
+            properties = properties.set(DEFAULT_SCHEMA_NAME_MAPPING.to_string(), mapping);
+            changed = true;
+        }
+        if let Some(update) = &append.done {
+            // Read again on each try: another job of the pipeline may
+            // have recorded inputs since. In the same commit as the rows.
+            let before = read_done(&table, name, &update.fingerprint)?;
+            properties = properties.set(
+                inputs_property(&update.fingerprint),
+                merged_done(before, update),
+            );
+            changed = true;
+        }
+        if changed {
+            tx = properties.apply(tx).map_err(&err)?;
         }
         let mut result = tx.commit(self.catalog).await;
         if result.is_ok() {
@@ -507,7 +558,12 @@ impl Commit<'_> {
         }
         match result {
             Ok(after) => {
-                let id = after.metadata().current_snapshot_id();
+                // A commit of properties alone (an incremental job with no
+                // new rows) makes no snapshot.
+                let id = after
+                    .metadata()
+                    .current_snapshot_id()
+                    .filter(|_| !adding.is_empty());
                 info!(table = %name, job = %job_id, snapshot = ?id, files = adding.len(), "Iceberg append");
                 Ok(Tried::Done(Appended {
                     version: id.and_then(|id| u64::try_from(id).ok()),
