@@ -95,11 +95,11 @@ file_and_s3_tests!(
 
 fn a_job_appends_its_rows_to_an_iceberg_table_once_at_the_end(env: &TestEnv) {
     let coordinator = env.coordinator(&[]);
-    let job = coordinator.submit(&iceberg_spec(&env, "job.toml", TABLE, ""));
+    let job = coordinator.submit(&iceberg_spec(env, "job.toml", TABLE, ""));
     let _w = coordinator.worker("stoke-worker", "w1", env.dir());
     coordinator.wait_success(&job);
 
-    let table = read_table(&env, TABLE, &[&job]);
+    let table = read_table(env, TABLE, &[&job]);
     assert_rows_match_reference(&table, 1);
     // DuckDB reads local tables (its S3 support is another extension).
     assert_eq!(
@@ -158,10 +158,10 @@ fn a_job_appends_its_rows_to_an_iceberg_table_once_at_the_end(env: &TestEnv) {
 
     // A second job appends to the same table: a snapshot of its own, the
     // first job's rows untouched.
-    let second = coordinator.submit(&iceberg_spec(&env, "job2.toml", TABLE, ""));
+    let second = coordinator.submit(&iceberg_spec(env, "job2.toml", TABLE, ""));
     let _w2 = coordinator.worker("stoke-worker", "w2", env.dir());
     coordinator.wait_success(&second);
-    let table = read_table(&env, TABLE, &[&job, &second]);
+    let table = read_table(env, TABLE, &[&job, &second]);
     assert_rows_match_reference(&table, 2);
     assert_eq!(table.snapshots.len(), 2);
     assert_eq!(table.snapshots[1].summary["stoke.job-id"], second);
@@ -169,7 +169,7 @@ fn a_job_appends_its_rows_to_an_iceberg_table_once_at_the_end(env: &TestEnv) {
 
 fn with_commit_checkpoint_rows_land_as_groups_commit(env: &TestEnv) {
     let coordinator = env.coordinator(&[]);
-    let spec = iceberg_spec(&env, "job.toml", TABLE, "commit = \"checkpoint\"");
+    let spec = iceberg_spec(env, "job.toml", TABLE, "commit = \"checkpoint\"");
     let job = coordinator.submit(&spec);
     // Each commit 100 ms after its upload: commits arrive one at a time,
     // each its own progress group, so the table gets many snapshots.
@@ -184,7 +184,7 @@ fn with_commit_checkpoint_rows_land_as_groups_commit(env: &TestEnv) {
         )],
     );
     coordinator.wait_success(&job);
-    let table = read_table(&env, TABLE, &[&job]);
+    let table = read_table(env, TABLE, &[&job]);
     assert_rows_match_reference(&table, 1);
     assert!(table.snapshots.len() > 1, "{:?}", table.snapshots);
     // Each snapshot is the job's, in rising seq order; the manifest names
@@ -251,7 +251,7 @@ fn a_lost_answer_is_found_in_the_snapshot_summaries_and_not_appended_again(env: 
         &[],
         &[("FAILPOINTS", "coordinator::iceberg_answer_lost=1*return")],
     );
-    let job = coordinator.submit(&iceberg_spec(&env, "job.toml", TABLE, ""));
+    let job = coordinator.submit(&iceberg_spec(env, "job.toml", TABLE, ""));
     let _w = coordinator.worker("stoke-worker", "w1", env.dir());
     coordinator.wait_success(&job);
     let logs = coordinator.all_logs();
@@ -259,7 +259,7 @@ fn a_lost_answer_is_found_in_the_snapshot_summaries_and_not_appended_again(env: 
         logs.contains("fault point: the catalog's answer to a commit was lost"),
         "the fault point never fired"
     );
-    let table = read_table(&env, TABLE, &[&job]);
+    let table = read_table(env, TABLE, &[&job]);
     assert_rows_match_reference(&table, 1);
     assert_eq!(table.snapshots.len(), 1, "{:?}", table.snapshots);
     let recorded = env.manifest(&job).iceberg.expect("iceberg").versions;
@@ -300,7 +300,7 @@ fn a_lost_answer_is_found_in_the_snapshot_summaries_and_not_appended_again(env: 
 }
 
 fn another_writer_committing_between_our_read_and_our_swap_loses_no_row(env: &TestEnv) {
-    let catalog = catalog(&env);
+    let catalog = catalog(env);
     let store_env = env.store_env();
     // Another writer made the table and appended to it first.
     let theirs = iceberg::append_rows(&catalog, TABLE, &["other-1", "other-2"], &store_env);
@@ -318,7 +318,7 @@ fn another_writer_committing_between_our_read_and_our_swap_loses_no_row(env: &Te
             ),
         )],
     );
-    let job = coordinator.submit(&iceberg_spec(&env, "job.toml", TABLE, ""));
+    let job = coordinator.submit(&iceberg_spec(env, "job.toml", TABLE, ""));
     let _w = coordinator.worker("stoke-worker", "w1", env.dir());
     wait_until("the append's hold", DEADLINE, || {
         hold.join("reached").exists().then_some(())
@@ -333,7 +333,7 @@ fn another_writer_committing_between_our_read_and_our_swap_loses_no_row(env: &Te
         coordinator.all_logs().contains("an Iceberg append failed"),
         "the catalog never refused the append"
     );
-    let table = read_table(&env, TABLE, &[&job]);
+    let table = read_table(env, TABLE, &[&job]);
     assert_rows_match_reference(&table, 1);
     let mut others: Vec<&str> = table
         .rows
@@ -556,8 +556,7 @@ fn sigterm_and_cancel_leave_what_was_committed_as_snapshots_each_row_once() {
     let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let objects: Vec<stoke_core::records::ManifestEntry> =
         serde_json::from_value(listed["objects"].clone()).expect("objects");
-    let committed: std::collections::HashSet<String> =
-        rows_of(&objects).into_iter().map(|(id, _)| id).collect();
+    let committed: std::collections::HashSet<String> = rows_of(&objects).into_keys().collect();
     assert!(
         ids.iter().all(|id| committed.contains(*id)),
         "every row in the table was committed"
