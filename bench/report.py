@@ -33,6 +33,8 @@ ORDER = [
     ("stoke-local-2-base", "(e) as (e) --local 2, with another build (BENCH_BASE_BIN)"),
     ("stoke-local-2-delta", "(i) as (e) --local 2, into a Delta table, one commit at the end"),
     ("stoke-local-2-delta-checkpoint", "(i) as (e) --local 2, into a Delta table, one commit per group"),
+    ("stoke-local-2-iceberg", "(j) as (e) --local 2, into an Iceberg table (SQLite catalog), one append at the end"),
+    ("stoke-local-2-iceberg-checkpoint", "(j) as (e) --local 2, into an Iceberg table, one append per group"),
     ("stoke-local-2-python", "(g) as (e) --local 2, through a Python processor (bench/w1_python_processor.py)"),
     ("stoke-local-1-python", "(g) as (e) --local 1 --device cpu,cpu, Python processors sharing one GIL"),
     ("stoke-fleet-2", "(h) stoke submit --wait to a fleet already up (coordinator + 2 workers, 1 thread each)"),
@@ -130,6 +132,8 @@ def w1_section(bench_dir):
         ("stoke-local-2", "stoke-local-2-base", "This build vs the base build (BENCH_BASE_BIN)"),
         ("stoke-local-2-delta", "stoke-local-2", "Delta table (commit = end) vs Parquet objects"),
         ("stoke-local-2-delta-checkpoint", "stoke-local-2", "Delta table (commit = checkpoint) vs Parquet objects"),
+        ("stoke-local-2-iceberg", "stoke-local-2", "Iceberg table (commit = end) vs Parquet objects"),
+        ("stoke-local-2-iceberg-checkpoint", "stoke-local-2", "Iceberg table (commit = checkpoint) vs Parquet objects"),
     ):
         if med.get(this) and med.get(against):
             jobs = job_rate(by[this]), job_rate(by[against])

@@ -29,6 +29,8 @@
 #                          #   budget per worker, and fast workers filling the cores
 #   bench/run.sh split     # W1 with shard splitting on and off (--local 1 and 2),
 #                          #   against the floor
+#   bench/run.sh iceberg   # W1 with --local 2 writing Parquet objects vs an Iceberg
+#                          # table (SQLite catalog), an append at the end and per group
 #   bench/run.sh delta     # W1 with --local 2 writing Parquet objects vs a Delta
 #                          #   table (commit = "end", and "checkpoint"), interleaved
 #   BENCH_BASE_BIN=DIR bench/run.sh compare
@@ -58,9 +60,9 @@ set -euo pipefail
 
 what="${1:-all}"
 case "$what" in
-  all | w1 | scale | scale-deadline | ragged | s3 | pt2 | python | split | delta | compare | straggler | straggler-late | incremental | link) ;;
+  all | w1 | scale | scale-deadline | ragged | s3 | pt2 | python | split | delta | iceberg | compare | straggler | straggler-late | incremental | link) ;;
   *)
-    echo "usage: bench/run.sh [all|w1|scale|scale-deadline|ragged|s3|pt2|python|split|delta|compare|straggler|straggler-late|incremental|link]" >&2
+    echo "usage: bench/run.sh [all|w1|scale|scale-deadline|ragged|s3|pt2|python|split|delta|iceberg|compare|straggler|straggler-late|incremental|link]" >&2
     exit 2
     ;;
 esac
@@ -264,6 +266,18 @@ contender() {
       run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
         "$BIN/stoke" run "$work/job.toml" --local 2 --device cpu --threads 1 --root "$work/root"
       ;;
+    stoke-local-2-iceberg | stoke-local-2-iceberg-checkpoint)
+      # The same job appending to an Iceberg table through an SQLite
+      # catalog (fresh ones each run, in the run's folder): one append at
+      # the end, or one per group.
+      local commit=end
+      [ "$name" = stoke-local-2-iceberg-checkpoint ] && commit=checkpoint
+      sed '/^\[output\]$/,$d' "$SPEC" >"$work/job.toml"
+      printf '[output]\nformat = "iceberg"\ntable = "bench.w1"\ncatalog = { type = "sql", uri = "sqlite://%s/catalog.db", warehouse = "file://%s/warehouse" }\ncommit = "%s"\n' \
+        "$work" "$work" "$commit" >>"$work/job.toml"
+      run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
+        "$BIN/stoke" run "$work/job.toml" --local 2 --device cpu --threads 1 --root "$work/root"
+      ;;
     stoke-local-2-pt2)
       # The same job with W1's model exported as a .pt2 package.
       run_one "$name" stoke "$round" "" -- env RUST_LOG="$stoke_log" \
@@ -407,6 +421,15 @@ run_delta() {
   run_rounds stoke-local-2 stoke-local-2-delta stoke-local-2-delta-checkpoint
 }
 
+# W1 writing Parquet objects against an Iceberg table (an append at the
+# end, and one per checkpoint group), ADR 024.
+run_iceberg() {
+  prepare_w1
+  rm -f "$RESULTS"
+  echo "not run (bench/run.sh iceberg)." >"$BENCH_DIR/ray-status.txt"
+  run_rounds stoke-local-2 stoke-local-2-iceberg stoke-local-2-iceberg-checkpoint
+}
+
 # W1 with shard splitting on (the default) and off, against the floor.
 run_split() {
   prepare_w1
@@ -519,6 +542,10 @@ case "$what" in
   delta)
     rm -f "$BENCH_DIR/scale-results.txt"
     run_delta
+    ;;
+  iceberg)
+    rm -f "$BENCH_DIR/scale-results.txt"
+    run_iceberg
     ;;
   compare)
     rm -f "$BENCH_DIR/scale-results.txt"

@@ -5,7 +5,9 @@ crate), and its metadata with DuckDB's iceberg extension.
 Usage: read_iceberg.py CATALOG_URI CATALOG_NAME WAREHOUSE TABLE [JOB_ID ...]
 
 CATALOG_URI is a SQL catalog's database (sqlite:///path/catalog.db), the
-one stoke's `[output] catalog` names. Prints one JSON object:
+one stoke's `[output] catalog` names, or a REST catalog's http(s):// URI
+(its bearer token in ICEBERG_REST_TOKEN, its prefix in
+ICEBERG_REST_PREFIX). Prints one JSON object:
 - "rows": every row as [id, prediction] (duplicates included, so the tests
   see them), or [id, null] when the table has no prediction column;
 - "snapshots": the current snapshot's ancestry, oldest first, as
@@ -73,7 +75,15 @@ def sqlalchemy_uri(uri: str) -> str:
 
 def main() -> None:
     uri, name, warehouse, table_name, *jobs = sys.argv[1:]
-    catalog = SqlCatalog(name, uri=sqlalchemy_uri(uri), warehouse=warehouse, **s3_properties())
+    if uri.startswith(("http://", "https://")):
+        from pyiceberg.catalog.rest import RestCatalog
+
+        props = {"uri": uri, "token": os.environ["ICEBERG_REST_TOKEN"]}
+        if os.environ.get("ICEBERG_REST_PREFIX"):
+            props["prefix"] = os.environ["ICEBERG_REST_PREFIX"]
+        catalog = RestCatalog(name, **props, **s3_properties())
+    else:
+        catalog = SqlCatalog(name, uri=sqlalchemy_uri(uri), warehouse=warehouse, **s3_properties())
     table = catalog.load_table(table_name)
     names = [f.name for f in table.schema().fields]
     columns = ["id"] + (["prediction"] if "prediction" in names else [])

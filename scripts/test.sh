@@ -58,6 +58,9 @@ echo "== cargo test"
 "$STOKE_REPO/scripts/s3-server.sh" >/dev/null
 # The Azure Blob emulator (Azurite, from npm) the Azure tests start.
 "$STOKE_REPO/scripts/azurite.sh" >/dev/null
+# The Iceberg REST catalog server (lakana-server, from PyPI) the Iceberg
+# REST tests start.
+"$STOKE_REPO/scripts/lakana.sh" >/dev/null
 # The headless browser the status-page test renders the page in.
 "$STOKE_REPO/scripts/browser.sh" >/dev/null
 # The stoke Python package (maturin), installed into the venv; rebuilt only

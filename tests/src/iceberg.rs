@@ -138,3 +138,123 @@ pub fn append_rows(
         .parse()
         .unwrap_or_else(|e| panic!("append_iceberg.py printed no snapshot id: {e}"))
 }
+
+/// A real Iceberg REST catalog server on loopback: lakana-server (from
+/// PyPI, installed by `scripts/lakana.sh` into ~/.cache/stoke), on SQLite,
+/// with one environment (`dev`, its REST prefix) whose tables go under a
+/// local folder. It takes its own bearer tokens; it has no OAuth2 token
+/// endpoint.
+#[derive(Debug)]
+pub struct RestServer {
+    _proc: crate::Proc,
+    pub port: u16,
+    /// Its administrator's bearer token.
+    pub token: String,
+    /// The REST prefix of its one environment.
+    pub prefix: String,
+}
+
+impl RestServer {
+    /// Starts a server keeping its database and tables under `dir`.
+    pub fn start(dir: &Path, log_dir: &Path) -> Self {
+        static VENV: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+        let venv = VENV.get_or_init(|| crate::store_checks::installed("lakana.sh"));
+        std::fs::create_dir_all(dir.join("warehouse")).expect("lakana folder");
+        // SQLAlchemy's spelling of an absolute path: sqlite:////abs/path.
+        let db = format!("sqlite:///{}", dir.join("lakana.db").display());
+        let token_file = dir.join("admin.token");
+        let env = |cmd: &mut Command, port: u16| {
+            cmd.env("LAKANA_DATABASE__URL", &db)
+                .env("LAKANA_BOOTSTRAP_TOKEN_FILE", &token_file)
+                .env("LAKANA_PORT", port.to_string())
+                .current_dir(dir);
+        };
+        let mut migrate = Command::new(venv.join("bin/lakana-server"));
+        migrate.arg("migrate");
+        env(&mut migrate, 0);
+        let out = migrate.output().expect("lakana-server migrate");
+        assert!(
+            out.status.success(),
+            "lakana-server migrate: {}",
+            text(&out.stderr)
+        );
+        for _ in 0..5 {
+            let port = crate::s3::free_port();
+            let mut cmd = Command::new(venv.join("bin/lakana-server"));
+            env(&mut cmd, port);
+            let mut proc = crate::Proc::spawn("lakana", cmd, log_dir);
+            let up = crate::poll_until(crate::DEADLINE, || {
+                if proc.child.try_wait().ok().flatten().is_some() {
+                    return Some(false);
+                }
+                let listening = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+                (listening && token_file.exists()).then_some(true)
+            });
+            if up != Some(true) {
+                continue;
+            }
+            let token = std::fs::read_to_string(&token_file)
+                .expect("lakana's admin token")
+                .trim()
+                .to_string();
+            let server = Self {
+                _proc: proc,
+                port,
+                token,
+                prefix: "dev".to_string(),
+            };
+            server.create_environment(&dir.join("warehouse"));
+            return server;
+        }
+        panic!("lakana-server did not start; see {}", log_dir.display());
+    }
+
+    /// The catalog's base URI.
+    pub fn uri(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Its environment `dev`, whose tables go under `root`.
+    fn create_environment(&self, root: &Path) {
+        let script = "import json, sys, urllib.request\n\
+            uri, token, root = sys.argv[1:]\n\
+            body = json.dumps({'name': 'dev', 'storage': {'scheme': 'file', 'root': 'file://' + root}}).encode()\n\
+            req = urllib.request.Request(uri + '/api/v1/environments', data=body, method='POST',\n\
+                headers={'Authorization': 'Bearer ' + token, 'Content-Type': 'application/json'})\n\
+            urllib.request.urlopen(req).read()\n";
+        let out = Command::new(python())
+            .args(["-c", script, &self.uri(), &self.token])
+            .arg(root)
+            .output()
+            .expect("python");
+        assert!(
+            out.status.success(),
+            "creating lakana's environment: {}",
+            text(&out.stderr)
+        );
+    }
+
+    /// The `[output]` lines of a job writing `table` through this catalog,
+    /// its token in the coordinator's `token_env` variable.
+    pub fn output(&self, table: &str, token_env: &str) -> String {
+        format!(
+            "format = \"iceberg\"\ntable = \"{table}\"\ncatalog = {{ type = \"rest\", uri = \"{}\", token_env = \"{token_env}\", properties = {{ prefix = \"{}\" }} }}\n",
+            self.uri(),
+            self.prefix
+        )
+    }
+
+    /// Reads `table` through this catalog with pyiceberg's REST client.
+    pub fn read_table(&self, table: &str, jobs: &[&str]) -> Table {
+        let catalog = SqlCatalog {
+            uri: self.uri(),
+            name: "rest".to_string(),
+            warehouse: String::new(),
+        };
+        let env = [
+            ("ICEBERG_REST_TOKEN".to_string(), self.token.clone()),
+            ("ICEBERG_REST_PREFIX".to_string(), self.prefix.clone()),
+        ];
+        read_table(&catalog, table, jobs, &env)
+    }
+}

@@ -134,8 +134,12 @@ fn kind(method: &str, target: &str, copy: bool) -> String {
     };
     // Requests for a Delta table's log, counted apart (the cost of its
     // commits: bench_s3's Delta run).
+    // And an Iceberg table's metadata (metadata files, manifest lists,
+    // manifests: its commits' cost).
     let log = if target.contains("_delta_log") {
         " delta-log"
+    } else if target.contains("/metadata/") && target.contains("/warehouse/") {
+        " iceberg-metadata"
     } else {
         ""
     };

@@ -284,3 +284,101 @@ fn w1_into_a_delta_table_on_s3() {
         })
     );
 }
+
+/// Benchmark: W1 into an Iceberg table on the S3 server (through the
+/// counting proxy; the catalog an SQLite file), `commit = "checkpoint"`
+/// and `"end"`, against Parquet objects, alternating in one run. Every
+/// round appends to the same two tables, so they grow round after round:
+/// the requests on the tables' `metadata/` folders per append, round by
+/// round, show whether an append's cost grows with the table.
+#[test]
+#[ignore = "benchmark; run by bench/run.sh s3"]
+fn w1_into_an_iceberg_table_on_s3() {
+    let Some(w1) = w1_dir() else {
+        panic!("set STOKE_W1_DIR to the W1 folder bench/run.sh writes (data/, model.pt)");
+    };
+    let runs = bench_runs();
+    let (env, proxy) = w1_in_a_bucket(&w1);
+    let template = std::fs::read_to_string(repo_root().join("bench/w1.toml"))
+        .expect("w1.toml")
+        .replace("file://@W1_DIR@", &env.uri("w1"));
+    let s3_env = S3Server::env_for(&proxy.endpoint());
+    let catalog = format!("sqlite://{}/catalog.db", env.dir().display());
+    let warehouse = env.uri("warehouse");
+    let mut rates: Vec<(String, f64)> = Vec::new();
+    for round in 0..runs {
+        for mode in ["parquet", "iceberg-end", "iceberg-checkpoint"] {
+            let commit = mode.trim_start_matches("iceberg-");
+            let spec_text = match mode {
+                "parquet" => template.clone(),
+                _ => template.replace(
+                    "[output]\nformat = \"parquet\"",
+                    &format!(
+                        "[output]\nformat = \"iceberg\"\ntable = \"bench.w1_{commit}\"\n\
+                         catalog = {{ type = \"sql\", uri = \"{catalog}\", warehouse = \"{warehouse}\" }}\n\
+                         commit = \"{commit}\""
+                    ),
+                ),
+            };
+            assert!(
+                mode == "parquet" || spec_text.contains("iceberg"),
+                "{spec_text}"
+            );
+            let spec = env.write_spec(&format!("w1-{mode}.toml"), &spec_text);
+            let root = env.uri(&format!("root-{round}-{mode}"));
+            proxy.reset_counts();
+            let (out, secs) = timed_run(&spec, &root, &s3_env);
+            let stdout = text(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{mode}: {stdout}\n{}",
+                text(&out.stderr)
+            );
+            let job = summary_field(&stdout, "job").expect("job id");
+            let manifest = env.manifest_in(&root, &job);
+            assert_eq!(manifest.records_in, 200_000);
+            let counts = proxy.counts();
+            let requests: u64 = counts.values().sum();
+            let metadata: u64 = counts
+                .iter()
+                .filter(|(k, _)| k.ends_with(" iceberg-metadata"))
+                .map(|(_, n)| n)
+                .sum();
+            let appends = manifest.iceberg.as_ref().map_or(0, |d| d.versions.len());
+            println!(
+                "{}",
+                serde_json::json!({
+                    "bench": "iceberg-on-s3",
+                    "mode": mode,
+                    "round": round,
+                    "seconds": secs,
+                    "records_per_s": 200_000.0 / secs,
+                    "appends": appends,
+                    "store_requests": requests,
+                    "metadata_requests": metadata,
+                    "metadata_requests_per_append": if appends > 0 { metadata as f64 / appends as f64 } else { 0.0 },
+                    "store_requests_by_kind": counts,
+                })
+            );
+            rates.push((mode.to_string(), 200_000.0 / secs));
+        }
+    }
+    let median = |m: &str| {
+        let mut r: Vec<f64> = rates
+            .iter()
+            .filter(|(k, _)| k == m)
+            .map(|(_, v)| *v)
+            .collect();
+        r.sort_by(f64::total_cmp);
+        r.get(r.len() / 2).copied().unwrap_or(0.0)
+    };
+    println!(
+        "{}",
+        serde_json::json!({
+            "summary": "iceberg-on-s3, medians",
+            "parquet_records_per_s": median("parquet"),
+            "iceberg_end_over_parquet": median("iceberg-end") / median("parquet"),
+            "iceberg_checkpoint_over_parquet": median("iceberg-checkpoint") / median("parquet"),
+        })
+    );
+}

@@ -1,6 +1,8 @@
 //! `[output]`: where a job's results go, in which format, and for a table
 //! format (Delta, Iceberg) when its rows become visible.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::JobSpec;
@@ -156,6 +158,12 @@ pub enum CatalogSpec {
         /// The OAuth2 scope asked for (default `catalog`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         scope: Option<String>,
+        /// Other catalog properties, handed to the REST client as they
+        /// are (`prefix` for a server whose configuration does not give
+        /// one, `header.X-Iceberg-Access-Delegation`, ...). Never a
+        /// secret: those are named by `token_env` and `credential_env`.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        properties: BTreeMap<String, String>,
     },
 }
 
@@ -210,8 +218,19 @@ impl CatalogSpec {
                 token_env,
                 credential_env,
                 oauth2_server_uri,
+                properties,
                 ..
             } => {
+                for secret in ["token", "credential"] {
+                    if properties.contains_key(secret) {
+                        return Err(SpecError::invalid(
+                            format!("output.catalog.properties.{secret}"),
+                            format!(
+                                "a secret never goes in a spec: name the coordinator's environment variable that holds it with {secret}_env"
+                            ),
+                        ));
+                    }
+                }
                 let http = |field: &str, value: &str| {
                     if value.starts_with("http://") || value.starts_with("https://") {
                         Ok(())

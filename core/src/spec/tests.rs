@@ -662,6 +662,10 @@ fn an_iceberg_output_names_its_table_and_catalog_and_refuses_what_is_wrong() {
     let rest = "catalog = { type = \"rest\", uri = \"https://catalog.example/api/catalog\", warehouse = \"prod\", token_env = \"ICEBERG_TOKEN\" }";
     let spec = JobSpec::from_toml(&iceberg(&format!("table = \"a.t\"\n{rest}"))).expect("rest");
     assert_eq!(spec.output.table_commit(), Some(DeltaCommit::End));
+    let prefixed = "catalog = { type = \"rest\", uri = \"http://127.0.0.1:8181\", properties = { prefix = \"dev\" } }";
+    let spec =
+        JobSpec::from_toml(&iceberg(&format!("table = \"a.t\"\n{prefixed}"))).expect("properties");
+    assert_eq!(JobSpec::from_json(&spec.to_json()).expect("json"), spec);
     for (output, wants) in [
         (sql.to_string(), "output.table: format \"iceberg\" needs the table"),
         ("table = \"a.t\"".to_string(), "output.catalog: format \"iceberg\" needs the catalog"),
@@ -694,6 +698,10 @@ fn an_iceberg_output_names_its_table_and_catalog_and_refuses_what_is_wrong() {
         (
             "table = \"a.t\"\ncatalog = { type = \"rest\", uri = \"https://c\", token_env = \"T\", credential_env = \"C\" }".to_string(),
             "give one",
+        ),
+        (
+            "table = \"a.t\"\ncatalog = { type = \"rest\", uri = \"https://c\", properties = { token = \"s3cr3t\" } }".to_string(),
+            "output.catalog.properties.token: a secret never goes in a spec",
         ),
     ] {
         let e = err(&iceberg(&output));

@@ -18,6 +18,7 @@ use iceberg::io::{
     StorageFactory,
 };
 use iceberg::{Catalog, CatalogBuilder, ErrorKind};
+use iceberg_catalog_rest::RestCatalogBuilder;
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalogBuilder};
 use serde::{Deserialize, Serialize};
 use stoke_core::spec::CatalogSpec;
@@ -249,7 +250,9 @@ fn sqlite_uri(uri: &str) -> String {
 }
 
 /// The catalog `spec` names, opened once per process and shared (a SQL
-/// catalog holds a pool of database connections).
+/// catalog holds a pool of database connections, a REST one its token).
+/// A REST catalog's files are read and written with stoke's own store
+/// settings, not with credentials the server may vend.
 pub async fn open(spec: &CatalogSpec, stores: &Stores) -> Result<Arc<dyn Catalog>, IcebergError> {
     static OPEN: LazyLock<Mutex<HashMap<String, Arc<dyn Catalog>>>> =
         LazyLock::new(Default::default);
@@ -282,17 +285,63 @@ pub async fn open(spec: &CatalogSpec, stores: &Stores) -> Result<Arc<dyn Catalog
                 })?;
             Arc::new(catalog)
         }
-        CatalogSpec::Rest { .. } => {
-            return Err(IcebergError::Unsupported {
-                catalog: describe(spec),
-                what: "REST catalogs".to_string(),
-            });
+        CatalogSpec::Rest {
+            uri,
+            warehouse,
+            token_env,
+            credential_env,
+            oauth2_server_uri,
+            scope,
+            properties,
+        } => {
+            let mut props: HashMap<String, String> = properties.clone().into_iter().collect();
+            props.insert("uri".to_string(), uri.trim_end_matches('/').to_string());
+            if let Some(w) = warehouse {
+                props.insert("warehouse".to_string(), w.clone());
+            }
+            if let Some(var) = token_env {
+                props.insert("token".to_string(), secret(spec, "bearer token", var)?);
+            }
+            if let Some(var) = credential_env {
+                props.insert(
+                    "credential".to_string(),
+                    secret(spec, "OAuth2 client credentials", var)?,
+                );
+            }
+            if let Some(o) = oauth2_server_uri {
+                props.insert("oauth2-server-uri".to_string(), o.clone());
+            }
+            if let Some(s) = scope {
+                props.insert("scope".to_string(), s.clone());
+            }
+            let catalog = RestCatalogBuilder::default()
+                .with_storage_factory(Arc::new(StoreStorageFactory::new(stores.clone())))
+                .load("rest", props)
+                .await
+                .map_err(|source| IcebergError::Open {
+                    catalog: describe(spec),
+                    source: Box::new(source),
+                })?;
+            Arc::new(catalog)
         }
     };
     OPEN.lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(key, Arc::clone(&catalog));
     Ok(catalog)
+}
+
+/// A secret the spec names by its environment variable, as the
+/// coordinator has it.
+fn secret(spec: &CatalogSpec, what: &str, var: &str) -> Result<String, IcebergError> {
+    match std::env::var(var) {
+        Ok(value) if !value.is_empty() => Ok(value),
+        _ => Err(IcebergError::Secret {
+            catalog: describe(spec),
+            what: what.to_string(),
+            var: var.to_string(),
+        }),
+    }
 }
 
 /// The catalog as messages name it: its kind, name and URI.

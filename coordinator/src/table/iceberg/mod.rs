@@ -62,9 +62,25 @@ pub enum IcebergError {
         table: String,
         #[source]
         source: Box<iceberg::Error>,
+        /// A REST catalog refused the request itself (an HTTP 4xx other
+        /// than a conflict, a timeout, rate limiting or sign-in): asking
+        /// again will not help.
+        refused: bool,
     },
     #[error("{catalog}: {what} are not built in")]
     Unsupported { catalog: String, what: String },
+    #[error(
+        "{catalog}: its {what} is read from environment variable {var}, which the coordinator does not have: set it where the coordinator runs"
+    )]
+    Secret {
+        catalog: String,
+        what: String,
+        var: String,
+    },
+    #[error(
+        "the {catalog} has no table {table}, and the server places a new one: give [output] uri, a folder for the job's data files (the table is created at the job's first append), or create the table first"
+    )]
+    NoLocation { catalog: String, table: String },
     #[error(
         "Iceberg table {table} has schema {table_schema}, but job {job_id} writes {job_schema}: write to another table, or make the processor's output columns match"
     )]
@@ -100,7 +116,10 @@ impl IcebergError {
             Self::SchemaClash { .. }
                 | Self::ColumnType { .. }
                 | Self::Unsupported { .. }
+                | Self::Secret { .. }
+                | Self::NoLocation { .. }
                 | Self::Footer { .. }
+                | Self::Catalog { refused: true, .. }
         )
     }
 }
@@ -120,8 +139,25 @@ fn ident(table: &str) -> Result<TableIdent, IcebergError> {
 fn catalog_error(table: &str) -> impl Fn(iceberg::Error) -> IcebergError + '_ {
     move |e| IcebergError::Catalog {
         table: table.to_string(),
+        refused: http_status(&e).is_some_and(refuses),
         source: Box::new(e),
     }
+}
+
+/// The HTTP status a REST catalog answered an unexpected request with:
+/// the REST crate keeps it, as text, in the error's context
+/// (`status: 422 Unprocessable Entity`).
+fn http_status(e: &iceberg::Error) -> Option<u16> {
+    let text = e.to_string();
+    let at = text.find("status: ")? + "status: ".len();
+    text.get(at..at + 3)?.parse().ok()
+}
+
+/// Whether an HTTP status refuses the request for good: a 4xx, but a
+/// conflict (409), a timeout (408), rate limiting (419, 429) or a
+/// sign-in that may be renewed (401, 403).
+fn refuses(status: u16) -> bool {
+    (400..500).contains(&status) && !matches!(status, 401 | 403 | 408 | 409 | 419 | 429)
 }
 
 /// The table, or `None` if its catalog has no such table (or namespace).
@@ -192,9 +228,9 @@ async fn new_table_location(
             ident.namespace().join("/")
         ),
         (None, CatalogSpec::Rest { .. }) => {
-            return Err(IcebergError::Unsupported {
+            return Err(IcebergError::NoLocation {
                 catalog: catalog::describe(spec),
-                what: "new tables without [output] uri in REST catalogs".to_string(),
+                table: table.to_string(),
             });
         }
     };
@@ -391,6 +427,10 @@ struct Commit<'a> {
     footers: HashMap<String, Arc<ParquetMetaData>>,
 }
 
+/// Footers read at once: a job's append reads one per data file (two
+/// ranged reads each), and a large job has thousands of files.
+const FOOTER_READS_AT_ONCE: usize = 32;
+
 impl Commit<'_> {
     async fn footer(
         &mut self,
@@ -402,6 +442,34 @@ impl Commit<'_> {
         let f = Arc::new(files::footer(self.stores, object).await?);
         self.footers.insert(object.uri.clone(), Arc::clone(&f));
         Ok(f)
+    }
+
+    /// Reads the footers of `objects` not read yet, many at once.
+    async fn read_footers(&mut self, objects: &[OutputObject]) -> Result<(), IcebergError> {
+        use futures::{StreamExt, TryStreamExt};
+        // Owned values in the reads: a stream of borrowing futures is not
+        // `Send` for every lifetime, as the owner's task needs.
+        let missing: Vec<OutputObject> = objects
+            .iter()
+            .filter(|o| !self.footers.contains_key(&o.uri))
+            .cloned()
+            .collect();
+        let stores = self.stores.clone();
+        let read: Vec<(String, ParquetMetaData)> = futures::stream::iter(missing)
+            .map(move |o| {
+                let stores = stores.clone();
+                async move {
+                    let footer = files::footer(&stores, &o).await?;
+                    Ok::<_, IcebergError>((o.uri, footer))
+                }
+            })
+            .buffer_unordered(FOOTER_READS_AT_ONCE)
+            .try_collect()
+            .await?;
+        for (uri, footer) in read {
+            self.footers.insert(uri, Arc::new(footer));
+        }
+        Ok(())
     }
 
     /// The table, created if the catalog lacks it (`None`: it lacks it
@@ -416,24 +484,39 @@ impl Commit<'_> {
         let footer = self.footer(&first).await?;
         let schema = files::table_schema(self.name, &files::arrow_schema(&first, &footer)?)?;
         let ident = ident(self.name)?;
-        match self
-            .catalog
-            .create_namespace(ident.namespace(), HashMap::new())
-            .await
-        {
-            Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::NamespaceAlreadyExists => {}
-            Err(e) => return Err(catalog_error(self.name)(e)),
+        // A nested namespace's parents first (catalogs may want them).
+        let levels = ident.namespace().clone().inner();
+        for depth in 1..=levels.len() {
+            let namespace = NamespaceIdent::from_vec(levels[..depth].to_vec())
+                .map_err(catalog_error(self.name))?;
+            match self
+                .catalog
+                .create_namespace(&namespace, HashMap::new())
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::NamespaceAlreadyExists => {}
+                Err(e) => return Err(catalog_error(self.name)(e)),
+            }
         }
+        // A SQL catalog's table goes where submit said; a REST server
+        // places its tables itself (the job's files stay in its folder).
+        let location = match self.append.kind {
+            TableKind::Iceberg {
+                catalog: CatalogSpec::Sql { .. },
+                ..
+            } => Some(self.append.table.as_str().trim_end_matches('/').to_string()),
+            _ => None,
+        };
         let creation = TableCreation::builder()
             .name(ident.name().to_string())
             .schema(schema)
-            .location(self.append.table.as_str().trim_end_matches('/').to_string())
+            .location_opt(location)
             .properties([(ENGINE_KEY.to_string(), ENGINE_INFO.to_string())])
             .build();
         match self.catalog.create_table(ident.namespace(), creation).await {
             Ok(t) => {
-                info!(table = %self.name, location = %self.append.table, "Iceberg table created");
+                info!(table = %self.name, location = %t.metadata().location(), "Iceberg table created");
                 Ok(Some(t))
             }
             // Another writer created it first: append to theirs.
@@ -488,6 +571,7 @@ impl Commit<'_> {
         }
         let schema = table.metadata().current_schema().clone();
         let spec_id = table.metadata().default_partition_spec_id();
+        self.read_footers(&adding).await?;
         let mut data_files = Vec::with_capacity(adding.len());
         for (i, object) in adding.iter().enumerate() {
             let footer = self.footer(object).await?;
@@ -626,4 +710,38 @@ async fn landed(
         Some(t) => appends_of(&t, job_id).iter().any(|(_, s)| *s >= seq),
         None => false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rest_catalogs_refusal_fails_the_job_and_its_conflicts_and_sign_ins_are_retried() {
+        let answered = |status: &str| {
+            iceberg::Error::new(
+                ErrorKind::Unexpected,
+                "Received response with unexpected status code",
+            )
+            .with_context("status", status.to_string())
+            .with_context("json", "{}")
+        };
+        let e = catalog_error("a.t")(answered("422 Unprocessable Entity"));
+        assert!(e.is_permanent(), "{e}");
+        assert!(e.to_string().contains("422"), "{e}");
+        for status in [
+            "409 Conflict",
+            "401 Unauthorized",
+            "429 Too Many Requests",
+            "503 Service Unavailable",
+        ] {
+            let e = catalog_error("a.t")(answered(status));
+            assert!(!e.is_permanent(), "{status}: {e}");
+        }
+        let e = catalog_error("a.t")(iceberg::Error::new(
+            ErrorKind::Unexpected,
+            "connection reset",
+        ));
+        assert!(!e.is_permanent(), "{e}");
+    }
 }
