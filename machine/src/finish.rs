@@ -193,7 +193,8 @@ impl State {
             }
             Err(e) => {
                 job.life = Life::Running(Change::Idle);
-                warn!(job = %job_id, error = %e, "finishing job failed; will retry");
+                let wait = job.finish_backoff.failed(now);
+                warn!(job = %job_id, error = %e, retry_in = ?wait, "finishing job failed; will retry");
             }
         }
         self.run_deferred(job_id);

@@ -60,6 +60,9 @@ pub(super) struct Job {
     /// Workers whose attempts at it failed on the store, said once in its
     /// events until they commit again (`leases.rs`, `commit.rs`).
     pub(super) store_trouble: BTreeSet<String>,
+    /// Waits between tries of its finish (the manifest, a table commit at
+    /// the end) after a failure that is not permanent.
+    pub(super) finish_backoff: crate::backoff::Backoff,
     /// Its link in its pipeline: the commits it holds for the next
     /// stage, whether it knows every input shard (`pipeline.rs`).
     pub(super) link: pipeline::Link,
@@ -200,6 +203,7 @@ impl Job {
             },
             events: Default::default(),
             store_trouble: BTreeSet::new(),
+            finish_backoff: Default::default(),
         }
     }
 

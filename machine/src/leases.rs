@@ -496,7 +496,9 @@ impl State {
                     change: Change::Failing(reason),
                     ..
                 } => Some((j.id.clone(), Some(reason.clone()))),
-                Life::Running(Change::Idle) if j.all_done() => Some((j.id.clone(), None)),
+                Life::Running(Change::Idle) if j.all_done() && j.finish_backoff.ready(now) => {
+                    Some((j.id.clone(), None))
+                }
                 _ => None,
             })
             .collect();
@@ -506,7 +508,7 @@ impl State {
                 None => self.finish_if_done(&job_id),
             }
         }
-        self.table_retry();
+        self.table_retry(now);
         self.shed_over_cap();
         self.preempt(now);
         self.write_reports(now);

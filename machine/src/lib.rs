@@ -70,6 +70,7 @@ pub mod metrics;
 pub mod progress;
 
 mod account;
+mod backoff;
 mod backup;
 mod budget;
 mod commit;
@@ -291,7 +292,7 @@ impl State {
             Then::Report { job_id } => self.report_written(&job_id, result),
             Then::ReportSaved { job_id } => self.report_saved(&job_id, result),
             Then::EndedSaved { job_id } => self.ended_saved(&job_id, result),
-            Then::Table { job_id } => self.table_written(&job_id, result),
+            Then::Table { job_id } => self.table_written(&job_id, result, now),
             Then::Crashed(crashed) => self.crash_stored(*crashed, result),
             Then::Metrics(write) => self.metrics_stored(*write, result),
             Then::Group(commits) => self.group_failed(commits, &mismatch()),

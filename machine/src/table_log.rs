@@ -13,6 +13,7 @@
 //! again.
 
 use std::collections::HashSet;
+use std::time::Instant;
 
 use stoke_core::records::{OutputObject, ProgressRecord};
 use tracing::warn;
@@ -28,6 +29,8 @@ pub(super) struct TableLog {
     /// The highest progress `seq` applied: the next commit's txn version.
     seq: u64,
     table: Table,
+    /// Waits between tries after a failed commit.
+    backoff: crate::backoff::Backoff,
 }
 
 /// Where the job's table stands against its committed objects.
@@ -151,7 +154,7 @@ impl State {
 
     /// A Delta commit of the job is made, or not: after a failed one the
     /// next reconciles; a refusal (another schema) fails the job.
-    pub(super) fn table_written(&mut self, job_id: &str, result: Result<()>) {
+    pub(super) fn table_written(&mut self, job_id: &str, result: Result<()>, now: Instant) {
         let Some(log) = self
             .jobs
             .by_id
@@ -167,6 +170,13 @@ impl State {
             Err(MachineError::Table(e)) if e.permanent => Table::Refused,
             Err(_) => Table::Unreconciled,
         };
+        let wait = match &result {
+            Ok(()) => {
+                log.backoff.reset();
+                None
+            }
+            Err(_) => Some(log.backoff.failed(now)),
+        };
         match result {
             Ok(()) => {}
             Err(MachineError::Table(e)) if e.permanent => {
@@ -177,19 +187,24 @@ impl State {
                 // A commit whose answer was lost may have landed: the next
                 // one reconciles (adds only what the table lacks), so its
                 // objects are not added twice.
-                warn!(job = %job_id, error = %e, "a table commit failed; the next one adds what the table lacks");
+                warn!(job = %job_id, error = %e, retry_in = ?wait, "a table commit failed; the next one adds what the table lacks");
             }
         }
         self.finish_if_done(job_id);
     }
 
-    /// The tick's retry: jobs with objects waiting and no commit in flight.
-    pub(super) fn table_retry(&mut self) {
+    /// The tick's retry: jobs with objects waiting and no commit in
+    /// flight, once the wait after a failed commit is over.
+    pub(super) fn table_retry(&mut self, now: Instant) {
         let due: Vec<String> = self
             .jobs
             .by_id
             .values()
-            .filter(|j| j.delta_log.as_ref().is_some_and(TableLog::due))
+            .filter(|j| {
+                j.delta_log
+                    .as_ref()
+                    .is_some_and(|l| l.due() && l.backoff.ready(now))
+            })
             .map(|j| j.id.clone())
             .collect();
         for job_id in due {

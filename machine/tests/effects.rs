@@ -232,7 +232,7 @@ async fn a_finishing_job_is_one_write_off_the_loop_and_others_go_on() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_failed_finish_is_retried_at_the_next_tick() {
+async fn a_failed_finish_is_retried_after_a_wait_that_doubles() {
     let mut state = State::new(config(), 1);
     submit(&mut state, 1, "j", 10);
     let w = register(&mut state, "w");
@@ -241,19 +241,32 @@ async fn a_failed_finish_is_retried_at_the_next_tick() {
     let [(id, Io::Finish(_))] = &fx.io[..] else {
         panic!("expected a Finish write");
     };
-    state.written(
-        *id,
-        Err(MachineError::Recovery("store unavailable".to_string())),
-        now(),
-    );
-    assert_eq!(state.get_job("j").expect("j").state, JobState::Running);
-    assert!(effects(&mut state).io.is_empty(), "no retry loop");
-    state.tick(now());
-    let fx = effects(&mut state);
-    let [(id, Io::Finish(_))] = &fx.io[..] else {
-        panic!("expected the Finish write again");
-    };
-    state.written(*id, Ok(()), now());
+    let mut id = *id;
+    // Each failure waits twice the last before the next try (half a
+    // second first): a store that is down is not asked every tick.
+    for wait_ms in [500, 1000, 2000] {
+        state.written(
+            id,
+            Err(MachineError::Recovery("store unavailable".to_string())),
+            now(),
+        );
+        assert_eq!(state.get_job("j").expect("j").state, JobState::Running);
+        assert!(effects(&mut state).io.is_empty(), "no retry loop");
+        tokio::time::advance(Duration::from_millis(wait_ms - 100)).await;
+        state.tick(now());
+        assert!(
+            effects(&mut state).io.is_empty(),
+            "no try before {wait_ms} ms"
+        );
+        tokio::time::advance(Duration::from_millis(100)).await;
+        state.tick(now());
+        let fx = effects(&mut state);
+        let [(again, Io::Finish(_))] = &fx.io[..] else {
+            panic!("expected the Finish write again after {wait_ms} ms");
+        };
+        id = *again;
+    }
+    state.written(id, Ok(()), now());
     assert_eq!(state.get_job("j").expect("j").state, JobState::Succeeded);
 }
 
