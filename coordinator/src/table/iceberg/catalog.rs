@@ -314,6 +314,9 @@ pub async fn open(spec: &CatalogSpec, stores: &Stores) -> Result<Arc<dyn Catalog
             if let Some(s) = scope {
                 props.insert("scope".to_string(), s.clone());
             }
+            // The REST client's rustls takes the process's provider:
+            // aws-lc-rs, tonic's (an error means one is installed).
+            let _ = tokio_rustls::rustls::crypto::aws_lc_rs::default_provider().install_default();
             let catalog = RestCatalogBuilder::default()
                 .with_storage_factory(Arc::new(StoreStorageFactory::new(stores.clone())))
                 .load("rest", props)
