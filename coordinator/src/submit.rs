@@ -32,16 +32,6 @@ pub(crate) async fn prepare(
             format!("{name}-{}", &suffix[..8])
         }
     };
-    if spec.output.iceberg().is_some() {
-        let location =
-            iceberg::at_submit(stores, &spec.output, &job_id, builtin_columns(spec)).await?;
-        StoreUri::parse(&location).map_err(|e| {
-            CoordinatorError::InvalidRequest(format!(
-                "the Iceberg table's location {location} is not a store stoke writes to ({e}): give [output] uri, a folder for the job's data files"
-            ))
-        })?;
-        spec.output.uri = Some(location);
-    }
     let plan = plan(spec, &job_id, stores).await?;
     Ok((job_id, plan))
 }
@@ -114,36 +104,53 @@ fn builtin_columns(spec: &JobSpec) -> Option<Vec<(String, KnownType)>> {
     Some(columns)
 }
 
-/// The job's shard plan. A Delta job reads its table once first when
-/// it needs to: the built-in processor's columns are checked against
-/// the table's, and an incremental job skips the inputs the table
-/// records as done for its pipeline. An Iceberg job's columns were
-/// checked already (`prepare`); an incremental one reads what its table
-/// records as done.
-async fn plan(spec: &JobSpec, job_id: &str, stores: &Stores) -> Result<Plan> {
+/// The job's shard plan. A table job reads its table once first when it
+/// needs to: the built-in processor's columns are checked against the
+/// table's, and an incremental job skips the inputs the table records as
+/// done for its pipeline. An Iceberg job is always read, in its catalog:
+/// where its data files go is written into `output.uri`.
+async fn plan(spec: &mut JobSpec, job_id: &str, stores: &Stores) -> Result<Plan> {
     let incremental = spec.incremental();
-    if spec.output.iceberg().is_some() {
-        if !incremental {
-            return Ok(plan_dataset(spec, stores).await?);
-        }
-        let pipeline = incremental::pipeline(spec, stores).await?;
-        let fingerprint = incremental::fingerprint(&pipeline);
-        let done = iceberg::done_inputs(stores, &spec.output, &fingerprint).await?;
-        return Ok(plan_incremental(spec, stores, fingerprint, pipeline, &done).await?);
-    }
     let columns = builtin_columns(spec);
-    let table = match (&spec.output.uri, spec.output.delta()) {
-        (Some(uri), Some(_)) if columns.is_some() || incremental => StoreUri::parse(uri)
-            .map_err(|e| CoordinatorError::InvalidRequest(format!("output.uri: {e}")))?,
-        _ => return Ok(plan_dataset(spec, stores).await?),
+    let iceberg = spec.output.iceberg().is_some();
+    let delta_table = match (&spec.output.uri, spec.output.delta()) {
+        (Some(uri), Some(_)) if columns.is_some() || incremental => Some(
+            StoreUri::parse(uri)
+                .map_err(|e| CoordinatorError::InvalidRequest(format!("output.uri: {e}")))?,
+        ),
+        _ => None,
     };
+    if !iceberg && delta_table.is_none() {
+        return Ok(plan_dataset(spec, stores).await?);
+    }
     let pipeline = if incremental {
         Some(incremental::pipeline(spec, stores).await?)
     } else {
         None
     };
     let fingerprint = pipeline.as_ref().map(incremental::fingerprint);
-    let done = delta::at_submit(stores, &table, job_id, columns, fingerprint.as_deref()).await?;
+    let done = match &delta_table {
+        Some(table) => {
+            delta::at_submit(stores, table, job_id, columns, fingerprint.as_deref()).await?
+        }
+        None => {
+            let (location, done) = iceberg::at_submit(
+                stores,
+                &spec.output,
+                job_id,
+                columns,
+                fingerprint.as_deref(),
+            )
+            .await?;
+            StoreUri::parse(&location).map_err(|e| {
+                CoordinatorError::InvalidRequest(format!(
+                    "the Iceberg table's location {location} is not a store stoke writes to ({e}): give [output] uri, a folder for the job's data files"
+                ))
+            })?;
+            spec.output.uri = Some(location);
+            done
+        }
+    };
     Ok(match (pipeline, fingerprint) {
         (Some(pipeline), Some(fingerprint)) => {
             plan_incremental(spec, stores, fingerprint, pipeline, &done).await?

@@ -230,16 +230,6 @@ impl TableKind {
             Self::Iceberg { .. } => stoke_core::layout::iceberg_job_folder(table, job_id),
         }
     }
-
-    /// The table as messages name it.
-    pub fn describe(&self, table: &StoreUri) -> String {
-        match self {
-            Self::Delta => format!("Delta table {table}"),
-            Self::Iceberg { name, catalog } => {
-                format!("Iceberg table {name} (catalog {})", catalog.name())
-            }
-        }
-    }
 }
 
 /// (staged, committed): an object an attempt uploaded, and where the

@@ -259,6 +259,31 @@ pub fn output_batches(manifest: &Manifest) -> Vec<arrow_array::RecordBatch> {
     out
 }
 
+/// A table's rows, (id, prediction) as a reader read them: every fixture
+/// record `times` times, each with the model's prediction (argmax).
+pub fn assert_table_rows_match_reference(rows: &[&(String, Option<i64>)], times: usize) {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    let reference = reference();
+    for (id, prediction) in rows {
+        *counts.entry(id.as_str()).or_default() += 1;
+        let want = reference
+            .get(id)
+            .unwrap_or_else(|| panic!("row for an unknown id {id}"));
+        assert_eq!(*prediction, Some(want.argmax), "prediction of {id}");
+    }
+    let wrong: Vec<_> = reference
+        .keys()
+        .filter(|id| counts.get(id.as_str()).copied().unwrap_or(0) != times)
+        .take(5)
+        .map(|id| (id, counts.get(id.as_str()).copied().unwrap_or(0)))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "records not in the table {times} time(s), e.g. {wrong:?}"
+    );
+    assert_eq!(rows.len(), reference.len() * times);
+}
+
 /// Checks that every fixture record appears exactly once and equals the
 /// model run directly.
 pub fn assert_matches_reference(rows: &HashMap<String, Vec<Prediction>>) {

@@ -177,6 +177,66 @@ fn w1_on_s3_vs_file() {
     );
 }
 
+/// One W1 run of `mode` in round `round` on the S3 server behind `proxy`
+/// (its counts reset first), of the spec `spec_text`: its wall time in
+/// seconds, its manifest, and the requests it made and their time, by
+/// kind.
+struct MeasuredRun {
+    secs: f64,
+    manifest: stoke_core::records::Manifest,
+    counts: std::collections::BTreeMap<String, u64>,
+    times: std::collections::BTreeMap<String, std::time::Duration>,
+}
+
+fn measured_run(
+    env: &TestEnv,
+    proxy: &S3Proxy,
+    s3_env: &[(String, String)],
+    mode: &str,
+    round: usize,
+    spec_text: &str,
+) -> MeasuredRun {
+    let spec = env.write_spec(&format!("w1-{mode}.toml"), spec_text);
+    let root = env.uri(&format!("root-{round}-{mode}"));
+    proxy.reset_counts();
+    let (out, secs) = timed_run(&spec, &root, s3_env);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{mode}: {stdout}\n{}",
+        text(&out.stderr)
+    );
+    let job = summary_field(&stdout, "job").expect("job id");
+    let manifest = env.manifest_in(&root, &job);
+    assert_eq!(manifest.records_in, 200_000);
+    MeasuredRun {
+        secs,
+        manifest,
+        counts: proxy.counts(),
+        times: proxy.times(),
+    }
+}
+
+/// Requests of the kinds ending in `suffix` (` delta-log`, ...).
+fn counted(counts: &std::collections::BTreeMap<String, u64>, suffix: &str) -> u64 {
+    counts
+        .iter()
+        .filter(|(k, _)| k.ends_with(suffix))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// The median records/s of `mode`'s runs in `rates`.
+fn median(rates: &[(String, f64)], mode: &str) -> f64 {
+    let mut r: Vec<f64> = rates
+        .iter()
+        .filter(|(k, _)| k == mode)
+        .map(|(_, v)| *v)
+        .collect();
+    r.sort_by(f64::total_cmp);
+    r.get(r.len() / 2).copied().unwrap_or(0.0)
+}
+
 /// Benchmark: W1 into a Delta table on the S3 server (through the counting
 /// proxy), `commit = "end"` and `"checkpoint"`, against Parquet objects,
 /// alternating in one run: records/s of the whole command, and the store
@@ -213,27 +273,14 @@ fn w1_into_a_delta_table_on_s3() {
                 mode == "parquet" || spec_text.contains("delta"),
                 "{spec_text}"
             );
-            let spec = env.write_spec(&format!("w1-{mode}.toml"), &spec_text);
-            let root = env.uri(&format!("root-{round}-{mode}"));
-            proxy.reset_counts();
-            let (out, secs) = timed_run(&spec, &root, &s3_env);
-            let stdout = text(&out.stdout);
-            assert!(
-                out.status.success(),
-                "{mode}: {stdout}\n{}",
-                text(&out.stderr)
-            );
-            let job = summary_field(&stdout, "job").expect("job id");
-            let manifest = env.manifest_in(&root, &job);
-            assert_eq!(manifest.records_in, 200_000);
-            let counts = proxy.counts();
-            let times = proxy.times();
+            let MeasuredRun {
+                secs,
+                manifest,
+                counts,
+                times,
+            } = measured_run(&env, &proxy, &s3_env, mode, round, &spec_text);
             let requests: u64 = counts.values().sum();
-            let log_requests: u64 = counts
-                .iter()
-                .filter(|(k, _)| k.ends_with(" delta-log"))
-                .map(|(_, n)| n)
-                .sum();
+            let log_requests = counted(&counts, " delta-log");
             let log_seconds: f64 = times
                 .iter()
                 .filter(|(k, _)| k.ends_with(" delta-log"))
@@ -265,22 +312,13 @@ fn w1_into_a_delta_table_on_s3() {
             rates.push((mode.to_string(), 200_000.0 / secs));
         }
     }
-    let median = |m: &str| {
-        let mut r: Vec<f64> = rates
-            .iter()
-            .filter(|(k, _)| k == m)
-            .map(|(_, v)| *v)
-            .collect();
-        r.sort_by(f64::total_cmp);
-        r.get(r.len() / 2).copied().unwrap_or(0.0)
-    };
     println!(
         "{}",
         serde_json::json!({
             "summary": "delta-on-s3, medians",
-            "parquet_records_per_s": median("parquet"),
-            "delta_end_over_parquet": median("delta-end") / median("parquet"),
-            "delta_checkpoint_over_parquet": median("delta-checkpoint") / median("parquet"),
+            "parquet_records_per_s": median(&rates, "parquet"),
+            "delta_end_over_parquet": median(&rates, "delta-end") / median(&rates, "parquet"),
+            "delta_checkpoint_over_parquet": median(&rates, "delta-checkpoint") / median(&rates, "parquet"),
         })
     );
 }
@@ -324,26 +362,14 @@ fn w1_into_an_iceberg_table_on_s3() {
                 mode == "parquet" || spec_text.contains("iceberg"),
                 "{spec_text}"
             );
-            let spec = env.write_spec(&format!("w1-{mode}.toml"), &spec_text);
-            let root = env.uri(&format!("root-{round}-{mode}"));
-            proxy.reset_counts();
-            let (out, secs) = timed_run(&spec, &root, &s3_env);
-            let stdout = text(&out.stdout);
-            assert!(
-                out.status.success(),
-                "{mode}: {stdout}\n{}",
-                text(&out.stderr)
-            );
-            let job = summary_field(&stdout, "job").expect("job id");
-            let manifest = env.manifest_in(&root, &job);
-            assert_eq!(manifest.records_in, 200_000);
-            let counts = proxy.counts();
+            let MeasuredRun {
+                secs,
+                manifest,
+                counts,
+                ..
+            } = measured_run(&env, &proxy, &s3_env, mode, round, &spec_text);
             let requests: u64 = counts.values().sum();
-            let metadata: u64 = counts
-                .iter()
-                .filter(|(k, _)| k.ends_with(" iceberg-metadata"))
-                .map(|(_, n)| n)
-                .sum();
+            let metadata = counted(&counts, " iceberg-metadata");
             let appends = manifest.iceberg.as_ref().map_or(0, |d| d.versions.len());
             println!(
                 "{}",
@@ -363,22 +389,13 @@ fn w1_into_an_iceberg_table_on_s3() {
             rates.push((mode.to_string(), 200_000.0 / secs));
         }
     }
-    let median = |m: &str| {
-        let mut r: Vec<f64> = rates
-            .iter()
-            .filter(|(k, _)| k == m)
-            .map(|(_, v)| *v)
-            .collect();
-        r.sort_by(f64::total_cmp);
-        r.get(r.len() / 2).copied().unwrap_or(0.0)
-    };
     println!(
         "{}",
         serde_json::json!({
             "summary": "iceberg-on-s3, medians",
-            "parquet_records_per_s": median("parquet"),
-            "iceberg_end_over_parquet": median("iceberg-end") / median("parquet"),
-            "iceberg_checkpoint_over_parquet": median("iceberg-checkpoint") / median("parquet"),
+            "parquet_records_per_s": median(&rates, "parquet"),
+            "iceberg_end_over_parquet": median(&rates, "iceberg-end") / median(&rates, "parquet"),
+            "iceberg_checkpoint_over_parquet": median(&rates, "iceberg-checkpoint") / median(&rates, "parquet"),
         })
     );
 }

@@ -5,8 +5,6 @@
 //! server. Each record must be in the table exactly once, whatever
 //! crashes, and two jobs must be able to share one table.
 
-use std::collections::HashMap;
-
 use stoke_tests::delta::{self, Table};
 use stoke_tests::*;
 
@@ -27,26 +25,8 @@ fn delta_spec(env: &TestEnv, name: &str, table: &str, output: &str) -> String {
 
 /// Every fixture record `times` times, with the model's prediction.
 fn assert_rows_match_reference(table: &Table, times: usize) {
-    let mut counts: HashMap<&str, usize> = HashMap::new();
-    let reference = reference();
-    for (id, prediction) in &table.rows {
-        *counts.entry(id.as_str()).or_default() += 1;
-        let want = reference
-            .get(id)
-            .unwrap_or_else(|| panic!("row for an unknown id {id}"));
-        assert_eq!(*prediction, Some(want.argmax), "prediction of {id}");
-    }
-    let wrong: Vec<_> = reference
-        .keys()
-        .filter(|id| counts.get(id.as_str()).copied().unwrap_or(0) != times)
-        .take(5)
-        .map(|id| (id, counts.get(id.as_str()).copied().unwrap_or(0)))
-        .collect();
-    assert!(
-        wrong.is_empty(),
-        "records not in the table {times} time(s), e.g. {wrong:?}"
-    );
-    assert_eq!(table.rows.len(), reference.len() * times);
+    let rows: Vec<_> = table.rows.iter().collect();
+    assert_table_rows_match_reference(&rows, times);
 }
 
 /// The coordinator stops at `coordinator::after_delta_commit` (the Delta

@@ -5,8 +5,6 @@
 //! (`scripts/read_iceberg.py`). Each record must be in the table exactly
 //! once, whatever crashes, lost answers and other writers.
 
-use std::collections::HashMap;
-
 use stoke_tests::iceberg::{self, SqlCatalog, Table};
 use stoke_tests::*;
 
@@ -33,33 +31,14 @@ fn read_table(env: &TestEnv, table: &str, jobs: &[&str]) -> Table {
 }
 
 /// Every fixture record `times` times, with the model's prediction (rows
-/// of other writers, ids `other-*`, aside).
+/// of other writers, ids `other-*`, aside), and DuckDB reads as many rows.
 fn assert_rows_match_reference(table: &Table, times: usize) {
-    let mut counts: HashMap<&str, usize> = HashMap::new();
-    let reference = reference();
     let ours: Vec<_> = table
         .rows
         .iter()
         .filter(|(id, _)| !id.starts_with("other-"))
         .collect();
-    for (id, prediction) in &ours {
-        *counts.entry(id.as_str()).or_default() += 1;
-        let want = reference
-            .get(id)
-            .unwrap_or_else(|| panic!("row for an unknown id {id}"));
-        assert_eq!(*prediction, Some(want.argmax), "prediction of {id}");
-    }
-    let wrong: Vec<_> = reference
-        .keys()
-        .filter(|id| counts.get(id.as_str()).copied().unwrap_or(0) != times)
-        .take(5)
-        .map(|id| (id, counts.get(id.as_str()).copied().unwrap_or(0)))
-        .collect();
-    assert!(
-        wrong.is_empty(),
-        "records not in the table {times} time(s), e.g. {wrong:?}"
-    );
-    assert_eq!(ours.len(), reference.len() * times);
+    assert_table_rows_match_reference(&ours, times);
     if let Some(n) = table.duckdb_rows {
         assert_eq!(n as usize, table.rows.len(), "DuckDB reads the same rows");
     }
@@ -715,36 +694,28 @@ fn a_rest_catalog_takes_appends_with_a_bearer_token_and_refuses_a_missing_or_wro
     // A coordinator without the token's variable, or with a wrong token,
     // refuses the submit and says why.
     drop(coordinator);
-    let env2 = TestEnv::new(Backend::File);
-    let coordinator = env2.coordinator_with_env(&[], &[("STOKE_TEST_OTHER", "x")]);
-    let path = env2.write_spec(
-        "c.toml",
-        &format!(
-            "{}\n[output]\n{}",
-            env2.spec("parquet", ""),
-            server.output(table, token_env)
-        ),
-    );
-    let out = coordinator.cli(&["submit", &path]);
-    let err = text(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let refusal = |var: (&str, &str)| {
+        let env = TestEnv::new(Backend::File);
+        let coordinator = env.coordinator_with_env(&[], &[var]);
+        let path = env.write_spec(
+            "c.toml",
+            &format!(
+                "{}\n[output]\n{}",
+                env.spec("parquet", ""),
+                server.output(table, token_env)
+            ),
+        );
+        let out = coordinator.cli(&["submit", &path]);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        err
+    };
+    let err = refusal(("STOKE_TEST_OTHER", "x"));
     assert!(
         err.contains(&format!("environment variable {token_env}")),
         "{err}"
     );
-    let env3 = TestEnv::new(Backend::File);
-    let coordinator = env3.coordinator_with_env(&[], &[(token_env, "lakana_pat_wrong")]);
-    let path = env3.write_spec(
-        "d.toml",
-        &format!(
-            "{}\n[output]\n{}",
-            env3.spec("parquet", ""),
-            server.output(table, token_env)
-        ),
-    );
-    let out = coordinator.cli(&["submit", &path]);
-    let err = text(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let err = refusal((token_env, "lakana_pat_wrong"));
     assert!(
         err.contains("Iceberg table gold.analytics.predictions"),
         "{err}"

@@ -157,6 +157,15 @@ impl KnownType {
             Self::FloatList => "array<float>",
         }
     }
+
+    /// Its type as Iceberg names it.
+    pub(crate) fn iceberg_name(self) -> &'static str {
+        match self {
+            Self::String => "string",
+            Self::Long => "long",
+            Self::FloatList => "list<float>",
+        }
+    }
 }
 
 /// What submit needs of the table at `table`, from one read of it (none

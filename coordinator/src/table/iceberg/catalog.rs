@@ -275,15 +275,7 @@ pub async fn open(spec: &CatalogSpec, stores: &Stores) -> Result<Arc<dyn Catalog
                     SqlBindStyle::QMark.to_string(),
                 ),
             ]);
-            let catalog = SqlCatalogBuilder::default()
-                .with_storage_factory(Arc::new(StoreStorageFactory::new(stores.clone())))
-                .load(spec.name(), props)
-                .await
-                .map_err(|source| IcebergError::Open {
-                    catalog: describe(spec),
-                    source: Box::new(source),
-                })?;
-            Arc::new(catalog)
+            load(SqlCatalogBuilder::default(), spec, props, stores).await?
         }
         CatalogSpec::Rest {
             uri,
@@ -317,21 +309,35 @@ pub async fn open(spec: &CatalogSpec, stores: &Stores) -> Result<Arc<dyn Catalog
             // The REST client's rustls takes the process's provider:
             // aws-lc-rs, tonic's (an error means one is installed).
             let _ = tokio_rustls::rustls::crypto::aws_lc_rs::default_provider().install_default();
-            let catalog = RestCatalogBuilder::default()
-                .with_storage_factory(Arc::new(StoreStorageFactory::new(stores.clone())))
-                .load("rest", props)
-                .await
-                .map_err(|source| IcebergError::Open {
-                    catalog: describe(spec),
-                    source: Box::new(source),
-                })?;
-            Arc::new(catalog)
+            load(RestCatalogBuilder::default(), spec, props, stores).await?
         }
     };
     OPEN.lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(key, Arc::clone(&catalog));
     Ok(catalog)
+}
+
+/// A catalog built with `props`, its files through stoke's stores.
+async fn load<B>(
+    builder: B,
+    spec: &CatalogSpec,
+    props: HashMap<String, String>,
+    stores: &Stores,
+) -> Result<Arc<dyn Catalog>, IcebergError>
+where
+    B: CatalogBuilder,
+    B::C: 'static,
+{
+    let catalog = builder
+        .with_storage_factory(Arc::new(StoreStorageFactory::new(stores.clone())))
+        .load(spec.name(), props)
+        .await
+        .map_err(|source| IcebergError::Open {
+            catalog: describe(spec),
+            source: Box::new(source),
+        })?;
+    Ok(Arc::new(catalog))
 }
 
 /// A secret the spec names by its environment variable, as the

@@ -176,16 +176,19 @@ async fn load(catalog: &dyn Catalog, table: &str) -> Result<Option<Table>, Icebe
     }
 }
 
-/// What submit needs of an Iceberg job's table: where its data files go
-/// (`output.uri` if given, else the table's location, or the location a
-/// new table will have). A job whose columns are known now (the built-in
+/// What submit needs of an Iceberg job's table, from one read of it:
+/// where its data files go (`output.uri` if given, else the table's
+/// location, or the location a new table will have), and with
+/// `fingerprint`, the inputs the table records as done for that
+/// pipeline. A job whose columns are known now (the built-in
 /// processor's) is refused if the table has others.
 pub async fn at_submit(
     stores: &Stores,
     output: &OutputSpec,
     job: &str,
     columns: Option<Vec<(String, KnownType)>>,
-) -> Result<String, IcebergError> {
+    fingerprint: Option<&str>,
+) -> Result<(String, DoneInputs), IcebergError> {
     let Some((table, spec)) = output.iceberg() else {
         return Err(IcebergError::Schema {
             table: output.table.clone().unwrap_or_default(),
@@ -197,13 +200,16 @@ pub async fn at_submit(
     if let (Some(t), Some(columns)) = (&found, &columns) {
         check_known_columns(t.metadata().current_schema(), table, job, columns)?;
     }
-    if let Some(uri) = &output.uri {
-        return Ok(uri.clone());
-    }
-    match found {
-        Some(t) => Ok(t.metadata().location().to_string()),
-        None => new_table_location(catalog.as_ref(), spec, table).await,
-    }
+    let done = match (&found, fingerprint) {
+        (Some(t), Some(fingerprint)) => read_done(t, table, fingerprint)?,
+        _ => DoneInputs::default(),
+    };
+    let location = match (&output.uri, found) {
+        (Some(uri), _) => uri.clone(),
+        (None, Some(t)) => t.metadata().location().to_string(),
+        (None, None) => new_table_location(catalog.as_ref(), spec, table).await?,
+    };
+    Ok((location, done))
 }
 
 /// Where a new table goes: its namespace's `location` property, else
@@ -256,23 +262,6 @@ fn read_done(table: &Table, name: &str, fingerprint: &str) -> Result<DoneInputs,
     }
 }
 
-/// What an incremental job's table records as done for its pipeline
-/// (nothing when the table does not exist yet).
-pub async fn done_inputs(
-    stores: &Stores,
-    output: &OutputSpec,
-    fingerprint: &str,
-) -> Result<DoneInputs, IcebergError> {
-    let Some((table, spec)) = output.iceberg() else {
-        return Ok(DoneInputs::default());
-    };
-    let catalog = catalog::open(spec, stores).await?;
-    match load(catalog.as_ref(), table).await? {
-        Some(t) => read_done(&t, table, fingerprint),
-        None => Ok(DoneInputs::default()),
-    }
-}
-
 /// The table's columns are `columns`, by name and type.
 fn check_known_columns(
     schema: &Schema,
@@ -282,14 +271,7 @@ fn check_known_columns(
 ) -> Result<(), IcebergError> {
     let want: Vec<(String, &str)> = columns
         .iter()
-        .map(|(n, k)| {
-            let t = match k {
-                KnownType::String => "string",
-                KnownType::Long => "long",
-                KnownType::FloatList => "list<float>",
-            };
-            (n.clone(), t)
-        })
+        .map(|(n, k)| (n.clone(), k.iceberg_name()))
         .collect();
     let have = files::columns(schema);
     let fits = have.len() == want.len()
