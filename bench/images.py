@@ -34,6 +34,10 @@ import time
 
 BATCH = 64
 DEVICE = os.environ.get("STOKE_BENCH_DEVICE", "cpu")
+# The DataLoader's worker processes in (a) and (b) (bench/gpu/images.sh
+# tries more on a GPU machine's 16 cores); (c) takes its own from the
+# command line.
+LOADERS = int(os.environ.get("STOKE_BENCH_LOADERS", "2"))
 HERE = pathlib.Path(__file__).resolve().parent
 
 
@@ -139,7 +143,7 @@ def loop(folder, out):
     os.makedirs(out, exist_ok=True)
     started = time.perf_counter()
     model = get_model().eval().to(DEVICE)
-    loader = torch.utils.data.DataLoader(PngFolder(folder), batch_size=BATCH, num_workers=2,
+    loader = torch.utils.data.DataLoader(PngFolder(folder), batch_size=BATCH, num_workers=LOADERS,
                                          pin_memory=DEVICE != "cpu")
     records, buffered, part = 0, [], 0
     with torch.no_grad():
@@ -175,7 +179,7 @@ def stoke_dataset(folder, root):
     started = time.perf_counter()
     report = stoke.torch_batch_process(
         Predict, PngFolder(folder), batch_size=BATCH, checkpoint_interval=10,
-        dataloader_kwargs={"num_workers": 2, "pin_memory": DEVICE != "cpu"},
+        dataloader_kwargs={"num_workers": LOADERS, "pin_memory": DEVICE != "cpu"},
         root=root, device=DEVICE, threads=1)
     seconds = time.perf_counter() - started
     parts = pathlib.Path(root).glob("jobs/*/outputs/**/*.parquet")
