@@ -9,6 +9,7 @@ Each ID becomes one row (prediction -1, no scores) in one append whose
 snapshot summary says "writer": "other". Prints the snapshot's id.
 """
 
+import os
 import sys
 
 import pyarrow as pa
@@ -24,11 +25,16 @@ def main() -> None:
     catalog = SqlCatalog(name, uri=sqlalchemy_uri(uri), warehouse=warehouse, **s3_properties())
     namespace = table_name.rsplit(".", 1)[0]
     catalog.create_namespace_if_not_exists(namespace)
-    schema = Schema(
+    fields = [
         NestedField(1, "id", StringType(), required=False),
         NestedField(2, "prediction", LongType(), required=False),
         NestedField(3, "scores", ListType(4, FloatType(), element_required=False), required=False),
-    )
+    ]
+    # STOKE_TEST_ICEBERG_ORDER=reversed: a table created with the same
+    # columns in the other order (so other field ids).
+    if os.environ.get("STOKE_TEST_ICEBERG_ORDER") == "reversed":
+        fields.reverse()
+    schema = Schema(*fields)
     table = catalog.create_table_if_not_exists(table_name, schema=schema)
     rows = [{"id": i, "prediction": -1, "scores": []} for i in ids]
     data = pa.Table.from_pylist(rows, schema=table.schema().as_arrow())

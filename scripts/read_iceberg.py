@@ -16,6 +16,10 @@ ICEBERG_REST_PREFIX). Prints one JSON object:
 - "files": the live data files' paths;
 - "schema": the table's columns as "name: type";
 - "location": the table's location; "properties": its properties;
+- "files_without_ids": the data files whose Parquet columns carry no
+  Iceberg field ids; "files_with_other_ids": those whose ids are not the
+  table's (each field's path and id, read with pyarrow, against
+  pyiceberg's index of the table schema);
 - "duckdb_rows": the row count DuckDB's iceberg_scan reads from the
   table's current metadata file (null when the table has no snapshot).
 
@@ -63,6 +67,51 @@ def duckdb_count(metadata_location: str) -> int:
     con.load_extension(path(duckdb_extension_iceberg, "iceberg"))
     location = metadata_location.removeprefix("file://")
     return con.sql(f"SELECT count(*) FROM iceberg_scan('{location}')").fetchone()[0]
+
+
+def file_field_ids(schema) -> dict:
+    """Each field's id in a Parquet file's Arrow schema, by its path as
+    pyiceberg's index_by_name spells it (a list's `element`, a map's
+    `key` and `value`)."""
+    import pyarrow as pa
+
+    out = {}
+
+    def walk(path, field):
+        meta = field.metadata or {}
+        if b"PARQUET:field_id" in meta:
+            out[path] = int(meta[b"PARQUET:field_id"])
+        t = field.type
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            walk(f"{path}.element", t.value_field)
+        elif pa.types.is_struct(t):
+            for i in range(t.num_fields):
+                walk(f"{path}.{t.field(i).name}", t.field(i))
+        elif pa.types.is_map(t):
+            walk(f"{path}.key", t.key_field)
+            walk(f"{path}.value", t.item_field)
+
+    for field in schema:
+        walk(field.name, field)
+    return out
+
+
+def check_field_ids(table, files):
+    """The files without field ids, and those whose ids differ from the
+    table's."""
+    import pyarrow.parquet as pq
+    from pyiceberg.schema import index_by_name
+
+    want = index_by_name(table.schema())
+    without, other = [], []
+    for path in files:
+        with table.io.new_input(path).open() as f:
+            got = file_field_ids(pq.read_schema(f))
+        if not got:
+            without.append(path)
+        elif any(want.get(name) != i for name, i in got.items()):
+            other.append({"file": path, "ids": got, "table": want})
+    return without, other
 
 
 def sqlalchemy_uri(uri: str) -> str:
@@ -115,6 +164,7 @@ def main() -> None:
         for job in jobs
     }
     files = sorted(task.file.file_path for task in table.scan().plan_files())
+    without_ids, other_ids = check_field_ids(table, files)
     metadata_location = table.metadata_location
     out = {
         "rows": [[i, p] for i, p in zip(ids, preds)],
@@ -124,6 +174,8 @@ def main() -> None:
         "schema": [f"{f.name}: {f.field_type}" for f in table.schema().fields],
         "location": table.location(),
         "properties": dict(table.properties),
+        "files_without_ids": without_ids,
+        "files_with_other_ids": other_ids,
         "duckdb_rows": duckdb_count(metadata_location)
         if snapshots and metadata_location.startswith("file://")
         else None,

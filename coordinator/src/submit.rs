@@ -108,7 +108,8 @@ fn builtin_columns(spec: &JobSpec) -> Option<Vec<(String, KnownType)>> {
 /// needs to: the built-in processor's columns are checked against the
 /// table's, and an incremental job skips the inputs the table records as
 /// done for its pipeline. An Iceberg job is always read, in its catalog:
-/// where its data files go is written into `output.uri`.
+/// where its data files go is written into `output.uri`, and the field
+/// ids of the table's columns into `output.field_ids`.
 async fn plan(spec: &mut JobSpec, job_id: &str, stores: &Stores) -> Result<Plan> {
     let incremental = spec.incremental();
     let columns = builtin_columns(spec);
@@ -134,7 +135,11 @@ async fn plan(spec: &mut JobSpec, job_id: &str, stores: &Stores) -> Result<Plan>
             delta::at_submit(stores, table, job_id, columns, fingerprint.as_deref()).await?
         }
         None => {
-            let (location, done) = iceberg::at_submit(
+            let iceberg::AtSubmit {
+                location,
+                done,
+                field_ids,
+            } = iceberg::at_submit(
                 stores,
                 &spec.output,
                 job_id,
@@ -148,6 +153,7 @@ async fn plan(spec: &mut JobSpec, job_id: &str, stores: &Stores) -> Result<Plan>
                 ))
             })?;
             spec.output.uri = Some(location);
+            spec.output.field_ids = field_ids;
             done
         }
     };

@@ -23,6 +23,7 @@ pub mod column_type;
 #[cfg(feature = "io")]
 pub mod conv;
 pub mod error;
+pub mod field_ids;
 pub mod hints;
 pub mod layout;
 pub mod lease;

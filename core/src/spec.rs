@@ -20,7 +20,7 @@ mod processor;
 mod read;
 
 pub use dataset::{DatasetFormat, DatasetSpec, OPENAI_BATCH_ID};
-pub use output::{CatalogSpec, DeltaCommit, OutputFormat, OutputSpec, split_table_name};
+pub use output::{CatalogSpec, DeltaCommit, FieldId, OutputFormat, OutputSpec, split_table_name};
 pub use processor::{
     BUILTIN_PREDICTION_COLUMN, BUILTIN_RUNNER_NAMES, BUILTIN_RUNNER_URI_PARAMS, ProcessorSpec,
 };

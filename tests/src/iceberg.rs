@@ -53,6 +53,10 @@ pub struct Table {
     pub schema: Vec<String>,
     pub location: String,
     pub properties: HashMap<String, String>,
+    /// Live data files whose columns carry no Iceberg field ids.
+    pub files_without_ids: Vec<String>,
+    /// Live data files whose field ids are not the table's (with both).
+    pub files_with_other_ids: Vec<serde_json::Value>,
     /// Rows DuckDB's `iceberg_scan` counts (local tables only).
     pub duckdb_rows: Option<u64>,
 }

@@ -42,6 +42,9 @@ fn assert_rows_match_reference(table: &Table, times: usize) {
     if let Some(n) = table.duckdb_rows {
         assert_eq!(n as usize, table.rows.len(), "DuckDB reads the same rows");
     }
+    // Every data file carries the table's field ids (pyarrow reads them).
+    assert_eq!(table.files_without_ids, Vec::<String>::new());
+    assert_eq!(table.files_with_other_ids, Vec::<serde_json::Value>::new());
 }
 
 /// Each of these runs on the local file system and on the S3 test server.
@@ -413,6 +416,42 @@ fn a_table_with_other_columns_refuses_a_builtin_job_at_submit_and_fails_another_
     );
 }
 
+/// A table another writer creates after a job's submit numbers its
+/// columns its own way: the job's files, numbered for a new table, are
+/// refused at the append, naming the field, and none is added. Submitted
+/// again, the job is handed the table's ids and its rows land.
+#[test]
+fn files_numbered_for_a_new_table_are_refused_by_a_table_made_since_with_other_ids() {
+    let env = TestEnv::new(Backend::File);
+    let coordinator = env.coordinator(&[]);
+    let catalog = catalog(&env);
+    let first = coordinator.submit(&iceberg_spec(&env, "a.toml", TABLE, ""));
+    // Before any worker: pyiceberg creates the table, the same columns in
+    // the other order (scores 1, prediction 2, id 3).
+    let mut store_env = env.store_env();
+    store_env.push(("STOKE_TEST_ICEBERG_ORDER".into(), "reversed".into()));
+    iceberg::append_rows(&catalog, TABLE, &["other-1"], &store_env);
+    let _w1 = coordinator.worker("stoke-worker", "w1", env.dir());
+    let end = coordinator.wait_job(&first);
+    assert_eq!(end["state"], "failed", "{end}");
+    let reason = end["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("carries field id 1 for column id")
+            && reason.contains("the table has 3")
+            && reason.contains("submit it again"),
+        "{reason}"
+    );
+    let table = read_table(&env, TABLE, &[&first]);
+    assert_eq!(table.rows.len(), 1, "only the other writer's row");
+    assert!(table.jobs[&first].is_empty());
+    let again = coordinator.submit(&iceberg_spec(&env, "b.toml", TABLE, ""));
+    let _w2 = coordinator.worker("stoke-worker", "w2", env.dir());
+    coordinator.wait_success(&again);
+    let table = read_table(&env, TABLE, &[&again]);
+    assert_rows_match_reference(&table, 1);
+    assert_eq!(table.jobs[&again].len(), 1);
+}
+
 #[test]
 fn a_job_committing_at_its_end_leaves_snapshots_when_it_pauses_at_its_budget() {
     let env = TestEnv::new(Backend::File);
@@ -678,18 +717,25 @@ fn a_rest_catalog_takes_appends_with_a_bearer_token_and_refuses_a_missing_or_wro
     assert_eq!(read.snapshots[1].summary["stoke.job-id"], second);
     // Without a uri, a job's files go under the table's location, where
     // the server put it. This server refuses data files there that carry
-    // no Iceberg field ids, as stoke's do not yet: the job fails with the
-    // server's reason at once, and is not retried forever.
+    // no Iceberg field ids: stoke's carry the table's.
     let third = coordinator.submit(&spec("c.toml", ""));
     let _w3 = coordinator.worker("stoke-worker", "w3", env.dir());
-    let end = coordinator.wait_job(&third);
-    assert_eq!(end["state"], "failed", "{end}");
-    let reason = end["reason"].as_str().unwrap_or_default();
+    coordinator.wait_success(&third);
+    let read = server.read_table(table, &[&first, &second, &third]);
+    assert_rows_match_reference(&read, 3);
+    assert_eq!(read.snapshots.len(), 3);
+    assert_eq!(read.snapshots[2].summary["stoke.job-id"], third);
+    let under_table = format!("{}/", read.location.trim_end_matches('/'));
+    let thirds: Vec<&String> = read
+        .files
+        .iter()
+        .filter(|f| f.contains(&format!("/{third}/")))
+        .collect();
     assert!(
-        reason.contains("422") && reason.contains("field ids") && reason.contains(&read.location),
-        "{reason}"
+        !thirds.is_empty() && thirds.iter().all(|f| f.starts_with(&under_table)),
+        "{:?}",
+        read.files
     );
-    assert_eq!(server.read_table(table, &[]).snapshots.len(), 2);
 
     // A coordinator without the token's variable, or with a wrong token,
     // refuses the submit and says why.

@@ -460,6 +460,7 @@ impl<L: CoordinatorLink> Worker<L> {
             outputs_staged: lease.outputs_staged,
             errors_prefix,
             format: spec.output.format,
+            field_ids: spec.output.field_ids.clone().into(),
             control: Arc::clone(&control),
         };
         let committer = tokio::spawn(tracing::Instrument::instrument(

@@ -37,6 +37,32 @@ pub struct OutputSpec {
     /// this table.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub incremental: bool,
+    /// `format = "iceberg"`: the Iceberg field ids of the table's columns,
+    /// filled in at submit from the table if it exists (a value given in
+    /// a spec is replaced). The workers write them into their Parquet
+    /// files (`PARQUET:field_id`), which readers and REST catalogs
+    /// expect; a table stoke creates numbers its columns as the workers
+    /// did (see [`FieldId`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub field_ids: Vec<FieldId>,
+}
+
+/// An Iceberg field id and where the field is: its names from the
+/// top-level column down. A list's element is `element`, a map's key and
+/// value are `key` and `value` (Iceberg's and Parquet's spelling), so
+/// `["tags", "element"]` is the element of list column `tags`.
+///
+/// Columns without an id (a new table's, or ones the table lacks) are
+/// numbered as Iceberg numbers a new table's (iceberg-rust's
+/// `ReassignFieldIds`, after the largest id given): a struct's fields
+/// one after another, then the fields nested in each, in order; a list's
+/// element, then what is in it; a map's key and what is in it, then its
+/// value and what is in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldId {
+    pub path: Vec<String>,
+    pub id: i32,
 }
 
 impl OutputSpec {

@@ -15,7 +15,7 @@ use stoke_core::layout::{metrics_partial_name, part_name};
 use stoke_core::lease::{Commit, LeaseKey};
 use stoke_core::records::OutputObject;
 use stoke_core::sha256_hex;
-use stoke_core::spec::OutputFormat;
+use stoke_core::spec::{FieldId, OutputFormat};
 use stoke_store::{StoreUri, Stores};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn};
@@ -36,6 +36,8 @@ pub(crate) struct Committer<L> {
     pub outputs_staged: bool,
     pub errors_prefix: StoreUri,
     pub format: OutputFormat,
+    /// An Iceberg job's field ids, from its spec (see `encode`).
+    pub field_ids: Arc<[FieldId]>,
     pub control: Arc<ShardControl>,
 }
 
@@ -111,7 +113,8 @@ impl<L: CoordinatorLink> Committer<L> {
             let format = self.format;
             let shard = self.key.shard_id.clone();
             let rows = cp.rows;
-            let bytes = tokio::task::spawn_blocking(move || encode(&rows, format))
+            let field_ids = Arc::clone(&self.field_ids);
+            let bytes = tokio::task::spawn_blocking(move || encode(&rows, format, &field_ids))
                 .await
                 .map_err(|e| WorkerError::Encode {
                     shard: shard.clone(),

@@ -1,19 +1,22 @@
 //! A job's Parquet objects as Iceberg data files: the table schema their
-//! columns make, the name mapping that lets readers find those columns
-//! (stoke's writer puts no Iceberg field ids in its files, as pyiceberg's
-//! `add_files` does not), and each file's metrics from its footer.
+//! columns make, the field ids submit hands the workers (which write them
+//! into their files) and the check that a file's ids are the table's,
+//! the name mapping that lets readers find the columns of files without
+//! ids, and each file's metrics from its footer.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use arrow_schema::{DataType, Fields, Schema as ArrowSchema, TimeUnit};
+use arrow_schema::{DataType, Field, Fields, Schema as ArrowSchema, TimeUnit};
 use iceberg::spec::{
     DataContentType, DataFile, DataFileBuilder, DataFileFormat, Datum, ListType, MapType,
     MappedField, NameMapping, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type,
 };
+use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 use parquet::file::metadata::{FooterTail, ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::statistics::Statistics;
 use stoke_core::records::OutputObject;
+use stoke_core::spec::FieldId;
 use stoke_store::{StoreUri, Stores};
 
 use super::IcebergError;
@@ -212,6 +215,97 @@ fn nested(t: &Type) -> Vec<MappedField> {
             mapped(&m.value_field, vec!["value".to_string()]),
         ],
     }
+}
+
+/// Every field id of `schema`, with its path (see [`FieldId`]): what
+/// submit hands the workers to write into their files.
+pub fn field_ids(schema: &Schema) -> Vec<FieldId> {
+    fn walk(path: &[String], t: &Type, out: &mut Vec<FieldId>) {
+        let mut add = |name: &str, field: &NestedField| {
+            let mut p = path.to_vec();
+            p.push(name.to_string());
+            out.push(FieldId {
+                path: p.clone(),
+                id: field.id,
+            });
+            walk(&p, &field.field_type, out);
+        };
+        match t {
+            Type::Primitive(_) => {}
+            Type::Struct(s) => s.fields().iter().for_each(|f| add(&f.name, f)),
+            Type::List(l) => add("element", &l.element_field),
+            Type::Map(m) => {
+                add("key", &m.key_field);
+                add("value", &m.value_field);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for f in schema.as_struct().fields() {
+        let path = vec![f.name.clone()];
+        out.push(FieldId {
+            path: path.clone(),
+            id: f.id,
+        });
+        walk(&path, &f.field_type, &mut out);
+    }
+    out
+}
+
+/// The field ids a data file carries (`PARQUET:field_id`), with their
+/// paths; none for a file written without them.
+fn file_field_ids(files: &ArrowSchema) -> Vec<(Vec<String>, i32)> {
+    fn walk(path: Vec<String>, field: &Field, out: &mut Vec<(Vec<String>, i32)>) {
+        let id = field
+            .metadata()
+            .get(PARQUET_FIELD_ID_META_KEY)
+            .and_then(|v| v.parse().ok());
+        if let Some(id) = id {
+            out.push((path.clone(), id));
+        }
+        let child = |name: &str| {
+            let mut p = path.clone();
+            p.push(name.to_string());
+            p
+        };
+        match field.data_type() {
+            DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+                walk(child("element"), f, out)
+            }
+            DataType::Struct(fields) => fields.iter().for_each(|f| walk(child(f.name()), f, out)),
+            DataType::Map(entries, _) => {
+                if let DataType::Struct(kv) = entries.data_type()
+                    && let (Some(k), Some(v)) = (kv.first(), kv.get(1))
+                {
+                    walk(child("key"), k, out);
+                    walk(child("value"), v, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for f in files.fields() {
+        walk(vec![f.name().clone()], f, &mut out);
+    }
+    out
+}
+
+/// A field id of a data file that is not the table's id for that field
+/// (the table was made or changed after the job's submit): its path,
+/// the file's id and the table's (`None`: the table lacks the field).
+pub fn id_clash(table: &Schema, files: &ArrowSchema) -> Option<(String, i32, Option<i32>)> {
+    let ids: HashMap<Vec<String>, i32> = field_ids(table)
+        .into_iter()
+        .map(|f| (f.path, f.id))
+        .collect();
+    file_field_ids(files)
+        .into_iter()
+        .find(|(path, id)| ids.get(path) != Some(id))
+        .map(|(path, id)| {
+            let theirs = ids.get(&path).copied();
+            (path.join("."), id, theirs)
+        })
 }
 
 /// Whether files of schema `files` fit a table of schema `table`: the
@@ -513,5 +607,80 @@ mod tests {
         )
         .expect_err("no float16 in Iceberg");
         assert!(e.to_string().contains("column t"), "{e}");
+    }
+
+    /// The ids a worker writes into a new table's files are the ids the
+    /// table gets when the coordinator creates it from those files
+    /// (iceberg-rust numbers a new table's fields afresh), nested fields
+    /// too; a file whose ids are not the table's is found.
+    #[test]
+    fn a_new_tables_ids_are_the_ids_its_files_carry() {
+        use iceberg::TableCreation;
+        use iceberg::spec::TableMetadataBuilder;
+        use stoke_core::field_ids::with_field_ids;
+
+        let list = DataType::List(Arc::new(Field::new("item", DataType::Float32, true)));
+        let value = DataType::Struct(Fields::from(vec![
+            Field::new("f", DataType::Int64, true),
+            Field::new("h", list.clone(), true),
+        ]));
+        let entries = Field::new(
+            "entries",
+            DataType::Struct(Fields::from(vec![
+                Field::new("keys", DataType::Utf8, false),
+                Field::new("values", value, true),
+            ])),
+            false,
+        );
+        let plain = ArrowSchema::new(vec![
+            Field::new("id", DataType::Utf8, false),
+            Field::new(
+                "b",
+                DataType::Struct(Fields::from(vec![
+                    Field::new("c", DataType::Int32, true),
+                    Field::new("d", list.clone(), true),
+                ])),
+                true,
+            ),
+            Field::new("e", DataType::Map(Arc::new(entries), false), true),
+            Field::new("scores", list, true),
+        ]);
+        let files = with_field_ids(&plain, &[]);
+        let creation = TableCreation::builder()
+            .name("t".to_string())
+            .location("memory://w/a/t".to_string())
+            .schema(table_schema("a.t", &files).expect("schema"))
+            .build();
+        let metadata = TableMetadataBuilder::from_table_creation(creation)
+            .and_then(|b| b.build())
+            .expect("metadata")
+            .metadata;
+        let table = metadata.current_schema();
+        let mut theirs: Vec<(Vec<String>, i32)> = field_ids(table)
+            .into_iter()
+            .map(|f| (f.path, f.id))
+            .collect();
+        let mut ours = file_field_ids(&files);
+        theirs.sort();
+        ours.sort();
+        assert_eq!(ours.len(), 13, "{ours:?}");
+        assert_eq!(ours, theirs);
+        assert_eq!(id_clash(table, &files), None);
+        // Files without ids (written before ids were) clash with nothing.
+        assert_eq!(id_clash(table, &plain), None);
+        // The table's ids handed back give the same files.
+        let again = with_field_ids(&plain, &field_ids(table));
+        assert_eq!(again, files);
+        // A file numbered for another table is found, naming the field.
+        let other = with_field_ids(
+            &plain,
+            &[FieldId {
+                path: vec!["scores".to_string()],
+                id: 1,
+            }],
+        );
+        // (scores is 1 there, so the rest are numbered from 2: id first.)
+        let clash = id_clash(table, &other).expect("a clash");
+        assert_eq!(clash, ("id".to_string(), 2, Some(1)));
     }
 }

@@ -27,7 +27,7 @@ use iceberg::{Catalog, ErrorKind, NamespaceIdent, TableCreation, TableIdent};
 use parquet::file::metadata::ParquetMetaData;
 use stoke_core::plan::DoneInputs;
 use stoke_core::records::OutputObject;
-use stoke_core::spec::{CatalogSpec, OutputSpec};
+use stoke_core::spec::{CatalogSpec, FieldId, OutputSpec};
 use stoke_store::{StoreError, Stores};
 use thiserror::Error;
 use tracing::{info, warn};
@@ -91,6 +91,11 @@ pub enum IcebergError {
         job_schema: String,
     },
     #[error(
+        "Iceberg table {}: the data file {} of job {} carries field id {} for column {}, and the table {}: the table was made or changed after the job's submit (submit it again)",
+        .0.table, .0.object, .0.job_id, .0.file_id, .0.column, .0.table_has
+    )]
+    FieldIds(Box<FieldIdClash>),
+    #[error(
         "Iceberg table {table}: column {column} is of type {data_type}, which Iceberg has no type for (cast it in the processor: timestamps in microseconds, no unsigned 64-bit integers, no float16)"
     )]
     ColumnType {
@@ -114,6 +119,7 @@ impl IcebergError {
         matches!(
             self,
             Self::SchemaClash { .. }
+                | Self::FieldIds(_)
                 | Self::ColumnType { .. }
                 | Self::Unsupported { .. }
                 | Self::Secret { .. }
@@ -122,6 +128,18 @@ impl IcebergError {
                 | Self::Catalog { refused: true, .. }
         )
     }
+}
+
+/// A data file whose field id is not the table's.
+#[derive(Debug)]
+pub struct FieldIdClash {
+    pub table: String,
+    pub job_id: String,
+    pub object: String,
+    pub column: String,
+    pub file_id: i32,
+    /// "has N", or "has no such field".
+    pub table_has: String,
 }
 
 /// The identifier of `namespace.table`.
@@ -188,7 +206,7 @@ pub async fn at_submit(
     job: &str,
     columns: Option<Vec<(String, KnownType)>>,
     fingerprint: Option<&str>,
-) -> Result<(String, DoneInputs), IcebergError> {
+) -> Result<AtSubmit, IcebergError> {
     let Some((table, spec)) = output.iceberg() else {
         return Err(IcebergError::Schema {
             table: output.table.clone().unwrap_or_default(),
@@ -204,12 +222,30 @@ pub async fn at_submit(
         (Some(t), Some(fingerprint)) => read_done(t, table, fingerprint)?,
         _ => DoneInputs::default(),
     };
+    let field_ids = found
+        .as_ref()
+        .map(|t| files::field_ids(t.metadata().current_schema()))
+        .unwrap_or_default();
     let location = match (&output.uri, found) {
         (Some(uri), _) => uri.clone(),
         (None, Some(t)) => t.metadata().location().to_string(),
         (None, None) => new_table_location(catalog.as_ref(), spec, table).await?,
     };
-    Ok((location, done))
+    Ok(AtSubmit {
+        location,
+        done,
+        field_ids,
+    })
+}
+
+/// What submit learns from an Iceberg job's table.
+pub struct AtSubmit {
+    /// Where the job's data files go.
+    pub location: String,
+    /// The inputs the table records as done for the job's pipeline.
+    pub done: DoneInputs,
+    /// The field ids of the table's columns (none for a new table).
+    pub field_ids: Vec<FieldId>,
 }
 
 /// Where a new table goes: its namespace's `location` property, else
@@ -557,16 +593,32 @@ impl Commit<'_> {
         let mut data_files = Vec::with_capacity(adding.len());
         for (i, object) in adding.iter().enumerate() {
             let footer = self.footer(object).await?;
-            if i == 0 && newest.is_none() {
-                let files = files::arrow_schema(object, &footer)?;
-                if let Some((have, want)) = files::misfit(name, &schema, &files) {
-                    return Err(IcebergError::SchemaClash {
-                        table: name.to_string(),
-                        job_id: job_id.to_string(),
-                        table_schema: have,
-                        job_schema: want,
-                    });
-                }
+            let files = files::arrow_schema(object, &footer)?;
+            if i == 0
+                && newest.is_none()
+                && let Some((have, want)) = files::misfit(name, &schema, &files)
+            {
+                return Err(IcebergError::SchemaClash {
+                    table: name.to_string(),
+                    job_id: job_id.to_string(),
+                    table_schema: have,
+                    job_schema: want,
+                });
+            }
+            // Readers find a file's columns by these ids: a file whose ids
+            // are not the table's would be read wrong.
+            if let Some((column, file_id, theirs)) = files::id_clash(&schema, &files) {
+                return Err(IcebergError::FieldIds(Box::new(FieldIdClash {
+                    table: name.to_string(),
+                    job_id: job_id.to_string(),
+                    object: object.uri.clone(),
+                    column,
+                    file_id,
+                    table_has: match theirs {
+                        Some(id) => format!("has {id}"),
+                        None => "has no such field".to_string(),
+                    },
+                })));
             }
             data_files.push(files::data_file(object, &footer, &schema, spec_id)?);
         }
