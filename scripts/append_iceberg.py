@@ -17,12 +17,12 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import FloatType, ListType, LongType, NestedField, StringType
 
-from read_iceberg import s3_properties, sqlalchemy_uri
+from read_iceberg import sqlalchemy_uri, store_properties
 
 
 def main() -> None:
     uri, name, warehouse, table_name, *ids = sys.argv[1:]
-    catalog = SqlCatalog(name, uri=sqlalchemy_uri(uri), warehouse=warehouse, **s3_properties())
+    catalog = SqlCatalog(name, uri=sqlalchemy_uri(uri), warehouse=warehouse, **store_properties())
     namespace = table_name.rsplit(".", 1)[0]
     catalog.create_namespace_if_not_exists(namespace)
     fields = [

@@ -4,7 +4,7 @@
 # - a Python venv with torch==2.11.0 (libtorch for tch 0.24), numpy, pyarrow,
 #   torchvision (its release for torch 2.11.0), pillow, cloudpickle,
 #   scikit-learn, and the readers tests check tables with (deltalake,
-#   pyiceberg, DuckDB 1.5.5 with its iceberg extension from PyPI: no
+#   pyiceberg with adlfs for abfss:// tables, DuckDB 1.5.5 with its iceberg extension from PyPI: no
 #   extension downloads at run time), kept in ~/.cache/stoke/venv so every
 #   clone reuses it;
 # - a shared cargo target folder in ~/.cache/stoke/target;
@@ -17,7 +17,7 @@
 STOKE_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STOKE_CACHE="${STOKE_CACHE:-$HOME/.cache/stoke}"
 STOKE_VENV="${STOKE_VENV:-$STOKE_CACHE/venv}"
-STOKE_PY_REQS="torch==2.11.0 numpy pyarrow scikit-learn duckdb==1.5.5 duckdb-extension-iceberg==1.5.5 duckdb-extension-avro==1.5.5 torchvision==0.26.0 pillow==13.0.0 cloudpickle==3.1.3 deltalake==1.6.6 pyiceberg[sql-sqlite]==0.12.0"
+STOKE_PY_REQS="torch==2.11.0 numpy pyarrow scikit-learn duckdb==1.5.5 duckdb-extension-iceberg==1.5.5 duckdb-extension-avro==1.5.5 torchvision==0.26.0 pillow==13.0.0 cloudpickle==3.1.3 deltalake==1.6.6 pyiceberg[sql-sqlite]==0.12.0 adlfs==2026.8.0"
 export STOKE_REPO STOKE_CACHE STOKE_VENV
 
 stoke_venv() {

@@ -23,8 +23,9 @@ ICEBERG_REST_PREFIX). Prints one JSON object:
 - "duckdb_rows": the row count DuckDB's iceberg_scan reads from the
   table's current metadata file (null when the table has no snapshot).
 
-For an s3:// table it reads the endpoint and credentials from the same
-variables as stoke (STOKE_STORE_ENDPOINT, AWS_ACCESS_KEY_ID, ...).
+For an s3:// or abfss:// table it reads the endpoint and credentials from
+the same variables as stoke (STOKE_STORE_ENDPOINT, AWS_ACCESS_KEY_ID,
+AZURE_STORAGE_ACCOUNT_NAME, ...).
 """
 
 import json
@@ -32,6 +33,30 @@ import os
 import sys
 
 from pyiceberg.catalog.sql import SqlCatalog
+
+
+def store_properties() -> dict:
+    """The catalog's FileIO settings from the same variables as stoke's:
+    an Azure account (AZURE_STORAGE_ACCOUNT_NAME and _KEY, an emulator's
+    STOKE_STORE_ENDPOINT) through fsspec's adlfs, which resolves
+    abfss://container@account.dfs.core.windows.net/ locations (pyiceberg
+    0.12's pyarrow FileIO puts the account into the path); else S3's."""
+    env = os.environ
+    if env.get("AZURE_STORAGE_ACCOUNT_NAME"):
+        account = env["AZURE_STORAGE_ACCOUNT_NAME"]
+        endpoint = env.get("STOKE_STORE_ENDPOINT", "")
+        protocol = "http" if endpoint.startswith("http://") else "https"
+        parts = [f"DefaultEndpointsProtocol={protocol}", f"AccountName={account}"]
+        if env.get("AZURE_STORAGE_ACCOUNT_KEY"):
+            parts.append(f"AccountKey={env['AZURE_STORAGE_ACCOUNT_KEY']}")
+        if endpoint:
+            parts.append(f"BlobEndpoint={endpoint}")
+        return {
+            "py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO",
+            "adls.account-name": account,
+            "adls.connection-string": ";".join(parts) + ";",
+        }
+    return s3_properties()
 
 
 def s3_properties() -> dict:
@@ -130,9 +155,9 @@ def main() -> None:
         props = {"uri": uri, "token": os.environ["ICEBERG_REST_TOKEN"]}
         if os.environ.get("ICEBERG_REST_PREFIX"):
             props["prefix"] = os.environ["ICEBERG_REST_PREFIX"]
-        catalog = RestCatalog(name, **props, **s3_properties())
+        catalog = RestCatalog(name, **props, **store_properties())
     else:
-        catalog = SqlCatalog(name, uri=sqlalchemy_uri(uri), warehouse=warehouse, **s3_properties())
+        catalog = SqlCatalog(name, uri=sqlalchemy_uri(uri), warehouse=warehouse, **store_properties())
     table = catalog.load_table(table_name)
     names = [f.name for f in table.schema().fields]
     columns = ["id"] + (["prediction"] if "prediction" in names else [])

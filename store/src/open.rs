@@ -30,7 +30,8 @@ pub(super) fn open(
         "file" => Ok(Arc::new(LocalFileSystem::new())),
         "s3" => open_s3(uri, config),
         "gs" => open_gcs(uri, config),
-        "az" => open_azure(uri, config),
+        // object_store reads the account and container of an ABFS URI.
+        "az" | "abfs" | "abfss" => open_azure(uri, config),
         other => Err(StoreError::Config {
             uri: uri.to_string(),
             message: format!("unsupported scheme {other:?}"),
@@ -343,6 +344,10 @@ mod tests {
         for (uri, needle) in [
             ("s3://bucket/x", "AWS_ACCESS_KEY_ID"),
             ("az://container/x", "AZURE_STORAGE_ACCOUNT_KEY"),
+            (
+                "abfss://container@account.dfs.core.windows.net/x",
+                "AZURE_STORAGE_ACCOUNT_KEY",
+            ),
         ] {
             let uri = StoreUri::parse(uri).expect("uri");
             let err = open(&uri, &config).expect_err("no credentials");
@@ -354,6 +359,19 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn abfs_uris_name_their_container_and_account() {
+        let uri = StoreUri::parse("abfss://lake@acct.dfs.core.windows.net/wh/t").expect("abfss");
+        assert_eq!(uri.url_path(), "/wh/t");
+        assert_eq!(uri.store_key(), "abfss://lake@acct.dfs.core.windows.net");
+        let err = StoreUri::parse("abfss://lake/wh").expect_err("no account");
+        assert!(
+            err.to_string()
+                .contains("abfss://container@account.dfs.core.windows.net/key"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -235,6 +235,20 @@ impl TestEnv {
         format!("{}/{name}", self.base())
     }
 
+    /// A URI for `name` as table formats want it: on Azure, Azure's own
+    /// spelling (`abfss://container@account.dfs.core.windows.net/...`),
+    /// which Iceberg engines read; elsewhere [`TestEnv::uri`].
+    pub fn table_uri(&self, name: &str) -> String {
+        match self.backend {
+            Backend::Azure => format!(
+                "abfss://{}@{}.dfs.core.windows.net/{name}",
+                self.bucket,
+                crate::azurite::ACCOUNT
+            ),
+            _ => self.uri(name),
+        }
+    }
+
     /// A URI in the fixture (`parquet/`, `model.pt`, ...).
     pub fn fixture_uri(&self, rel: &str) -> String {
         format!("{}/{rel}", self.fixture_base())

@@ -31,6 +31,34 @@ fn the_server_honours_the_conditional_writes_stoke_relies_on() {
     );
 }
 
+/// Azure's own URI spelling, `abfss://container@account.dfs.core.windows.net/`
+/// (what Iceberg tables on Azure are located by), names the same objects
+/// as stoke's `az://container/`.
+#[test]
+fn an_abfss_uri_names_the_objects_of_its_az_uri() {
+    let env = TestEnv::new(Backend::Azure);
+    let stores = env.stores();
+    let az = StoreUri::parse(&env.uri("spelling/a.txt")).expect("az uri");
+    let abfss = StoreUri::parse(&env.table_uri("spelling/a.txt")).expect("abfss uri");
+    assert_eq!(abfss.scheme(), "abfss");
+    env.block_on(stores.put(&abfss, Bytes::from_static(b"written as abfss")))
+        .expect("put through abfss");
+    assert_eq!(
+        env.block_on(stores.get(&az)).expect("read through az"),
+        Bytes::from_static(b"written as abfss")
+    );
+    let folder = StoreUri::parse(&env.table_uri("spelling/")).expect("folder");
+    let listed = env.block_on(stores.list(&folder)).expect("list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(listed[0].uri.as_str().starts_with("abfss://"), "{listed:?}");
+    // A container without its account is refused, saying the spelling.
+    let err = StoreUri::parse(&format!("abfss://{}/x", az.authority())).expect_err("no account");
+    assert!(
+        err.to_string().contains("@account.dfs.core.windows.net"),
+        "{err}"
+    );
+}
+
 #[test]
 fn large_objects_past_the_multipart_threshold_read_back_whole() {
     let env = TestEnv::new(Backend::Azure);

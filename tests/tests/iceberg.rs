@@ -12,7 +12,7 @@ const TABLE: &str = "analytics.predictions";
 
 /// The test's catalog: a SQLite file in its folder, tables in its store.
 fn catalog(env: &TestEnv) -> SqlCatalog {
-    SqlCatalog::new(env.dir(), &env.uri("warehouse"))
+    SqlCatalog::new(env.dir(), &env.table_uri("warehouse"))
 }
 
 /// The fixture job (3,000 records in 8 shards) appending to `table`;
@@ -47,33 +47,26 @@ fn assert_rows_match_reference(table: &Table, times: usize) {
     assert_eq!(table.files_with_other_ids, Vec::<serde_json::Value>::new());
 }
 
-/// Each of these runs on the local file system and on the S3 test server.
-/// (Not on Azure: stoke names Azure objects `az://container/path`, which
-/// other Iceberg engines do not read; see the docs.)
-macro_rules! file_and_s3_tests {
-    ($($name:ident),* $(,)?) => {
-        mod file {
-            $(#[test]
-            fn $name() {
-                super::$name(&stoke_tests::TestEnv::new(stoke_tests::Backend::File));
-            })*
-        }
-        mod s3 {
-            $(#[test]
-            fn $name() {
-                super::$name(&stoke_tests::TestEnv::new(stoke_tests::Backend::S3));
-            })*
-        }
-    };
+// Each of these runs on the local file system, the S3 test server and
+// Azurite (its tables located at `abfss://container@account.dfs...`,
+// Azure's own spelling, which pyiceberg reads through adlfs).
+backend_tests! {
+    fn a_job_appends_its_rows_to_an_iceberg_table_once_at_the_end(env) {
+        super::a_job_appends_its_rows_to_an_iceberg_table_once_at_the_end(&env)
+    }
+    fn with_commit_checkpoint_rows_land_as_groups_commit(env) {
+        super::with_commit_checkpoint_rows_land_as_groups_commit(&env)
+    }
+    fn a_coordinator_killed_between_the_append_and_its_record_adds_nothing_twice(env) {
+        super::a_coordinator_killed_between_the_append_and_its_record_adds_nothing_twice(&env)
+    }
+    fn a_lost_answer_is_found_in_the_snapshot_summaries_and_not_appended_again(env) {
+        super::a_lost_answer_is_found_in_the_snapshot_summaries_and_not_appended_again(&env)
+    }
+    fn another_writer_committing_between_our_read_and_our_swap_loses_no_row(env) {
+        super::another_writer_committing_between_our_read_and_our_swap_loses_no_row(&env)
+    }
 }
-
-file_and_s3_tests!(
-    a_job_appends_its_rows_to_an_iceberg_table_once_at_the_end,
-    with_commit_checkpoint_rows_land_as_groups_commit,
-    a_coordinator_killed_between_the_append_and_its_record_adds_nothing_twice,
-    a_lost_answer_is_found_in_the_snapshot_summaries_and_not_appended_again,
-    another_writer_committing_between_our_read_and_our_swap_loses_no_row,
-);
 
 fn a_job_appends_its_rows_to_an_iceberg_table_once_at_the_end(env: &TestEnv) {
     let coordinator = env.coordinator(&[]);
@@ -102,7 +95,10 @@ fn a_job_appends_its_rows_to_an_iceberg_table_once_at_the_end(env: &TestEnv) {
     assert_eq!(table.jobs[&job].len(), 1);
     // Created where the catalog puts it, with the processor's columns
     // and a name mapping for readers of files without field ids.
-    assert_eq!(table.location, env.uri("warehouse/analytics/predictions"));
+    assert_eq!(
+        table.location,
+        env.table_uri("warehouse/analytics/predictions")
+    );
     assert_eq!(
         table.schema,
         ["id: string", "prediction: long", "scores: list<float>"]

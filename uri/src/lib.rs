@@ -12,14 +12,18 @@ use url::Url;
 #[derive(Debug, Error)]
 pub enum UriError {
     #[error(
-        "{uri:?} is not a URI ({reason}); use file:///abs/path, s3://bucket/key, gs://, az:// or memory://"
+        "{uri:?} is not a URI ({reason}); use file:///abs/path, s3://bucket/key, gs://, az://container/key, abfss://container@account.dfs.core.windows.net/key or memory://"
     )]
     Malformed { uri: String, reason: String },
-    #[error("{uri}: unsupported scheme {scheme:?}; use file, s3, gs, az or memory")]
+    #[error("{uri}: unsupported scheme {scheme:?}; use file, s3, gs, az, abfss or memory")]
     Scheme { uri: String, scheme: String },
 }
 
-const SCHEMES: [&str; 5] = ["file", "memory", "s3", "gs", "az"];
+/// `az://container/key` is object_store's spelling of an Azure object;
+/// `abfs[s]://container@account.dfs.core.windows.net/key` is Azure's own
+/// (ABFS), the one Iceberg and Spark engines read, so table locations use
+/// it.
+const SCHEMES: [&str; 7] = ["file", "memory", "s3", "gs", "az", "abfs", "abfss"];
 
 /// A validated store URI.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -37,6 +41,16 @@ impl StoreUri {
             return Err(UriError::Scheme {
                 uri: text.to_string(),
                 scheme: url.scheme().to_string(),
+            });
+        }
+        if matches!(url.scheme(), "abfs" | "abfss")
+            && (url.username().is_empty() || url.host_str().is_none_or(|h| !h.contains('.')))
+        {
+            return Err(UriError::Malformed {
+                uri: text.to_string(),
+                reason: "an ABFS URI names its container and account: \
+                         abfss://container@account.dfs.core.windows.net/key"
+                    .to_string(),
             });
         }
         Ok(Self { url })

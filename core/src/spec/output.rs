@@ -229,8 +229,9 @@ impl CatalogSpec {
                         ),
                     ));
                 }
-                StoreUri::parse(warehouse)
+                let at = StoreUri::parse(warehouse)
                     .map_err(|e| SpecError::invalid("output.catalog.warehouse", e.to_string()))?;
+                readable_by_engines(&at, "output.catalog.warehouse")?;
                 if name.as_deref().is_some_and(|n| n.trim().is_empty()) {
                     return Err(SpecError::invalid(
                         "output.catalog.name",
@@ -372,6 +373,30 @@ impl JobSpec {
                 "format \"iceberg\" needs the catalog: { type = \"sql\", uri = \"sqlite:///path/catalog.db\", warehouse = \"s3://bucket/warehouse\" } or { type = \"rest\", uri = \"https://...\" }",
             )
         })?;
+        if let Some(uri) = &output.uri {
+            readable_by_engines(
+                &StoreUri::parse(uri)
+                    .map_err(|e| SpecError::invalid("output.uri", e.to_string()))?,
+                "output.uri",
+            )?;
+        }
         catalog.validate()
     }
+}
+
+/// An Iceberg table's files are located by URIs other engines resolve:
+/// on Azure, ABFS (`abfss://container@account.dfs.core.windows.net/`),
+/// not stoke's `az://container/`, which Iceberg's readers do not know.
+fn readable_by_engines(uri: &StoreUri, key: &str) -> Result<(), SpecError> {
+    if uri.scheme() != "az" {
+        return Ok(());
+    }
+    Err(SpecError::invalid(
+        key,
+        format!(
+            "{uri} is stoke's own spelling, which Iceberg readers (Spark, Trino, pyiceberg) do not resolve; write it as abfss://{}@ACCOUNT.dfs.core.windows.net{}",
+            uri.authority(),
+            uri.url_path()
+        ),
+    ))
 }

@@ -660,6 +660,8 @@ fn an_iceberg_output_names_its_table_and_catalog_and_refuses_what_is_wrong() {
         (vec!["a".to_string(), "b".to_string()], "t".to_string())
     );
     let rest = "catalog = { type = \"rest\", uri = \"https://catalog.example/api/catalog\", warehouse = \"prod\", token_env = \"ICEBERG_TOKEN\" }";
+    let abfss = "catalog = { type = \"sql\", uri = \"sqlite:///c.db\", warehouse = \"abfss://lake@acct.dfs.core.windows.net/w\" }";
+    JobSpec::from_toml(&iceberg(&format!("table = \"a.t\"\n{abfss}"))).expect("abfss");
     let spec = JobSpec::from_toml(&iceberg(&format!("table = \"a.t\"\n{rest}"))).expect("rest");
     assert_eq!(spec.output.table_commit(), Some(DeltaCommit::End));
     let prefixed = "catalog = { type = \"rest\", uri = \"http://127.0.0.1:8181\", properties = { prefix = \"dev\" } }";
@@ -678,6 +680,14 @@ fn an_iceberg_output_names_its_table_and_catalog_and_refuses_what_is_wrong() {
         (
             "table = \"a.t\"\ncatalog = { type = \"sql\", uri = \"sqlite:///c.db\", warehouse = \"nowhere\" }".to_string(),
             "output.catalog.warehouse",
+        ),
+        (
+            "table = \"a.t\"\ncatalog = { type = \"sql\", uri = \"sqlite:///c.db\", warehouse = \"az://lake/w\" }".to_string(),
+            "output.catalog.warehouse: az://lake/w is stoke's own spelling, which Iceberg readers (Spark, Trino, pyiceberg) do not resolve; write it as abfss://lake@ACCOUNT.dfs.core.windows.net/w",
+        ),
+        (
+            format!("table = \"a.t\"\n{sql}\nuri = \"az://lake/data\""),
+            "output.uri: az://lake/data is stoke's own spelling",
         ),
         (
             "table = \"a.t\"\ncatalog = { type = \"hive\", uri = \"thrift://h\" }".to_string(),
