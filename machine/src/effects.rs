@@ -285,9 +285,10 @@ pub struct TableAppend {
     pub seq: u64,
     pub objects: Vec<OutputObject>,
     /// Some of `objects` may be in the table already (the first commit
-    /// after a coordinator restart, a job's finish with `commit =
-    /// "checkpoint"`): the table's files in the job's folder are listed
-    /// and only the others added.
+    /// after a coordinator restart or after a failed one, and a job's
+    /// finish: after its groups' commits, or a pause's at its cap): if
+    /// the table has a commit of the job, its files in the job's folder
+    /// are listed and only the others added. Otherwise `objects` are new.
     pub reconcile: bool,
     /// An incremental job's inputs, recorded as done in the same commit.
     pub done: Option<DoneUpdate>,

@@ -448,6 +448,60 @@ fn files_numbered_for_a_new_table_are_refused_by_a_table_made_since_with_other_i
     assert_eq!(table.jobs[&again].len(), 1);
 }
 
+/// An append's requests on the table's metadata do not grow with the
+/// table: jobs appending to the same table one after another each make
+/// the same reads and writes there (the `iceberg` crate's duplicate check,
+/// on by default, reads every manifest of the table at each append).
+#[test]
+fn an_appends_metadata_requests_stay_the_same_as_the_table_grows() {
+    let env = TestEnv::new(Backend::S3);
+    let proxy = s3_proxy::S3Proxy::start(env.s3.as_ref().expect("server").port);
+    let endpoint = proxy.endpoint();
+    let coordinator = env.coordinator_with_env(&[], &[("STOKE_STORE_ENDPOINT", endpoint.as_str())]);
+    let mut per_job = Vec::new();
+    for (i, commit) in ["end", "end", "end", "end", "checkpoint", "checkpoint"]
+        .iter()
+        .enumerate()
+    {
+        let spec = iceberg_spec(
+            &env,
+            &format!("{i}.toml"),
+            TABLE,
+            &format!("commit = \"{commit}\"\n"),
+        );
+        proxy.reset_counts();
+        let job = coordinator.submit(&spec);
+        let _w = coordinator.worker("stoke-worker", &format!("w{i}"), env.dir());
+        coordinator.wait_success(&job);
+        let counts = proxy.counts();
+        let metadata = |method: &str| {
+            counts
+                .get(&format!("{method} iceberg-metadata"))
+                .copied()
+                .unwrap_or(0)
+        };
+        let appends = env.manifest(&job).iceberg.map_or(0, |t| t.versions.len());
+        per_job.push((*commit, appends, metadata("GET"), metadata("PUT")));
+    }
+    println!("(commit, appends, GETs, PUTs) per job: {per_job:?}");
+    // The first job creates the table; the next three append to it as it
+    // grows, with the same requests.
+    let ends = &per_job[1..4];
+    assert!(ends.iter().all(|j| j == &ends[0]), "{per_job:?}");
+    assert_eq!(ends[0].1, 1, "{per_job:?}");
+    // With commit = "checkpoint", as many requests per append in the
+    // second such job as in the first, the table bigger by then.
+    let per_append = |j: &(&str, usize, u64, u64)| (j.2 + j.3) as f64 / j.1.max(1) as f64;
+    let (a, b) = (per_append(&per_job[4]), per_append(&per_job[5]));
+    assert!(per_job[4].1 > 1 && per_job[5].1 > 1, "{per_job:?}");
+    assert!(
+        (b - a).abs() <= 1.0,
+        "{a} then {b} requests per append: {per_job:?}"
+    );
+    let table = read_table(&env, TABLE, &[]);
+    assert_rows_match_reference(&table, 6);
+}
+
 #[test]
 fn a_job_committing_at_its_end_leaves_snapshots_when_it_pauses_at_its_budget() {
     let env = TestEnv::new(Backend::File);

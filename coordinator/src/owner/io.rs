@@ -219,7 +219,9 @@ async fn commit_to_table(
             .iter()
             .flat_map(|p| p.outputs.iter().cloned())
             .collect(),
-        reconcile: checkpoint,
+        // Some objects may be in the table: the groups' appends
+        // (`"checkpoint"`), or a pause's at its cap (`"end"`, budget.rs).
+        reconcile: true,
         done: done_update(finish),
     };
     let record = finish.layout.table_versions(target.kind.format());

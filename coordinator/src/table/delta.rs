@@ -597,9 +597,11 @@ impl Txn<'_> {
             }));
         }
         let first_of_job = prior_txn.is_none();
-        // A `commit = "end"` job with a commit of its own before this
-        // one (a pause at its cap): only what the table lacks.
-        let reconcile = self.reconcile || prior_txn.is_some();
+        // Some objects may be in the table already (the machine says so:
+        // after a restart or a failed commit, and at every finish): only
+        // what the table lacks. Without a commit of the job's txn in the
+        // table, none of its files is there.
+        let reconcile = self.reconcile && prior_txn.is_some();
         let prior_txn = prior_txn.filter(|_| reconcile);
         let adding: Vec<OutputObject> = if reconcile {
             let present = files_in(&snapshot, engine, table, job_id).map_err(err)?;

@@ -362,8 +362,18 @@ fn appends_of(table: &Table, job_id: &str) -> Vec<(i64, u64)> {
     found
 }
 
-/// The paths of the live data files of the table under `folder`.
-async fn files_under(table: &Table, folder: &str) -> Result<HashSet<String>, iceberg::Error> {
+/// The paths of the live data files of the table under `folder`, the
+/// job's, whose snapshots are `ours`. Only the manifests that may hold
+/// them are read: those its snapshots added, and any with existing
+/// entries (a rewrite or merge of older manifests, by any writer). A
+/// manifest another snapshot added with no existing entries holds only
+/// what that snapshot added or removed. So what a reconcile reads grows
+/// with the job's appends, not with the table's.
+async fn files_under(
+    table: &Table,
+    folder: &str,
+    ours: &HashSet<i64>,
+) -> Result<HashSet<String>, iceberg::Error> {
     let metadata = table.metadata();
     let mut paths = HashSet::new();
     let Some(snapshot) = metadata.current_snapshot() else {
@@ -373,6 +383,11 @@ async fn files_under(table: &Table, folder: &str) -> Result<HashSet<String>, ice
     let bytes = file_io.new_input(snapshot.manifest_list())?.read().await?;
     let list = ManifestList::parse_with_version(&bytes, metadata.format_version())?;
     for manifest in list.entries() {
+        let may_hold_ours = ours.contains(&manifest.added_snapshot_id)
+            || manifest.existing_files_count.is_none_or(|n| n > 0);
+        if !may_hold_ours {
+            continue;
+        }
         for entry in manifest.load_manifest(file_io).await?.entries() {
             let path = entry.file_path();
             if entry.status() != ManifestStatus::Deleted && path.starts_with(folder) {
@@ -561,16 +576,19 @@ impl Commit<'_> {
                 prior: u64::try_from(id).ok(),
             }));
         }
-        // A `commit = "end"` job with an append of its own before this
-        // one (a pause at its cap): only what the table lacks.
-        let reconcile = append.reconcile || newest.is_some();
+        // Some objects may be in the table already (the machine says so:
+        // after a restart or a failed append, and at every finish): only
+        // what the table lacks. Without an append of the job in the
+        // table, none of its files is there.
+        let reconcile = append.reconcile && newest.is_some();
         let prior = newest
             .filter(|_| reconcile)
             .and_then(|(id, _)| u64::try_from(id).ok());
         let adding: Vec<OutputObject> = if reconcile {
             let folder = append.kind.job_folder(&append.table, job_id);
             let folder = format!("{}/", folder.as_str().trim_end_matches('/'));
-            let present = files_under(&table, &folder)
+            let ids: HashSet<i64> = ours.iter().map(|(id, _)| *id).collect();
+            let present = files_under(&table, &folder, &ids)
                 .await
                 .map_err(catalog_error(name))?;
             self.objects
@@ -630,8 +648,14 @@ impl Commit<'_> {
         let err = catalog_error(name);
         let mut tx = Transaction::new(&tried_once(&table).map_err(&err)?);
         if !data_files.is_empty() {
+            // The crate's duplicate check reads every manifest of the
+            // table at each append (requests growing with the table);
+            // stoke's own check is the job's snapshots and, where the
+            // machine says files may be there, its manifests
+            // (`files_under`).
             tx = tx
                 .fast_append()
+                .with_check_duplicate(false)
                 .add_data_files(data_files)
                 .set_snapshot_properties(summary)
                 .apply(tx)
