@@ -92,6 +92,43 @@ impl FreshIds {
     }
 }
 
+/// The field ids `schema` carries (`PARQUET:field_id`, as read back from
+/// a Parquet file), with their paths in [`FieldId`]'s spelling; none for
+/// a schema without them.
+pub fn carried_ids(schema: &Schema) -> Vec<(Vec<String>, i32)> {
+    fn walk(path: Vec<String>, field: &Field, out: &mut Vec<(Vec<String>, i32)>) {
+        if let Some(id) = field
+            .metadata()
+            .get(PARQUET_FIELD_ID)
+            .and_then(|v| v.parse().ok())
+        {
+            out.push((path.clone(), id));
+        }
+        match field.data_type() {
+            DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+                walk(child(&path, "element"), f, out)
+            }
+            DataType::Struct(fields) => fields
+                .iter()
+                .for_each(|f| walk(child(&path, f.name()), f, out)),
+            DataType::Map(entries, _) => {
+                if let DataType::Struct(kv) = entries.data_type()
+                    && let (Some(k), Some(v)) = (kv.first(), kv.get(1))
+                {
+                    walk(child(&path, "key"), k, out);
+                    walk(child(&path, "value"), v, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for f in schema.fields() {
+        walk(vec![f.name().clone()], f, &mut out);
+    }
+    out
+}
+
 fn child(path: &[String], name: &str) -> Vec<String> {
     let mut p = path.to_vec();
     p.push(name.to_string());
@@ -111,10 +148,6 @@ fn with_id(f: &Field, t: DataType, id: i32) -> FieldRef {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn id(f: &Field) -> i32 {
-        f.metadata()[PARQUET_FIELD_ID].parse().expect("an id")
-    }
 
     /// a: int, b: struct<c: int, d: list<int>>, e: map<string,
     /// struct<f: int>>, g: int.
@@ -144,29 +177,13 @@ mod tests {
         ])
     }
 
-    /// Every id, by path, in the order a depth-first walk meets them.
+    /// Every id, by dotted path, in the order a depth-first walk meets
+    /// them.
     fn ids(schema: &Schema) -> Vec<(String, i32)> {
-        fn walk(path: String, f: &Field, out: &mut Vec<(String, i32)>) {
-            out.push((path.clone(), id(f)));
-            match f.data_type() {
-                DataType::List(e) => walk(format!("{path}.element"), e, out),
-                DataType::Struct(fs) => fs
-                    .iter()
-                    .for_each(|c| walk(format!("{path}.{}", c.name()), c, out)),
-                DataType::Map(entries, _) => {
-                    if let DataType::Struct(kv) = entries.data_type() {
-                        walk(format!("{path}.key"), &kv[0], out);
-                        walk(format!("{path}.value"), &kv[1], out);
-                    }
-                }
-                _ => {}
-            }
-        }
-        let mut out = Vec::new();
-        for f in schema.fields() {
-            walk(f.name().clone(), f, &mut out);
-        }
-        out
+        carried_ids(schema)
+            .into_iter()
+            .map(|(path, id)| (path.join("."), id))
+            .collect()
     }
 
     #[test]

@@ -35,20 +35,18 @@ pub(crate) fn encode(
                 // and costs a hash of every id.
                 .set_column_dictionary_enabled(ColumnPath::from("id"), false)
                 .build();
-            let schema = match format {
-                OutputFormat::Iceberg => Arc::new(with_field_ids(&first.schema(), field_ids)),
-                _ => first.schema(),
-            };
-            let mut writer = ArrowWriter::try_new(&mut buf, Arc::clone(&schema), Some(props))
-                .map_err(|e| e.to_string())?;
+            // An Iceberg job's rows go under the schema with ids.
+            let with_ids = (format == OutputFormat::Iceberg)
+                .then(|| Arc::new(with_field_ids(&first.schema(), field_ids)));
+            let schema = with_ids.clone().unwrap_or_else(|| first.schema());
+            let mut writer =
+                ArrowWriter::try_new(&mut buf, schema, Some(props)).map_err(|e| e.to_string())?;
             for batch in rows {
-                if Arc::ptr_eq(&schema, &batch.schema()) {
-                    writer.write(batch).map_err(|e| e.to_string())?;
-                } else {
-                    writer
-                        .write(&retyped(batch, &schema)?)
-                        .map_err(|e| e.to_string())?;
+                match &with_ids {
+                    Some(schema) => writer.write(&retyped(batch, schema)?),
+                    None => writer.write(batch),
                 }
+                .map_err(|e| e.to_string())?;
             }
             writer.close().map_err(|e| e.to_string())?;
         }

@@ -7,14 +7,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use arrow_schema::{DataType, Field, Fields, Schema as ArrowSchema, TimeUnit};
+use arrow_schema::{DataType, Fields, Schema as ArrowSchema, TimeUnit};
 use iceberg::spec::{
     DataContentType, DataFile, DataFileBuilder, DataFileFormat, Datum, ListType, MapType,
     MappedField, NameMapping, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type,
 };
-use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 use parquet::file::metadata::{FooterTail, ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::statistics::Statistics;
+use stoke_core::field_ids::carried_ids;
 use stoke_core::records::OutputObject;
 use stoke_core::spec::FieldId;
 use stoke_store::{StoreUri, Stores};
@@ -220,92 +220,53 @@ fn nested(t: &Type) -> Vec<MappedField> {
 /// Every field id of `schema`, with its path (see [`FieldId`]): what
 /// submit hands the workers to write into their files.
 pub fn field_ids(schema: &Schema) -> Vec<FieldId> {
-    fn walk(path: &[String], t: &Type, out: &mut Vec<FieldId>) {
-        let mut add = |name: &str, field: &NestedField| {
-            let mut p = path.to_vec();
-            p.push(name.to_string());
-            out.push(FieldId {
-                path: p.clone(),
-                id: field.id,
-            });
-            walk(&p, &field.field_type, out);
-        };
-        match t {
-            Type::Primitive(_) => {}
-            Type::Struct(s) => s.fields().iter().for_each(|f| add(&f.name, f)),
-            Type::List(l) => add("element", &l.element_field),
-            Type::Map(m) => {
-                add("key", &m.key_field);
-                add("value", &m.value_field);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    for f in schema.as_struct().fields() {
-        let path = vec![f.name.clone()];
-        out.push(FieldId {
-            path: path.clone(),
-            id: f.id,
-        });
-        walk(&path, &f.field_type, &mut out);
-    }
-    out
-}
-
-/// The field ids a data file carries (`PARQUET:field_id`), with their
-/// paths; none for a file written without them.
-fn file_field_ids(files: &ArrowSchema) -> Vec<(Vec<String>, i32)> {
-    fn walk(path: Vec<String>, field: &Field, out: &mut Vec<(Vec<String>, i32)>) {
-        let id = field
-            .metadata()
-            .get(PARQUET_FIELD_ID_META_KEY)
-            .and_then(|v| v.parse().ok());
-        if let Some(id) = id {
-            out.push((path.clone(), id));
-        }
+    fn visit(path: Vec<String>, field: &NestedField, out: &mut Vec<FieldId>) {
         let child = |name: &str| {
             let mut p = path.clone();
             p.push(name.to_string());
             p
         };
-        match field.data_type() {
-            DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
-                walk(child("element"), f, out)
-            }
-            DataType::Struct(fields) => fields.iter().for_each(|f| walk(child(f.name()), f, out)),
-            DataType::Map(entries, _) => {
-                if let DataType::Struct(kv) = entries.data_type()
-                    && let (Some(k), Some(v)) = (kv.first(), kv.get(1))
-                {
-                    walk(child("key"), k, out);
-                    walk(child("value"), v, out);
-                }
-            }
-            _ => {}
+        let children: Vec<(Vec<String>, &NestedField)> = match &*field.field_type {
+            Type::Primitive(_) => Vec::new(),
+            Type::Struct(s) => s.fields().iter().map(|f| (child(&f.name), &**f)).collect(),
+            Type::List(l) => vec![(child("element"), &*l.element_field)],
+            Type::Map(m) => vec![
+                (child("key"), &*m.key_field),
+                (child("value"), &*m.value_field),
+            ],
+        };
+        out.push(FieldId { path, id: field.id });
+        for (p, f) in children {
+            visit(p, f, out);
         }
     }
     let mut out = Vec::new();
-    for f in files.fields() {
-        walk(vec![f.name().clone()], f, &mut out);
+    for f in schema.as_struct().fields() {
+        visit(vec![f.name.clone()], f, &mut out);
     }
     out
+}
+
+/// The table's field ids by path, for [`id_clash`].
+pub fn ids_by_path(table: &Schema) -> HashMap<Vec<String>, i32> {
+    field_ids(table)
+        .into_iter()
+        .map(|f| (f.path, f.id))
+        .collect()
 }
 
 /// A field id of a data file that is not the table's id for that field
 /// (the table was made or changed after the job's submit): its path,
 /// the file's id and the table's (`None`: the table lacks the field).
-pub fn id_clash(table: &Schema, files: &ArrowSchema) -> Option<(String, i32, Option<i32>)> {
-    let ids: HashMap<Vec<String>, i32> = field_ids(table)
+/// `table`: the table's ids ([`ids_by_path`]).
+pub fn id_clash(
+    table: &HashMap<Vec<String>, i32>,
+    files: &ArrowSchema,
+) -> Option<(String, i32, Option<i32>)> {
+    carried_ids(files)
         .into_iter()
-        .map(|f| (f.path, f.id))
-        .collect();
-    file_field_ids(files)
-        .into_iter()
-        .find(|(path, id)| ids.get(path) != Some(id))
-        .map(|(path, id)| {
-            let theirs = ids.get(&path).copied();
-            (path.join("."), id, theirs)
-        })
+        .find(|(path, id)| table.get(path) != Some(id))
+        .map(|(path, id)| (path.join("."), id, table.get(&path).copied()))
 }
 
 /// Whether files of schema `files` fit a table of schema `table`: the
@@ -660,14 +621,15 @@ mod tests {
             .into_iter()
             .map(|f| (f.path, f.id))
             .collect();
-        let mut ours = file_field_ids(&files);
+        let mut ours = carried_ids(&files);
         theirs.sort();
         ours.sort();
         assert_eq!(ours.len(), 13, "{ours:?}");
         assert_eq!(ours, theirs);
-        assert_eq!(id_clash(table, &files), None);
+        let by_path = ids_by_path(table);
+        assert_eq!(id_clash(&by_path, &files), None);
         // Files without ids (written before ids were) clash with nothing.
-        assert_eq!(id_clash(table, &plain), None);
+        assert_eq!(id_clash(&by_path, &plain), None);
         // The table's ids handed back give the same files.
         let again = with_field_ids(&plain, &field_ids(table));
         assert_eq!(again, files);
@@ -680,7 +642,7 @@ mod tests {
             }],
         );
         // (scores is 1 there, so the rest are numbered from 2: id first.)
-        let clash = id_clash(table, &other).expect("a clash");
+        let clash = id_clash(&by_path, &other).expect("a clash");
         assert_eq!(clash, ("id".to_string(), 2, Some(1)));
     }
 }

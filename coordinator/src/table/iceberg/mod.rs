@@ -609,6 +609,7 @@ impl Commit<'_> {
         let spec_id = table.metadata().default_partition_spec_id();
         self.read_footers(&adding).await?;
         let mut data_files = Vec::with_capacity(adding.len());
+        let table_ids = files::ids_by_path(&schema);
         for (i, object) in adding.iter().enumerate() {
             let footer = self.footer(object).await?;
             let files = files::arrow_schema(object, &footer)?;
@@ -625,7 +626,7 @@ impl Commit<'_> {
             }
             // Readers find a file's columns by these ids: a file whose ids
             // are not the table's would be read wrong.
-            if let Some((column, file_id, theirs)) = files::id_clash(&schema, &files) {
+            if let Some((column, file_id, theirs)) = files::id_clash(&table_ids, &files) {
                 return Err(IcebergError::FieldIds(Box::new(FieldIdClash {
                     table: name.to_string(),
                     job_id: job_id.to_string(),
